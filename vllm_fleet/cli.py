@@ -1,34 +1,138 @@
 """The `vllm-fleet` console script: what pyinfra's own CLI does not do.
 
-Subcommands: plan, render, sandbox, bundle (rollout and status land with their issues).
+    vllm-fleet plan INVENTORY [--json] [--limit HOST]     the parallel layout per host, with reasons
+    vllm-fleet render INVENTORY --out DIR [--limit HOST]  every file each host would get
+    vllm-fleet sandbox up|down|status INVENTORY           local systemd-nspawn test hosts
+    vllm-fleet bundle ...                                 an offline wheelhouse for air-gapped hosts
+
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
 """
 
 from __future__ import annotations
 
+import argparse
+import importlib
+import json
 import sys
+from pathlib import Path
 
+from vllm_fleet.config import ConfigError, ConfigErrors, load_fleet
+from vllm_fleet.plan import FleetPlan, plan_fleet
+from vllm_fleet.render import render_host
 
-def _delegate(module: str, argv: list[str]) -> int:
-    """Subcommands that own their argument parsing live in their own module's main(argv)."""
-    import importlib
+EXIT_INVALID = 2
 
-    return int(importlib.import_module(module).main(argv) or 0)
-
-
+# Subcommands that own their argument parsing, in their own module's main(argv).
 DELEGATED = {
     "sandbox": "vllm_fleet.sandbox.cli",
     "bundle": "vllm_fleet.bundle",
 }
 
 
+def _limit(values: list[str] | None) -> list[str] | None:
+    if not values:
+        return None
+    return [part for value in values for part in value.split(",") if part]
+
+
+def load_and_plan(inventory: str, limit: list[str] | None) -> tuple[list, FleetPlan]:
+    hosts = load_fleet(inventory, limit=limit)
+    return hosts, plan_fleet(hosts)
+
+
+def print_plan(plan: FleetPlan, out=None) -> None:
+    """A readable table per host: GPUs, instances, layout, memory per GPU, warnings, reasons."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=out or sys.stdout, width=160, soft_wrap=False)
+    for host in plan.hosts:
+        gpus = ", ".join(f"{g.index}:{g.short_name} {g.memory_mib / 1024:.0f}GiB" for g in host.gpus) or "none"
+        console.print(f"[bold]{host.name}[/bold]  target={host.target}  GPUs ({host.gpu_source}): {gpus}")
+        table = Table(show_lines=True)
+        for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV tokens",
+                       "per GPU: weights / KV GiB"):
+            table.add_column(column)
+        for inst in host.instances:
+            split = ",".join(map(str, inst.pp_layer_partition)) if inst.pp_layer_partition else "-"
+            kv = f"{inst.kv_cache_tokens:,}" if inst.kv_cache_tokens is not None else "-"
+            if inst.kv_cache_tokens_even_split is not None and inst.pp_layer_partition:
+                kv += f"\n(even split: {inst.kv_cache_tokens_even_split:,})"
+            per_gpu = "\n".join(f"{u.index} {u.name.removeprefix('NVIDIA ')}: {u.weights_gib:.1f} / "
+                                f"{u.kv_cache_gib:.1f}" for u in (inst.layout.per_gpu if inst.layout else ()))
+            table.add_row(inst.name, str(inst.port), inst.cuda_visible_devices or "cpu",
+                          f"{inst.tensor_parallel_size}/{inst.pipeline_parallel_size}/"
+                          f"{inst.data_parallel_size}", split, kv, per_gpu or "-")
+        console.print(table)
+        for inst in host.instances:
+            for line in inst.warnings:
+                console.print(f"  [yellow]warning[/yellow] {inst.name}: {line}", highlight=False)
+            for line in inst.reasons:
+                console.print(f"  reason  {inst.name}: {line}", highlight=False)
+            for line in inst.alternatives:
+                console.print(f"  considered {inst.name}: {line}", highlight=False)
+        for line in host.warnings:
+            console.print(f"  [yellow]warning[/yellow] {line}", highlight=False)
+        console.print()
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    _hosts, plan = load_and_plan(args.inventory, _limit(args.limit))
+    if args.json:
+        json.dump(plan.as_dict(), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_plan(plan)
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    hosts, plan = load_and_plan(args.inventory, _limit(args.limit))
+    out = Path(args.out)
+    count = 0
+    for host, host_plan in zip(hosts, plan.hosts):
+        for f in render_host(host, host_plan):
+            target = out / host.name / f.path.lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f.content)
+            count += 1
+    print(f"rendered {count} files for {len(hosts)} host(s) under {out}/<host>/ "
+          "(secret values are placeholders)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plan", help="show the parallel layout planned for each host")
+    p.add_argument("inventory")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--limit", action="append", help="host or group names (comma-separated)")
+    p.set_defaults(func=cmd_plan)
+    r = sub.add_parser("render", help="write every file each host would get, for review and diffs")
+    r.add_argument("inventory")
+    r.add_argument("--out", required=True, help="directory; files go to OUT/<host>/<path>")
+    r.add_argument("--limit", action="append")
+    r.set_defaults(func=cmd_render)
+    for name in DELEGATED:
+        sub.add_parser(name, help=f"see `vllm-fleet {name} --help`")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in DELEGATED:
-        return _delegate(DELEGATED[argv[0]], argv[1:])
-    from vllm_fleet.cli_plan import main as plan_main
-
-    return plan_main(argv)
+        return int(importlib.import_module(DELEGATED[argv[0]]).main(argv[1:]) or 0)
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ConfigErrors as exc:
+        print(str(exc), file=sys.stderr)
+        print(f"{len(exc.errors)} error(s); nothing was changed on any host.", file=sys.stderr)
+        return EXIT_INVALID
+    except ConfigError as exc:
+        print(f"error: {exc.located()}", file=sys.stderr)
+        return EXIT_INVALID
 
 
 if __name__ == "__main__":

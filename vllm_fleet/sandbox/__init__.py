@@ -1,0 +1,1 @@
+"""Sandbox fleet: real systemd + sshd hosts on this machine (systemd-nspawn), with simulated GPUs."""

@@ -1,0 +1,70 @@
+"""`vllm-fleet sandbox up|down|status INVENTORY [--json]`: boot, stop and show the sandbox hosts.
+
+Exit status: 0 all hosts up (or down), 1 a host is not running, 2 invalid input or an unusable machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+
+from vllm_fleet.sandbox import harness
+
+
+def _line(status: harness.HostStatus) -> str:
+    """One human line per host: name, address, groups, systemd state, simulated GPUs."""
+    state = status.state
+    if status.failed_units:
+        state += f" (failed: {', '.join(status.failed_units)})"
+    gpus = "no GPU"
+    if status.gpus:
+        # `nvidia-smi -L` lines: "GPU 0: NAME (UUID: ...) (simulated)"
+        names = [line.split(": ", 1)[1].split(" (UUID")[0] for line in status.gpus]
+        gpus = f"{len(names)} simulated GPU(s): {', '.join(names)}"
+    return f"{status.name:<12} {status.address:<15} {','.join(status.groups):<16} {state:<10} {gpus}"
+
+
+def _report(statuses: list[harness.HostStatus], as_json: bool, extra: dict) -> int:
+    """Print the host lines (or one JSON object); 1 if any host is not running."""
+    if as_json:
+        print(json.dumps({"hosts": [dataclasses.asdict(s) for s in statuses], **extra}, indent=2))
+    else:
+        for status in statuses:
+            print(_line(status))
+        for key, value in extra.items():
+            print(f"{key.replace('_', ' ')}: {value}")
+    return 0 if all(s.running for s in statuses) else 1
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-fleet sandbox", description=__doc__.splitlines()[0])
+    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sandbox.py")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    try:
+        sandbox = harness.load(args.inventory)
+        if args.action == "down":
+            harness.check_machine(install=False)
+            harness.down(sandbox)
+            if not args.json:
+                print(f"sandbox {args.inventory}: {len(sandbox.hosts)} hosts stopped, nothing left behind")
+            else:
+                print(json.dumps({"down": [h.name for h in sandbox.hosts]}))
+            return 0
+        if args.action == "status":
+            return _report(harness.status(sandbox), args.json, {})
+        log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+        start = time.monotonic()
+        statuses = harness.up(sandbox, log=log)
+        return _report(statuses, args.json, {"time_to_ready_s": round(time.monotonic() - start, 1)})
+    except harness.SandboxError as e:
+        print(f"vllm-fleet sandbox: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,214 @@
+#!/usr/bin/python3
+"""A SIMULATED `nvidia-smi` for sandbox hosts: answers the queries vllm-fleet makes from a JSON layout.
+
+This file is self-contained (standard library only): the sandbox harness copies its text to
+/usr/local/bin/nvidia-smi on hosts that declare `sandbox_gpus`, next to the layout in
+/etc/vllm-fleet-sim/gpus.json (a list of {"name", "memory_mib", "compute_capability",
+optional "pci_bus_id"}). CSV output is byte-for-byte shaped like the real tool so parsers are
+exercised as in production; the simulation is labelled in the UUIDs (GPU-sim-...), on stderr, in
+`-L` lines and in the table banner. Nothing here touches hardware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import socket
+import sys
+
+LAYOUT_PATH = os.environ.get("VLLM_FLEET_SIM_GPUS", "/etc/vllm-fleet-sim/gpus.json")
+LABEL = "SIMULATED GPUs (vllm-fleet sandbox) - not real hardware"
+DRIVER_VERSION = "550.54.15"
+CUDA_VERSION = "12.4"
+
+# Query field -> (header as real nvidia-smi prints it, unit suffix or "").
+GPU_FIELDS = {
+    "index": ("index", ""),
+    "count": ("count", ""),
+    "pci.bus_id": ("pci.bus_id", ""),
+    "gpu_bus_id": ("pci.bus_id", ""),
+    "name": ("name", ""),
+    "gpu_name": ("name", ""),
+    "uuid": ("uuid", ""),
+    "gpu_uuid": ("uuid", ""),
+    "memory.total": ("memory.total [MiB]", " MiB"),
+    "memory.used": ("memory.used [MiB]", " MiB"),
+    "memory.free": ("memory.free [MiB]", " MiB"),
+    "compute_cap": ("compute_cap", ""),
+    "utilization.gpu": ("utilization.gpu [%]", " %"),
+    "driver_version": ("driver_version", ""),
+}
+APP_FIELDS = {
+    "pid": ("pid", ""),
+    "process_name": ("process_name", ""),
+    "name": ("process_name", ""),
+    "gpu_uuid": ("gpu_uuid", ""),
+    "gpu_bus_id": ("gpu_bus_id", ""),
+    "gpu_name": ("gpu_name", ""),
+    "used_memory": ("used_gpu_memory [MiB]", " MiB"),
+    "used_gpu_memory": ("used_gpu_memory [MiB]", " MiB"),
+}
+
+
+def load_gpus() -> list[dict]:
+    """The declared layout, completed with index, PCI bus id and a deterministic simulated UUID."""
+    with open(LAYOUT_PATH) as f:
+        layout = json.load(f)
+    host = socket.gethostname()
+    gpus = []
+    for i, gpu in enumerate(layout):
+        digest = hashlib.sha256(f"{host}/{i}/{gpu['name']}".encode()).hexdigest()
+        gpus.append(
+            {
+                "index": i,
+                "name": gpu["name"],
+                "memory_mib": int(gpu["memory_mib"]),
+                "compute_capability": str(gpu["compute_capability"]),
+                "pci_bus_id": gpu.get("pci_bus_id") or f"00000000:{i + 1:02X}:00.0",
+                # Real UUIDs are GPU-8-4-4-4-12 hex; "sim" marks these as simulated.
+                "uuid": f"GPU-sim-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:28]}",
+            }
+        )
+    return gpus
+
+
+def gpu_value(gpu: dict, field: str, count: int) -> str:
+    """One query-gpu field of one GPU, without unit."""
+    values = {
+        "index": gpu["index"],
+        "count": count,
+        "pci.bus_id": gpu["pci_bus_id"],
+        "gpu_bus_id": gpu["pci_bus_id"],
+        "name": gpu["name"],
+        "gpu_name": gpu["name"],
+        "uuid": gpu["uuid"],
+        "gpu_uuid": gpu["uuid"],
+        "memory.total": gpu["memory_mib"],
+        "memory.used": 0,  # no process really holds memory on a simulated GPU
+        "memory.free": gpu["memory_mib"],
+        "compute_cap": gpu["compute_capability"],
+        "utilization.gpu": 0,
+        "driver_version": DRIVER_VERSION,
+    }
+    return str(values[field])
+
+
+def parse_format(spec: str) -> tuple[bool, bool]:
+    """`--format=csv[,noheader][,nounits]` -> (header, units)."""
+    parts = spec.split(",")
+    if parts[0] != "csv":
+        raise SystemExit(f'"{spec}" is not a valid format. Only "csv" is supported (simulated nvidia-smi).')
+    return "noheader" not in parts, "nounits" not in parts
+
+
+def csv_query(rows: list[dict], fields: list[str], known: dict, value, fmt: str) -> int:
+    """Print a CSV query the way nvidia-smi does: ", " separated, header with units in brackets."""
+    for field in fields:
+        if field not in known:
+            print(f'Field "{field}" is not a valid field to query.', file=sys.stderr)
+            return 2
+    header, units = parse_format(fmt)
+    print(f"nvidia-smi: {LABEL}", file=sys.stderr)
+    if header:
+        print(", ".join(known[f][0] for f in fields))
+    for row in rows:
+        print(", ".join(value(row, f) + (known[f][1] if units else "") for f in fields))
+    return 0
+
+
+def cpu_affinity() -> str:
+    """CPUs this host may use, as nvidia-smi writes them (0-3,8)."""
+    ranges: list[list[int]] = []
+    for cpu in sorted(os.sched_getaffinity(0)):
+        if ranges and cpu == ranges[-1][1] + 1:
+            ranges[-1][1] = cpu
+        else:
+            ranges.append([cpu, cpu])
+    return ",".join(f"{a}-{b}" if a != b else str(a) for a, b in ranges)
+
+
+def link(a: dict, b: dict) -> str:
+    """Simulated interconnect: SXM boards of one model share NVLink (A100-SXM4: 12 links)."""
+    if a is b:
+        return "X"
+    if a["name"] == b["name"] and "SXM" in a["name"]:
+        return "NV12"
+    return "PHB"
+
+
+def topo(gpus: list[dict]) -> int:
+    """`nvidia-smi topo -m`: the connection matrix and its legend."""
+    cols = [f"GPU{g['index']}" for g in gpus]
+    print("\t" + "\t".join(cols) + "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID")
+    for g in gpus:
+        cells = [link(g, other) for other in gpus]
+        print(f"GPU{g['index']}\t " + "\t".join(cells) + f"\t{cpu_affinity()}\t0\t\tN/A")
+    print(
+        "\nLegend:\n\n"
+        "  X    = Self\n"
+        "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n"
+        "  NODE = Connection traversing PCIe as well as the interconnect between PCIe Host Bridges within a NUMA node\n"
+        "  PHB  = Connection traversing PCIe as well as a PCIe Host Bridge (typically the CPU)\n"
+        "  PXB  = Connection traversing multiple PCIe bridges (without traversing the PCIe Host Bridge)\n"
+        "  PIX  = Connection traversing at most a single PCIe bridge\n"
+        "  NV#  = Connection traversing a bonded set of # NVLinks\n"
+        f"\n{LABEL}"
+    )
+    return 0
+
+
+def table(gpus: list[dict]) -> int:
+    """Bare `nvidia-smi`: a summary table in the real tool's shape, under a SIMULATED banner."""
+    rule = "+-----------------------------------------------------------------------------------------+"
+    print(f"*** {LABEL} ***")
+    print(rule)
+    print(f"| NVIDIA-SMI {DRIVER_VERSION}   (simulated)   Driver Version: {DRIVER_VERSION}   CUDA Version: {CUDA_VERSION}".ljust(90) + "|")
+    print(rule)
+    for g in gpus:
+        print(f"| {g['index']:>3}  {g['name'][:34]:<34} {g['pci_bus_id']}   0MiB / {g['memory_mib']}MiB".ljust(90) + "|")
+    print(rule)
+    print("| Processes: none".ljust(90) + "|")
+    print(rule)
+    return 0
+
+
+def option(argv: list[str], name: str) -> str | None:
+    """Value of `--name=value` or `--name value` (also `-i value`), None when absent."""
+    for i, arg in enumerate(argv):
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+        if arg == name and i + 1 < len(argv):
+            return argv[i + 1]
+    return None
+
+
+def main(argv: list[str]) -> int:
+    """Dispatch the subset of nvidia-smi's command line that vllm-fleet uses."""
+    gpus = load_gpus()
+    ids = option(argv, "--id") or option(argv, "-i")
+    if ids is not None:
+        wanted = {int(i) for i in ids.split(",")}
+        gpus = [g for g in gpus if g["index"] in wanted]
+    fmt = option(argv, "--format") or "csv"
+    query_gpu = option(argv, "--query-gpu")
+    if query_gpu is not None:
+        return csv_query(gpus, query_gpu.split(","), GPU_FIELDS, lambda g, f: gpu_value(g, f, len(gpus)), fmt)
+    query_apps = option(argv, "--query-compute-apps")
+    if query_apps is not None:
+        # No process holds a simulated GPU: the real tool then prints only the header.
+        return csv_query([], query_apps.split(","), APP_FIELDS, None, fmt)
+    if argv[:1] == ["topo"]:
+        return topo(gpus)
+    if "-L" in argv or "--list-gpus" in argv:
+        for g in gpus:
+            print(f"GPU {g['index']}: {g['name']} (UUID: {g['uuid']}) (simulated)")
+        return 0
+    if not argv:
+        return table(gpus)
+    print(f"simulated nvidia-smi: unsupported arguments {argv!r} ({LABEL})", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
