@@ -9,6 +9,7 @@ files (the GGUF entry: the file itself).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cached_property
 from typing import Any
 
 GIB = 1024**3
@@ -54,6 +55,7 @@ class ModelInfo:
         mlp = 3 * self.hidden_size * self.intermediate_size
         return q_and_o + k_and_v + mlp
 
+    @cached_property
     def embedding_gib(self) -> float:
         """Weight GiB of the token embedding (also the size of an untied lm_head).
 
@@ -65,10 +67,11 @@ class ModelInfo:
         total = embedding * copies + self.layer_params() * self.num_hidden_layers
         return self.weights_gib * embedding / total
 
+    @cached_property
     def layer_gib(self) -> float:
         """Weight GiB of one decoder layer (the rest of the weights spread evenly)."""
         copies = 1 if self.tie_word_embeddings else 2
-        return (self.weights_gib - copies * self.embedding_gib()) / self.num_hidden_layers
+        return (self.weights_gib - copies * self.embedding_gib) / self.num_hidden_layers
 
     def kv_bytes_per_token_per_layer(self, tensor_parallel_size: int, kv_dtype_bytes: int) -> int:
         """KV-cache bytes one token costs in one layer on ONE GPU of a TP group.

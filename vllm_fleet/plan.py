@@ -169,7 +169,7 @@ def _kind_counts(gpus: tuple[GpuSpec, ...] | list[GpuSpec]) -> list[tuple[str, i
 def _stage_free_gib(mem: _Memory, gpu: GpuSpec, tp: int, first: bool, last: bool, pp: int) -> float:
     """GiB left on one GPU of a stage for its layers' weights and KV, after the fixed costs."""
     budget = gpu.memory_mib * MIB / GIB * mem.util
-    embedding = mem.info.embedding_gib()
+    embedding = mem.info.embedding_gib
     fixed = 0.0
     if first:
         fixed += embedding
@@ -180,7 +180,7 @@ def _stage_free_gib(mem: _Memory, gpu: GpuSpec, tp: int, first: bool, last: bool
 
 
 def _tokens(free_gib: float, layers: int, mem: _Memory, tp: int) -> int:
-    layer_w = mem.info.layer_gib() / tp
+    layer_w = mem.info.layer_gib / tp
     per_token = layers * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
     kv = free_gib - layers * layer_w
     return int(kv / per_token) if kv > 0 else 0
@@ -201,7 +201,7 @@ def balanced_partition(free: list[float], layers: int, mem: _Memory, tp: int) ->
     (w = weight GiB per layer, k = KV GiB per token per layer). The largest T for which the stages
     together hold every layer wins; surplus capacity is then taken from the roomiest stages.
     """
-    w = mem.info.layer_gib() / tp
+    w = mem.info.layer_gib / tp
     k = mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
 
     def capacity(tokens: float) -> list[int]:
@@ -240,7 +240,7 @@ def _evaluate(mem: _Memory, stages: list[list[GpuSpec]], partition: tuple[int, .
         budget = stage[0].memory_mib * MIB / GIB * mem.util
         free = _stage_free_gib(mem, stage[0], tp, s == 0, s == pp - 1, pp)
         comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
-        weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib() / tp
+        weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib / tp
         kv = replica_tokens * layers * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
         per_gpu.extend(GpuUse(g.index, g.name, s, weights, kv, budget) for g in stage)
     ordered = tuple(g for stage in stages for g in stage)
@@ -252,7 +252,7 @@ def _stage_orders(stages: list[list[GpuSpec]]) -> list[list[list[GpuSpec]]]:
     """Stage orders worth comparing. Only the first and last stages differ (they also hold the
     embedding and lm_head), so try each distinct GPU kind in those two places, middles in PCI order.
     """
-    if len(stages) < 2:
+    if len({_kind(s[0]) for s in stages}) < 2:
         return [stages]
     orders, seen = [stages], {tuple(_kind(s[0]) for s in stages)}
     for first, last in itertools.permutations(range(len(stages)), 2):
@@ -298,11 +298,11 @@ def _layout_for(mem: _Memory, gpus: list[GpuSpec], tp: int, pp: int, dp: int) ->
         layout = _evaluate(mem, order, partition, tp, dp)
         if best is None or layout.kv_tokens > best[0]:
             best = (layout.kv_tokens, layout)
-    natural = replica_groups
-    even_tokens = _evaluate(mem, natural, even_partition(info.num_hidden_layers, pp), tp, dp).kv_tokens
+    even = (best[1] if best is not None and len(kinds) == 1  # identical GPUs: the even split
+            else _evaluate(mem, replica_groups, even_partition(info.num_hidden_layers, pp), tp, dp))
+    even_tokens = even.kv_tokens
     if best is None or best[1].kv_tokens <= 0:
-        layout = _evaluate(mem, natural, even_partition(info.num_hidden_layers, pp), tp, dp)
-        return _Candidate(layout, even_tokens, "weights do not fit: " + _memory_detail(layout))
+        return _Candidate(even, even_tokens, "weights do not fit: " + _memory_detail(even))
     layout = best[1]
     if dp > 1:
         all_gpus = tuple(g for grp in groups[: pp * dp] for g in grp)

@@ -1,0 +1,83 @@
+"""Rendering: units, YAML and env files from plans; secrets only in the root-only env file."""
+
+from __future__ import annotations
+
+import yaml
+
+from planning_fixtures import host_data, instance
+from vllm_fleet.config import parse_host
+from vllm_fleet.plan import plan_host
+from vllm_fleet.render import Secrets, render_host
+
+API_KEY = "sk-test-3f9a1c77e2"
+HF_TOKEN = "hf_testtoken_9b8c7d"
+
+
+def rendered(data=None, secrets=Secrets(API_KEY, HF_TOKEN)):
+    host = parse_host("box", data or host_data(placement="single-instance"))
+    return {f.path: f for f in render_host(host, plan_host(host), secrets)}
+
+
+def test_unit_has_device_order_visible_devices_and_no_transformers_cache():
+    files = rendered()
+    unit = files["/etc/systemd/system/vllm-gemma.service"].content
+    assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID"' in unit
+    assert 'Environment="CUDA_VISIBLE_DEVICES=' in unit
+    assert 'Environment="VLLM_PP_LAYER_PARTITION=' in unit
+    assert "TRANSFORMERS_CACHE" not in unit
+    assert 'Environment="HF_HOME=/var/lib/vllm-fleet/hf"' in unit
+    assert "Restart=always" in unit and "LimitNOFILE=65536" in unit
+    assert "TimeoutStartSec=" in unit
+    assert "EnvironmentFile=/etc/vllm-fleet/gemma.env" in unit
+    assert "vllm serve --config /etc/vllm-fleet/gemma.yaml" in unit
+    assert "User=vllm" in unit and "NoNewPrivileges=yes" in unit
+
+
+def test_yaml_holds_the_engine_arguments():
+    files = rendered()
+    args = yaml.safe_load(files["/etc/vllm-fleet/gemma.yaml"].content)
+    assert args["pipeline-parallel-size"] == 3 and args["tensor-parallel-size"] == 1
+    assert args["served-model-name"] == ["gemma3-12b-q4"]
+    assert args["max-model-len"] == 16384 and args["port"] == 8000
+    assert args["tokenizer"] == "google/gemma-3-12b-it"
+
+
+def test_secrets_only_in_the_root_only_env_file():
+    files = rendered()
+    for path, f in files.items():
+        has_secret = API_KEY in f.content or HF_TOKEN in f.content
+        if path.endswith(".env"):
+            assert has_secret and f.mode == "0600" and f.owner == "root" and f.secret
+        else:
+            assert not has_secret, path
+
+
+def test_render_without_secrets_uses_placeholders():
+    files = rendered(secrets=None)
+    env = files["/etc/vllm-fleet/gemma.env"]
+    assert "<secret: filled in at deploy time>" in env.content and not env.secret
+
+
+def test_yaml_and_shell_metacharacters_stay_data():
+    tricky = "a: b # c ' \" $(touch /tmp/pwn) `x` %n"
+    files = rendered(host_data(placement="single-instance", instances=[instance(
+        engine_args={"chat-template-content-format": tricky}, env={"MY_NOTE": tricky})]))
+    args = yaml.safe_load(files["/etc/vllm-fleet/gemma.yaml"].content)
+    assert args["chat-template-content-format"] == tricky
+    unit = files["/etc/systemd/system/vllm-gemma.service"].content
+    line = [ln for ln in unit.splitlines() if ln.startswith('Environment="MY_NOTE=')][0]
+    # systemd: \" and \\ unescape inside "...", %% is a literal %.
+    assert line == 'Environment="MY_NOTE=a: b # c \' \\" $(touch /tmp/pwn) `x` %%n"'
+
+
+def test_rendering_is_deterministic_and_hash_tracks_changes():
+    import json
+    first = rendered()["/etc/vllm-fleet/manifest.json"].content
+    assert first == rendered()["/etc/vllm-fleet/manifest.json"].content
+    changed = rendered(host_data(placement="single-instance", instances=[instance(max_num_seqs=32)]))
+    a = json.loads(first)["instances"]["gemma"]["config_hash"]
+    b = json.loads(changed["/etc/vllm-fleet/manifest.json"].content)["instances"]["gemma"]["config_hash"]
+    assert a != b
+    other_key = rendered(secrets=Secrets("sk-other", HF_TOKEN))["/etc/vllm-fleet/manifest.json"].content
+    assert json.loads(other_key)["instances"]["gemma"]["config_hash"] != a
+    assert "sk-other" not in other_key
