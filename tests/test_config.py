@@ -45,7 +45,7 @@ def errors_of(data: dict) -> list:
     (host_data(instances=[instance(tensor_parallel_size=True)]), "tensor_parallel_size", "expected int"),
     (host_data(gpus=[{"name": "A100", "memory_mib": "40G"}]), "gpus[0].memory_mib", "positive integer"),
     (host_data(vllm_service_user="root"), "vllm_service_user", "non-root"),
-    (host_data(vllm_env_root="opt/envs"), "vllm_env_root", "absolute path"),
+    (host_data(vllm_root="opt/vllm"), "vllm_root", "absolute path"),
     (host_data(instances=[instance(name="a"), instance(name="a", port=8001)]), "name", "already used"),
     (host_data(instances=[instance(model_info={"num_hidden_layers": 2})]), "model_info", "missing"),
 ])

@@ -25,9 +25,9 @@ pytestmark = pytest.mark.sandbox
 SERVED_NAME = "tiny-llama"
 MODEL_DIR = "/opt/vllm-fleet/models/tiny-llama"
 STATE_DIR = "/var/lib/vllm-fleet"
-ENV_FILE = "/etc/vllm-fleet/vllm-tiny.env"
-UNIT = "vllm-tiny.service"
-PORT = 8000
+ENV_FILE = "/etc/vllm-fleet/wheelhouse-proof.env"
+UNIT = "vllm-wheelhouse-proof.service"  # not a deploy-managed name: the deploy tests run beside it
+PORT = 8100
 HEALTHY_TIMEOUT_S = 240
 
 UNIT_TEXT = f"""\

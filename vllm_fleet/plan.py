@@ -17,8 +17,8 @@ from typing import Any
 
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, MIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig
+from vllm_fleet.envbuild import GGUF_PLUGIN
 
-GGUF_PLUGIN = "vllm-gguf-plugin"
 
 #: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
 #: live outside the weights and the KV cache (non-torch memory in vLLM's profiling).

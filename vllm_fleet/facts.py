@@ -1,0 +1,134 @@
+"""pyinfra facts vllm-fleet reads from a host: one command each, parsed in `process`."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from pyinfra.api import FactBase
+
+from vllm_fleet.config import GpuSpec
+
+GPU_QUERY = "index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap"
+
+
+def parse_gpu_csv(lines: list[str]) -> list[GpuSpec]:
+    """Parse `nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits` into PCI order."""
+    gpus = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 7 or not parts[0].isdigit():
+            continue
+        index, bus_id, name, total, _used, _uuid, cap = parts[:7]
+        try:
+            capability = float(cap)
+        except ValueError:
+            capability = None
+        gpus.append(GpuSpec(index=int(index), name=name, memory_mib=int(float(total)),
+                            compute_capability=capability, pci_bus_id=bus_id))
+    # CUDA_DEVICE_ORDER=PCI_BUS_ID numbers devices by bus id: make the index match that order.
+    gpus.sort(key=lambda g: (g.pci_bus_id or "", g.index))
+    return [GpuSpec(i, g.name, g.memory_mib, g.compute_capability, g.pci_bus_id)
+            for i, g in enumerate(gpus)]
+
+
+class NvidiaGpus(FactBase):
+    """GPUs from nvidia-smi, in PCI bus order; None when the host has no nvidia-smi."""
+
+    def requires_command(self) -> str:
+        return "nvidia-smi"
+
+    def command(self) -> str:
+        return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits"
+
+    def default(self):
+        return None
+
+    def process(self, output):
+        return parse_gpu_csv(list(output))
+
+
+class PathsPresent(FactBase):
+    """Which of the given paths exist on the host: {path: bool}."""
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        checks = " ".join(shlex.quote(p) for p in paths)
+        return f"for p in {checks}; do if [ -e \"$p\" ]; then echo \"1 $p\"; else echo \"0 $p\"; fi; done"
+
+    def default(self):
+        return {}
+
+    def process(self, output):
+        out = {}
+        for line in output:
+            flag, _, path = line.partition(" ")
+            out[path] = flag == "1"
+        return out
+
+
+class ModelConfig(FactBase):
+    """A local model directory's config.json (None if absent) and the size of its weights."""
+
+    def command(self, path: str) -> str:
+        quoted = shlex.quote(path)
+        return (f"if [ -f {quoted}/config.json ]; then cat {quoted}/config.json | tr -d '\\n'; echo; "
+                f"du -cb {quoted}/*.safetensors {quoted}/*.bin {quoted}/*.gguf 2>/dev/null | tail -n1; "
+                f"else echo none; fi")
+
+    def process(self, output):
+        lines = list(output)
+        if not lines or lines[0] == "none":
+            return None
+        try:
+            config = json.loads(lines[0])
+        except ValueError:
+            return None
+        size = int(lines[1].split()[0]) if len(lines) > 1 and lines[1].split() else 0
+        return {"config": config, "weights_bytes": size}
+
+
+class ManagedUnits(FactBase):
+    """Names of vllm-*.service units that vllm-fleet wrote (they carry its marker line)."""
+
+    def command(self) -> str:
+        return ("grep -l '^# Managed by vllm-fleet' /etc/systemd/system/vllm-*.service 2>/dev/null "
+                "| xargs -r -n1 basename || true")
+
+    def default(self):
+        return []
+
+    def process(self, output):
+        return sorted(line.strip() for line in output if line.strip())
+
+
+class FileSha256(FactBase):
+    """sha256 of a file, or None. Used for secret files, whose contents must never be read back."""
+
+    def command(self, path: str) -> str:
+        return f"sha256sum {shlex.quote(path)} 2>/dev/null | cut -d' ' -f1 || true"
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[0] if lines else None
+
+
+class UnitMainPid(FactBase):
+    """The MainPID of a unit (0 when not running)."""
+
+    def command(self, unit: str) -> str:
+        return f"systemctl show -p MainPID --value {shlex.quote(unit)}"
+
+    def process(self, output):
+        lines = list(output)
+        return int(lines[0]) if lines and lines[0].strip().isdigit() else 0
+
+
+class LinkTarget(FactBase):
+    """Where a symlink points (None if it is not a link)."""
+
+    def command(self, path: str) -> str:
+        return f"readlink {shlex.quote(path)} || true"
+
+    def process(self, output):
+        lines = [line.strip() for line in output if line.strip()]
+        return lines[0] if lines else None
