@@ -2,6 +2,8 @@
 cached) and memory (PSS) per idle host. Run as root: `python bench/sandbox_bench.py [--cold]`.
 
 --cold uses a fresh, temporary cache dir, so the base is built from nothing (needs the Debian mirror).
+--serving measures hosts that are up and serving now (after `bin/demo --keep`): PSS per host and
+whether its vLLM unit is active; it starts and stops nothing.
 """
 
 from __future__ import annotations
@@ -45,10 +47,29 @@ def timed_up(label: str) -> None:
         harness.down(sandbox)
 
 
+def measure_serving() -> None:
+    """PSS of each running sandbox host, with the state of its vLLM unit (read-only)."""
+    from vllm_fleet.sandbox import harness
+
+    sandbox = harness.load(INVENTORY)
+    for status, host in zip(harness.status(sandbox), sandbox.hosts):
+        if not status.running:
+            print(f"  {host.name}: not running")
+            continue
+        unit = sandbox.run(host, "systemctl is-active vllm-tiny.service").stdout.strip()
+        label = "vLLM-serving" if unit == "active" else "idle"
+        print(f"  {label} host {host.name}: PSS {harness.host_pss_kib(sandbox, host) / 1024:.1f} MiB "
+              f"(vllm-tiny.service {unit})")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cold", action="store_true", help="build the base from nothing in a temporary cache")
+    parser.add_argument("--serving", action="store_true", help="measure the running sandbox only")
     args = parser.parse_args(argv)
+    if args.serving:
+        measure_serving()
+        return 0
     tmp_cache = None
     if args.cold:
         # The inventory reads VLLM_FLEET_CACHE too, so keys and known_hosts follow into the temp cache.

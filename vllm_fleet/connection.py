@@ -1,0 +1,64 @@
+"""pyinfra's Python API for the `vllm-fleet` commands that reach hosts (status, rollout).
+
+The same inventory loader, SSH settings (keys, known_hosts, host key checking) and connector as
+`pyinfra INVENTORY deploy.py`: nothing here opens a connection of its own.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import gevent.monkey
+
+# pyinfra connects to hosts in parallel with gevent; patch before anything opens a socket.
+gevent.monkey.patch_all()
+
+from pyinfra.api import Config, State  # noqa: E402
+from pyinfra.api.connect import connect_all, disconnect_all  # noqa: E402
+from pyinfra.context import ctx_state  # noqa: E402
+from pyinfra_cli.inventory import make_inventory  # noqa: E402
+
+CONNECT_TIMEOUT_S = 10  # an unreachable host is reported failed after this, never waited on longer
+
+
+def load_pyinfra_inventory(path: str | Path, cwd: str | Path | None = None):
+    workdir = Path(cwd) if cwd else Path.cwd()
+    old = os.getcwd()
+    try:
+        os.chdir(workdir)
+        with ctx_state.use(State()):
+            return make_inventory(str(Path(path).resolve()), cwd=str(workdir))
+    finally:
+        os.chdir(old)
+
+
+@contextmanager
+def connected(path: str | Path, hosts: list[str] | None = None, *, parallel: int | None = None
+              ) -> Iterator[tuple[State, dict[str, object]]]:
+    """Connect to the inventory's hosts (or only `hosts`), yield (state, {name: Host or None}).
+
+    A host that cannot be reached maps to None; the others are connected. Always disconnects.
+    """
+    inventory = load_pyinfra_inventory(path)
+    config = Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S, PARALLEL=parallel or 0)
+    state = State(inventory, config)
+    if hosts is not None:
+        state.limit_hosts = [inventory.get_host(name) for name in hosts]
+    with ctx_state.use(state):
+        connect_all(state)
+        try:
+            wanted = hosts if hosts is not None else [h.name for h in inventory]
+            active = {h.name: h for h in state.activated_hosts}
+            yield state, {name: active.get(name) for name in wanted}
+        finally:
+            disconnect_all(state)
+
+
+def run(host, command: str, timeout: int | None = None) -> tuple[bool, str, str]:
+    """Run a shell command on a connected host: (ok, stdout, stderr). Nothing is printed."""
+    ok, output = host.run_shell_command(command, print_output=False, print_input=False,
+                                        timeout=timeout)
+    return ok, output.stdout, output.stderr

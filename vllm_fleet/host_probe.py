@@ -1,0 +1,233 @@
+"""Runs ON a host (python3, stdlib only): checks of vLLM instances for `verify` and `status`.
+
+vllm-fleet sends this file's source over SSH (`python3 -c SOURCE MODE JSON`); nothing is installed.
+The API key is read here from the root-only env file, so it never travels on a command line.
+Prints one line `VLLM_FLEET_PROBE <json>` as its result.
+
+    verify [checks]   wait for /health, then /v1/models with the key, a 1-token completion, and the
+                      unit's processes on its GPUs; the journal of any failing instance
+    status [units]    read-only: unit state and uptime, /health, /version, served models, /metrics,
+                      sha256 of the managed files, and the GPUs
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+RESULT_PREFIX = "VLLM_FLEET_PROBE "
+
+
+def api_key(env_file):
+    try:
+        with open(env_file) as f:
+            for line in f:
+                if line.startswith("VLLM_API_KEY="):
+                    return line.split("=", 1)[1].strip().strip("'\"")
+    except OSError:
+        return None
+    return None
+
+
+def call(port, path, key=None, body=None, timeout=30):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", "Bearer " + key)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return 0, str(exc)
+
+
+def show(unit, *props):
+    out = subprocess.run(["systemctl", "show", unit, *[f"--property={p}" for p in props]],
+                         capture_output=True, text=True).stdout
+    values = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    return {p: values.get(p, "") for p in props}
+
+
+def served_models(port, key):
+    status, body = call(port, "/v1/models", key)
+    if status != 200:
+        return status, {}, body
+    return status, {m["id"]: m for m in json.loads(body).get("data", [])}, body
+
+
+def journal(unit, lines=40):
+    return subprocess.run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
+                          capture_output=True, text=True).stdout
+
+
+def unit_pids(unit):
+    cgroup = show(unit, "ControlGroup")["ControlGroup"]
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/systemd", "/sys/fs/cgroup/unified"):
+        try:
+            with open(f"{root}{cgroup}/cgroup.procs") as f:
+                return {int(p) for p in f.read().split()}
+        except OSError:
+            continue
+    pid = show(unit, "MainPID")["MainPID"]
+    return {int(pid)} if pid.isdigit() and pid != "0" else set()
+
+
+def gpu_bus_ids_of(pids):
+    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout
+    buses = set()
+    for line in out.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) in pids:
+            buses.add(parts[1].lower())
+    return buses
+
+
+def wait_healthy(spec, res):
+    """Poll /health; give up early when the unit restarts or fails (Restart=always loops)."""
+    start = time.time()
+    restarts0 = show(spec["unit"], "NRestarts")["NRestarts"]
+    last_note = 0.0
+    while time.time() - start < spec["timeout_s"]:
+        if call(spec["port"], "/health", timeout=5)[0] == 200:
+            res["seconds_to_healthy"] = round(time.time() - start, 1)
+            return True
+        state = show(spec["unit"], "ActiveState", "NRestarts")
+        if state["NRestarts"] != restarts0 or state["ActiveState"] in ("failed", "inactive"):
+            res["error"] = f"the service exited while starting (state {state['ActiveState']})"
+            return False
+        if time.time() - last_note > 15:
+            print(f"{spec['name']}: waiting for /health ({int(time.time() - start)} s of "
+                  f"{spec['timeout_s']} s)", file=sys.stderr, flush=True)
+            last_note = time.time()
+        time.sleep(2)
+    res["error"] = f"/health did not answer 200 within {spec['timeout_s']} s"
+    return False
+
+
+def verify_one(spec):
+    res = {"name": spec["name"], "unit": spec["unit"], "ok": False, "checks": {}}
+    res["checks"]["health"] = wait_healthy(spec, res)
+    if not res["checks"]["health"]:
+        return res
+    key = api_key(spec["env_file"])
+    status, models, body = served_models(spec["port"], key)
+    served = models.get(spec["served_model_name"])
+    res["checks"]["models"] = served is not None
+    if served is None:
+        res["error"] = f"/v1/models answered {status} without {spec['served_model_name']!r}: {body[:200]}"
+        return res
+    res["checks"]["max_model_len"] = (not spec.get("max_model_len")
+                                      or served.get("max_model_len") == spec["max_model_len"])
+    if not res["checks"]["max_model_len"]:
+        res["error"] = f"max_model_len is {served.get('max_model_len')}, planned {spec['max_model_len']}"
+        return res
+    if key:
+        res["checks"]["key_required"] = call(spec["port"], "/v1/models")[0] == 401
+    status, body = call(spec["port"], "/v1/completions", key,
+                        {"model": spec["served_model_name"], "prompt": "Hello", "max_tokens": 1},
+                        timeout=120)
+    res["checks"]["completion"] = status == 200
+    if status != 200:
+        res["error"] = f"a 1-token completion answered {status}: {body[:200]}"
+        return res
+    if spec.get("gpu_bus_ids"):
+        wanted = {b.lower() for b in spec["gpu_bus_ids"]}
+        missing = wanted - gpu_bus_ids_of(unit_pids(spec["unit"]))
+        res["checks"]["gpu_processes"] = not missing
+        if missing:
+            res["error"] = f"no process of {spec['unit']} on GPU(s) {sorted(missing)}"
+            return res
+    res["ok"] = all(res["checks"].values())
+    return res
+
+
+def verify(specs):
+    results = []
+    for spec in specs:
+        res = verify_one(spec)
+        if not res["ok"]:
+            res["journal"] = journal(spec["unit"])
+        results.append(res)
+    return results
+
+
+def sha256_of(path):
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+def metrics(port):
+    status, body = call(port, "/metrics", timeout=10)
+    out = {}
+    if status != 200:
+        return out
+    for line in body.splitlines():
+        for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                     "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                out[name.split(":", 1)[1]] = out.get(name.split(":", 1)[1], 0.0) + float(line.split()[-1])
+    return out
+
+
+def status(spec):
+    manifest = {}
+    try:
+        with open(spec["manifest"]) as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        pass
+    gpus = []
+    out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,utilization.gpu",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True)
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 5 and parts[0].isdigit():
+            gpus.append({"index": int(parts[0]), "name": parts[1], "memory_used_mib": int(float(parts[2])),
+                         "memory_total_mib": int(float(parts[3])),
+                         "utilization_pct": float(parts[4]) if parts[4].replace(".", "").isdigit() else None})
+    instances = {}
+    names = set(manifest.get("instances", {})) | set(spec.get("instances", {}))
+    for name in sorted(names):
+        info = manifest.get("instances", {}).get(name) or spec["instances"][name]
+        paths = spec["instances"].get(name, {}).get("paths", {})
+        unit = info.get("unit", f"vllm-{name}.service")
+        props = show(unit, "ActiveState", "SubState", "ActiveEnterTimestampMonotonic", "MainPID", "NRestarts")
+        with open("/proc/uptime") as f:
+            now = float(f.read().split()[0])
+        started = int(props["ActiveEnterTimestampMonotonic"] or 0) / 1e6
+        port = info.get("port")
+        health = call(port, "/health", timeout=5)[0] if port else 0
+        entry = {"unit": unit, "state": f"{props['ActiveState']}/{props['SubState']}",
+                 "uptime_s": round(now - started) if started and props["ActiveState"] == "active" else None,
+                 "main_pid": props["MainPID"], "restarts": props["NRestarts"], "port": port,
+                 "health": health == 200, "deployed_config_hash": info.get("config_hash"),
+                 "files_sha256": {kind: sha256_of(path) for kind, path in paths.items()}}
+        if health == 200:
+            version = call(port, "/version", timeout=5)
+            entry["vllm_version"] = json.loads(version[1]).get("version") if version[0] == 200 else None
+            _, models, _ = served_models(port, api_key(paths.get("env", "")))
+            entry["served_models"] = sorted(models)
+            entry["metrics"] = metrics(port)
+        instances[name] = entry
+    return {"gpus": gpus, "manifest": bool(manifest),
+            "environment": manifest.get("environment", {}).get("prefix"), "instances": instances}
+
+
+def main(argv):
+    mode, payload = argv[1], json.loads(argv[2])
+    result = verify(payload) if mode == "verify" else status(payload)
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

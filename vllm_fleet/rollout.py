@@ -1,0 +1,248 @@
+"""`vllm-fleet rollout INVENTORY`: converge hosts batch by batch, health-gated, rolling back failures.
+
+Each batch runs the very same deploy.py through pyinfra's Python API (converge + full verification,
+a real completion included). Before a host changes, its managed files and its `current` environment
+link are snapshotted on the host; a host that fails is restored from that snapshot, restarted and
+verified again (rolled back). More failed hosts than --max-fail stops the rollout: later hosts are
+untouched. pyinfra's own `--serial` takes hosts in set order, one at a time, and cannot roll back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host
+from vllm_fleet.envbuild import current_link
+from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+
+REPO = Path(__file__).resolve().parent.parent
+MANAGED_UNITS = "grep -l '^# Managed by vllm-fleet' /etc/systemd/system/vllm-*.service 2>/dev/null"
+
+
+@dataclass
+class HostResult:
+    name: str
+    state: str = "untouched"  # updated, rolled back, failed, untouched
+    before: dict[str, Any] = field(default_factory=dict)  # manifest before (environment, hashes)
+    after: dict[str, Any] = field(default_factory=dict)
+    started: float | None = None
+    finished: float | None = None
+    error: str | None = None
+
+    def row(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["seconds"] = round(self.finished - self.started, 1) if self.started and self.finished else None
+        return out
+
+
+def parse_batch(text: str, total: int) -> int:
+    """'2' -> 2 hosts a batch; '25%' -> a quarter of the hosts (at least one)."""
+    if text.endswith("%"):
+        share = float(text[:-1])
+        if not 0 < share <= 100:
+            raise ValueError(f"--batch {text}: a percentage must be in (0, 100]")
+        return max(1, math.floor(total * share / 100))
+    size = int(text)
+    if size < 1:
+        raise ValueError(f"--batch {text}: at least 1 host")
+    return size
+
+
+def _snapshot_command(config) -> str:
+    """Copy the managed files and the `current` link target aside, root-only, on the host."""
+    snap = shlex.quote(f"{config['vllm_root']}/rollback")
+    conf = shlex.quote(config["vllm_config_dir"])
+    cur = shlex.quote(current_link(config["vllm_root"]))
+    return (f"set -e; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
+            f"for f in $({MANAGED_UNITS}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/manifest.json 2>/dev/null); "
+            f"do cp -a --parents \"$f\" {snap}.new/files/; done; "
+            f"(readlink {cur} || true) > {snap}.new/current; "
+            f"({MANAGED_UNITS} || true) | xargs -r -n1 basename > {snap}.new/units; "
+            f"rm -rf {snap} && mv {snap}.new {snap}; cat {conf}/manifest.json 2>/dev/null || echo '{{}}'")
+
+
+def _restore_command(config) -> str:
+    """Put the snapshot back: files, `current`, units; stop instances the snapshot did not have."""
+    snap = shlex.quote(f"{config['vllm_root']}/rollback")
+    conf = shlex.quote(config["vllm_config_dir"])
+    envs = shlex.quote(str(Path(current_link(config["vllm_root"])).parent))
+    return (f"set -e; test -d {snap}; "
+            f"for u in $({MANAGED_UNITS} | xargs -r -n1 basename); do "
+            f"grep -qx \"$u\" {snap}/units || systemctl disable --now \"$u\" || true; done; "
+            f"rm -f $({MANAGED_UNITS}) {conf}/*.yaml {conf}/*.env {conf}/manifest.json; "
+            f"cp -a {snap}/files/. /; "
+            f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
+            f"mv -T {envs}/.current.tmp {envs}/current; fi; "
+            f"systemctl daemon-reload; "
+            f"for u in $(cat {snap}/units); do systemctl enable \"$u\" && systemctl restart \"$u\"; done")
+
+
+def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck]:
+    return [InstanceCheck(name=name, unit=info["unit"], port=info["port"],
+                          served_model_name=info["served_model_name"],
+                          max_model_len=info.get("max_model_len") or None,
+                          env_file=f"{config['vllm_config_dir']}/{name}.env",
+                          timeout_s=int(info.get("start_timeout_s", 600)))
+            for name, info in manifest.get("instances", {}).items()]
+
+
+def _manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
+    return {"environment": (manifest.get("environment") or {}).get("prefix"),
+            "config_hash": {n: i.get("config_hash") for n, i in manifest.get("instances", {}).items()}}
+
+
+def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
+    from vllm_fleet.connection import run
+
+    ok, _out, err = run(host, _restore_command(config), timeout=300)
+    if not ok:
+        return False, f"restore failed: {err.strip()[-500:]}"
+    checks = _checks_from_manifest(config, before)
+    if not checks:
+        return True, "restored (no instance before)"
+    ok, out, err = run(host, probe_command(checks), timeout=max(c.timeout_s for c in checks) + 120)
+    results = parse_probe_output(out)
+    failed = [r for r in results if not r.get("ok")]
+    if not results or failed:
+        return False, "\n".join(format_failure(host.name, r) for r in failed) or err[-500:]
+    return True, "restored and verified"
+
+
+def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
+                    log) -> None:
+    """Snapshot, run deploy.py on the batch through pyinfra's API, roll back each failed host."""
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+    from pyinfra_cli.util import load_deploy_file
+
+    from vllm_fleet.connection import connected, run
+
+    with connected(inventory, names) as (state, active):
+        for name in names:
+            res = results[name]
+            res.started = time.time()
+            if active[name] is None:
+                res.state, res.error, res.finished = "failed", "unreachable over SSH", time.time()
+                continue
+            ok, out, err = run(active[name], _snapshot_command(configs[name]), timeout=120)
+            if not ok:
+                res.state, res.error = "failed", f"snapshot failed: {err.strip()[-300:]}"
+                continue
+            res.before = json.loads(out.strip() or "{}")
+        batch = [n for n in names if active[n] is not None and results[n].state == "untouched"]
+        if not batch:
+            return
+        state.limit_hosts = [active[n] for n in batch]
+        state.set_stage(StateStage.Prepare)
+        state.current_op_file_number = 0
+        try:
+            load_deploy_file(state, str(REPO / "deploy.py"))
+        except Exception as exc:  # noqa: BLE001 - DeployError or a deploy.py bug: nothing was changed yet
+            for n in batch:
+                results[n].state, results[n].error, results[n].finished = "failed", str(exc), time.time()
+            return
+        state.set_stage(StateStage.Execute)
+        run_ops(state)
+        failed = {h.name for h in state.failed_hosts}
+        for n in batch:
+            res = results[n]
+            if n not in failed:
+                ok, out, _err = run(active[n], f"cat {configs[n]['vllm_config_dir']}/manifest.json")
+                res.after = json.loads(out or "{}") if ok else {}
+                res.state, res.finished = "updated", time.time()
+                log(f"{n}: updated and verified")
+                continue
+            res.error = (active[n].data.get("vllm_fleet_verify_failure")
+                         or "the deploy failed on this host (see pyinfra's output above)")
+            log(f"{n}: failed, rolling back")
+            ok, message = _roll_back(active[n], configs[n], res.before)
+            res.state = "rolled back" if ok else "failed"
+            res.error += f"; rollback: {message}"
+            res.after = res.before
+            res.finished = time.time()
+
+
+def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
+            order: list[str] | None = None, log=print) -> list[HostResult]:
+    hosts = load_inventory(inventory, limit=limit)
+    names = [name for name, _d, _g in hosts]
+    if order:
+        unknown = [n for n in order if n not in names]
+        if unknown:
+            raise ConfigError(f"--order names unknown hosts: {', '.join(unknown)}",
+                              fix="use host names of the inventory (after --limit)")
+        names = order + [n for n in names if n not in order]
+    configs = {name: parse_host(name, data) for name, data, _g in hosts}
+    size = parse_batch(batch, len(names))
+    results = {n: HostResult(n) for n in names}
+    for start in range(0, len(names), size):
+        group = names[start:start + size]
+        log(f"batch {start // size + 1}: {', '.join(group)}")
+        _converge_batch(inventory, group, configs, results, log)
+        failures = [r for r in results.values() if r.state in ("failed", "rolled back")]
+        if len(failures) > max_fail:
+            log(f"stopping: {len(failures)} host(s) failed (--max-fail {max_fail}); "
+                f"{len(names) - start - len(group)} host(s) left untouched")
+            break
+    return list(results.values())
+
+
+def print_table(results: list[HostResult]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="vllm-fleet rollout")
+    for column in ("host", "instance", "before (env / config hash)", "after (env / config hash)", "state",
+                   "time"):
+        table.add_column(column)
+    colour = {"updated": "green", "rolled back": "yellow", "failed": "red", "untouched": "dim"}
+    for res in results:
+        before, after = _manifest_summary(res.before), _manifest_summary(res.after)
+        instances = sorted(set(before["config_hash"]) | set(after["config_hash"])) or ["-"]
+        for inst in instances:
+            table.add_row(res.name, inst,
+                          f"{Path(before['environment'] or '-').name} / {before['config_hash'].get(inst) or '-'}",
+                          f"{Path(after['environment'] or '-').name} / {after['config_hash'].get(inst) or '-'}",
+                          f"[{colour[res.state]}]{res.state}[/{colour[res.state]}]",
+                          f"{res.row()['seconds']} s" if res.row()["seconds"] is not None else "-")
+    Console(width=170).print(table)
+    for res in results:
+        if res.error:
+            print(f"{res.name}: {res.error}", file=sys.stderr)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="vllm-fleet rollout", description=__doc__.splitlines()[0])
+    parser.add_argument("inventory")
+    parser.add_argument("--batch", default="1", help="hosts per batch: N or N%% (default 1)")
+    parser.add_argument("--max-fail", type=int, default=0, help="failed hosts tolerated (default 0)")
+    parser.add_argument("--limit", action="append", help="host or group names (comma-separated)")
+    parser.add_argument("--order", help="explicit host order (comma-separated); default: inventory order")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    limit = [p for v in args.limit or [] for p in v.split(",") if p] or None
+    order = [p for p in (args.order or "").split(",") if p] or None
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    try:
+        results = rollout(args.inventory, batch=args.batch, max_fail=args.max_fail, limit=limit,
+                          order=order, log=log)
+    except ConfigErrors as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    except (ConfigError, ValueError) as exc:
+        print(f"error: {exc.located() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        json.dump({"hosts": [r.row() for r in results]}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        print_table(results)
+    return 0 if all(r.state == "updated" for r in results) else 1
