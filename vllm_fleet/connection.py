@@ -59,6 +59,6 @@ def connected(path: str | Path, hosts: list[str] | None = None, *, parallel: int
 
 def run(host, command: str, timeout: int | None = None) -> tuple[bool, str, str]:
     """Run a shell command on a connected host: (ok, stdout, stderr). Nothing is printed."""
-    ok, output = host.run_shell_command(command, print_output=False, print_input=False,
-                                        timeout=timeout)
+    extra = {"_timeout": timeout} if timeout else {}
+    ok, output = host.run_shell_command(command, print_output=False, print_input=False, **extra)
     return ok, output.stdout, output.stderr
