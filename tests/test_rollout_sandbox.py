@@ -7,11 +7,13 @@ CPU host whatever that module left.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 
 import pytest
 
-from fleet_helpers import API_KEY, CPU_HOSTS, chat, host_state, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, CPU_HOSTS, REPO, chat, host_state, variant_inventory, vllm_fleet
 
 
 def rollout(env, inventory, *args):
@@ -71,9 +73,32 @@ def test_failure_on_host_2_rolls_back_and_stops(rolled, sandbox, deploy_env, tmp
     assert "unrecognized argument" in hosts["sbx-cpu2"]["error"]
     assert hosts["sbx-cpu3"]["state"] == "untouched"
     assert host_state(sandbox, "sbx-cpu3") == before["sbx-cpu3"]  # unit file and MainPID as they were
+    # The restore touched files only, never a directory's mode (/ must stay traversable).
+    assert sandbox.run("sbx-cpu2", "stat -c %a / /etc /etc/systemd/system").stdout.split() == ["755"] * 3
     # Host 2 serves the old config again.
     assert "max-num-seqs: 16" in sandbox.run("sbx-cpu2", "cat /etc/vllm-fleet/tiny.yaml").stdout
     assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
+
+
+def test_killed_rollout_converges_when_run_again(rolled, sandbox, deploy_env, tmp_path):
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 20})
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "rollout", inventory, "--batch", "1"],
+                            cwd=REPO, env=deploy_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        for line in proc.stdout:  # kill it in the middle: once host 1 is done and host 2 has begun
+            if "batch 2" in line:
+                time.sleep(8)
+                break
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    result, hosts, _order = rollout(deploy_env, inventory, "--batch", "1")
+    assert result.returncode == 0, result.stderr
+    assert all(h["state"] == "updated" for h in hosts.values())
+    for name, address in CPU_HOSTS.items():
+        assert "max-num-seqs: 20" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout
+        assert chat(address, API_KEY)[0] == 200
 
 
 def test_unreachable_host_fails_fast(rolled, deploy_env, tmp_path):

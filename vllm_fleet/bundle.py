@@ -115,15 +115,9 @@ def _run(cmd: list[str], cwd: Path | None = None) -> None:
 
 
 def uv_bin() -> str:
-    """The uv executable on this workstation; installed from PyPI with pip when missing."""
-    try:
-        import uv  # type: ignore[import-not-found]
-    except ImportError:
-        found = shutil.which("uv")
-        if found:
-            return found
-        _run([sys.executable, "-m", "pip", "install", "--quiet", "uv"])
-        import uv  # type: ignore[import-not-found]
+    """The uv executable on this workstation (a dependency of vllm-fleet)."""
+    import uv  # type: ignore[import-not-found]
+
     return uv.find_uv_bin()
 
 

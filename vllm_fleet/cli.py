@@ -19,7 +19,7 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_fleet.config import ConfigError, ConfigErrors, load_fleet
+from vllm_fleet.config import ConfigError, ConfigErrors, load_fleet, split_names
 from vllm_fleet.plan import FleetPlan, plan_fleet
 from vllm_fleet.render import render_host
 
@@ -32,12 +32,6 @@ DELEGATED = {
     "status": "vllm_fleet.status",
     "rollout": "vllm_fleet.rollout",
 }
-
-
-def _limit(values: list[str] | None) -> list[str] | None:
-    if not values:
-        return None
-    return [part for value in values for part in value.split(",") if part]
 
 
 def load_and_plan(inventory: str, limit: list[str] | None) -> tuple[list, FleetPlan]:
@@ -82,7 +76,7 @@ def print_plan(plan: FleetPlan, out=None) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    _hosts, plan = load_and_plan(args.inventory, _limit(args.limit))
+    _hosts, plan = load_and_plan(args.inventory, split_names(args.limit))
     if args.json:
         json.dump(plan.as_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -92,7 +86,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    hosts, plan = load_and_plan(args.inventory, _limit(args.limit))
+    hosts, plan = load_and_plan(args.inventory, split_names(args.limit))
     out = Path(args.out)
     count = 0
     for host, host_plan in zip(hosts, plan.hosts):

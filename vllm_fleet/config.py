@@ -587,6 +587,12 @@ def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
                     seen[key][value] = inst.name
 
 
+def split_names(values: list[str] | None) -> list[str] | None:
+    """`--limit a,b --limit c` -> ["a", "b", "c"]; nothing -> None."""
+    names = [part for value in values or [] for part in value.split(",") if part]
+    return names or None
+
+
 def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str | Path | None = None):
     """Load a pyinfra inventory file with pyinfra's own loader (group_data included).
 

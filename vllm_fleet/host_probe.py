@@ -61,6 +61,15 @@ def served_models(port, key):
     return status, {m["id"]: m for m in json.loads(body).get("data", [])}, body
 
 
+def nvidia_smi(*args):
+    """nvidia-smi's output, or "" on a host without it (CPU hosts)."""
+    try:
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True)
+    except OSError:
+        return ""
+    return out.stdout if out.returncode == 0 else ""
+
+
 def journal(unit, lines=40):
     return subprocess.run(["journalctl", "-u", unit, "-n", str(lines), "--no-pager", "-o", "cat"],
                           capture_output=True, text=True).stdout
@@ -79,10 +88,8 @@ def unit_pids(unit):
 
 
 def gpu_bus_ids_of(pids):
-    out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,gpu_bus_id", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout
     buses = set()
-    for line in out.splitlines():
+    for line in nvidia_smi("--query-compute-apps=pid,gpu_bus_id", "--format=csv,noheader").splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) in pids:
             buses.add(parts[1].lower())
@@ -187,9 +194,9 @@ def status(spec):
     except (OSError, ValueError):
         pass
     gpus = []
-    out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.used,memory.total,utilization.gpu",
-                          "--format=csv,noheader,nounits"], capture_output=True, text=True)
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+    query = nvidia_smi("--query-gpu=index,name,memory.used,memory.total,utilization.gpu",
+                       "--format=csv,noheader,nounits")
+    for line in query.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) == 5 and parts[0].isdigit():
             gpus.append({"index": int(parts[0]), "name": parts[1], "memory_used_mib": int(float(parts[2])),
@@ -215,7 +222,8 @@ def status(spec):
         if health == 200:
             version = call(port, "/version", timeout=5)
             entry["vllm_version"] = json.loads(version[1]).get("version") if version[0] == 200 else None
-            _, models, _ = served_models(port, api_key(paths.get("env", "")))
+            env_file = f"{spec['config_dir']}/{name}.env"  # read here: the key never leaves the host
+            _, models, _ = served_models(port, api_key(env_file))
             entry["served_models"] = sorted(models)
             entry["metrics"] = metrics(port)
         instances[name] = entry

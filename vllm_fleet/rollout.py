@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host
+from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.envbuild import current_link
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
@@ -61,7 +61,8 @@ def _snapshot_command(config) -> str:
     snap = shlex.quote(f"{config['vllm_root']}/rollback")
     conf = shlex.quote(config["vllm_config_dir"])
     cur = shlex.quote(current_link(config["vllm_root"]))
-    return (f"set -e; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
+    # `cd /`: coreutils 9.1's `cp -a --parents` fails on absolute sources from any other cwd.
+    return (f"set -e; cd /; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
             f"for f in $({MANAGED_UNITS}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/manifest.json 2>/dev/null); "
             f"do cp -a --parents \"$f\" {snap}.new/files/; done; "
             f"(readlink {cur} || true) > {snap}.new/current; "
@@ -78,7 +79,8 @@ def _restore_command(config) -> str:
             f"for u in $({MANAGED_UNITS} | xargs -r -n1 basename); do "
             f"grep -qx \"$u\" {snap}/units || systemctl disable --now \"$u\" || true; done; "
             f"rm -f $({MANAGED_UNITS}) {conf}/*.yaml {conf}/*.env {conf}/manifest.json; "
-            f"cp -a {snap}/files/. /; "
+            # File by file: copying the tree onto / would also copy its directories' modes onto /.
+            f"(cd {snap}/files && find . -type f | while read -r f; do cp -p \"$f\" \"/${{f#./}}\"; done); "
             f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
             f"mv -T {envs}/.current.tmp {envs}/current; fi; "
             f"systemctl daemon-reload; "
@@ -119,6 +121,7 @@ def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
                     log) -> None:
     """Snapshot, run deploy.py on the batch through pyinfra's API, roll back each failed host."""
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
     from pyinfra_cli.util import load_deploy_file
@@ -150,7 +153,10 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                 results[n].state, results[n].error, results[n].finished = "failed", str(exc), time.time()
             return
         state.set_stage(StateStage.Execute)
-        run_ops(state)
+        try:
+            run_ops(state)
+        except PyinfraError:  # "No hosts remaining!": every host of the batch failed
+            pass
         failed = {h.name for h in state.failed_hosts}
         for n in batch:
             res = results[n]
@@ -228,8 +234,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--order", help="explicit host order (comma-separated); default: inventory order")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
-    limit = [p for v in args.limit or [] for p in v.split(",") if p] or None
-    order = [p for p in (args.order or "").split(",") if p] or None
+    limit = split_names(args.limit)
+    order = split_names([args.order] if args.order else None)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     try:
         results = rollout(args.inventory, batch=args.batch, max_fail=args.max_fail, limit=limit,

@@ -13,7 +13,7 @@ import json
 import sys
 from typing import Any
 
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host
+from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import instance_paths, render_host
 from vllm_fleet.verify import host_probe_command, parse_host_probe
@@ -44,6 +44,7 @@ def host_status(name: str, host, config) -> dict[str, Any]:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
     planned, plan_error = planned_files(config)
     payload = {"manifest": f"{config['vllm_config_dir']}/manifest.json",
+               "config_dir": config["vllm_config_dir"],
                "instances": {n: {"paths": {k: v for k, v in instance_paths(config, n).items()
                                            if k in DRIFT_KINDS}} for n in planned}}
     ok, out, err = run(host, host_probe_command("status", payload), timeout=120)
@@ -107,7 +108,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--limit", action="append")
     args = parser.parse_args(argv)
-    limit = [p for v in args.limit or [] for p in v.split(",") if p] or None
+    limit = split_names(args.limit)
     try:
         report = collect(args.inventory, limit)
     except ConfigErrors as exc:
