@@ -61,6 +61,12 @@ vllm_min_kv_sequences = 4  # "good KV headroom": the KV cache holds this many ma
 vllm_activation_reserve_gib = 2.0  # per GPU: activation peak + CUDA context, outside weights and KV
 vllm_cuda_graph_reserve_gib = 0.5  # per GPU: CUDA graphs (0 with engine_args enforce-eager)
 
+# --- SSH (pyinfra's own keys) -------------------------------------------------------------------
+# Host keys are checked: an unknown or changed host key fails the connection. pyinfra's default,
+# "accept-new", would trust any first key; set "accept-new" (or "no") here or per host only on
+# purpose, e.g. for freshly installed servers whose keys you cannot pre-load into known_hosts.
+ssh_strict_host_key_checking = "yes"
+
 # --- Verification ---------------------------------------------------------------------------------
 vllm_verify = True  # after a deploy: /health, /v1/models, a 1-token completion, GPU processes
 vllm_verify_timeout_s = None  # None: sized to the model (the unit's TimeoutStartSec)

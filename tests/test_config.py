@@ -78,4 +78,6 @@ def test_group_data_all_documents_every_knob_with_the_same_default():
     tree = ast.parse((ROOT / "group_data" / "all.py").read_text())
     documented = {node.targets[0].id: ast.literal_eval(node.value)
                   for node in tree.body if isinstance(node, ast.Assign)}
+    ssh = {k: documented.pop(k) for k in list(documented) if k.startswith("ssh_")}
     assert documented == HOST_DEFAULTS
+    assert ssh == {"ssh_strict_host_key_checking": "yes"}  # host keys checked unless said otherwise

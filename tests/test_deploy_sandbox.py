@@ -89,6 +89,19 @@ def test_changed_engine_arg_restarts_only_that_host(converged, sandbox, deploy_e
     assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
 
 
+def test_unreachable_hub_fails_with_advice_and_keeps_serving(converged, sandbox, deploy_env, tmp_path):
+    before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
+    # A Hugging Face id: downloaded on the host, which has no network.
+    inventory = variant_inventory(tmp_path, cpu2={"model": "Qwen/Qwen2.5-7B-Instruct", "model_source": None})
+    result = pyinfra(deploy_env, "--limit", "sbx-cpu2", inventory=inventory)
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "host sbx-cpu2, instance tiny: cannot download Qwen/Qwen2.5-7B-Instruct" in out
+    assert "set 'model_source'" in out
+    assert host_state(sandbox, "sbx-cpu2") == before["sbx-cpu2"]  # its files and process untouched
+    assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
+
+
 def test_removed_instance_loses_its_unit(converged, sandbox, deploy_env, tmp_path):
     inventory = variant_inventory(tmp_path, cpu2=None)
     result = pyinfra(deploy_env, inventory=inventory)

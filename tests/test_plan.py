@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from planning_fixtures import A100_40G, H100_80G, RTX_3090, SEED_BOX, T4, host_data, instance
+from planning_fixtures import A100_40G, H100_80G, RTX_3090, T4, host_data, instance
 from vllm_fleet.config import ConfigErrors, GpuSpec, parse_host
 from vllm_fleet.plan import even_partition, plan_host
 

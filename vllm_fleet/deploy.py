@@ -1,7 +1,7 @@
 """The deploy's steps for the current pyinfra host, called in order by the root `deploy.py`.
 
 prepare (facts + plan; an invalid plan raises before any host changes) -> models -> environment
--> files -> services -> verify.
+-> service user -> hub downloads -> files -> services -> verify.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
-from vllm_fleet.facts import ManagedUnits, ModelConfig, NvidiaGpus, PathsPresent
+from vllm_fleet.envbuild import ENV_MARKER, current_link, env_dir
+from vllm_fleet.facts import (HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig, NvidiaGpus,
+                              PathsPresent)
 from vllm_fleet.operations import secret_file, vllm_environment
 from vllm_fleet.plan import HostPlan, plan_host
 from vllm_fleet.render import (RenderedFile, Secrets, environment_spec, instance_paths, render_host,
@@ -139,7 +142,7 @@ def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
 
 
 def prepare() -> Deployment:
-    """Validate this host's data, read live facts, plan, render. Raises DeployError on bad input."""
+    """1. Validate this host's data, read live facts, plan, render. Raises DeployError on bad input."""
     try:
         config = parse_host(host.name, host.data.dict())
     except ConfigErrors as exc:
@@ -169,7 +172,7 @@ def prepare() -> Deployment:
 
 
 def models(d: Deployment) -> None:
-    """0. Model directories from the workstation (model_source) are synced to the host path."""
+    """2. Model directories from the workstation (model_source) are synced to the host path."""
     for inst in d.config.instances:
         if inst.model_source:
             files.sync(name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
@@ -180,13 +183,50 @@ def models(d: Deployment) -> None:
 def environment(d: Deployment) -> None:
     """3. The versioned Python environment with the pinned vLLM (built aside, `current` switched)."""
     spec = environment_spec(d.config, d.plan)
+    installed = host.get_fact(InstalledEnvironment, current=current_link(d.config["vllm_root"]),
+                              marker=ENV_MARKER)
+    was = (f"{installed['spec']['target']} vLLM {installed['spec']['vllm_version']} ({installed['name']})"
+           if installed else "none")
+    logger.info(f"{host.print_prefix}environment: installed {was}; wanted {spec.target} vLLM "
+                f"{spec.vllm_version} ({spec.name})")
     d.changed["environment"] = vllm_environment(
         name=f"vLLM environment {spec.name}", spec=spec, root=d.config["vllm_root"],
         wheelhouse=d.config["vllm_wheelhouse"])
 
 
-def service_files(d: Deployment) -> None:
-    """4. Service user, directories, engine YAML, root-only env file, units; stale units removed."""
+def hub_models(d: Deployment) -> None:
+    """5. Hugging Face ids are downloaded on the host into HF_HOME before any file changes.
+
+    The token goes to the host in a root-only file (never on a command line). A host that cannot
+    reach the hub fails here, with what to do instead, while its running instances are untouched.
+    """
+    c = d.config
+    missing = [inst for inst in d.plan.instances if not inst.config.model.startswith("/")
+               and not host.get_fact(HubModelCached, hf_home=c["vllm_hf_home"], model=inst.config.model)]
+    if not missing:
+        return
+    token_file = f"{c['vllm_config_dir']}/.staging/hub.env"
+    secret_file(name="Hugging Face token for downloads", dest=token_file,
+                content=f"HF_TOKEN={d.secrets.hf_token}\n" if d.secrets.hf_token else "\n",
+                staging_dir=f"{c['vllm_config_dir']}/.staging")
+    python_bin = env_dir(environment_spec(c, d.plan), c["vllm_root"]) + "/bin/python"
+    for inst in missing:
+        model = inst.config.model
+        fetch = f"from huggingface_hub import snapshot_download; snapshot_download({model!r})"
+        advice = (f"host {host.name}, instance {inst.name}: cannot download {model} from the Hugging Face "
+                  "hub (no network, or a gated model without HF_TOKEN). Copy the model to the host and set "
+                  "'model' to its path, or set 'model_source' to a directory on this workstation")
+        # As the service user (it owns HF_HOME); runuser keeps the environment, so the token
+        # travels in it, never in an argv.
+        server.shell(name=f"Download {model} into {c['vllm_hf_home']}", commands=[
+            f"set -a && . {shlex.quote(token_file)} && set +a && HF_HOME={shlex.quote(c['vllm_hf_home'])} "
+            f"timeout 3600 runuser -u {c['vllm_service_user']} -- {shlex.quote(python_bin)} -c "
+            f"{shlex.quote(fetch)} || {{ echo {shlex.quote(advice)} >&2; exit 1; }}",
+        ])
+
+
+def service_user(d: Deployment) -> None:
+    """4. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache)."""
     c = d.config
     user = c["vllm_service_user"]
     server.group(name=f"Group {user}", group=user, system=True)
@@ -197,6 +237,11 @@ def service_files(d: Deployment) -> None:
     for path in sorted({c["vllm_state_dir"], c["vllm_hf_home"], c["vllm_cache_root"],
                         f"{c['vllm_state_dir']}/config"}):
         files.directory(name=f"Directory {path}", path=path, user=user, group=user, mode="0750")
+
+
+def service_files(d: Deployment) -> None:
+    """6. Engine YAML, root-only env file, units; units of removed instances are removed."""
+    c = d.config
     for inst in d.plan.instances:
         paths = instance_paths(c, inst.name)
         ops = []
@@ -225,7 +270,7 @@ def service_files(d: Deployment) -> None:
 
 
 def services(d: Deployment) -> None:
-    """5. daemon-reload only if a unit changed; restart an instance only if its files or env changed."""
+    """7. daemon-reload only if a unit changed; restart an instance only if its files or env changed."""
     if d.changed.get("units"):
         systemd.daemon_reload(name="systemd daemon-reload (a unit changed)",
                               _if=any_changed(*d.changed["units"]))
@@ -256,7 +301,7 @@ def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execut
 
 
 def verify(d: Deployment) -> None:
-    """6. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
+    """8. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
     if not d.config["vllm_verify"] or not d.plan.instances:
         return
     gpus = {g.index: g for g in d.plan.gpus}

@@ -132,3 +132,35 @@ class LinkTarget(FactBase):
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
         return lines[0] if lines else None
+
+
+class InstalledEnvironment(FactBase):
+    """The environment `current` points to and its spec (vLLM version), from its marker file."""
+
+    def command(self, current: str, marker: str) -> str:
+        link, mark = shlex.quote(current), shlex.quote(marker)
+        return f"if [ -f {link}/{mark} ]; then readlink {link}; cat {link}/{mark}; fi"
+
+    def process(self, output):
+        lines = list(output)
+        if len(lines) < 2:
+            return None
+        try:
+            return {"name": lines[0].strip(), **json.loads(lines[1])}
+        except ValueError:
+            return None
+
+
+class HubModelCached(FactBase):
+    """Whether a Hugging Face model id is already in HF_HOME's hub cache (a snapshot with config.json)."""
+
+    def command(self, hf_home: str, model: str) -> str:
+        folder = "models--" + model.replace("/", "--")
+        return (f"ls {shlex.quote(hf_home)}/hub/{shlex.quote(folder)}/snapshots/*/config.json "
+                f"2>/dev/null | head -n1")
+
+    def process(self, output):
+        return any(line.strip() for line in output)
+
+    def default(self):
+        return False

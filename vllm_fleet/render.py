@@ -40,7 +40,7 @@ class Secrets:
         out = []
         for name, value in (("VLLM_API_KEY", self.api_key), ("HF_TOKEN", self.hf_token)):
             if placeholders:
-                out.append((name, f"<secret: filled in at deploy time>"))
+                out.append((name, "<secret: filled in at deploy time>"))
             elif value:
                 out.append((name, value))
         return out
