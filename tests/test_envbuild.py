@@ -70,8 +70,8 @@ def test_switch_is_atomic_and_keeps_previous():
     )
 
 
-def test_commands_really_switch_and_roll_back(tmp_path):
-    """Run the switch and rollback commands on a fake env tree (no vLLM needed)."""
+def test_commands_really_switch(tmp_path):
+    """Run the switch commands on a fake env tree (no vLLM needed)."""
     import subprocess
 
     root = str(tmp_path)
@@ -92,9 +92,7 @@ def test_commands_really_switch_and_roll_back(tmp_path):
     run(envbuild.switch_current_commands(new, root))
     run(envbuild.switch_current_commands(new, root))  # again: previous must stay the old env
     assert (target("current"), target("previous")) == (new.name, old.name)
-    run(envbuild.rollback_commands(root))
-    assert (target("current"), target("previous")) == (old.name, new.name)
     missing = EnvSpec(vllm_version="9.9.9")
     with pytest.raises(subprocess.CalledProcessError):
         run(envbuild.switch_current_commands(missing, root))
-    assert target("current") == old.name
+    assert target("current") == new.name

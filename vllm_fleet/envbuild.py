@@ -178,14 +178,3 @@ def switch_current_commands(spec: EnvSpec, root: str = DEFAULT_ROOT) -> list[str
         f' ln -sfn "$old" {q(envs + "/.previous.tmp")} && mv -T {q(envs + "/.previous.tmp")} {q(prev)}; fi',
         f"ln -sfn {q(name)} {q(envs + '/.current.tmp')} && mv -T {q(envs + '/.current.tmp')} {q(cur)}",
     ]
-
-
-def rollback_commands(root: str = DEFAULT_ROOT) -> list[str]:
-    """Swap `current` and `previous` (both atomically); fails when there is no previous env."""
-    q = shlex.quote
-    envs, cur, prev = envs_root(root), current_link(root), previous_link(root)
-    return [
-        f'new="$(readlink {q(prev)})" && old="$(readlink {q(cur)})"'
-        f" && ln -sfn \"$new\" {q(envs + '/.current.tmp')} && mv -T {q(envs + '/.current.tmp')} {q(cur)}"
-        f" && ln -sfn \"$old\" {q(envs + '/.previous.tmp')} && mv -T {q(envs + '/.previous.tmp')} {q(prev)}",
-    ]

@@ -9,6 +9,10 @@ from pyinfra.api import FactBase
 
 from vllm_fleet.config import GpuSpec
 
+MANAGED_MARKER = "# Managed by vllm-fleet"  # the first line of every file the deploy writes
+# Unit files vllm-fleet wrote (a unit without the marker is the user's own and is left alone).
+MANAGED_UNIT_FILES = f"grep -l '^{MANAGED_MARKER}' /etc/systemd/system/vllm-*.service 2>/dev/null"
+
 GPU_QUERY = "index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap"
 
 
@@ -91,8 +95,7 @@ class ManagedUnits(FactBase):
     """Names of vllm-*.service units that vllm-fleet wrote (they carry its marker line)."""
 
     def command(self) -> str:
-        return ("grep -l '^# Managed by vllm-fleet' /etc/systemd/system/vllm-*.service 2>/dev/null "
-                "| xargs -r -n1 basename || true")
+        return f"{MANAGED_UNIT_FILES} | xargs -r -n1 basename || true"
 
     def default(self):
         return []
@@ -110,17 +113,6 @@ class FileSha256(FactBase):
     def process(self, output):
         lines = [line.strip() for line in output if line.strip()]
         return lines[0] if lines else None
-
-
-class UnitMainPid(FactBase):
-    """The MainPID of a unit (0 when not running)."""
-
-    def command(self, unit: str) -> str:
-        return f"systemctl show -p MainPID --value {shlex.quote(unit)}"
-
-    def process(self, output):
-        lines = list(output)
-        return int(lines[0]) if lines and lines[0].strip().isdigit() else 0
 
 
 class LinkTarget(FactBase):

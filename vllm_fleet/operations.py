@@ -18,8 +18,6 @@ from pyinfra.api import FileUploadCommand, operation
 from vllm_fleet import envbuild
 from vllm_fleet.facts import FileSha256, LinkTarget, PathsPresent
 
-SECRET_STAGING = ".staging"  # root-only directory inside the config dir for secret uploads
-
 
 @operation()
 def secret_file(dest: str, content: str, staging_dir: str):

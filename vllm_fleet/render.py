@@ -24,7 +24,6 @@ from vllm_fleet.plan import HostPlan, InstancePlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_DIR = "/etc/systemd/system"
-MANAGED_MARKER = "# Managed by vllm-fleet"
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from typing import Any
 
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.envbuild import current_link
+from vllm_fleet.facts import MANAGED_UNIT_FILES
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 REPO = Path(__file__).resolve().parent.parent
-MANAGED_UNITS = "grep -l '^# Managed by vllm-fleet' /etc/systemd/system/vllm-*.service 2>/dev/null"
 
 
 @dataclass
@@ -63,10 +63,10 @@ def _snapshot_command(config) -> str:
     cur = shlex.quote(current_link(config["vllm_root"]))
     # `cd /`: coreutils 9.1's `cp -a --parents` fails on absolute sources from any other cwd.
     return (f"set -e; cd /; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
-            f"for f in $({MANAGED_UNITS}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/manifest.json 2>/dev/null); "
+            f"for f in $({MANAGED_UNIT_FILES}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/manifest.json 2>/dev/null); "
             f"do cp -a --parents \"$f\" {snap}.new/files/; done; "
             f"(readlink {cur} || true) > {snap}.new/current; "
-            f"({MANAGED_UNITS} || true) | xargs -r -n1 basename > {snap}.new/units; "
+            f"({MANAGED_UNIT_FILES} || true) | xargs -r -n1 basename > {snap}.new/units; "
             f"rm -rf {snap} && mv {snap}.new {snap}; cat {conf}/manifest.json 2>/dev/null || echo '{{}}'")
 
 
@@ -76,9 +76,9 @@ def _restore_command(config) -> str:
     conf = shlex.quote(config["vllm_config_dir"])
     envs = shlex.quote(str(Path(current_link(config["vllm_root"])).parent))
     return (f"set -e; test -d {snap}; "
-            f"for u in $({MANAGED_UNITS} | xargs -r -n1 basename); do "
+            f"for u in $({MANAGED_UNIT_FILES} | xargs -r -n1 basename); do "
             f"grep -qx \"$u\" {snap}/units || systemctl disable --now \"$u\" || true; done; "
-            f"rm -f $({MANAGED_UNITS}) {conf}/*.yaml {conf}/*.env {conf}/manifest.json; "
+            f"rm -f $({MANAGED_UNIT_FILES}) {conf}/*.yaml {conf}/*.env {conf}/manifest.json; "
             # File by file: copying the tree onto / would also copy its directories' modes onto /.
             f"(cd {snap}/files && find . -type f | while read -r f; do cp -p \"$f\" \"/${{f#./}}\"; done); "
             f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
