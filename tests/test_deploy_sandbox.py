@@ -44,6 +44,9 @@ def test_unit_pins_device_order_and_visible_devices(converged, sandbox):
     assert user.strip() == "vllm"
     cmdlines = sandbox.run("sbx-cpu1", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
     assert API_KEY not in cmdlines
+    shown = sandbox.run("sbx-cpu1", "systemctl show vllm-tiny.service; cat /etc/vllm-fleet/tiny.yaml "
+                                    "/etc/vllm-fleet/manifest.json; journalctl -u vllm-tiny --no-pager").stdout
+    assert "EnvironmentFiles=/etc/vllm-fleet/tiny.env" in shown and API_KEY not in shown
 
 
 def test_second_run_changes_nothing(converged, sandbox, deploy_env):

@@ -68,6 +68,7 @@ def test_failure_on_host_2_rolls_back_and_stops(rolled, sandbox, deploy_env, tmp
                                   cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
     result, hosts, _order = rollout(deploy_env, inventory, "--batch", "1")
     assert result.returncode != 0
+    assert API_KEY not in result.stdout + result.stderr  # the JSON report and the log, journal included
     assert hosts["sbx-cpu1"]["state"] == "updated"
     assert hosts["sbx-cpu2"]["state"] == "rolled back"
     assert "unrecognized argument" in hosts["sbx-cpu2"]["error"]
