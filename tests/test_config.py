@@ -48,6 +48,19 @@ def errors_of(data: dict) -> list:
     (host_data(vllm_root="opt/vllm"), "vllm_root", "absolute path"),
     (host_data(instances=[instance(name="a"), instance(name="a", port=8001)]), "name", "already used"),
     (host_data(instances=[instance(model_info={"num_hidden_layers": 2})]), "model_info", "missing"),
+    (host_data(vllm_index_url="pypi.org/simple"), "vllm_index_url", "not an index URL"),
+    (host_data(vllm_index_url="https://x/simple; rm -rf /"), "vllm_index_url", "not an index URL"),
+    (host_data(vllm_extra_index_urls="https://download.pytorch.org/whl/cpu"), "vllm_extra_index_urls",
+     "list of index URLs"),
+    (host_data(vllm_extra_index_urls=["ftp://x/simple"]), "vllm_extra_index_urls", "list of index URLs"),
+    (host_data(vllm_env_manager="cnda"), "vllm_env_manager", "did you mean 'conda'"),
+    (host_data(vllm_env_manager="pip"), "vllm_env_manager", "not one of uv, conda"),
+    (host_data(vllm_conda_exe="conda"), "vllm_conda_exe", "absolute path"),
+    (host_data(vllm_conda_exe="/opt/my conda/bin/conda"), "vllm_conda_exe", "absolute path"),
+    (host_data(vllm_miniforge_installer="ftp://x/Miniforge3.sh"), "vllm_miniforge_installer",
+     "http(s) URL or a path"),
+    (host_data(vllm_miniforge_installer=""), "vllm_miniforge_installer", "http(s) URL or a path"),
+    (host_data(vllm_conda_exe_path="/x"), "vllm_conda_exe_path", "did you mean 'vllm_conda_exe'"),
 ])
 def test_bad_input_is_located_and_has_a_fix(data, key, words):
     errs = errors_of(data)
@@ -81,3 +94,14 @@ def test_group_data_all_documents_every_knob_with_the_same_default():
     ssh = {k: documented.pop(k) for k in list(documented) if k.startswith("ssh_")}
     assert documented == HOST_DEFAULTS
     assert ssh == {"ssh_strict_host_key_checking": "yes"}  # host keys checked unless said otherwise
+
+
+def test_environment_source_knobs_accept_good_values():
+    host = parse_host("box", host_data(
+        vllm_index_url="http://10.213.7.13:8099/simple", vllm_extra_index_urls=["https://download.pytorch.org/whl/cpu"],
+        vllm_env_manager="conda", vllm_conda_exe="/opt/conda/bin/conda",
+        vllm_miniforge_installer="~/Downloads/Miniforge3-Linux-x86_64.sh"))
+    assert host["vllm_env_manager"] == "conda" and host["vllm_index_url"].startswith("http://")
+    defaults = parse_host("box", host_data())
+    assert (defaults["vllm_index_url"], defaults["vllm_extra_index_urls"], defaults["vllm_env_manager"],
+            defaults["vllm_conda_exe"], defaults["vllm_miniforge_installer"]) == (None, [], "uv", None, None)

@@ -7,6 +7,7 @@
     vllm-fleet status INVENTORY [--json]                  health, load, KV use and drift per instance
     vllm-fleet rollout INVENTORY [--batch N|N%] [--max-fail N] [--json]
                                                           batch by batch, verified, failures rolled back
+    vllm-fleet unlock INVENTORY --limit HOST              break the deploy lock of a deploy that is gone
 
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
 """
@@ -31,6 +32,7 @@ DELEGATED = {
     "bundle": "vllm_fleet.bundle",
     "status": "vllm_fleet.status",
     "rollout": "vllm_fleet.rollout",
+    "unlock": "vllm_fleet.lock",
 }
 
 

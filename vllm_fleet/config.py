@@ -34,6 +34,14 @@ class ConfigError(Exception):
         return f"{text}\n  fix: {self.fix}" if self.fix else text
 
 
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class ConfigErrors(Exception):
     """Several ConfigErrors, all reported together so one run shows every mistake."""
 
@@ -55,6 +63,11 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_python_version": "3.11",
     "vllm_root": "/opt/vllm-fleet",
     "vllm_wheelhouse": None,
+    "vllm_index_url": None,
+    "vllm_extra_index_urls": [],
+    "vllm_env_manager": "uv",
+    "vllm_conda_exe": None,
+    "vllm_miniforge_installer": None,
     "vllm_extra_packages": [],
     "vllm_config_dir": "/etc/vllm-fleet",
     "vllm_state_dir": "/var/lib/vllm-fleet",
@@ -77,6 +90,8 @@ HOST_DEFAULTS: dict[str, Any] = {
 
 PLACEMENTS = ("auto", "single-instance", "split")
 TARGETS = ("cuda", "cpu")
+ENV_MANAGERS = ("uv", "conda")
+INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\;]+$")
 
 INSTANCE_KEYS = (
     "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
@@ -445,6 +460,13 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
         value = raw.get(key)
         if value is not None and (not isinstance(value, str) or not value or "\n" in value):
             check.error(f"expected a path or model id, got {value!r}", instance=label, key=key)
+    for key in ("model", "tokenizer", "model_source"):
+        value = raw.get(key)
+        # A byte that is no UTF-8 character (read with surrogateescape) cannot go over SSH, nor into
+        # a unit file: refused here rather than failing mid-run.
+        if isinstance(value, str) and not _is_utf8(value):
+            check.error(f"{value.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8", instance=label,
+                        key=key, fix="rename the path (or write the inventory) in UTF-8")
     gpus_raw = raw.get("gpus", "auto")
     gpus: tuple[int, ...] | None = None
     if gpus_raw != "auto":
@@ -497,7 +519,7 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
 
 
 def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
-    choices = {"placement": PLACEMENTS, "vllm_target": TARGETS}
+    choices = {"placement": PLACEMENTS, "vllm_target": TARGETS, "vllm_env_manager": ENV_MANAGERS}
     for key, allowed in choices.items():
         if settings[key] not in allowed:
             guess = _did_you_mean(str(settings[key]), allowed)
@@ -542,6 +564,34 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
             isinstance(p, str) and re.match(r"^[A-Za-z0-9_.\-\[\],=<>!~]+$", p) for p in extra):
         check.error(f"must be a list of pip requirement strings, got {extra!r}",
                     key="vllm_extra_packages", fix="vllm_extra_packages = ['ray==2.60.0']")
+    _check_environment_source(check, settings)
+
+
+def _check_environment_source(check: _Checker, settings: dict[str, Any]) -> None:
+    """Package indexes and conda: vllm_index_url, vllm_extra_index_urls, vllm_conda_exe, ..."""
+    index = settings["vllm_index_url"]
+    if index is not None and not (isinstance(index, str) and INDEX_URL_RE.match(index)):
+        check.error(f"{index!r} is not an index URL", key="vllm_index_url",
+                    fix="None for PyPI, or a simple index such as 'https://pypi.example.com/simple'")
+    extra = settings["vllm_extra_index_urls"]
+    if not isinstance(extra, (list, tuple)) or not all(
+            isinstance(u, str) and INDEX_URL_RE.match(u) for u in extra):
+        check.error(f"must be a list of index URLs, got {extra!r}", key="vllm_extra_index_urls",
+                    fix="vllm_extra_index_urls = ['https://download.pytorch.org/whl/cpu']")
+    conda = settings["vllm_conda_exe"]
+    if conda is not None and (not isinstance(conda, str) or not conda.startswith("/")
+                              or re.search(r"[\s;'\"$`\\]", conda)):
+        check.error(f"{conda!r} must be an absolute path on the host without spaces or shell characters",
+                    key="vllm_conda_exe", fix="vllm_conda_exe = '/opt/conda/bin/conda' (or None: look for one)")
+    installer = settings["vllm_miniforge_installer"]
+    if installer is not None and (not isinstance(installer, str) or not installer.strip()
+                                  or re.search(r"[\n\0]", installer)
+                                  or (re.match(r"^[a-z]+://", installer)
+                                      and not re.match(r"^https?://\S+$", installer))):
+        check.error(f"{installer!r} is not an http(s) URL or a path on this workstation",
+                    key="vllm_miniforge_installer",
+                    fix="vllm_miniforge_installer = 'https://github.com/conda-forge/miniforge/releases/"
+                        "latest/download/Miniforge3-Linux-x86_64.sh' (or a downloaded copy's path)")
 
 
 def parse_host(name: str, data: dict[str, Any]) -> HostConfig:

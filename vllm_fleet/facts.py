@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 from pyinfra.api import FactBase
 
+from vllm_fleet import gpu_topology
 from vllm_fleet.config import GpuSpec
 
 MANAGED_MARKER = "# Managed by vllm-fleet"  # the first line of every file the deploy writes
@@ -50,6 +52,37 @@ class NvidiaGpus(FactBase):
 
     def process(self, output):
         return parse_gpu_csv(list(output))
+
+
+TOPOLOGY_SOURCE = (Path(__file__).parent / "gpu_topology.py").read_text()
+
+
+def topology_command(python: str) -> str:
+    """Run gpu_topology.py with the vLLM environment's `python`; without it (no environment yet),
+    or if the probe crashes, print an 'unavailable' result instead. Always exits 0."""
+    py = shlex.quote(python)
+
+    def unavailable(reason: str) -> str:
+        return "echo " + shlex.quote(gpu_topology.RESULT_PREFIX + json.dumps(gpu_topology.unavailable(reason)))
+
+    return (f"if [ -x {py} ]; then {py} -c {shlex.quote(TOPOLOGY_SOURCE)} || "
+            f"{unavailable(f'the GPU topology probe failed under {python}')}; "
+            f"else {unavailable(f'no vLLM environment yet ({python} is missing)')}; fi")
+
+
+class GpuTopology(FactBase):
+    """The GPUs as NVML sees them, with the vLLM environment's pynvml: P2P and NVLink between GPU
+    pairs, and each GPU's compute processes (gpu_topology.py documents the result).
+    {"available": False, "reason": ...} without the environment, pynvml or the NVIDIA driver."""
+
+    def command(self, python: str) -> str:
+        return topology_command(python)
+
+    def default(self):
+        return gpu_topology.unavailable("the GPU topology probe could not run")
+
+    def process(self, output):
+        return gpu_topology.parse_output(output)
 
 
 class PathsPresent(FactBase):
@@ -156,3 +189,35 @@ class HubModelCached(FactBase):
 
     def default(self):
         return False
+
+
+class ServiceFreshness(FactBase):
+    """Is a unit's running process older than its files, and does systemd need a daemon-reload?
+
+    A deploy interrupted between writing an instance's files and restarting it leaves the old process
+    serving while the files already match the plan: a re-run sees no file change, so this fact is
+    what makes it restart (and reload) anyway. Returns {"main_pid", "started", "newest_file",
+    "stale", "need_daemon_reload"}; times are epoch seconds; links count by their own mtime (the
+    environment's `current` link changes when the environment is switched).
+    """
+
+    def command(self, unit: str, paths: tuple[str, ...]) -> str:
+        u = shlex.quote(unit)
+        files = " ".join(shlex.quote(p) for p in paths)
+        return (f"pid=$(systemctl show -p MainPID --value {u}); "
+                f"ts=$(systemctl show -p ExecMainStartTimestamp --value {u}); "
+                f"if [ -n \"$ts\" ] && [ \"$pid\" != 0 ]; then start=$(date -d \"$ts\" +%s); else start=0; fi; "
+                f"newest=$( (stat -c %Y {files} 2>/dev/null || true) | sort -n | tail -n 1); "
+                f"echo \"${{pid:-0}} $start ${{newest:-0}} $(systemctl show -p NeedDaemonReload --value {u})\"")
+
+    def default(self):
+        return {"main_pid": 0, "started": 0, "newest_file": 0, "stale": False, "need_daemon_reload": False}
+
+    def process(self, output):
+        parts = (list(output) or [""])[0].split()
+        if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
+            return self.default()
+        pid, started, newest = (int(p) for p in parts[:3])
+        return {"main_pid": pid, "started": started, "newest_file": newest,
+                "stale": pid != 0 and started < newest,
+                "need_daemon_reload": len(parts) > 3 and parts[3] == "yes"}

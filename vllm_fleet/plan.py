@@ -20,6 +20,40 @@ from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, In
 from vllm_fleet.envbuild import GGUF_PLUGIN
 
 
+@dataclass(frozen=True)
+class Interconnect:
+    """What a host's driver reports between its GPUs (the GpuTopology fact, at deploy time).
+
+    Keys are GPU index pairs (PCI bus order, lower index first); values are "ok" or NVML's reason
+    ("chipset not supported", ...). `read` is NVML_P2P_CAPS_INDEX_READ (P2P over PCIe or NVLink),
+    `nvlink` NVML_P2P_CAPS_INDEX_NVLINK. A pair missing from both is unknown.
+    """
+
+    read: dict[tuple[int, int], str] = field(default_factory=dict)
+    nvlink: dict[tuple[int, int], str] = field(default_factory=dict)
+
+    @classmethod
+    def from_topology(cls, topology: dict[str, Any]) -> "Interconnect":
+        """From gpu_topology.py's result ({"available": true, "gpus": [...], "p2p": {...}})."""
+        n = len(topology["gpus"])
+        pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+        return cls(**{kind: {(i, j): topology["p2p"][kind][i][j] for i, j in pairs}
+                      for kind in ("read", "nvlink")})
+
+    def p2p(self, a: int, b: int) -> bool | None:
+        """Whether GPUs a and b can reach each other peer to peer (None: not known)."""
+        key = (min(a, b), max(a, b))
+        if key not in self.read and key not in self.nvlink:
+            return None
+        return self.read.get(key) == "ok" or self.nvlink.get(key) == "ok"
+
+    def why_not(self, a: int, b: int) -> str:
+        return self.read.get((min(a, b), max(a, b)), "unknown")
+
+    def has_nvlink(self, a: int, b: int) -> bool:
+        return self.nvlink.get((min(a, b), max(a, b))) == "ok"
+
+
 #: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
 #: live outside the weights and the KV cache (non-torch memory in vLLM's profiling).
 COMM_RESERVE_GIB = 0.5
@@ -338,9 +372,11 @@ def _tp_problem(info: ModelInfo, tp: int) -> list[str]:
 class _Planner:
     """Plans one host. Collects errors so every problem is reported in one run."""
 
-    def __init__(self, host: HostConfig, gpus: tuple[GpuSpec, ...]):
+    def __init__(self, host: HostConfig, gpus: tuple[GpuSpec, ...],
+                 interconnect: Interconnect | None = None):
         self.host = host
         self.gpus = gpus
+        self.interconnect = interconnect
         self.errors: list[ConfigError] = []
         self.reserve = float(host["vllm_activation_reserve_gib"])
         self.graph_reserve = float(host["vllm_cuda_graph_reserve_gib"])
@@ -562,9 +598,47 @@ class _Planner:
             plan.reasons.append("tensor parallelism on consumer GPUs without NVLink: NCCL P2P over "
                                 "PCIe hangs (vllm#14449), so NCCL_P2P_DISABLE=1 and "
                                 "--disable-custom-all-reduce")
+        if layout.tp > 1 and self.interconnect is not None:
+            self._explain_p2p(plan, layout)
         if inst.gguf:
             plan.reasons.append("GGUF weights: installs vllm-gguf-plugin and passes --tokenizer "
                                 "(the base model's tokenizer)")
+
+    def _explain_p2p(self, plan: InstancePlan, layout: Layout) -> None:
+        """Live P2P facts for the TP groups (the driver's report, via NVML).
+
+        A TP group whose GPUs cannot reach each other peer to peer gets NCCL_P2P_DISABLE=1 (NCCL
+        then goes through host shared memory) and --disable-custom-all-reduce (vLLM's custom
+        all-reduce needs P2P; without it vLLM disables it itself, with a warning, after a test).
+        When every pair has P2P nothing is relaxed: a "yes" from the driver proves little, and
+        vLLM does not trust it either (all_reduce_utils.can_actually_p2p runs a real copy between
+        the GPUs, because "sometimes the driver might be broken"); only a "no" is acted on.
+        """
+        ic = self.interconnect
+        groups = [layout.gpus[k:k + layout.tp] for k in range(0, len(layout.gpus), layout.tp)]
+        pairs = {(a, b) for group in groups for a, b in itertools.combinations(group, 2)}
+        pairs = sorted(pairs, key=lambda ab: (ab[0].index, ab[1].index))
+        missing = [(a, b) for a, b in pairs if ic.p2p(a.index, b.index) is False]
+        unknown = [(a, b) for a, b in pairs if ic.p2p(a.index, b.index) is None]
+        nvlink = [f"{a.index}-{b.index}" for a, b in pairs if ic.has_nvlink(a.index, b.index)]
+        if missing:
+            plan.env["NCCL_P2P_DISABLE"] = "1"
+            plan.engine_args["disable-custom-all-reduce"] = True
+            which = ", ".join(f"GPU {a.index} {a.short_name} <-> GPU {b.index} {b.short_name} "
+                              f"({ic.why_not(a.index, b.index)})" for a, b in missing)
+            plan.reasons.append(f"the driver reports no P2P inside a TP group: {which}; so "
+                                "NCCL_P2P_DISABLE=1 (NCCL through host memory) and "
+                                "--disable-custom-all-reduce (vLLM's custom all-reduce needs P2P)")
+            return
+        known = f"NVLink {', '.join(nvlink)}" if nvlink else "no NVLink, P2P over PCIe"
+        text = f"the driver reports P2P between every GPU pair of each TP group ({known})"
+        if unknown:
+            text += (f"; unknown for {', '.join(f'{a.index}-{b.index}' for a, b in unknown)}")
+        if plan.env.get("NCCL_P2P_DISABLE") == "1":
+            text += ("; NCCL P2P and the custom all-reduce stay off on consumer cards anyway: "
+                     "vLLM does not trust the driver's P2P report either (it tests a real copy, "
+                     "can_actually_p2p), so a reported P2P does not rule out the vllm#14449 hang")
+        plan.reasons.append(text)
 
     # -- placement over a host
 
@@ -730,9 +804,12 @@ def _cpu_plans(host: HostConfig) -> tuple[list[InstancePlan], list[ConfigError]]
     return plans, errors
 
 
-def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None) -> HostPlan:
+def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
+              interconnect: Interconnect | None = None) -> HostPlan:
     """Plan one host. `live_gpus` (from nvidia-smi at deploy time) win over the declared `gpus`;
-    a mismatch between the two is an error that shows both. Raises ConfigErrors.
+    a mismatch between the two is an error that shows both. `interconnect` (the driver's P2P
+    report, indices as in the GPUs planned on) adds NCCL_P2P_DISABLE to TP groups without P2P.
+    Raises ConfigErrors.
     """
     target = host["vllm_target"]
     if target == "cpu":
@@ -757,7 +834,7 @@ def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None) ->
             "no GPUs known: offline planning needs the host's GPUs declared", host=host.name,
             key="gpus", fix='declare gpus = [{"name": ..., "memory_mib": ...}] in PCI bus order, '
                             "or set vllm_target = 'cpu' for a CPU-only host")])
-    planner = _Planner(host, gpus)
+    planner = _Planner(host, gpus, interconnect)
     plans, unused = planner.plan_host()
     if planner.errors:
         raise ConfigErrors(planner.errors)

