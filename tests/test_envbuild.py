@@ -486,4 +486,26 @@ def test_free_space_check_refuses_before_writing_and_names_host_and_sizes(tmp_pa
     assert list(root.iterdir()) == []
     # The estimate: a wheelhouse's pushed tar, its unpacked copy and the installed env.
     assert envbuild.space_needed("cpu", 100) == int(100 * (2 + envbuild.INSTALLED_PER_WHEEL_BYTE))
+    assert envbuild.space_needed("cpu", 100, wheelhouse_on_host=True) == int(100 * envbuild.INSTALLED_PER_WHEEL_BYTE)
     assert envbuild.space_needed("cuda", None) == envbuild.TYPICAL_ENV_BYTES["cuda"]
+
+
+def test_operation_pushes_a_wheelhouse_only_when_the_host_lacks_it(monkeypatch, wheels):
+    from pyinfra.api import FileUploadCommand
+
+    spec = EnvSpec()
+    dest = envbuild.wheelhouse_dest(wheels.name, "/opt/vf")
+    size = sum(f.stat().st_size for f in wheels.iterdir())
+    fresh = _op_commands(monkeypatch, {}, spec=spec, root="/opt/vf", wheelhouse=str(wheels))
+    assert sum(isinstance(c, FileUploadCommand) for c in fresh) == 1
+    assert fresh[0] == envbuild.free_space_command("/opt/vf", envbuild.space_needed("cpu", size), "gpu9")
+    on_host = {f"{dest}/{f.name}": True for f in wheels.iterdir()}
+    partly = dict(on_host, **{f"{dest}/{next(wheels.iterdir()).name}": False})  # another wheelhouse
+    assert sum(isinstance(c, FileUploadCommand) for c in _op_commands(
+        monkeypatch, {"PathsPresent": partly}, spec=spec, root="/opt/vf", wheelhouse=str(wheels))) == 1
+    again = _op_commands(monkeypatch, {"PathsPresent": on_host}, spec=spec, root="/opt/vf",
+                         wheelhouse=str(wheels))
+    assert not any(isinstance(c, FileUploadCommand) for c in again)
+    assert again[0] == envbuild.free_space_command(
+        "/opt/vf", envbuild.space_needed("cpu", size, wheelhouse_on_host=True), "gpu9")
+    assert any(f"--find-links {dest}" in c for c in again if isinstance(c, str))

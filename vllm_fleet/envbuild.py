@@ -399,11 +399,12 @@ INSTALLED_PER_WHEEL_BYTE = 4.5
 TYPICAL_ENV_BYTES = {"cpu": 3 * 1024**3, "cuda": 12 * 1024**3}
 
 
-def space_needed(target: str, wheelhouse_bytes: int | None) -> int:
+def space_needed(target: str, wheelhouse_bytes: int | None, wheelhouse_on_host: bool = False) -> int:
     """Bytes the build needs free under ROOT: the pushed tar and the unpacked wheelhouse (both on the
-    host until the env is built) plus the installed env; from an index, a typical env."""
+    host until the env is built; neither when that wheelhouse is there already) plus the installed
+    env; from an index, a typical env."""
     if wheelhouse_bytes:
-        return int(wheelhouse_bytes * (2 + INSTALLED_PER_WHEEL_BYTE))
+        return int(wheelhouse_bytes * ((0 if wheelhouse_on_host else 2) + INSTALLED_PER_WHEEL_BYTE))
     return TYPICAL_ENV_BYTES[target]
 
 

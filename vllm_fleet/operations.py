@@ -122,12 +122,22 @@ def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
     present = host.get_fact(PathsPresent, paths=(marker,))
     if not present.get(marker):
         source: str | envbuild.IndexSource
-        wheel_bytes = (sum(f.stat().st_size for f in Path(wheelhouse).expanduser().iterdir())
-                       if wheelhouse else None)
+        local = Path(wheelhouse).expanduser() if wheelhouse else None
+        pushed = False
+        if local is not None:
+            # Pushed before (it is only ever renamed into place complete) with these very files.
+            remote = [f"{envbuild.wheelhouse_dest(local.name, root)}/{f.name}" for f in sorted(local.iterdir())]
+            found = host.get_fact(PathsPresent, paths=tuple(remote))
+            pushed = bool(remote) and all(found.get(path) for path in remote)
+        wheel_bytes = sum(f.stat().st_size for f in local.iterdir()) if local else None
         # Before the first byte is written: a full disk is a clear error, not a half-pushed tar.
-        yield envbuild.free_space_command(root, envbuild.space_needed(spec.target, wheel_bytes), host.name)
-        if wheelhouse:
-            source = yield from _push_wheelhouse(wheelhouse, root)
+        yield envbuild.free_space_command(
+            root, envbuild.space_needed(spec.target, wheel_bytes, wheelhouse_on_host=pushed), host.name)
+        if local is not None and pushed:
+            source = envbuild.wheelhouse_dest(local.name, root)
+            logger.info(f"{host.print_prefix}wheelhouse {local.name} is on the host already")
+        elif local is not None:
+            source = yield from _push_wheelhouse(str(local), root)
         else:
             source = envbuild.IndexSource(index_url, tuple(extra_index_urls))
             logger.info(f"{host.print_prefix}no vllm_wheelhouse: installing from {source.describe()}")
