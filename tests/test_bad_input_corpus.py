@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bad_inputs import CORPUS
+from figures import report
 from vllm_fleet.cli import main as cli_main
 from vllm_fleet.config import ConfigErrors, parse_host
 
@@ -21,7 +22,7 @@ from vllm_fleet.config import ConfigErrors, parse_host
 def figures():
     tried = {"count": 0, "ok": 0}
     yield tried
-    print(f"\nbad-input corpus: {tried['count']} bad inputs tried through `vllm-fleet plan`, "
+    report(f"bad-input corpus: {tried['count']} bad inputs tried through `vllm-fleet plan`, "
           f"{tried['ok']} rejected with exit 2 naming host/instance/key, 0 hosts touched "
           "(plan never connects to a host)")
 

@@ -25,6 +25,7 @@ import time
 
 import pytest
 
+from figures import report
 from fleet_helpers import API_KEY, CPU_HOSTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet import lock
 
@@ -86,6 +87,20 @@ def started_after_its_files(sandbox) -> bool:
                             "stat -c %Y /etc/systemd/system/vllm-tiny.service /etc/vllm-fleet/tiny.yaml "
                             "/etc/vllm-fleet/tiny.env | sort -n | tail -n 1").stdout.split()
     return int(out[0]) >= int(out[1])
+
+
+def serves_within(address: str, timeout: float = 240) -> bool:
+    """A chat completion answers 200 within timeout: an instance cut off in the middle of a restart
+    (killed deploy, dropped SSH) is starting, not lost; systemd brings it up without any re-run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if chat(address, API_KEY)[0] == 200:
+                return True
+        except OSError:  # connection refused while vLLM starts
+            pass
+        time.sleep(2)
+    return False
 
 
 def converges_then_stays(sandbox, env, inventory, seqs: int) -> None:
@@ -160,9 +175,8 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     assert proc.returncode != 0
     assert f"the SSH connection to {HOST} was lost" in out and "run the deploy again" in out
     assert "internal exception" not in out  # reported as this host's failure, not a crash
-    time.sleep(2)
     # Whatever step it stopped at, an instance serves (the old process or a restarted one).
-    assert chat(ADDRESS, API_KEY)[0] == 200
+    assert serves_within(ADDRESS)
     converges_then_stays(sandbox, deploy_env, inventory, 36)
     assert host_state(sandbox, HOST)["pid"] != before["pid"]
 
@@ -195,7 +209,7 @@ STEPS = ["Take the host's deploy lock", "Sync model", "vLLM environment", "Servi
 def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, deploy_env, tmp_path):
     seed = int(os.environ.get("VLLM_FLEET_FAULT_SEED") or random.SystemRandom().randrange(10**6))
     step = random.Random(seed).choice(STEPS)
-    print(f"\nkilling the deploy when it starts {step!r} (VLLM_FLEET_FAULT_SEED={seed} replays this)")
+    report(f"fault test: killing the deploy when it starts {step!r} (VLLM_FLEET_FAULT_SEED={seed} replays this)")
     # An env var changes the unit file too, so a daemon-reload is among the steps that can be cut.
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 44, "env": {
         "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
@@ -208,8 +222,7 @@ def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, 
         proc.kill()
         finish(proc, seen, timeout=60)
     assert reached, f"the deploy never started {step!r}"
-    time.sleep(2)
-    assert chat(ADDRESS, API_KEY)[0] == 200  # nothing a user had is lost
+    assert serves_within(ADDRESS)  # nothing a user had is lost
     converges_then_stays(sandbox, deploy_env, inventory, 44)
     unit = sandbox.run(HOST, "systemctl show -p Environment --value vllm-tiny.service").stdout
     assert f"VLLM_FLEET_FAULT_TEST={seed}" in unit  # systemd loaded the new unit, not just the file

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from bad_inputs import CORPUS
+from figures import report
 from fleet_helpers import REPO, pyinfra
 from planning_fixtures import SEED_GEMMA
 
@@ -75,7 +76,7 @@ def corpus_runs(sandbox, deploy_env, tmp_path_factory):
         sandbox.run(BOX, "rm -rf /data/vllm")
     touched = sorted(name for name in before if before[name] != after[name])
     yield {"dry": dry, "applied": applied, "touched": touched, "before": before}
-    print(f"\nbad-input corpus on the sandbox: {len(bad)} bad inputs tried through `pyinfra --dry` "
+    report(f"bad-input corpus on the sandbox: {len(bad)} bad inputs tried through `pyinfra --dry` "
           f"and {len(real)} through a real run (entries {real}, seed {seed}), plus "
           f"{len(CORPUS) - len(bad)} valid once the host is asked (dry run only); "
           f"{len(touched)} hosts touched of {len(before)} (managed-file checksums and MainPIDs)")
