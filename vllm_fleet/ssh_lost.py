@@ -4,8 +4,9 @@ pyinfra 3.10 counts an OSError or SSHException from an SSH command as that host'
 is reported failed, the other hosts go on). But paramiko reports a connection that died under it
 (sshd killed, the host rebooted, the network reset) as a bare EOFError, which pyinfra does not catch:
 the run ends with "An internal exception occurred" and no host named. `install()` wraps the SSH
-connector's three ways of reaching a host so that EOFError becomes a ConnectionResetError (an
-OSError) that names the host and says what to do. Imported by vllm_fleet.deploy, so every run of
+connector's three ways of reaching a host so that a lost connection (EOFError, a reset or broken
+socket, an SSHException from a transport that is no longer active) becomes one ConnectionResetError
+(an OSError) that names the host and says what to do. Imported by vllm_fleet.deploy, so every run of
 deploy.py (pyinfra's CLI, `vllm-fleet rollout`) has it.
 """
 
@@ -13,9 +14,17 @@ from __future__ import annotations
 
 import functools
 
+from paramiko import SSHException
 from pyinfra.connectors.ssh import SSHConnector
 
 _MARK = "_vllm_fleet_converts_eof"
+
+
+def _lost(host_name: str) -> ConnectionResetError:
+    return ConnectionResetError(
+        f"the SSH connection to {host_name} was lost (sshd ended the session, the host rebooted or "
+        "the network dropped); what ran before stays, the rest did not run: run the deploy again "
+        "once the host is reachable, it converges from there")
 
 
 def _converting(method):
@@ -23,11 +32,14 @@ def _converting(method):
     def wrapper(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except EOFError as exc:
-            raise ConnectionResetError(
-                f"the SSH connection to {self.host.name} was lost (sshd ended the session, the host "
-                "rebooted or the network dropped); what ran before stays, the rest did not run: run "
-                "the deploy again once the host is reachable, it converges from there") from exc
+        except (EOFError, ConnectionError) as exc:  # EOF, or a reset/broken pipe on the socket
+            raise _lost(self.host.name) from exc
+        except SSHException as exc:  # "SSH session not active": the transport died before
+            client = getattr(self, "client", None)
+            transport = client.get_transport() if client is not None else None
+            if transport is None or not transport.is_active():
+                raise _lost(self.host.name) from exc
+            raise
 
     setattr(wrapper, _MARK, True)
     return wrapper
