@@ -236,6 +236,12 @@ def bootstrap_uv_command(source: str | IndexSource, tools: str, python: str, hos
             f" && install -m 0755 {q(tools)}/whl/uv-*.data/scripts/uv {uv}")
 
 
+def _uv_environment(tools: str) -> str:
+    """uv's settings for every call: its cache beside the bootstrap binary (removed with it), never a
+    downloaded Python, no user or system uv.toml."""
+    return f"UV_CACHE_DIR={shlex.quote(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+
+
 def install_packages_commands(spec: EnvSpec, source: str | IndexSource, python: str, tools: str,
                               host: str = "this host") -> list[str]:
     """Install spec's packages with <tools>/uv into the environment whose interpreter is python.
@@ -249,7 +255,7 @@ def install_packages_commands(spec: EnvSpec, source: str | IndexSource, python: 
     """
     q = shlex.quote
     uv = f"{q(tools)}/uv"
-    env = f"UV_CACHE_DIR={q(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+    env = _uv_environment(tools)
     install = [uv, "pip", "install", "--python", q(python), "--compile-bytecode"]
     cmds: list[str] = []
     if isinstance(source, IndexSource):
@@ -358,7 +364,7 @@ def build_env_commands(spec: EnvSpec, source: str | IndexSource, root: str = DEF
     build = f"{envs_root(root)}/.building-{spec.name}"
     tools = f"{build}.tools"
     marker = json.dumps({"spec": spec.__dict__ | {"extras": list(spec.extras)}, "name": spec.name})
-    env = f"UV_CACHE_DIR={q(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+    env = _uv_environment(tools)
     if spec.manager == "conda":
         create_advice = (f"host {host}: `conda create` of python={spec.python} failed (are conda's channels "
                          "reachable from the host?): configure a channel it can reach in the host's "

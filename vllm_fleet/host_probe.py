@@ -176,12 +176,12 @@ def check_serving(spec, res):
     res["checks"]["models"] = served is not None
     if served is None:
         res["error"] = f"/v1/models answered {status} without {spec['served_model_name']!r}: {body[:200]}"
-        return res
+        return
     res["checks"]["max_model_len"] = (not spec.get("max_model_len")
                                       or served.get("max_model_len") == spec["max_model_len"])
     if not res["checks"]["max_model_len"]:
         res["error"] = f"max_model_len is {served.get('max_model_len')}, planned {spec['max_model_len']}"
-        return res
+        return
     if key:
         res["checks"]["key_required"] = call(spec["port"], "/v1/models")[0] == 401
     status, body = call(spec["port"], "/v1/completions", key,
@@ -190,16 +190,15 @@ def check_serving(spec, res):
     res["checks"]["completion"] = status == 200
     if status != 200:
         res["error"] = f"a 1-token completion answered {status}: {body[:200]}"
-        return res
+        return
     if spec.get("gpu_bus_ids"):
         wanted = {b.lower() for b in spec["gpu_bus_ids"]}
         missing = wanted - gpu_bus_ids_of(unit_pids(spec["unit"]))
         res["checks"]["gpu_processes"] = not missing
         if missing:
             res["error"] = f"no process of {spec['unit']} on GPU(s) {sorted(missing)}"
-            return res
+            return
     res["ok"] = all(res["checks"].values())
-    return res
 
 
 def verify(specs):

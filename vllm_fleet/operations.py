@@ -62,9 +62,8 @@ def wheelhouse_tarball(wheelhouse: Path) -> Path:
     return target
 
 
-def _push_wheelhouse(wheelhouse: str, root: str):
+def _push_wheelhouse(local: Path, root: str):
     """Commands that push a workstation wheelhouse to ROOT/wheelhouse/<name>; yields, returns its path."""
-    local = Path(wheelhouse).expanduser()
     dest = envbuild.wheelhouse_dest(local.name, root)
     q = shlex.quote
     tarball = wheelhouse_tarball(local)
@@ -123,13 +122,14 @@ def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
     if not present.get(marker):
         source: str | envbuild.IndexSource
         local = Path(wheelhouse).expanduser() if wheelhouse else None
-        pushed = False
+        pushed, wheel_bytes = False, None
         if local is not None:
+            wheel_files = sorted(local.iterdir())
+            wheel_bytes = sum(f.stat().st_size for f in wheel_files)
             # Pushed before (it is only ever renamed into place complete) with these very files.
-            remote = [f"{envbuild.wheelhouse_dest(local.name, root)}/{f.name}" for f in sorted(local.iterdir())]
+            remote = [f"{envbuild.wheelhouse_dest(local.name, root)}/{f.name}" for f in wheel_files]
             found = host.get_fact(PathsPresent, paths=tuple(remote))
             pushed = bool(remote) and all(found.get(path) for path in remote)
-        wheel_bytes = sum(f.stat().st_size for f in local.iterdir()) if local else None
         # Before the first byte is written: a full disk is a clear error, not a half-pushed tar.
         yield envbuild.free_space_command(
             root, envbuild.space_needed(spec.target, wheel_bytes, wheelhouse_on_host=pushed), host.name)
@@ -137,7 +137,7 @@ def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
             source = envbuild.wheelhouse_dest(local.name, root)
             logger.info(f"{host.print_prefix}wheelhouse {local.name} is on the host already")
         elif local is not None:
-            source = yield from _push_wheelhouse(str(local), root)
+            source = yield from _push_wheelhouse(local, root)
         else:
             source = envbuild.IndexSource(index_url, tuple(extra_index_urls))
             logger.info(f"{host.print_prefix}no vllm_wheelhouse: installing from {source.describe()}")
