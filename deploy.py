@@ -1,6 +1,8 @@
 """Converge every host: `pyinfra -y INVENTORY deploy.py` (add --dry to see the changes only).
 
 Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
+  0. commands must run as root through the host's connection arguments (_sudo, _su_user, ...): a
+     login user without sudo fails that host alone, with what to grant, before anything else
   1. facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run here,
      before any host is changed; then the host's deploy lock is taken (a second deploy at the
      same time refuses the host, changing nothing on it)
@@ -20,14 +22,18 @@ from pyinfra import host, logger
 
 from vllm_fleet import deploy as step
 
-deployment = step.prepare()
-logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
-step.take_lock(deployment)
-step.models(deployment)
-step.environment(deployment)
-step.service_user(deployment)
-step.hub_models(deployment)
-step.service_files(deployment)
-step.services(deployment)
-step.verify(deployment)
-step.release_lock(deployment)
+problem = step.access_problem()  # root through the host's _sudo/_su_user/...? else this host fails
+if problem:
+    step.refuse_host(problem)
+else:
+    deployment = step.prepare()
+    logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
+    step.take_lock(deployment)
+    step.models(deployment)
+    step.environment(deployment)
+    step.service_user(deployment)
+    step.hub_models(deployment)
+    step.service_files(deployment)
+    step.services(deployment)
+    step.verify(deployment)
+    step.release_lock(deployment)

@@ -25,7 +25,11 @@ def _host(name: str, address: str, gpus: list | None = None) -> tuple:
     """One host with its SSH data; `gpus` (declared) and `sandbox_gpus` (simulated) are one list."""
     data = {
         "ssh_hostname": address,
-        "ssh_user": "root",
+        # As production: a non-root login user with password-less sudo (the harness creates it;
+        # it keeps root login for itself only). Every deploy, status, rollout and unlock goes
+        # through sudo here.
+        "ssh_user": "deploy",
+        "_sudo": True,
         "ssh_key": str(_SSH_DIR / "id_ed25519"),
         "ssh_known_hosts_file": str(_SSH_DIR / "known_hosts"),
         "ssh_strict_host_key_checking": "yes",

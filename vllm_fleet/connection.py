@@ -61,8 +61,4 @@ def connected(path: str | Path, hosts: list[str] | None = None, *, parallel: int
             disconnect_all(state)
 
 
-def run(host, command: str, timeout: int | None = None) -> tuple[bool, str, str]:
-    """Run a shell command on a connected host: (ok, stdout, stderr). Nothing is printed."""
-    extra = {"_timeout": timeout} if timeout else {}
-    ok, output = host.run_shell_command(command, print_output=False, print_input=False, **extra)
-    return ok, output.stdout, output.stderr
+from vllm_fleet.remote import run  # noqa: E402,F401  (with the host's _sudo/_su_user/... applied)

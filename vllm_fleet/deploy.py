@@ -21,7 +21,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
-from vllm_fleet import ssh_lost
+from vllm_fleet import remote, ssh_lost
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
@@ -50,6 +50,11 @@ class Deployment:
     files: dict[str, RenderedFile]
     secrets: Secrets
     changed: dict[str, Any]  # op name -> OperationMeta, filled as operations are added
+
+
+def upload_dir(config: HostConfig) -> str:
+    """Where the login user uploads files before they are moved into place with privileges."""
+    return f"{config['vllm_root']}/.upload"
 
 
 def _fail(errors: list[ConfigError]) -> None:
@@ -168,6 +173,44 @@ def _gpu_topology(config: HostConfig, live, errors: list[ConfigError]):
     return topology, Interconnect.from_topology(topology)
 
 
+def _login_user() -> str:
+    return str(host.data.get("ssh_user") or "the login user")
+
+
+def access_problem() -> str | None:
+    """0. Can this host's commands run as root (with its `_sudo`/`_su_user`/`_doas` arguments)?
+
+    One command, before any fact or change. A problem is this host's alone: the other hosts go on.
+    """
+    wrapping = {k: v for k, v in remote.connection_arguments(host).items()
+                if k in ("_sudo", "_su_user", "_doas", "_dzdo") and v}
+    ok, out, err = remote.run(host, "id -u", timeout=60)
+    said = " ".join(err.split())[-300:]
+    if not ok and wrapping:
+        how = "/".join(k.lstrip("_") for k in wrapping)
+        return (f"host {host.name}: {_login_user()} cannot run commands as root through {how} "
+                f"({how} said: {said or 'nothing'}). Grant it password-less sudo, e.g. "
+                f"'{_login_user()} ALL=(root) NOPASSWD: ALL' in /etc/sudoers.d/vllm-fleet (README: "
+                "'The login user'), or set _sudo_password; nothing was changed on this host")
+    if not ok:
+        return f"host {host.name}: `id -u` failed ({said or 'no output'}); nothing was changed on this host"
+    if out.strip() != "0":
+        return (f"host {host.name}: commands run as uid {out.strip()} ({_login_user()}), not root, and the "
+                "deploy writes /etc and systemd units. Set `_sudo = True` for this host (with password-less "
+                "sudo for that user), or log in as root; nothing was changed on this host")
+    return None
+
+
+def _refuse(state, host, problem: str) -> None:  # runs at execution: fails this host only
+    raise OperationError(problem)
+
+
+def refuse_host(problem: str) -> None:
+    """Fail this host with `problem` before anything runs on it; the other hosts go on."""
+    logger.error(f"{host.print_prefix}{problem}")
+    python.call(name="Check that commands can run as root", function=_refuse, problem=problem)
+
+
 def prepare() -> Deployment:
     """1. Validate this host's data, read live facts, plan, render. Raises DeployError on bad input."""
     try:
@@ -271,10 +314,10 @@ def hub_models(d: Deployment) -> None:
                and not host.get_fact(HubModelCached, hf_home=c["vllm_hf_home"], model=inst.config.model)]
     if not missing:
         return
-    token_file = f"{c['vllm_config_dir']}/.staging/hub.env"
+    token_file = f"{c['vllm_config_dir']}/hub.env"
     secret_file(name="Hugging Face token for downloads", dest=token_file,
                 content=f"HF_TOKEN={d.secrets.hf_token}\n" if d.secrets.hf_token else "\n",
-                staging_dir=f"{c['vllm_config_dir']}/.staging")
+                upload_dir=upload_dir(c))
     python_bin = env_dir(environment_spec(c, d.plan), c["vllm_root"]) + "/bin/python"
     for inst in missing:
         model = inst.config.model
@@ -318,7 +361,7 @@ def service_files(d: Deployment) -> None:
                                  mode=f.mode))
         env = d.files[paths["env"]]
         ops.append(secret_file(name=f"Secrets of {inst.name}: {env.path}", dest=env.path,
-                               content=env.content, staging_dir=f"{c['vllm_config_dir']}/.staging"))
+                               content=env.content, upload_dir=upload_dir(c)))
         d.changed[inst.name] = ops
         d.changed.setdefault("units", []).append(ops[1])
     manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
@@ -367,9 +410,8 @@ def services(d: Deployment) -> None:
 
 
 def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
-    ok, output = host.run_shell_command(probe_command(checks), print_output=False,
-                                        print_input=False)
-    results = parse_probe_output(output.stdout)
+    ok, stdout, stderr = remote.run(host, probe_command(checks))
+    results = parse_probe_output(stdout)
     failures = [r for r in results if not r.get("ok")]
     for res in results:
         if res.get("ok"):
@@ -377,7 +419,7 @@ def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execut
                         f"completion ({res.get('seconds_to_healthy')} s to healthy)")
     if not results:
         raise OperationError(f"host {host.name}: the verification probe printed no result:\n"
-                             f"{output.stderr[-2000:]}")
+                             f"{stderr[-2000:]}")
     if failures:
         text = "\n".join(format_failure(host.name, r) for r in failures)
         host.data.vllm_fleet_verify_failure = text  # for `vllm-fleet rollout`'s report

@@ -25,6 +25,8 @@ import sys
 import time
 from typing import Any
 
+from vllm_fleet import remote
+
 LOCK_DIR = "/run/vllm-fleet"  # tmpfs: a reboot also ends every deploy
 LOCK_FILE = f"{LOCK_DIR}/deploy.lock"
 OWNER_FILE = f"{LOCK_DIR}/deploy.owner"
@@ -144,7 +146,8 @@ def acquire(host, owner: dict[str, Any] | None = None) -> str:
     broken = ""
     for attempt in (1, 2):
         channel = client.get_transport().open_session()
-        channel.exec_command(hold_command(owner))
+        # With the host's _sudo/_su_user/...: the lock lives under /run, which only root may write.
+        channel.exec_command(remote.wrapped_command(host, hold_command(owner)))
         lines = _read_answer(channel, ACQUIRE_TIMEOUT_S)
         if lines[:1] == ["LOCKED"]:
             _HELD[host.name] = channel
@@ -155,8 +158,7 @@ def acquire(host, owner: dict[str, Any] | None = None) -> str:
             raise LockBusy(f"host {host.name}: could not take the deploy lock {LOCK_FILE}: "
                            f"{' '.join(lines)[-300:] or 'no answer'}")
         if attempt == 1 and owner_is_gone(holder):
-            ok, _output = host.run_shell_command(break_command(), print_output=False, print_input=False,
-                                                 _timeout=30)
+            ok, _out, _err = remote.run(host, break_command(), timeout=30)
             if ok:
                 broken = (f" (after breaking a stale lock of {describe(holder)}: that process of this "
                           "workstation is gone)")

@@ -14,40 +14,43 @@ import tempfile
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import FileUploadCommand, operation
+from pyinfra.api import operation
 from pyinfra.facts.server import Command
 
-from vllm_fleet import envbuild
+from vllm_fleet import envbuild, remote
 from vllm_fleet.facts import FileSha256, LinkTarget, PathsPresent
 
 
 @operation()
-def secret_file(dest: str, content: str, staging_dir: str):
+def secret_file(dest: str, content: str, upload_dir: str):
     """
     Write a root-only (0600) file whose contents are secret. Unlike ``files.put``, it never shows
     the contents: not in ``--diff``, not in ``--debug``; the change is detected by sha256.
 
     + dest: path on the host
     + content: the file's text
-    + staging_dir: a root-only (0700) directory on the same filesystem for the upload
+    + upload_dir: where the login user uploads it first (made 0700, the login user's; its parents
+      must be traversable by that user)
 
     **Example:**
 
     .. code:: python
 
         secret_file(name="API key", dest="/etc/vllm-fleet/gemma.env",
-                    content="VLLM_API_KEY=...\\n", staging_dir="/etc/vllm-fleet/.staging")
+                    content="VLLM_API_KEY=...\\n", upload_dir="/opt/vllm-fleet/.upload")
     """
     wanted = hashlib.sha256(content.encode()).hexdigest()
     if host.get_fact(FileSha256, path=dest) == wanted:
         host.noop(f"{dest} is up to date")
         return
     logger.info(f"{host.print_prefix}Will write {dest} (secret: contents not shown)")
-    staged = f"{staging_dir}/{Path(dest).name}.upload"
     q = shlex.quote
-    yield f"install -d -m 0700 -o root -g root {q(staging_dir)} && rm -f {q(staged)}"
-    yield FileUploadCommand(io.BytesIO(content.encode()), staged, remote_temp_filename=staged + ".tmp")
-    yield f"chown root:root {q(staged)} && chmod 0600 {q(staged)} && mv -f {q(staged)} {q(dest)}"
+    # Sent by the login user into its own 0700 directory (nobody else can read it there), then
+    # made root's 0600 file and renamed into place.
+    uploaded = yield from remote.upload_commands(host, io.BytesIO(content.encode()), upload_dir,
+                                                 f"{Path(dest).name}.upload")
+    yield (f"chown root:root {q(uploaded)} && chmod 0600 {q(uploaded)} && "
+           f"mv -f {q(uploaded)} {q(dest)}")
 
 
 def wheelhouse_tarball(wheelhouse: Path) -> Path:
@@ -67,9 +70,9 @@ def _push_wheelhouse(local: Path, root: str):
     dest = envbuild.wheelhouse_dest(local.name, root)
     q = shlex.quote
     tarball = wheelhouse_tarball(local)
-    remote_tar = f"{root}/wheelhouse/.{local.name}.tar"
     yield f"mkdir -p {q(root + '/wheelhouse')}"
-    yield FileUploadCommand(str(tarball), remote_tar, remote_temp_filename=remote_tar + ".part")
+    remote_tar = yield from remote.upload_commands(host, str(tarball), f"{root}/wheelhouse/.upload",
+                                                   f"{local.name}.tar")
     yield (f"rm -rf {q(dest)}.part && mkdir -p {q(dest)}.part && tar -xf {q(remote_tar)} -C "
            f"{q(dest)}.part && rm -rf {q(dest)} && mv -T {q(dest)}.part {q(dest)} && rm -f {q(remote_tar)}")
     return dest
@@ -87,7 +90,8 @@ def _miniforge_installer(root: str, conda_exe: str | None, installer: str | None
                          "this workstation; fix: download a Miniforge installer .sh and point "
                          "vllm_miniforge_installer at it, or give its https URL")
     dest = envbuild.miniforge_installer_dest(root)
-    yield FileUploadCommand(str(local), dest, remote_temp_filename=dest + ".part")
+    uploaded = yield from remote.upload_commands(host, str(local), f"{root}/.upload", Path(dest).name)
+    yield f"mv -f {shlex.quote(uploaded)} {shlex.quote(dest)}"
     return dest
 
 

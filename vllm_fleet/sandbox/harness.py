@@ -18,6 +18,7 @@ import ipaddress
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -32,12 +33,13 @@ from vllm_fleet.sandbox import nvidia_smi
 SUITE = "bookworm"
 BASE_PACKAGES = (
     "systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "curl",
-    "ca-certificates", "iproute2", "procps", "sudo", "libnuma1",
+    "ca-certificates", "iproute2", "procps", "sudo", "libnuma1", "nginx",
 )  # fmt: skip
 # Debian packages this machine needs, by the command that proves each is there.
 MACHINE_PACKAGES = {"debootstrap": "debootstrap", "systemd-nspawn": "systemd-container", "ip": "iproute2"}
 PREFIX = "vfsbx"  # every name the sandbox creates (netns, links, cgroups, mounts) starts with it
 GPU_LAYOUT_PATH = "etc/vllm-fleet-sim/gpus.json"
+LOGIN_SUDOERS = "vllm-fleet-login"  # /etc/sudoers.d/ file granting the login user password-less sudo
 STOP_TIMEOUT_S = 20.0
 READY_TIMEOUT_S = 120.0
 
@@ -70,7 +72,8 @@ class SandboxHost:
     name: str
     address: str
     groups: tuple[str, ...]
-    ssh_user: str
+    ssh_user: str  # the harness's own login: root (it boots, inspects and breaks hosts)
+    login_user: str  # the inventory's ssh_user: what pyinfra and vllm-fleet log in as (sudo for root)
     ssh_key: Path
     known_hosts: Path
     gpus: tuple[dict, ...] | None  # simulated layout, None on hosts without (simulated) GPUs
@@ -180,7 +183,8 @@ def load(inventory: str | Path) -> Sandbox:
                 name=host.name,
                 address=str(data.get("ssh_hostname")),
                 groups=tuple(sorted(g for g in host.groups if g != path.stem)),
-                ssh_user=data.get("ssh_user") or "root",
+                ssh_user="root",
+                login_user=data.get("ssh_user") or "root",
                 ssh_key=Path(data.get("ssh_key")),
                 known_hosts=Path(data.get("ssh_known_hosts_file")),
                 gpus=tuple(gpus) if gpus else None,
@@ -621,6 +625,28 @@ def _wait_ssh(sandbox: Sandbox, host: SandboxHost, deadline: float) -> None:
         time.sleep(0.2)
 
 
+def login_user_command(user: str, sudo: bool = True) -> str:
+    """Create the inventory's login user as production has one: its own home and SSH key, and
+    password-less sudo (or, with sudo=False, none: what a host whose admin forgot looks like)."""
+    sudoers = f"/etc/sudoers.d/{LOGIN_SUDOERS}"
+    grant = (f"printf '%s\\n' {shlex.quote(f'{user} ALL=(ALL:ALL) NOPASSWD: ALL')} > {sudoers} && "
+             f"chmod 0440 {sudoers} && visudo -cqf {sudoers}") if sudo else f"rm -f {sudoers}"
+    home = f"/home/{user}"
+    return (f"id -u {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}; "
+            f"install -d -m 0700 -o {user} -g {user} {home}/.ssh && "
+            f"install -m 0600 -o {user} -g {user} /root/.ssh/authorized_keys {home}/.ssh/authorized_keys && "
+            f"{grant}")
+
+
+def _create_login_user(sandbox: Sandbox, host: SandboxHost) -> None:
+    if host.login_user == "root":
+        return
+    proc = sandbox.run(host, login_user_command(host.login_user), timeout=60)
+    if proc.returncode != 0:
+        raise SandboxError(f"{host.name}: could not create the login user {host.login_user}: "
+                           f"{proc.stderr.strip()}")
+
+
 # --- the sandbox --------------------------------------------------------------------------------
 
 
@@ -637,6 +663,7 @@ def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
         deadline = time.monotonic() + READY_TIMEOUT_S
         with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
             list(pool.map(lambda h: _wait_ssh(sandbox, h, deadline), sandbox.hosts))
+            list(pool.map(lambda h: _create_login_user(sandbox, h), sandbox.hosts))
             return list(pool.map(lambda h: probe(sandbox, h, wait=True), sandbox.hosts))
     except BaseException:
         down(sandbox)  # never leave half a sandbox running (also on KeyboardInterrupt)
