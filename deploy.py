@@ -9,11 +9,13 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   2. models given as a workstation directory (model_source) are synced to the host
   3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
      free space checked first, built aside, `current` switched atomically
-  4. the service user (never root) and the directories it writes
+  4. OS packages the host lacks (nginx, the front: the only listener clients reach), the service
+     user (never root) and the directories it writes
   5. Hugging Face ids are downloaded into HF_HOME (the token goes in a root-only file, not argv)
-  6. engine YAML, root-only env file, units; units of removed instances are removed
+  6. engine YAML, root-only env file, units; the front's config and unit; units of removed
+     instances are removed
   7. daemon-reload only if a unit changed; restart only the instances whose files or env changed
-     (or that still run from before an interrupted deploy changed them)
+     (or that still run from before an interrupted deploy changed them); then reload the front
   8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion;
      then the lock is released (a killed deploy releases it when its SSH session ends)
 """
@@ -31,6 +33,7 @@ else:
     step.take_lock(deployment)
     step.models(deployment)
     step.environment(deployment)
+    step.host_packages(deployment)
     step.service_user(deployment)
     step.hub_models(deployment)
     step.service_files(deployment)

@@ -66,7 +66,12 @@ vllm_hf_home = "/var/lib/vllm-fleet/hf"  # HF_HOME (TRANSFORMERS_CACHE is ignore
 vllm_cache_root = "/var/lib/vllm-fleet/cache"  # VLLM_CACHE_ROOT (compiled graphs and kernels)
 vllm_models_dir = "/var/lib/vllm-fleet/models"  # where model_source directories are synced to
 vllm_service_user = "vllm"  # vLLM never runs as root
-vllm_bind_host = "0.0.0.0"  # --host of every instance
+# Clients reach each instance at <vllm_bind_host>:<port> through the host's front (nginx from the OS
+# packages, unit vllm-fleet-front.service), which passes only /v1/... (vLLM checks the API key there)
+# and /health. vLLM itself listens on 127.0.0.1:<port + vllm_backend_port_offset>: its other routes
+# (/invocations, /tokenize, /pause, ... answer WITHOUT the key) are reachable from the host only.
+vllm_bind_host = "0.0.0.0"  # the address the front listens on for every instance
+vllm_backend_port_offset = 10000  # vLLM's own loopback port = the instance's port + this
 vllm_limit_nofile = 65536  # LimitNOFILE of the units
 
 # --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------

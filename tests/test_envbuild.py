@@ -412,6 +412,7 @@ def test_conda_build_really_runs_removes_leftovers_and_never_switches_to_a_broke
 
 class _Host:
     name, print_prefix = "gpu9", "[gpu9] "
+    data = {"ssh_user": "deploy"}  # uploads go into a directory of the login user's
 
     def __init__(self, facts):
         self.facts = facts
@@ -452,7 +453,9 @@ def test_operation_uploads_a_miniforge_installer_only_to_hosts_without_conda(mon
                 miniforge_installer=str(installer))
     without = _op_commands(monkeypatch, {"Command": ""}, **args)
     uploads = [c for c in without if isinstance(c, FileUploadCommand)]
-    assert len(uploads) == 1 and any("bash /opt/vf/.miniforge-installer.sh -b -p /opt/vf/miniforge3" in c
+    assert len(uploads) == 1 and uploads[0].connector_arguments["_sudo"] is False  # as the login user
+    assert any("install -d -m 0700 -o deploy /opt/vf/.upload" in c for c in without if isinstance(c, str))
+    assert any("bash /opt/vf/.miniforge-installer.sh -b -p /opt/vf/miniforge3" in c
                                      for c in without if isinstance(c, str))
     with_conda = _op_commands(monkeypatch, {"Command": "/opt/conda/bin/conda"}, **args)
     assert not any(isinstance(c, FileUploadCommand) for c in with_conda)

@@ -38,7 +38,9 @@ def test_yaml_holds_the_engine_arguments():
     args = yaml.safe_load(files["/etc/vllm-fleet/gemma.yaml"].content)
     assert args["pipeline-parallel-size"] == 3 and args["tensor-parallel-size"] == 1
     assert args["served-model-name"] == ["gemma3-12b-q4"]
-    assert args["max-model-len"] == 16384 and args["port"] == 8000
+    assert args["max-model-len"] == 16384
+    # vLLM itself on loopback (its non-/v1 routes take no key); clients reach port 8000 via the front.
+    assert args["host"] == "127.0.0.1" and args["port"] == 18000
     assert args["tokenizer"] == "google/gemma-3-12b-it"
 
 

@@ -76,6 +76,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_models_dir": "/var/lib/vllm-fleet/models",
     "vllm_service_user": "vllm",
     "vllm_bind_host": "0.0.0.0",
+    "vllm_backend_port_offset": 10000,
     "vllm_api_key_env": "VLLM_FLEET_API_KEY",
     "vllm_api_key_file": None,
     "vllm_hf_token_env": "HF_TOKEN",
@@ -112,6 +113,7 @@ _ENGINE_ARGS_OWNED = {
 _ENGINE_ARGS_SECRET = {"api-key", "hf-token"}
 _SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
 
+RESERVED_INSTANCE_NAME = "fleet-front"
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENGINE_ARG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -129,6 +131,12 @@ class GpuSpec:
     memory_mib: int
     compute_capability: float | None = None
     pci_bus_id: str | None = None
+    #: From nvidia-smi (or declared): the NVIDIA driver, e.g. "580.126.09"; None when not known.
+    driver_version: str | None = None
+    #: nvidia-smi's mig.mode.current: "Enabled", "Disabled"; None when the GPU has no MIG.
+    mig_mode: str | None = None
+    #: (field, what nvidia-smi printed) for values it could not read ("[N/A]", "[Unknown Error]").
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     @property
     def capability(self) -> float | None:
@@ -262,7 +270,8 @@ def _parse_gpus(check: _Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpe
             check.error(f"expected a dict, got {entry!r}", key=where,
                         fix='{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}')
             continue
-        check.unknown_keys(entry, ("name", "memory_mib", "compute_capability", "pci_bus_id"),
+        check.unknown_keys(entry, ("name", "memory_mib", "compute_capability", "pci_bus_id",
+                                   "driver_version", "mig_mode"),
                            instance=None, prefix=f"{where}.")
         name, memory = entry.get("name"), entry.get("memory_mib")
         if not isinstance(name, str) or not name.strip():
@@ -274,13 +283,36 @@ def _parse_gpus(check: _Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpe
                         key=f"{where}.memory_mib", fix='"memory_mib": 40960')
             continue
         cc = entry.get("compute_capability")
-        if cc is not None and (isinstance(cc, bool) or not isinstance(cc, (int, float))):
-            check.error(f"compute_capability must be a number like 8.0, got {cc!r}",
-                        key=f"{where}.compute_capability", fix='"compute_capability": 8.0')
-            cc = None
+        if cc is not None:
+            # A number (8.6) or nvidia-smi's own text ("8.6", from --query-gpu=compute_cap).
+            parsed = None
+            if isinstance(cc, (int, float)) and not isinstance(cc, bool):
+                parsed = float(cc)
+            elif isinstance(cc, str) and re.fullmatch(r"\s*\d{1,2}\.\d\s*", cc):
+                parsed = float(cc)
+            if parsed is None:
+                facts = gpu_model_facts(name)
+                right = (f'"compute_capability": {facts.compute_capability} (what a {name.strip()} '
+                         "has)") if facts else ('"compute_capability": "X.Y" as `nvidia-smi '
+                                                '--query-gpu=compute_cap --format=csv` prints it')
+                check.error(f"compute_capability must be a number like 8.6 or nvidia-smi's text "
+                            f"like \"8.6\", got {cc!r}", key=f"{where}.compute_capability", fix=right)
+            cc = parsed
+        driver = entry.get("driver_version")
+        if driver is not None and (not isinstance(driver, str)
+                                   or not re.fullmatch(r"\d+(\.\d+){0,3}", driver.strip())):
+            check.error(f"driver_version must be the NVIDIA driver as nvidia-smi prints it, got "
+                        f"{driver!r}", key=f"{where}.driver_version",
+                        fix='"driver_version": "580.126.09" (nvidia-smi --query-gpu=driver_version)')
+            driver = None
+        mig = entry.get("mig_mode")
+        if mig is not None and mig not in ("Enabled", "Disabled"):
+            check.error(f"mig_mode must be 'Enabled' or 'Disabled', got {mig!r}",
+                        key=f"{where}.mig_mode", fix='"mig_mode": "Disabled"')
+            mig = None
         out.append(GpuSpec(index=index, name=name.strip(), memory_mib=memory,
-                           compute_capability=float(cc) if cc is not None else None,
-                           pci_bus_id=entry.get("pci_bus_id")))
+                           compute_capability=cc, pci_bus_id=entry.get("pci_bus_id"),
+                           driver_version=driver.strip() if driver else None, mig_mode=mig))
     return tuple(out)
 
 
@@ -549,7 +581,7 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
     if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
         check.error(f"must be a fraction in (0, 1], got {util!r}", key="vllm_gpu_memory_utilization",
                     fix="vllm_gpu_memory_utilization = 0.9")
-    for key in ("vllm_min_kv_sequences", "vllm_limit_nofile"):
+    for key in ("vllm_min_kv_sequences", "vllm_limit_nofile", "vllm_backend_port_offset"):
         value = settings[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             check.error(f"must be a positive integer, got {value!r}", key=key,
@@ -615,6 +647,7 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
         if parsed:
             instances.append(parsed)
     _check_unique(check, instances)
+    _check_backend_ports(check, instances, settings["vllm_backend_port_offset"])
     if check.errors:
         raise ConfigErrors(check.errors)
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
@@ -625,6 +658,9 @@ def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
     """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
     seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
     for inst in instances:
+        if inst.name == RESERVED_INSTANCE_NAME:  # vllm-fleet-front.service is the host's front
+            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
+                        "host's front)", instance=inst.name, key="name", fix="pick another name")
         for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
             for value in values:
                 other = seen[key].get(value)
@@ -635,6 +671,22 @@ def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
                                 fix=f"give each instance on a host its own {what}")
                 else:
                     seen[key][value] = inst.name
+
+
+def _check_backend_ports(check: _Checker, instances: list[InstanceConfig], offset: Any) -> None:
+    """vLLM itself listens on 127.0.0.1:<port + offset>, behind the host's front on <port>: that port
+    must exist and must not be another instance's public port."""
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
+        return  # reported by _check_settings
+    public = {inst.port: inst.name for inst in instances}
+    for inst in instances:
+        backend = inst.port + offset
+        if backend > 65535 or backend in public:
+            why = "above 65535" if backend > 65535 else f"the port of instance {public[backend]}"
+            check.error(f"its engine would listen on 127.0.0.1:{backend} (port {inst.port} + "
+                        f"vllm_backend_port_offset {offset}), which is {why}", instance=inst.name,
+                        key="port", fix="pick a lower port, or set vllm_backend_port_offset so that "
+                                        "port + offset is free and at most 65535")
 
 
 def split_names(values: list[str] | None) -> list[str] | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
-from pyinfra.operations import files, python, server, systemd
+from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
@@ -29,8 +29,8 @@ from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment,
                               NvidiaGpus, PathsPresent, ServiceFreshness)
 from vllm_fleet.operations import secret_file, vllm_environment
 from vllm_fleet.plan import HostPlan, Interconnect, plan_host
-from vllm_fleet.render import (RenderedFile, Secrets, environment_spec, instance_paths, render_host,
-                               start_timeout_s)
+from vllm_fleet.render import (FRONT_UNIT, NGINX, RenderedFile, Secrets, environment_spec, front_paths,
+                               instance_paths, render_host, start_timeout_s)
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 
@@ -334,6 +334,21 @@ def hub_models(d: Deployment) -> None:
         ])
 
 
+def host_packages(d: Deployment) -> None:
+    """4a. OS packages the host needs: nginx for the front (the only listener clients reach).
+
+    Installed only when missing, so a host without a package source (an air-gapped site with a
+    golden image) is never asked to update its package lists.
+    """
+    if not d.plan.instances or host.get_fact(PathsPresent, paths=(NGINX,)).get(NGINX):
+        return
+    if host.get_fact(PathsPresent, paths=("/usr/bin/apt-get",)).get("/usr/bin/apt-get"):
+        apt.packages(name="OS package nginx (the front of the instances)", packages=["nginx"],
+                     update=True, cache_time=3600, no_recommends=True)
+    else:
+        server.packages(name="OS package nginx (the front of the instances)", packages=["nginx"])
+
+
 def service_user(d: Deployment) -> None:
     """4. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache)."""
     c = d.config
@@ -364,11 +379,28 @@ def service_files(d: Deployment) -> None:
                                content=env.content, upload_dir=upload_dir(c)))
         d.changed[inst.name] = ops
         d.changed.setdefault("units", []).append(ops[1])
+    front = front_paths(c)
+    if front["unit"] in d.files:
+        d.changed["front_config"] = files.put(
+            name=f"Front config: {front['config']}", src=io.StringIO(d.files[front["config"]].content),
+            dest=front["config"], user="root", group=c["vllm_service_user"], mode="0640")
+        d.changed["front_unit"] = files.put(
+            name=f"Front unit: {front['unit']}", src=io.StringIO(d.files[front["unit"]].content),
+            dest=front["unit"], mode="0644")
+        d.changed.setdefault("units", []).append(d.changed["front_unit"])
     manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
     files.put(name="Deploy manifest", src=io.StringIO(manifest.content), dest=manifest.path, mode="0644")
     wanted = {inst.unit_name for inst in d.plan.instances}
     for unit in host.get_fact(ManagedUnits):
         if unit in wanted:
+            continue
+        if unit == FRONT_UNIT:
+            if front["unit"] not in d.files:  # no instance left: no front either
+                systemd.service(name="Stop the front (no instance left)", service=unit, running=False,
+                                enabled=False)
+                for path in (front["unit"], front["config"]):
+                    d.changed.setdefault("units", []).append(
+                        files.file(name=f"Remove {path}", path=path, present=False))
             continue
         name = unit.removeprefix("vllm-").removesuffix(".service")
         systemd.service(name=f"Stop removed instance {name}", service=unit, running=False, enabled=False)
@@ -407,6 +439,18 @@ def services(d: Deployment) -> None:
                         running=True, restarted=True, enabled=True, _if=changed)
         systemd.service(name=f"Ensure {inst.unit_name} is enabled and running", service=inst.unit_name,
                         running=True, enabled=True, _if=lambda changed=changed: not changed())
+    if "front_unit" in d.changed:
+        # After the instances: on the first deploy with a front, vLLM gives up the public port
+        # only when it restarts onto its loopback port.
+        unit_changed = any_changed(d.changed["front_unit"])
+        config_changed = any_changed(d.changed["front_config"])
+        systemd.service(name=f"Restart {FRONT_UNIT} (its unit changed)", service=FRONT_UNIT, running=True,
+                        restarted=True, enabled=True, _if=unit_changed)
+        systemd.service(name=f"Reload {FRONT_UNIT} (its config changed; connections are kept)",
+                        service=FRONT_UNIT, running=True, reloaded=True, enabled=True,
+                        _if=lambda: config_changed() and not unit_changed())
+        systemd.service(name=f"Ensure {FRONT_UNIT} is enabled and running", service=FRONT_UNIT,
+                        running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
 
 
 def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
@@ -435,7 +479,7 @@ def verify(d: Deployment) -> None:
     for inst in d.plan.instances:
         timeout = d.config["vllm_verify_timeout_s"] or start_timeout_s(inst)
         checks.append(InstanceCheck(
-            name=inst.name, unit=inst.unit_name, port=inst.port,
+            name=inst.name, unit=inst.unit_name, port=inst.backend_port, front_port=inst.port,
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(d.config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))

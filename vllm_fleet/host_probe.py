@@ -23,12 +23,67 @@ import urllib.request
 RESULT_PREFIX = "VLLM_FLEET_PROBE "
 
 
+# --- EnvironmentFile quoting: ONE rule, used by the writer (render.py) and the reader (below) -----
+# It is systemd's own (src/basic/env-file.c, parse_env_file_internal): inside '...' every character
+# is literal, backslashes included; inside "..." a backslash escapes only " \ ` $ (before any other
+# character it stays); unquoted, a backslash escapes the next character and trailing blanks go.
+_DOUBLE_QUOTE_ESCAPED = '"\\`$'
+
+
+def env_quote(value):
+    """An EnvironmentFile value that systemd reads back as exactly `value` (no line breaks)."""
+    if "\n" in value or "\r" in value or "\0" in value:
+        raise ValueError("an EnvironmentFile value cannot hold a line break or NUL")
+    if "'" not in value:
+        return "'" + value + "'"
+    return '"' + "".join("\\" + c if c in _DOUBLE_QUOTE_ESCAPED else c for c in value) + '"'
+
+
+def env_unquote(raw):
+    """The value of one `NAME=raw` line as systemd's parser gives it (single-line values)."""
+    out, state, i = [], "pre", 0
+    while i < len(raw):
+        c = raw[i]
+        if state in ("pre", "value"):
+            if c == "'":
+                end = raw.find("'", i + 1)
+                end = len(raw) if end < 0 else end
+                out.append(raw[i + 1:end])
+                i, state = end + 1, "pre"
+                continue
+            if c == '"':
+                i += 1
+                while i < len(raw) and raw[i] != '"':
+                    if raw[i] == "\\" and i + 1 < len(raw):
+                        nxt = raw[i + 1]
+                        out.append(nxt if nxt in _DOUBLE_QUOTE_ESCAPED else "\\" + nxt)
+                        i += 2
+                        continue
+                    out.append(raw[i])
+                    i += 1
+                i, state = i + 1, "pre"
+                continue
+            if c == "\\" and i + 1 < len(raw):
+                out.append(raw[i + 1])
+                i, state = i + 2, "value"
+                continue
+            if state == "pre" and c in " \t" and not out:
+                i += 1
+                continue
+            out.append(c)
+            state = "value"
+            i += 1
+        else:
+            i += 1
+    return "".join(out).rstrip(" \t") if state == "value" else "".join(out)
+
+
 def api_key(env_file):
     try:
         with open(env_file) as f:
             for line in f:
                 if line.startswith("VLLM_API_KEY="):
-                    return line.split("=", 1)[1].strip().strip("'\"")
+                    return env_unquote(line.rstrip("\n").split("=", 1)[1])
     except OSError:
         return None
     return None
@@ -191,6 +246,8 @@ def check_serving(spec, res):
     if status != 200:
         res["error"] = f"a 1-token completion answered {status}: {body[:200]}"
         return
+    if spec.get("front_port") and not check_front(spec, key, res):
+        return
     if spec.get("gpu_bus_ids"):
         wanted = {b.lower() for b in spec["gpu_bus_ids"]}
         missing = wanted - gpu_bus_ids_of(unit_pids(spec["unit"]))
@@ -199,6 +256,23 @@ def check_serving(spec, res):
             res["error"] = f"no process of {spec['unit']} on GPU(s) {sorted(missing)}"
             return
     res["ok"] = all(res["checks"].values())
+
+
+def check_front(spec, key, res):
+    """What clients meet at the front: /v1 with the key, nothing but /v1/ and /health without it."""
+    front = spec["front_port"]
+    status, _models, body = served_models(front, key)
+    res["checks"]["front_models"] = status == 200
+    if status != 200:
+        res["error"] = (f"the front on port {front} answered {status} for /v1/models with the key "
+                        f"(is vllm-fleet-front.service running?): {body[:200]}")
+        return False
+    status = call(front, "/invocations", body={})[0]  # vLLM answers this one WITHOUT a key
+    res["checks"]["front_guards"] = status == 404
+    if status != 404:
+        res["error"] = f"the front passed /invocations on port {front} (answered {status}, expected 404)"
+        return False
+    return True
 
 
 def verify(specs):
@@ -258,7 +332,7 @@ def status(spec):
         with open("/proc/uptime") as f:
             now = float(f.read().split()[0])
         started = int(props["ActiveEnterTimestampMonotonic"] or 0) / 1e6
-        port = info.get("port")
+        port = info.get("backend_port") or info.get("port")  # vLLM itself, on loopback
         health = call(port, "/health", timeout=5)[0] if port else 0
         entry = {"unit": unit, "state": f"{props['ActiveState']}/{props['SubState']}",
                  "uptime_s": round(now - started) if started and props["ActiveState"] == "active" else None,

@@ -115,7 +115,8 @@ class InstancePlan:
     warnings: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     alternatives: list[str] = field(default_factory=list)
-    port: int = 0
+    port: int = 0  # where clients connect: the host's front listens here
+    backend_port: int = 0  # where vLLM itself listens, on 127.0.0.1 only (set by _finish)
 
     @property
     def unit_name(self) -> str:
@@ -136,6 +137,7 @@ class InstancePlan:
             "model": self.config.model,
             "served_model_name": self.config.served_model_name,
             "port": self.port,
+            "backend_port": self.backend_port,
             "cuda_visible_devices": self.cuda_visible_devices,
             "tensor_parallel_size": self.tensor_parallel_size,
             "pipeline_parallel_size": self.pipeline_parallel_size,
@@ -849,6 +851,9 @@ def _describe(gpus: tuple[GpuSpec, ...]) -> str:
     return ", ".join(f"{g.index}: {g.name} {g.memory_mib} MiB" for g in gpus) or "none"
 
 
+BACKEND_HOST = "127.0.0.1"
+
+
 def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
     """Environment and engine arguments every instance gets, whatever its layout."""
     for p in plans:
@@ -857,11 +862,15 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
         env.update(p.env)
         env.update(inst.env)
         p.env = env
+        # vLLM's API key guards only /v1 (its own security guide): every other route would answer
+        # anyone who reaches the port. So vLLM listens on loopback; the host's front (render.py)
+        # passes only /v1/ and /health from <vllm_bind_host>:<port> to it.
+        p.backend_port = p.port + host["vllm_backend_port_offset"]
         args: dict[str, Any] = {
             "model": inst.model,
             "served-model-name": [inst.served_model_name],
-            "host": host["vllm_bind_host"],
-            "port": p.port,
+            "host": BACKEND_HOST,
+            "port": p.backend_port,
         }
         if inst.tokenizer:
             args["tokenizer"] = inst.tokenizer

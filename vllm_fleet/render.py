@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,10 +19,15 @@ import yaml
 from vllm_fleet import __version__
 from vllm_fleet.config import HostConfig
 from vllm_fleet.envbuild import EnvSpec, env_dir
+from vllm_fleet.host_probe import env_quote
 from vllm_fleet.plan import HostPlan, InstancePlan
 
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 UNIT_DIR = "/etc/systemd/system"
+# The host's front: the only listener clients reach (vLLM itself is on loopback). See front_files.
+FRONT_UNIT = "vllm-fleet-front.service"
+FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
+NGINX = "/usr/sbin/nginx"
 
 
 @dataclass(frozen=True)
@@ -84,19 +88,12 @@ def _systemd_quote(text: str) -> str:
     return f'"{escaped}"'
 
 
-def _env_quote(text: str) -> str:
-    """A value for an EnvironmentFile line (systemd's shell-like quoting, no expansion)."""
-    if re.fullmatch(r"[A-Za-z0-9_./:,+=@-]*", text):
-        return text
-    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def _jinja() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["systemd_quote"] = _systemd_quote
-    env.filters["env_quote"] = _env_quote
+    env.filters["env_quote"] = env_quote  # the host probe reads it back with env_unquote
     return env
 
 
@@ -157,6 +154,27 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
     ]
 
 
+def front_paths(host: HostConfig) -> dict[str, str]:
+    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host['vllm_config_dir']}/front.conf"}
+
+
+def front_files(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
+    """nginx config + unit of the host's front: <vllm_bind_host>:<port> -> 127.0.0.1:<backend_port>,
+    /v1/ and /health only. No instances, no front."""
+    if not plan.instances:
+        return []
+    paths = front_paths(host)
+    jenv = _jinja()
+    runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
+    config = jenv.get_template("front.nginx.conf.j2").render(
+        host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=host["vllm_bind_host"],
+        runtime_dir=runtime_dir, worker_processes=2, max_body="64m")
+    unit = jenv.get_template("front.service.j2").render(
+        host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)
+    return [RenderedFile(paths["config"], config, mode="0640", group=host["vllm_service_user"]),
+            RenderedFile(paths["unit"], unit)]
+
+
 def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint: str) -> str:
     """What `status` compares: the instance's files (secret file by fingerprint only) + its env."""
     digest = hashlib.sha256()
@@ -186,11 +204,17 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             "unit": inst.unit_name,
             "served_model_name": inst.config.served_model_name,
             "port": inst.port,
+            "backend_port": inst.backend_port,
             "max_model_len": inst.max_model_len,
             "cuda_visible_devices": inst.cuda_visible_devices,
             "start_timeout_s": start_timeout_s(inst),
             "config_hash": config_hash(inst_files, prefix, fingerprint),
         }
+    front = front_files(host, plan)
+    files.extend(front)
+    if front:
+        manifest["front"] = {"unit": FRONT_UNIT, "bind": host["vllm_bind_host"],
+                             "config_hash": config_hash(front, NGINX, "")}
     files.append(RenderedFile(f"{host['vllm_config_dir']}/manifest.json",
                               json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
     return files

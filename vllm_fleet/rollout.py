@@ -63,7 +63,7 @@ def _snapshot_command(config) -> str:
     cur = shlex.quote(current_link(config["vllm_root"]))
     # `cd /`: coreutils 9.1's `cp -a --parents` fails on absolute sources from any other cwd.
     return (f"set -e; cd /; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
-            f"for f in $({MANAGED_UNIT_FILES}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/manifest.json 2>/dev/null); "
+            f"for f in $({MANAGED_UNIT_FILES}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/front.conf {conf}/manifest.json 2>/dev/null); "
             f"do cp -a --parents \"$f\" {snap}.new/files/; done; "
             f"(readlink {cur} || true) > {snap}.new/current; "
             f"({MANAGED_UNIT_FILES} || true) | xargs -r -n1 basename > {snap}.new/units; "
@@ -78,7 +78,7 @@ def _restore_command(config) -> str:
     return (f"set -e; test -d {snap}; "
             f"for u in $({MANAGED_UNIT_FILES} | xargs -r -n1 basename); do "
             f"grep -qx \"$u\" {snap}/units || systemctl disable --now \"$u\" || true; done; "
-            f"rm -f $({MANAGED_UNIT_FILES}) {conf}/*.yaml {conf}/*.env {conf}/manifest.json; "
+            f"rm -f $({MANAGED_UNIT_FILES}) {conf}/*.yaml {conf}/*.env {conf}/front.conf {conf}/manifest.json; "
             # File by file: copying the tree onto / would also copy its directories' modes onto /.
             f"(cd {snap}/files && find . -type f | while read -r f; do cp -p \"$f\" \"/${{f#./}}\"; done); "
             f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
@@ -88,7 +88,8 @@ def _restore_command(config) -> str:
 
 
 def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck]:
-    return [InstanceCheck(name=name, unit=info["unit"], port=info["port"],
+    return [InstanceCheck(name=name, unit=info["unit"], port=info.get("backend_port") or info["port"],
+                          front_port=info["port"] if info.get("backend_port") else None,
                           served_model_name=info["served_model_name"],
                           max_model_len=info.get("max_model_len") or None,
                           env_file=f"{config['vllm_config_dir']}/{name}.env",

@@ -65,15 +65,16 @@ def diagnose(journal: str) -> str | None:
 class InstanceCheck:
     name: str
     unit: str
-    port: int
+    port: int  # where vLLM itself listens (127.0.0.1 on the host)
     served_model_name: str
     max_model_len: int | None
     env_file: str
     timeout_s: int
     gpu_bus_ids: list[str] = field(default_factory=list)
+    front_port: int | None = None  # where clients connect, through the host's front (None: no front)
 
     def as_spec(self) -> dict[str, Any]:
-        return {"name": self.name, "unit": self.unit, "port": self.port,
+        return {"name": self.name, "unit": self.unit, "port": self.port, "front_port": self.front_port,
                 "served_model_name": self.served_model_name, "max_model_len": self.max_model_len,
                 "env_file": self.env_file, "timeout_s": self.timeout_s,
                 "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids}
