@@ -17,7 +17,11 @@ from vllm_fleet.bundle import build_wheelhouse
 from vllm_fleet.sandbox import tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
-API_KEY = "sk-sandbox-test-5b1e0c2f"
+# Hostile on purpose: a quote, double quotes, a backslash, a space and a `$` must reach vLLM exactly
+# (systemd's EnvironmentFile parsing) and come back exactly in the host probe, or nothing serves.
+API_KEY = "sk-sandbox-5b1e0c2f it's \"q\" \\ $HOME"
+# In every secret check: catches the key however it is quoted or escaped where it leaked.
+KEY_MARK = "5b1e0c2f"
 CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "10.213.7.13"}
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 

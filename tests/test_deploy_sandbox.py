@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from fleet_helpers import API_KEY, CPU_HOSTS, chat, host_state, pyinfra, variant_inventory
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, host_state, pyinfra, variant_inventory
 
 @pytest.fixture(scope="module")
 def converged(sandbox, deploy_env):
@@ -29,7 +29,7 @@ def test_first_deploy_serves_on_every_cpu_host(converged, sandbox):
         assert chat(address, None)[0] == 401
         assert chat(address, "sk-wrong")[0] == 401
     assert (converged.stdout + converged.stderr).count("verified tiny") == 3
-    assert API_KEY not in converged.stdout + converged.stderr
+    assert KEY_MARK not in converged.stdout + converged.stderr
     assert "secret: contents not shown" in converged.stdout + converged.stderr
 
 
@@ -37,16 +37,16 @@ def test_unit_pins_device_order_and_visible_devices(converged, sandbox):
     unit = sandbox.run("sbx-cpu1", "cat /etc/systemd/system/vllm-tiny.service").stdout
     assert 'Environment="CUDA_DEVICE_ORDER=PCI_BUS_ID"' in unit
     assert 'Environment="CUDA_VISIBLE_DEVICES="' in unit  # planned: no GPU on a CPU host
-    assert "TRANSFORMERS_CACHE" not in unit and API_KEY not in unit
+    assert "TRANSFORMERS_CACHE" not in unit and KEY_MARK not in unit
     mode = sandbox.run("sbx-cpu1", "stat -c '%a %U' /etc/vllm-fleet/tiny.env").stdout.split()
     assert mode == ["600", "root"]
     user = sandbox.run("sbx-cpu1", "ps -o user= -p $(systemctl show -p MainPID --value vllm-tiny)").stdout
     assert user.strip() == "vllm"
     cmdlines = sandbox.run("sbx-cpu1", "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '").stdout
-    assert API_KEY not in cmdlines
+    assert KEY_MARK not in cmdlines
     shown = sandbox.run("sbx-cpu1", "systemctl show vllm-tiny.service; cat /etc/vllm-fleet/tiny.yaml "
                                     "/etc/vllm-fleet/manifest.json; journalctl -u vllm-tiny --no-pager").stdout
-    assert "EnvironmentFiles=/etc/vllm-fleet/tiny.env" in shown and API_KEY not in shown
+    assert "EnvironmentFiles=/etc/vllm-fleet/tiny.env" in shown and KEY_MARK not in shown
 
 
 def test_second_run_changes_nothing(converged, sandbox, deploy_env):
@@ -55,7 +55,7 @@ def test_second_run_changes_nothing(converged, sandbox, deploy_env):
     assert result.returncode == 0
     assert {name: host_state(sandbox, name) for name in CPU_HOSTS} == before
     assert "daemon-reload" not in [line for line in result.stdout.splitlines() if "Success" in line]
-    assert API_KEY not in result.stdout + result.stderr
+    assert KEY_MARK not in result.stdout + result.stderr
 
 
 def test_wrong_model_path_fails_before_any_change(converged, sandbox, deploy_env, tmp_path):
@@ -76,7 +76,7 @@ def test_dry_run_shows_changes_and_changes_nothing(converged, sandbox, deploy_en
     assert result.returncode == 0
     shown = result.stdout + result.stderr  # pyinfra logs to stderr
     assert "Detected changes" in shown and "Config of tiny" in shown
-    assert API_KEY not in shown
+    assert KEY_MARK not in shown
     assert {name: host_state(sandbox, name) for name in CPU_HOSTS} == before
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fleet_helpers import API_KEY, CPU_HOSTS, chat, pyinfra, variant_inventory
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, pyinfra, variant_inventory
 
 INDEX_HOST = "sbx-cpu3"
 PORT = 8099  # not 8000: sbx-cpu3 may be serving vLLM there
@@ -81,7 +81,7 @@ def test_host_without_wheelhouse_installs_from_the_index_and_serves(sandbox, dep
     out = result.stdout + result.stderr
     assert result.returncode == 0, "deploy from the index failed"
     assert f"no vllm_wheelhouse: installing from {package_index}" in out
-    assert API_KEY not in out
+    assert KEY_MARK not in out
     status, body = chat(CPU_HOSTS["sbx-cpu1"], API_KEY)
     assert status == 200, body
     assert chat(CPU_HOSTS["sbx-cpu1"], None)[0] == 401

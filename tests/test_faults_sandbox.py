@@ -26,7 +26,7 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, CPU_HOSTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet import lock
 
 HOST = "sbx-cpu1"
@@ -196,7 +196,7 @@ def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(basel
     assert f"host {HOST}, instance tiny: verification failed" in out
     assert "killed by signal KILL" in out
     assert "died while being verified" in out  # the diagnosis
-    assert API_KEY not in out
+    assert KEY_MARK not in out
     converges_then_stays(sandbox, deploy_env, inventory, 40)
 
 

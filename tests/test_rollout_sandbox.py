@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from fleet_helpers import API_KEY, CPU_HOSTS, REPO, chat, host_state, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, REPO, chat, host_state, variant_inventory, vllm_fleet
 
 
 def rollout(env, inventory, *args):
@@ -54,7 +54,7 @@ def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_pat
         assert "kv_cache_usage_perc" in inst["metrics"] and "num_requests_running" in inst["metrics"]
         assert inst["vllm_version"].startswith("0.32")
         assert inst["drift"] == []
-    assert API_KEY not in result.stdout + result.stderr
+    assert KEY_MARK not in result.stdout + result.stderr
     sandbox.run("sbx-cpu3", "sed -i 's/^RestartSec=5/RestartSec=7/' /etc/systemd/system/vllm-tiny.service")
     drifted = json.loads(vllm_fleet(deploy_env, "status", inventory, "--json").stdout)
     inst = {h["name"]: h for h in drifted["hosts"]}["sbx-cpu3"]["instances"]["tiny"]
@@ -68,7 +68,7 @@ def test_failure_on_host_2_rolls_back_and_stops(rolled, sandbox, deploy_env, tmp
                                   cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
     result, hosts, _order = rollout(deploy_env, inventory, "--batch", "1")
     assert result.returncode != 0
-    assert API_KEY not in result.stdout + result.stderr  # the JSON report and the log, journal included
+    assert KEY_MARK not in result.stdout + result.stderr  # the JSON report and the log, journal included
     assert hosts["sbx-cpu1"]["state"] == "updated"
     assert hosts["sbx-cpu2"]["state"] == "rolled back"
     assert "unrecognized argument" in hosts["sbx-cpu2"]["error"]

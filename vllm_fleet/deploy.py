@@ -83,7 +83,9 @@ def read_secrets(config: HostConfig) -> Secrets:
 
 
 def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelInfo | None:
-    """A ModelInfo from a Hugging Face config.json (multimodal configs keep it in text_config)."""
+    """A ModelInfo from a Hugging Face config.json (multimodal configs keep it in text_config).
+    No max_position_embeddings in it: None (no limit invented; vLLM derives the real one)."""
+    from vllm_fleet.catalog import attention_from_config
     cfg = config.get("text_config", config) if "num_hidden_layers" not in config else config
     try:
         heads = cfg["num_attention_heads"]
@@ -94,8 +96,9 @@ def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelI
             hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
             vocab_size=cfg["vocab_size"], weights_gib=max(weights_bytes / GIB, 1e-6),
             dtype=str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"),
-            max_position_embeddings=cfg.get("max_position_embeddings", 8192),
+            max_position_embeddings=cfg.get("max_position_embeddings"),  # None: vLLM decides
             tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+            **attention_from_config(cfg, cfg.get("model_type") or config.get("model_type")),
         )
     except (KeyError, TypeError, ZeroDivisionError):
         return None
@@ -184,8 +187,9 @@ def access_problem() -> str | None:
     """
     wrapping = {k: v for k, v in remote.connection_arguments(host).items()
                 if k in ("_sudo", "_su_user", "_doas", "_dzdo") and v}
-    ok, out, err = remote.run(host, "id -u", timeout=60)
-    said = " ".join(err.split())[-300:]
+    ok, out = remote.privilege_check(host, "id -u")
+    said = " ".join(out.split())[-300:]
+    uid = out.strip().splitlines()[-1] if out.strip() else ""
     if not ok and wrapping:
         how = "/".join(k.lstrip("_") for k in wrapping)
         return (f"host {host.name}: {_login_user()} cannot run commands as root through {how} "
@@ -194,8 +198,8 @@ def access_problem() -> str | None:
                 "'The login user'), or set _sudo_password; nothing was changed on this host")
     if not ok:
         return f"host {host.name}: `id -u` failed ({said or 'no output'}); nothing was changed on this host"
-    if out.strip() != "0":
-        return (f"host {host.name}: commands run as uid {out.strip()} ({_login_user()}), not root, and the "
+    if uid != "0":
+        return (f"host {host.name}: commands run as uid {uid} ({_login_user()}), not root, and the "
                 "deploy writes /etc and systemd units. Set `_sudo = True` for this host (with password-less "
                 "sudo for that user), or log in as root; nothing was changed on this host")
     return None
@@ -227,6 +231,8 @@ def prepare() -> Deployment:
                                       fix="install the NVIDIA driver, or set vllm_target = 'cpu'"))
         else:
             live = tuple(gpus)
+            from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
+            errors.extend(preflight(config.name, live, config.instances, config["vllm_version"]))
     topology, interconnect = _gpu_topology(config, live, errors)
     instances = tuple(_live_instance(config, inst, errors) for inst in config.instances)
     _check_paths(config, errors)
@@ -347,6 +353,10 @@ def host_packages(d: Deployment) -> None:
                      update=True, cache_time=3600, no_recommends=True)
     else:
         server.packages(name="OS package nginx (the front of the instances)", packages=["nginx"])
+    # Debian starts the package's own nginx.service with its welcome page on port 80: installed
+    # here for the front only, it has nothing to serve. (An nginx the host had is left alone.)
+    systemd.service(name="Stop the stock nginx.service (installed for the front only)", service="nginx",
+                    running=False, enabled=False)
 
 
 def service_user(d: Deployment) -> None:

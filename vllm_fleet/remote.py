@@ -18,6 +18,12 @@ from pyinfra.api.arguments import CONNECTOR_ARGUMENT_KEYS, pop_global_arguments
 from pyinfra.api.command import StringCommand
 from pyinfra.connectors.util import make_unix_command_for_host
 
+# Without privilege wrapping: as the login user itself. An upload goes over SFTP as the login user:
+# with these, pyinfra sends it straight to the path given instead of to /tmp followed by a
+# privileged copy (a second full write of a 600 MB tarball or a 10 GB shard, on a /tmp that may be
+# too small; and a secret would sit in /tmp meanwhile).
+AS_LOGIN_USER = {"_sudo": False, "_doas": False, "_dzdo": False, "_su_user": ""}
+
 # Connector arguments that control the channel, not the command line: we set these per call.
 _PER_CALL = {"_timeout", "_stdin", "_success_exit_codes", "_get_pty", "_retries", "_retry_delay",
              "_retry_until"}
@@ -48,10 +54,19 @@ def wrapped_command(host, command: str) -> str:
     return unix_command.get_raw_value()
 
 
-# An upload goes over SFTP as the login user: with these, pyinfra sends it straight to the path
-# given instead of to /tmp followed by a privileged copy (a second full write of a 600 MB tarball
-# or a 10 GB shard, on a /tmp that may be too small; and a secret would sit in /tmp meanwhile).
-AS_LOGIN_USER = {"_sudo": False, "_doas": False, "_dzdo": False, "_su_user": ""}
+def privilege_check(host, command: str = "id -u", timeout: int = 60) -> tuple[bool, str]:
+    """Run `command` wrapped exactly as pyinfra would (sudo/su/doas), but never let pyinfra stop to
+    ask for a sudo password on the terminal (with no terminal that prompt dies in an EOFError, and
+    a CI run or a 50-host deploy has no one to type it): (ok, its output and what sudo/su/doas said)."""
+    marker = "vllm-fleet-exit="
+    probe = (f"{{ {wrapped_command(host, command)}; echo {marker}$?; }} 2>&1 | "
+             "sed 's/^/out: /'")  # prefixed: pyinfra's prompt trigger is an exact, unprefixed line
+    _ok, output = host.run_shell_command(StringCommand(probe), print_output=False, print_input=False,
+                                         _timeout=timeout, **AS_LOGIN_USER)
+    lines = [ln.removeprefix("out: ") for ln in output.stdout.splitlines()]
+    code = next((ln.removeprefix(marker) for ln in lines if ln.startswith(marker)), "")
+    return code == "0", "\n".join(ln for ln in lines if not ln.startswith(marker))
+
 
 
 def upload_commands(host, src, staging_dir: str, name: str):

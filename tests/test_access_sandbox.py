@@ -1,0 +1,181 @@
+"""Who can reach what, tried as production and as an attacker would: the deploy logs in as a non-root
+user with sudo, a host whose sudo is refused fails alone, and from off the host no vLLM route
+answers without the API key (vLLM's own key guards only /v1: the front must hold the rest back).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+
+import pytest
+
+from fleet_helpers import API_KEY, CPU_HOSTS, KEY_MARK, REPO, chat, host_state, pyinfra, variant_inventory
+from vllm_fleet.sandbox import harness
+
+HOST, ADDRESS = "sbx-cpu1", CPU_HOSTS["sbx-cpu1"]
+PORT, BACKEND_PORT = 8000, 18000  # the instance's port (the front) and vLLM's own (loopback)
+# Routes vLLM's security guide names as answering without the key (some only with dev flags).
+GUIDE_ROUTES = ["/invocations", "/pooling", "/classify", "/score", "/rerank", "/tokenize", "/detokenize",
+                "/pause", "/resume", "/abort_requests", "/update_weights", "/is_paused", "/sleep",
+                "/wake_up", "/reset_prefix_cache", "/collective_rpc", "/scale_elastic_ep", "/v2/rerank",
+                "/inference/v1/generate", "/metrics", "/version", "/load", "/ping", "/docs", "/openapi.json"]
+
+# Runs on the host with the deployed environment's Python: every route the installed vLLM's own
+# app registers, for every task it supports (so a route a new vLLM adds is tried too).
+ROUTES_SCRIPT = r'''
+import json, warnings
+warnings.simplefilter("ignore")
+import vllm.tasks as tasks
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser
+try:
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+except ImportError:
+    from vllm.utils import FlexibleArgumentParser
+from vllm.entrypoints.openai.api_server import build_app
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", "x"])
+every = ()
+for name in ("GENERATION_TASKS", "POOLING_TASKS", "FRONTEND_TASKS"):
+    every += tuple(getattr(tasks, name, ()))
+app = build_app(args, supported_tasks=every or None)
+print("ROUTES " + json.dumps(sorted({(r.path, m) for r in app.routes
+                                     for m in (getattr(r, "methods", None) or ["GET"])})))
+'''
+
+
+@pytest.fixture(scope="module")
+def fleet(sandbox, deploy_env):
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts")
+    assert result.returncode == 0, "deploy failed"
+    return result
+
+
+def _request(method: str, path: str, key: str | None = None, port: int = PORT) -> int:
+    """The status a client off the host gets (0: no connection)."""
+    body = json.dumps({"model": "tiny-llama", "prompt": "hi", "max_tokens": 1, "input": "hi",
+                       "messages": [{"role": "user", "content": "hi"}]}).encode()
+    req = urllib.request.Request(f"http://{ADDRESS}:{port}{path}", method=method,
+                                 data=body if method in ("POST", "PUT", "PATCH") else None,
+                                 headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
+
+
+def _installed_routes(sandbox) -> list[tuple[str, str]]:
+    proc = sandbox.run(HOST, f"cd /tmp && /opt/vllm-fleet/envs/current/bin/python -c {_quote(ROUTES_SCRIPT)}",
+                       timeout=180)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("ROUTES ")), None)
+    assert line, f"could not list the installed vLLM's routes: {proc.stderr[-1500:]}"
+    return [tuple(r) for r in json.loads(line.removeprefix("ROUTES "))]
+
+
+def _quote(text: str) -> str:
+    import shlex
+    return shlex.quote(text)
+
+
+def test_the_deploy_logs_in_as_a_sudo_user_not_root(fleet, deploy_env):
+    """whoami over the deploy's own connection is the login user; through remote.run it is root."""
+    inventory = (REPO / "inventory" / "sandbox.py").read_text()
+    assert inventory.count('"ssh_user": "deploy"') == 1 and '"_sudo": True' in inventory
+    code = ("import json, sys\n"
+            "from vllm_fleet.connection import connected\n"
+            "from vllm_fleet import remote\n"
+            "with connected('inventory/sandbox.py', ['sbx-cpu1']) as (_s, hosts):\n"
+            "    h = hosts['sbx-cpu1']\n"
+            "    ok, out = h.run_shell_command('whoami', print_output=False, print_input=False)\n"
+            "    print(json.dumps([out.stdout.strip(), remote.run(h, 'whoami')[1].strip()]))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=deploy_env, capture_output=True,
+                          text=True, timeout=120)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == ["deploy", "root"], proc.stderr[-2000:]
+    assert "[sbx-cpu1]   deploy lock /run/vllm-fleet/deploy.lock taken" in fleet.stdout + fleet.stderr
+
+
+def test_a_host_that_refuses_sudo_fails_alone_and_nothing_changes_there(fleet, sandbox, deploy_env,
+                                                                      tmp_path):
+    refused = "sbx-cpu3"
+    sandbox.run(refused, f"rm -f /etc/sudoers.d/{harness.LOGIN_SUDOERS}", check=True)
+    try:
+        before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
+        inventory = variant_inventory(tmp_path, every={"max_num_seqs": 6})  # a change for every host
+        result = pyinfra(deploy_env, inventory=inventory)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0
+        errors = [ln for ln in out.splitlines() if "cannot run commands as root" in ln]
+        assert errors and all(refused in ln for ln in errors), out[-3000:]
+        assert "deploy ALL=(root) NOPASSWD: ALL" in errors[0] and "nothing was changed on this host" in errors[0]
+        assert "sudo said: sudo: a password is required" in errors[0]
+        assert host_state(sandbox, refused) == before[refused]
+        for name in ("sbx-cpu1", "sbx-cpu2"):  # the other hosts converged onto the change
+            assert host_state(sandbox, name)["pid"] != before[name]["pid"]
+            assert "max-num-seqs: 6" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout
+        assert KEY_MARK not in out
+    finally:
+        sandbox.run(refused, harness.login_user_command("deploy"), check=True)
+    assert pyinfra(deploy_env, "--limit", "cpu_hosts").returncode == 0  # back as the fleet was
+
+
+def test_systemd_hands_vllm_the_hostile_key_exactly(fleet, sandbox):
+    shown = sandbox.run(HOST, "systemd-run --wait --pipe --quiet -p EnvironmentFile=/etc/vllm-fleet/tiny.env "
+                              "printenv VLLM_API_KEY", check=True).stdout
+    assert shown == API_KEY + "\n"
+    # ... and the served process accepts it (so clients and vLLM agree on the key).
+    assert chat(ADDRESS, API_KEY)[0] == 200
+    assert chat(ADDRESS, API_KEY.replace("\\", ""))[0] == 401
+
+
+def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, sandbox):
+    routes = _installed_routes(sandbox)
+    paths = {path for path, _m in routes}
+    assert {"/v1/chat/completions", "/invocations", "/tokenize", "/health"} <= paths, paths
+    tried = []
+    for path, method in routes + [(p, "POST") for p in GUIDE_ROUTES] + [(p, "GET") for p in GUIDE_ROUTES]:
+        concrete = path.replace("{", "").replace("}", "")  # /v1/responses/{response_id} -> a literal id
+        status = _request(method, concrete)
+        tried.append((method, concrete, status))
+        if concrete == "/health" and method == "GET":
+            assert status == 200
+        elif concrete.startswith("/v1/"):
+            assert status == 401, (method, concrete, status)  # vLLM's own key check, through the front
+        else:
+            assert status == 404, (method, concrete, status)  # the front never passes it on
+    # Tricks that reach the same routes under another spelling.
+    for path in ["/v1/../invocations", "/v1/%2e%2e/invocations", "/v1/..%2finvocations", "//invocations",
+                 "/v1//../tokenize", "/V1/completions", "/invocations?x=/v1/", "/health/../invocations"]:
+        status = _request("POST", path)
+        tried.append(("POST", path, status))
+        assert status in (401, 404), (path, status)
+    # vLLM's own port is not reachable from off the host at all.
+    assert _request("GET", "/health", port=BACKEND_PORT) == 0
+    assert _request("POST", "/invocations", port=BACKEND_PORT) == 0
+    # With the key, /v1 works through the front.
+    assert _request("GET", "/v1/models", key=API_KEY) == 200
+    assert _request("POST", "/v1/completions", key=API_KEY) == 200
+    print(f"{len(tried)} off-host requests without the key, none answered but /health")
+
+
+def test_front_is_the_only_listener_and_runs_unprivileged(fleet, sandbox):
+    listening = sandbox.run(HOST, "ss -Hltnp").stdout
+    public = [ln for ln in listening.splitlines() if f":{PORT} " in ln]
+    backend = [ln for ln in listening.splitlines() if f":{BACKEND_PORT} " in ln]
+    assert public and all("nginx" in ln for ln in public), listening
+    assert backend and all("127.0.0.1:" in ln for ln in backend), listening
+    main = sandbox.run(HOST, "systemctl show -p MainPID --value vllm-fleet-front.service").stdout.strip()
+    users = sandbox.run(HOST, f"ps -o user=,args= --ppid {main} -p {main}").stdout.splitlines()
+    assert len(users) >= 2 and all(ln.split()[0] == "vllm" and "nginx" in ln for ln in users), users
+    check = sandbox.run(HOST, "sudo -u vllm /usr/sbin/nginx -t -q -e stderr -c /etc/vllm-fleet/front.conf; "
+                              "echo rc=$?").stdout
+    assert "rc=0" in check
