@@ -200,8 +200,26 @@ def test_seed_box_in_pci_order_with_p2p_nvlink_and_processes(fake_nvml):
                                              "unit": None}]
     assert topo["gpus"][0]["processes"] == [] and topo["driver"] == "550.54.15"
     assert calls.splitlines() == ["nvmlInit", "nvmlShutdown"]
-    assert gpu_topology.summary(topo) == ("3 GPU(s); NVLink 1-2; "
+    assert topo["nvml_module"] == "pynvml"  # no vllm package on this PYTHONPATH: the fallback
+    assert gpu_topology.summary(topo) == ("3 GPU(s); NVLink 1-2; via pynvml; "
                                           "no P2P 0-1 (GPU not supported), 0-2 (GPU not supported)")
+
+
+def test_vllms_vendored_pynvml_is_used_first_without_importing_vllm(fake_nvml, tmp_path):
+    """vLLM imports NVML as vllm.third_party.pynvml (vllm/utils/import_utils.py): the probe loads
+    that file first, by path; vllm/__init__.py (torch and all) is never run."""
+    vendored = tmp_path / "vllm" / "third_party"
+    vendored.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('vllm/__init__ must not run')\n")
+    (vendored / "__init__.py").write_text("")
+    (vendored / "pynvml.py").write_text(FAKE_PYNVML)
+    (tmp_path / "pynvml.py").write_text("raise ImportError('the fallback must not be needed')\n")
+    result, calls = fake_nvml(seed_box_scenario())
+    topo = fact(result.stdout)
+    assert topo["available"] is True, topo
+    assert topo["nvml_module"] == "vllm.third_party.pynvml"
+    assert calls.splitlines() == ["nvmlInit", "nvmlShutdown"]
+    assert "via vllm.third_party.pynvml" in gpu_topology.summary(topo)
 
 
 def test_a_process_is_named_by_its_systemd_unit(fake_nvml):
@@ -227,7 +245,8 @@ def test_pynvml_missing_is_unavailable_not_an_error(fake_nvml):
     assert result.returncode == 0
     topo = fact(result.stdout)
     assert topo["available"] is False
-    assert "pynvml (nvidia-ml-py) cannot be imported" in topo["reason"] and sys.executable in topo["reason"]
+    assert "no NVML bindings can be imported" in topo["reason"] and sys.executable in topo["reason"]
+    assert "vllm.third_party.pynvml: no vllm package" in topo["reason"]
     assert calls == ""
 
 
@@ -237,7 +256,7 @@ def test_nvml_init_failure_is_unavailable_with_the_reason(fake_nvml, code, words
     result, calls = fake_nvml({"init_error": code})
     assert result.returncode == 0
     topo = fact(result.stdout)
-    assert topo == {"available": False, "reason": topo["reason"]}
+    assert topo == {"available": False, "reason": topo["reason"], "nvml_module": "pynvml"}
     assert "NVML did not start" in topo["reason"] and words in topo["reason"]
     assert calls.splitlines() == ["nvmlInit"]
 

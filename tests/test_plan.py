@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from planning_fixtures import A100_40G, H100_80G, RTX_3090, T4, host_data, instance
+from planning_fixtures import A100_40G, H100_80G, RTX_3090, RTX_4090D, T4, host_data, instance
 from vllm_fleet.config import ConfigErrors, GpuSpec, parse_host
 from vllm_fleet.plan import even_partition, plan_host
 
@@ -114,7 +116,8 @@ def test_homogeneous_auto_picks_smallest_tp_then_data_parallel():
     # TP=2 fits the weights but leaves < 4 sequences of KV; TP=4 is the smallest with headroom.
     assert (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size) == (4, 1, 2)
     assert inst.gpu_indices == tuple(range(8))
-    assert any(a.startswith("TP=2 PP=1 DP=4") and "< 4 x 8192" in a for a in inst.alternatives)
+    assert any(a.startswith("TP=2 PP=1 DP=4") and "< vllm_min_kv_sequences 4" in a
+               for a in inst.alternatives)
 
 
 def test_bf16_on_old_gpus_becomes_float16_with_warning():
@@ -207,3 +210,62 @@ def test_even_partition_matches_vllm():
 def test_unknown_model_without_model_info_says_how_to_fix():
     errs = errors_of(host_data(instances=[instance(model="acme/secret-model", tokenizer=None)]))
     assert errs[0].key == "model_info" and "model_info" in errs[0].fix
+
+
+# --- KV capacity as vLLM computes it (hybrid KV cache manager) ------------------------------------
+
+def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
+    """Gemma-3-12B (48 layers, sliding window 1024, 5 sliding : 1 full) on the seed's 4090 D.
+
+    vLLM (vllm/v1/core/kv_cache_utils.py, vllm/v1/kv_cache_interface.py): 8 full + 40 sliding layers
+    -> group size min(8, 40) = 8 -> 1 full group + 5 sliding groups of 8 layers, one block pool
+    whose block holds 16 tokens for 8 layers (one KV tensor per layer slot).
+      page per layer  = 16 tokens x 2 (K,V) x 8 kv heads x 256 head_dim x 2 bytes = 131072 B
+      KV memory       = 24564 MiB x 0.90 - 2.5 GiB reserve - 7.52 GiB weights = 11.569453 GiB
+      blocks          = 11.569453 GiB / (131072 B x 8 slots) = 11847 (189553 tokens of pool)
+      one 16384-token request: full group  cdiv(16384, 16)                          = 1024 blocks
+                               each sliding group cdiv(min(1024-1+2048, 16384), 16) + 1 = 193
+                               (max_num_batched_tokens 2048: vLLM's API-server default < 70 GiB)
+                               1024 + 5 x 193                                        = 1989 blocks
+      max concurrency = 11847 / 1989 = 5.956 (the old all-full-attention estimate: 1.93)
+    """
+    hp = plan(host_data(gpus=[RTX_4090D], instances=[instance()]))
+    (inst,) = hp.instances
+    assert inst.kv_cache_tokens == 189553
+    assert inst.max_concurrency == pytest.approx(11847 / 1989)
+    assert inst.as_dict()["max_concurrency"] == 5.96
+    assert not any("KV cache holds" in w for w in inst.warnings)  # 5.96 >= vllm_min_kv_sequences 4
+    assert any("1 + 5 groups of 8" in r and "window 1024" in r for r in inst.reasons)
+    assert any("takes 1989 blocks, so max concurrency 5.95" in r for r in inst.reasons)
+    # With the hybrid manager off, vLLM stores every layer in full: the old number comes back.
+    off = plan(host_data(gpus=[RTX_4090D], instances=[instance(
+        engine_args={"disable-hybrid-kv-cache-manager": True})])).instances[0]
+    assert off.kv_cache_tokens == 31592 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
+    assert any("1.92 requests of max_model_len 16384" in w for w in off.warnings)
+
+
+def test_full_attention_model_is_unchanged_by_the_hybrid_arithmetic():
+    """Llama-3-8B (full attention, 32 layers) on one A100-40GB at 8192 tokens:
+      KV memory = 40960 MiB x 0.90 - 2.5 GiB - 14.96 GiB = 18.54 GiB; per token 32 x 2 x 8 x 128 x 2 B
+      tokens = 18.54 x 2^30 / 131072 = 151879; concurrency = (151879 // 16) / cdiv(8192, 16) = 9492 / 512."""
+    hp = plan(host_data(gpus=[A100_40G], instances=[instance(
+        model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192)]))
+    (inst,) = hp.instances
+    assert inst.kv_cache_tokens == 151879
+    assert inst.max_concurrency == pytest.approx(9492 / 512)
+    assert inst.max_concurrency == pytest.approx(inst.kv_cache_tokens / 8192, rel=1e-3)
+    assert not any("hybrid KV cache" in r for r in inst.reasons)
+
+
+def test_the_seed_inventory_plan_has_no_false_kv_warning():
+    from vllm_fleet.config import load_fleet
+    from vllm_fleet.plan import plan_fleet
+    root = Path(__file__).resolve().parent.parent
+    hosts = load_fleet(root / "inventory" / "prod.py", limit=["gpu-mixed-01"], cwd=root)
+    (box,) = plan_fleet(hosts).hosts
+    assert [i.name for i in box.instances] == ["gemma-rtx-4090-d", "gemma-a100-sxm4-40gb"]
+    for inst in box.instances:
+        assert inst.max_concurrency >= 4, inst.name
+        assert not any("KV cache holds" in w for w in inst.warnings), inst.warnings
+    single = plan(host_data(placement="single-instance")).instances[0]  # PP=3 across GPU models
+    assert single.pipeline_parallel_size == 3 and single.max_concurrency > 4

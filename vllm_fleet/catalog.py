@@ -4,6 +4,13 @@ The catalog lets `vllm-fleet plan` work offline for common models. At deploy tim
 `config.json` and weight files on the host replace these numbers (see `facts.ModelOnHost`).
 Numbers are from each model's published `config.json`; `weights_gib` is the size of the weight
 files (the GGUF entry: the file itself).
+
+Attention layout (what vLLM's hybrid KV cache manager keys on): Gemma 3's published configs carry
+`"sliding_window": 1024` in `text_config` and rely on transformers' Gemma3TextConfig default
+`sliding_window_pattern = 6` (layer i is full attention when (i + 1) % 6 == 0: 5 sliding : 1 full);
+the 1024 was read from third-party copies of the gemma3_text config (the google/gemma-3-*-it files
+themselves were not readable from here). Llama 3 and Qwen 2.5 are full attention (Qwen 2.5's
+config.json has `"use_sliding_window": false`).
 """
 
 from __future__ import annotations
@@ -41,8 +48,15 @@ class ModelInfo:
     weights_gib: float
     #: dtype of the weights as stored: bfloat16, float16, float32 or "gguf" (quantized).
     dtype: str = "bfloat16"
-    max_position_embeddings: int = 8192
+    #: None: not known (no offline length check; vLLM checks the real config.json at start).
+    max_position_embeddings: int | None = None
     tie_word_embeddings: bool = False
+    #: config.json's sliding_window (tokens); None: every layer attends to the whole sequence.
+    sliding_window: int | None = None
+    #: config.json's layer_types ("sliding_attention" / "full_attention" per layer), if given.
+    layer_types: tuple[str, ...] | None = None
+    #: Gemma-style pattern: layer i is full attention when (i + 1) % pattern == 0, else sliding.
+    sliding_window_pattern: int | None = None
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -73,6 +87,19 @@ class ModelInfo:
         copies = 1 if self.tie_word_embeddings else 2
         return (self.weights_gib - copies * self.embedding_gib) / self.num_hidden_layers
 
+    def attention_layers(self) -> tuple[int, int]:
+        """(full-attention layers, sliding-window layers), as vLLM's model code assigns them."""
+        n = self.num_hidden_layers
+        if not self.sliding_window:
+            return n, 0
+        if self.layer_types:
+            sliding = sum(1 for t in self.layer_types if t == "sliding_attention")
+            return len(self.layer_types) - sliding, sliding
+        if self.sliding_window_pattern:
+            full = n // self.sliding_window_pattern
+            return full, n - full
+        return 0, n  # Mistral-style: every layer slides
+
     def kv_bytes_per_token_per_layer(self, tensor_parallel_size: int, kv_dtype_bytes: int) -> int:
         """KV-cache bytes one token costs in one layer on ONE GPU of a TP group.
 
@@ -84,6 +111,86 @@ class ModelInfo:
 
 def _m(**kwargs: Any) -> ModelInfo:
     return ModelInfo(**kwargs)
+
+
+# --- vLLM's hybrid KV cache manager, as arithmetic ------------------------------------------------
+# Followed: vllm-project/vllm vllm/v1/core/kv_cache_utils.py (_get_kv_cache_groups_uniform_page_size:
+# layers of one spec are split into groups of `group_size` = the smallest per-type layer count, or
+# the largest when max < 1.25 x min; each group is one block table drawing from ONE shared block
+# pool; get_num_blocks: num_blocks = available_memory // page_size // group_size;
+# get_max_concurrency_for_kv_cache_config: num_blocks / sum over groups of
+# cdiv(spec.max_memory_usage_bytes, spec.page_size_bytes)) and vllm/v1/kv_cache_interface.py
+# (FullAttentionSpec.max_memory_usage_bytes = cdiv(max_model_len, block_size) pages;
+# SlidingWindowSpec: (cdiv(min(sliding_window - 1 + max_num_batched_tokens, max_model_len),
+# block_size) + 1) pages). Newest stored versions (kv_cache_interface.py at 001cabc1), not the
+# v0.33.0 tag.
+
+#: vLLM's default KV block size on CUDA (tokens per block).
+KV_BLOCK_SIZE = 16
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KvGroups:
+    """How vLLM groups a model's attention layers for its KV cache."""
+
+    group_size: int  # layers per group (= KV tensors per block slot)
+    full_groups: int
+    sliding_groups: int
+    sliding_window: int | None
+    total_layers: int
+
+    @classmethod
+    def of(cls, info: "ModelInfo", hybrid: bool = True) -> "KvGroups":
+        full, sliding = info.attention_layers() if hybrid else (info.num_hidden_layers, 0)
+        counts = [c for c in (full, sliding) if c]
+        size = min(counts)
+        if max(counts) < size * 1.25:
+            size = max(counts)
+        return cls(size, _cdiv(full, size) if full else 0, _cdiv(sliding, size) if sliding else 0,
+                   info.sliding_window if sliding else None, info.num_hidden_layers)
+
+    @property
+    def hybrid(self) -> bool:
+        return self.sliding_groups > 0
+
+    def slots(self, layers_on_stage: int) -> int:
+        """KV tensors (layer slots per block) on a PP stage holding this many layers."""
+        if self.full_groups + self.sliding_groups == 1:
+            return layers_on_stage
+        return max(1, _cdiv(self.group_size * layers_on_stage, self.total_layers))
+
+    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int,
+                           block_size: int = KV_BLOCK_SIZE) -> int:
+        full = _cdiv(max_model_len, block_size)
+        blocks = self.full_groups * full
+        if self.sliding_groups:
+            window = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+            blocks += self.sliding_groups * (_cdiv(window, block_size) + 1)
+        return blocks
+
+
+def attention_from_config(cfg: dict[str, Any], model_type: str | None = None) -> dict[str, Any]:
+    """The ModelInfo attention fields from a Hugging Face config.json (text part).
+
+    Qwen2-style `use_sliding_window: false` means no sliding window whatever `sliding_window` says;
+    Gemma 3 / Gemma 2 configs without `layer_types` get transformers' own defaults
+    (sliding_window_pattern 6, and 2 for Gemma 2's alternating layers).
+    """
+    window = cfg.get("sliding_window")
+    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
+        return {"sliding_window": None, "layer_types": None, "sliding_window_pattern": None}
+    types = cfg.get("layer_types")
+    pattern = cfg.get("sliding_window_pattern")
+    kind = str(model_type or cfg.get("model_type") or "")
+    if not isinstance(pattern, int) or pattern <= 0:
+        pattern = 6 if kind.startswith("gemma3") else 2 if kind.startswith("gemma2") else None
+    if isinstance(types, list) and all(isinstance(t, str) for t in types):
+        return {"sliding_window": window, "layer_types": tuple(types), "sliding_window_pattern": None}
+    return {"sliding_window": window, "layer_types": None, "sliding_window_pattern": pattern}
 
 
 _LLAMA3_8B = _m(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
@@ -103,10 +210,12 @@ _QWEN25_72B = _m(num_hidden_layers=80, num_attention_heads=64, num_key_value_hea
                  max_position_embeddings=32768)
 _GEMMA3_12B = _m(num_hidden_layers=48, num_attention_heads=16, num_key_value_heads=8, head_dim=256,
                  hidden_size=3840, intermediate_size=15360, vocab_size=262208, weights_gib=22.7,
-                 max_position_embeddings=131072, tie_word_embeddings=True)
+                 max_position_embeddings=131072, tie_word_embeddings=True,
+                 sliding_window=1024, sliding_window_pattern=6)
 _GEMMA3_27B = _m(num_hidden_layers=62, num_attention_heads=32, num_key_value_heads=16, head_dim=128,
                  hidden_size=5376, intermediate_size=21504, vocab_size=262208, weights_gib=51.2,
-                 max_position_embeddings=131072, tie_word_embeddings=True)
+                 max_position_embeddings=131072, tie_word_embeddings=True,
+                 sliding_window=1024, sliding_window_pattern=6)
 # The seed's model: gemma-3-12b-it-qat-q4_0 GGUF (one 8.07 GB file). Serving it needs the
 # vllm-gguf-plugin package and --tokenizer pointing at the base model's tokenizer.
 _GEMMA3_12B_Q4_GGUF = replace(_GEMMA3_12B, weights_gib=7.52, dtype="gguf")
@@ -143,11 +252,20 @@ def is_gguf(model: str, info: ModelInfo | None = None) -> bool:
 
 @dataclass(frozen=True)
 class GpuModelFacts:
-    """What the planner needs to know about a GPU model beyond what nvidia-smi reports."""
+    """What the planner needs to know about a GPU model beyond what nvidia-smi reports.
+
+    GPUs below the pinned vLLM build's minimum compute capability (vllm_fleet/gpu_support.py's
+    RUNTIMES table: 7.5 for vLLM 0.33's torch 2.13 CUDA 13.0 build) are listed so that they are
+    recognised and refused by name: V100/TITAN V (7.0), P100 (6.0), P40/GTX 10x0 (6.1) are NOT
+    plannable with vLLM 0.33 (`plannable` below, `gpu_support.preflight`).
+    """
 
     compute_capability: float
     #: GeForce/consumer cards: no NVLink, and P2P over PCIe hangs NCCL in TP (vllm#14449).
     consumer: bool
+
+    def plannable(self, min_compute_capability: float) -> bool:
+        return self.compute_capability >= min_compute_capability
 
 
 # Matched as substrings of the nvidia-smi name, most specific first.
@@ -166,8 +284,14 @@ _GPU_FACTS: list[tuple[str, GpuModelFacts]] = [
     ("RTX 3090", GpuModelFacts(8.6, True)),
     ("RTX A6000", GpuModelFacts(8.6, False)),
     ("RTX 6000 Ada", GpuModelFacts(8.9, False)),
-    ("V100", GpuModelFacts(7.0, False)),
     ("T4", GpuModelFacts(7.5, False)),
+    ("RTX 2080", GpuModelFacts(7.5, True)),
+    # Pre-Turing: below CUDA 13's minimum (see GpuModelFacts), refused by gpu_support.preflight.
+    ("V100", GpuModelFacts(7.0, False)),
+    ("TITAN V", GpuModelFacts(7.0, True)),
+    ("P100", GpuModelFacts(6.0, False)),
+    ("P40", GpuModelFacts(6.1, False)),
+    ("GTX 1080", GpuModelFacts(6.1, True)),
 ]
 
 

@@ -344,6 +344,19 @@ def _parse_model_info(check: _Checker, raw: Any, instance: str) -> ModelInfo | N
             ok = check.typed(value, (int, float), instance=instance, key=f"model_info.{key}",
                              example="14.96")
             ok = ok and value > 0
+        elif key in ("sliding_window", "sliding_window_pattern", "max_position_embeddings") \
+                and value is None:
+            ok = True  # explicitly unknown / none (config.json's null)
+        elif key == "layer_types":
+            ok = (isinstance(value, (list, tuple)) and bool(value)
+                  and all(t in ("sliding_attention", "full_attention") for t in value))
+            if not ok:
+                check.error(f"must be a list of 'sliding_attention' / 'full_attention', one per "
+                            f"layer, got {value!r}", instance=instance, key=f"model_info.{key}",
+                            fix="copy layer_types from the model's config.json, or give "
+                                "sliding_window_pattern instead")
+            else:
+                value = tuple(value)
         else:
             ok = check.typed(value, int, instance=instance, key=f"model_info.{key}", example="32")
             ok = ok and value > 0
@@ -352,6 +365,12 @@ def _parse_model_info(check: _Checker, raw: Any, instance: str) -> ModelInfo | N
         elif key not in [e.key for e in check.errors]:
             check.error(f"must be positive, got {value!r}", instance=instance, key=f"model_info.{key}")
     if len(values) != len([k for k in names if k in raw]):
+        return None
+    types = values.get("layer_types")
+    if types is not None and len(types) != values["num_hidden_layers"]:
+        check.error(f"layer_types lists {len(types)} layers but num_hidden_layers is "
+                    f"{values['num_hidden_layers']}", instance=instance, key="model_info.layer_types",
+                    fix="one entry per layer, as in the model's config.json")
         return None
     return ModelInfo(**values)
 

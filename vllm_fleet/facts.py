@@ -15,37 +15,39 @@ MANAGED_MARKER = "# Managed by vllm-fleet"  # the first line of every file the d
 # Unit files vllm-fleet wrote (a unit without the marker is the user's own and is left alone).
 MANAGED_UNIT_FILES = f"grep -l '^{MANAGED_MARKER}' /etc/systemd/system/vllm-*.service 2>/dev/null"
 
-GPU_QUERY = "index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap"
+GPU_QUERY = ("index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap,driver_version,"
+             "mig.mode.current")
 
 
 def parse_gpu_csv(lines: list[str]) -> list[GpuSpec]:
-    """Parse `nvidia-smi --query-gpu=GPU_QUERY --format=csv,noheader,nounits` into PCI order."""
-    gpus = []
-    for line in lines:
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 7 or not parts[0].isdigit():
-            continue
-        index, bus_id, name, total, _used, _uuid, cap = parts[:7]
-        try:
-            capability = float(cap)
-        except ValueError:
-            capability = None
-        gpus.append(GpuSpec(index=int(index), name=name, memory_mib=int(float(total)),
-                            compute_capability=capability, pci_bus_id=bus_id))
-    # CUDA_DEVICE_ORDER=PCI_BUS_ID numbers devices by bus id: make the index match that order.
-    gpus.sort(key=lambda g: (g.pci_bus_id or "", g.index))
-    return [GpuSpec(i, g.name, g.memory_mib, g.compute_capability, g.pci_bus_id)
-            for i, g in enumerate(gpus)]
+    """Parse `nvidia-smi --query-gpu=GPU_QUERY --format=csv[,noheader],nounits` into PCI order.
+
+    Never raises: a value nvidia-smi could not read ("[N/A]", "[Unknown Error]", ...) is kept in
+    the GpuSpec's `unreadable`, and `gpu_support.preflight` turns it into an error that names the
+    host, the GPU and the field. Rows without the trailing fields (older callers) leave the driver
+    and MIG mode unknown."""
+    from vllm_fleet.gpu_support import gpus_from_rows, parse_csv_rows
+    return gpus_from_rows(parse_csv_rows(lines, GPU_QUERY.split(",")))
 
 
 class NvidiaGpus(FactBase):
-    """GPUs from nvidia-smi, in PCI bus order; None when the host has no nvidia-smi."""
+    """GPUs from nvidia-smi, in PCI bus order; None when the host has no nvidia-smi.
+
+    Each GpuSpec carries the driver version and MIG mode, and the fields nvidia-smi could not read
+    (see parse_gpu_csv); `gpu_support.preflight` judges them before any host change."""
+
+    #: What every driver answers (R470 has no compute_cap field: huggingface/candle#733).
+    FALLBACK_QUERY = "index,pci.bus_id,name,memory.total,memory.used,uuid,driver_version"
 
     def requires_command(self) -> str:
         return "nvidia-smi"
 
     def command(self) -> str:
-        return f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits"
+        # Drivers without compute_cap refuse the whole query: then ask for what every
+        # driver answers, with a header (parse_gpu_csv maps columns by it), so the driver version
+        # still reaches preflight and is refused with the version needed.
+        return (f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits 2>/dev/null || "
+                f"nvidia-smi --query-gpu={self.FALLBACK_QUERY} --format=csv,nounits")
 
     def default(self):
         return None

@@ -1,13 +1,16 @@
 """Runs ON a host with the vLLM environment's python: the GPUs as NVIDIA's library (NVML) sees them.
 
 vllm-fleet sends this file's source over SSH (`<env>/bin/python -c SOURCE`); nothing is installed.
-`pynvml` is the module of the `nvidia-ml-py` package, a dependency of vLLM's CUDA build, so it is in
-the environment vLLM runs from (vLLM itself uses the same calls, e.g. `is_fully_connected` in
-vllm/platforms/cuda.py). NVML reads the driver's view without creating a CUDA context.
+NVML comes from the module vLLM itself imports: vLLM vendors NVIDIA's official bindings as
+`vllm.third_party.pynvml` (vllm-project/vllm vllm/utils/import_utils.py, import_pynvml():
+"we decide to copy the official `pynvml` module to our codebase, and use it directly"), so the
+probe loads that file first (by path: importing the `vllm` package itself would pull in torch),
+then falls back to a `pynvml` module (nvidia-ml-py) if the environment has one. The result says
+which one was used (`nvml_module`). NVML reads the driver's view without creating a CUDA context.
 
 Prints one line `VLLM_FLEET_TOPOLOGY <json>` and always exits 0:
 
-    {"available": true, "driver": "550.54.15",
+    {"available": true, "driver": "580.126.09", "nvml_module": "vllm.third_party.pynvml",
      "gpus": [{"index": 0, "nvml_index": 0, "bus_id": "00000000:01:00.0", "name": ..., "uuid": ...,
                "memory_total_mib": ..., "memory_used_mib": ..., "nvlink_active": 0,
                "processes": [{"pid": 1234, "used_mib": 812, "name": "python3",
@@ -123,12 +126,18 @@ def _probe(nvml):
     gpus = []
     for i in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+        try:
+            memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+            total, used, memory_error = int(memory.total) // MIB, int(memory.used) // MIB, None
+        except nvml.NVMLError as exc:  # NOT_SUPPORTED on unified-memory boards (DGX Spark GB10)
+            total, used, memory_error = None, None, str(exc)
         procs, procs_error = _processes(nvml, handle)
         gpu = {"nvml_index": i, "bus_id": normalize_bus_id(nvml.nvmlDeviceGetPciInfo(handle).busId),
                "name": _text(nvml.nvmlDeviceGetName(handle)), "uuid": _text(nvml.nvmlDeviceGetUUID(handle)),
-               "memory_total_mib": int(memory.total) // MIB, "memory_used_mib": int(memory.used) // MIB,
+               "memory_total_mib": total, "memory_used_mib": used,
                "nvlink_active": _nvlink_active(nvml, handle), "processes": procs}
+        if memory_error:
+            gpu["memory_error"] = memory_error
         if procs_error:
             gpu["processes_error"] = procs_error
         gpus.append((gpu, handle))
@@ -147,19 +156,57 @@ def _probe(nvml):
     return {"available": True, "driver": driver, "gpus": out, "p2p": p2p}
 
 
+def import_nvml():
+    """(module, its name) for NVML: vLLM's vendored copy first, then `pynvml`. Raises ImportError
+    naming both attempts when neither is there."""
+    import importlib.util
+    import os
+    tried = []
+    try:
+        spec = importlib.util.find_spec("vllm")  # locates the package without running its __init__
+        locations = list(spec.submodule_search_locations or []) if spec else []
+    except Exception as exc:  # a broken vllm install
+        locations, spec = [], None
+        tried.append(f"vllm.third_party.pynvml: {type(exc).__name__}: {exc}")
+    for location in locations:
+        path = os.path.join(location, "third_party", "pynvml.py")
+        if os.path.isfile(path):
+            try:
+                file_spec = importlib.util.spec_from_file_location("vllm_fleet_vendored_pynvml", path)
+                module = importlib.util.module_from_spec(file_spec)
+                file_spec.loader.exec_module(module)
+                return module, "vllm.third_party.pynvml"
+            except Exception as exc:
+                tried.append(f"vllm.third_party.pynvml ({path}): {type(exc).__name__}: {exc}")
+                break
+    else:
+        if spec is None and not tried:
+            tried.append("vllm.third_party.pynvml: no vllm package")
+        elif not tried:
+            tried.append("vllm.third_party.pynvml: not in this vllm")
+    try:
+        import pynvml as module
+        return module, "pynvml"
+    except Exception as exc:
+        tried.append(f"pynvml: {exc}")
+    raise ImportError("; ".join(tried))
+
+
 def probe():
     try:
-        import pynvml as nvml
+        nvml, module_name = import_nvml()
     except Exception as exc:
         return {"available": False,
-                "reason": f"pynvml (nvidia-ml-py) cannot be imported by {sys.executable}: {exc}"}
+                "reason": f"no NVML bindings can be imported by {sys.executable} (tried vLLM's "
+                          f"vllm.third_party.pynvml, then pynvml from nvidia-ml-py): {exc}"}
     try:
         nvml.nvmlInit()
     except Exception as exc:
-        return {"available": False, "reason": f"NVML did not start (no NVIDIA driver or no "
-                                              f"libnvidia-ml.so.1?): {type(exc).__name__}: {exc}"}
+        return {"available": False, "nvml_module": module_name,
+                "reason": f"NVML did not start (no NVIDIA driver or no libnvidia-ml.so.1?), "
+                          f"via {module_name}: {type(exc).__name__}: {exc}"}
     try:
-        return _probe(nvml)
+        return {**_probe(nvml), "nvml_module": module_name}
     except Exception as exc:
         return {"available": False, "reason": f"NVML query failed: {type(exc).__name__}: {exc}"}
     finally:
@@ -207,7 +254,8 @@ def mismatch(topology, gpus):
         return None
     left = ", ".join(f"{g.index}: {g.pci_bus_id} {g.name}" for g in gpus) or "none"
     right = ", ".join(f"{g['index']}: {g['bus_id']} {g['name']}" for g in topology["gpus"]) or "none"
-    return (f"nvidia-smi and NVML (pynvml in the vLLM environment) list different GPUs "
+    return (f"nvidia-smi and NVML ({topology.get('nvml_module') or 'pynvml'} in the vLLM environment) "
+            f"list different GPUs "
             f"({len(gpus)} vs {len(topology['gpus'])}):\n    nvidia-smi: {left}\n    NVML:       {right}")
 
 
@@ -244,6 +292,7 @@ def summary(topology):
     """One line for people: NVLink and missing P2P per GPU pair, or why the probe is unavailable."""
     if not topology.get("available"):
         return f"unavailable ({topology.get('reason')})"
+    via = topology.get("nvml_module")
     gpus = topology["gpus"]
     nvlink, no_p2p = [], []
     for i in range(len(gpus)):
@@ -253,6 +302,8 @@ def summary(topology):
             elif topology["p2p"]["read"][i][j] != "ok":
                 no_p2p.append(f"{i}-{j} ({topology['p2p']['read'][i][j]})")
     parts = [f"{len(gpus)} GPU(s)", "NVLink " + (", ".join(nvlink) or "none")]
+    if via:
+        parts.append(f"via {via}")
     if no_p2p:
         parts.append("no P2P " + ", ".join(no_p2p))
     elif len(gpus) > 1:

@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vllm_fleet.catalog import DTYPE_BYTES, GIB, MIB, ModelInfo
+from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig
 from vllm_fleet.envbuild import GGUF_PLUGIN
 
@@ -109,6 +109,9 @@ class InstancePlan:
     pp_layer_partition: tuple[int, ...] | None = None
     kv_cache_tokens: int | None = None
     kv_cache_tokens_even_split: int | None = None
+    #: How many requests of max_model_len fit in the KV cache at once, as vLLM computes it
+    #: (its log: "Maximum concurrency for X tokens per request: Y"); see _Memory.concurrency.
+    max_concurrency: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     engine_args: dict[str, Any] = field(default_factory=dict)
     packages: list[str] = field(default_factory=list)
@@ -147,6 +150,8 @@ class InstancePlan:
             "max_model_len": self.max_model_len,
             "kv_cache_tokens": self.kv_cache_tokens,
             "kv_cache_tokens_even_split": self.kv_cache_tokens_even_split,
+            "max_concurrency": (round(self.max_concurrency, 2) if self.max_concurrency is not None
+                                else None),
             "per_gpu": [g.as_dict() for g in self.layout.per_gpu] if self.layout else [],
             "env": dict(self.env),
             "packages": list(self.packages),
@@ -189,6 +194,34 @@ class _Memory:
     util: float
     reserve_gib: float  # activation peak + CUDA graphs, per GPU
     kv_dtype_bytes: int
+    #: vLLM's KV cache groups (hybrid: full-attention and sliding-window groups, one block pool).
+    groups: KvGroups | None = None
+    max_model_len: int = 0
+    #: The scheduler's token budget per step: sliding-window layers keep window - 1 + this.
+    max_num_batched_tokens: int = 2048
+
+    def kv_slots(self, layers: int) -> int:
+        """KV tensors per block on a stage with `layers` layers (all of them without hybrid)."""
+        return self.groups.slots(layers) if self.groups else layers
+
+    def kv_layer_factor(self) -> float:
+        """KV tensors per layer (1 without hybrid; group_size / layers with it)."""
+        g = self.groups
+        if g is None or g.full_groups + g.sliding_groups == 1:
+            return 1.0
+        return g.group_size / g.total_layers
+
+    def blocks_per_request(self) -> int:
+        groups = self.groups or KvGroups(self.info.num_hidden_layers, 1, 0, None,
+                                         self.info.num_hidden_layers)
+        return groups.blocks_per_request(self.max_model_len, self.max_num_batched_tokens)
+
+    def concurrency(self, kv_tokens: int) -> float:
+        """vLLM's get_max_concurrency_for_kv_cache_config: pool blocks / blocks one max_model_len
+        request takes over all KV cache groups."""
+        if not self.max_model_len:
+            return 0.0
+        return (kv_tokens // KV_BLOCK_SIZE) / self.blocks_per_request()
 
 
 def _kind(gpu: GpuSpec) -> tuple[str, int]:
@@ -216,8 +249,9 @@ def _stage_free_gib(mem: _Memory, gpu: GpuSpec, tp: int, first: bool, last: bool
 
 
 def _tokens(free_gib: float, layers: int, mem: _Memory, tp: int) -> int:
+    """Tokens of the stage's block pool (num_blocks x block_size): KV memory / (page x tensors)."""
     layer_w = mem.info.layer_gib / tp
-    per_token = layers * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
+    per_token = mem.kv_slots(layers) * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
     kv = free_gib - layers * layer_w
     return int(kv / per_token) if kv > 0 else 0
 
@@ -238,7 +272,7 @@ def balanced_partition(free: list[float], layers: int, mem: _Memory, tp: int) ->
     together hold every layer wins; surplus capacity is then taken from the roomiest stages.
     """
     w = mem.info.layer_gib / tp
-    k = mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
+    k = mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB * mem.kv_layer_factor()
 
     def capacity(tokens: float) -> list[int]:
         return [max(0, int(f // (w + tokens * k))) if f > 0 else 0 for f in free]
@@ -277,7 +311,8 @@ def _evaluate(mem: _Memory, stages: list[list[GpuSpec]], partition: tuple[int, .
         free = _stage_free_gib(mem, stage[0], tp, s == 0, s == pp - 1, pp)
         comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
         weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib / tp
-        kv = replica_tokens * layers * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
+        kv = (replica_tokens * mem.kv_slots(layers)
+              * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB)
         per_gpu.extend(GpuUse(g.index, g.name, s, weights, kv, budget) for g in stage)
     ordered = tuple(g for stage in stages for g in stage)
     return Layout(gpus=ordered, tp=tp, pp=pp, dp=dp, partition=partition, kv_tokens=replica_tokens,
@@ -354,6 +389,22 @@ def _memory_detail(layout: Layout) -> str:
             f"of a {worst.budget_gib:.1f} GiB budget")
 
 
+def _floor2(value: float) -> str:
+    """Two decimals, rounded down: 0.999 must not read as a whole request."""
+    return f"{int(value * 100) / 100:.2f}"
+
+
+def _batched_tokens(inst: InstanceConfig, gpus: list[GpuSpec]) -> int:
+    """max_num_batched_tokens as `vllm serve` sets it: the instance's own, else vLLM's default for
+    the API server (vllm/engine/arg_utils.py: 8192 on GPUs with >= 70 GiB that are not A100s, 2048
+    otherwise; chunked prefill on). vLLM reads GPU 0 only; the larger default of the instance's
+    GPUs is taken (more tokens per sliding window: the cautious side)."""
+    if inst.max_num_batched_tokens:
+        return inst.max_num_batched_tokens
+    big = any(g.memory_mib * MIB >= 70 * GIB and "a100" not in g.name.lower() for g in gpus)
+    return 8192 if big else 2048
+
+
 def _tp_problem(info: ModelInfo, tp: int) -> list[str]:
     """vLLM's own divisibility rules for tensor parallelism, in its words."""
     problems = []
@@ -386,19 +437,24 @@ class _Planner:
         self._split_alternatives: list[str] = []  # why 'split' lost, shown when 'auto' falls back
 
     def error(self, inst: InstanceConfig, key: str, message: str, fix: str) -> None:
+        if any((e.instance, e.key, e.message) == (inst.name, key, message) for e in self.errors):
+            return  # the same problem met again while trying another GPU count
         self.errors.append(ConfigError(message, host=self.host.name, instance=inst.name, key=key, fix=fix))
 
     # -- shared pieces
 
-    def _memory(self, inst: InstanceConfig, info: ModelInfo, dtype: str) -> _Memory:
+    def _memory(self, inst: InstanceConfig, info: ModelInfo, dtype: str, max_len: int = 0,
+                gpus: list[GpuSpec] | None = None) -> _Memory:
         reserve = self.reserve + (0.0 if inst.enforce_eager else self.graph_reserve)
         kv_dtype = str(inst.engine_args.get("kv-cache-dtype", "auto"))
         if kv_dtype.startswith("fp8"):
             kv_bytes = 1
         else:
             kv_bytes = DTYPE_BYTES.get(dtype, 2)
+        hybrid = not inst.engine_args.get("disable-hybrid-kv-cache-manager")
         return _Memory(info=info, util=inst.gpu_memory_utilization, reserve_gib=reserve,
-                       kv_dtype_bytes=kv_bytes)
+                       kv_dtype_bytes=kv_bytes, groups=KvGroups.of(info, hybrid), max_model_len=max_len,
+                       max_num_batched_tokens=_batched_tokens(inst, gpus or []))
 
     def _dtype(self, inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec],
                warnings: list[str]) -> str:
@@ -413,7 +469,22 @@ class _Planner:
             return "float16"
         return wanted if wanted != "auto" else "auto"
 
-    def _max_model_len(self, inst: InstanceConfig, info: ModelInfo) -> int | None:
+    def _max_model_len(self, inst: InstanceConfig, info: ModelInfo,
+                       notes: list[str] | None = None) -> int | None:
+        if info.max_position_embeddings is None:
+            if inst.max_model_len is None:
+                self.error(inst, "max_model_len",
+                           "the model's maximum length is not known offline (no "
+                           "max_position_embeddings in its model data), so max_model_len cannot "
+                           "be chosen for it",
+                           "set max_model_len on the instance (vLLM checks it against the model's "
+                           "config.json when it starts), or add max_position_embeddings to model_info")
+                return None
+            if notes is not None:
+                notes.append(f"max_model_len {inst.max_model_len} is not checked offline: the model's "
+                             "max_position_embeddings is unknown; vLLM checks it against config.json "
+                             "at start")
+            return inst.max_model_len
         if inst.max_model_len is None:
             return info.max_position_embeddings
         if inst.max_model_len > info.max_position_embeddings:
@@ -475,10 +546,10 @@ class _Planner:
             cand = _layout_for(mem, gpus, tp, pp, dp)
             if cand.problem:
                 problems.append(cand.problem)
-            elif cand.layout is not None and cand.layout.kv_tokens < max_len:
+            elif cand.layout is not None and mem.concurrency(cand.layout.kv_tokens) < 1:
                 problems.append(
-                    f"KV cache holds {cand.layout.kv_tokens} tokens, less than one max_model_len "
-                    f"({max_len}) sequence: {_memory_detail(cand.layout)}")
+                    f"KV cache holds {_floor2(mem.concurrency(cand.layout.kv_tokens))} requests of "
+                    f"max_model_len ({max_len}), less than one: {_memory_detail(cand.layout)}")
             out.append(((tp, pp, dp), cand, problems))
         return out
 
@@ -492,8 +563,7 @@ class _Planner:
                 alternatives.append(f"TP={s[0]} PP={s[1]} DP={s[2]}: rejected — {' '.join(p)}")
         if not valid:
             return None
-        headroom = self.min_seqs * max_len
-        roomy = [(s, c) for s, c in valid if c.layout.kv_tokens >= headroom]
+        roomy = [(s, c) for s, c in valid if mem.concurrency(c.layout.kv_tokens) >= self.min_seqs]
         if roomy:
             # Fewest pipeline stages first (PP adds bubbles), then the smallest TP group.
             chosen = min(roomy, key=lambda sc: (sc[0][1], sc[0][0]))
@@ -501,8 +571,9 @@ class _Planner:
             chosen = max(valid, key=lambda sc: sc[1].layout.kv_tokens)
         for s, c in valid:
             if c is not chosen[1]:
-                why = ("a larger TP or more stages than needed" if c.layout.kv_tokens >= headroom
-                       else f"KV cache {c.layout.kv_tokens} tokens < {self.min_seqs} x {max_len}")
+                conc = mem.concurrency(c.layout.kv_tokens)
+                why = ("a larger TP or more stages than needed" if conc >= self.min_seqs
+                       else f"max concurrency {_floor2(conc)} < vllm_min_kv_sequences {self.min_seqs}")
                 alternatives.append(f"TP={s[0]} PP={s[1]} DP={s[2]}: {c.layout.kv_tokens} KV tokens "
                                     f"per replica — not chosen ({why})")
         return chosen[1]
@@ -521,14 +592,15 @@ class _Planner:
                            "deploy, which reads config.json on the host")
             return None
         warnings: list[str] = []
+        notes: list[str] = []
         alternatives = alternatives if alternatives is not None else []
-        max_len = self._max_model_len(inst, info)
+        max_len = self._max_model_len(inst, info, notes)
         if max_len is None:
             return None
         if not quiet and not self._check_world_size(inst, gpus):
             return None
         dtype = self._dtype(inst, info, gpus, warnings)
-        mem = self._memory(inst, info, dtype)
+        mem = self._memory(inst, info, dtype, max_len, gpus)
         chosen = self._choose(inst, mem, gpus, max_len, alternatives)
         if chosen is None:
             if not quiet:
@@ -539,7 +611,8 @@ class _Planner:
                             max_model_len=max_len, tensor_parallel_size=layout.tp,
                             pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
                             kv_cache_tokens=layout.kv_tokens, warnings=warnings,
-                            reasons=list(reasons), alternatives=alternatives,
+                            max_concurrency=mem.concurrency(layout.kv_tokens),
+                            reasons=list(reasons) + notes, alternatives=alternatives,
                             port=port if port is not None else inst.port)
         self._explain_layout(plan, mem, chosen, gpus)
         return plan
@@ -572,12 +645,26 @@ class _Planner:
     def _explain_layout(self, plan: InstancePlan, mem: _Memory, chosen: _Candidate,
                         gpus: list[GpuSpec]) -> None:
         layout, inst = plan.layout, plan.config
+        conc = mem.concurrency(layout.kv_tokens)
         plan.reasons.append(f"{layout.label}: {layout.kv_tokens} KV-cache tokens per replica "
-                            f"(>= {plan.max_model_len} needed for one full sequence)")
-        if layout.kv_tokens < self.min_seqs * plan.max_model_len:
-            plan.warnings.append(f"the KV cache holds {layout.kv_tokens / plan.max_model_len:.1f} "
-                                 f"full-length sequences (< vllm_min_kv_sequences {self.min_seqs}): "
-                                 "long requests will queue; a smaller max_model_len gives more room")
+                            f"({layout.kv_tokens // KV_BLOCK_SIZE} blocks of {KV_BLOCK_SIZE}); a "
+                            f"{plan.max_model_len}-token request takes {mem.blocks_per_request()} "
+                            f"blocks, so max concurrency {_floor2(conc)} (vLLM logs it as 'Maximum "
+                            f"concurrency for {plan.max_model_len:,} tokens per request')")
+        groups = mem.groups
+        if groups is not None and groups.hybrid:
+            full, sliding = mem.info.attention_layers()
+            plan.reasons.append(
+                f"hybrid KV cache (vLLM's hybrid KV cache manager): {full} full-attention and "
+                f"{sliding} sliding-window layers (window {groups.sliding_window}) in "
+                f"{groups.full_groups} + {groups.sliding_groups} groups of {groups.group_size}; a "
+                f"sliding-window layer keeps only window - 1 + max_num_batched_tokens "
+                f"({mem.max_num_batched_tokens}) tokens per request")
+        if conc < self.min_seqs:
+            plan.warnings.append(f"the KV cache holds {_floor2(conc)} requests of max_model_len "
+                                 f"{plan.max_model_len} at once (< vllm_min_kv_sequences "
+                                 f"{self.min_seqs}): long requests will queue; a smaller "
+                                 "max_model_len gives more room")
         kinds = {_kind(g) for g in gpus}
         if layout.pp > 1:
             plan.pp_layer_partition = layout.partition
@@ -836,6 +923,14 @@ def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
             "no GPUs known: offline planning needs the host's GPUs declared", host=host.name,
             key="gpus", fix='declare gpus = [{"name": ..., "memory_mib": ...}] in PCI bus order, '
                             "or set vllm_target = 'cpu' for a CPU-only host")])
+    if source == "declared":
+        # Offline, what the declared GPUs say (compute capability, given or from the catalog;
+        # driver_version / mig_mode where declared) is checked against the pinned vLLM's build.
+        from vllm_fleet.gpu_support import preflight
+        problems = preflight(host.name, gpus, host.instances, host["vllm_version"],
+                             source="the declared 'gpus'")
+        if problems:
+            raise ConfigErrors(problems)
     planner = _Planner(host, gpus, interconnect)
     plans, unused = planner.plan_host()
     if planner.errors:

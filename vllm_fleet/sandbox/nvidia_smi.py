@@ -4,7 +4,10 @@
 This file is self-contained (standard library only): the sandbox harness copies its text to
 /usr/local/bin/nvidia-smi on hosts that declare `sandbox_gpus`, next to the layout in
 /etc/vllm-fleet-sim/gpus.json (a list of {"name", "memory_mib", "compute_capability",
-optional "pci_bus_id"}). CSV output is byte-for-byte shaped like the real tool so parsers are
+optional "pci_bus_id", "driver_version", "mig_mode"}; or {"driver_version": ..., "gpus": [...]}).
+The simulated driver is the layout's `driver_version` (top level, or the first GPU entry that has
+one; $VLLM_FLEET_SIM_DRIVER overrides both), by default a current R580 driver; MIG is off unless a
+GPU entry says "mig_mode": "Enabled". CSV output is byte-for-byte shaped like the real tool so parsers are
 exercised as in production; the simulation is labelled in the UUIDs (GPU-sim-...), on stderr, in
 `-L` lines and in the table banner. Nothing here touches hardware.
 """
@@ -19,8 +22,10 @@ import sys
 
 LAYOUT_PATH = os.environ.get("VLLM_FLEET_SIM_GPUS", "/etc/vllm-fleet-sim/gpus.json")
 LABEL = "SIMULATED GPUs (vllm-fleet sandbox) - not real hardware"
-DRIVER_VERSION = "550.54.15"
-CUDA_VERSION = "12.4"
+# A real R580 driver version (NVIDIA GB10 boards print it: snowflakedb/ArcticTraining#345); the
+# CUDA version shown is what R580 drivers report. Simulated, like everything here.
+DEFAULT_DRIVER_VERSION = "580.126.09"
+CUDA_VERSION = "13.0"
 
 # Query field -> (header as real nvidia-smi prints it, unit suffix or "").
 GPU_FIELDS = {
@@ -38,6 +43,8 @@ GPU_FIELDS = {
     "compute_cap": ("compute_cap", ""),
     "utilization.gpu": ("utilization.gpu [%]", " %"),
     "driver_version": ("driver_version", ""),
+    "mig.mode.current": ("mig.mode.current", ""),
+    "mig.mode.pending": ("mig.mode.pending", ""),
 }
 APP_FIELDS = {
     "pid": ("pid", ""),
@@ -51,10 +58,21 @@ APP_FIELDS = {
 }
 
 
-def load_gpus() -> list[dict]:
-    """The declared layout, completed with index, PCI bus id and a deterministic simulated UUID."""
+def load_layout() -> tuple[list[dict], str]:
+    """The declared GPUs and the simulated driver version."""
     with open(LAYOUT_PATH) as f:
         layout = json.load(f)
+    driver = None
+    if isinstance(layout, dict):
+        driver = layout.get("driver_version")
+        layout = layout.get("gpus", [])
+    driver = driver or next((g["driver_version"] for g in layout if g.get("driver_version")), None)
+    return layout, os.environ.get("VLLM_FLEET_SIM_DRIVER") or driver or DEFAULT_DRIVER_VERSION
+
+
+def load_gpus() -> list[dict]:
+    """The declared layout, completed with index, PCI bus id and a deterministic simulated UUID."""
+    layout, driver = load_layout()
     host = socket.gethostname()
     gpus = []
     for i, gpu in enumerate(layout):
@@ -68,6 +86,10 @@ def load_gpus() -> list[dict]:
                 "pci_bus_id": gpu.get("pci_bus_id") or f"00000000:{i + 1:02X}:00.0",
                 # Real UUIDs are GPU-8-4-4-4-12 hex; "sim" marks these as simulated.
                 "uuid": f"GPU-sim-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:28]}",
+                "driver_version": driver,
+                # Real nvidia-smi prints [N/A] for GPUs without MIG (consumer cards); simulated
+                # GPUs are data-center-like only when they say so.
+                "mig_mode": gpu.get("mig_mode") or "Disabled",
             }
         )
     return gpus
@@ -89,7 +111,9 @@ def gpu_value(gpu: dict, field: str, count: int) -> str:
         "memory.free": gpu["memory_mib"],
         "compute_cap": gpu["compute_capability"],
         "utilization.gpu": 0,
-        "driver_version": DRIVER_VERSION,
+        "driver_version": gpu["driver_version"],
+        "mig.mode.current": gpu["mig_mode"],
+        "mig.mode.pending": gpu["mig_mode"],
     }
     return str(values[field])
 
@@ -163,7 +187,8 @@ def table(gpus: list[dict]) -> int:
     rule = "+-----------------------------------------------------------------------------------------+"
     print(f"*** {LABEL} ***")
     print(rule)
-    print(f"| NVIDIA-SMI {DRIVER_VERSION}   (simulated)   Driver Version: {DRIVER_VERSION}   CUDA Version: {CUDA_VERSION}".ljust(90) + "|")
+    driver = gpus[0]["driver_version"] if gpus else load_layout()[1]
+    print(f"| NVIDIA-SMI {driver}   (simulated)   Driver Version: {driver}   CUDA Version: {CUDA_VERSION}".ljust(90) + "|")
     print(rule)
     for g in gpus:
         print(f"| {g['index']:>3}  {g['name'][:34]:<34} {g['pci_bus_id']}   0MiB / {g['memory_mib']}MiB".ljust(90) + "|")
