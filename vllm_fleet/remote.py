@@ -69,6 +69,12 @@ def privilege_check(host, command: str = "id -u", timeout: int = 60) -> tuple[bo
 
 
 
+def login_owner(login_user: str | None) -> str:
+    """The login user, for a privileged `chown`/`install -o`: the inventory's ssh_user, else who
+    sudo/doas says called it."""
+    return shlex.quote(login_user) if login_user else '"${SUDO_USER:-${DOAS_USER:-$(id -un)}}"'
+
+
 def upload_commands(host, src, staging_dir: str, name: str):
     """Commands that upload `src` (a workstation path or a file object) to STAGING_DIR/NAME.
 
@@ -76,9 +82,8 @@ def upload_commands(host, src, staging_dir: str, name: str):
     who then writes into it directly; put it on the same filesystem as the file's final place, so
     the caller's privileged `mv` into place is a rename. Yields the commands, returns the path.
     """
-    login = host.data.get("ssh_user")
-    owner = shlex.quote(login) if login else '"${SUDO_USER:-${DOAS_USER:-$(id -un)}}"'
     path = f"{staging_dir}/{name}"
-    yield f"install -d -m 0700 -o {owner} {shlex.quote(staging_dir)} && rm -f {shlex.quote(path)}"
+    yield (f"install -d -m 0700 -o {login_owner(host.data.get('ssh_user'))} {shlex.quote(staging_dir)} "
+           f"&& rm -f {shlex.quote(path)}")
     yield FileUploadCommand(src, path, remote_temp_filename=path, **AS_LOGIN_USER)
     return path

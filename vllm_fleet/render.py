@@ -128,6 +128,9 @@ def service_environment(host: HostConfig, plan: InstancePlan) -> list[tuple[str,
         "VLLM_CACHE_ROOT": host["vllm_cache_root"],
         "VLLM_CONFIG_ROOT": f"{host['vllm_state_dir']}/config",
         "VLLM_NO_USAGE_STATS": "1",
+        # The deploy downloads everything an instance loads before it starts (deploy.hub_models):
+        # a start never needs the hub, so a host serves with the hub unreachable.
+        "HF_HUB_OFFLINE": "1",
     }
     env.update(plan.env)
     return list(env.items())

@@ -6,21 +6,22 @@ this machine (model_source). The GPU-simulating hosts still plan against their (
 """
 
 import os
-from pathlib import Path
+
+from vllm_fleet.sandbox import assets as _assets
 
 __all__ = ["vllm_target", "vllm_wheelhouse", "vllm_instances", "vllm_api_key_env"]
 
-_CACHE = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
 
 vllm_target = "cpu"  # CI must not download the multi-GB CUDA stack
-# Built by `vllm-fleet bundle --target cpu`; the demo and the tests export its path.
-vllm_wheelhouse = os.environ.get("VLLM_FLEET_WHEELHOUSE")
+# Built by `vllm-fleet sandbox up inventory/sandbox.py` (or `vllm-fleet bundle --target cpu`);
+# VLLM_FLEET_WHEELHOUSE, when set, names another one.
+vllm_wheelhouse = os.environ.get("VLLM_FLEET_WHEELHOUSE") or str(_assets.wheelhouse_dir("cpu"))
 vllm_api_key_env = "VLLM_FLEET_API_KEY"
 
 vllm_instances = [{
     "name": "tiny",
     "model": "/var/lib/vllm-fleet/models/tiny-llama",
-    "model_source": str(_CACHE / "models" / "tiny-llama"),  # python -m vllm_fleet.sandbox.tiny_model
+    "model_source": str(_assets.tiny_model_dir()),  # made by `vllm-fleet sandbox up`
     "served_model_name": "tiny-llama",
     "port": 8000,
     "max_model_len": 1024,
@@ -32,7 +33,6 @@ vllm_instances = [{
                    "head_dim": 32, "hidden_size": 128, "intermediate_size": 256, "vocab_size": 1024,
                    "weights_gib": 0.003, "dtype": "float32", "max_position_embeddings": 2048},
     "env": {
-        "HF_HUB_OFFLINE": "1",
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of RAM for the KV cache
         "VLLM_HOST_IP": "127.0.0.1",  # else vLLM binds its internal sockets to a non-loopback address
     },

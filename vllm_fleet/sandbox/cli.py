@@ -11,7 +11,7 @@ import json
 import sys
 import time
 
-from vllm_fleet.sandbox import harness
+from vllm_fleet.sandbox import assets, harness
 
 
 def _line(status: harness.HostStatus) -> str:
@@ -45,6 +45,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sandbox.py")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--no-assets", action="store_true",
+                        help="up: do not prepare the tiny model and the hosts' wheelhouse")
     args = parser.parse_args(argv)
     try:
         sandbox = harness.load(args.inventory)
@@ -61,7 +63,12 @@ def main(argv: list[str]) -> int:
         log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
         start = time.monotonic()
         statuses = harness.up(sandbox, log=log)
-        return _report(statuses, args.json, time.monotonic() - start)
+        code = _report(statuses, args.json, time.monotonic() - start)
+        if not args.no_assets:
+            # What the sandbox inventory refers to, so `pyinfra -y inventory/sandbox.py deploy.py`
+            # works next (cached: instant after the first time).
+            assets.prepare(log=log)
+        return code
     except harness.SandboxError as e:
         print(f"vllm-fleet sandbox: {e}", file=sys.stderr)
         return 2

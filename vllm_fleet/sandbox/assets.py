@@ -1,0 +1,40 @@
+"""What inventory/sandbox.py refers to on this machine: the tiny model and the hosts' wheelhouse.
+
+`vllm-fleet sandbox up` prepares both, so `pyinfra -y inventory/sandbox.py deploy.py` works right
+after it; the sandbox group data finds them here (no environment variable to export).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vllm_fleet import bundle
+from vllm_fleet.config import HOST_DEFAULTS
+from vllm_fleet.sandbox.harness import cache_dir
+
+TINY_MODEL = "tiny-llama"
+PREPARE_HINT = "vllm-fleet sandbox up inventory/sandbox.py"  # the command that makes both
+
+
+def tiny_model_dir() -> Path:
+    return cache_dir() / "models" / TINY_MODEL
+
+
+def wheelhouse_dir(target: str = "cpu") -> Path:
+    """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
+    same input hash build_wheelhouse uses), whether or not it is built yet."""
+    version = HOST_DEFAULTS["vllm_cpu_version" if target == "cpu" else "vllm_version"]
+    reqs = bundle.requirements(target, version)
+    find_links = bundle.pip_find_links() if target == "cpu" else []
+    name = f"{target}-{version}-{bundle.input_hash(reqs, bundle.override_text(target), find_links)}"
+    return bundle.cache_root() / "wheelhouse" / name
+
+
+def prepare(log=print) -> tuple[Path, Path]:
+    """Generate the tiny model and build the wheelhouse when missing (cached); return both paths."""
+    from vllm_fleet.sandbox import tiny_model
+
+    log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
+    wheelhouse = bundle.build_wheelhouse(target="cpu").path
+    log(f"wheelhouse for the hosts (vllm-cpu, offline): {wheelhouse}")
+    return tiny_model_dir(), Path(wheelhouse)
