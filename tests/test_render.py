@@ -28,6 +28,9 @@ def test_unit_has_device_order_visible_devices_and_no_transformers_cache():
     assert 'Environment="HF_HOME=/var/lib/vllm-fleet/hf"' in unit
     assert "Restart=always" in unit and "LimitNOFILE=65536" in unit
     assert "TimeoutStartSec=" in unit
+    # A start completes only when /health answers; a crash loop ends (tests/test_unit_lifecycle.py).
+    assert "Type=exec" in unit and "ExecStartPost=/usr/bin/python3 -I -c " in unit
+    assert "StartLimitBurst=3" in unit and "StartLimitIntervalSec=" in unit
     assert "EnvironmentFile=/etc/vllm-fleet/gemma.env" in unit
     assert "vllm serve --config /etc/vllm-fleet/gemma.yaml" in unit
     assert "User=vllm" in unit and "NoNewPrivileges=yes" in unit

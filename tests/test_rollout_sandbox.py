@@ -55,11 +55,11 @@ def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_pat
         assert inst["vllm_version"].startswith("0.32")
         assert inst["drift"] == []
     assert KEY_MARK not in result.stdout + result.stderr
-    sandbox.run("sbx-cpu3", "sed -i 's/^RestartSec=5/RestartSec=7/' /etc/systemd/system/vllm-tiny.service")
+    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=60/TimeoutStopSec=61/' /etc/systemd/system/vllm-tiny.service")
     drifted = json.loads(vllm_fleet(deploy_env, "status", inventory, "--json").stdout)
     inst = {h["name"]: h for h in drifted["hosts"]}["sbx-cpu3"]["instances"]["tiny"]
     assert inst["drift"] == ["unit differs from the plan"]
-    sandbox.run("sbx-cpu3", "sed -i 's/^RestartSec=7/RestartSec=5/' /etc/systemd/system/vllm-tiny.service")
+    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=61/TimeoutStopSec=60/' /etc/systemd/system/vllm-tiny.service")
 
 
 def test_failure_on_host_2_rolls_back_and_stops(rolled, sandbox, deploy_env, tmp_path):
@@ -96,7 +96,9 @@ def test_killed_rollout_converges_when_run_again(rolled, sandbox, deploy_env, tm
         proc.wait(timeout=60)
     result, hosts, _order = rollout(deploy_env, inventory, "--batch", "1")
     assert result.returncode == 0, result.stderr
-    assert all(h["state"] == "updated" for h in hosts.values())
+    # Host 1 was finished by the killed run: nothing left to change there. Host 3 was never reached.
+    assert hosts["sbx-cpu1"]["state"] == "unchanged" and hosts["sbx-cpu3"]["state"] == "updated"
+    assert hosts["sbx-cpu2"]["state"] in ("updated", "unchanged")
     for name, address in CPU_HOSTS.items():
         assert "max-num-seqs: 20" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout
         assert chat(address, API_KEY)[0] == 200

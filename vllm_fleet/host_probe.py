@@ -306,6 +306,30 @@ def metrics(port):
     return out
 
 
+FAILING_STATES = ("failed", "auto-restart")  # ActiveState failed, or SubState between restarts
+
+
+def unit_failure(unit, props, lines=200):
+    """Why a unit is failed or waiting to restart: systemd's Result (exit-code, timeout,
+    start-limit-hit, ...), its restart count and the journal's last lines (the workstation
+    diagnoses them); None for a unit that is not failing."""
+    if props["ActiveState"] != "failed" and props["SubState"] not in FAILING_STATES:
+        return None
+    return {"result": props.get("Result") or show(unit, "Result")["Result"], "restarts": props["NRestarts"],
+            "journal": journal(unit, lines).splitlines()}
+
+
+def front_status(front):
+    """State of the host's front unit (nginx) from the manifest's "front" entry (or the plan's)."""
+    props = show(front["unit"], "ActiveState", "SubState", "Result", "NRestarts")
+    entry = {"unit": front["unit"], "state": f"{props['ActiveState']}/{props['SubState']}",
+             "active": props["ActiveState"] == "active", "bind": front.get("bind")}
+    failure = unit_failure(front["unit"], props, lines=40)
+    if failure:
+        entry["failure"] = failure
+    return entry
+
+
 def status(spec):
     manifest = {}
     try:
@@ -328,7 +352,8 @@ def status(spec):
         info = manifest.get("instances", {}).get(name) or spec["instances"][name]
         paths = spec["instances"].get(name, {}).get("paths", {})
         unit = info.get("unit", f"vllm-{name}.service")
-        props = show(unit, "ActiveState", "SubState", "ActiveEnterTimestampMonotonic", "MainPID", "NRestarts")
+        props = show(unit, "ActiveState", "SubState", "ActiveEnterTimestampMonotonic", "MainPID", "NRestarts",
+                     "Result")
         with open("/proc/uptime") as f:
             now = float(f.read().split()[0])
         started = int(props["ActiveEnterTimestampMonotonic"] or 0) / 1e6
@@ -338,7 +363,11 @@ def status(spec):
                  "uptime_s": round(now - started) if started and props["ActiveState"] == "active" else None,
                  "main_pid": props["MainPID"], "restarts": props["NRestarts"], "port": port,
                  "health": health == 200, "deployed_config_hash": info.get("config_hash"),
+                 "result": props["Result"],
                  "files_sha256": {kind: sha256_of(path) for kind, path in paths.items()}}
+        failure = unit_failure(unit, props)
+        if failure:
+            entry["failure"] = failure
         if health == 200:
             version = call(port, "/version", timeout=5)
             entry["vllm_version"] = json.loads(version[1]).get("version") if version[0] == 200 else None
@@ -347,8 +376,10 @@ def status(spec):
             entry["served_models"] = sorted(models)
             entry["metrics"] = metrics(port)
         instances[name] = entry
+    front = manifest.get("front") or spec.get("front")
     return {"gpus": gpus, "manifest": bool(manifest),
-            "environment": manifest.get("environment", {}).get("prefix"), "instances": instances}
+            "environment": manifest.get("environment", {}).get("prefix"), "instances": instances,
+            "front": front_status(front) if front else None}
 
 
 def main(argv):

@@ -951,6 +951,7 @@ BACKEND_HOST = "127.0.0.1"
 
 def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
     """Environment and engine arguments every instance gets, whatever its layout."""
+    conflicts: list[ConfigError] = []
     for p in plans:
         inst = p.config
         env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": p.cuda_visible_devices}
@@ -985,10 +986,36 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
         if p.dtype != "auto":
             args["dtype"] = p.dtype
         args.update(p.engine_args)
+        # The planner's own flags (p.engine_args) are decisions its reasons explain: an engine_args
+        # entry may repeat one, never contradict it (the reasons would claim what vLLM does not get).
+        for flag, planned in p.engine_args.items():
+            if flag in inst.engine_args and not _same_flag_value(inst.engine_args[flag], planned):
+                why = next((r for r in p.reasons if f"--{flag}" in r), "set by the planner")
+                conflicts.append(ConfigError(
+                    f"engine_args sets '{flag}' to {inst.engine_args[flag]!r}, but the planner sets "
+                    f"{flag} = {planned!r} because: {why}",
+                    host=host.name, instance=inst.name, key=f"engine_args.{flag}",
+                    fix=f"remove '{flag}' from engine_args (the planner sets it), or change what makes "
+                        "the planner set it (e.g. the GPUs or tensor_parallel_size)"))
         args.update(inst.engine_args)
         p.engine_args = args
         if inst.gguf and GGUF_PLUGIN not in p.packages:
             p.packages.append(GGUF_PLUGIN)
+    if conflicts:
+        raise ConfigErrors(conflicts)
+
+
+def _same_flag_value(given: Any, planned: Any) -> bool:
+    """True when an engine_args value says what the planner's does (True and "true" alike)."""
+    if isinstance(planned, bool):
+        if isinstance(given, str):
+            return given.strip().lower() in (("true", "1", "yes") if planned else ("false", "0", "no"))
+        return isinstance(given, bool) and given == planned
+    if isinstance(given, bool):
+        return False
+    if isinstance(given, str) and isinstance(planned, str):
+        return given.strip() == planned.strip()
+    return given == planned
 
 
 @dataclass

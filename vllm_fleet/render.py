@@ -22,7 +22,7 @@ from vllm_fleet.envbuild import EnvSpec, env_dir
 from vllm_fleet.host_probe import env_quote
 from vllm_fleet.plan import HostPlan, InstancePlan
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data (the root templates/ links here)
 UNIT_DIR = "/etc/systemd/system"
 # The host's front: the only listener clients reach (vLLM itself is on loopback). See front_files.
 FRONT_UNIT = "vllm-fleet-front.service"
@@ -104,6 +104,32 @@ def start_timeout_s(plan: InstancePlan) -> int:
     return int(min(3600, 300 + 20 * weights))
 
 
+# The unit's lifecycle (templates/vllm.service.j2): how a start, a hang and a crash loop end.
+START_LIMIT_BURST = 3  # starts (the first one included) within the interval below; the next is refused
+STOP_TIMEOUT_S = 60  # TimeoutStopSec: SIGTERM to vLLM, SIGKILL to the whole unit after this
+HEALTH_WAIT_MARGIN_S = 15  # the ExecStartPost health wait ends this long before TimeoutStartSec
+
+
+def unit_lifecycle(plan: InstancePlan) -> dict[str, int]:
+    """Start timeout, restart pause and start limit of an instance's unit, sized to its load time.
+
+    A start is complete only when /health answers (ExecStartPost); a start that takes longer than
+    `start_timeout_s` is stopped (the health wait gives up first, with its reason in the journal;
+    TimeoutStartSec is the backstop). One failing start cycle lasts at most start timeout + stop
+    timeout + RestartSec, so `start_limit_interval_s` holds START_LIMIT_BURST such cycles and the
+    attempt after them: a crash loop (or a load that always hangs) ends in a failed unit
+    (Result=start-limit-hit) after START_LIMIT_BURST loads instead of reloading weights forever.
+    An instance that crashes after serving for longer than the interval is restarted every time.
+    """
+    timeout = start_timeout_s(plan)
+    restart = max(10, min(60, timeout // 20))  # let a dead engine's GPU memory and port go first
+    cycle = timeout + STOP_TIMEOUT_S + restart
+    return {"start_timeout_s": timeout, "health_wait_s": timeout - HEALTH_WAIT_MARGIN_S,
+            "health_port": plan.backend_port, "restart_sec": restart, "stop_timeout_s": STOP_TIMEOUT_S,
+            "start_limit_burst": START_LIMIT_BURST,
+            "start_limit_interval_s": START_LIMIT_BURST * cycle + 60}
+
+
 def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
     config_dir = host["vllm_config_dir"]
     return {
@@ -146,7 +172,7 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
     unit = jenv.get_template("vllm.service.j2").render(
         host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan),
         env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
-        start_timeout_s=start_timeout_s(plan), writable_paths=sorted(set(writable)))
+        lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)))
     env_file = jenv.get_template("vllm.env.j2").render(
         plan=plan, secrets=(secrets or Secrets()).pairs(placeholders=secrets is None))
     user = host["vllm_service_user"]

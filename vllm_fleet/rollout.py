@@ -5,6 +5,12 @@ a real completion included). Before a host changes, its managed files and its `c
 link are snapshotted on the host; a host that fails is restored from that snapshot, restarted and
 verified again (rolled back). More failed hosts than --max-fail stops the rollout: later hosts are
 untouched. pyinfra's own `--serial` takes hosts in set order, one at a time, and cannot roll back.
+
+A host ends in one of STATES: `untouched` (never reached: a later batch after a stop, or input that
+deploy.py refused before any change), `unchanged` (the deploy ran and verified, and pyinfra reports no
+operation that changed the host), `updated`, `rolled back` (failed, restored and verified) or `failed`.
+Input that deploy.py refuses (a DeployError: an invalid host, a missing model_source, ...) stops the
+rollout with pyinfra's message, exit status 2, like `pyinfra INVENTORY deploy.py` does.
 """
 
 from __future__ import annotations
@@ -25,12 +31,40 @@ from vllm_fleet.facts import MANAGED_UNIT_FILES
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 REPO = Path(__file__).resolve().parent.parent
+STATES = ("untouched", "unchanged", "updated", "rolled back", "failed")
+EXIT_INVALID = 2
+
+
+def deploy_file() -> Path:
+    """The deploy.py that rollout runs: the checkout's (beside the package), else ./deploy.py.
+
+    deploy.py is the project's root script, not part of the installed package: an installed
+    vllm-fleet (not editable) runs rollout from a checkout (or a copy of its deploy.py) as cwd.
+    """
+    for candidate in (REPO / "deploy.py", Path.cwd() / "deploy.py"):
+        if candidate.is_file():
+            return candidate
+    raise ConfigError("deploy.py not found: vllm-fleet rollout runs the same deploy.py as "
+                      "`pyinfra INVENTORY deploy.py`, and this vllm-fleet is an installed package "
+                      f"without a checkout beside it ({REPO})",
+                      fix="run `vllm-fleet rollout` from a vllm-fleet checkout (the folder holding deploy.py)")
+
+
+class RolloutStopped(Exception):
+    """deploy.py refused the input of a batch before changing anything there: the rollout stops.
+
+    `message` is what pyinfra's CLI prints for it; `results` are every host's state so far.
+    """
+
+    def __init__(self, message: str, results: list["HostResult"]):
+        super().__init__(message)
+        self.message, self.results = message, results
 
 
 @dataclass
 class HostResult:
     name: str
-    state: str = "untouched"  # updated, rolled back, failed, untouched
+    state: str = "untouched"  # one of STATES
     before: dict[str, Any] = field(default_factory=dict)  # manifest before (environment, hashes)
     after: dict[str, Any] = field(default_factory=dict)
     started: float | None = None
@@ -84,7 +118,8 @@ def _restore_command(config) -> str:
             f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
             f"mv -T {envs}/.current.tmp {envs}/current; fi; "
             f"systemctl daemon-reload; "
-            f"for u in $(cat {snap}/units); do systemctl enable \"$u\" && systemctl restart \"$u\"; done")
+            f"for u in $(cat {snap}/units); do systemctl reset-failed \"$u\" 2>/dev/null; "
+            f"systemctl enable \"$u\" && systemctl restart --no-block \"$u\"; done")
 
 
 def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck]:
@@ -100,6 +135,56 @@ def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceChec
 def _manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"environment": (manifest.get("environment") or {}).get("prefix"),
             "config_hash": {n: i.get("config_hash") for n, i in manifest.get("instances", {}).items()}}
+
+
+def _load_error(exc: BaseException) -> tuple[BaseException, bool]:
+    """(the exception deploy.py raised, whether it is refused input rather than a bug).
+
+    pyinfra_cli's exec_file re-raises a PyinfraError as it is and wraps anything else in an
+    UnexpectedExternalError (a click exception whose str() fails: it has no `message`); the
+    original is its `exception`. Input errors: vllm_fleet.deploy.DeployError, ConfigError(s) and
+    pyinfra's own errors (what pyinfra's CLI prints as a one-line "pyinfra error").
+    """
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra_cli.exceptions import UnexpectedExternalError
+
+    from vllm_fleet.deploy import DeployError
+
+    cause = exc.exception if isinstance(exc, UnexpectedExternalError) else exc
+    return cause, isinstance(cause, (DeployError, ConfigError, ConfigErrors, PyinfraError))
+
+
+def _error_text(exc: BaseException) -> str:
+    if isinstance(exc, ConfigError):
+        return f"error: {exc.located()}"
+    return str(exc) if exc.args else type(exc).__name__
+
+
+def changed_operations(state, host) -> list[str]:
+    """The names of the operations that changed `host`, from pyinfra's results of the run.
+
+    pyinfra counts an operation as changed when it succeeded with commands to run (what its
+    CLI prints as "Success" rather than "No Change"). The deploy's python.call steps that only
+    observe (the deploy lock, the verification) always "run": they are not changes.
+    """
+    from pyinfra.api.command import FunctionCommand
+
+    from vllm_fleet import deploy
+
+    observing = {deploy._take_lock, deploy._release_lock, deploy._verify}
+    names = []
+    for op_hash in state.get_op_order():
+        op_data = state.ops[host].get(op_hash)
+        if op_data is None:
+            continue
+        meta = op_data.operation_meta
+        if not meta.is_complete() or not meta.did_change():
+            continue
+        commands = meta._commands or []  # pyinfra has no public accessor for the executed commands
+        if all(isinstance(c, FunctionCommand) and c.function in observing for c in commands):
+            continue
+        names.append(", ".join(sorted(state.op_meta[op_hash].names)) or op_hash)
+    return names
 
 
 def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
@@ -148,10 +233,20 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
         state.set_stage(StateStage.Prepare)
         state.current_op_file_number = 0
         try:
-            load_deploy_file(state, str(REPO / "deploy.py"))
+            load_deploy_file(state, str(deploy_file()))
         except Exception as exc:  # noqa: BLE001 - DeployError or a deploy.py bug: nothing was changed yet
+            cause, refused = _load_error(exc)
+            text = _error_text(cause)
             for n in batch:
-                results[n].state, results[n].error, results[n].finished = "failed", str(exc), time.time()
+                res = results[n]
+                res.error, res.finished = text.splitlines()[0] if refused else text, time.time()
+                res.state = "untouched" if refused else "failed"
+            if refused:
+                raise RolloutStopped(text, list(results.values())) from None
+            import traceback
+
+            log("deploy.py raised an unexpected exception (a bug; nothing was changed on "
+                f"{', '.join(batch)}):\n" + "".join(traceback.format_exception(cause)).rstrip())
             return
         state.set_stage(StateStage.Execute)
         try:
@@ -164,8 +259,10 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
             if n not in failed:
                 ok, out, _err = run(active[n], f"cat {configs[n]['vllm_config_dir']}/manifest.json")
                 res.after = json.loads(out or "{}") if ok else {}
-                res.state, res.finished = "updated", time.time()
-                log(f"{n}: updated and verified")
+                changes = changed_operations(state, active[n])
+                res.state, res.finished = ("updated" if changes else "unchanged"), time.time()
+                log(f"{n}: updated ({len(changes)} operation(s) changed it) and verified" if changes
+                    else f"{n}: unchanged (no operation changed it) and verified")
                 continue
             res.error = (active[n].data.get("vllm_fleet_verify_failure")
                          or "the deploy failed on this host (see pyinfra's output above)")
@@ -179,6 +276,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
 
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
             order: list[str] | None = None, log=print) -> list[HostResult]:
+    deploy_file()  # found before any host is reached (an installed package needs a checkout)
     hosts = load_inventory(inventory, limit=limit)
     names = [name for name, _d, _g in hosts]
     if order:
@@ -210,7 +308,8 @@ def print_table(results: list[HostResult]) -> None:
     for column in ("host", "instance", "before (env / config hash)", "after (env / config hash)", "state",
                    "time"):
         table.add_column(column)
-    colour = {"updated": "green", "rolled back": "yellow", "failed": "red", "untouched": "dim"}
+    colour = {"updated": "green", "unchanged": "green", "rolled back": "yellow", "failed": "red",
+              "untouched": "dim"}
     for res in results:
         before, after = _manifest_summary(res.before), _manifest_summary(res.after)
         instances = sorted(set(before["config_hash"]) | set(after["config_hash"])) or ["-"]
@@ -241,15 +340,24 @@ def main(argv: list[str]) -> int:
     try:
         results = rollout(args.inventory, batch=args.batch, max_fail=args.max_fail, limit=limit,
                           order=order, log=log)
+    except RolloutStopped as exc:
+        if args.json:
+            json.dump({"hosts": [r.row() for r in exc.results], "error": exc.message}, sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        elif any(r.state != "untouched" for r in exc.results):  # earlier batches did run
+            print_table(exc.results)
+        print(exc.message, file=sys.stderr)
+        print("the rollout stopped: the hosts of this batch and later ones are untouched", file=sys.stderr)
+        return EXIT_INVALID
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)
-        return 2
+        return EXIT_INVALID
     except (ConfigError, ValueError) as exc:
         print(f"error: {exc.located() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
-        return 2
+        return EXIT_INVALID
     if args.json:
         json.dump({"hosts": [r.row() for r in results]}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_table(results)
-    return 0 if all(r.state == "updated" for r in results) else 1
+    return 0 if all(r.state in ("updated", "unchanged") for r in results) else 1

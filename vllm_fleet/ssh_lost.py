@@ -13,11 +13,29 @@ deploy.py (pyinfra's CLI, `vllm-fleet rollout`) has it.
 from __future__ import annotations
 
 import functools
+import inspect
 
 from paramiko import SSHException
-from pyinfra.connectors.ssh import SSHConnector
+from pyinfra.api.connectors import get_execution_connector
 
 _MARK = "_vllm_fleet_converts_eof"
+# The SSH connector methods wrapped, with the parameters pyinfra 3.10 gives them. pyinfra offers no
+# hook for a connector's errors (a connector is chosen by name from the `pyinfra.connectors` entry
+# points; a subclass would need its own `@name/` in every inventory), so this is a patch, the only one,
+# kept here. install() refuses a pyinfra whose methods differ, and tests/test_ssh_lost.py checks the
+# wrapper sits on the class pyinfra's registry returns for "ssh": an upgrade cannot undo it silently.
+WRAPPED = {
+    "run_shell_command": ("self", "command", "print_output", "print_input", "arguments"),
+    "put_file": ("self", "filename_or_io", "remote_filename", "remote_temp_filename", "print_output",
+                 "print_input", "arguments"),
+    "get_file": ("self", "remote_filename", "filename_or_io", "remote_temp_filename", "print_output",
+                 "print_input", "arguments"),
+}
+
+
+def ssh_connector() -> type:
+    """The class pyinfra connects a plain host name (and `@ssh/...`) with: its registry's "ssh"."""
+    return get_execution_connector("ssh")
 
 
 def _lost(host_name: str) -> ConnectionResetError:
@@ -45,9 +63,39 @@ def _converting(method):
     return wrapper
 
 
+def _unwrapped(method):
+    return method.__wrapped__ if getattr(method, _MARK, False) else method
+
+
+def check_pyinfra(cls: type | None = None) -> None:
+    """Raise RuntimeError when pyinfra's SSH connector is not the one this patch was written for."""
+    cls = cls or ssh_connector()
+    for name, params in WRAPPED.items():
+        method = cls.__dict__.get(name)
+        if method is None:
+            raise RuntimeError(f"pyinfra's SSH connector {cls.__module__}.{cls.__qualname__} no longer "
+                               f"defines {name}: update vllm_fleet/ssh_lost.py for this pyinfra")
+        found = tuple(inspect.signature(_unwrapped(method)).parameters)
+        if found != params:
+            raise RuntimeError(f"pyinfra's {cls.__qualname__}.{name}{found} differs from what "
+                               f"vllm_fleet/ssh_lost.py wraps {params}: update it for this pyinfra")
+
+
+def installed(cls: type | None = None) -> bool:
+    """Whether every wrapped method of the connector pyinfra uses for SSH carries the wrapper."""
+    cls = cls or ssh_connector()
+    return all(getattr(cls.__dict__.get(name), _MARK, False) for name in WRAPPED)
+
+
 def install() -> None:
-    """Idempotent: wraps SSHConnector.run_shell_command, put_file and get_file once."""
-    for name in ("run_shell_command", "put_file", "get_file"):
-        method = getattr(SSHConnector, name)
+    """Idempotent: wraps run_shell_command, put_file and get_file of pyinfra's SSH connector once.
+
+    Called when vllm_fleet.deploy is imported, so every run of deploy.py (pyinfra's CLI,
+    `vllm-fleet rollout`) has it.
+    """
+    cls = ssh_connector()
+    check_pyinfra(cls)
+    for name in WRAPPED:
+        method = cls.__dict__[name]
         if not getattr(method, _MARK, False):
-            setattr(SSHConnector, name, _converting(method))
+            setattr(cls, name, _converting(method))

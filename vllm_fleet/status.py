@@ -1,9 +1,12 @@
 """`vllm-fleet status INVENTORY [--json]`: what each host serves now, and whether it drifted.
 
 Read-only: one probe per host over SSH (host_probe.py, status mode) — GPUs, unit state and uptime,
-vLLM version, served models, /health, requests and KV-cache usage from /metrics — compared with
-what the plan would render now (drift: a managed file on the host differs from the plan's). On CUDA
-hosts a second one (gpu_topology.py, with the vLLM environment's pynvml) adds NVLink and P2P.
+vLLM version, served models, /health, requests and KV-cache usage from /metrics, the front unit, and
+for a failed (or restarting) unit systemd's Result, its restart count and the journal's reason —
+compared with what the plan would render now (drift: a managed file on the host differs from the
+plan's). The plan is made as the deploy makes it: with the host's live GPUs (nvidia-smi over the
+same connection; the declared `gpus` only where nvidia-smi cannot answer), and says which. On CUDA
+hosts a second probe (gpu_topology.py, with the vLLM environment's pynvml) adds NVLink and P2P.
 """
 
 from __future__ import annotations
@@ -14,41 +17,94 @@ import json
 import sys
 from typing import Any
 
-from vllm_fleet import gpu_topology
+from vllm_fleet import gpu_topology, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.envbuild import current_link
-from vllm_fleet.facts import topology_command
-from vllm_fleet.plan import plan_host
-from vllm_fleet.render import instance_paths, render_host
-from vllm_fleet.verify import host_probe_command, parse_host_probe
+from vllm_fleet.facts import NvidiaGpus, parse_gpu_csv, topology_command
+from vllm_fleet.plan import Interconnect, plan_host
+from vllm_fleet.render import FRONT_UNIT, instance_paths, render_host
+from vllm_fleet.verify import diagnose, host_probe_command, parse_host_probe
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
 DRIFT_KINDS = ("unit", "config")
 
 
-def planned_files(config) -> tuple[dict[str, dict[str, str]], str | None]:
-    """{instance: {kind: sha256}} of what the plan renders now (or an error text)."""
+JOURNAL_TAIL = 15  # journal lines of a failing unit shown (and in the JSON)
+
+# systemd's Result= of a failed unit, in words (systemd.exec(5) lists the values).
+RESULTS = {
+    "start-limit-hit": "crash loop: systemd stopped restarting it after its start limit "
+                       "(StartLimitBurst); the next deploy resets it (systemctl reset-failed)",
+    "timeout": "a start (model load) or stop took longer than the unit allows (TimeoutStartSec/TimeoutStopSec)",
+    "exit-code": "exited with an error (or its /health wait gave up)",
+    "signal": "killed by a signal",
+    "core-dump": "crashed (core dump)",
+    "oom-kill": "killed by the kernel's OOM killer",
+    "resources": "systemd could not set it up (user, directories, the env file?)",
+}
+
+
+def live_gpus(host, config) -> tuple[tuple | None, str]:
+    """The host's GPUs from nvidia-smi over the status connection, as the deploy reads them
+    (facts.NvidiaGpus' command, facts.parse_gpu_csv), and where the plan's GPUs come from."""
+    if config["vllm_target"] != "cuda":
+        return None, "none (CPU host)"
+    ok, out, err = remote.run(host, NvidiaGpus().command(), timeout=60)
+    gpus = parse_gpu_csv(out.splitlines()) if ok else []
+    if gpus:
+        return tuple(gpus), "live (nvidia-smi)"
+    why = (err.strip().splitlines() or ["no GPU listed"])[-1][:200]
+    return None, f"declared (nvidia-smi did not answer: {why})"
+
+
+def planned_files(config, live=None, interconnect=None
+                  ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
+    """({instance: {kind: sha256}}, the front's unit entry or None, error text or None) of what
+    the plan renders now — with `live` GPUs (and their P2P report) where the host answered, as the
+    deploy plans."""
     try:
-        plan = plan_host(config)
+        plan = plan_host(config, live, interconnect)
     except ConfigErrors as exc:
-        return {}, "; ".join(e.located() for e in exc.errors)
+        return {}, None, "; ".join(e.located() for e in exc.errors)
     rendered = {f.path: f for f in render_host(config, plan)}
     out = {}
     for inst in plan.instances:
         paths = instance_paths(config, inst.name)
         out[inst.name] = {kind: hashlib.sha256(rendered[paths[kind]].content.encode()).hexdigest()
                           for kind in DRIFT_KINDS}
-    return out, None
+    front = {"unit": FRONT_UNIT, "bind": config["vllm_bind_host"]} if plan.instances else None
+    return out, front, None
+
+
+def explain_failure(failure: dict[str, Any]) -> dict[str, Any]:
+    """A failing unit's probe entry -> result, restarts, reason, diagnosis, the journal's last lines."""
+    journal = [ln for ln in failure.get("journal", []) if ln.strip()]
+    result = failure.get("result") or "unknown"
+    return {"result": result, "restarts": failure.get("restarts"),
+            "reason": RESULTS.get(result, f"systemd result {result}"),
+            "diagnosis": diagnose("\n".join(journal)), "journal": journal[-JOURNAL_TAIL:]}
 
 
 def host_status(name: str, host, config) -> dict[str, Any]:
-    from vllm_fleet.connection import run
+    run = remote.run  # with the host's _sudo/_su_user/... applied, like every command of ours
 
     if host is None:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
-    planned, plan_error = planned_files(config)
+    live, gpu_source = live_gpus(host, config)
+    topology = interconnect = None
+    if config["vllm_target"] == "cuda":  # P2P and NVLink, from NVML in the vLLM environment
+        try:
+            _ok, out, _err = run(host, topology_command(current_link(config["vllm_root"]) + "/bin/python"),
+                                 timeout=60)
+            topology = gpu_topology.parse_output(out.splitlines())
+        except Exception as exc:  # optional information: never fail status for it
+            topology = gpu_topology.unavailable(f"{type(exc).__name__}: {exc}")
+        # As the deploy plans: a TP group without P2P gets NCCL_P2P_DISABLE (else false drift).
+        if live and topology.get("available") and gpu_topology.mismatch(topology, live) is None:
+            interconnect = Interconnect.from_topology(topology)
+    planned, front, plan_error = planned_files(config, live, interconnect)
     payload = {"manifest": f"{config['vllm_config_dir']}/manifest.json",
-               "config_dir": config["vllm_config_dir"],
+               "config_dir": config["vllm_config_dir"], "front": front,
                "instances": {n: {"paths": {k: v for k, v in instance_paths(config, n).items()
                                            if k in DRIFT_KINDS}} for n in planned}}
     ok, out, err = run(host, host_probe_command("status", payload), timeout=120)
@@ -56,6 +112,8 @@ def host_status(name: str, host, config) -> dict[str, Any]:
     if probe is None:
         return {"name": name, "reachable": True, "error": f"status probe failed: {err.strip()[-300:]}"}
     for inst_name, entry in probe["instances"].items():
+        if entry.get("failure"):
+            entry["failure"] = explain_failure(entry["failure"])
         want = planned.get(inst_name)
         if want is None:
             entry["drift"] = ["not in the plan (would be removed by the next deploy)"]
@@ -64,15 +122,12 @@ def host_status(name: str, host, config) -> dict[str, Any]:
                           if entry["files_sha256"].get(kind) != want[kind]]
     for missing in sorted(set(planned) - set(probe["instances"])):
         probe["instances"][missing] = {"state": "not deployed", "drift": ["planned, not deployed"]}
-    if config["vllm_target"] == "cuda":  # P2P and NVLink, from NVML in the vLLM environment
-        try:
-            _ok, out, _err = run(host, topology_command(current_link(config["vllm_root"]) + "/bin/python"),
-                                 timeout=60)
-            topology = gpu_topology.parse_output(out.splitlines())
-        except Exception as exc:  # optional information: never fail status for it
-            topology = gpu_topology.unavailable(f"{type(exc).__name__}: {exc}")
+    if topology is not None:
         probe["gpu_topology"] = gpu_topology.summary(topology)
-    return {"name": name, "reachable": True, "plan_error": plan_error, **probe}
+    if (probe.get("front") or {}).get("failure"):
+        probe["front"]["failure"] = explain_failure(probe["front"]["failure"])
+    return {"name": name, "reachable": True, "plan_error": plan_error, "gpus_planned_from": gpu_source,
+            **probe}
 
 
 def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
@@ -84,36 +139,73 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
         return [host_status(name, active[name], configs[name]) for name, _d, _g in hosts]
 
 
+def unit_cell(entry: dict[str, Any]) -> str:
+    """The unit column: its state, and for a failing unit systemd's result and restart count."""
+    state = entry.get("state", "-")
+    failure = entry.get("failure")
+    if not failure:
+        return state
+    return f"[red]{state} ({failure['result']}, {failure.get('restarts') or 0} restarts)[/red]"
+
+
+def failure_lines(host: str, what: str, failure: dict[str, Any]) -> list[str]:
+    """Lines under the table for a failing unit: the reason, the diagnosis, the journal's tail."""
+    lines = [f"{host} {what}: {failure['reason']}"]
+    if failure.get("diagnosis"):
+        lines.append(f"  diagnosis: {failure['diagnosis']}")
+    if failure.get("journal"):
+        lines.append("  last journal lines:")
+        lines.extend(f"    {ln}" for ln in failure["journal"])
+    return lines
+
+
 def print_table(report: list[dict[str, Any]]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     console = Console(width=170)
+    notes: list[str] = []
     table = Table(title="vllm-fleet status")
     for column in ("host", "instance", "unit", "uptime", "health", "vLLM", "served", "running/waiting",
                    "KV use", "drift"):
         table.add_column(column)
     for host in report:
         if host.get("error"):
-            table.add_row(host["name"], "-", "[red]" + host["error"] + "[/red]", *["-"] * 7)
+            table.add_row(host["name"], "-", "[red]" + escape(host["error"]) + "[/red]", *["-"] * 7)
             continue
+        console.print(f"{host['name']}: planned with {host.get('gpus_planned_from', '-')} GPUs"
+                      + (f"; plan error: {host['plan_error']}" if host.get("plan_error") else ""),
+                      highlight=False, markup=False)
         for name, inst in sorted(host["instances"].items()):
+            if inst.get("failure"):
+                notes.extend(failure_lines(host["name"], f"instance {name} ({inst.get('unit')})",
+                                           inst["failure"]))
             m = inst.get("metrics", {})
             kv = m.get("kv_cache_usage_perc", m.get("gpu_cache_usage_perc"))
             table.add_row(
-                host["name"], name, inst.get("state", "-"),
+                host["name"], name, unit_cell(inst),
                 f"{inst['uptime_s']} s" if inst.get("uptime_s") is not None else "-",
                 "ok" if inst.get("health") else "[red]down[/red]", str(inst.get("vllm_version") or "-"),
                 ",".join(inst.get("served_models", [])) or "-",
                 f"{m.get('num_requests_running', 0):.0f}/{m.get('num_requests_waiting', 0):.0f}" if m else "-",
                 f"{kv * 100:.1f}%" if kv is not None else "-",
                 "[yellow]" + "; ".join(inst["drift"]) + "[/yellow]" if inst.get("drift") else "none")
+        front = host.get("front")
+        if front:
+            table.add_row(host["name"], "(front)", unit_cell(front) if front.get("active") or front.get("failure")
+                          else f"[red]{front.get('state', '-')}[/red]", "-",
+                          "-", "-", "-", "-", "-", "-")
+            if front.get("failure"):
+                notes.extend(failure_lines(host["name"], f"front ({front['unit']})", front["failure"]))
         for gpu in host.get("gpus", []):
             console.print(f"{host['name']} GPU {gpu['index']} {gpu['name']}: {gpu['memory_used_mib']}/"
                           f"{gpu['memory_total_mib']} MiB, {gpu['utilization_pct']}% busy", highlight=False)
         if host.get("gpu_topology"):
             console.print(f"{host['name']} GPU topology: {host['gpu_topology']}", highlight=False)
     console.print(table)
+    for line in notes:
+        console.print(line, highlight=False, markup=False)
 
 
 def main(argv: list[str]) -> int:
@@ -137,6 +229,7 @@ def main(argv: list[str]) -> int:
     else:
         print_table(report)
     unhealthy = any(h.get("error") or any(not i.get("health") for i in h["instances"].values())
+                    or (h.get("front") is not None and not h["front"].get("active"))
                     for h in report)
     return 1 if unhealthy else 0
 

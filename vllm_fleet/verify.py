@@ -21,6 +21,11 @@ PROBE_SOURCE = (Path(__file__).parent / "host_probe.py").read_text()
 
 # Known failure causes: (pattern in the journal, diagnosis with the fix).
 DIAGNOSES: list[tuple[str, str]] = [
+    # The unit's start timeout first: the SIGTERM it causes is not "killed".
+    (r"did not answer 200 within \d+ s of starting",
+     "the model load hung or is slower than the unit's start timeout (TimeoutStartSec, sized to the "
+     "weights): the start was stopped. Look for a stuck download or a GPU that does not answer "
+     "(nvidia-smi); a slow disk needs a larger vllm_verify_timeout_s"),
     (r"restarted during verification|exited while starting \(state \w+, main process killed by signal",
      "the vLLM process died while being verified and systemd restarted it: if something killed it (an "
      "operator, the OOM killer: `journalctl -k | grep -i oom`), run the deploy again, which changes "
@@ -49,6 +54,11 @@ DIAGNOSES: list[tuple[str, str]] = [
      r"is not a local folder and is not a valid model identifier|HFValidationError|"
      r"Can't load tokenizer|OSError: .*(not found|does not exist)",
      "missing model or tokenizer path: check 'model' / 'tokenizer' on the host (or model_source)"),
+    # Last: only when nothing above names the cause of the failed starts.
+    (r"start-limit-hit|Start request repeated too quickly|start of the service was attempted too often",
+     "a crash loop, ended: the instance failed to start several times in a row and systemd stopped "
+     "retrying (Result=start-limit-hit); the first failure's cause is in the journal below. Fix it and "
+     "deploy again: the deploy resets the unit and starts it"),
 ]
 
 

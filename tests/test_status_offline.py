@@ -1,0 +1,157 @@
+"""`vllm-fleet status` without hosts: host_status driven through a stub connection whose remote.run
+answers the simulated nvidia-smi's CSV and runs the status probe (host_probe.status) in-process
+against recorded-shape systemctl/journal answers. Covers: a host that declares no `gpus` is planned
+with its live GPUs (issue 11: it was reported as "not in the plan"); a failed unit shows systemd's
+Result, its restarts, the journal's reason and a diagnosis, in the table and the JSON; the front unit."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
+from vllm_fleet import host_probe, remote, status
+from vllm_fleet.config import parse_host
+from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
+from vllm_fleet.host_probe import RESULT_PREFIX
+from vllm_fleet.plan import plan_host
+from vllm_fleet.render import FRONT_UNIT, render_host
+from vllm_fleet.sandbox import nvidia_smi
+
+# What journalctl -u UNIT -o cat shows for an instance with a bad engine argument after its start
+# limit: vLLM's argparse error (the format test_rollout_sandbox's bad flag produces), then systemd
+# 252's own lines for a failed start and the refused restart.
+JOURNAL = """\
+usage: vllm serve [model_tag] [options]
+vllm serve: error: unrecognized arguments: --no-such-flag 1
+vllm-gemma.service: Main process exited, code=exited, status=2/INVALIDARGUMENT
+vllm-gemma.service: Failed with result 'exit-code'.
+vllm-gemma.service: Scheduled restart job, restart counter is at 2.
+vllm-gemma.service: Start request repeated too quickly.
+vllm-gemma.service: Failed with result 'start-limit-hit'.
+Failed to start vllm-gemma.service - vLLM gemma3-12b-q4 (vllm-fleet instance gemma)."""
+
+
+def simulated_csv(tmp_path, layout) -> str:
+    """The sandbox's simulated nvidia-smi answering the deploy's GPU query (labelled simulated)."""
+    path = tmp_path / "gpus.json"
+    path.write_text(json.dumps(layout))
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_FLEET_SIM_DRIVER"}
+    out = subprocess.run([sys.executable, nvidia_smi.__file__, f"--query-gpu={GPU_QUERY}",
+                          "--format=csv,noheader,nounits"], capture_output=True, text=True,
+                         env={**env, "VLLM_FLEET_SIM_GPUS": str(path)}, timeout=30, check=True)
+    return out.stdout
+
+
+class StubHost:
+    name = "box"
+
+
+@pytest.fixture
+def undeclared(tmp_path, monkeypatch):
+    """A CUDA host without declared `gpus`; its probe sees gemma failed after its start limit."""
+    data = host_data(placement="single-instance", vllm_config_dir=str(tmp_path / "etc"))
+    del data["gpus"]
+    config = parse_host("box", data)
+    layout = [dict(g, compute_capability=c) for g, c in ((RTX_4090D, 8.9), (A100_40G, 8.0), (A100_40G, 8.0))]
+    csv = simulated_csv(tmp_path, layout)
+    # What the last deploy wrote: the plan with the live GPUs (as the deploy plans).
+    rendered = {f.path: f.content for f in render_host(config, plan_host(config, tuple(parse_gpu_csv(
+        csv.splitlines()))))}
+    (tmp_path / "etc").mkdir()
+    manifest = json.loads(rendered[f"{tmp_path}/etc/manifest.json"])
+    (tmp_path / "etc" / "manifest.json").write_text(json.dumps(manifest))
+    units = {"vllm-gemma.service": {"ActiveState": "failed", "SubState": "failed", "Result": "start-limit-hit",
+                                    "NRestarts": "2", "MainPID": "0", "ActiveEnterTimestampMonotonic": "0"},
+             FRONT_UNIT: {"ActiveState": "active", "SubState": "running", "Result": "success",
+                          "NRestarts": "0"}}
+    monkeypatch.setattr(host_probe, "show", lambda unit, *props: {p: units[unit].get(p, "") for p in props})
+    monkeypatch.setattr(host_probe, "journal", lambda unit, lines=40: JOURNAL if unit == "vllm-gemma.service" else "")
+    monkeypatch.setattr(host_probe, "call", lambda port, path, *a, **k: (0, "Connection refused"))
+    monkeypatch.setattr(host_probe, "nvidia_smi", lambda *args: "")
+    monkeypatch.setattr(host_probe, "sha256_of", lambda path: hashlib.sha256(rendered[path].encode()).hexdigest()
+                        if path in rendered else None)
+    commands = []
+
+    def run(host, command, timeout=None):
+        commands.append(command)
+        if command.startswith("nvidia-smi "):
+            return True, csv, ""
+        words = shlex.split(command)
+        if words[:2] == ["python3", "-c"] and words[3] == "status":  # the status probe, run here
+            return True, RESULT_PREFIX + json.dumps(host_probe.status(json.loads(words[4]))) + "\n", ""
+        return True, "", ""  # the NVML topology probe: no vLLM environment -> unavailable
+
+    monkeypatch.setattr(remote, "run", run)
+    return config, commands
+
+
+def test_undeclared_gpus_are_read_live_and_planned_like_the_deploy(undeclared):
+    config, commands = undeclared
+    assert config.gpus is None
+    _planned, _front, error = status.planned_files(config)  # the declared inventory alone
+    assert error and "no GPUs known" in error
+    report = status.host_status("box", StubHost(), config)
+    assert any(c.startswith(f"nvidia-smi --query-gpu={GPU_QUERY}") for c in commands)
+    assert report["gpus_planned_from"] == "live (nvidia-smi)"
+    assert report["plan_error"] is None
+    inst = report["instances"]["gemma"]
+    assert inst["drift"] == []  # not "not in the plan (would be removed by the next deploy)"
+
+
+def test_failed_unit_shows_result_restarts_and_the_journals_reason(undeclared, capsys):
+    config, _commands = undeclared
+    report = status.host_status("box", StubHost(), config)
+    failure = report["instances"]["gemma"]["failure"]
+    assert failure["result"] == "start-limit-hit" and failure["restarts"] == "2"
+    assert "crash loop" in failure["reason"]
+    assert "unrecognized argument" in failure["diagnosis"]
+    assert "vllm serve: error: unrecognized arguments: --no-such-flag 1" in failure["journal"]
+    assert len(failure["journal"]) <= status.JOURNAL_TAIL
+    assert report["front"] == {"unit": FRONT_UNIT, "state": "active/running", "active": True,
+                               "bind": config["vllm_bind_host"]}
+    json.loads(json.dumps({"hosts": [report]}))  # what --json prints
+    status.print_table([report])
+    out = capsys.readouterr().out
+    assert "planned with live (nvidia-smi) GPUs" in out
+    assert "failed/failed (start-limit-hit, 2 restarts)" in out
+    assert "(front)" in out and "active/running" in out
+    assert "box instance gemma (vllm-gemma.service): crash loop" in out
+    assert "diagnosis: unrecognized argument" in out
+    assert "vllm serve: error: unrecognized arguments: --no-such-flag 1" in out
+
+
+def test_status_exit_code_and_json_through_main(undeclared, monkeypatch, capsys):
+    config, _commands = undeclared
+    monkeypatch.setattr(status, "collect", lambda inventory, limit: [status.host_status("box", StubHost(), config)])
+    assert status.main(["inventory.py", "--json"]) == 1  # a failed instance is unhealthy
+    data = json.loads(capsys.readouterr().out)
+    (host,) = data["hosts"]
+    assert host["gpus_planned_from"] == "live (nvidia-smi)"
+    assert host["instances"]["gemma"]["failure"]["result"] == "start-limit-hit"
+    assert host["front"]["active"] is True
+
+
+def test_without_nvidia_smi_status_falls_back_to_declared_gpus_and_says_so(monkeypatch):
+    config = parse_host("box", host_data(placement="single-instance"))
+    monkeypatch.setattr(remote, "run", lambda host, command, timeout=None: (
+        False, "", "bash: nvidia-smi: command not found"))
+    live, source = status.live_gpus(StubHost(), config)
+    assert live is None and source == "declared (nvidia-smi did not answer: bash: nvidia-smi: command not found)"
+
+
+def test_host_probe_reports_a_unit_waiting_to_restart(monkeypatch):
+    props = {"ActiveState": "activating", "SubState": "auto-restart", "Result": "timeout", "NRestarts": "1"}
+    monkeypatch.setattr(host_probe, "journal", lambda unit, lines=40: "vllm-fleet: http://127.0.0.1:18000/health "
+                        "did not answer 200 within 285 s of starting\n")
+    failure = host_probe.unit_failure("vllm-x.service", props)
+    assert failure["result"] == "timeout" and failure["restarts"] == "1"
+    explained = status.explain_failure(failure)
+    assert "TimeoutStartSec" in explained["reason"] and "did not answer 200" in explained["journal"][-1]
+    assert host_probe.unit_failure("vllm-x.service", dict(props, ActiveState="active", SubState="running")) is None
