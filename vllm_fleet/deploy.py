@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from vllm_fleet.plan import HostPlan, Interconnect, plan_host
 from vllm_fleet.sandbox.assets import PREPARE_HINT
 from vllm_fleet.sandbox.harness import cache_dir
 from vllm_fleet.render import (FRONT_UNIT, NGINX, RenderedFile, Secrets, environment_spec, front_paths,
+                               front_probe_address,
                                instance_paths, render_host, start_timeout_s)
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
@@ -354,9 +356,13 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
     ok, out, err = remote.run(host, listing_cmd, timeout=180)
     if not ok:
         fail(out + "\n" + err)
-    listing = json.loads(out.strip().splitlines()[-1])
-    download = next(d for d in hub.instance_downloads(model, tokenizer, listings={repo: listing})
-                    if d.repo == repo)
+    try:
+        listing = json.loads(out.strip().splitlines()[-1])
+        download = next(d for d in hub.instance_downloads(model, tokenizer, listings={repo: listing})
+                        if d.repo == repo)
+    except (ValueError, IndexError) as exc:  # an odd listing, or nothing vLLM could load in it
+        raise OperationError(f"host {host.name}, instance {inst_name}: {repo} ({why}): {exc}; check 'model'"
+                             " / 'tokenizer', or copy the model to the host and set 'model' to its path")
     timeout = hub.download_timeout_s(download.total_bytes)
     logger.info(f"{host.print_prefix}downloading {repo} ({why}): {len(download.allow_patterns)} files, "
                 f"{(download.total_bytes or 0) / GIB:.1f} GiB, time limit {timeout} s")
@@ -388,7 +394,8 @@ def hub_models(d: Deployment) -> None:
         return
     token_file = f"{c['vllm_config_dir']}/hub.env"
     secret_file(name="Hugging Face token for downloads", dest=token_file,
-                content=f"HF_TOKEN={d.secrets.hf_token}\n" if d.secrets.hf_token else "\n",
+                # sourced by sh (`set -a; . hub.env`) as root: quoted, so it stays a value
+                content=f"HF_TOKEN={shlex.quote(d.secrets.hf_token)}\n" if d.secrets.hf_token else "\n",
                 upload_dir=upload_dir(c))
     python_bin = env_dir(environment_spec(c, d.plan), c["vllm_root"]) + "/bin/python"
     for inst, dl in missing:
@@ -451,12 +458,10 @@ def service_files(d: Deployment) -> None:
         d.changed.setdefault("units", []).append(ops[1])
     front = front_paths(c)
     if front["unit"] in d.files:
-        d.changed["front_config"] = files.put(
-            name=f"Front config: {front['config']}", src=io.StringIO(d.files[front["config"]].content),
-            dest=front["config"], user="root", group=c["vllm_service_user"], mode="0640")
-        d.changed["front_unit"] = files.put(
-            name=f"Front unit: {front['unit']}", src=io.StringIO(d.files[front["unit"]].content),
-            dest=front["unit"], mode="0644")
+        for kind in ("config", "unit"):
+            f = d.files[front[kind]]
+            d.changed[f"front_{kind}"] = files.put(name=f"Front {kind}: {f.path}", src=io.StringIO(f.content),
+                                                   dest=f.path, user=f.owner, group=f.group, mode=f.mode)
         d.changed.setdefault("units", []).append(d.changed["front_unit"])
     manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
     files.put(name="Deploy manifest", src=io.StringIO(manifest.content), dest=manifest.path, mode="0644")
@@ -565,6 +570,7 @@ def verify(d: Deployment) -> None:
         timeout = d.config["vllm_verify_timeout_s"] or start_timeout_s(inst)
         checks.append(InstanceCheck(
             name=inst.name, unit=inst.unit_name, port=inst.backend_port, front_port=inst.port,
+            front_address=front_probe_address(d.config["vllm_bind_host"]),
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(d.config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))

@@ -89,14 +89,19 @@ def api_key(env_file):
     return None
 
 
-def call(port, path, key=None, body=None, timeout=30):
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+# Straight to the address: a proxy from the environment must not catch a check of this host.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def call(port, path, key=None, body=None, timeout=30, address="127.0.0.1"):
+    host = f"[{address}]" if ":" in address else address
+    req = urllib.request.Request(f"http://{host}:{port}{path}",
                                  data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Content-Type": "application/json"})
     if key:
         req.add_header("Authorization", "Bearer " + key)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with _OPENER.open(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
@@ -111,8 +116,8 @@ def show(unit, *props):
     return {p: values.get(p, "") for p in props}
 
 
-def served_models(port, key):
-    status, body = call(port, "/v1/models", key)
+def served_models(port, key, address="127.0.0.1"):
+    status, body = call(port, "/v1/models", key, address=address)
     if status != 200:
         return status, {}, body
     return status, {m["id"]: m for m in json.loads(body).get("data", [])}, body
@@ -260,14 +265,14 @@ def check_serving(spec, res):
 
 def check_front(spec, key, res):
     """What clients meet at the front: /v1 with the key, nothing but /v1/ and /health without it."""
-    front = spec["front_port"]
-    status, _models, body = served_models(front, key)
+    front, address = spec["front_port"], spec.get("front_address") or "127.0.0.1"
+    status, _models, body = served_models(front, key, address)
     res["checks"]["front_models"] = status == 200
     if status != 200:
-        res["error"] = (f"the front on port {front} answered {status} for /v1/models with the key "
+        res["error"] = (f"the front on {address}:{front} answered {status} for /v1/models with the key "
                         f"(is vllm-fleet-front.service running?): {body[:200]}")
         return False
-    status = call(front, "/invocations", body={})[0]  # vLLM answers this one WITHOUT a key
+    status = call(front, "/invocations", body={}, address=address)[0]  # vLLM answers it WITHOUT a key
     res["checks"]["front_guards"] = status == 404
     if status != 404:
         res["error"] = f"the front passed /invocations on port {front} (answered {status}, expected 404)"

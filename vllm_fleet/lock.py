@@ -19,6 +19,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import shlex
 import socket
 import sys
@@ -50,7 +51,29 @@ def this_owner(command: str | None = None) -> dict[str, Any]:
     program = spec.name.removesuffix(".__main__") if spec and spec.name else os.path.basename(sys.argv[0])
     return {"workstation": socket.gethostname(), "user": getpass.getuser(), "pid": pid,
             "pid_start": _process_start(pid), "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "command": command or " ".join([program, *sys.argv[1:]])[:300]}
+            "command": command or " ".join([program, *redacted(sys.argv[1:])])[:300]}
+
+
+_SECRET_OPTION = re.compile(r"password|secret|token|key-password|^--data$|^-d$", re.I)
+
+
+def redacted(argv: list[str]) -> list[str]:
+    """The command line without what may be a secret (`--ssh-password X`, `--data _sudo_password=X`,
+    `--sudo-password=X`): it is written on the host and shown to whoever the lock refuses."""
+    out, hide_next = [], False
+    for arg in argv:
+        name, eq, _value = arg.partition("=")
+        if hide_next:
+            out.append("<hidden>")
+            hide_next = False
+        elif arg.startswith("-") and _SECRET_OPTION.search(name):
+            out.append(f"{name}=<hidden>" if eq else arg)
+            hide_next = not eq
+        elif eq and _SECRET_OPTION.search(name):
+            out.append(f"{name}=<hidden>")
+        else:
+            out.append(arg)
+    return out
 
 
 def owner_is_gone(owner: dict[str, Any]) -> bool:
@@ -69,7 +92,7 @@ def hold_command(owner: dict[str, Any], lock_dir: str = LOCK_DIR) -> str:
     a stale lock can be broken (`break_command`)."""
     q = shlex.quote
     lock_file, owner_file = q(f"{lock_dir}/deploy.lock"), q(f"{lock_dir}/deploy.owner")
-    return (f"mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
+    return (f"umask 077; mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
             f"if flock -n 9; then "
             f"pgid=$(ps -o pgid= -p $$ | tr -d ' '); "
             f"printf '%s\\n' {q(json.dumps(owner))} \"$pgid\" > {owner_file}.tmp && "

@@ -999,8 +999,10 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
                         "the planner set it (e.g. the GPUs or tensor_parallel_size)"))
         args.update(inst.engine_args)
         p.engine_args = args
-        if inst.gguf and GGUF_PLUGIN not in p.packages:
-            p.packages.append(GGUF_PLUGIN)
+        if inst.gguf and not any(pkg.startswith(GGUF_PLUGIN) for pkg in p.packages):
+            # Pinned like vLLM itself: part of the environment's spec and hash, so two hosts with
+            # the same environment hold the same plugin build.
+            p.packages.append(f"{GGUF_PLUGIN}=={host['vllm_gguf_plugin_version']}")
     if conflicts:
         raise ConfigErrors(conflicts)
 

@@ -38,19 +38,18 @@ class Secrets:
     hf_token: str | None = None
 
     def pairs(self, placeholders: bool) -> list[tuple[str, str]]:
-        """(name, value) for the env file. `placeholders`: for `vllm-fleet render`, which must
-        show where secrets go without knowing them."""
-        out = []
-        for name, value in (("VLLM_API_KEY", self.api_key), ("HF_TOKEN", self.hf_token)):
-            if placeholders:
-                out.append((name, "<secret: filled in at deploy time>"))
-            elif value:
-                out.append((name, value))
-        return out
+        """(name, value) for an instance's env file. `placeholders`: for `vllm-fleet render`, which
+        must show where secrets go without knowing them. The HF token is not among them: the deploy
+        downloads everything an instance loads beforehand (hub.env, root-only, for downloads only)
+        and units start with HF_HUB_OFFLINE=1, so the serving process never needs it, and a rotated
+        token restarts nothing."""
+        if placeholders:
+            return [("VLLM_API_KEY", "<secret: filled in at deploy time>")]
+        return [("VLLM_API_KEY", self.api_key)] if self.api_key else []
 
     def fingerprint(self) -> str:
-        """A digest that changes when a secret changes (so the unit restarts), revealing nothing."""
-        material = json.dumps([self.api_key, self.hf_token]).encode()
+        """A digest that changes when the key changes (so the unit restarts), revealing nothing."""
+        material = json.dumps([self.api_key]).encode()
         return hashlib.sha256(b"vllm-fleet-secrets\0" + material).hexdigest()[:16]
 
 
@@ -98,7 +97,10 @@ def _jinja() -> jinja2.Environment:
 
 
 def start_timeout_s(plan: InstancePlan) -> int:
-    """How long loading may take: a base for engine start-up, plus time per GiB of weights."""
+    """How long loading may take: the instance's start_timeout_s, else a base for engine start-up
+    plus time per GiB of weights."""
+    if plan.config.start_timeout_s:
+        return plan.config.start_timeout_s
     info = plan.config.model_info
     weights = info.weights_gib if info else 0.0
     return int(min(3600, 300 + 20 * weights))
@@ -183,6 +185,18 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
     ]
 
 
+def nginx_address(bind: str) -> str:
+    """An address as nginx's `listen` takes it: IPv6 in brackets."""
+    return f"[{bind}]" if ":" in bind else bind
+
+
+def front_probe_address(bind: str) -> str:
+    """Where the host itself reaches the front: loopback when it listens on every interface."""
+    if bind in ("0.0.0.0", "::"):
+        return "127.0.0.1" if bind == "0.0.0.0" else "::1"
+    return bind
+
+
 def front_paths(host: HostConfig) -> dict[str, str]:
     return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host['vllm_config_dir']}/front.conf"}
 
@@ -196,7 +210,7 @@ def front_files(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
     jenv = _jinja()
     runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
     config = jenv.get_template("front.nginx.conf.j2").render(
-        host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=host["vllm_bind_host"],
+        host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host["vllm_bind_host"]),
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m")
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)

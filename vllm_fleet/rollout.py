@@ -28,6 +28,7 @@ from typing import Any
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.envbuild import current_link
 from vllm_fleet.facts import MANAGED_UNIT_FILES
+from vllm_fleet.render import front_probe_address
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -125,6 +126,7 @@ def _restore_command(config) -> str:
 def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck]:
     return [InstanceCheck(name=name, unit=info["unit"], port=info.get("backend_port") or info["port"],
                           front_port=info["port"] if info.get("backend_port") else None,
+                          front_address=front_probe_address((manifest.get("front") or {}).get("bind", "0.0.0.0")),
                           served_model_name=info["served_model_name"],
                           max_model_len=info.get("max_model_len") or None,
                           env_file=f"{config['vllm_config_dir']}/{name}.env",

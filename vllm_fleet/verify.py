@@ -25,7 +25,7 @@ DIAGNOSES: list[tuple[str, str]] = [
     (r"did not answer 200 within \d+ s of starting",
      "the model load hung or is slower than the unit's start timeout (TimeoutStartSec, sized to the "
      "weights): the start was stopped. Look for a stuck download or a GPU that does not answer "
-     "(nvidia-smi); a slow disk needs a larger vllm_verify_timeout_s"),
+     "(nvidia-smi); a slow disk needs a larger start_timeout_s on the instance"),
     (r"restarted during verification|exited while starting \(state \w+, main process killed by signal",
      "the vLLM process died while being verified and systemd restarted it: if something killed it (an "
      "operator, the OOM killer: `journalctl -k | grep -i oom`), run the deploy again, which changes "
@@ -82,9 +82,11 @@ class InstanceCheck:
     timeout_s: int
     gpu_bus_ids: list[str] = field(default_factory=list)
     front_port: int | None = None  # where clients connect, through the host's front (None: no front)
+    front_address: str = "127.0.0.1"  # where the host itself reaches the front
 
     def as_spec(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "port": self.port, "front_port": self.front_port,
+                "front_address": self.front_address,
                 "served_model_name": self.served_model_name, "max_model_len": self.max_model_len,
                 "env_file": self.env_file, "timeout_s": self.timeout_s,
                 "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids}

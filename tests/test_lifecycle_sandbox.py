@@ -1,0 +1,110 @@
+"""What a real GPU server does that a happy path never shows, on the sandbox: a driver too old for
+the pinned vLLM (simulated GPUs: the stand-in nvidia-smi answers with an old driver) stops the run
+before any change; an engine that cannot start ends in a failed unit after a bounded number of
+starts (not a reload every few seconds forever), `status` says why, and a fixed deploy brings it back.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from fleet_helpers import API_KEY, CPU_HOSTS, chat, pyinfra, variant_inventory, vllm_fleet
+from vllm_fleet.sandbox import harness
+
+OLD_DRIVER = "550.54.15"  # R550: CUDA 12.4; vLLM 0.33's torch is built for CUDA 13 (driver >= 580)
+GPU_HOST = "sbx-a100x2"
+# Everything the deploy would write or start on a host, as (path, checksum) and unit PIDs.
+FINGERPRINT = ("find /etc/vllm-fleet /etc/systemd/system /opt/vllm-fleet -maxdepth 2 -type f 2>/dev/null "
+               "| sort | xargs -r sha256sum; systemctl show -p MainPID --value 'vllm-*' 2>/dev/null; "
+               "ls /opt/vllm-fleet/envs 2>/dev/null")
+
+
+def test_an_old_driver_stops_dry_and_real_runs_before_any_change(sandbox, deploy_env):
+    layout_path = f"/{harness.GPU_LAYOUT_PATH}"
+    layout = json.loads(sandbox.run(GPU_HOST, f"cat {layout_path}", check=True).stdout)
+    old = {"driver_version": OLD_DRIVER, "gpus": layout}
+    sandbox.run(GPU_HOST, f"cat > {layout_path} <<'EOF'\n{json.dumps(old)}\nEOF", check=True)
+    try:
+        assert OLD_DRIVER in sandbox.run(GPU_HOST, "nvidia-smi --query-gpu=driver_version --format=csv,noheader"
+                                         ).stdout
+        before = sandbox.run(GPU_HOST, FINGERPRINT).stdout
+        for mode in (["--dry"], []):
+            result = pyinfra(deploy_env, "--limit", GPU_HOST, *mode)
+            out = result.stdout + result.stderr
+            assert result.returncode != 0, out[-3000:]
+            lines = [ln for ln in out.splitlines() if "error: host sbx-a100x2" in ln and OLD_DRIVER in ln]
+            assert lines and "580" in lines[0], out[-3000:]
+            assert "nothing was changed on any host" in out
+            assert "Traceback" not in out
+            assert "Starting operation" not in out  # not one operation ran
+        assert sandbox.run(GPU_HOST, FINGERPRINT).stdout == before
+    finally:
+        sandbox.run(GPU_HOST, f"cat > {layout_path} <<'EOF'\n{json.dumps(layout)}\nEOF", check=True)
+
+
+def _unit(sandbox, host: str) -> dict[str, str]:
+    out = sandbox.run(host, "systemctl show -p ActiveState -p Result -p NRestarts vllm-tiny.service").stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_an_engine_that_cannot_start_ends_failed_status_says_why_and_a_fix_brings_it_back(
+        sandbox, deploy_env, tmp_path):
+    host = "sbx-cpu2"
+    assert pyinfra(deploy_env, "--limit", "cpu_hosts").returncode == 0  # serving before
+    broken = variant_inventory(tmp_path, cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
+    result = pyinfra(deploy_env, "--limit", host, inventory=broken)
+    assert result.returncode != 0
+    assert "unrecognized argument" in result.stdout + result.stderr
+    deadline, unit = time.monotonic() + 300, {}
+    while time.monotonic() < deadline:
+        unit = _unit(sandbox, host)
+        if unit.get("ActiveState") == "failed":
+            break
+        time.sleep(3)
+    # Bounded: systemd stopped retrying after the unit's start limit (3 starts), not every 5 s forever.
+    assert unit.get("ActiveState") == "failed" and unit.get("Result") == "start-limit-hit", unit
+    assert int(unit["NRestarts"]) <= 3, unit
+    time.sleep(20)
+    assert _unit(sandbox, host)["ActiveState"] == "failed"  # and it stays down
+    shown = vllm_fleet(deploy_env, "status", broken, "--json", "--limit", host)
+    report = json.loads(shown.stdout)
+    inst = report["hosts"][0]["instances"]["tiny"]
+    assert inst["state"].startswith("failed"), inst
+    assert "unrecognized argument" in json.dumps(inst), inst
+    table = vllm_fleet(deploy_env, "status", broken, "--limit", host)
+    assert "start-limit-hit" in table.stdout and "unrecognized argument" in table.stdout
+    fixed = pyinfra(deploy_env, "--limit", host)
+    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
+    assert chat(CPU_HOSTS[host], API_KEY)[0] == 200
+    assert _unit(sandbox, host)["ActiveState"] == "active"
+
+
+def test_a_load_that_hangs_is_stopped_at_its_start_timeout_and_reported(sandbox, deploy_env, tmp_path):
+    host = "sbx-cpu3"
+    dropin = "/etc/systemd/system/vllm-tiny.service.d/hang.conf"
+    # A stand-in engine that never opens its port (what a stuck load looks like from outside).
+    sandbox.run(host, f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\nExecStart=\\n"
+                      f"ExecStart=/bin/sleep infinity\\n' > {dropin}", check=True)
+    try:
+        hanging = variant_inventory(tmp_path, every={"start_timeout_s": 40})
+        started = time.monotonic()
+        result = pyinfra(deploy_env, "--limit", host, inventory=hanging)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0
+        assert "did not answer 200 within 25 s" in out, out[-3000:]  # the unit's health wait, 40 - 15 s
+        deadline, unit = time.monotonic() + 300, {}
+        while time.monotonic() < deadline:
+            unit = _unit(sandbox, host)
+            if unit.get("ActiveState") == "failed":
+                break
+            time.sleep(3)
+        assert unit.get("Result") == "start-limit-hit" and unit.get("ActiveState") == "failed", unit
+        print(f"hanging load: stopped and retried, failed after {time.monotonic() - started:.0f} s")
+        table = vllm_fleet(deploy_env, "status", hanging, "--limit", host)
+        assert "did not answer 200" in table.stdout or "hung" in table.stdout, table.stdout[-2000:]
+    finally:
+        sandbox.run(host, f"rm -f {dropin} && systemctl daemon-reload", check=True)
+    fixed = pyinfra(deploy_env, "--limit", host)
+    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
+    assert chat(CPU_HOSTS[host], API_KEY)[0] == 200
