@@ -219,3 +219,27 @@ def test_download_script_runs_and_reports(tmp_path, monkeypatch):
     assert hub.PROGRESS_PREFIX in out.stdout and "rate=" in out.stdout and "total=3000" in out.stdout
     result = hub.parse_result(out.stdout)
     assert result["ok"] and result["bytes"] == 3000 and result["repo"] == "a/b"
+
+
+def test_a_repo_counts_as_downloaded_only_once_its_download_finished(tmp_path):
+    """config.json is there after an interrupted download too (shards missing), and a GGUF repo has
+    none: only the marker the deploy writes after a finished download counts."""
+    import subprocess
+
+    from vllm_fleet.facts import HubModelCached
+
+    fact = HubModelCached()
+    command = fact.command(hf_home=str(tmp_path), model="owner/repo")
+
+    def cached() -> bool:
+        out = subprocess.run(["sh", "-c", command], capture_output=True, text=True, check=True).stdout
+        return fact.process(out.splitlines())
+
+    snapshot = tmp_path / "hub" / "models--owner--repo" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    assert not cached()
+    marker = Path(hub.complete_marker(str(tmp_path), "owner/repo"))
+    marker.parent.mkdir()
+    marker.write_text("")
+    assert cached()

@@ -374,6 +374,11 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
                                         _timeout=timeout + 60, **remote.connection_arguments(host))
     if not ok:
         fail("\n".join(line.line for line in output.combined_lines))
+    marker = hub.complete_marker(hf_home, repo)  # only now: an interrupted download is tried again
+    ok, _out, err = remote.run(host, f"install -d -o {user} -g {user} -m 0750 {shlex.quote(marker.rsplit('/', 1)[0])} "
+                                     f"&& install -o {user} -g {user} -m 0644 /dev/null {shlex.quote(marker)}")
+    if not ok:
+        raise OperationError(f"host {host.name}: could not record the download of {repo}: {err.strip()[-300:]}")
 
 
 def hub_models(d: Deployment) -> None:

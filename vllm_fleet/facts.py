@@ -179,15 +179,15 @@ class InstalledEnvironment(FactBase):
 
 
 class HubModelCached(FactBase):
-    """Whether a Hugging Face model id is already in HF_HOME's hub cache (a snapshot with config.json)."""
+    """Whether the deploy finished downloading a Hugging Face repo into HF_HOME (hub.complete_marker)."""
 
     def command(self, hf_home: str, model: str) -> str:
-        folder = "models--" + model.replace("/", "--")
-        return (f"ls {shlex.quote(hf_home)}/hub/{shlex.quote(folder)}/snapshots/*/config.json "
-                f"2>/dev/null | head -n1")
+        from vllm_fleet.hub import complete_marker
+
+        return f"test -f {shlex.quote(complete_marker(hf_home, model))} && echo complete || true"
 
     def process(self, output):
-        return any(line.strip() for line in output)
+        return any(line.strip() == "complete" for line in output)
 
     def default(self):
         return False

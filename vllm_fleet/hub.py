@@ -215,6 +215,15 @@ DOWNLOAD_TIMEOUT_CAP_S = 24 * 3600  # past a day something is wrong; pre-seed th
 DOWNLOAD_OVERHEAD_S = 120
 
 
+COMPLETE_DIR = ".vllm-fleet-complete"  # under HF_HOME: one file per repo whose download finished
+
+
+def complete_marker(hf_home: str, repo: str) -> str:
+    """Written after a download of `repo` succeeded: config.json alone would also be there after an
+    interrupted one (shards missing), and a GGUF repo has none."""
+    return f"{hf_home}/{COMPLETE_DIR}/{repo.replace('/', '--')}"
+
+
 def download_timeout_s(total_bytes: int | None) -> int:
     """Seconds allowed for a download of total_bytes at MIN_LINK_BYTES_PER_S, within floor and cap.
 
