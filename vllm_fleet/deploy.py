@@ -204,7 +204,7 @@ def _gpu_topology(config: HostConfig, live, errors: list[ConfigError]):
 
 
 def _login_user() -> str:
-    return str(host.data.get("ssh_user") or "the login user")
+    return str(remote.login_user(host) or "the login user")
 
 
 def access_problem() -> str | None:

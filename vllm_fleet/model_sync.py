@@ -41,7 +41,7 @@ from typing import Any, Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, operation
 
-from vllm_fleet.remote import AS_LOGIN_USER, login_owner
+from vllm_fleet.remote import AS_LOGIN_USER, login_owner, login_user
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
 PARTIAL_SUFFIX = ".vllm-fleet-partial"
@@ -692,4 +692,4 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
                 f"{len(plan.delete)} to remove")
     for rel, reason in sorted(plan.send.items()):
         logger.debug(f"{prefix}model sync {dest}: {rel}: {reason}")
-    yield from sync_commands(local, plan, dest, mode, dir_mode, host.data.get("ssh_user"), host.name, prefix)
+    yield from sync_commands(local, plan, dest, mode, dir_mode, login_user(host), host.name, prefix)

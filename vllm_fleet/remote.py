@@ -69,6 +69,15 @@ def privilege_check(host, command: str = "id -u", timeout: int = 60) -> tuple[bo
 
 
 
+def login_user(host) -> str | None:
+    """Who the SSH connection logged in as: the transport's own answer (right under _su_user too,
+    and when ssh_user comes from ~/.ssh/config), else the inventory's ssh_user."""
+    client = getattr(getattr(host, "connector", None), "client", None)
+    transport = client.get_transport() if client is not None else None
+    name = transport.get_username() if transport is not None else None
+    return name or host.data.get("ssh_user")
+
+
 def login_owner(login_user: str | None) -> str:
     """The login user, for a privileged `chown`/`install -o`: the inventory's ssh_user, else who
     sudo/doas says called it."""
@@ -83,7 +92,7 @@ def upload_commands(host, src, staging_dir: str, name: str):
     the caller's privileged `mv` into place is a rename. Yields the commands, returns the path.
     """
     path = f"{staging_dir}/{name}"
-    yield (f"install -d -m 0700 -o {login_owner(host.data.get('ssh_user'))} {shlex.quote(staging_dir)} "
+    yield (f"install -d -m 0700 -o {login_owner(login_user(host))} {shlex.quote(staging_dir)} "
            f"&& rm -f {shlex.quote(path)}")
     yield FileUploadCommand(src, path, remote_temp_filename=path, **AS_LOGIN_USER)
     return path
