@@ -243,3 +243,10 @@ def test_a_repo_counts_as_downloaded_only_once_its_download_finished(tmp_path):
     marker.parent.mkdir()
     marker.write_text("")
     assert cached()
+
+
+def test_a_repos_own_code_comes_along_for_trust_remote_code():
+    listing = [{"path": "config.json", "size": 900}, {"path": "modeling_custom.py", "size": 20_000},
+               {"path": "model.safetensors", "size": 10**9}, {"path": "scripts/train.py", "size": 5_000}]
+    chosen = hub.select_files(listing).paths
+    assert "modeling_custom.py" in chosen and "scripts/train.py" not in chosen  # top level only, as vLLM

@@ -122,7 +122,9 @@ def select_files(listing: Iterable, *, gguf_file: str | None = None, weights: bo
 
     top = [f for f in files if "/" not in f.path]  # vLLM only looks at the top level
     names = {f.path for f in top}
-    chosen = [f for f in top if f.path in CONFIG_FILES or f.path in TOKENIZER_FILES]
+    # Top-level *.py: a repo's own model/tokenizer code, which `trust-remote-code` imports at start
+    # (offline then, so it must be here); a few KB, harmless without that flag.
+    chosen = [f for f in top if f.path in CONFIG_FILES or f.path in TOKENIZER_FILES or f.path.endswith(".py")]
     if not weights:
         if "config.json" not in names:
             raise ValueError("no config.json at the top of the repo (vLLM reads the model config from it)")
