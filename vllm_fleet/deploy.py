@@ -232,14 +232,15 @@ def access_problem() -> str | None:
     return None
 
 
-def _refuse(state, host, problem: str) -> None:  # runs at execution: fails this host only
-    raise OperationError(problem)
-
-
 def refuse_host(problem: str) -> None:
-    """Fail this host with `problem` before anything runs on it; the other hosts go on."""
+    """Fail this host with `problem` before anything runs on it (a dry run too: it exits non-zero);
+    the other hosts go on. When it is the last host, the run stops with the problem as its error."""
     logger.error(f"{host.print_prefix}{problem}")
-    python.call(name="Check that commands can run as root", function=_refuse, problem=problem)
+    host.data.vllm_fleet_verify_failure = problem  # for `vllm-fleet rollout`'s report
+    try:
+        host.state.fail_hosts({host})
+    except PyinfraError:  # "No hosts remaining!": say why instead
+        raise DeployError(problem) from None
 
 
 def prepare() -> Deployment:
