@@ -6,11 +6,11 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   1. facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run here,
      before any host is changed; then the host's deploy lock is taken (a second deploy at the
      same time refuses the host, changing nothing on it)
-  2. models given as a workstation directory (model_source) are synced to the host
+  2. the service user (never root) and the directories it writes; then models given as a
+     workstation directory (model_source) are synced to the host (one remote command if unchanged)
   3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
      free space checked first, built aside, `current` switched atomically
-  4. OS packages the host lacks (nginx, the front: the only listener clients reach), the service
-     user (never root) and the directories it writes
+  4. OS packages the host lacks (nginx, the front: the only listener clients reach)
   5. Hugging Face ids are downloaded into HF_HOME (the token goes in a root-only file, not argv)
   6. engine YAML, root-only env file, units; the front's config and unit; units of removed
      instances are removed
@@ -31,10 +31,10 @@ else:
     deployment = step.prepare()
     logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
     step.take_lock(deployment)
+    step.service_user(deployment)
     step.models(deployment)
     step.environment(deployment)
     step.host_packages(deployment)
-    step.service_user(deployment)
     step.hub_models(deployment)
     step.service_files(deployment)
     step.services(deployment)

@@ -433,7 +433,8 @@ def host_packages(d: Deployment) -> None:
 
 
 def service_user(d: Deployment) -> None:
-    """4. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache)."""
+    """2. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache);
+    before the model sync, which uploads below the state dir."""
     c = d.config
     user = c["vllm_service_user"]
     server.group(name=f"Group {user}", group=user, system=True)
@@ -443,7 +444,11 @@ def service_user(d: Deployment) -> None:
                     mode="0750")
     for path in sorted({c["vllm_state_dir"], c["vllm_hf_home"], c["vllm_cache_root"],
                         f"{c['vllm_state_dir']}/config"}):
-        files.directory(name=f"Directory {path}", path=path, user=user, group=user, mode="0750")
+        # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
+        # it), so the login user can upload model files into place (model_sync); what the service
+        # writes (HF_HOME, caches, config) stays 0750 below it.
+        mode = "0751" if path == c["vllm_state_dir"] else "0750"
+        files.directory(name=f"Directory {path}", path=path, user=user, group=user, mode=mode)
 
 
 def service_files(d: Deployment) -> None:
