@@ -120,7 +120,7 @@ def unit_lifecycle(plan: InstancePlan) -> dict[str, int]:
     TimeoutStartSec is the backstop). One failing start cycle lasts at most start timeout + stop
     timeout + RestartSec, so `start_limit_interval_s` holds START_LIMIT_BURST such cycles and the
     attempt after them: a crash loop (or a load that always hangs) ends in a failed unit
-    (Result=start-limit-hit) after START_LIMIT_BURST loads instead of reloading weights forever.
+    after START_LIMIT_BURST loads instead of reloading weights forever.
     An instance that crashes after serving for longer than the interval is restarted every time.
     """
     timeout = start_timeout_s(plan)
