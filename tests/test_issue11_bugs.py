@@ -114,7 +114,9 @@ def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
     import pyinfra_cli.util
 
     monkeypatch.setattr(vllm_fleet.connection, "connected", connected)
-    monkeypatch.setattr(vllm_fleet.connection, "run", lambda *a, **k: (True, "{}", ""))
+    import vllm_fleet.remote
+
+    monkeypatch.setattr(vllm_fleet.remote, "run", lambda *a, **k: (True, "{}", ""))
     monkeypatch.setattr(pyinfra_cli.util, "load_deploy_file", load or (lambda *_a: None))
     monkeypatch.setattr(pyinfra.api.operations, "run_ops", run_ops or (lambda _state: None))
     return hosts

@@ -48,6 +48,17 @@ def _unit(sandbox, host: str) -> dict[str, str]:
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def _wait_until_failed(sandbox, host: str, timeout: float = 300) -> dict[str, str]:
+    """The unit's state once systemd has given up on it (or when the time is up)."""
+    deadline, unit = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        unit = _unit(sandbox, host)
+        if unit.get("ActiveState") == "failed":
+            break
+        time.sleep(3)
+    return unit
+
+
 def test_an_engine_that_cannot_start_ends_failed_status_says_why_and_a_fix_brings_it_back(
         sandbox, deploy_env, tmp_path):
     host = "sbx-cpu2"
@@ -56,12 +67,7 @@ def test_an_engine_that_cannot_start_ends_failed_status_says_why_and_a_fix_bring
     result = pyinfra(deploy_env, "--limit", host, inventory=broken)
     assert result.returncode != 0
     assert "unrecognized argument" in result.stdout + result.stderr
-    deadline, unit = time.monotonic() + 300, {}
-    while time.monotonic() < deadline:
-        unit = _unit(sandbox, host)
-        if unit.get("ActiveState") == "failed":
-            break
-        time.sleep(3)
+    unit = _wait_until_failed(sandbox, host)
     # Bounded: systemd stopped retrying after the unit's start limit (3 starts within the interval
     # sized to the load; systemd 252 leaves Result at the last start's, exit-code), not every 5 s forever.
     assert unit.get("ActiveState") == "failed", unit
@@ -94,12 +100,7 @@ def test_a_load_that_hangs_is_stopped_at_its_start_timeout_and_reported(sandbox,
         out = result.stdout + result.stderr
         assert result.returncode != 0
         assert "did not answer 200 within 25 s" in out, out[-3000:]  # the unit's health wait, 40 - 15 s
-        deadline, unit = time.monotonic() + 300, {}
-        while time.monotonic() < deadline:
-            unit = _unit(sandbox, host)
-            if unit.get("ActiveState") == "failed":
-                break
-            time.sleep(3)
+        unit = _wait_until_failed(sandbox, host)
         assert unit.get("ActiveState") == "failed" and int(unit["NRestarts"]) <= 3, unit
         print(f"hanging load: stopped and retried, failed after {time.monotonic() - started:.0f} s")
         table = vllm_fleet(deploy_env, "status", hanging, "--limit", host)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
+from planning_fixtures import A100_40G, RTX_4090D, host_data
 from vllm_fleet import host_probe, remote, status
 from vllm_fleet.config import parse_host
 from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv

@@ -61,4 +61,3 @@ def connected(path: str | Path, hosts: list[str] | None = None, *, parallel: int
             disconnect_all(state)
 
 
-from vllm_fleet.remote import run  # noqa: E402,F401  (with the host's _sudo/_su_user/... applied)

@@ -220,7 +220,8 @@ def main(argv: list[str]) -> int:
                         help="host or group names (comma-separated); required, so no host is unlocked "
                              "by accident")
     args = parser.parse_args(argv)
-    from vllm_fleet.connection import connected, run
+    from vllm_fleet.connection import connected
+    from vllm_fleet.remote import run
 
     names = [name for name, _d, _g in load_inventory(args.inventory, limit=split_names(args.limit))]
     failed = 0

@@ -190,7 +190,7 @@ def changed_operations(state, host) -> list[str]:
 
 
 def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
-    from vllm_fleet.connection import run
+    from vllm_fleet.remote import run
 
     ok, _out, err = run(host, _restore_command(config), timeout=300)
     if not ok:
@@ -214,7 +214,8 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
     from pyinfra.api.state import StateStage
     from pyinfra_cli.util import load_deploy_file
 
-    from vllm_fleet.connection import connected, run
+    from vllm_fleet.connection import connected
+    from vllm_fleet.remote import run
 
     with connected(inventory, names) as (state, active):
         for name in names:
