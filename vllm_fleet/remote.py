@@ -68,7 +68,6 @@ def privilege_check(host, command: str = "id -u", timeout: int = 60) -> tuple[bo
     return code == "0", "\n".join(ln for ln in lines if not ln.startswith(marker))
 
 
-
 def login_user(host) -> str | None:
     """Who the SSH connection logged in as: the transport's own answer (right under _su_user too,
     and when ssh_user comes from ~/.ssh/config), else the inventory's ssh_user."""
@@ -78,10 +77,10 @@ def login_user(host) -> str | None:
     return name or host.data.get("ssh_user")
 
 
-def login_owner(login_user: str | None) -> str:
-    """The login user, for a privileged `chown`/`install -o`: the inventory's ssh_user, else who
+def login_owner(user: str | None) -> str:
+    """The login user for a privileged `chown`/`install -o`: `user` (login_user()), else who
     sudo/doas says called it."""
-    return shlex.quote(login_user) if login_user else '"${SUDO_USER:-${DOAS_USER:-$(id -un)}}"'
+    return shlex.quote(user) if user else '"${SUDO_USER:-${DOAS_USER:-$(id -un)}}"'
 
 
 def upload_commands(host, src, staging_dir: str, name: str):
