@@ -29,15 +29,35 @@ def test_eof_from_paramiko_becomes_a_connection_error_naming_the_host():
     def inactive(self, command):
         raise SSHException("SSH session not active")
     dead = SimpleNamespace(host=SimpleNamespace(name="gpu1"), client=SimpleNamespace(
-        get_transport=lambda: SimpleNamespace(is_active=lambda: False)))
+        get_transport=lambda: SimpleNamespace(is_active=lambda: False, saved_exception=EOFError())))
     with pytest.raises(ConnectionResetError, match="the SSH connection to gpu1 was lost"):
         ssh_lost._converting(inactive)(dead, "true")
     alive = SimpleNamespace(host=dead.host, client=SimpleNamespace(
-        get_transport=lambda: SimpleNamespace(is_active=lambda: True)))
+        get_transport=lambda: SimpleNamespace(is_active=lambda: True, saved_exception=None)))
     with pytest.raises(SSHException, match="not active"):  # a live transport: not ours to rename
         ssh_lost._converting(inactive)(alive, "true")
     ok = ssh_lost._converting(lambda self, command: (True, command))
     assert ok(SimpleNamespace(host=None), "x") == (True, "x")  # everything else passes through
+
+
+def test_a_command_that_failed_because_the_connection_died_says_so():
+    """sshd killed mid-command: paramiko closes the channel (no exit status, no exception), and the
+    transport thread has recorded why just before. That failure names the lost connection; a plain
+    failing command on a live connection stays a plain failure."""
+    host = SimpleNamespace(name="gpu1")
+    failing = ssh_lost._converting(lambda self, command: (False, "output"))
+    uploading = ssh_lost._converting(lambda self, src, dest: False)
+    # The channel closed, the transport still flagged active: saved_exception is already set.
+    dying = SimpleNamespace(host=host, client=SimpleNamespace(
+        get_transport=lambda: SimpleNamespace(is_active=lambda: True, saved_exception=EOFError())))
+    with pytest.raises(ConnectionResetError, match="the SSH connection to gpu1 was lost"):
+        failing(dying, "cp a b")
+    with pytest.raises(ConnectionResetError, match="the SSH connection to gpu1 was lost"):
+        uploading(dying, "a", "b")
+    alive = SimpleNamespace(host=host, client=SimpleNamespace(
+        get_transport=lambda: SimpleNamespace(is_active=lambda: True, saved_exception=None)))
+    assert failing(alive, "false") == (False, "output")
+    assert uploading(alive, "a", "b") is False
 
 
 def test_install_wraps_each_ssh_method_once():

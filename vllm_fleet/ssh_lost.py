@@ -45,19 +45,35 @@ def _lost(host_name: str) -> ConnectionResetError:
         "once the host is reachable, it converges from there")
 
 
+def _transport_gone(connector) -> bool:
+    """The connection under this connector is dead. paramiko records why (saved_exception) BEFORE it
+    closes the channels, so a command that just failed because its channel closed sees it set."""
+    client = getattr(connector, "client", None)
+    transport = client.get_transport() if client is not None else None
+    return transport is None or not transport.is_active() or transport.saved_exception is not None
+
+
+def _failed(result) -> bool:
+    """run_shell_command returns (ok, output); put_file and get_file return ok."""
+    return result is False or (isinstance(result, tuple) and bool(result) and result[0] is False)
+
+
 def _converting(method):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         try:
-            return method(self, *args, **kwargs)
+            result = method(self, *args, **kwargs)
         except (EOFError, ConnectionError) as exc:  # EOF, or a reset/broken pipe on the socket
             raise _lost(self.host.name) from exc
         except SSHException as exc:  # "SSH session not active": the transport died before
-            client = getattr(self, "client", None)
-            transport = client.get_transport() if client is not None else None
-            if transport is None or not transport.is_active():
+            if _transport_gone(self):
                 raise _lost(self.host.name) from exc
             raise
+        # A command whose channel closed because sshd went away comes back as a plain failure (no
+        # exit status, no exception): without this the host fails with no word of why.
+        if _failed(result) and getattr(self, "client", None) is not None and _transport_gone(self):
+            raise _lost(self.host.name)
+        return result
 
     setattr(wrapper, _MARK, True)
     return wrapper
