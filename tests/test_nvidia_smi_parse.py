@@ -193,7 +193,7 @@ def test_list_output():
 
 
 def test_nvml_memory_not_supported_fixture_is_what_the_probe_tolerates():
-    lines = recorded("gb10-memory-info-not-supported.log", "nvml")
+    lines = recorded("gb10-memory-info-not-supported.txt", "nvml")
     records = [json.loads(line) for line in lines if line.strip()]
     assert all(r["error"] == "Not Supported" for r in records)
     assert records[-1]["product_name"] == "NVIDIA-GB10"
