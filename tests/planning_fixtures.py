@@ -36,14 +36,19 @@ def host_data(gpus=None, instances=None, **settings) -> dict:
     return data
 
 
+# The HostRuntime fact of a Debian host that has every OS package the runtime can need.
+PROVISIONED = ({"cc": True, "cxx": True, "python3.11-headers": True, "libnuma": True, "nginx": True}, "debian")
+
+
 class FakeHost:
     """Stands in for pyinfra's `host` inside deploy.prepare(): data and facts from dicts; `asked`
-    records (fact name, arguments) in the order prepare() asked."""
+    records (fact name, arguments) in the order prepare() asked. The OS packages are there unless
+    the test gives a HostRuntime fact of its own."""
 
     def __init__(self, data: dict, facts: dict):
         self.name, self.print_prefix = "box", "[box] "
         self.data = SimpleNamespace(dict=lambda: data)
-        self.facts, self.asked = facts, []
+        self.facts, self.asked = {"HostRuntime": PROVISIONED, **facts}, []
 
     def get_fact(self, cls, **kwargs):
         self.asked.append((cls.__name__, kwargs))

@@ -9,15 +9,11 @@ from __future__ import annotations
 import json
 import time
 
-from fleet_helpers import API_KEY, CPU_HOSTS, chat, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, CPU_HOSTS, FINGERPRINT, chat, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.sandbox import harness
 
 OLD_DRIVER = "550.54.15"  # R550: CUDA 12.4; vLLM 0.33's torch is built for CUDA 13 (driver >= 580)
 GPU_HOST = "sbx-a100x2"
-# Everything the deploy would write or start on a host, as (path, checksum) and unit PIDs.
-FINGERPRINT = ("find /etc/vllm-fleet /etc/systemd/system /opt/vllm-fleet -maxdepth 2 -type f 2>/dev/null "
-               "| sort | xargs -r sha256sum; systemctl show -p MainPID --value 'vllm-*' 2>/dev/null; "
-               "ls /opt/vllm-fleet/envs 2>/dev/null")
 
 
 def test_an_old_driver_stops_dry_and_real_runs_before_any_change(sandbox, deploy_env):

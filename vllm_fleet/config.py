@@ -87,6 +87,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_activation_reserve_gib": 2.0,
     "vllm_cuda_graph_reserve_gib": 0.5,
     "vllm_limit_nofile": 65536,
+    "vllm_install_host_packages": True,
     "vllm_verify": True,
     "vllm_verify_timeout_s": None,
 }
@@ -626,6 +627,9 @@ def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
             check.error(f"must be a number >= 0, got {value!r}", key=key,
                         fix=f"{key} = {HOST_DEFAULTS[key]}")
+    for key in ("vllm_verify", "vllm_install_host_packages"):
+        if not isinstance(settings[key], bool):
+            check.error(f"must be True or False, got {settings[key]!r}", key=key, fix=f"{key} = True")
     extra = settings["vllm_extra_packages"]
     if not isinstance(extra, (list, tuple)) or not all(
             isinstance(p, str) and re.match(r"^[A-Za-z0-9_.\-\[\],=<>!~]+$", p) for p in extra):

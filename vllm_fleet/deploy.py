@@ -10,31 +10,31 @@ import io
 import json
 import os
 import shlex
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from pyinfra import host, logger
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
-from pyinfra.operations import apt, files, python, server, systemd
+from pyinfra.operations import apt, dnf, files, python, server, systemd
 from pyinfra.facts.systemd import SystemdStatus
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
-from vllm_fleet import bundle, hub, remote, ssh_lost
+from vllm_fleet import bundle, host_packages as os_packages, hub, remote, ssh_lost
 from vllm_fleet.model_sync import ModelSyncError, local_manifest, model_sync
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
 from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig,
-                              NvidiaGpus, PathsPresent, ServiceFreshness)
+                              HostRuntime, NvidiaGpus, PathsPresent, ServiceFreshness)
 from vllm_fleet.operations import secret_file, vllm_environment
 from vllm_fleet.plan import HostPlan, Interconnect, plan_host
 from vllm_fleet.sandbox.assets import PREPARE_HINT
 from vllm_fleet.sandbox.harness import cache_dir
-from vllm_fleet.render import (FRONT_UNIT, NGINX, RenderedFile, Secrets, environment_spec, front_paths,
+from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
                                front_probe_address,
                                instance_paths, render_host, start_timeout_s)
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
@@ -56,6 +56,8 @@ class Deployment:
     files: dict[str, RenderedFile]
     secrets: Secrets
     changed: dict[str, Any]  # op name -> OperationMeta, filled as operations are added
+    missing_packages: list[os_packages.Need] = field(default_factory=list)  # installed in step 4
+    package_family: str | None = None  # "debian" (apt) or "rhel" (dnf)
 
 
 def upload_dir(config: HostConfig) -> str:
@@ -278,9 +280,27 @@ def prepare() -> Deployment:
         for text in gpu_topology.foreign_warnings(config.name, topology, own, users):
             logger.warning(text)
             plan.warnings.append(text)
+    absent, family = _missing_packages(config, plan)
     secrets = read_secrets(config)
     rendered = {f.path: f for f in render_host(config, plan, secrets)}
-    return Deployment(config, plan, rendered, secrets, {})
+    return Deployment(config, plan, rendered, secrets, {}, absent, family)
+
+
+def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packages.Need], str | None]:
+    """What the runtime needs from the OS and the host lacks; a refusal, before any change, when
+    vllm-fleet may not install it (vllm_install_host_packages = False) or cannot (no apt/dnf)."""
+    required = os_packages.needs(
+        config["vllm_target"], config["vllm_python_version"], config["vllm_env_manager"],
+        eager_only=all(inst.config.enforce_eager for inst in plan.instances),
+        has_instances=bool(plan.instances))
+    if not required:
+        return [], None
+    present, family = host.get_fact(HostRuntime, python_version=config["vllm_python_version"])
+    absent = os_packages.missing(required, present)
+    if absent and (family is None or not config["vllm_install_host_packages"]):
+        message, fix = os_packages.refusal(absent, family)
+        _fail([ConfigError(message, host=config.name, key="vllm_install_host_packages", fix=fix)])
+    return absent, family
 
 
 def _take_lock(state, host) -> None:  # runs at execution, per host, before its first change
@@ -414,22 +434,30 @@ def hub_models(d: Deployment) -> None:
 
 
 def host_packages(d: Deployment) -> None:
-    """4a. OS packages the host needs: nginx for the front (the only listener clients reach).
+    """4a. OS packages the runtime needs and the host lacks (host_packages.py says which and why):
+    nginx for the front; a compiler and the Python headers where Triton or inductor compile.
 
-    Installed only when missing, so a host without a package source (an air-gapped site with a
-    golden image) is never asked to update its package lists.
+    Only missing ones are installed, so a host whose image already has them (an air-gapped site
+    with a golden image) is never asked to update its package lists.
     """
-    if not d.plan.instances or host.get_fact(PathsPresent, paths=(NGINX,)).get(NGINX):
+    if not d.missing_packages:
         return
-    if host.get_fact(PathsPresent, paths=("/usr/bin/apt-get",)).get("/usr/bin/apt-get"):
-        apt.packages(name="OS package nginx (the front of the instances)", packages=["nginx"],
-                     update=True, cache_time=3600, no_recommends=True)
-    else:
-        server.packages(name="OS package nginx (the front of the instances)", packages=["nginx"])
-    # Debian starts the package's own nginx.service with its welcome page on port 80: installed
-    # here for the front only, it has nothing to serve. (An nginx the host had is left alone.)
-    systemd.service(name="Stop the stock nginx.service (installed for the front only)", service="nginx",
-                    running=False, enabled=False)
+    packages = [need.package(d.package_family) for need in d.missing_packages]
+    operation, arguments = package_operation(d.package_family, packages)
+    operation(name="OS packages " + ", ".join(f"{p} ({n.what})" for p, n in zip(packages, d.missing_packages)),
+              **arguments)
+    if any(need.key == "nginx" for need in d.missing_packages):
+        # Debian starts the package's own nginx.service with its welcome page on port 80: installed
+        # here for the front only, it has nothing to serve. (An nginx the host had is left alone.)
+        systemd.service(name="Stop the stock nginx.service (installed for the front only)", service="nginx",
+                        running=False, enabled=False)
+
+
+def package_operation(family: str, packages: list[str]):
+    """pyinfra's own package operation for the host's family, and its arguments."""
+    if family == "debian":  # the lists are refreshed first unless apt did that within the hour
+        return apt.packages, {"packages": packages, "update": True, "cache_time": 3600, "no_recommends": True}
+    return dnf.packages, {"packages": packages}
 
 
 def service_user(d: Deployment) -> None:

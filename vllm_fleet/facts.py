@@ -8,7 +8,7 @@ from pathlib import Path
 
 from pyinfra.api import FactBase
 
-from vllm_fleet import gpu_topology
+from vllm_fleet import gpu_topology, host_packages
 from vllm_fleet.config import GpuSpec
 
 MANAGED_MARKER = "# Managed by vllm-fleet"  # the first line of every file the deploy writes
@@ -223,3 +223,17 @@ class ServiceFreshness(FactBase):
         return {"main_pid": pid, "started": started, "newest_file": newest,
                 "stale": pid != 0 and started < newest,
                 "need_daemon_reload": len(parts) > 3 and parts[3] == "yes"}
+
+
+class HostRuntime(FactBase):
+    """What the runtime needs from the OS and which package manager the host has, in one command:
+    ({need key: present}, "debian" | "rhel" | None). See host_packages.probe_command."""
+
+    def command(self, python_version: str) -> str:
+        return host_packages.probe_command(python_version)
+
+    def default(self):
+        return {}, None
+
+    def process(self, output):
+        return host_packages.parse_probe(list(output))

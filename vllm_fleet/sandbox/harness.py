@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_fleet.sandbox import nvidia_smi
+from vllm_fleet.sandbox import nvidia_smi, package_mirror
 
 SUITE = "bookworm"
 BASE_PACKAGES = (
@@ -389,6 +389,7 @@ def _prepare_upper(sandbox: Sandbox, host: SandboxHost, base: Path, upper: Path)
         "etc/ssh/ssh_host_ed25519_key": (host_key_path(host).read_text(), 0o600),
         "etc/ssh/ssh_host_ed25519_key.pub": (Path(f"{host_key_path(host)}.pub").read_text(), 0o644),
         "root/.ssh/authorized_keys": (Path(f"{host.ssh_key}.pub").read_text(), 0o600),
+        "etc/apt/sources.list": (package_mirror.sources_list(SUITE), 0o644),
     }
     if host.gpus:
         files["usr/local/bin/nvidia-smi"] = (Path(nvidia_smi.__file__).read_text(), 0o755)
@@ -429,8 +430,10 @@ def _join_cgroups(dirs: list[Path]):
     return join
 
 
-def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path) -> int:
-    """Mount the overlay, wire the network, start systemd-nspawn in its own cgroups; returns its PID."""
+def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path, mirror: Path) -> int:
+    """Mount the overlay, wire the network, start systemd-nspawn in its own cgroups; returns its PID.
+
+    The package mirror is bind-mounted read-only: the host's only apt source (it has no route out)."""
     hdir = _host_dir(sandbox, host)
     upper, work, root = hdir / "upper", hdir / "work", hdir / "root"
     for d in (upper, work, root):
@@ -452,6 +455,7 @@ def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path) -> int:
             "systemd-nspawn", "--boot", "--quiet", "--register=no", "--keep-unit", "--console=passive",
             f"--network-namespace-path=/run/netns/{host.netns}", f"--directory={root}",
             f"--machine={host.name}", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+            f"--bind-ro={mirror}:{package_mirror.MOUNT_POINT}",
         ],  # fmt: skip
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=_join_cgroups(cgroups),
@@ -655,11 +659,12 @@ def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
     check_machine()
     down(sandbox)  # a crashed run leaves hosts, netns, mounts behind: start from nothing
     base = ensure_base(log)
+    mirror = package_mirror.ensure_mirror(cache_dir(), base, SUITE, debian_mirror(), _run, log)
     ensure_keys(sandbox)
     _ensure_bridge(sandbox)
     try:
         for host in sandbox.hosts:
-            boot_host(sandbox, host, base)
+            boot_host(sandbox, host, base, mirror)
         deadline = time.monotonic() + READY_TIMEOUT_S
         with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
             list(pool.map(lambda h: _wait_ssh(sandbox, h, deadline), sandbox.hosts))

