@@ -82,6 +82,27 @@ vllm_limit_nofile = 65536  # LimitNOFILE of the units
 # host that lacks one is refused before anything changes, with the package names to install.
 vllm_install_host_packages = True
 
+# --- The fleet gateway: one endpoint for every instance of the fleet ------------------------------
+# Where other hosts (the gateway) reach this host's fronts. None: vllm_bind_host when it is one
+# address, else pyinfra's ssh_hostname, else the inventory name. Set it when the gateway reaches the
+# host at another address than the deploy does (another network, NAT, a DNS name).
+vllm_advertise_address = None
+# True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
+# mode; unit vllm-fleet-gateway.service, the service user, its own environment under vllm_root/envs)
+# with every instance of the fleet that serves a model as a backend, read from each host's plan:
+# requests go only to instances serving the `model` they name, round-robin among them. The host
+# needs no instances of its own. Clients use http://<address>:<vllm_gateway_port>/v1 with the fleet's
+# API key (vllm_api_key_env), checked by the front's nginx there; GET /v1/models lists each served
+# name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
+# (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
+vllm_gateway = False
+vllm_gateway_port = 9000  # clients -> <vllm_bind_host>:this; must be none of the host's instance ports
+vllm_gateway_version = "0.1.17"  # pinned vllm-router
+# A backend whose /health fails this many times in a row, checked every this many seconds, gets no
+# more requests until it answers again (vllm-router's own defaults, 3 x 60 s, keep a dead one ~3 min).
+vllm_gateway_health_interval_s = 2
+vllm_gateway_failure_threshold = 2
+
 # --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
 vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key
 vllm_api_key_file = None  # or a file on the workstation holding it (first line)

@@ -45,7 +45,9 @@ def _host(name: str, address: str, gpus: list | None = None) -> tuple:
 
 
 cpu_hosts = [
-    _host("sbx-cpu1", "10.213.7.11"),
+    # The fleet gateway (vllm-router behind the front's nginx) runs beside sbx-cpu1's instance; its
+    # backends are every instance of this inventory, from the same plans as the deploy.
+    ("sbx-cpu1", dict(_host("sbx-cpu1", "10.213.7.11")[1], vllm_gateway=True)),
     _host("sbx-cpu2", "10.213.7.12"),
     _host("sbx-cpu3", "10.213.7.13"),
 ]

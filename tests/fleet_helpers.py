@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.bundle import build_wheelhouse
-from vllm_fleet.sandbox import tiny_model
+from vllm_fleet.sandbox import assets, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
 # Hostile on purpose: a quote, double quotes, a backslash, a space and a `$` must reach vLLM exactly
@@ -35,7 +35,7 @@ def deploy_env(sandbox):
     """Environment for pyinfra/vllm-fleet: the wheelhouse and tiny model on this machine, the key."""
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
-    wheelhouse = build_wheelhouse(target="cpu")
+    wheelhouse = build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
     return dict(os.environ, VLLM_FLEET_WHEELHOUSE=str(wheelhouse.path), VLLM_FLEET_API_KEY=API_KEY,
                 PYTHONUNBUFFERED="1")
 

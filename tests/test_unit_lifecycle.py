@@ -29,7 +29,7 @@ def _units(inventory: str, host_name: str):
     hosts = {name: data for name, data, _groups in load_inventory(ROOT / "inventory" / inventory, cwd=ROOT)}
     config = parse_host(host_name, hosts[host_name])
     plan = plan_host(config)
-    files = {f.path: f.content for f in render_host(config, plan)}
+    files = {f.path: f.content for f in render_host(config, plan, backends=[])}  # the gateway's aside
     return {inst.name: (inst, files[f"/etc/systemd/system/{inst.unit_name}"]) for inst in plan.instances}
 
 

@@ -1,6 +1,7 @@
 """The `vllm-fleet` console script: what pyinfra's own CLI does not do.
 
-    vllm-fleet plan INVENTORY [--json] [--limit HOST]     the parallel layout per host, with reasons
+    vllm-fleet plan INVENTORY [--json] [--limit HOST]     the parallel layout per host, with reasons,
+                                                          and the fleet's gateway with its backends
     vllm-fleet render INVENTORY --out DIR [--limit HOST]  every file each host would get
     vllm-fleet sandbox up|down|status INVENTORY           local systemd-nspawn test hosts
     vllm-fleet bundle ...                                 an offline wheelhouse for air-gapped hosts
@@ -20,7 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_fleet.config import ConfigError, ConfigErrors, load_fleet, split_names
+from vllm_fleet.config import ConfigError, ConfigErrors, load_fleet, load_inventory, split_names
+from vllm_fleet.gateway import Backend, find_gateway, fleet_backends, gateway_manifest
 from vllm_fleet.plan import FleetPlan, plan_fleet
 from vllm_fleet.render import render_host
 
@@ -39,6 +41,35 @@ DELEGATED = {
 def load_and_plan(inventory: str, limit: list[str] | None) -> tuple[list, FleetPlan]:
     hosts = load_fleet(inventory, limit=limit)
     return hosts, plan_fleet(hosts)
+
+
+def fleet_gateways(inventory: str, hosts: list, plan: FleetPlan, limit: list[str] | None
+                   ) -> tuple[list[Backend], list[dict]]:
+    """(the gateway's backends, [its manifest]) — ([], []) for a fleet without a gateway. They are
+    the whole fleet's whatever --limit keeps (a gateway with the limited hosts only would drop the
+    others' backends), so a limited run plans every host when the inventory has a gateway."""
+    if limit:
+        if not any(data.get("vllm_gateway") is True for _n, data, _g in load_inventory(inventory)):
+            return [], []
+        hosts, plan = load_and_plan(inventory, None)
+    gateway = find_gateway(hosts)
+    if gateway is None:
+        return [], []
+    backends = fleet_backends(hosts, plan)
+    return backends, [gateway_manifest(gateway, backends)]
+
+
+def print_gateways(gateways: list[dict], out=None) -> None:
+    """One block per gateway: its URL, then each served name with the backends that serve it."""
+    out = out or sys.stdout
+    for gw in gateways:
+        print(f"gateway on {gw['host']}: {gw['url']} (vllm-router {gw['version']}, {gw['router']} on "
+              f"the host)", file=out)
+        for model in gw["models"]:
+            urls = [f"{b['host']}/{b['instance']} {b['url']}" for b in gw["backends"] if b["model"] == model]
+            print(f"  {model} -> {', '.join(urls)}", file=out)
+        if not gw["backends"]:
+            print("  no backends: no host of the fleet has an instance", file=out)
 
 
 def print_plan(plan: FleetPlan, out=None) -> None:
@@ -78,21 +109,26 @@ def print_plan(plan: FleetPlan, out=None) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    _hosts, plan = load_and_plan(args.inventory, split_names(args.limit))
+    limit = split_names(args.limit)
+    hosts, plan = load_and_plan(args.inventory, limit)
+    _backends, gateways = fleet_gateways(args.inventory, hosts, plan, limit)
     if args.json:
-        json.dump(plan.as_dict(), sys.stdout, indent=2)
+        json.dump({**plan.as_dict(), "gateways": gateways}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_plan(plan)
+        print_gateways(gateways)
     return 0
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    hosts, plan = load_and_plan(args.inventory, split_names(args.limit))
+    limit = split_names(args.limit)
+    hosts, plan = load_and_plan(args.inventory, limit)
+    backends, _gateways = fleet_gateways(args.inventory, hosts, plan, limit)
     out = Path(args.out)
     count = 0
     for host, host_plan in zip(hosts, plan.hosts):
-        for f in render_host(host, host_plan):
+        for f in render_host(host, host_plan, backends=backends):
             target = out / host.name / f.path.lstrip("/")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(f.content)

@@ -79,6 +79,12 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_service_user": "vllm",
     "vllm_bind_host": "0.0.0.0",
     "vllm_backend_port_offset": 10000,
+    "vllm_advertise_address": None,
+    "vllm_gateway": False,
+    "vllm_gateway_port": 9000,
+    "vllm_gateway_version": "0.1.17",
+    "vllm_gateway_health_interval_s": 2,
+    "vllm_gateway_failure_threshold": 2,
     "vllm_api_key_env": "VLLM_FLEET_API_KEY",
     "vllm_api_key_file": None,
     "vllm_hf_token_env": "HF_TOKEN",
@@ -117,6 +123,8 @@ _ENGINE_ARGS_SECRET = {"api-key", "hf-token"}
 _SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
 
 RESERVED_INSTANCE_NAME = "fleet-front"
+# Unit vllm-fleet-gateway.service is the fleet gateway (vllm_fleet/gateway.py): no instance may be named so.
+RESERVED_GATEWAY_NAME = "fleet-gateway"
 MIN_START_TIMEOUT_S = 30
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -687,8 +695,10 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
             instances.append(parsed)
     _check_unique(check, instances)
     _check_backend_ports(check, instances, settings["vllm_backend_port_offset"])
+    _check_gateway(check, settings, instances)
     if check.errors:
         raise ConfigErrors(check.errors)
+    settings["vllm_advertise_address"] = _advertise_address(name, data, settings)
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
                       placement=settings["placement"], settings=settings)
 
@@ -700,6 +710,9 @@ def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
         if inst.name == RESERVED_INSTANCE_NAME:  # vllm-fleet-front.service is the host's front
             check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
                         "host's front)", instance=inst.name, key="name", fix="pick another name")
+        if inst.name == RESERVED_GATEWAY_NAME:
+            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
+                        "fleet's gateway)", instance=inst.name, key="name", fix="pick another name")
         for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
             for value in values:
                 other = seen[key].get(value)
@@ -726,6 +739,121 @@ def _check_backend_ports(check: _Checker, instances: list[InstanceConfig], offse
                         f"vllm_backend_port_offset {offset}), which is {why}", instance=inst.name,
                         key="port", fix="pick a lower port, or set vllm_backend_port_offset so that "
                                         "port + offset is free and at most 65535")
+
+
+# --- The fleet gateway (vllm_fleet/gateway.py renders it) ------------------------------------------
+
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def gateway_ports(settings: dict[str, Any] | HostConfig) -> dict[str, int]:
+    """The gateway's ports on its host: `port` (clients: the front's nginx on vllm_bind_host, which
+    checks the key), `router` (vllm-router on 127.0.0.1 at port + vllm_backend_port_offset, as vLLM
+    sits behind an instance's front: its admin API has no authentication) and `metrics` (its
+    Prometheus listener on 127.0.0.1, the port after: its default, 29000, is the same for every
+    router and would clash with any other one on the host)."""
+    router = settings["vllm_gateway_port"] + settings["vllm_backend_port_offset"]
+    return {"port": settings["vllm_gateway_port"], "router": router, "metrics": router + 1}
+
+
+def is_address(text: Any) -> bool:
+    """An IP address another host can connect to, or a DNS host name (what goes into a URL)."""
+    if not isinstance(text, str):
+        return False
+    try:
+        return not ipaddress.ip_address(text).is_unspecified
+    except ValueError:
+        return bool(_HOSTNAME_RE.match(text))
+
+
+def _check_gateway(check: _Checker, settings: dict[str, Any], instances: list[InstanceConfig]) -> None:
+    """The gateway's knobs, and on the gateway host its ports against every instance's."""
+    if not isinstance(settings["vllm_gateway"], bool):
+        check.error(f"must be True or False, got {settings['vllm_gateway']!r}", key="vllm_gateway",
+                    fix="vllm_gateway = True on the one host that runs the fleet's gateway")
+    port = settings["vllm_gateway_port"]
+    port_ok = not isinstance(port, bool) and isinstance(port, int) and 1 <= port <= 65535
+    if not port_ok:
+        check.error(f"must be a port number (1-65535), got {port!r}", key="vllm_gateway_port",
+                    fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
+    for key in ("vllm_gateway_health_interval_s", "vllm_gateway_failure_threshold"):
+        value = settings[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            check.error(f"must be a positive integer, got {value!r}", key=key,
+                        fix=f"{key} = {HOST_DEFAULTS[key]}")
+    version = settings["vllm_gateway_version"]
+    if not isinstance(version, str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", version):
+        check.error(f"{version!r} is not a version of vllm-router", key="vllm_gateway_version",
+                    fix=f"vllm_gateway_version = '{HOST_DEFAULTS['vllm_gateway_version']}'")
+    address = settings["vllm_advertise_address"]
+    if address is not None and not is_address(address):
+        check.error(f"{address!r} is not a host name or an IP address another host can connect to",
+                    key="vllm_advertise_address",
+                    fix="vllm_advertise_address = '10.0.0.11' (where the gateway reaches this host), "
+                        "or None (vllm_bind_host if it is one address, else ssh_hostname)")
+    offset = settings["vllm_backend_port_offset"]
+    offset_ok = not isinstance(offset, bool) and isinstance(offset, int) and offset >= 1
+    if settings["vllm_gateway"] is True and port_ok and offset_ok:
+        _check_gateway_ports(check, settings, instances)
+
+
+def _check_gateway_ports(check: _Checker, settings: dict[str, Any], instances: list[InstanceConfig]) -> None:
+    """The gateway's port, its router's and its metrics' are none of the host's instance ports (the
+    front's) nor engine ports (vLLM's, port + offset): two listeners on one port, one fails."""
+    offset = settings["vllm_backend_port_offset"]
+    taken: dict[int, str] = {}
+    for inst in instances:
+        taken.setdefault(inst.port, f"the port of instance {inst.name}")
+        taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} "
+                                             f"(127.0.0.1:{inst.port + offset})")
+    ports = gateway_ports(settings)
+    what = {"port": f"vllm_gateway_port {ports['port']}",
+            "router": f"the gateway's router port {ports['router']} (vllm_gateway_port + "
+                      f"vllm_backend_port_offset {offset})",
+            "metrics": f"the gateway's metrics port {ports['metrics']} (its router port + 1)"}
+    for kind, number in ports.items():
+        if number > 65535 or number in taken:
+            why = "above 65535" if number > 65535 else taken[number]
+            check.error(f"{what[kind]} is {why}", key="vllm_gateway_port",
+                        fix="pick a vllm_gateway_port whose port, port + vllm_backend_port_offset and the "
+                            "port after that no instance of this host uses")
+
+
+def _advertise_address(name: str, data: dict[str, Any], settings: dict[str, Any]) -> str:
+    """Where other hosts (the gateway) reach this host's front: vllm_advertise_address when set;
+    else vllm_bind_host when the front listens on one address only; else pyinfra's ssh_hostname
+    (what the deploy itself connects to); else the inventory name."""
+    if settings["vllm_advertise_address"]:
+        return settings["vllm_advertise_address"]
+    bind = settings["vllm_bind_host"]
+    if bind not in ("0.0.0.0", "::"):
+        return bind
+    return str(data.get("ssh_hostname") or name)
+
+
+def check_fleet(hosts: list[HostConfig]) -> None:
+    """What no single host can check: at most one gateway in the fleet, and with one, an address
+    the gateway can reach every host with instances at. Raises ConfigErrors."""
+    errors: list[ConfigError] = []
+    gateways = [h for h in hosts if h["vllm_gateway"] is True]
+    for other in gateways[1:]:
+        errors.append(ConfigError(
+            f"hosts {gateways[0].name} and {other.name} both set vllm_gateway = True: a fleet has one "
+            "gateway", host=other.name, key="vllm_gateway",
+            fix=f"keep vllm_gateway = True on one of them (e.g. {gateways[0].name}) and remove it from "
+                "the other"))
+    if gateways:
+        for host in hosts:
+            address = host["vllm_advertise_address"]
+            if host.instances and not is_address(address):
+                errors.append(ConfigError(
+                    f"the gateway would reach this host's instances at {address!r}, which is not a host "
+                    "name or an IP address", host=host.name, key="vllm_advertise_address",
+                    fix="vllm_advertise_address = '10.0.0.11' (the address the gateway host connects to), "
+                        "or set ssh_hostname"))
+    if errors:
+        raise ConfigErrors(errors)
 
 
 def split_names(values: list[str] | None) -> list[str] | None:
@@ -787,4 +915,5 @@ def load_fleet(path: str | Path, *, limit: list[str] | None = None,
             errors.extend(exc.errors)
     if errors:
         raise ConfigErrors(errors)
+    check_fleet(hosts)
     return hosts

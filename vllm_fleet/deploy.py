@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host, logger
+from pyinfra import host, inventory, logger
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
 from pyinfra.operations import apt, dnf, files, python, server, systemd
@@ -23,21 +23,22 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
-from vllm_fleet import bundle, host_packages as os_packages, hub, remote, ssh_lost
+from vllm_fleet import bundle, gateway, host_packages as os_packages, hub, remote, ssh_lost
 from vllm_fleet.model_sync import ModelSyncError, local_manifest, model_sync
 from vllm_fleet.catalog import GIB, ModelInfo
-from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, parse_host
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, check_fleet, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
 from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig,
                               HostRuntime, NvidiaGpus, PathsPresent, ServiceFreshness)
 from vllm_fleet.operations import secret_file, vllm_environment
-from vllm_fleet.plan import HostPlan, Interconnect, plan_host
+from vllm_fleet.plan import FleetPlan, HostPlan, Interconnect, plan_host
 from vllm_fleet.sandbox.assets import PREPARE_HINT
 from vllm_fleet.sandbox.harness import cache_dir
 from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
                                front_probe_address,
                                instance_paths, render_host, start_timeout_s)
-from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
+                               parse_probe_output, probe_command)
 
 
 ssh_lost.install()  # a connection that drops fails its host with a message, not the whole run
@@ -58,6 +59,7 @@ class Deployment:
     changed: dict[str, Any]  # op name -> OperationMeta, filled as operations are added
     missing_packages: list[os_packages.Need] = field(default_factory=list)  # installed in step 4
     package_family: str | None = None  # "debian" (apt) or "rhel" (dnf)
+    backends: list[gateway.Backend] | None = None  # the fleet's, on the gateway host (vllm_gateway)
 
 
 def upload_dir(config: HostConfig) -> str:
@@ -281,9 +283,34 @@ def prepare() -> Deployment:
             logger.warning(text)
             plan.warnings.append(text)
     absent, family = _missing_packages(config, plan)
+    backends = _fleet_backends(config, plan) if config["vllm_gateway"] else None
     secrets = read_secrets(config)
-    rendered = {f.path: f for f in render_host(config, plan, secrets)}
-    return Deployment(config, plan, rendered, secrets, {}, absent, family)
+    rendered = {f.path: f for f in render_host(config, plan, secrets, backends)}
+    return Deployment(config, plan, rendered, secrets, {}, absent, family, backends)
+
+
+def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]:
+    """The gateway's backends: every instance of every inventory host, planned by the same planner
+    (this host from its live facts; the others from their declared data, whether or not they are in
+    this run's --limit). A host whose data cannot be planned offline is left out, with a warning."""
+    configs, plans = [], []
+    for other in inventory:
+        if other.name == config.name:
+            configs.append(config)
+            plans.append(plan)
+            continue
+        try:
+            other_config = parse_host(other.name, other.data.dict())
+            plans.append(plan_host(other_config))
+            configs.append(other_config)
+        except ConfigErrors as exc:
+            logger.warning(f"{host.print_prefix}gateway: host {other.name} is left out of the backends "
+                           f"(its plan needs its live facts or has errors: {exc.errors[0].located()})")
+    try:
+        check_fleet(configs)
+    except ConfigErrors as exc:
+        _fail(exc.errors)
+    return gateway.fleet_backends(configs, FleetPlan(plans))
 
 
 def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packages.Need], str | None]:
@@ -292,7 +319,7 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
     required = os_packages.needs(
         config["vllm_target"], config["vllm_python_version"], config["vllm_env_manager"],
         eager_only=all(inst.config.enforce_eager for inst in plan.instances),
-        has_instances=bool(plan.instances))
+        has_instances=bool(plan.instances) or config["vllm_gateway"] is True)
     if not required:
         return [], None
     present, family = host.get_fact(HostRuntime, python_version=config["vllm_python_version"])
@@ -502,11 +529,32 @@ def service_files(d: Deployment) -> None:
             d.changed[f"front_{kind}"] = files.put(name=f"Front {kind}: {f.path}", src=io.StringIO(f.content),
                                                    dest=f.path, user=f.owner, group=f.group, mode=f.mode)
         d.changed.setdefault("units", []).append(d.changed["front_unit"])
+    gw_paths = gateway.gateway_paths(c)
+    if gw_paths["unit"] in d.files:
+        for kind in ("unit", "workers", "register", "models"):
+            f = d.files[gw_paths[kind]]
+            d.changed[f"gateway_{kind}"] = files.put(
+                name=f"Gateway {kind}: {f.path}", src=io.StringIO(f.content), dest=f.path, user=f.owner,
+                group=f.group, mode=f.mode)
+        key = d.files[gw_paths["key"]]
+        # Before the front (re)starts: its config includes this file, and `nginx -t` checks it.
+        d.changed["gateway_key"] = secret_file(name=f"Gateway key check: {key.path}", dest=key.path,
+                                               content=key.content, upload_dir=upload_dir(c),
+                                               group=key.group, mode=key.mode)
+        d.changed.setdefault("units", []).append(d.changed["gateway_unit"])
     manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
     files.put(name="Deploy manifest", src=io.StringIO(manifest.content), dest=manifest.path, mode="0644")
     wanted = {inst.unit_name for inst in d.plan.instances}
     for unit in host.get_fact(ManagedUnits):
         if unit in wanted:
+            continue
+        if unit == gateway.GATEWAY_UNIT:
+            if gw_paths["unit"] not in d.files:  # no longer the fleet's gateway
+                systemd.service(name="Stop the gateway (this host is no longer the fleet's gateway)",
+                                service=unit, running=False, enabled=False)
+                for path in gw_paths.values():
+                    d.changed.setdefault("units", []).append(
+                        files.file(name=f"Remove {path}", path=path, present=False))
             continue
         if unit == FRONT_UNIT:
             if front["unit"] not in d.files:  # no instance left: no front either
@@ -572,7 +620,9 @@ def services(d: Deployment) -> None:
         # After the instances: on the first deploy with a front, vLLM gives up the public port
         # only when it restarts onto its loopback port.
         unit_changed = any_changed(d.changed["front_unit"])
-        config_changed = any_changed(d.changed["front_config"])
+        # The gateway's key check is a file the front's config includes.
+        config_changed = any_changed(d.changed["front_config"],
+                                     *([d.changed["gateway_key"]] if "gateway_key" in d.changed else []))
         systemd.service(name=f"Restart {FRONT_UNIT} (its unit changed)", service=FRONT_UNIT, running=True,
                         restarted=True, enabled=True, _if=unit_changed)
         systemd.service(name=f"Reload {FRONT_UNIT} (its config changed; connections are kept)",
@@ -580,6 +630,23 @@ def services(d: Deployment) -> None:
                         _if=lambda: config_changed() and not unit_changed())
         systemd.service(name=f"Ensure {FRONT_UNIT} is enabled and running", service=FRONT_UNIT,
                         running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
+    if "gateway_unit" in d.changed:
+        _gateway_service(d)
+
+
+def _gateway_service(d: Deployment) -> None:
+    """vllm-router: restarted when its unit or environment changed (SIGTERM lets requests in flight
+    finish); else reloaded when its workers changed (ExecReload posts the list again: no request
+    is dropped); else kept running."""
+    unit = gateway.GATEWAY_UNIT
+    restart = any_changed(d.changed["gateway_unit"], d.changed["environment"])
+    reload = any_changed(d.changed["gateway_workers"], d.changed["gateway_register"])
+    systemd.service(name=f"Restart {unit} (its unit or environment changed)", service=unit, running=True,
+                    restarted=True, enabled=True, _if=restart)
+    systemd.service(name=f"Reload {unit} (its backends changed; requests in flight are kept)", service=unit,
+                    running=True, reloaded=True, enabled=True, _if=lambda: reload() and not restart())
+    systemd.service(name=f"Ensure {unit} is enabled and running", service=unit, running=True, enabled=True,
+                    _if=lambda: not (restart() or reload()))
 
 
 def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
@@ -601,7 +668,7 @@ def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execut
 
 def verify(d: Deployment) -> None:
     """8. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
-    if not d.config["vllm_verify"] or not d.plan.instances:
+    if not d.config["vllm_verify"]:
         return
     gpus = {g.index: g for g in d.plan.gpus}
     checks = []
@@ -613,7 +680,40 @@ def verify(d: Deployment) -> None:
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(d.config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))
-    python.call(name="Verify instances (health, models, completion)", function=_verify, checks=checks)
+    if checks:
+        python.call(name="Verify instances (health, models, completion)", function=_verify, checks=checks)
+    if d.backends is not None:
+        python.call(name="Verify the gateway (backends registered, key required, models)",
+                    function=_verify_gateway, spec=_gateway_check(d))
+
+
+def _gateway_check(d: Deployment) -> dict[str, Any]:
+    """What the host probe checks of the gateway (host_probe.check_gateway). The key is read on the
+    host from an instance's root-only env file, never passed."""
+    c = d.config
+    ports = gateway.gateway_ports(c)
+    return {"unit": gateway.GATEWAY_UNIT, "router_port": ports["router"], "port": ports["port"],
+            "address": front_probe_address(c["vllm_bind_host"]),
+            "urls": sorted({b.url for b in d.backends}),
+            "models": sorted({b.served_model_name for b in d.backends}),
+            "env_file": instance_paths(c, d.plan.instances[0].name)["env"] if d.plan.instances else None,
+            "timeout_s": 60}
+
+
+def _verify_gateway(state, host, spec: dict[str, Any]) -> None:  # runs at execution, on the gateway host
+    _ok, stdout, stderr = remote.run(host, host_probe_command("gateway", spec))
+    res = parse_host_probe(stdout)
+    if not res:
+        raise OperationError(f"host {host.name}: the gateway probe printed no result:\n{stderr[-2000:]}")
+    if not res["ok"]:
+        text = f"host {host.name}, gateway: verification failed: {res['error']}"
+        journal = [ln for ln in res.get("journal", "").splitlines() if ln.strip()][-15:]
+        if journal:
+            text += f"\n  last journal lines of {res['unit']}:\n" + "\n".join(f"    {ln}" for ln in journal)
+        host.data.vllm_fleet_verify_failure = text
+        raise OperationError(text)
+    logger.info(f"{host.print_prefix}verified the gateway: {len(spec['urls'])} backend(s) registered, "
+                f"key required, models {', '.join(spec['models'])}")
 
 
 def describe(d: Deployment) -> str:

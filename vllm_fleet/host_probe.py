@@ -280,6 +280,70 @@ def check_front(spec, key, res):
     return True
 
 
+def check_gateway(spec):
+    """The fleet gateway as clients and the router see it: vllm-router healthy on loopback with every
+    backend registered; at the front, 401 without the key and the fleet's models with it."""
+    res = {"name": "gateway", "unit": spec["unit"], "ok": False, "checks": {}}
+    deadline = time.time() + spec.get("timeout_s", 60)
+    while True:  # a router just (re)started registers its workers within seconds (ExecStartPost)
+        status, body = call(spec["router_port"], "/workers")
+        missing = [url for url in spec["urls"] if url not in body] if status == 200 else spec["urls"]
+        if not missing or time.time() > deadline:
+            break
+        time.sleep(1)
+    res["checks"]["router_workers"] = not missing
+    if missing:
+        res["error"] = (f"vllm-router on 127.0.0.1:{spec['router_port']} answered {status} and lacks "
+                        f"{len(missing)} backend(s), e.g. {missing[0]}: {body[:200]}")
+        return res
+    address, port = spec["address"], spec["port"]
+    status = call(port, "/v1/models", address=address)[0]
+    res["checks"]["key_required"] = status == 401
+    if status != 401:
+        res["error"] = f"the gateway on {address}:{port} answered {status} for /v1/models without the key"
+        return res
+    key = api_key(spec["env_file"]) if spec.get("env_file") else None
+    if key:
+        status, models, body = served_models(port, key, address)
+        res["checks"]["models"] = sorted(models) == sorted(spec["models"])
+        if not res["checks"]["models"]:
+            res["error"] = (f"the gateway's /v1/models answered {status} with {sorted(models)}, "
+                            f"expected {sorted(spec['models'])}: {body[:200]}")
+            return res
+    res["ok"] = all(res["checks"].values())
+    if not res["ok"]:
+        res["journal"] = journal(spec["unit"])
+    return res
+
+
+def gateway_status(spec):
+    """The gateway as the manifest describes it and vllm-router sees it now: unit state, and each
+    backend with the router's health verdict (None: not registered)."""
+    try:
+        with open(spec["manifest"]) as f:
+            gateway = json.load(f).get("gateway")
+    except (OSError, ValueError):
+        gateway = None
+    if not gateway:
+        return None
+    props = show(gateway["unit"], "ActiveState", "SubState", "Result", "NRestarts")
+    entry = {"unit": gateway["unit"], "url": gateway["url"], "version": gateway.get("version"),
+             "state": f"{props['ActiveState']}/{props['SubState']}", "active": props["ActiveState"] == "active"}
+    port = int(gateway["router"].rsplit(":", 1)[1])
+    status, body = call(port, "/workers", timeout=10)
+    workers = {}
+    if status == 200:
+        workers = {w.get("url"): w for w in json.loads(body).get("workers", [])}
+    else:
+        entry["error"] = f"vllm-router answered {status} on 127.0.0.1:{port}/workers: {body[:200]}"
+    entry["backends"] = [dict(b, registered=b["url"] in workers,
+                              healthy=workers[b["url"]].get("is_healthy") if b["url"] in workers else None)
+                         for b in gateway["backends"]]
+    if not entry["active"]:
+        entry["failure"] = unit_failure(gateway["unit"], props, lines=40)
+    return entry
+
+
 def verify(specs):
     results = []
     for spec in specs:
@@ -389,7 +453,12 @@ def status(spec):
 
 def main(argv):
     mode, payload = argv[1], json.loads(argv[2])
-    result = verify(payload) if mode == "verify" else status(payload)
+    if mode == "gateway":
+        result = check_gateway(payload)
+    elif mode == "gateway-status":
+        result = gateway_status(payload)
+    else:
+        result = verify(payload) if mode == "verify" else status(payload)
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 

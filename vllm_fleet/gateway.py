@@ -1,0 +1,226 @@
+"""The fleet gateway: one authenticated endpoint for every instance of the fleet. Pure: no I/O.
+
+vllm-router (PyPI `vllm-router`, a Rust binary wheel) in IGW mode routes each request to the
+backends serving the `model` it names, round-robin among them, and drops a backend whose /health
+fails. It checks no client key and its admin API (/workers) has no authentication, so it listens on
+127.0.0.1 only, behind the host's front (nginx, render.front_files), which checks the fleet's API key
+and passes only /v1/... and GET /health. Its backends are every planned instance of the fleet that
+serves a model, reached at their own host's front (http://<advertise address>:<port>, which passes
+/v1/ and GET /health; each vLLM checks the same key again).
+
+On the gateway host (config key vllm_gateway; at most one per fleet, config.check_fleet):
+
+    GATEWAY_UNIT                              vllm-router, as the service user (gateway.service.j2)
+    <vllm_config_dir>/gateway-workers.json    the backends, posted to the router after each start
+    <vllm_config_dir>/gateway-register.py     the script that posts them (stdlib only)
+    <vllm_config_dir>/gateway-models.json     GET /v1/models as OpenAI clients expect it (nginx serves it)
+    <vllm_config_dir>/gateway-key.conf        the key check, an nginx map (secret, 0640)
+    <vllm_config_dir>/front.conf              + the gateway's server block (render.front_files), which
+                                              includes gateway-key.conf
+
+Example:
+
+    hosts, plan = cli.load_and_plan("inventory/prod.py", None)
+    backends = fleet_backends(hosts, plan)
+    gateway = find_gateway(hosts)
+    files = gateway_files(gateway, backends, render.environment_prefix(gateway, spec), secrets)
+
+vllm-router is installed into the host's own versioned environment (render.environment_spec adds
+gateway_packages to it): built aside, from the wheelhouse on air-gapped hosts, switched atomically,
+like vLLM. Its dependencies (fastapi, uvicorn, aiohttp, ...) are unpinned and vLLM's already.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
+from vllm_fleet.plan import FleetPlan
+from vllm_fleet.render import UNIT_DIR, RenderedFile, Secrets, _jinja, front_paths
+
+GATEWAY_UNIT = "vllm-fleet-gateway.service"
+GATEWAY_PACKAGE = "vllm-router"
+# round_robin, not vllm-router's default cache_aware: that one first asks a backend to tokenize each
+# prompt (an extra request through its front) and keeps equal prompts on one backend, so the
+# instances of a model would not share the load.
+ROUTER_POLICY = "round_robin"
+REGISTER_TIMEOUT_S = 60  # ExecStartPost: vllm-router answers /health ~1 s after its start
+STOP_TIMEOUT_S = 30  # SIGTERM lets the requests in flight finish (~2 s measured), then SIGKILL
+# What the key file holds where no key is known (vllm-fleet render has no secrets).
+KEY_PLACEHOLDER = ("placeholder: the deploy writes the fleet's key here; until then every request "
+                   "gets 401")
+# The gateway's answer to a missing or wrong key, in OpenAI's error shape (its clients parse that).
+UNAUTHORIZED = json.dumps({"error": {"message": "invalid or missing API key: send the header "
+                                                "Authorization: Bearer <the fleet API key>",
+                                     "type": "invalid_request_error", "param": None,
+                                     "code": "invalid_api_key"}})
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One instance the gateway sends a model's requests to."""
+
+    host: str
+    instance: str
+    served_model_name: str
+    url: str  # the instance's front on its host: http://<advertise address>:<port>
+    max_model_len: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "instance": self.instance, "model": self.served_model_name,
+                "url": self.url}
+
+
+def url_host(address: str) -> str:
+    """An address as a URL takes it: IPv6 in brackets."""
+    return f"[{address}]" if ":" in address else address
+
+
+def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Backend]:
+    """Every planned instance of every host, in inventory order: the same plans the deploy makes, so
+    the gateway's backends are never a second list to maintain. An instance serves one name
+    (InstanceConfig.served_model_name; `served-model-name` cannot be set in engine_args)."""
+    by_name = {c.name: c for c in configs}
+    out = []
+    for host_plan in fleet_plan.hosts:
+        address = url_host(by_name[host_plan.name]["vllm_advertise_address"])
+        for inst in host_plan.instances:
+            out.append(Backend(host=host_plan.name, instance=inst.name,
+                               served_model_name=inst.config.served_model_name,
+                               url=f"http://{address}:{inst.port}", max_model_len=inst.max_model_len))
+    return out
+
+
+def find_gateway(configs: list[HostConfig]) -> HostConfig | None:
+    """The host with vllm_gateway = True, or None. Two of them: ConfigErrors naming both."""
+    check_fleet(configs)
+    return next((c for c in configs if c["vllm_gateway"] is True), None)
+
+
+def gateway_paths(config: HostConfig) -> dict[str, str]:
+    config_dir = config["vllm_config_dir"]
+    return {"unit": f"{UNIT_DIR}/{GATEWAY_UNIT}", "workers": f"{config_dir}/gateway-workers.json",
+            "register": f"{config_dir}/gateway-register.py", "models": f"{config_dir}/gateway-models.json",
+            "key": f"{config_dir}/gateway-key.conf"}
+
+
+def gateway_packages(config: HostConfig) -> list[str]:
+    """What the gateway adds to the host's environment (vllm-router pulls its own dependencies)."""
+    return [f"{GATEWAY_PACKAGE}=={config['vllm_gateway_version']}"]
+
+
+def router_url(config: HostConfig) -> str:
+    """vllm-router's own listener (loopback: its admin API is there too)."""
+    return f"http://127.0.0.1:{gateway_ports(config)['router']}"
+
+
+def gateway_url(config: HostConfig) -> str:
+    """What clients use: the gateway host's address and the gateway port, with /v1."""
+    return f"http://{url_host(config['vllm_advertise_address'])}:{config['vllm_gateway_port']}/v1"
+
+
+def workers_json(backends: list[Backend]) -> str:
+    """The router's workers: one per backend, with its served name as model_id (given explicitly:
+    the router's own detection asks /v1/models without the key and files it under 'unknown')."""
+    workers = [{"url": b.url, "model_id": b.served_model_name, "host": b.host, "instance": b.instance}
+               for b in backends]
+    return json.dumps(workers, indent=2) + "\n"
+
+
+def models_json(backends: list[Backend]) -> str:
+    """GET /v1/models as OpenAI clients parse it: each served name once, sorted. max_model_len: the
+    smallest among the name's backends (what any of them accepts)."""
+    lengths: dict[str, int] = {}
+    for b in backends:
+        lengths[b.served_model_name] = min(lengths.get(b.served_model_name, b.max_model_len), b.max_model_len)
+    data = [{"id": name, "object": "model", "created": 0, "owned_by": "vllm-fleet",
+             "max_model_len": lengths[name]} for name in sorted(lengths)]
+    return json.dumps({"object": "list", "data": data}, indent=2) + "\n"
+
+
+def register_command(config: HostConfig, env_prefix: str) -> str:
+    """The ExecStartPost=/ExecReload= line: the environment's python runs the registration script."""
+    paths = gateway_paths(config)
+    return (f"{env_prefix}/bin/python -I {paths['register']} {router_url(config)} {paths['workers']} "
+            f"{REGISTER_TIMEOUT_S}")
+
+
+def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str,
+                  secrets: Secrets | None = None) -> list[RenderedFile]:
+    """Every file of the gateway host's gateway: unit, workers list, registration script, models
+    list and the key check. `secrets=None` renders a placeholder key check (vllm-fleet render).
+    The server block clients reach is in the front's nginx config (render.front_files with
+    gateway=nginx_context(config)), which includes the key file: a changed key file takes a front
+    reload; a changed workers list a `systemctl reload` of GATEWAY_UNIT; the models list none (nginx
+    reads it per request)."""
+    paths = gateway_paths(config)
+    jenv = _jinja()
+    unit = jenv.get_template("gateway.service.j2").render(
+        host=config, version=config["vllm_gateway_version"], ports=gateway_ports(config),
+        bind=config["vllm_bind_host"], backends=backends, paths=paths, env_prefix=env_prefix,
+        policy=ROUTER_POLICY, register_command=register_command(config, env_prefix),
+        start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S)
+    script = jenv.get_template("gateway-register.py.j2").render(host=config, unit=GATEWAY_UNIT)
+    return [RenderedFile(paths["unit"], unit),
+            RenderedFile(paths["workers"], workers_json(backends)),
+            RenderedFile(paths["register"], script),
+            RenderedFile(paths["models"], models_json(backends)),
+            key_file(config, secrets)]
+
+
+# --- the client side, in the host's front (render.front_files) -------------------------------------
+
+def nginx_regex_literal(text: str) -> str:
+    """`text` as a PCRE pattern matching exactly it: a backslash before every ASCII character that
+    is not a letter, digit or '_' (PCRE: an escaped non-alphanumeric is always literal; '$' and '.'
+    would otherwise be an anchor and a wildcard)."""
+    return "".join("\\" + c if c.isascii() and not (c.isalnum() or c == "_") else c for c in text)
+
+
+def nginx_string(text: str) -> str:
+    """One nginx config token holding exactly `text`: double-quoted, with '\\' and '"' escaped
+    (ngx_conf_file.c unescapes \\\\, \\" and \\' and keeps any other backslash; '$' in a map's key is
+    not a variable, and nothing else is special inside quotes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def key_pattern(api_key: str) -> str:
+    """The nginx map key that matches exactly "Authorization: Bearer <api_key>", case-sensitively."""
+    if not api_key or any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key):
+        raise ValueError("the API key is empty or has a control character (an HTTP header cannot carry it)")
+    return nginx_string("~^" + nginx_regex_literal("Bearer " + api_key) + "$")
+
+
+def key_file(config: HostConfig, secrets: Secrets | None) -> RenderedFile:
+    """The nginx include that checks the fleet's key: 0640 root:<service user> (nginx runs as that
+    user). Without secrets (vllm-fleet render), a placeholder that refuses every request; with
+    secrets but no key, the same (the gateway never opens without one)."""
+    pattern = key_pattern(secrets.api_key) if secrets and secrets.api_key else None
+    content = _jinja().get_template("gateway-key.nginx.conf.j2").render(
+        host=config, front_config=front_paths(config)["config"], pattern=pattern,
+        note=KEY_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
+    return RenderedFile(gateway_paths(config)["key"], content, mode="0640",
+                        group=config["vllm_service_user"], secret=secrets is not None)
+
+
+def nginx_context(config: HostConfig) -> dict[str, Any]:
+    """What templates/front.nginx.conf.j2 needs for the gateway's server block."""
+    ports = gateway_ports(config)
+    paths = gateway_paths(config)
+    return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
+            "key_file": paths["key"], "models_file": paths["models"],
+            # `return 401 <this>`: one quoted token, ending in nginx's \n escape (a line break).
+            "unauthorized": nginx_string(UNAUTHORIZED)[:-1] + '\\n"'}
+
+
+def gateway_manifest(config: HostConfig, backends: list[Backend]) -> dict[str, Any]:
+    """The gateway as `plan --json` (and later status/rollout) show it: host, client URL, the router's
+    loopback URL and metrics port, and every backend."""
+    ports = gateway_ports(config)
+    return {"host": config.name, "url": gateway_url(config), "unit": GATEWAY_UNIT,
+            "router": router_url(config), "metrics_port": ports["metrics"],
+            "version": config["vllm_gateway_version"],
+            "models": sorted({b.served_model_name for b in backends}),
+            "backends": [b.as_dict() for b in backends]}
