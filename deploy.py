@@ -10,14 +10,17 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
      workstation directory (model_source) are synced to the host (one remote command if unchanged)
   3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
      free space checked first, built aside, `current` switched atomically
-  4. OS packages the host lacks (nginx, the front: the only listener clients reach)
+  4. OS packages the runtime needs and the host lacks (nginx for the front; a compiler and the Python
+     headers where Triton or inductor compile), with apt/dnf, or refused before any change
   5. Hugging Face ids are downloaded into HF_HOME (the token goes in a root-only file, not argv)
   6. engine YAML, root-only env file, units; the front's config and unit; units of removed
      instances are removed
   7. daemon-reload only if a unit changed; restart only the instances whose files or env changed
      (or that still run from before an interrupted deploy changed them); then reload the front
-  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion;
-     then the lock is released (a killed deploy releases it when its SSH session ends)
+  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion
+  9. on the fleet's gateway host: vllm-router restarted or reloaded if its unit or backends
+     changed (after this host's instances serve: it registers them), then verified; then the
+     lock is released (a killed deploy releases it when its SSH session ends)
 """
 
 from pyinfra import host, logger
@@ -39,4 +42,5 @@ else:
     step.service_files(deployment)
     step.services(deployment)
     step.verify(deployment)
+    step.gateway_service(deployment)
     step.release_lock(deployment)

@@ -88,7 +88,8 @@ vllm_install_host_packages = True
 # host at another address than the deploy does (another network, NAT, a DNS name).
 vllm_advertise_address = None
 # True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
-# mode; unit vllm-fleet-gateway.service, the service user, its own environment under vllm_root/envs)
+# mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
+# environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --extra vllm-router==X`)
 # with every instance of the fleet that serves a model as a backend, read from each host's plan:
 # requests go only to instances serving the `model` they name, round-robin among them. The host
 # needs no instances of its own. Clients use http://<address>:<vllm_gateway_port>/v1 with the fleet's
@@ -102,6 +103,10 @@ vllm_gateway_version = "0.1.17"  # pinned vllm-router
 # more requests until it answers again (vllm-router's own defaults, 3 x 60 s, keep a dead one ~3 min).
 vllm_gateway_health_interval_s = 2
 vllm_gateway_failure_threshold = 2
+# `vllm-fleet rollout`: before a batch converges, its backends leave the gateway (no new request) and
+# the requests they already have finish, waited for up to this long; they are put back once
+# verified. The only healthy backend of a model is not drained (nothing else could serve it).
+vllm_gateway_drain_timeout_s = 60
 
 # --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
 vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key

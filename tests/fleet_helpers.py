@@ -84,10 +84,12 @@ _KEEP = object()
 
 
 def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
-                      extra_hosts: list | None = None, host_data: dict | None = None) -> str:
+                      extra_hosts: list | None = None, host_data: dict | None = None,
+                      instance: dict | None = None) -> str:
     """inventory/sandbox.py's cpu_hosts with the instance changed: `every` on all hosts, then `cpu2`
     on sbx-cpu2 (None removes its instance). `host_data`: host name -> host-level data to set on
-    that host (beats group data), e.g. {"sbx-cpu1": {"vllm_wheelhouse": None}}. Written as
+    that host (beats group data), e.g. {"sbx-cpu1": {"vllm_wheelhouse": None}}. `instance`: host
+    name -> changes to that host's instance, e.g. {"sbx-cpu1": {"served_model_name": "x"}}. Written as
     sandbox.py beside a link to inventory/group_data, so pyinfra gives it the same group data."""
     (tmp_path / "group_data").symlink_to(REPO / "inventory" / "group_data")
     change_cpu2 = cpu2 is not _KEEP
@@ -104,6 +106,7 @@ def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
         for _name, _data in _base["cpu_hosts"] + {extra_hosts or []!r}:
             _inst = copy.deepcopy(_g.vllm_instances[0])
             _inst.update({every or {}!r})
+            _inst.update({instance or {}!r}.get(_name, {{}}))
             _data = dict(_data, vllm_instances=[_inst])
             if _name == "sbx-cpu2" and {change_cpu2!r}:
                 if {remove_cpu2!r}:

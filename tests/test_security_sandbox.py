@@ -18,6 +18,10 @@ from vllm_fleet.sandbox import harness
 
 HOST, ADDRESS = "sbx-cpu1", CPU_HOSTS["sbx-cpu1"]
 PORT, BACKEND_PORT = 8000, 18000  # the instance's port (the front) and vLLM's own (loopback)
+# sbx-cpu1 is also the fleet gateway: nginx on 9000 (key checked there), vllm-router on 127.0.0.1.
+GATEWAY_PORT, ROUTER_PORT, ROUTER_METRICS_PORT = 9000, 19000, 19001
+ROUTER_ADMIN = ["/workers", "/list_workers", "/get_loads", "/flush_cache", "/liveness", "/readiness",
+                "/get_server_info", "/get_model_info", "/v1/models/../../workers"]
 # Routes vLLM's security guide names as answering without the key (some only with dev flags).
 GUIDE_ROUTES = ["/invocations", "/pooling", "/classify", "/score", "/rerank", "/tokenize", "/detokenize",
                 "/pause", "/resume", "/abort_requests", "/update_weights", "/is_paused", "/sleep",
@@ -176,6 +180,25 @@ def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, 
     # With the key, /v1 works through the front.
     assert _request("GET", "/v1/models", key=API_KEY) == 200
     assert _request("POST", "/v1/completions", key=API_KEY) == 200
+    # The same through the fleet gateway: its nginx asks for the key on /v1 (vllm-router checks
+    # none), passes GET /health, and nothing else: not vLLM's routes, not the router's admin API.
+    for path, method in routes + [(p, m) for p in GUIDE_ROUTES + ROUTER_ADMIN for m in ("GET", "POST")]:
+        concrete = path.replace("{", "").replace("}", "")
+        status = _request(method, concrete, port=GATEWAY_PORT)
+        tried.append((method, f":{GATEWAY_PORT}{concrete}", status))
+        if concrete == "/health" and method == "GET":
+            assert status == 200
+        elif concrete.startswith("/v1/") and not concrete.startswith("/v1/models/.."):
+            assert status == 401, (method, concrete, status)
+        else:
+            assert status in (403, 404), (method, concrete, status)
+    for wrong in (None, API_KEY + "x", API_KEY.upper(), "sk-1234"):
+        assert _request("POST", "/v1/completions", key=wrong, port=GATEWAY_PORT) == 401, wrong
+    # The router itself (admin API and metrics) is not reachable off the host.
+    assert _request("GET", "/workers", port=ROUTER_PORT) == 0
+    assert _request("GET", "/metrics", port=ROUTER_METRICS_PORT) == 0
+    assert _request("GET", "/v1/models", key=API_KEY, port=GATEWAY_PORT) == 200
+    assert _request("POST", "/v1/completions", key=API_KEY, port=GATEWAY_PORT) == 200
     print(f"{len(tried)} off-host requests without the key, none answered but /health")
 
 
@@ -185,6 +208,16 @@ def test_front_is_the_only_listener_and_runs_unprivileged(fleet, sandbox):
     backend = [ln for ln in listening.splitlines() if f":{BACKEND_PORT} " in ln]
     assert public and all("nginx" in ln for ln in public), listening
     assert backend and all("127.0.0.1:" in ln for ln in backend), listening
+    # Every listener off loopback is the front's nginx (the instance's port and the gateway's).
+    exposed = [ln for ln in listening.splitlines() if "127.0.0.1:" not in ln and "[::1]:" not in ln
+               and ":22 " not in ln]
+    assert exposed and all("nginx" in ln for ln in exposed), listening
+    assert any(f":{GATEWAY_PORT} " in ln for ln in exposed), listening
+    router = [ln for ln in listening.splitlines() if f":{ROUTER_PORT} " in ln or f":{ROUTER_METRICS_PORT} " in ln]
+    assert len(router) == 2 and all("127.0.0.1:" in ln for ln in router), listening
+    gateway_user = sandbox.run(HOST, "ps -o user= -p $(systemctl show -p MainPID --value "
+                                     "vllm-fleet-gateway.service)").stdout.strip()
+    assert gateway_user == "vllm"
     main = sandbox.run(HOST, "systemctl show -p MainPID --value vllm-fleet-front.service").stdout.strip()
     users = sandbox.run(HOST, f"ps -o user=,args= --ppid {main} -p {main}").stdout.splitlines()
     assert len(users) >= 2 and all(ln.split()[0] == "vllm" and "nginx" in ln for ln in users), users

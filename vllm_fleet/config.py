@@ -85,6 +85,7 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_gateway_version": "0.1.17",
     "vllm_gateway_health_interval_s": 2,
     "vllm_gateway_failure_threshold": 2,
+    "vllm_gateway_drain_timeout_s": 60,
     "vllm_api_key_env": "VLLM_FLEET_API_KEY",
     "vllm_api_key_file": None,
     "vllm_hf_token_env": "HF_TOKEN",
@@ -777,7 +778,8 @@ def _check_gateway(check: _Checker, settings: dict[str, Any], instances: list[In
     if not port_ok:
         check.error(f"must be a port number (1-65535), got {port!r}", key="vllm_gateway_port",
                     fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
-    for key in ("vllm_gateway_health_interval_s", "vllm_gateway_failure_threshold"):
+    for key in ("vllm_gateway_health_interval_s", "vllm_gateway_failure_threshold",
+                "vllm_gateway_drain_timeout_s"):
         value = settings[key]
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             check.error(f"must be a positive integer, got {value!r}", key=key,

@@ -630,14 +630,16 @@ def services(d: Deployment) -> None:
                         _if=lambda: config_changed() and not unit_changed())
         systemd.service(name=f"Ensure {FRONT_UNIT} is enabled and running", service=FRONT_UNIT,
                         running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
-    if "gateway_unit" in d.changed:
-        _gateway_service(d)
 
 
-def _gateway_service(d: Deployment) -> None:
-    """vllm-router: restarted when its unit or environment changed (SIGTERM lets requests in flight
-    finish); else reloaded when its workers changed (ExecReload posts the list again: no request
-    is dropped); else kept running."""
+def gateway_service(d: Deployment) -> None:
+    """9. On the fleet's gateway host, after this host's instances are verified (a restart or reload
+    registers every backend, this host's included, so they must be serving by then): vllm-router
+    restarted when its unit or environment changed (SIGTERM lets requests in flight finish); else
+    reloaded when its workers changed (ExecReload posts the list again: no request is dropped);
+    else kept running. Then it is verified."""
+    if "gateway_unit" not in d.changed:
+        return
     unit = gateway.GATEWAY_UNIT
     restart = any_changed(d.changed["gateway_unit"], d.changed["environment"])
     reload = any_changed(d.changed["gateway_workers"], d.changed["gateway_register"])
@@ -647,6 +649,9 @@ def _gateway_service(d: Deployment) -> None:
                     running=True, reloaded=True, enabled=True, _if=lambda: reload() and not restart())
     systemd.service(name=f"Ensure {unit} is enabled and running", service=unit, running=True, enabled=True,
                     _if=lambda: not (restart() or reload()))
+    if d.config["vllm_verify"]:
+        python.call(name="Verify the gateway (backends registered, key required, models)",
+                    function=_verify_gateway, spec=_gateway_check(d))
 
 
 def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
@@ -682,9 +687,6 @@ def verify(d: Deployment) -> None:
             gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))
     if checks:
         python.call(name="Verify instances (health, models, completion)", function=_verify, checks=checks)
-    if d.backends is not None:
-        python.call(name="Verify the gateway (backends registered, key required, models)",
-                    function=_verify_gateway, spec=_gateway_check(d))
 
 
 def _gateway_check(d: Deployment) -> dict[str, Any]:

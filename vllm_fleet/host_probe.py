@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 
 RESULT_PREFIX = "VLLM_FLEET_PROBE "
@@ -93,11 +94,11 @@ def api_key(env_file):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def call(port, path, key=None, body=None, timeout=30, address="127.0.0.1"):
+def call(port, path, key=None, body=None, timeout=30, address="127.0.0.1", method=None):
     host = f"[{address}]" if ":" in address else address
     req = urllib.request.Request(f"http://{host}:{port}{path}",
                                  data=json.dumps(body).encode() if body is not None else None,
-                                 headers={"Content-Type": "application/json"})
+                                 headers={"Content-Type": "application/json"}, method=method)
     if key:
         req.add_header("Authorization", "Bearer " + key)
     try:
@@ -344,6 +345,36 @@ def gateway_status(spec):
     return entry
 
 
+def gateway_workers(spec):
+    """Take backends out of vllm-router (no new request goes to them) or put them back."""
+    port, out = spec["router_port"], {"removed": [], "added": [], "errors": []}
+    for url in spec.get("remove", []):
+        status, body = call(port, "/workers/" + urllib.parse.quote(url, safe=""), method="DELETE", timeout=10)
+        (out["removed"] if status == 200 else out["errors"]).append(url if status == 200 else
+                                                                    f"DELETE {url}: {status} {body[:200]}")
+    for worker in spec.get("add", []):
+        status, body = call(port, "/workers", body=worker, timeout=10)
+        (out["added"] if status == 200 else out["errors"]).append(
+            worker["url"] if status == 200 else f"POST {worker['url']}: {status} {body[:200]}")
+    return out
+
+
+def wait_idle(spec):
+    """Wait until the vLLM instances on `ports` have no request running or waiting (the ones the
+    gateway sent before they were drained), or the time is up; report what was still in flight."""
+    started, deadline = time.time(), time.time() + spec["timeout_s"]
+    while True:
+        busy = {}
+        for port in spec["ports"]:
+            m = metrics(port)
+            n = int(m.get("num_requests_running", 0) + m.get("num_requests_waiting", 0))
+            if n:
+                busy[str(port)] = n
+        if not busy or time.time() > deadline:
+            return {"in_flight": busy, "seconds": round(time.time() - started, 1)}
+        time.sleep(0.2)
+
+
 def verify(specs):
     results = []
     for spec in specs:
@@ -457,6 +488,10 @@ def main(argv):
         result = check_gateway(payload)
     elif mode == "gateway-status":
         result = gateway_status(payload)
+    elif mode == "gateway-workers":
+        result = gateway_workers(payload)
+    elif mode == "wait-idle":
+        result = wait_idle(payload)
     else:
         result = verify(payload) if mode == "verify" else status(payload)
     print(RESULT_PREFIX + json.dumps(result), flush=True)

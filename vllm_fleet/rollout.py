@@ -25,7 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vllm_fleet import gateway_drain
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
+from vllm_fleet.gateway import find_gateway
 from vllm_fleet.envbuild import current_link
 from vllm_fleet.facts import MANAGED_UNIT_FILES
 from vllm_fleet.render import front_probe_address
@@ -207,17 +209,15 @@ def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
-                    log) -> None:
-    """Snapshot, run deploy.py on the batch through pyinfra's API, roll back each failed host."""
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operations import run_ops
-    from pyinfra.api.state import StateStage
-    from pyinfra_cli.util import load_deploy_file
-
+                    log, gateway_config=None) -> None:
+    """Snapshot, drain the batch from the fleet gateway, run deploy.py on the batch through pyinfra's
+    API, roll back each failed host, put the batch back into the gateway."""
     from vllm_fleet.connection import connected
     from vllm_fleet.remote import run
 
-    with connected(inventory, names) as (state, active):
+    gw_name = gateway_config.name if gateway_config is not None else None
+    reach = names + ([gw_name] if gw_name and gw_name not in names else [])
+    with connected(inventory, reach) as (state, active):
         for name in names:
             res = results[name]
             res.started = time.time()
@@ -232,49 +232,76 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
         batch = [n for n in names if active[n] is not None and results[n].state == "untouched"]
         if not batch:
             return
-        state.limit_hosts = [active[n] for n in batch]
-        state.set_stage(StateStage.Prepare)
-        state.current_op_file_number = 0
+        gw_host = active.get(gw_name) if gw_name else None
+        drained = gateway_drain.Drained()
+        if gw_host is not None:
+            try:
+                drained = gateway_drain.drain(gw_host, gateway_config, batch, active, configs, log)
+            except Exception as exc:  # noqa: BLE001 - the gateway is best effort; the rollout goes on
+                log(f"gateway on {gw_name}: could not drain ({exc}); requests may fail during restarts")
         try:
-            load_deploy_file(state, str(deploy_file()))
-        except Exception as exc:  # noqa: BLE001 - DeployError or a deploy.py bug: nothing was changed yet
-            cause, refused = _load_error(exc)
-            text = _error_text(cause)
-            for n in batch:
-                res = results[n]
-                res.error, res.finished = text.splitlines()[0] if refused else text, time.time()
-                res.state = "untouched" if refused else "failed"
-            if refused:
-                raise RolloutStopped(text, list(results.values())) from None
-            import traceback
+            _deploy_batch(state, batch, active, configs, results, log)
+        finally:
+            try:
+                gateway_drain.restore(gw_host, gateway_config, drained, log)
+            except Exception as exc:  # noqa: BLE001
+                log(f"gateway on {gw_name}: could not put the batch back ({exc}): run the deploy "
+                    f"on {gw_name} (its unit re-registers every backend)")
 
-            log("deploy.py raised an unexpected exception (a bug; nothing was changed on "
-                f"{', '.join(batch)}):\n" + "".join(traceback.format_exception(cause)).rstrip())
-            return
-        state.set_stage(StateStage.Execute)
-        try:
-            run_ops(state)
-        except PyinfraError:  # "No hosts remaining!": every host of the batch failed
-            pass
-        failed = {h.name for h in state.failed_hosts}
+
+def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results: dict[str, HostResult],
+                  log) -> None:
+    """deploy.py on the batch (already connected and snapshotted); roll back each failed host."""
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+    from pyinfra_cli.util import load_deploy_file
+
+    from vllm_fleet.remote import run
+
+    state.limit_hosts = [active[n] for n in batch]
+    state.set_stage(StateStage.Prepare)
+    state.current_op_file_number = 0
+    try:
+        load_deploy_file(state, str(deploy_file()))
+    except Exception as exc:  # noqa: BLE001 - DeployError or a deploy.py bug: nothing was changed yet
+        cause, refused = _load_error(exc)
+        text = _error_text(cause)
         for n in batch:
             res = results[n]
-            if n not in failed:
-                ok, out, _err = run(active[n], f"cat {configs[n]['vllm_config_dir']}/manifest.json")
-                res.after = json.loads(out or "{}") if ok else {}
-                changes = changed_operations(state, active[n])
-                res.state, res.finished = ("updated" if changes else "unchanged"), time.time()
-                log(f"{n}: updated ({len(changes)} operation(s) changed it) and verified" if changes
-                    else f"{n}: unchanged (no operation changed it) and verified")
-                continue
-            res.error = (active[n].data.get("vllm_fleet_verify_failure")
-                         or "the deploy failed on this host (see pyinfra's output above)")
-            log(f"{n}: failed, rolling back")
-            ok, message = _roll_back(active[n], configs[n], res.before)
-            res.state = "rolled back" if ok else "failed"
-            res.error += f"; rollback: {message}"
-            res.after = res.before
-            res.finished = time.time()
+            res.error, res.finished = text.splitlines()[0] if refused else text, time.time()
+            res.state = "untouched" if refused else "failed"
+        if refused:
+            raise RolloutStopped(text, list(results.values())) from None
+        import traceback
+
+        log("deploy.py raised an unexpected exception (a bug; nothing was changed on "
+            f"{', '.join(batch)}):\n" + "".join(traceback.format_exception(cause)).rstrip())
+        return
+    state.set_stage(StateStage.Execute)
+    try:
+        run_ops(state)
+    except PyinfraError:  # "No hosts remaining!": every host of the batch failed
+        pass
+    failed = {h.name for h in state.failed_hosts}
+    for n in batch:
+        res = results[n]
+        if n not in failed:
+            ok, out, _err = run(active[n], f"cat {configs[n]['vllm_config_dir']}/manifest.json")
+            res.after = json.loads(out or "{}") if ok else {}
+            changes = changed_operations(state, active[n])
+            res.state, res.finished = ("updated" if changes else "unchanged"), time.time()
+            log(f"{n}: updated ({len(changes)} operation(s) changed it) and verified" if changes
+                else f"{n}: unchanged (no operation changed it) and verified")
+            continue
+        res.error = (active[n].data.get("vllm_fleet_verify_failure")
+                     or "the deploy failed on this host (see pyinfra's output above)")
+        log(f"{n}: failed, rolling back")
+        ok, message = _roll_back(active[n], configs[n], res.before)
+        res.state = "rolled back" if ok else "failed"
+        res.error += f"; rollback: {message}"
+        res.after = res.before
+        res.finished = time.time()
 
 
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
@@ -289,12 +316,14 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
                               fix="use host names of the inventory (after --limit)")
         names = order + [n for n in names if n not in order]
     configs = {name: parse_host(name, data) for name, data, _g in hosts}
+    # The fleet's gateway, wherever it is (in --limit or not): the batches are drained from it.
+    gateway_config = find_gateway([parse_host(name, data) for name, data, _g in load_inventory(inventory)])
     size = parse_batch(batch, len(names))
     results = {n: HostResult(n) for n in names}
     for start in range(0, len(names), size):
         group = names[start:start + size]
         log(f"batch {start // size + 1}: {', '.join(group)}")
-        _converge_batch(inventory, group, configs, results, log)
+        _converge_batch(inventory, group, configs, results, log, gateway_config)
         failures = [r for r in results.values() if r.state in ("failed", "rolled back")]
         if len(failures) > max_fail:
             log(f"stopping: {len(failures)} host(s) failed (--max-fail {max_fail}); "

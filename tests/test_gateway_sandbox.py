@@ -1,0 +1,145 @@
+"""The fleet gateway on the sandbox (vllm-router behind sbx-cpu1's front), with real vLLM backends
+and the official `openai` client: routing by model, the key at the edge, a dead backend taken out.
+(The rolling update under client load through the gateway is in test_rollout_sandbox.py.)
+
+Two served names across the three CPU hosts: sbx-cpu1 serves "tiny-solo", sbx-cpu2 and sbx-cpu3
+both serve "tiny-llama" (the gateway balances them). Traffic goes only to the sandbox hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from fleet_helpers import API_KEY, CPU_HOSTS, pyinfra, variant_inventory, vllm_fleet
+
+GATEWAY = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
+SOLO, POOL = "tiny-solo", "tiny-llama"
+SERVES = {"sbx-cpu1": SOLO, "sbx-cpu2": POOL, "sbx-cpu3": POOL}
+
+
+def _client(key: str = API_KEY, timeout: float = 60) -> openai.OpenAI:
+    # trust_env=False: a proxy from this machine's environment must not carry sandbox traffic.
+    return openai.OpenAI(base_url=GATEWAY, api_key=key, max_retries=0, timeout=timeout,
+                         http_client=openai.DefaultHttpx2Client(trust_env=False))
+
+
+def _post(url: str, body: dict, key: str | None = None) -> tuple[int, str]:
+    """A raw POST (no client library in between), straight to the sandbox address."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=30) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _successes(sandbox) -> dict[str, float]:
+    """vllm:request_success_total of each host's vLLM (read on the host, from its loopback port)."""
+    out = {}
+    for host in CPU_HOSTS:
+        text = sandbox.run(host, "curl -s 127.0.0.1:18000/metrics").stdout
+        out[host] = sum(float(ln.split()[-1]) for ln in text.splitlines()
+                        if ln.startswith("vllm:request_success_total"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def two_names(sandbox, deploy_env, tmp_path_factory):
+    inventory = variant_inventory(tmp_path_factory.mktemp("gw"), instance={"sbx-cpu1": {"served_model_name": SOLO}})
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=inventory)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "verified the gateway: 3 backend(s) registered, key required, models tiny-llama, tiny-solo" in out
+    _wait_all_healthy(sandbox)
+    return inventory
+
+
+def _wait_all_healthy(sandbox, timeout: float = 60) -> None:
+    """Until vllm-router's health checks have passed on every backend (a router just (re)started, or
+    a backend just back, is checked every 2 s)."""
+    deadline, workers = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        listing = sandbox.run("sbx-cpu1", "curl -s 127.0.0.1:19000/workers").stdout
+        workers = json.loads(listing or "{}").get("workers", [])
+        if len(workers) == 3 and all(w["is_healthy"] for w in workers):
+            return
+        time.sleep(1)
+    raise AssertionError(f"the router's backends did not all become healthy: {workers}")
+
+
+def test_openai_client_lists_each_name_once_and_requests_reach_only_their_instances(two_names, sandbox):
+    client = _client()
+    assert sorted(m.id for m in client.models.list()) == [POOL, SOLO]
+    before = _successes(sandbox)
+    for name in (SOLO, POOL):
+        for _ in range(20):
+            reply = client.completions.create(model=name, prompt="Hello", max_tokens=1)
+            assert reply.model == name
+    after = _successes(sandbox)
+    delta = {h: after[h] - before[h] for h in CPU_HOSTS}
+    print(f"requests per backend (20 per name): {delta}")
+    assert delta["sbx-cpu1"] == 20  # tiny-solo only on its one instance
+    assert delta["sbx-cpu2"] + delta["sbx-cpu3"] == 20  # tiny-llama only on its two...
+    assert delta["sbx-cpu2"] > 0 and delta["sbx-cpu3"] > 0  # ...balanced across both
+
+
+def test_a_wrong_or_missing_key_is_refused_at_the_gateway(two_names):
+    for wrong in ("sk-wrong", API_KEY + " ", API_KEY.upper()):
+        with pytest.raises(openai.AuthenticationError):
+            _client(wrong).models.list()
+    status, _body = _post(f"{GATEWAY}/completions", {"model": POOL, "prompt": "hi", "max_tokens": 1})
+    assert status == 401
+    assert _client().completions.create(model=POOL, prompt="Hi", max_tokens=1).choices
+
+
+def test_a_stopped_backend_is_taken_out_and_a_name_without_backends_fails_fast(two_names, sandbox, deploy_env):
+    client = _client(timeout=30)
+    sandbox.run("sbx-cpu3", "systemctl stop vllm-tiny.service", check=True)
+    stopped, late_failures, early_failures, sent = time.monotonic(), [], 0, 0
+    try:
+        while time.monotonic() - stopped < 10:
+            sent += 1
+            try:
+                client.completions.create(model=POOL, prompt="Hi", max_tokens=1)
+            except openai.APIError as exc:
+                if time.monotonic() - stopped > 5:
+                    late_failures.append(repr(exc))
+                else:
+                    early_failures += 1
+            time.sleep(0.1)
+        print(f"sbx-cpu3 stopped: {sent} requests for {POOL} in 10 s, {early_failures} failed in the first "
+              f"5 s, {len(late_failures)} after")
+        assert not late_failures, late_failures[:3]
+        # tiny-solo's only backend stopped: an error status, fast, once the router has seen it go.
+        sandbox.run("sbx-cpu1", "systemctl stop vllm-tiny.service", check=True)
+        time.sleep(6)
+        started = time.monotonic()
+        status, body = _post(f"{GATEWAY}/completions", {"model": SOLO, "prompt": "hi", "max_tokens": 1},
+                             API_KEY)
+        took = time.monotonic() - started
+        print(f"{SOLO} with no healthy backend: {status} in {took:.3f} s: {body[:120]}")
+        assert status >= 500 and took < 1.0
+        shown = json.loads(vllm_fleet(deploy_env, "status", two_names, "--json").stdout)
+        (gateway,) = shown["gateways"]
+        health = {b["host"]: b["healthy"] for b in gateway["backends"]}
+        assert gateway["url"] == GATEWAY and health == {"sbx-cpu1": False, "sbx-cpu2": True, "sbx-cpu3": False}
+    finally:  # both at once; each start blocks until its vLLM is healthy (ExecStartPost)
+        starts = [threading.Thread(target=sandbox.run, args=(h, "systemctl start vllm-tiny.service"))
+                  for h in ("sbx-cpu1", "sbx-cpu3")]
+        for t in starts:
+            t.start()
+        for t in starts:
+            t.join()
+        for host in ("sbx-cpu1", "sbx-cpu3"):
+            assert sandbox.run(host, "systemctl is-active vllm-tiny.service").stdout.strip() == "active"
+        _wait_all_healthy(sandbox)

@@ -1,0 +1,94 @@
+"""Rollout's side of the gateway: drain a batch's backends before their hosts converge, put them
+back once verified (or rolled back), so clients of the gateway see no failed request.
+
+Drain = vllm-router stops sending new requests to the backend (`DELETE /workers/<url>`), then the
+requests it already sent finish: the backend's vLLM is watched until nothing runs or waits on it
+(its /metrics, read on its own host), within `vllm_gateway_drain_timeout_s`. A backend that is the
+only healthy one of its model is not drained: no other instance could take its requests, so
+draining would only fail them sooner (they fail, or wait, while it restarts either way).
+
+Everything runs on the hosts through the host probe (host_probe.py: gateway-status,
+gateway-workers, wait-idle) with the hosts' connection arguments; the admin API stays on loopback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from vllm_fleet import gateway, remote
+from vllm_fleet.config import HostConfig
+from vllm_fleet.verify import host_probe_command, parse_host_probe
+
+
+@dataclass
+class Drained:
+    """What a batch took out of the gateway, to be put back."""
+
+    workers: list[dict[str, str]] = field(default_factory=list)  # {"url", "model_id"}
+    kept: list[str] = field(default_factory=list)  # why a backend of the batch stayed in
+
+
+def _probe(host, mode: str, payload: dict[str, Any], timeout: int = 60) -> Any:
+    _ok, out, err = remote.run(host, host_probe_command(mode, payload), timeout=timeout)
+    result = parse_host_probe(out)
+    if result is None and "null" not in out:
+        raise RuntimeError(f"host {host.name}: the {mode} probe printed no result: {err.strip()[-300:]}")
+    return result
+
+
+def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any],
+          configs: dict[str, HostConfig], log: Callable[[str], None]) -> Drained:
+    """Take the batch's backends out of the gateway and wait for their requests in flight."""
+    done = Drained()
+    status = _probe(gw_host, "gateway-status", {"manifest": f"{gw_config['vllm_config_dir']}/manifest.json"})
+    if not status or status.get("error"):
+        log(f"gateway on {gw_config.name}: not drained ({(status or {}).get('error', 'not deployed yet')})")
+        return done
+    backends = status["backends"]
+    serving = {}  # model -> healthy backends outside the batch
+    for b in backends:
+        if b["host"] not in batch and b.get("healthy"):
+            serving.setdefault(b["model"], []).append(b["url"])
+    ports: dict[str, list[int]] = {}
+    for b in backends:
+        if b["host"] not in batch or not b.get("registered"):
+            continue
+        if not serving.get(b["model"]):
+            done.kept.append(f"{b['host']}/{b['instance']} (the only healthy backend of {b['model']})")
+            continue
+        done.workers.append({"url": b["url"], "model_id": b["model"]})
+        offset = configs[b["host"]]["vllm_backend_port_offset"] if b["host"] in configs else None
+        if offset is not None:
+            ports.setdefault(b["host"], []).append(urlsplit(b["url"]).port + offset)
+    if done.kept:
+        log(f"gateway: not drained: {', '.join(done.kept)}")
+    if not done.workers:
+        return done
+    router_port = gateway.gateway_ports(gw_config)["router"]
+    result = _probe(gw_host, "gateway-workers", {"router_port": router_port,
+                                                 "remove": [w["url"] for w in done.workers]})
+    if result["errors"]:
+        log(f"gateway: {'; '.join(result['errors'])}")
+    timeout = int(gw_config["vllm_gateway_drain_timeout_s"])
+    for name, host_ports in ports.items():
+        if hosts.get(name) is None:
+            continue
+        idle = _probe(hosts[name], "wait-idle", {"ports": host_ports, "timeout_s": timeout},
+                      timeout=timeout + 60)
+        left = sum(idle["in_flight"].values())
+        log(f"{name}: drained from the gateway in {idle['seconds']} s"
+            + (f" ({left} request(s) still in flight after {timeout} s)" if left else
+               " (no request in flight)"))
+    return done
+
+
+def restore(gw_host, gw_config: HostConfig, drained: Drained, log: Callable[[str], None]) -> None:
+    """Put the drained backends back (the router health-checks them before it sends requests)."""
+    if not drained.workers or gw_host is None:
+        return
+    result = _probe(gw_host, "gateway-workers", {"router_port": gateway.gateway_ports(gw_config)["router"],
+                                                 "add": drained.workers})
+    log(f"gateway: {len(result['added'])} backend(s) back in"
+        + (f"; errors: {'; '.join(result['errors'])}" if result["errors"] else ""))
