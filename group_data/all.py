@@ -17,7 +17,13 @@ gpus = None
 # planner decides), max_model_len, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
 # start_timeout_s (how long a start may take before the unit stops it; absent: 300 s + 20 s per GiB
 # of weights, at most 3600), dtype, engine_args (other `vllm serve` flags, long names), env (extra, non-secret environment),
-# model_info (the model's shape, when it is not in the built-in catalog).
+# model_info (the model's shape, when it is not in the built-in catalog), nodes (see below).
+# nodes = ["gpu-a", "gpu-b"]: one instance over several servers (a model no single server holds),
+# on Ray: TP = the GPUs of each node (all of them, or the instance's "gpus" indices on every node),
+# PP = the number of nodes, one stage per node. Inventory host names, the head first; declare the
+# instance once, on the head (or in group data the head gets; another node repeating it must repeat
+# it exactly). The head runs `vllm serve` and the Ray head, the others a Ray worker; a host is in
+# at most one such group. Every node needs vllm_target "cuda" and vllm_private_interface.
 vllm_instances = []
 
 # How instances with gpus "auto" use the GPUs: "auto" (identical GPUs -> smallest TP that fits, rest
@@ -107,6 +113,21 @@ vllm_gateway_failure_threshold = 2
 # the requests they already have finish, waited for up to this long; they are put back once
 # verified. The only healthy backend of a model is not drained (nothing else could serve it).
 vllm_gateway_drain_timeout_s = 60
+
+# --- Multi-node instances (Ray; an instance's "nodes") --------------------------------------------
+# The interface of the nodes' private network, e.g. "eth1". vLLM's security guide: inter-node traffic
+# (torch.distributed, NCCL, Ray) is unauthenticated and unencrypted and must stay on an isolated
+# network. So None, the default, refuses a multi-node instance until it is named: never a guess at
+# the public interface. Its address is each node's VLLM_HOST_IP and Ray node address; it is
+# NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME. The same name on every node of a group (vLLM copies
+# the head's NCCL_* variables to its Ray workers). Offline, vllm_advertise_address stands in for
+# the address. Ray's dashboard is off (and on 127.0.0.1); its client server is not installed.
+vllm_private_interface = None
+vllm_ray_port = 6379  # the head's Ray (GCS) port on the private network; workers join <head>:<this>
+vllm_ray_version = "2.60.0"  # pinned ray, installed into every node's environment (vLLM needs >= 2.48)
+# Ray's object store per node (Ray's default is 30% of RAM); vLLM passes only small control
+# messages through it (tensors between stages go over NCCL). Spills to <vllm_state_dir>/ray-spill.
+vllm_ray_object_store_gib = 2.0
 
 # --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
 vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key

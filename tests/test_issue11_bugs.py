@@ -69,6 +69,7 @@ class FakeState:
     def __init__(self, ops_by_host=None):
         self.ops, self.op_meta, self.order = {}, {}, []
         self.failed_hosts: set = set()
+        self.active_hosts: set = set(ops_by_host or {})
         for host, ops in (ops_by_host or {}).items():
             self.ops[host] = {}
             for name, commands in ops:

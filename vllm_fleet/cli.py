@@ -90,12 +90,22 @@ def print_plan(plan: FleetPlan, out=None) -> None:
             kv = f"{inst.kv_cache_tokens:,}" if inst.kv_cache_tokens is not None else "-"
             if inst.kv_cache_tokens_even_split is not None and inst.pp_layer_partition:
                 kv += f"\n(even split: {inst.kv_cache_tokens_even_split:,})"
-            per_gpu = "\n".join(f"{u.index} {u.name.removeprefix('NVIDIA ')}: {u.weights_gib:.1f} / "
-                                f"{u.kv_cache_gib:.1f}" for u in (inst.layout.per_gpu if inst.layout else ()))
-            table.add_row(inst.name, str(inst.port), inst.cuda_visible_devices or "cpu",
+            # A multi-node instance's rows name their node: GPU indices repeat across nodes.
+            per_gpu = "\n".join(f"{u.host + ':' if u.host else ''}{u.index} {u.name.removeprefix('NVIDIA ')}: "
+                                f"{u.weights_gib:.1f} / {u.kv_cache_gib:.1f}"
+                                for u in (inst.layout.per_gpu if inst.layout else ()))
+            devices = (" ".join(f"{n}:{','.join(map(str, g))}" for n, g in inst.node_gpus.items()) if inst.nodes
+                       else inst.cuda_visible_devices or "cpu")
+            table.add_row(inst.name, str(inst.port), devices,
                           f"{inst.tensor_parallel_size}/{inst.pipeline_parallel_size}/"
                           f"{inst.data_parallel_size}", split, kv, per_gpu or "-")
         console.print(table)
+        if host.ray:
+            role = host.ray
+            part = ("head: vllm serve and the Ray head" if role.is_head else
+                    f"Ray worker of instance {role.instance} (planned under its head {role.head})")
+            console.print(f"  node group {', '.join(role.nodes)}: {part}, Ray at {role.head_address}, GPUs "
+                          f"{','.join(map(str, role.gpus))} given to Ray", highlight=False)
         for inst in host.instances:
             for line in inst.warnings:
                 console.print(f"  [yellow]warning[/yellow] {inst.name}: {line}", highlight=False)

@@ -86,6 +86,10 @@ HOST_DEFAULTS: dict[str, Any] = {
     "vllm_gateway_health_interval_s": 2,
     "vllm_gateway_failure_threshold": 2,
     "vllm_gateway_drain_timeout_s": 60,
+    "vllm_private_interface": None,
+    "vllm_ray_port": 6379,
+    "vllm_ray_version": "2.60.0",
+    "vllm_ray_object_store_gib": 2.0,
     "vllm_api_key_env": "VLLM_FLEET_API_KEY",
     "vllm_api_key_file": None,
     "vllm_hf_token_env": "HF_TOKEN",
@@ -108,7 +112,7 @@ INSTANCE_KEYS = (
     "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
     "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_model_len",
     "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s", "dtype", "engine_args",
-    "env", "model_info",
+    "env", "model_info", "nodes",
 )
 REQUIRED_INSTANCE_KEYS = ("name", "model", "served_model_name", "port")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
@@ -191,10 +195,17 @@ class InstanceConfig:
     dtype: str = "auto"
     engine_args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
+    #: Multi-node (Ray): the inventory hosts it runs on, the head first; None on one host.
+    nodes: tuple[str, ...] | None = None
 
     @property
     def unit_name(self) -> str:
         return f"vllm-{self.name}.service"
+
+    @property
+    def head(self) -> str | None:
+        """The host that runs `vllm serve` of a multi-node instance (None on one host)."""
+        return self.nodes[0] if self.nodes else None
 
     @property
     def gguf(self) -> bool:
@@ -214,6 +225,10 @@ class HostConfig:
     gpus: tuple[GpuSpec, ...] | None
     placement: str
     settings: dict[str, Any]
+    #: Multi-node instances this host is a non-head node of, as its own data repeats them (group
+    #: data the head shares); check_fleet requires each to equal the head's declaration. They are
+    #: not this host's instances: node_groups() finds every group from the heads.
+    member_of: tuple[InstanceConfig, ...] = ()
 
     def __getitem__(self, key: str) -> Any:
         return self.settings[key]
@@ -487,6 +502,35 @@ def _parse_env(check: _Checker, raw: Any, instance: str) -> dict[str, str]:
     return out
 
 
+def _parse_nodes(check: _Checker, raw: Any, instance: str) -> tuple[str, ...] | None:
+    """`nodes` of a multi-node instance: inventory host names, the head first, this host among them.
+    What needs the other hosts (they exist, run CUDA, agree) is checked by check_fleet."""
+    if raw is None:
+        return None
+    example = f"nodes = ['{check.host}', 'gpu-b'] (inventory host names, the head first)"
+    if (not isinstance(raw, (list, tuple))
+            or not all(isinstance(n, str) and n.strip() and "\n" not in n for n in raw)):
+        check.error(f"nodes must be a list of inventory host names, got {raw!r}", instance=instance,
+                    key="nodes", fix=example)
+        return None
+    nodes = tuple(raw)
+    if len(nodes) < 2:
+        check.error(f"nodes lists {len(nodes)} host: a multi-node instance needs at least 2", instance=instance,
+                    key="nodes", fix=f"{example}, or drop 'nodes' to serve on this host alone")
+        return None
+    twice = sorted({n for n in nodes if nodes.count(n) > 1})
+    if twice:
+        check.error(f"nodes lists {', '.join(twice)} more than once: {list(nodes)}", instance=instance,
+                    key="nodes", fix="list each host once (one Ray node per host)")
+        return None
+    if check.host not in nodes:
+        check.error(f"this host is not one of the instance's nodes {list(nodes)}", instance=instance,
+                    key="nodes", fix=f"declare the instance on its head {nodes[0]} (the first node) only, "
+                                     f"or put {check.host} first in nodes")
+        return None
+    return nodes
+
+
 def _parse_instance(check: _Checker, raw: Any, position: int, default_util: float) -> InstanceConfig | None:
     if not isinstance(raw, dict):
         check.error(f"vllm_instances[{position}] must be a dict, got {type(raw).__name__}",
@@ -564,6 +608,11 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
                     fix=f"did you mean '{guess}'?" if guess else f"one of {', '.join(DTYPES)}")
     engine_args = _parse_engine_args(check, raw.get("engine_args"), label)
     env = _parse_env(check, raw.get("env"), label)
+    nodes = _parse_nodes(check, raw.get("nodes"), label)
+    if nodes and (sizes["data_parallel_size"] or 1) > 1:
+        check.error("a multi-node instance is one replica: tensor parallel inside each node, pipeline "
+                    "parallel across the nodes", instance=label, key="data_parallel_size",
+                    fix="drop data_parallel_size; for more replicas declare another instance")
     info = None
     if "model_info" in raw:
         info = _parse_model_info(check, raw["model_info"], label)
@@ -584,7 +633,7 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
         gpu_memory_utilization=float(util), max_num_seqs=sizes["max_num_seqs"],
         max_num_batched_tokens=sizes["max_num_batched_tokens"], start_timeout_s=sizes["start_timeout_s"],
         dtype=dtype,
-        engine_args=engine_args, env=env,
+        engine_args=engine_args, env=env, nodes=nodes,
     )
 
 
@@ -690,18 +739,22 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     default_util = settings["vllm_gpu_memory_utilization"]
     if isinstance(default_util, bool) or not isinstance(default_util, (int, float)):
         default_util = HOST_DEFAULTS["vllm_gpu_memory_utilization"]
+    member_of: list[InstanceConfig] = []
     for position, raw in enumerate(raw_instances):
         parsed = _parse_instance(check, raw, position, default_util)
-        if parsed:
+        if parsed and parsed.nodes and parsed.head != name:
+            member_of.append(parsed)  # the head's instance, seen through shared group data
+        elif parsed:
             instances.append(parsed)
     _check_unique(check, instances)
     _check_backend_ports(check, instances, settings["vllm_backend_port_offset"])
     _check_gateway(check, settings, instances)
+    _check_ray_settings(check, settings)
     if check.errors:
         raise ConfigErrors(check.errors)
     settings["vllm_advertise_address"] = _advertise_address(name, data, settings)
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
-                      placement=settings["placement"], settings=settings)
+                      placement=settings["placement"], settings=settings, member_of=tuple(member_of))
 
 
 def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
@@ -822,6 +875,177 @@ def _check_gateway_ports(check: _Checker, settings: dict[str, Any], instances: l
                             "port after that no instance of this host uses")
 
 
+# --- Multi-node instances (Ray): one node group per instance with `nodes` ------------------------
+
+#: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME and
+#: GLOO_SOCKET_IFNAME take it.
+_INTERFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+#: Ray refuses a smaller object store (ray/_private/ray_constants.py OBJECT_STORE_MINIMUM_MEMORY_BYTES).
+RAY_OBJECT_STORE_MIN_BYTES = 75 * 1024 * 1024
+GIB_BYTES = 1 << 30
+
+
+def _check_ray_settings(check: _Checker, settings: dict[str, Any]) -> None:
+    """The host's Ray knobs (used only when it is a node of a multi-node instance)."""
+    interface = settings["vllm_private_interface"]
+    if interface is not None and (not isinstance(interface, str) or not _INTERFACE_RE.match(interface)):
+        check.error(f"{interface!r} is not a network interface name", key="vllm_private_interface",
+                    fix="vllm_private_interface = 'eth1' (the interface of the nodes' isolated network, "
+                        "as `ip -br addr` shows it), or None")
+    port = settings["vllm_ray_port"]
+    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
+        check.error(f"must be a port number (1024-65535: Ray runs as the service user), got {port!r}",
+                    key="vllm_ray_port", fix=f"vllm_ray_port = {HOST_DEFAULTS['vllm_ray_port']}")
+    version = settings["vllm_ray_version"]
+    if not isinstance(version, str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", version):
+        check.error(f"{version!r} is not a version of ray", key="vllm_ray_version",
+                    fix=f"vllm_ray_version = '{HOST_DEFAULTS['vllm_ray_version']}'")
+    store = settings["vllm_ray_object_store_gib"]
+    if (isinstance(store, bool) or not isinstance(store, (int, float))
+            or store * GIB_BYTES < RAY_OBJECT_STORE_MIN_BYTES):
+        check.error(f"must be a number of GiB, at least 0.075 (Ray's minimum object store), got {store!r}",
+                    key="vllm_ray_object_store_gib",
+                    fix=f"vllm_ray_object_store_gib = {HOST_DEFAULTS['vllm_ray_object_store_gib']}")
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """One multi-node instance and the hosts it runs on: a Ray cluster whose head (nodes[0]) runs
+    `vllm serve` and whose other nodes run only a Ray worker. Found from the head's declaration, so
+    a node that does not repeat the instance still learns its part (node_group_of)."""
+
+    instance: InstanceConfig  # as the head declares it
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return self.instance.nodes or ()
+
+    @property
+    def head(self) -> str:
+        return self.nodes[0]
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        return self.nodes[1:]
+
+
+def node_groups(hosts: list[HostConfig]) -> list[NodeGroup]:
+    """Every multi-node instance of the fleet, in inventory order of their heads."""
+    return [NodeGroup(inst) for host in hosts for inst in host.instances if inst.nodes]
+
+
+def node_group_of(hosts: list[HostConfig], name: str) -> NodeGroup | None:
+    """The node group host `name` belongs to (as head or as worker), or None. A host is in at most
+    one (check_fleet): it runs one Ray node, unit vllm-fleet-ray.service."""
+    return next((g for g in node_groups(hosts) if name in g.nodes), None)
+
+
+_RAY_SAME = "Ray refuses nodes of another Ray or Python version"
+_COPIED = ("vLLM copies the head's VLLM_*, HF_* and NCCL_* variables to every Ray worker "
+           "(vllm/ray/ray_env.py), so the workers use the head's value")
+#: What every node of a group must share, and why.
+_NODE_GROUP_SAME = {
+    "vllm_ray_version": _RAY_SAME,
+    "vllm_python_version": _RAY_SAME,
+    "vllm_version": "each node's Ray workers run the vLLM of that node's own environment",
+    "vllm_package": "each node's Ray workers run the vLLM of that node's own environment",
+    "vllm_private_interface": _COPIED + " (NCCL_SOCKET_IFNAME)",
+    "vllm_hf_home": _COPIED + " (HF_HOME: where the workers look for the model)",
+    "vllm_cache_root": _COPIED + " (VLLM_CACHE_ROOT)",
+    "vllm_state_dir": _COPIED + " (VLLM_CONFIG_ROOT)",
+}
+
+
+def _check_node_groups(hosts: list[HostConfig], inventory: list[str] | tuple[str, ...]) -> list[ConfigError]:
+    """Multi-node instances against the whole inventory: nodes exist, run CUDA, have a private
+    interface, agree on what must be the same, and belong to one group each; non-head nodes
+    repeat a group's instance only as the head declares it."""
+    errors: list[ConfigError] = []
+    by_name = {h.name: h for h in hosts}
+    member: dict[str, str] = {}  # node -> the instance whose group it is in
+    for group in node_groups(hosts):
+        errors.extend(_check_group(group, by_name, inventory, member))
+    for host in hosts:
+        errors.extend(_check_repeats(host, by_name))
+    return errors
+
+
+def _check_group(group: NodeGroup, by_name: dict[str, HostConfig], inventory: list[str] | tuple[str, ...],
+                 member: dict[str, str]) -> list[ConfigError]:
+    inst, head = group.instance, by_name[group.head]
+    errors: list[ConfigError] = []
+
+    def error(message: str, fix: str, key: str = "nodes") -> None:
+        errors.append(ConfigError(message, host=head.name, instance=inst.name, key=key, fix=fix))
+
+    for node in group.nodes:
+        if node not in inventory:
+            guess = _did_you_mean(node, list(inventory))
+            error(f"node {node!r} is not a host of the inventory",
+                  f"did you mean '{guess}'?" if guess else f"use inventory host names ({', '.join(inventory)})")
+            continue
+        if node in member:
+            error(f"node {node} is already in the node group of instance {member[node]}: a host runs one "
+                  "Ray node (vllm-fleet-ray.service)", "give each multi-node instance its own hosts")
+            continue
+        member[node] = inst.name
+        config = by_name.get(node)
+        if config is None:
+            continue  # in the inventory but not loaded (a --limit): load_fleet adds group peers
+        if config["vllm_target"] != "cuda":
+            error(f"node {node} has vllm_target {config['vllm_target']!r}; a multi-node instance runs on "
+                  "GPU servers (vllm_target 'cuda') only", f"set vllm_target = 'cuda' on {node}, or take it "
+                                                          "out of nodes")
+        if config["vllm_private_interface"] is None:
+            error(f"node {node} has no vllm_private_interface: vLLM's security guide says inter-node "
+                  "traffic (torch.distributed, Ray) is unauthenticated and must stay on an isolated network",
+                  f"set vllm_private_interface on {node} to the interface of that network, e.g. 'eth1'",
+                  key="vllm_private_interface")
+        for key, why in _NODE_GROUP_SAME.items():
+            if config[key] != head[key] and None not in (config[key], head[key]):
+                error(f"node {node} has {key} {config[key]!r} but the head {head.name} has {head[key]!r}; "
+                      f"every node of the group needs the same: {why}",
+                      f"set {key} = {head[key]!r} on every node of {list(group.nodes)}", key=key)
+    errors.extend(_check_ray_port(group, head))
+    return errors
+
+
+def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
+    """The head's Ray port (GCS) is none of the head's instance or engine ports."""
+    port, offset = head["vllm_ray_port"], head["vllm_backend_port_offset"]
+    for inst in head.instances:
+        if port in (inst.port, inst.port + offset):
+            return [ConfigError(
+                f"vllm_ray_port {port} is the port of instance {inst.name} (or its engine's)",
+                host=head.name, instance=group.instance.name, key="vllm_ray_port",
+                fix="pick a vllm_ray_port no instance of the head uses, e.g. 6379")]
+    return []
+
+
+def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[ConfigError]:
+    """A non-head node may repeat a group's instance (group data shared with the head) only exactly
+    as its head declares it, and never as an instance of its own."""
+    errors: list[ConfigError] = []
+    for inst in host.member_of:
+        head = by_name.get(inst.head)
+        declared = next((i for i in head.instances if i.name == inst.name), None) if head else None
+        if declared != inst:
+            why = ("differs from the head's declaration" if declared is not None else
+                   f"its head {inst.head} does not declare it" + ("" if head else " (not loaded)"))
+            errors.append(ConfigError(
+                f"multi-node instance {inst.name} is declared on node {host.name}, but {why}",
+                host=host.name, instance=inst.name, key="nodes",
+                fix=f"declare it once, on its head {inst.head} (the other nodes need not repeat it)"))
+    groups = {i.name: i for h in by_name.values() for i in h.instances if i.nodes and host.name in i.nodes[1:]}
+    for inst in host.instances:
+        if inst.name in groups:
+            errors.append(ConfigError(
+                f"instance {inst.name} is also declared on node {host.name} of its node group "
+                f"{list(groups[inst.name].nodes)}", host=host.name, instance=inst.name, key="nodes",
+                fix=f"remove it from {host.name}: the head {groups[inst.name].head} declares it for every node"))
+    return errors
+
+
 def _advertise_address(name: str, data: dict[str, Any], settings: dict[str, Any]) -> str:
     """Where other hosts (the gateway) reach this host's front: vllm_advertise_address when set;
     else vllm_bind_host when the front listens on one address only; else pyinfra's ssh_hostname
@@ -834,10 +1058,12 @@ def _advertise_address(name: str, data: dict[str, Any], settings: dict[str, Any]
     return str(data.get("ssh_hostname") or name)
 
 
-def check_fleet(hosts: list[HostConfig]) -> None:
+def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> None:
     """What no single host can check: at most one gateway in the fleet, and with one, an address
-    the gateway can reach every host with instances at. Raises ConfigErrors."""
-    errors: list[ConfigError] = []
+    the gateway can reach every host with instances at; the multi-node instances' nodes
+    (_check_node_groups). `inventory`: every host name of the inventory (default: the hosts'), for
+    a --limit that loaded only some. Raises ConfigErrors."""
+    errors: list[ConfigError] = _check_node_groups(hosts, inventory or [h.name for h in hosts])
     gateways = [h for h in hosts if h["vllm_gateway"] is True]
     for other in gateways[1:]:
         errors.append(ConfigError(
@@ -907,15 +1133,37 @@ def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str
 
 def load_fleet(path: str | Path, *, limit: list[str] | None = None,
                cwd: str | Path | None = None) -> list[HostConfig]:
-    """Load and validate every host of an inventory. Raises ConfigErrors with all problems."""
+    """Load and validate every host of an inventory. Raises ConfigErrors with all problems.
+
+    A --limit is widened to whole node groups: a multi-node instance is planned (and checked) with
+    every one of its nodes, so limiting to one node loads the others of its group too."""
     errors: list[ConfigError] = []
     hosts = []
-    for name, data, _groups in load_inventory(path, limit=limit, cwd=cwd):
+    loaded = load_inventory(path, limit=limit, cwd=cwd)
+    every = load_inventory(path, cwd=cwd) if limit else loaded
+    wanted = _with_node_group_peers([n for n, _d, _g in loaded], every)
+    for name, data, _groups in every:
+        if name not in wanted:
+            continue
         try:
             hosts.append(parse_host(name, data))
         except ConfigErrors as exc:
             errors.extend(exc.errors)
     if errors:
         raise ConfigErrors(errors)
-    check_fleet(hosts)
+    check_fleet(hosts, [n for n, _d, _g in every])
     return hosts
+
+
+def _with_node_group_peers(names: list[str], every: list[tuple[str, dict, list]]) -> set[str]:
+    """`names` plus the other nodes of every multi-node instance that lists one of them, read from the
+    raw host data (before validation: a malformed entry is reported by parse_host instead)."""
+    wanted = set(names)
+    for _name, data, _groups in every:
+        entries = data.get("vllm_instances")
+        for entry in entries if isinstance(entries, (list, tuple)) else ():
+            nodes = entry.get("nodes") if isinstance(entry, dict) else None
+            if isinstance(nodes, (list, tuple)) and wanted & {n for n in nodes if isinstance(n, str)}:
+                wanted.update(n for n in nodes if isinstance(n, str))
+    known = {n for n, _d, _g in every}
+    return wanted & known

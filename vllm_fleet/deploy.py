@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pyinfra import host, inventory, logger
+from pyinfra import host, logger
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
 from pyinfra.operations import apt, dnf, files, python, server, systemd
@@ -272,6 +272,12 @@ def prepare() -> Deployment:
     if errors:
         _fail(errors)
     config = replace(config, instances=instances)
+    spanning = [inst.name for inst in config.instances if getattr(inst, "nodes", None)]
+    if spanning:  # planned and rendered offline (vllm-fleet plan/render); the Ray deploy is not built
+        _fail([ConfigError(f"instance {spanning[0]} spans several servers (nodes): vllm-fleet plans and "
+                           "renders it (vllm-fleet plan / render) but cannot deploy it yet",
+                           host=config.name, instance=spanning[0], key="nodes",
+                           fix="deploy it by hand from `vllm-fleet render`'s files, or remove `nodes`")])
     try:
         plan = plan_host(config, live, interconnect)
     except ConfigErrors as exc:
@@ -294,7 +300,7 @@ def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]
     (this host from its live facts; the others from their declared data, whether or not they are in
     this run's --limit). A host whose data cannot be planned offline is left out, with a warning."""
     configs, plans = [], []
-    for other in inventory:
+    for other in host.state.inventory:  # (pyinfra's `inventory` context is unset under rollout's API use)
         if other.name == config.name:
             configs.append(config)
             plans.append(plan)

@@ -11,10 +11,11 @@ import re
 import shlex
 import tarfile
 import tempfile
+import time
 from pathlib import Path
 
 from pyinfra import host, logger
-from pyinfra.api import operation
+from pyinfra.api import FunctionCommand, operation
 from pyinfra.facts.server import Command
 
 from vllm_fleet import envbuild, remote
@@ -96,6 +97,28 @@ def _miniforge_installer(root: str, conda_exe: str | None, installer: str | None
     return dest
 
 
+class _Progress:
+    """Lines in pyinfra's output (and rollout's) while an environment builds: each long step says
+    when it starts and what it took, per host; they run as the operation executes (FunctionCommand),
+    not when it is planned."""
+
+    def __init__(self):
+        self.started: dict[str, float] = {}
+
+    def step(self, key: str, text: str) -> FunctionCommand:
+        def log(state, host) -> None:
+            self.started[key] = time.monotonic()
+            logger.info(f"{host.print_prefix}environment: {text} ...")
+        return FunctionCommand(log, (), {})
+
+    def done(self, key: str, text: str, size: int | None = None) -> FunctionCommand:
+        def log(state, host) -> None:
+            took = time.monotonic() - self.started.get(key, time.monotonic())
+            rate = f", {size / 2**20 / max(took, 1e-3):.0f} MiB/s" if size else ""
+            logger.info(f"{host.print_prefix}environment: {text} in {took:.1f} s{rate}")
+        return FunctionCommand(log, (), {})
+
+
 @operation()
 def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
                      index_url: str | None = None, extra_index_urls: tuple[str, ...] = (),
@@ -124,6 +147,7 @@ def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
     marker = f"{final}/{envbuild.ENV_MARKER}"
     current = envbuild.current_link(root)
     present = host.get_fact(PathsPresent, paths=(marker,))
+    progress = _Progress()
     if not present.get(marker):
         source: str | envbuild.IndexSource
         local = Path(wheelhouse).expanduser() if wheelhouse else None
@@ -142,14 +166,20 @@ def vllm_environment(spec: envbuild.EnvSpec, root: str, wheelhouse: str | None,
             source = envbuild.wheelhouse_dest(local.name, root)
             logger.info(f"{host.print_prefix}wheelhouse {local.name} is on the host already")
         elif local is not None:
+            yield progress.step("push", f"pushing wheelhouse {local.name} ({wheel_bytes / 2**20:.0f} MiB, "
+                                        f"{len(wheel_files)} files)")
             source = yield from _push_wheelhouse(local, root)
+            yield progress.done("push", "wheelhouse pushed and unpacked", wheel_bytes)
         else:
             source = envbuild.IndexSource(index_url, tuple(extra_index_urls))
             logger.info(f"{host.print_prefix}no vllm_wheelhouse: installing from {source.describe()}")
         yield f"mkdir -p {shlex.quote(envbuild.envs_root(root))}"
         if spec.manager == "conda":
             miniforge_installer = yield from _miniforge_installer(root, conda_exe, miniforge_installer)
+        yield progress.step("build", f"installing {', '.join(spec.packages())} with {spec.manager} into "
+                                     f"{envbuild.env_dir(spec, root)} (minutes for a CUDA stack)")
         yield from envbuild.build_env_commands(spec, source, root, host=host.name, conda_exe=conda_exe,
                                                miniforge_installer=miniforge_installer)
+        yield progress.done("build", f"{spec.name} built")
     if host.get_fact(LinkTarget, path=current) != spec.name or not present.get(marker):
         yield from envbuild.switch_current_commands(spec, root)

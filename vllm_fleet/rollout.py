@@ -239,9 +239,14 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                 drained = gateway_drain.drain(gw_host, gateway_config, batch, active, configs, log)
             except Exception as exc:  # noqa: BLE001 - the gateway is best effort; the rollout goes on
                 log(f"gateway on {gw_name}: could not drain ({exc}); requests may fail during restarts")
+        # deploy.py runs on every active host: only the batch's (the gateway host stays connected
+        # for the drain, a host whose snapshot failed is skipped), then they are active again.
+        outside = {h for n, h in active.items() if h is not None and n not in batch}
+        state.active_hosts -= outside
         try:
             _deploy_batch(state, batch, active, configs, results, log)
         finally:
+            state.active_hosts |= outside - set(state.failed_hosts)
             try:
                 gateway_drain.restore(gw_host, gateway_config, drained, log)
             except Exception as exc:  # noqa: BLE001
