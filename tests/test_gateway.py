@@ -546,3 +546,14 @@ def test_render_writes_the_gateway_files_on_the_gateway_host_only(tmp_path):
     workers = json.loads((tmp_path / "out/h1/etc/vllm-fleet/gateway-workers.json").read_text())
     assert len(workers) == 3
     assert {f.path for f in gateway_files(hosts[0], [], "/env")} == set(gateway_paths(hosts[0]).values())
+
+
+def test_a_backend_with_another_key_source_than_the_gateway_is_an_error():
+    hosts, _plan = fleet()
+    other = parse_host("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2", "vllm_api_key_env": "OTHER_KEY",
+                              "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]})
+    with pytest.raises(ConfigErrors) as info:
+        check_fleet([hosts[0], other, hosts[2]])
+    text = str(info.value)
+    assert "host h2, key vllm_api_key_env" in text and "answer 401" in text
+    check_fleet(hosts)  # the same key source everywhere: fine

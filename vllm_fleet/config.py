@@ -1080,6 +1080,17 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                     "name or an IP address", host=host.name, key="vllm_advertise_address",
                     fix="vllm_advertise_address = '10.0.0.11' (the address the gateway host connects to), "
                         "or set ssh_hostname"))
+        # vllm-router passes the client's key on: every backend must expect the gateway's key.
+        key_source = (gateways[0]["vllm_api_key_env"], gateways[0]["vllm_api_key_file"])
+        for host in hosts:
+            if host.instances and (host["vllm_api_key_env"], host["vllm_api_key_file"]) != key_source:
+                errors.append(ConfigError(
+                    f"this host's API key comes from {host['vllm_api_key_env']!r} / "
+                    f"{host['vllm_api_key_file']!r}, the gateway's ({gateways[0].name}) from "
+                    f"{key_source[0]!r} / {key_source[1]!r}: the gateway passes the client's key on, so "
+                    "its backends would answer 401", host=host.name, key="vllm_api_key_env",
+                    fix="give every host of a fleet with a gateway the same vllm_api_key_env and "
+                        "vllm_api_key_file (group data)"))
     if errors:
         raise ConfigErrors(errors)
 

@@ -31,7 +31,7 @@ from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env
 from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig,
                               HostRuntime, NvidiaGpus, PathsPresent, ServiceFreshness)
 from vllm_fleet.operations import secret_file, vllm_environment
-from vllm_fleet.plan import FleetPlan, HostPlan, Interconnect, plan_host
+from vllm_fleet.plan import FleetPlan, HostPlan, Interconnect, plan_fleet, plan_host
 from vllm_fleet.sandbox.assets import PREPARE_HINT
 from vllm_fleet.sandbox.harness import cache_dir
 from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
@@ -87,8 +87,10 @@ def read_secrets(config: HostConfig) -> Secrets:
         _fail([ConfigError(f"no API key: ${config['vllm_api_key_env']} is not set on this workstation",
                            host=config.name, key="vllm_api_key_env",
                            fix=f"export {config['vllm_api_key_env']}=<key> (or set vllm_api_key_file)")])
-    if any(c in key for c in "\n\r\0"):
-        _fail([ConfigError("the API key has a line break", host=config.name, key="vllm_api_key_env")])
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):  # an HTTP header cannot carry it
+        _fail([ConfigError("the API key has a control character (a line break, a tab, ...): no HTTP "
+                           "client can send it", host=config.name, key="vllm_api_key_env",
+                           fix="use a key of printable characters")])
     return Secrets(api_key=key, hf_token=os.environ.get(config["vllm_hf_token_env"]) or None)
 
 
@@ -297,25 +299,26 @@ def prepare() -> Deployment:
 
 def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]:
     """The gateway's backends: every instance of every inventory host, planned by the same planner
-    (this host from its live facts; the others from their declared data, whether or not they are in
-    this run's --limit). A host whose data cannot be planned offline is left out, with a warning."""
-    configs, plans = [], []
+    (plan_fleet: this host from its live facts, the others from their declared data, whether or not
+    they are in this run's --limit). A host that cannot be planned offline stops this host's deploy
+    with its errors: a gateway that silently lost a host's backends would drop them from the router."""
+    configs = []
     for other in host.state.inventory:  # (pyinfra's `inventory` context is unset under rollout's API use)
         if other.name == config.name:
             configs.append(config)
-            plans.append(plan)
             continue
         try:
-            other_config = parse_host(other.name, other.data.dict())
-            plans.append(plan_host(other_config))
-            configs.append(other_config)
+            configs.append(parse_host(other.name, other.data.dict()))
         except ConfigErrors as exc:
-            logger.warning(f"{host.print_prefix}gateway: host {other.name} is left out of the backends "
-                           f"(its plan needs its live facts or has errors: {exc.errors[0].located()})")
+            _fail(exc.errors)
     try:
         check_fleet(configs)
+        fleet = plan_fleet(configs, live={config.name: plan.gpus} if plan.gpu_source == "live" else None)
     except ConfigErrors as exc:
+        logger.error(f"{host.print_prefix}this host is the fleet's gateway: it plans every inventory host "
+                     "(from its declared data) to know its backends, and these cannot be planned:")
         _fail(exc.errors)
+    plans = [plan if p.name == config.name else p for p in fleet.hosts]  # this host's, with live facts
     return gateway.fleet_backends(configs, FleetPlan(plans))
 
 
@@ -325,7 +328,7 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
     required = os_packages.needs(
         config["vllm_target"], config["vllm_python_version"], config["vllm_env_manager"],
         eager_only=all(inst.config.enforce_eager for inst in plan.instances),
-        has_instances=bool(plan.instances) or config["vllm_gateway"] is True)
+        has_instances=bool(plan.instances), gateway=config["vllm_gateway"] is True)
     if not required:
         return [], None
     present, family = host.get_fact(HostRuntime, python_version=config["vllm_python_version"])

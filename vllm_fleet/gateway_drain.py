@@ -13,6 +13,7 @@ gateway-workers, wait-idle) with the hosts' connection arguments; the admin API 
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
@@ -39,9 +40,9 @@ def _probe(host, mode: str, payload: dict[str, Any], timeout: int = 60) -> Any:
 
 
 def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any],
-          configs: dict[str, HostConfig], log: Callable[[str], None]) -> Drained:
-    """Take the batch's backends out of the gateway and wait for their requests in flight."""
-    done = Drained()
+          configs: dict[str, HostConfig], log: Callable[[str], None], done: Drained) -> Drained:
+    """Take the batch's backends out of the gateway and wait for their requests in flight. `done`
+    records each worker before it is taken out, so the caller puts it back even if this fails."""
     status = _probe(gw_host, "gateway-status", {"manifest": f"{gw_config['vllm_config_dir']}/manifest.json"})
     if not status or status.get("error"):
         log(f"gateway on {gw_config.name}: not drained ({(status or {}).get('error', 'not deployed yet')})")
@@ -52,34 +53,38 @@ def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any
         if b["host"] not in batch and b.get("healthy"):
             serving.setdefault(b["model"], []).append(b["url"])
     ports: dict[str, list[int]] = {}
+    leaving = []
     for b in backends:
         if b["host"] not in batch or not b.get("registered"):
             continue
         if not serving.get(b["model"]):
             done.kept.append(f"{b['host']}/{b['instance']} (the only healthy backend of {b['model']})")
             continue
-        done.workers.append({"url": b["url"], "model_id": b["model"]})
+        leaving.append({"url": b["url"], "model_id": b["model"]})
         offset = configs[b["host"]]["vllm_backend_port_offset"] if b["host"] in configs else None
         if offset is not None:
             ports.setdefault(b["host"], []).append(urlsplit(b["url"]).port + offset)
     if done.kept:
         log(f"gateway: not drained: {', '.join(done.kept)}")
-    if not done.workers:
+    if not leaving:
         return done
+    done.workers.extend(leaving)
     router_port = gateway.gateway_ports(gw_config)["router"]
     result = _probe(gw_host, "gateway-workers", {"router_port": router_port,
-                                                 "remove": [w["url"] for w in done.workers]})
+                                                 "remove": [w["url"] for w in leaving]})
     if result["errors"]:
         log(f"gateway: {'; '.join(result['errors'])}")
-    timeout = int(gw_config["vllm_gateway_drain_timeout_s"])
+    # One deadline for the whole batch (the hosts are waited for one after the other).
+    deadline = time.monotonic() + int(gw_config["vllm_gateway_drain_timeout_s"])
     for name, host_ports in ports.items():
         if hosts.get(name) is None:
             continue
-        idle = _probe(hosts[name], "wait-idle", {"ports": host_ports, "timeout_s": timeout},
-                      timeout=timeout + 60)
-        left = sum(idle["in_flight"].values())
+        left_s = max(1, int(deadline - time.monotonic()))
+        idle = _probe(hosts[name], "wait-idle", {"ports": host_ports, "timeout_s": left_s},
+                      timeout=left_s + 60)
+        busy = sum(idle["in_flight"].values())
         log(f"{name}: drained from the gateway in {idle['seconds']} s"
-            + (f" ({left} request(s) still in flight after {timeout} s)" if left else
+            + (f" ({busy} request(s) still in flight when the drain time ran out)" if busy else
                " (no request in flight)"))
     return done
 

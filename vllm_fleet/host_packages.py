@@ -55,12 +55,16 @@ INDUCTOR = ("vLLM's CPU backend compiles the model with torch.compile's inductor
             "kernels (torch/_inductor/cpp_builder.py); instances with enforce-eager skip it")
 
 
+NGINX = Need("nginx", "nginx", "the front: the only listener clients reach", "nginx", "nginx")
+
+
 def needs(target: str, python_version: str, env_manager: str, *, eager_only: bool,
-          has_instances: bool) -> list[Need]:
-    """What a host of this target needs, in install order; nothing for a host without instances."""
+          has_instances: bool, gateway: bool = False) -> list[Need]:
+    """What a host of this target needs, in install order: nothing for a host without instances,
+    nginx only for the fleet's gateway without instances (no vLLM runs there)."""
     if not has_instances:
-        return []
-    out = [Need("nginx", "nginx", "the front: the only listener clients reach", "nginx", "nginx")]
+        return [NGINX] if gateway else []
+    out = [NGINX]
     compiler_why = ""
     if target == "cuda":
         compiler_why = TRITON

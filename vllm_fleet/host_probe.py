@@ -288,7 +288,11 @@ def check_gateway(spec):
     deadline = time.time() + spec.get("timeout_s", 60)
     while True:  # a router just (re)started registers its workers within seconds (ExecStartPost)
         status, body = call(spec["router_port"], "/workers")
-        missing = [url for url in spec["urls"] if url not in body] if status == 200 else spec["urls"]
+        try:
+            have = {w.get("url") for w in json.loads(body).get("workers", [])} if status == 200 else set()
+        except (ValueError, AttributeError):
+            have = set()
+        missing = [url for url in spec["urls"] if url not in have]
         if not missing or time.time() > deadline:
             break
         time.sleep(1)
@@ -296,13 +300,13 @@ def check_gateway(spec):
     if missing:
         res["error"] = (f"vllm-router on 127.0.0.1:{spec['router_port']} answered {status} and lacks "
                         f"{len(missing)} backend(s), e.g. {missing[0]}: {body[:200]}")
-        return res
+        return _gateway_failed(spec, res)
     address, port = spec["address"], spec["port"]
     status = call(port, "/v1/models", address=address)[0]
     res["checks"]["key_required"] = status == 401
     if status != 401:
         res["error"] = f"the gateway on {address}:{port} answered {status} for /v1/models without the key"
-        return res
+        return _gateway_failed(spec, res)
     key = api_key(spec["env_file"]) if spec.get("env_file") else None
     if key:
         status, models, body = served_models(port, key, address)
@@ -310,10 +314,13 @@ def check_gateway(spec):
         if not res["checks"]["models"]:
             res["error"] = (f"the gateway's /v1/models answered {status} with {sorted(models)}, "
                             f"expected {sorted(spec['models'])}: {body[:200]}")
-            return res
+            return _gateway_failed(spec, res)
     res["ok"] = all(res["checks"].values())
-    if not res["ok"]:
-        res["journal"] = journal(spec["unit"])
+    return res
+
+
+def _gateway_failed(spec, res):
+    res["journal"] = journal(spec["unit"])
     return res
 
 
@@ -350,12 +357,13 @@ def gateway_workers(spec):
     port, out = spec["router_port"], {"removed": [], "added": [], "errors": []}
     for url in spec.get("remove", []):
         status, body = call(port, "/workers/" + urllib.parse.quote(url, safe=""), method="DELETE", timeout=10)
-        (out["removed"] if status == 200 else out["errors"]).append(url if status == 200 else
-                                                                    f"DELETE {url}: {status} {body[:200]}")
+        ok = 200 <= status < 300
+        (out["removed"] if ok else out["errors"]).append(url if ok else f"DELETE {url}: {status} {body[:200]}")
     for worker in spec.get("add", []):
         status, body = call(port, "/workers", body=worker, timeout=10)
-        (out["added"] if status == 200 else out["errors"]).append(
-            worker["url"] if status == 200 else f"POST {worker['url']}: {status} {body[:200]}")
+        ok = 200 <= status < 300
+        (out["added"] if ok else out["errors"]).append(
+            worker["url"] if ok else f"POST {worker['url']}: {status} {body[:200]}")
     return out
 
 
@@ -484,16 +492,11 @@ def status(spec):
 
 def main(argv):
     mode, payload = argv[1], json.loads(argv[2])
-    if mode == "gateway":
-        result = check_gateway(payload)
-    elif mode == "gateway-status":
-        result = gateway_status(payload)
-    elif mode == "gateway-workers":
-        result = gateway_workers(payload)
-    elif mode == "wait-idle":
-        result = wait_idle(payload)
-    else:
-        result = verify(payload) if mode == "verify" else status(payload)
+    modes = {"verify": verify, "status": status, "gateway": check_gateway, "gateway-status": gateway_status,
+             "gateway-workers": gateway_workers, "wait-idle": wait_idle}
+    if mode not in modes:
+        sys.exit(f"host_probe: unknown mode {mode!r} (known: {', '.join(modes)})")
+    result = modes[mode](payload)
     print(RESULT_PREFIX + json.dumps(result), flush=True)
 
 

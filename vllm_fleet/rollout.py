@@ -175,7 +175,7 @@ def changed_operations(state, host) -> list[str]:
 
     from vllm_fleet import deploy
 
-    observing = {deploy._take_lock, deploy._release_lock, deploy._verify}
+    observing = {deploy._take_lock, deploy._release_lock, deploy._verify, deploy._verify_gateway}
     names = []
     for op_hash in state.get_op_order():
         op_data = state.ops[host].get(op_hash)
@@ -233,10 +233,13 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
         if not batch:
             return
         gw_host = active.get(gw_name) if gw_name else None
-        drained = gateway_drain.Drained()
-        if gw_host is not None:
+        drained = gateway_drain.Drained()  # filled as workers leave: put back even if the drain fails
+        if gw_name and gw_host is None:
+            log(f"gateway on {gw_name}: unreachable over SSH; the batch is not drained (requests to "
+                "its instances may fail while they restart)")
+        elif gw_host is not None:
             try:
-                drained = gateway_drain.drain(gw_host, gateway_config, batch, active, configs, log)
+                gateway_drain.drain(gw_host, gateway_config, batch, active, configs, log, drained)
             except Exception as exc:  # noqa: BLE001 - the gateway is best effort; the rollout goes on
                 log(f"gateway on {gw_name}: could not drain ({exc}); requests may fail during restarts")
         # deploy.py runs on every active host: only the batch's (the gateway host stays connected
