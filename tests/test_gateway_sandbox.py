@@ -59,7 +59,7 @@ def two_names(sandbox, deploy_env, tmp_path_factory):
     result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=inventory)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
-    assert "verified the gateway: 3 backend(s) registered, key required, models tiny-llama, tiny-solo" in out
+    assert "verified the gateway: 3 of 3 backend(s) registered, key required, models tiny-llama, tiny-solo" in out
     _wait_all_healthy(sandbox)
     return inventory
 

@@ -30,9 +30,10 @@ def rolled(sandbox, deploy_env, tmp_path_factory):
     """A config change rolled over the 3 CPU hosts, one at a time, while clients send requests
     through the fleet gateway (sbx-cpu1): (rollout result, hosts, order, client load)."""
     inventory = variant_inventory(tmp_path_factory.mktemp("r1"), every={"max_num_seqs": 16})
-    # Two clients, each pausing briefly between requests: the three sandbox vLLMs share this
-    # machine's two cores (each pins its engine to one), and a saturating load would starve the
-    # instance that is starting, which a real server with its own CPUs does not see.
+    # Two clients, each pausing between requests: the three sandbox vLLMs share this machine's
+    # two cores (each pins its engine to core 0), and a heavier load starved the instance that
+    # was starting past its 300 s start timeout (seen in a full run), which a real server with its
+    # own CPUs does not see.
     load = GatewayLoad(clients=2)
     with load:
         result = rollout(deploy_env, inventory, "--batch", "1")
@@ -72,7 +73,7 @@ class GatewayLoad:
                 self.sent += 1
                 if failure:
                     self.failures.append(f"{time.strftime('%H:%M:%S')} {failure}")
-            self._stop.wait(0.2)
+            self._stop.wait(1.0)
 
     def __enter__(self):
         for t in self._threads:

@@ -708,7 +708,7 @@ def _gateway_check(d: Deployment) -> dict[str, Any]:
             "urls": sorted({b.url for b in d.backends}),
             "models": sorted({b.served_model_name for b in d.backends}),
             "env_file": instance_paths(c, d.plan.instances[0].name)["env"] if d.plan.instances else None,
-            "timeout_s": 60}
+            "timeout_s": 10}
 
 
 def _verify_gateway(state, host, spec: dict[str, Any]) -> None:  # runs at execution, on the gateway host
@@ -723,8 +723,11 @@ def _verify_gateway(state, host, spec: dict[str, Any]) -> None:  # runs at execu
             text += f"\n  last journal lines of {res['unit']}:\n" + "\n".join(f"    {ln}" for ln in journal)
         host.data.vllm_fleet_verify_failure = text
         raise OperationError(text)
-    logger.info(f"{host.print_prefix}verified the gateway: {len(spec['urls'])} backend(s) registered, "
-                f"key required, models {', '.join(spec['models'])}")
+    absent = res.get("not_registered") or []
+    if absent:  # e.g. drained by a rollout while their hosts converge: it puts them back
+        logger.warning(f"{host.print_prefix}gateway: not registered in vllm-router now: {', '.join(absent)}")
+    logger.info(f"{host.print_prefix}verified the gateway: {len(spec['urls']) - len(absent)} of "
+                f"{len(spec['urls'])} backend(s) registered, key required, models {', '.join(spec['models'])}")
 
 
 def describe(d: Deployment) -> str:

@@ -286,7 +286,7 @@ def check_gateway(spec):
     backend registered; at the front, 401 without the key and the fleet's models with it."""
     res = {"name": "gateway", "unit": spec["unit"], "ok": False, "checks": {}}
     deadline = time.time() + spec.get("timeout_s", 60)
-    while True:  # a router just (re)started registers its workers within seconds (ExecStartPost)
+    while True:  # a router just reloaded registers its workers within seconds (ExecReload)
         status, body = call(spec["router_port"], "/workers")
         try:
             have = {w.get("url") for w in json.loads(body).get("workers", [])} if status == 200 else set()
@@ -296,10 +296,13 @@ def check_gateway(spec):
         if not missing or time.time() > deadline:
             break
         time.sleep(1)
-    res["checks"]["router_workers"] = not missing
-    if missing:
-        res["error"] = (f"vllm-router on 127.0.0.1:{spec['router_port']} answered {status} and lacks "
-                        f"{len(missing)} backend(s), e.g. {missing[0]}: {body[:200]}")
+    # The router answers with its workers. One missing is reported, not failed: a rollout drains
+    # the batch's backends (this host's too) while the batch converges; the unit's ExecStartPost
+    # fails the start itself when it cannot register them.
+    res["checks"]["router_workers"] = status == 200
+    res["not_registered"] = missing
+    if status != 200:
+        res["error"] = f"vllm-router on 127.0.0.1:{spec['router_port']} answered {status}: {body[:200]}"
         return _gateway_failed(spec, res)
     address, port = spec["address"], spec["port"]
     status = call(port, "/v1/models", address=address)[0]

@@ -183,6 +183,12 @@ def service_environment(host: HostConfig, plan: InstancePlan, ray: RayNode | Non
         # ray.init() reads RAY_ADDRESS first (ray/_private/services.py
         # get_ray_address_from_environment): this cluster, never a new local one.
         env["RAY_ADDRESS"] = ray.head_address
+    else:
+        # One server: vLLM's internal sockets (torch.distributed's gloo store and transport, NCCL's
+        # bootstrap, its own ZMQ channels) need no other host, and they are unauthenticated (vLLM's
+        # security guide). Left alone, gloo binds to the address the host name resolves to and
+        # answers from the network; on loopback it does not (found by the sandbox's listener test).
+        env.update({"VLLM_HOST_IP": "127.0.0.1", "GLOO_SOCKET_IFNAME": "lo", "NCCL_SOCKET_IFNAME": "lo"})
     env.update(plan.env)
     return list(env.items())
 
