@@ -214,6 +214,7 @@ def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, 
     # An env var changes the unit file too, so a daemon-reload is among the steps that can be cut.
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 44, "env": {
         "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "VLLM_FLEET_FAULT_TEST": str(seed)}})
     proc = start_deploy(deploy_env, inventory)
     seen: list[str] = []

@@ -557,3 +557,13 @@ def test_a_backend_with_another_key_source_than_the_gateway_is_an_error():
     text = str(info.value)
     assert "host h2, key vllm_api_key_env" in text and "answer 401" in text
     check_fleet(hosts)  # the same key source everywhere: fine
+
+
+def test_the_unit_does_not_change_with_the_backends_so_a_new_backend_reloads_instead_of_restarting():
+    hosts, plan = fleet()
+    backends = fleet_backends(hosts, plan)
+    unit = f"/etc/systemd/system/{GATEWAY_UNIT}"
+    full = {f.path: f.content for f in render_host(hosts[0], plan.hosts[0], Secrets(API_KEY), backends)}
+    fewer = {f.path: f.content for f in render_host(hosts[0], plan.hosts[0], Secrets(API_KEY), backends[:1])}
+    assert full[unit] == fewer[unit]
+    assert full["/etc/vllm-fleet/gateway-workers.json"] != fewer["/etc/vllm-fleet/gateway-workers.json"]

@@ -307,8 +307,11 @@ def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]
         if other.name == config.name:
             configs.append(config)
             continue
+        # Without the deploy's own run-time notes (vllm_fleet_*: a refused or failed host's reason,
+        # set while the hosts load in parallel): the inventory's data only.
+        data = {k: v for k, v in other.data.dict().items() if not k.startswith("vllm_fleet_")}
         try:
-            configs.append(parse_host(other.name, other.data.dict()))
+            configs.append(parse_host(other.name, data))
         except ConfigErrors as exc:
             _fail(exc.errors)
     try:

@@ -35,5 +35,9 @@ vllm_instances = [{
     "env": {
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of RAM for the KV cache
         "VLLM_HOST_IP": "127.0.0.1",  # else vLLM binds its internal sockets to a non-loopback address
+        # vLLM's "auto" binding reserves one of this machine's 2 cores and pins each engine to
+        # core 0: the 3 sandbox hosts then share one core and a starting engine starves (minutes)
+        # while the others serve. nobind leaves the scheduling to the kernel (vllm/utils/ompmultiprocessing.py).
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
     },
 }]
