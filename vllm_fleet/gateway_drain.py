@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 
 from vllm_fleet import gateway, remote
 from vllm_fleet.config import HostConfig
-from vllm_fleet.verify import host_probe_command, parse_host_probe
+from vllm_fleet.verify import host_probe_command, parse_host_probe, printed_result
 
 
 @dataclass
@@ -34,7 +34,7 @@ class Drained:
 def _probe(host, mode: str, payload: dict[str, Any], timeout: int = 60) -> Any:
     _ok, out, err = remote.run(host, host_probe_command(mode, payload), timeout=timeout)
     result = parse_host_probe(out)
-    if result is None and "null" not in out:
+    if result is None and not printed_result(out):
         raise RuntimeError(f"host {host.name}: the {mode} probe printed no result: {err.strip()[-300:]}")
     return result
 

@@ -23,7 +23,7 @@ from vllm_fleet.envbuild import current_link
 from vllm_fleet.facts import NvidiaGpus, parse_gpu_csv, topology_command
 from vllm_fleet.plan import Interconnect, plan_host
 from vllm_fleet.render import FRONT_UNIT, instance_paths, render_host
-from vllm_fleet.verify import diagnose, host_probe_command, parse_host_probe
+from vllm_fleet.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
 DRIFT_KINDS = ("unit", "config")
@@ -154,7 +154,7 @@ def gateway_status(name: str, host, config) -> dict[str, Any]:
     probe = parse_host_probe(out)
     if probe is None:
         return {"host": name, "url": gateway.gateway_url(config), "backends": [],
-                "error": "not deployed (no gateway in the manifest)" if "null" in out else
+                "error": "not deployed (no gateway in the manifest)" if printed_result(out) else
                          f"status probe failed: {err.strip()[-300:]}"}
     if probe.get("failure"):
         probe["failure"] = explain_failure(probe["failure"])

@@ -106,6 +106,12 @@ def parse_host_probe(text: str) -> Any:
     return None
 
 
+def printed_result(text: str) -> bool:
+    """Whether the probe printed its result line at all (a result of None, `null`, included): tells
+    "nothing to report" apart from "the probe did not run"."""
+    return any(line.startswith(RESULT_PREFIX) for line in text.splitlines())
+
+
 def probe_command(checks: list[InstanceCheck]) -> str:
     """One shell command that runs every check on the host and prints a JSON result line."""
     return host_probe_command("verify", [c.as_spec() for c in checks])
