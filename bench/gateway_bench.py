@@ -1,16 +1,56 @@
 """Gateway bench: the latency the fleet gateway adds to a request, against direct requests.
 
-Run as root (it boots the 3 CPU sandbox hosts, deploys them with the gateway on sbx-cpu1, and
-stops them): `sudo .venv/bin/python bench/gateway_bench.py [--requests 300]`
+Run as root (it boots the 3 CPU sandbox hosts, deploys them with the gateway on sbx-cpu1, measures,
+and stops them):
 
-The same 1-token completion of the tiny model, sent from this machine:
-- direct: to the instances' own fronts (nginx on each host), the client rotating over the three;
-- gateway: to sbx-cpu1:9000 (nginx with the key check, then vllm-router, which rotates over the
-  same three fronts).
-So the difference is the gateway's hop (its nginx + vllm-router + one more connection). At
-concurrency 1 and 16, blocks of direct and gateway requests alternate (A B A B ...); each thread
-keeps its HTTP connections open, as a client library does. Printed: p50 and p99 of each, and the
-p50/p99 added by the gateway (the target is <= 2 ms at p50).
+    sudo .venv/bin/python bench/gateway_bench.py [--backend stand-in|vllm|both] [--client ...] [--json]
+
+The same 1-token completion is sent direct and through the gateway; at concurrency 1 and 16, blocks
+of direct and gateway requests alternate (A B A B ...; half the threads start with each), each
+thread keeps its HTTP connections open as a client library does. Printed for each backend, client
+and concurrency: p50 and p99 of each path, the p50/p99 the gateway adds, a paired p50 (the median
+over adjacent direct/gateway blocks of the gateway block's median minus the direct block's, which
+cancels slow drift in the hosts' load, with its 10-90 % spread), and whether the target, <= 2 ms
+added at p50, is met. --json: one JSON document on stdout, progress on stderr.
+
+--backend stand-in (the default: the gateway's own overhead, the figure the target is about).
+    The deployed vLLMs answer in 100-1000 ms on 2 shared cores, with noise far above 2 ms, so the
+    backend is replaced by a stand-in that answers at once (bench/gateway_standin.py, stdlib only,
+    copied to each CPU host and run there with Debian's python3 on <host address>:8800):
+    GET /health, GET /v1/models (OpenAI-shaped, the served name), POST /v1/completions (a fixed
+    1-token completion; it checks the key and the model, as vLLM does).
+    - direct:  client -> stand-in on the backend host (<host>:8800), rotating over the 3 hosts;
+    - gateway: client -> sbx-cpu1:9000 (the gateway's nginx: key check) -> vllm-router on
+      127.0.0.1:19000 -> stand-in (<host>:8800), the router rotating over the same 3.
+    So "added" is exactly the gateway's hop: its nginx, vllm-router, and the connection from the
+    gateway host to the backend. Neither path has the backend host's own front (nginx on :8000):
+    in the fleet both paths go through it, so it is no part of what the gateway adds.
+    How the router routes to the stand-ins: its admin API (loopback on sbx-cpu1, reached over SSH)
+    is made to hold exactly the stand-ins by the deployed registration script itself
+    (gateway-register.py with a stand-in workers file: DELETE the deployed workers, POST the
+    stand-ins). Afterwards `systemctl reload vllm-fleet-gateway.service` runs the same script with
+    the deployed workers file (its ExecReload=), which puts the deployed workers back; the bench
+    checks the router's list against that file. The real vLLMs keep running, idle (no request or
+    health check reaches them meanwhile). Every gateway answer must come from a stand-in (the
+    completion's system_fingerprint names it), else the run is marked invalid.
+--backend vllm: the deployed CPU vLLMs, direct to each host's front (<host>:8000, nginx -> vLLM)
+    against the gateway (sbx-cpu1:9000 -> vllm-router -> the same fronts); the first figures were
+    taken so (dominated by the vLLMs' noise). --backend both: stand-in first, then vllm.
+
+--client workstation: the client runs on this machine (`gateway_standin.py measure`, a process of
+    its own on real threads: this one is gevent-patched by pyinfra's inventory loader), each
+    request crossing this machine's bridge into the hosts' network namespaces. --client
+    gateway-host: the same script runs on sbx-cpu1 (the gateway host; over SSH, its result one
+    JSON line), so the client reaches the gateway's nginx over loopback and the workstation<->
+    namespace hop is gone from both paths; its direct requests reach sbx-cpu1's stand-in over
+    loopback and the other two over the bridge, as the router's do. --client both (the default)
+    prints both. Before each measurement: a warm-up at concurrency 4, not counted.
+
+Everything the bench starts is stopped by its PID (stand-ins: SIGTERM, SIGKILL after 5 s, each
+checked to be the stand-in first), on every exit path, before the sandbox hosts are stopped; each
+stand-in also exits on its own after --lifetime-s. Traffic goes to the sandbox hosts only. The key
+is the bench's own constant (gateway_standin.API_KEY): in the deploy's environment and in the
+copied script, never in argv or the output.
 """
 
 from __future__ import annotations
@@ -19,104 +59,448 @@ import argparse
 import http.client
 import json
 import os
-import statistics
+import shlex
 import subprocess
 import sys
-import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlsplit
 
-REPO = Path(__file__).resolve().parent.parent
+BENCH = Path(__file__).resolve().parent
+REPO = BENCH.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(BENCH))
 
-from vllm_fleet.sandbox import assets, harness  # noqa: E402
+import gateway_standin as standin  # noqa: E402
+from vllm_fleet.sandbox import harness  # noqa: E402
 
-CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "10.213.7.13"}
-GATEWAY = ("10.213.7.11", 9000)
-API_KEY = "sk-bench-gateway"
-BODY = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 1})
-BLOCK = 20  # requests per thread per block before switching between direct and gateway
+INVENTORY = REPO / "inventory" / "sandbox.py"
+CPU_GROUP = "cpu_hosts"
+STANDIN_PORT = 8800  # on each CPU host's own address; none of the fleet's ports (8000, 9000, 18000, 19000-1)
+STANDIN_LIFETIME_S = 1800  # a stand-in exits on its own after this, whatever happens to the bench
+REMOTE_DIR = "/run/vllm-fleet-bench"  # on the hosts (tmpfs, 0700 root); gone with the hosts
+REMOTE_SCRIPT = f"{REMOTE_DIR}/gateway_standin.py"
+TARGET_MS = 2.0
+BACKENDS = ("stand-in", "vllm")
+CLIENTS = ("workstation", "gateway-host")
+DEFAULT_REQUESTS = {"stand-in": 2000, "vllm": 400}
+WARMUP = {"stand-in": 400, "vllm": 200}  # requests per kind at concurrency 4 before measuring
 
 
-def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, out: list[float], errors: list[str]) -> None:
-    for i in range(n):
-        target = targets[i % len(targets)]
-        conn = conns.get(target) or http.client.HTTPConnection(*target, timeout=60)
-        conns[target] = conn
-        started = time.perf_counter()
+class BenchError(RuntimeError):
+    pass
+
+
+@dataclass
+class Fleet:
+    """What the bench needs of the deployed fleet, from the same plan as the deploy."""
+
+    gateway_host: str
+    gateway: tuple[str, int]  # where clients reach the gateway (its nginx)
+    router: str  # vllm-router's loopback URL on the gateway host (its admin API too)
+    unit: str
+    workers_file: str
+    register_script: str
+    model: str
+    backends: dict[str, tuple[str, int]] = field(default_factory=dict)  # CPU host -> its front
+
+    def standins(self) -> dict[str, tuple[str, int]]:
+        """CPU host -> where its stand-in listens: the host's own address, STANDIN_PORT."""
+        return {host: (address, STANDIN_PORT) for host, (address, _port) in self.backends.items()}
+
+
+def load_fleet(cpu_hosts: list[str]) -> Fleet:
+    from vllm_fleet import cli
+    from vllm_fleet.gateway import GATEWAY_UNIT, find_gateway, fleet_backends, gateway_paths, router_url
+
+    hosts, plan = cli.load_and_plan(str(INVENTORY), None)
+    gateway = find_gateway(hosts)
+    if gateway is None or gateway.name not in cpu_hosts:
+        raise BenchError(f"{INVENTORY}: the gateway must be one of {cpu_hosts}")
+    backends = [b for b in fleet_backends(hosts, plan) if b.host in cpu_hosts]
+    models = sorted({b.served_model_name for b in backends})
+    if len(models) != 1 or len({b.host for b in backends}) != len(backends):
+        raise BenchError(f"expected one instance per CPU host serving one model; got "
+                         f"{[b.as_dict() for b in backends]}")
+    fronts = {}
+    for b in backends:
+        url = urlsplit(b.url)
+        fronts[b.host] = (url.hostname, url.port)
+    paths = gateway_paths(gateway)
+    return Fleet(gateway_host=gateway.name, gateway=(fronts[gateway.name][0], gateway["vllm_gateway_port"]),
+                 router=router_url(gateway), unit=GATEWAY_UNIT, workers_file=paths["workers"],
+                 register_script=paths["register"], model=models[0], backends=fronts)
+
+
+def target_text(target: tuple[str, int]) -> str:
+    return f"{target[0]}:{target[1]}"
+
+
+def paths_text(backend: str, fleet: Fleet) -> dict[str, str]:
+    """What each path of a run goes through, in words (printed and in the JSON)."""
+    gw = target_text(fleet.gateway)
+    if backend == "stand-in":
+        ends = ", ".join(target_text(t) for t in fleet.standins().values())
+        return {"direct": f"client -> stand-in ({ends}, rotated)",
+                "gateway": f"client -> {gw} (nginx key check) -> vllm-router {fleet.router} -> stand-in "
+                           f"({ends}, round robin)"}
+    ends = ", ".join(target_text(t) for t in fleet.backends.values())
+    return {"direct": f"client -> the host's front ({ends}, rotated; nginx -> vLLM)",
+            "gateway": f"client -> {gw} (nginx key check) -> vllm-router {fleet.router} -> the same "
+                       "fronts (round robin)"}
+
+
+# --- on the hosts ------------------------------------------------------------------------------
+
+def remote(sandbox, host: str, command: str, timeout: float = 60, what: str | None = None) -> str:
+    """A command on a sandbox host (root, over SSH); its stdout, or BenchError with its stderr."""
+    proc = sandbox.run(host, command, timeout=timeout)
+    if proc.returncode != 0:
+        raise BenchError(f"{host}: {what or command} failed ({proc.returncode}): "
+                         f"{(proc.stderr or proc.stdout).strip()[-1500:]}")
+    return proc.stdout
+
+
+def push(sandbox, host: str, path: str, content: bytes) -> None:
+    """A file onto a host, over SSH's stdin (so nothing of it is in any argv), 0600 in REMOTE_DIR."""
+    argv = sandbox.host(host).ssh_argv(f"install -d -m 0700 {REMOTE_DIR} && umask 077 && "
+                                       f"cat > {shlex.quote(path)}")
+    proc = subprocess.run(argv, input=content, capture_output=True, timeout=60)
+    if proc.returncode != 0:
+        raise BenchError(f"{host}: copying {path} failed: {proc.stderr.decode(errors='replace').strip()}")
+
+
+def standin_command(address: str, port: int, model: str, label: str, log: str) -> str:
+    """Start one stand-in in the background, detached from the SSH session; prints its PID."""
+    argv = ["python3", "-I", REMOTE_SCRIPT, "serve", "--host", address, "--port", str(port),
+            "--model", model, "--label", label, "--lifetime-s", str(STANDIN_LIFETIME_S)]
+    return f"nohup {shlex.join(argv)} > {shlex.quote(log)} 2>&1 < /dev/null & echo $!"
+
+
+def stop_command(pid: int, log: str) -> str:
+    """SIGTERM the stand-in with this PID (only if that PID still is a stand-in), SIGKILL after 5 s;
+    then print its log (its last line counts what it answered)."""
+    return (f"if grep -qsa gateway_standin.py /proc/{pid}/cmdline; then "
+            f"kill -TERM {pid}; for i in $(seq 50); do kill -0 {pid} 2>/dev/null || break; sleep 0.1; done; "
+            f"if kill -0 {pid} 2>/dev/null; then kill -KILL {pid}; echo SIGKILLED >&2; fi; fi; "
+            f"cat {shlex.quote(log)} 2>/dev/null; true")
+
+
+def workers_json(standins: dict[str, tuple[str, int]], model: str) -> str:
+    """The stand-ins as gateway-register.py reads a workers file."""
+    return json.dumps([{"url": f"http://{a}:{p}", "model_id": model, "host": host, "instance": "stand-in"}
+                       for host, (a, p) in standins.items()], indent=2) + "\n"
+
+
+def router_workers(listing: str) -> dict[str, tuple[str | None, bool]]:
+    """{url: (model_id, is_healthy)} of vllm-router's GET /workers answer."""
+    return {w["url"]: (w.get("model_id"), bool(w.get("is_healthy", True)))
+            for w in json.loads(listing).get("workers", [])}
+
+
+def last_json_line(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
         try:
-            conn.request("POST", "/v1/completions", BODY, {"Content-Type": "application/json",
-                                                          "Authorization": f"Bearer {API_KEY}"})
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status != 200:
-                errors.append(f"{target}: {resp.status}")
-                continue
-        except (OSError, http.client.HTTPException) as exc:
-            errors.append(f"{target}: {exc!r}")
-            conns.pop(target, None)
+            value = json.loads(line)
+        except ValueError:
             continue
-        out.append((time.perf_counter() - started) * 1000)
+        if isinstance(value, dict):
+            return value
+    return None
 
 
-def measure(concurrency: int, total: int) -> dict[str, dict[str, float]]:
-    direct_targets = [(address, 8000) for address in CPU_HOSTS.values()]
-    samples: dict[str, list[float]] = {"direct": [], "gateway": []}
-    errors: list[str] = []
-    rounds = max(1, total // (BLOCK * concurrency))
-
-    def worker(offset: int) -> None:
-        conns: dict = {}
-        for r in range(rounds):
-            order = ("direct", "gateway") if (r + offset) % 2 == 0 else ("gateway", "direct")
-            for kind in order:
-                local: list[float] = []
-                rotated = direct_targets[offset % 3:] + direct_targets[:offset % 3]
-                _run_block(rotated if kind == "direct" else [GATEWAY], BLOCK, conns, local, errors)
-                with lock:
-                    samples[kind].extend(local)
-
-    lock = threading.Lock()
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    if errors:
-        print(f"    {len(errors)} error(s), e.g. {errors[0]}")
-    return {kind: {"n": len(v), "p50": statistics.median(v), "p99": statistics.quantiles(v, n=100)[98]}
-            for kind, v in samples.items()}
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=400, help="per kind and concurrency")
-    args = parser.parse_args()
-    harness.require_root()
-    full = harness.load(REPO / "inventory" / "sandbox.py")
-    sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in CPU_HOSTS])
+def http_ok(target: tuple[str, int], path: str = "/health", timeout: float = 1.0) -> bool:
+    conn = http.client.HTTPConnection(*target, timeout=timeout)
     try:
-        harness.up(sandbox, log=lambda line: print(f"  {line}"))
-        _tiny, wheelhouse = assets.prepare(log=lambda line: print(f"  {line}"))
-        env = dict(os.environ, VLLM_FLEET_API_KEY=API_KEY, VLLM_FLEET_WHEELHOUSE=str(wheelhouse))
-        print("deploying the 3 CPU hosts (the gateway on sbx-cpu1) ...")
-        proc = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventory/sandbox.py", "deploy.py",
-                               "--limit", "cpu_hosts"], cwd=REPO, env=env, capture_output=True, text=True)
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+class StandIns:
+    """The stand-ins on the CPU hosts and the router pointed at them; restore() and stop() undo both
+    and are safe to call in any state (what failed is logged, not raised: the teardown goes on)."""
+
+    def __init__(self, sandbox, fleet: Fleet, log) -> None:
+        self.sandbox, self.fleet, self.log = sandbox, fleet, log
+        self.pids: dict[str, int] = {}
+        self.swapped = False
+        self.report: dict = {"stand_ins": {}, "restored": None}
+
+    def start(self) -> None:
+        started_err = {}
+        for host, (address, port) in self.fleet.standins().items():
+            command = standin_command(address, port, self.fleet.model, host, self._log_path(host))
+            proc = self.sandbox.run(host, command, timeout=60)
+            if proc.returncode != 0 or not proc.stdout.strip().isdigit():
+                raise BenchError(f"{host}: starting the stand-in failed ({proc.returncode}): {proc.stderr.strip()}")
+            self.pids[host] = int(proc.stdout.strip())
+            started_err[host] = proc.stderr.strip()
+        deadline = time.monotonic() + 20
+        for host, target in self.fleet.standins().items():
+            while not http_ok(target):
+                if time.monotonic() > deadline:
+                    text = self.sandbox.run(host, f"cat {self._log_path(host)}").stdout
+                    raise BenchError(f"{host}: the stand-in did not answer on {target_text(target)}: "
+                                     f"{started_err[host]}\n{text[-1500:]}")
+                time.sleep(0.1)
+            ready = last_json_line(remote(self.sandbox, host, f"head -n 1 {self._log_path(host)}"))
+            if ready and ready.get("pid") and ready["pid"] != self.pids[host]:
+                self.pids[host] = ready["pid"]  # the stand-in's own word on its PID
+        where = [f"{h} {target_text(t)} (pid {self.pids[h]})" for h, t in self.fleet.standins().items()]
+        self.log(f"stand-ins answering: {', '.join(where)}")
+
+    def route_to_standins(self) -> None:
+        """The router's workers := the stand-ins, by the deployed registration script."""
+        fleet, gw = self.fleet, self.fleet.gateway_host
+        path = f"{REMOTE_DIR}/standin-workers.json"
+        push(self.sandbox, gw, path, workers_json(fleet.standins(), fleet.model).encode())
+        self.swapped = True  # from here on, restore() reloads the unit whatever happens
+        out = remote(self.sandbox, gw, f"python3 -I {shlex.quote(fleet.register_script)} {fleet.router} "
+                                       f"{path} 30", what="registering the stand-ins")
+        self.log(f"router: {out.strip()}")
+        have = router_workers(remote(self.sandbox, gw, f"curl -sf {fleet.router}/workers"))
+        want = {f"http://{a}:{p}" for a, p in fleet.standins().values()}
+        if set(have) != want or not all(model == fleet.model and healthy for model, healthy in have.values()):
+            raise BenchError(f"the router's workers are {have}, not the healthy stand-ins {sorted(want)}")
+
+    def restore(self) -> None:
+        """`systemctl reload` of the gateway unit (its ExecReload= makes the router's workers those of
+        the deployed file again); checked against that file; a restart if the reload did not do it."""
+        if not self.swapped:
+            return
+        fleet, gw = self.fleet, self.fleet.gateway_host
+        for action in ("reload", "restart"):
+            proc = self.sandbox.run(gw, f"systemctl {action} {fleet.unit}", timeout=120)
+            check = self.sandbox.run(gw, f"cat {fleet.workers_file}; echo @@; curl -sf {fleet.router}/workers",
+                                     timeout=60)
+            try:
+                file_part, listing = check.stdout.split("@@\n", 1)
+                want = {w["url"] for w in json.loads(file_part)}
+                have = set(router_workers(listing))
+            except (ValueError, KeyError) as exc:
+                want, have = {"?"}, {f"unreadable: {exc!r}"}
+            if proc.returncode == 0 and have == want:
+                self.swapped = False
+                self.report["restored"] = {"by": f"systemctl {action} {fleet.unit}", "workers": sorted(have)}
+                self.log(f"router restored ({action}): its {len(have)} deployed workers")
+                return
+            self.log(f"router not restored by {action} ({proc.returncode}: {proc.stderr.strip()[-300:]}; "
+                     f"workers {sorted(have)}, deployed {sorted(want)})")
+        self.report["restored"] = {"by": None, "error": "neither reload nor restart restored the workers"}
+
+    def stop(self) -> None:
+        for host in list(self.pids):
+            try:
+                proc = self.sandbox.run(host, stop_command(self.pids[host], self._log_path(host)), timeout=30)
+            except subprocess.TimeoutExpired:
+                self.log(f"{host}: stopping the stand-in (pid {self.pids[host]}) timed out; the host's stop ends it")
+                self.report["stand_ins"][host] = {"pid": self.pids.pop(host), "counts": None, "killed": None}
+                continue
+            final = last_json_line(proc.stdout) or {}
+            self.report["stand_ins"][host] = {"pid": self.pids.pop(host), "counts": final.get("counts"),
+                                              "killed": "SIGKILLED" in proc.stderr}
+            if proc.returncode != 0 or not final.get("stopped"):
+                self.log(f"{host}: the stand-in (pid {self.report['stand_ins'][host]['pid']}) had stopped "
+                         f"before, or its stop failed: {(proc.stderr + proc.stdout).strip()[-500:]}")
+        for host in self.fleet.standins():
+            self.sandbox.run(host, f"rm -rf {REMOTE_DIR}/standin-*", timeout=30)
+
+    def _log_path(self, host: str) -> str:
+        return f"{REMOTE_DIR}/standin-{host}.log"
+
+
+# --- measuring -----------------------------------------------------------------------------------
+
+def measure_argv(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency: int, requests: int,
+                 warmup: int, model: str) -> list[str]:
+    """The arguments of `gateway_standin.py measure` after the script's path."""
+    return ["measure", "--direct", ",".join(map(target_text, direct)), "--gateway", target_text(gateway),
+            "--concurrency", str(concurrency), "--requests", str(requests), "--warmup", str(warmup),
+            "--model", model]
+
+
+def measure_on(sandbox, host: str | None, direct: list[tuple[str, int]], gateway: tuple[str, int],
+               concurrency: int, requests: int, warmup: int, model: str) -> dict:
+    """`gateway_standin.py measure` in a process of its own: here (host None; this process is
+    gevent-patched once pyinfra's inventory loader is imported, so its threads would be greenlets)
+    or on a sandbox host (the copied script, over SSH). Both run the same code on real threads."""
+    args = measure_argv(direct, gateway, concurrency, requests, warmup, model)
+    if host is None:
+        proc = subprocess.run([sys.executable, "-I", str(BENCH / "gateway_standin.py"), *args],
+                              capture_output=True, text=True, timeout=1800)
         if proc.returncode != 0:
-            sys.exit(f"deploy failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
-        measure(4, 200)  # warm-up: connections, the router's health state, vLLM's first batches
-        print(f"\n{'concurrency':>11} {'kind':>8} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}")
-        for concurrency in (1, 16):
-            result = measure(concurrency, args.requests)
-            for kind in ("direct", "gateway"):
-                r = result[kind]
-                print(f"{concurrency:>11} {kind:>8} {r['n']:>5} {r['p50']:>8.2f} {r['p99']:>8.2f}")
-            added = {q: result["gateway"][q] - result["direct"][q] for q in ("p50", "p99")}
-            print(f"{concurrency:>11} {'added':>8} {'':>5} {added['p50']:>8.2f} {added['p99']:>8.2f}")
+            raise BenchError(f"the client failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
+        out = proc.stdout
+    else:
+        out = remote(sandbox, host, shlex.join(["python3", "-I", REMOTE_SCRIPT, *args]), timeout=1800,
+                     what="the client on the gateway host")
+    result = last_json_line(out)
+    if result is None:
+        raise BenchError(f"{host or 'this machine'}: the client printed no result: {out[-500:]}")
+    return result
+
+
+def judge(run: dict, backend: str) -> dict:
+    """Adds target_met and, for stand-in runs, whether every answer came from a stand-in."""
+    added_p50 = run["added"]["p50"]
+    run["target_met"] = added_p50 is not None and added_p50 <= TARGET_MS
+    if backend == "stand-in":
+        elsewhere = sum(n for kind in ("direct", "gateway") for name, n in run["served_by"][kind].items()
+                        if not name.startswith(standin.FINGERPRINT))
+        run["answered_by_other_than_stand_ins"] = elsewhere
+        run["valid"] = elsewhere == 0 and run["errors"] == 0
+    else:
+        run["valid"] = run["errors"] == 0
+    return run
+
+
+def fmt(value: float | None, width: int = 8) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
+
+
+HEADER = f"{'backend':>8} {'client':>12} {'c':>3} {'kind':>8} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}"
+
+
+def table_rows(run: dict) -> list[str]:
+    """The printed lines of one run: direct, gateway, added (with the paired p50 and the verdict)."""
+    head = f"{run['backend']:>8} {run['client']:>12} {run['concurrency']:>3}"
+    lines = [f"{head} {kind:>8} {run[kind]['n']:>5} {fmt(run[kind]['p50'])} {fmt(run[kind]['p99'])}"
+             for kind in ("direct", "gateway")]
+    a = run["added"]
+    verdict = "met" if run["target_met"] else "NOT met"
+    notes = [f"paired p50 {fmt(a['paired_p50'], 0)} [{fmt(a['paired_p10'], 0)}, {fmt(a['paired_p90'], 0)}]",
+             f"<= {TARGET_MS:g} ms at p50: {verdict}"]
+    if run["errors"]:
+        notes.append(f"{run['errors']} error(s), e.g. {run['error_examples'][0]}")
+    if run.get("answered_by_other_than_stand_ins"):
+        notes.append(f"INVALID: {run['answered_by_other_than_stand_ins']} answers not from a stand-in")
+    lines.append(f"{head} {'added':>8} {'':>5} {fmt(a['p50'])} {fmt(a['p99'])}  " + "; ".join(notes))
+    return lines
+
+
+def run_backend(backend: str, sandbox, fleet: Fleet, clients: list[str], concurrencies: list[int],
+                requests: int, log) -> list[dict]:
+    if backend == "stand-in":
+        direct = list(fleet.standins().values())
+    else:
+        direct = list(fleet.backends.values())
+    log(f"{backend}: direct = {paths_text(backend, fleet)['direct']}")
+    log(f"{backend}: gateway = {paths_text(backend, fleet)['gateway']}")
+    log(HEADER)
+    # Warm-up: connections, nginx's and the router's upstream pools, the router's health state.
+    measure_on(sandbox, None, direct, fleet.gateway, 4, WARMUP[backend], 0, fleet.model)
+    runs = []
+    for concurrency in concurrencies:
+        for client in clients:
+            host = fleet.gateway_host if client == "gateway-host" else None
+            result = measure_on(sandbox, host, direct, fleet.gateway, concurrency, requests,
+                                WARMUP[backend] // 4, fleet.model)
+            run = judge({"backend": backend, "client": client, **result}, backend)
+            runs.append(run)
+            for line in table_rows(run):
+                log(line)
+    return runs
+
+
+def deploy(log) -> None:
+    from vllm_fleet.sandbox import assets
+
+    _tiny, wheelhouse = assets.prepare(log=log)
+    env = dict(os.environ, VLLM_FLEET_API_KEY=standin.API_KEY, VLLM_FLEET_WHEELHOUSE=str(wheelhouse))
+    log("deploying the 3 CPU hosts (the gateway on sbx-cpu1) ...")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventory/sandbox.py", "deploy.py",
+                           "--limit", CPU_GROUP], cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"deploy failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    log(f"deployed in {time.monotonic() - started:.0f} s")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=(*BACKENDS, "both"), default="stand-in",
+                        help="stand-in: instant backends, the gateway's own overhead (default); vllm: the "
+                             "deployed CPU vLLMs; both: stand-in, then vllm")
+    parser.add_argument("--client", choices=(*CLIENTS, "both"), default="both",
+                        help="where the client runs: this machine, sbx-cpu1 (the gateway host), or both")
+    parser.add_argument("--requests", type=int, default=None,
+                        help=f"per kind, client and concurrency (default {DEFAULT_REQUESTS['stand-in']} with "
+                             f"stand-ins, {DEFAULT_REQUESTS['vllm']} with vLLM)")
+    parser.add_argument("--concurrency", default="1,16", help="comma-separated (default 1,16)")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout, progress on stderr")
+    args = parser.parse_args(argv)
+    args.backends = list(BACKENDS) if args.backend == "both" else [args.backend]
+    args.clients = list(CLIENTS) if args.client == "both" else [args.client]
+    try:
+        args.concurrencies = [int(c) for c in args.concurrency.split(",") if c.strip()]
+    except ValueError:
+        parser.error(f"--concurrency {args.concurrency!r}: expected numbers, e.g. 1,16")
+    if not args.concurrencies or min(args.concurrencies) < 1 or (args.requests is not None and args.requests < 1):
+        parser.error("--concurrency and --requests must be positive")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = sys.stderr if args.json else sys.stdout
+
+    def log(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    harness.require_root()
+    full = harness.load(INVENTORY)
+    cpu_hosts = [h.name for h in full.hosts if CPU_GROUP in h.groups]
+    fleet = load_fleet(cpu_hosts)
+    sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in cpu_hosts])
+    result: dict = {"target_ms": TARGET_MS, "gateway_host": fleet.gateway_host, "model": fleet.model,
+                    "paths": {b: paths_text(b, fleet) for b in args.backends}, "runs": []}
+    try:
+        harness.up(sandbox, log=lambda line: log(f"  {line}"))
+        deploy(lambda line: log(f"  {line}"))
+        push(sandbox, fleet.gateway_host, REMOTE_SCRIPT, (BENCH / "gateway_standin.py").read_bytes())
+        for backend in args.backends:
+            requests = args.requests or DEFAULT_REQUESTS[backend]
+            if backend == "vllm":
+                result["runs"] += run_backend(backend, sandbox, fleet, args.clients, args.concurrencies,
+                                              requests, log)
+                continue
+            for host in fleet.standins():
+                if host != fleet.gateway_host:
+                    push(sandbox, host, REMOTE_SCRIPT, (BENCH / "gateway_standin.py").read_bytes())
+            standins = StandIns(sandbox, fleet, log)
+            try:
+                standins.start()
+                standins.route_to_standins()
+                result["runs"] += run_backend(backend, sandbox, fleet, args.clients, args.concurrencies,
+                                              requests, log)
+            finally:
+                for step in (standins.restore, standins.stop):  # each tried, whatever the other did
+                    try:
+                        step()
+                    except Exception as exc:  # noqa: BLE001 - the hosts are stopped next in any case
+                        log(f"teardown: {step.__name__} failed: {exc!r}")
+                result.update(standins.report)
     finally:
         harness.down(sandbox)
-        print("sandbox hosts stopped")
+        log("sandbox hosts stopped")
+    standin_runs = [r for r in result["runs"] if r["backend"] == "stand-in"]
+    if standin_runs:
+        met = all(r["target_met"] and r["valid"] for r in standin_runs if r["concurrency"] == 1)
+        result["target_met_at_concurrency_1"] = met
+        log(f"target <= {TARGET_MS:g} ms added at p50 (stand-in backends, concurrency 1, every client): "
+            f"{'met' if met else 'NOT met'}")
+    if args.json:
+        json.dump(result, sys.stdout, indent=2)
+        print()
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (BenchError, harness.SandboxError) as exc:
+        sys.exit(f"gateway bench: {exc}")
