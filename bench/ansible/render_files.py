@@ -1,0 +1,56 @@
+"""pyinfra deploy file of bench/converge_bench.py: what deploy.py would write on each host, to disk.
+
+Run with --dry (it changes nothing on any host):
+
+    VLLM_FLEET_BENCH_RENDER_DIR=DIR pyinfra -y --dry INVENTORY bench/ansible/render_files.py
+
+For each host it does deploy.py's steps 0 and 1 (vllm_fleet.deploy.access_problem and prepare: the
+same facts, plan, secrets and renderer as a deploy) and writes DIR/<host>.json (0600: it holds the
+secret files' contents) with every file the deploy manages there, its owner, group (None where the
+deploy leaves them alone: the manifest) and mode, its role (what a change of it restarts or reloads),
+plus the host's instances. The Ansible playbook then manages
+byte-identical files.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from pyinfra import host
+
+from vllm_fleet import deploy as step
+from vllm_fleet import gateway
+from vllm_fleet.render import FRONT_UNIT, front_paths, instance_paths
+
+problem = step.access_problem()
+if problem:
+    step.refuse_host(problem)
+else:
+    d = step.prepare()
+    c = d.config
+    roles = {}
+    for inst in d.plan.instances:
+        for kind, path in instance_paths(c, inst.name).items():
+            roles[path] = {"role": f"instance-{kind}", "unit_name": inst.unit_name}
+    for kind, path in front_paths(c).items():
+        roles[path] = {"role": f"front-{kind}", "unit_name": FRONT_UNIT}
+    for kind, path in gateway.gateway_paths(c).items():
+        roles[path] = {"role": f"gateway-{kind}", "unit_name": gateway.GATEWAY_UNIT}
+    manifest = f"{c['vllm_config_dir']}/manifest.json"
+    roles[manifest] = {"role": "manifest", "unit_name": None}
+    files = [{"path": f.path, "content": f.content, "mode": f.mode, "secret": f.secret,
+              # the deploy does not check the manifest's owner: neither does the playbook
+              "owner": None if f.path == manifest else f.owner, "group": None if f.path == manifest else f.group,
+              **roles.get(f.path, {"role": "other", "unit_name": None})}
+             for f in d.files.values()]
+    record = {
+        "host": host.name,
+        "files": files,
+        "instances": [{"name": inst.name, "unit": inst.unit_name, "port": inst.backend_port,
+                       "front_port": inst.port, "served_model_name": inst.config.served_model_name,
+                       "env_file": instance_paths(c, inst.name)["env"]} for inst in d.plan.instances],
+    }
+    out = Path(os.environ["VLLM_FLEET_BENCH_RENDER_DIR"]) / f"{host.name}.json"
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(record, f)

@@ -1,0 +1,491 @@
+"""bench/converge_bench.py's pure helpers and its delaying TCP relay (bench/latency_relay.py), offline:
+counting commands and connections from debug output, the playbook's variables, the inventories, the
+report; the relay forwarding bytes with its delay between sockets made here, in-process and as the
+process the bench starts and stops by PID. With ansible-core installed, the playbook itself runs
+against this machine (local connection, files in a temp dir, no systemd units)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import runpy
+import shutil
+import socket
+import socketserver
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+
+import converge_bench as cb  # noqa: E402
+import latency_relay as lr  # noqa: E402
+
+# --- counting from debug output -------------------------------------------------------------------
+
+PYINFRA_DEBUG = """\
+--> Connecting to hosts...
+    [pyinfra.connectors.ssh] Connecting to: 127.0.0.1 ({'allow_agent': False, 'look_for_keys': False, '_pyinfra_ssh_known_hosts_file': '/tmp/kh', 'username': 'deploy', 'port': 40001, 'timeout': 10, 'pkey': <paramiko.ed25519key.Ed25519Key object at 0x7f>})
+    [pyinfra.connectors.ssh] Connecting to: 127.0.0.1 ({'allow_agent': False, 'username': 'deploy', 'port': 40002, 'timeout': 10})
+    [sbx-cpu1] Connected
+    [pyinfra.connectors.ssh] Running command on sbx-cpu1: (pty=False) { sudo -H -n sh -c 'id -u'; echo vllm-fleet-exit=$?; } 2>&1 | sed 's/^/out: /'
+    [pyinfra.connectors.ssh] Waiting for exit status...
+    [pyinfra.connectors.ssh] Command exit status: 0
+    [pyinfra.connectors.ssh] Running command on sbx-cpu2: (pty=False) sudo -H -n sh -c 'systemctl show'
+    [pyinfra.connectors.ssh] Running command on sbx-cpu1: (pty=False) sudo -H -n sh -c 'python3 -c '"'"'
+import json
+print("Running command on nothing")'"'"''
+    [sbx-cpu1] deploy lock /run/vllm-fleet/deploy.lock taken
+    [pyinfra.connectors.ssh] Attempting upload of <_io.BytesIO object at 0x7f> to /opt/x
+"""
+
+
+def test_pyinfra_counts_commands_connections_and_the_lock_per_host():
+    endpoints = {("127.0.0.1", 40001): "sbx-cpu1", ("127.0.0.1", 40002): "sbx-cpu2"}
+    counts = cb.pyinfra_counts(PYINFRA_DEBUG, endpoints)
+    assert counts["sbx-cpu1"] == {"commands": 3, "connections": 1, "transfers": 0}  # 2 + the lock
+    assert counts["sbx-cpu2"] == {"commands": 1, "connections": 1, "transfers": 0}
+    assert counts["*"]["transfers"] == 1  # uploads are not named per host in pyinfra's debug line
+
+
+def test_pyinfra_counts_a_connection_without_port_as_port_22():
+    log = "    [pyinfra.connectors.ssh] Connecting to: 10.213.7.11 ({'username': 'deploy', 'timeout': 10})\n"
+    assert cb.pyinfra_counts(log, {("10.213.7.11", 22): "sbx-cpu1"})["sbx-cpu1"]["connections"] == 1
+
+
+ANSIBLE_VVV = """\
+TASK [Files rendered by vllm-fleet] ********************************************
+<127.0.0.1> ESTABLISH SSH CONNECTION FOR USER: deploy
+<127.0.0.1> SSH: EXEC ssh -v -C -o ControlMaster=auto -o ControlPersist=60s -o Port=40001 -o 'IdentityFile="/k"' -o 'User="deploy"' -o ConnectTimeout=10 -o 'ControlPath="/tmp/vfcb-x/cp1/c3e4c78d80"' 127.0.0.1 '/bin/sh -c '"'"'echo ~deploy && sleep 0'"'"''
+<127.0.0.1> (0, b'/home/deploy\\n', b'OpenSSH_9.2p1 Debian-2+deb12u6\\r\\ndebug1: auto-mux: Trying existing master\\r\\ndebug1: Connecting to 127.0.0.1 [127.0.0.1] port 40001.\\r\\ndebug1: Connection established.\\r\\n')
+<127.0.0.1> SSH: EXEC ssh -v -C -o ControlMaster=auto -o ControlPersist=60s -o Port=40002 127.0.0.1 '/bin/sh -c '"'"'echo ~deploy && sleep 0'"'"''
+<127.0.0.1> (0, b'/home/deploy\\n', b'debug1: Connecting to 127.0.0.1 [127.0.0.1] port 40002.\\r\\n')
+<127.0.0.1> SSH: EXEC ssh -v -C -o ControlMaster=auto -o ControlPersist=60s -o Port=40001 127.0.0.1 '/bin/sh -c '"'"'sudo -H -S -n  -u root /bin/sh -c '"'"'"'"'"'"'"'"'echo BECOME-SUCCESS-x ; /usr/bin/python3'"'"'"'"'"'"'"'"' && sleep 0'"'"''
+<127.0.0.1> (0, b'{"changed": false}\\n', b'debug1: auto-mux: Trying existing master\\r\\ndebug1: mux_client_request_session: master session id: 2\\r\\n')
+<127.0.0.1> SSH: EXEC sftp -b - -v -C -o Port=40001 '[127.0.0.1]'
+<10.213.7.13> SSH: EXEC ssh -C -o ControlMaster=auto 10.213.7.13 '/bin/sh -c '"'"'true'"'"''
+"""
+
+
+def test_ansible_counts_execs_transfers_and_new_connections_per_host():
+    endpoints = {("127.0.0.1", 40001): "sbx-cpu1", ("127.0.0.1", 40002): "sbx-cpu2", ("10.213.7.13", 22): "sbx-cpu3"}
+    counts = cb.ansible_counts(ANSIBLE_VVV, endpoints)
+    assert counts["sbx-cpu1"] == {"commands": 2, "connections": 1, "transfers": 1}
+    assert counts["sbx-cpu2"] == {"commands": 1, "connections": 1, "transfers": 0}
+    assert counts["sbx-cpu3"] == {"commands": 1, "connections": 0, "transfers": 0}  # no Port=: 22
+
+
+def test_play_recap_and_changed_lines():
+    text = """\
+changed: [sbx-cpu2] => (item=/etc/vllm-fleet/front.conf)
+ok: [sbx-cpu1] => (item=/etc/vllm-fleet/front.conf)
+
+PLAY RECAP *********************************************************************
+sbx-cpu1                   : ok=5    changed=0    unreachable=0    failed=0    skipped=4    rescued=0    ignored=0
+sbx-cpu2                   : ok=6    changed=1    unreachable=0    failed=0    skipped=3    rescued=0    ignored=0
+"""
+    assert cb.play_recap(text) == {"sbx-cpu1": {"ok": 5, "changed": 0, "unreachable": 0, "failed": 0},
+                                   "sbx-cpu2": {"ok": 6, "changed": 1, "unreachable": 0, "failed": 0}}
+    assert cb.changed_lines(text) == ["changed: [sbx-cpu2] => (item=/etc/vllm-fleet/front.conf)"]
+
+
+# --- what the playbook is given ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("role,unit,expected", [
+    ("instance-unit", "vllm-tiny.service", {"unit": True, "restart": ["vllm-tiny.service"], "reload": []}),
+    ("instance-config", "vllm-tiny.service", {"unit": False, "restart": ["vllm-tiny.service"], "reload": []}),
+    ("instance-env", "vllm-tiny.service", {"unit": False, "restart": ["vllm-tiny.service"], "reload": []}),
+    ("front-unit", cb.FRONT_UNIT, {"unit": True, "restart": [cb.FRONT_UNIT], "reload": []}),
+    ("front-config", cb.FRONT_UNIT, {"unit": False, "restart": [], "reload": [cb.FRONT_UNIT]}),
+    ("gateway-unit", cb.GATEWAY_UNIT, {"unit": True, "restart": [cb.GATEWAY_UNIT], "reload": []}),
+    ("gateway-workers", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [cb.GATEWAY_UNIT]}),
+    ("gateway-register", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [cb.GATEWAY_UNIT]}),
+    ("gateway-key", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [cb.FRONT_UNIT]}),
+    ("gateway-models", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": []}),
+    ("manifest", None, {"unit": False, "restart": [], "reload": []}),
+    ("other", None, {"unit": False, "restart": [], "reload": []}),
+])
+def test_file_actions_follow_the_deploys_rules(role, unit, expected):
+    assert cb.file_actions(role, unit) == expected
+
+
+def test_unit_names_match_vllm_fleets():
+    from vllm_fleet import gateway, render
+    assert cb.FRONT_UNIT == render.FRONT_UNIT and cb.GATEWAY_UNIT == gateway.GATEWAY_UNIT
+
+
+def _record(host="sbx-cpu1", gateway=True):
+    def f(path, role, unit, secret=False, group="root", mode="0644"):
+        return {"path": path, "content": f"{path}\n", "owner": "root", "group": group, "mode": mode,
+                "secret": secret, "role": role, "unit_name": unit}
+    files = [f("/etc/systemd/system/vllm-tiny.service", "instance-unit", "vllm-tiny.service"),
+             f("/etc/vllm-fleet/tiny.yaml", "instance-config", "vllm-tiny.service", group="vllm", mode="0640"),
+             f("/etc/vllm-fleet/tiny.env", "instance-env", "vllm-tiny.service", secret=True, mode="0600"),
+             f("/etc/vllm-fleet/front.conf", "front-config", cb.FRONT_UNIT, group="vllm", mode="0640"),
+             f("/etc/systemd/system/vllm-fleet-front.service", "front-unit", cb.FRONT_UNIT)]
+    if gateway:
+        files.append(f("/etc/systemd/system/vllm-fleet-gateway.service", "gateway-unit", cb.GATEWAY_UNIT))
+    files.append(dict(f("/etc/vllm-fleet/manifest.json", "manifest", None), owner=None, group=None))
+    return {"host": host, "files": files,
+            "instances": [{"name": "tiny", "unit": "vllm-tiny.service", "port": 18000, "front_port": 8000,
+                           "served_model_name": "tiny-llama", "env_file": "/etc/vllm-fleet/tiny.env"}]}
+
+
+def test_ansible_host_vars(tmp_path):
+    v = cb.ansible_host_vars(_record(), tmp_path)
+    assert v["vf_units"] == ["vllm-tiny.service", cb.FRONT_UNIT, cb.GATEWAY_UNIT]
+    assert v["vf_instances"] == [{"name": "tiny", "unit": "vllm-tiny.service", "port": 18000,
+                                  "env_file": "/etc/vllm-fleet/tiny.env", "served_model_name": "tiny-llama"}]
+    env = next(f for f in v["vf_files"] if f["path"].endswith(".env"))
+    assert env["secret"] is True and env["mode"] == "0600" and env["restart"] == ["vllm-tiny.service"]
+    assert env["src"] == str(tmp_path / "sbx-cpu1" / "etc/vllm-fleet/tiny.env")
+    assert "content" not in env  # the secret stays in its 0600 file, not in the inventory
+    manifest = next(f for f in v["vf_files"] if f["path"].endswith("manifest.json"))
+    assert manifest["owner"] is None and manifest["group"] is None  # left alone, as the deploy does
+    assert cb.ansible_host_vars(_record(gateway=False), tmp_path)["vf_units"] == ["vllm-tiny.service", cb.FRONT_UNIT]
+
+
+def test_ssh_vars_and_inventory_shape():
+    v = cb.ssh_vars("127.0.0.1", 40001, "deploy", "/k/id", "/tmp/known hosts")
+    assert v["ansible_port"] == 40001 and v["ansible_become"] is True and v["ansible_user"] == "deploy"
+    assert "UserKnownHostsFile='/tmp/known hosts'" in v["ansible_ssh_common_args"]
+    assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
+    inv = cb.ansible_inventory({"h": v})
+    assert inv["all"]["children"]["converge"]["hosts"]["h"] is v
+
+
+def test_known_hosts_line():
+    pub = "ssh-ed25519 AAAAC3Nza root@sbx-cpu1\n"
+    assert cb.known_hosts_line("127.0.0.1", 40001, pub) == "[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza\n"
+    assert cb.known_hosts_line("10.213.7.11", 22, pub) == "10.213.7.11 ssh-ed25519 AAAAC3Nza\n"
+
+
+def test_pyinfra_inventory_source_keeps_the_gateways_addresses(tmp_path):
+    base = tmp_path / "base.py"
+    base.write_text("cpu_hosts = [('a', {'ssh_hostname': '10.0.0.1', 'vllm_gateway': True}),\n"
+                    "             ('b', {'ssh_hostname': '10.0.0.2', 'vllm_advertise_address': '10.9.9.9'})]\n")
+    plain = tmp_path / "plain.py"
+    plain.write_text(cb.pyinfra_inventory_source(base))
+    assert runpy.run_path(str(plain))["cpu_hosts"] == [("a", {"ssh_hostname": "10.0.0.1", "vllm_gateway": True}),
+                                                       ("b", {"ssh_hostname": "10.0.0.2",
+                                                              "vllm_advertise_address": "10.9.9.9"})]
+    relayed = tmp_path / "relayed.py"
+    relays = {n: {"hostname": "127.0.0.1", "port": p, "known_hosts": "/tmp/kh"} for n, p in (("a", 1), ("b", 2))}
+    relayed.write_text(cb.pyinfra_inventory_source(base, relays))
+    hosts = dict(runpy.run_path(str(relayed))["cpu_hosts"])
+    assert hosts["a"] == {"ssh_hostname": "127.0.0.1", "ssh_port": 1, "ssh_known_hosts_file": "/tmp/kh",
+                          "vllm_gateway": True, "vllm_advertise_address": "10.0.0.1"}
+    assert hosts["b"]["vllm_advertise_address"] == "10.9.9.9" and hosts["b"]["ssh_port"] == 2
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+def test_summary_ratio_and_round_trips():
+    s = cb.summary([3.0, 1.0, 2.0, 5.0, 4.0])
+    assert (s["median"], s["min"], s["max"], s["n"]) == (3.0, 1.0, 5.0, 5)
+    assert cb.ratio(s, cb.summary([6.0])) == 0.5
+    assert cb.round_trips(4.0, 6.5, 50) == pytest.approx(50.0)
+
+
+def test_markdown_table():
+    s = cb.summary([1.0, 2.0, 3.0])
+    t = cb.summary([4.0, 6.0, 8.0])
+    counts = {"ours": {"a": {"commands": 40}, "b": {"commands": 30}}, "ansible": {"a": {"commands": 59}},
+              "ours_relay": {"a": {"connections": 1}, "b": {"connections": 1}},
+              "ansible_relay": {"a": {"connections": 1}, "b": {"connections": 1}}}
+    result = {"host_names": ["a", "b"], "runs": 3, "versions": {"pyinfra": "3.10.0", "ansible_core": "2.19.14"},
+              "scenario_labels": {"noop": "no-op", "missing": "not run"},
+              "scenarios": {"noop": {"ours": s, "ansible": t, "ratio": cb.ratio(s, t)}}, "counts": counts}
+    table = cb.markdown_table(result)
+    lines = table.splitlines()
+    assert lines[0].startswith("| 2 sandbox hosts, A B A B, 3 runs each | vllm-fleet deploy.py (pyinfra 3.10.0)")
+    assert lines[1] == "|---|---|---|---|"
+    assert "| no-op | 2.00 s (1.00–3.00) | 6.00 s (4.00–8.00) | 0.33 |" in lines
+    assert "| remote commands per host, no-op (a · b) | 40 · 30 | 59 · 0 | |" in lines
+    assert "| SSH connections per host, no-op (counted by the relay) | 1 · 1 | 1 · 1 | |" in lines
+    assert not any("not run" in line for line in lines)
+
+
+def test_ten_hosts_says_why_and_starts_nothing(capsys):
+    assert cb.main(["--hosts", "10", "--json"]) == 0
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert doc["measured"] is False and "not measured" in doc["why"] and "not measured" in out.err
+
+
+# --- the relay ------------------------------------------------------------------------------------
+
+async def _echo_server():
+    async def echo(reader, writer):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+        writer.close()
+        await writer.wait_closed()
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_relay_forwards_bytes_in_order_with_the_delay_and_counts():
+    async def scenario():
+        server, port = await _echo_server()
+        stats = lr.Stats()
+        servers, ports = await lr.start_relays({"echo": ("127.0.0.1", port)}, 100, stats)
+        start = time.monotonic()
+        reader, writer = await asyncio.open_connection("127.0.0.1", ports["echo"])
+        writer.write(b"ping")
+        assert await reader.readexactly(4) == b"ping"
+        first = time.monotonic() - start  # handshake (1 RTT) + the answer's way back (RTT/2)
+        start = time.monotonic()
+        writer.write(b"pong")
+        assert await reader.readexactly(4) == b"pong"
+        second = time.monotonic() - start  # one round trip
+        payload = os.urandom(1 << 20)
+        writer.write(payload)
+        writer.write_eof()
+        assert await reader.readexactly(len(payload)) == payload  # all of it, in order
+        assert await reader.read() == b""  # the end of stream came back through the relay
+        writer.close()
+        await writer.wait_closed()
+        for _ in range(100):
+            if stats.open.get("echo") == 0:
+                break
+            await asyncio.sleep(0.02)
+        for s in (*servers, server):
+            s.close()
+            await s.wait_closed()
+        return first, second, stats
+    first, second, stats = asyncio.run(scenario())
+    assert 0.14 <= first < 1.0
+    assert 0.095 <= second < 0.6
+    assert stats.connections == {"echo": 1} and stats.open == {"echo": 0}
+    assert stats.bytes_up["echo"] == stats.bytes_down["echo"] == 8 + (1 << 20)
+
+
+def test_relay_without_delay_is_fast():
+    async def scenario():
+        server, port = await _echo_server()
+        servers, ports = await lr.start_relays({"echo": ("127.0.0.1", port)}, 0, lr.Stats())
+        reader, writer = await asyncio.open_connection("127.0.0.1", ports["echo"])
+        start = time.monotonic()
+        for _ in range(20):
+            writer.write(b"x")
+            await reader.readexactly(1)
+        took = time.monotonic() - start
+        writer.write_eof()
+        assert await reader.read() == b""
+        writer.close()
+        await writer.wait_closed()
+        for s in (*servers, server):
+            s.close()
+            await s.wait_closed()
+        return took
+    assert asyncio.run(scenario()) < 0.5
+
+
+def test_parse_target():
+    assert lr.parse_target("sbx-cpu1=10.213.7.11:22") == ("sbx-cpu1", ("10.213.7.11", 22))
+    with pytest.raises(ValueError):
+        lr.parse_target("sbx-cpu1")
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+def test_relay_process_started_and_stopped_by_pid(tmp_path):
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        relay = cb.Relay(20, {"echo": ("127.0.0.1", server.server_address[1])}, tmp_path)
+        try:
+            with socket.create_connection(("127.0.0.1", relay.ports["echo"]), timeout=5) as conn:
+                conn.sendall(b"hello")
+                assert conn.recv(5) == b"hello"
+            assert relay.connections() == {"echo": 1}
+        finally:
+            relay.stop()
+            server.shutdown()
+        assert relay.proc.returncode is not None  # ended by its PID, nothing left running
+        assert not Path(f"/proc/{relay.proc.pid}").exists() or relay.proc.poll() is not None
+
+
+# --- the playbook itself (needs ansible-core) -------------------------------------------------------
+
+ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
+needs_ansible = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-core is not installed here "
+                                   f"(the bench installs it: {sys.executable} -m pip install 'ansible-core>=2.17')")
+
+
+class _Models(BaseHTTPRequestHandler):
+    key = ""
+
+    def do_GET(self):  # noqa: N802
+        if self.path != "/v1/models" or self.headers.get("Authorization") != f"Bearer {self.key}":
+            self.send_response(401)
+            self.end_headers()
+            return
+        body = json.dumps({"object": "list", "data": [{"id": "tiny-llama"}]}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def _ansible(tmp_path: Path, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, ANSIBLE_CONFIG=str(cb.ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_HOME=str(tmp_path / "ah"),
+               ANSIBLE_LOCAL_TEMP=str(tmp_path / "ah" / "tmp"), ANSIBLE_NOCOLOR="1")
+    return subprocess.run([sys.executable, str(ANSIBLE_PLAYBOOK), "-i", str(inventory), *extra, str(cb.PLAYBOOK)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+@needs_ansible
+def test_playbook_no_op_then_one_file_changed_and_the_key_check(tmp_path):
+    """On this machine (local connection, no become, no units): a no-op changes nothing, an edited file
+    is rewritten, and /v1/models is asked with the key read from the env file, which no output shows."""
+    key = "skbenchtest" + os.urandom(6).hex()
+    _Models.key = key
+    server = HTTPServer(("127.0.0.1", 0), _Models)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        user, group = os.getuid(), os.getgid()
+        import grp
+        import pwd
+        owner, group_name = pwd.getpwuid(user).pw_name, grp.getgrgid(group).gr_name
+        files_dir, dest = tmp_path / "files", tmp_path / "dest"
+        record = {"host": "h", "files": [
+            {"path": str(dest / "tiny.env"), "content": f"# secrets\nVLLM_API_KEY='{key}'\n", "owner": owner,
+             "group": group_name, "mode": "0600", "secret": True, "role": "other", "unit_name": None},
+            {"path": str(dest / "manifest.json"), "content": "{}\n", "owner": None, "group": None,
+             "mode": "0644", "secret": False, "role": "manifest", "unit_name": None}],
+            "instances": [{"name": "tiny", "unit": "vllm-tiny.service", "port": server.server_address[1],
+                           "served_model_name": "tiny-llama", "env_file": str(dest / "tiny.env")}]}
+        dest.mkdir()
+        for f in record["files"]:
+            for target in (cb.rendered_src(files_dir, "h", f["path"]), Path(f["path"])):
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_text(f["content"])
+                target.chmod(int(f["mode"], 8))
+        host = {"ansible_connection": "local", "ansible_become": False, "ansible_python_interpreter": sys.executable,
+                **cb.ansible_host_vars(record, files_dir)}
+        host["vf_units"] = []  # no systemd here
+        inventory = tmp_path / "inv.yml"
+        inventory.write_text(json.dumps(cb.ansible_inventory({"h": host})))
+
+        proc = _ansible(tmp_path, inventory, "-vvv")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert cb.play_recap(proc.stdout)["h"]["changed"] == 0
+        assert key not in proc.stdout + proc.stderr
+
+        (dest / "manifest.json").write_text("{edited}\n")
+        (dest / "tiny.env").write_text(f"VLLM_API_KEY='{key}'\n# edited\n")
+        proc = _ansible(tmp_path, inventory)
+        assert proc.returncode == 0, proc.stdout[-3000:]
+        assert cb.play_recap(proc.stdout)["h"]["changed"] == 2
+        assert (dest / "manifest.json").read_text() == "{}\n"
+        assert (dest / "tiny.env").read_text() == f"# secrets\nVLLM_API_KEY='{key}'\n"
+        assert key not in proc.stdout + proc.stderr
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(tmp_path / "ah", ignore_errors=True)
+
+
+# --- the bench's flow, with every tool and host faked --------------------------------------------------
+
+def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys):
+    """run_bench end to end without a host: fake deploys, playbook runs, relays and host state. Checks
+    the phases, the A B A B order, what the report and the JSON hold, and that cleanup stops relays."""
+    import hashlib
+    from types import SimpleNamespace
+
+    from vllm_fleet.sandbox import assets
+
+    records = {h: _record(h, gateway=h == "sbx-cpu1") for h in cb.CPU_HOSTS}
+    calls: list[str] = []
+    relays: list = []
+
+    class FakeRelay:
+        def __init__(self, rtt_ms, targets, workdir):
+            self.rtt_ms, self.stopped, self.count = rtt_ms, False, 0
+            self.ports = {n: 40000 + i for i, n in enumerate(sorted(targets))}
+            relays.append(self)
+
+        def connections(self):
+            return {n: self.count for n in self.ports}
+
+        def stop(self):
+            self.stopped = True
+
+    def fake_pyinfra(self, inventory, label, debug=False, deploy=None, extra=(), env=None):
+        calls.append(f"ours:{label}")
+        if relays and not relays[-1].stopped:
+            relays[-1].count += 1
+        text = ""
+        if debug:
+            text = "".join(f"    [pyinfra.connectors.ssh] Connecting to: 127.0.0.1 ({{'port': {p}}})\n"
+                           f"    [pyinfra.connectors.ssh] Running command on {n}: (pty=False) true\n"
+                           for n, p in relays[-1].ports.items())
+        return (1.0 + 0.05 * ("relay-50" in str(inventory)), text)
+
+    def fake_ansible(self, inventory, label, verbose=False, ssh_verbosity=None):
+        calls.append(f"ansible:{label}")
+        if relays and not relays[-1].stopped:
+            relays[-1].count += 1
+        text = "PLAY RECAP ***\n" + "".join(f"{h} : ok=5 changed=0 unreachable=0 failed=0\n" for h in cb.CPU_HOSTS)
+        return (2.0 + 0.5 * ("relay-50" in str(inventory)), text, 3)
+
+    def fake_state(self):
+        return {n: {"files": {f["path"]: hashlib.sha256(f["content"].encode()).hexdigest() for f in r["files"]},
+                    "pids": {u: "100" for u in cb.ansible_host_vars(r, self.tmp)["vf_units"]}}
+                for n, r in self.records.items()}
+
+    downs = []
+    monkeypatch.setattr(cb, "Relay", FakeRelay)
+    monkeypatch.setattr(cb.Bench, "run_pyinfra", fake_pyinfra)
+    monkeypatch.setattr(cb.Bench, "run_ansible", fake_ansible)
+    monkeypatch.setattr(cb.Bench, "host_state", fake_state)
+    monkeypatch.setattr(cb.Bench, "render", lambda self, inv, tag: json.loads(json.dumps(records)))
+    monkeypatch.setattr(cb.Bench, "ensure_ansible", lambda self: "2.19.14")
+    monkeypatch.setattr(cb.Bench, "relay_known_hosts", lambda self, ports, tag: tmp_path / f"kh-{tag}")
+    monkeypatch.setattr(cb.Bench, "inject_drift", lambda self: calls.append("drift"))
+    monkeypatch.setattr(assets, "prepare", lambda log: (tmp_path / "tiny", tmp_path / "wheelhouse"))
+    args = cb.parse_args(["--runs", "2", "--latency-ms", "0,50"])
+    bench = cb.Bench(args, sys.stdout)
+    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"),
+                                    down=lambda sandbox: downs.append(sandbox))
+    try:
+        result = cb.run_bench(bench)
+    finally:
+        bench.cleanup()
+    assert downs and not bench.tmp.exists() and all(r.stopped for r in relays)
+    assert calls[:4] == ["up", "ours:first converge (ours)", "ansible:Ansible first run", "ours:warm-up (ours)"]
+    noop = [c for c in calls if c.startswith(("ours:no-op", "ansible:no-op"))]
+    assert noop == ["ours:no-op (ours)", "ansible:no-op (Ansible)"] * 2  # A B A B
+    assert calls.count("drift") == 4  # before each run of the file-change scenario
+    assert set(result["scenarios"]) == {"noop", "noop_relay_0ms", "noop_relay_50ms", "one_file_changed"}
+    assert result["scenarios"]["noop"]["ratio"] == 0.5
+    growth = result["latency"]["growth"]["50"]
+    assert growth["ours"]["added_s"] == pytest.approx(0.05) and growth["ansible"]["added_s"] == pytest.approx(0.5)
+    assert growth["ansible"]["round_trips"] == pytest.approx(10)
+    assert result["counts"]["ours"]["sbx-cpu2"]["commands"] == 1
+    assert result["counts"]["ours_relay"]["sbx-cpu1"]["connections"] == 1
+    assert result["latency"]["connections"]["50"]["ansible"] == [{h: 1 for h in cb.CPU_HOSTS}] * 2
+    assert result["noop_violations"] == [] and result["api_key_in_output"] == []
+    assert result["managed_files"] == {"sbx-cpu1": 7, "sbx-cpu2": 6, "sbx-cpu3": 6}
+    cb.print_report(result, print)
+    out = capsys.readouterr().out
+    assert "| no-op through a relay, +50 ms RTT | 1.05 s (1.05–1.05) | 2.50 s (2.50–2.50) | 0.42 |" in out
+    assert "10 hosts: not measured" in out and "API key in any captured output: no" in out
+    json.dumps(result)  # --json can print it
