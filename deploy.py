@@ -7,7 +7,7 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
      before any host is changed; then the host's deploy lock is taken (a second deploy at the
      same time refuses the host, changing nothing on it)
   2. the service user (never root) and the directories it writes; then models given as a
-     workstation directory (model_source) are synced to the host (one remote command if unchanged)
+     workstation directory (model_source) are synced to the host (nothing sent if unchanged)
   3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
      free space checked first, built aside, `current` switched atomically
   4. OS packages the runtime needs and the host lacks (nginx for the front; a compiler and the Python
@@ -21,6 +21,26 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   9. on the fleet's gateway host: vllm-router restarted or reloaded if its unit or backends
      changed (after this host's instances serve: it registers them), then verified; then the
      lock is released (a killed deploy releases it when its SSH session ends)
+
+A run that changes nothing costs 5 remote commands per host, 6 on the gateway host, however many
+instances, files and model files the host has:
+  1. the access check: `id -u` through the host's sudo/su/doas                          (step 0)
+  2. the discovery facts, one command: GPUs (nvidia-smi, and NVML through the environment's
+     pynvml), the config.json of models already on the host, the paths to check, the units
+     vllm-fleet wrote, the OS packages present                                          (step 1)
+  3. the managed state, one command: the sha256, mode and owner of every file, each directory,
+     the service user and group, each unit's systemd state with its process's start and its
+     files' times, the synced models' manifests and listings, the environment, the hub cache
+                                                                                        (step 1)
+  4. the deploy lock: a channel on the SSH connection, held until the run ends          (step 1)
+  5. the verification probe, all of the host's instances at once                        (step 8)
+  6. on the gateway host only: the gateway's verification probe                         (step 9)
+Releasing the lock closes its channel (no command); a host without instances skips 5. Every
+operation (vllm_fleet/operations.py, model_sync.py) compares with what 2 and 3 read and sends
+nothing where the host already matches; pyinfra runs an operation's body twice (to plan, then to
+execute) and both read those same answers (vllm_fleet/facts.py: prefetch, get). A batch splits in
+two only past ~96 KB of shell (hundreds of managed paths). tests/test_noop_commands.py counts
+these through pyinfra against a simulated converged host. A run with changes adds their commands.
 """
 
 from pyinfra import host, logger

@@ -43,13 +43,17 @@ PROVISIONED = ({"cc": True, "cxx": True, "python3.11-headers": True, "libnuma": 
 class FakeHost:
     """Stands in for pyinfra's `host` inside deploy.prepare(): data and facts from dicts; `asked`
     records (fact name, arguments) in the order prepare() asked. The OS packages are there unless
-    the test gives a HostRuntime fact of its own."""
+    the test gives a HostRuntime fact of its own. A batch (facts.prefetch) is recorded in `batches`
+    and answered with nothing, so each fact is then asked alone (facts.get) and answered here."""
 
     def __init__(self, data: dict, facts: dict):
         self.name, self.print_prefix = "box", "[box] "
         self.data = SimpleNamespace(dict=lambda: data)
-        self.facts, self.asked = {"HostRuntime": PROVISIONED, **facts}, []
+        self.facts, self.asked, self.batches = {"HostRuntime": PROVISIONED, **facts}, [], []
 
     def get_fact(self, cls, **kwargs):
+        if cls.__name__ == "FactBatch":
+            self.batches.append(kwargs["queries"])
+            return None
         self.asked.append((cls.__name__, kwargs))
         return self.facts[cls.__name__]

@@ -2,11 +2,17 @@
 
 prepare (facts + plan; an invalid plan raises before any host changes) -> lock -> models
 -> environment -> service user -> hub downloads -> files -> services -> verify -> unlock.
+
+What the steps read from the host is read in two remote commands (facts.prefetch), both in
+prepare(): `discovery_queries` before the plan (GPUs, model configs, paths, units, OS packages) and
+`managed_state_queries` after it (every file, directory, unit, the service account, the model
+sync, the environment, the hub cache). The operations then compare against those answers
+(facts.get) and send commands only where the host differs. The root deploy.py's docstring counts
+what a run that changes nothing costs.
 """
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import shlex
@@ -17,20 +23,21 @@ from typing import Any
 from pyinfra import host, logger
 from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError, PyinfraError
-from pyinfra.operations import apt, dnf, files, python, server, systemd
-from pyinfra.facts.systemd import SystemdStatus
+from pyinfra.operations import apt, dnf, python, server, systemd
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
-from vllm_fleet import bundle, gateway, host_packages as os_packages, hub, remote, ssh_lost
-from vllm_fleet.model_sync import ModelSyncError, local_manifest, model_sync
+from vllm_fleet import bundle, facts, gateway, host_packages as os_packages, hub, remote, ssh_lost
+from vllm_fleet.model_sync import ModelSyncError, local_manifest, model_sync, state_query as model_state_query
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, check_fleet, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
-from vllm_fleet.facts import (GpuTopology, HubModelCached, InstalledEnvironment, ManagedUnits, ModelConfig,
-                              HostRuntime, NvidiaGpus, PathsPresent, ServiceFreshness)
-from vllm_fleet.operations import secret_file, vllm_environment
+from vllm_fleet.facts import (DirectoryState, FileState, GpuTopology, HostRuntime, HubModelCached,
+                              InstalledEnvironment, ManagedUnits, ModelConfig, NewestMtime, NvidiaGpus,
+                              PathsPresent, ServiceAccount, UnitState, query)
+from vllm_fleet.operations import (environment_queries, managed_directory, managed_file, secret_file,
+                                   service_account, systemd_service, vllm_environment)
 from vllm_fleet.plan import FleetPlan, HostPlan, Interconnect, plan_fleet, plan_host
 from vllm_fleet.sandbox.assets import PREPARE_HINT
 from vllm_fleet.sandbox.harness import cache_dir
@@ -42,6 +49,8 @@ from vllm_fleet.verify import (InstanceCheck, format_failure, host_probe_command
 
 
 ssh_lost.install()  # a connection that drops fails its host with a message, not the whole run
+
+STOCK_NGINX_UNIT = "nginx.service"  # Debian's own, started by the package: stopped when we install nginx
 
 
 class DeployError(PyinfraError):
@@ -145,8 +154,8 @@ def _live_instance(config: HostConfig, inst: InstanceConfig, errors: list[Config
             errors.append(ConfigError(str(exc), host=config.name, instance=inst.name, key="model_source",
                                       fix=fix))
             return inst
-    elif inst.model.startswith("/") and not inst.gguf:
-        found = host.get_fact(ModelConfig, path=inst.model)
+    elif _model_config_on_host(inst):
+        found = facts.get(host, ModelConfig, path=inst.model)
         found = (found["config"], found["weights_bytes"]) if found else None
         if found is None:
             errors.append(ConfigError(f"model path {inst.model} does not exist on the host (or has no "
@@ -171,17 +180,29 @@ def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
                                   "workstation", host=config.name, key="vllm_wheelhouse", fix=fix))
 
 
-def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
-    """GGUF files and tokenizer directories named by absolute path must exist before we start."""
+def _model_config_on_host(inst: InstanceConfig) -> bool:
+    """The model is a directory on the host (not synced from the workstation, not a GGUF file):
+    its config.json is read there (ModelConfig)."""
+    return not inst.model_source and inst.model.startswith("/") and not inst.gguf
+
+
+def _paths_to_check(config: HostConfig) -> dict[str, tuple[InstanceConfig, str]]:
+    """GGUF files and tokenizer directories named by absolute path: {path: (instance, key)}."""
     wanted = {}
     for inst in config.instances:
         if inst.model.startswith("/") and inst.gguf and not inst.model_source:
             wanted[inst.model] = (inst, "model")
         if inst.tokenizer and inst.tokenizer.startswith("/"):
             wanted[inst.tokenizer] = (inst, "tokenizer")
+    return wanted
+
+
+def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
+    """GGUF files and tokenizer directories named by absolute path must exist before we start."""
+    wanted = _paths_to_check(config)
     if not wanted:
         return
-    present = host.get_fact(PathsPresent, paths=tuple(sorted(wanted)))
+    present = facts.get(host, PathsPresent, paths=tuple(sorted(wanted)))
     for path, (inst, key) in wanted.items():
         if not present.get(path):
             errors.append(ConfigError(f"{key} path {path} does not exist on the host", host=config.name,
@@ -196,7 +217,7 @@ def _gpu_topology(config: HostConfig, live, errors: list[ConfigError]):
     """
     if live is None:
         return None, None
-    topology = host.get_fact(GpuTopology, python=current_link(config["vllm_root"]) + "/bin/python")
+    topology = facts.get(host, GpuTopology, python=_env_python(config))
     if not topology.get("available"):
         logger.info(f"{host.print_prefix}GPU topology: {topology.get('reason')}")
         return None, None
@@ -207,6 +228,51 @@ def _gpu_topology(config: HostConfig, live, errors: list[ConfigError]):
                                       "or the driver was upgraded without a reboot) and deploy again"))
         return None, None
     return topology, Interconnect.from_topology(topology)
+
+
+def _env_python(config: HostConfig) -> str:
+    """The python of the host's current vLLM environment (the NVML probe runs with it)."""
+    return current_link(config["vllm_root"]) + "/bin/python"
+
+
+def discovery_queries(config: HostConfig) -> list[facts.Query]:
+    """Everything prepare() reads from the host before it plans, for one remote command: the GPUs
+    (nvidia-smi, and NVML through the environment's pynvml), the config.json of models already on
+    the host, the paths it checks, the units vllm-fleet wrote, the OS packages the runtime needs."""
+    wanted = [query(ManagedUnits), query(HostRuntime, python_version=config["vllm_python_version"])]
+    if config["vllm_target"] == "cuda":
+        wanted += [query(NvidiaGpus), query(GpuTopology, python=_env_python(config))]
+    wanted += [query(ModelConfig, path=inst.model) for inst in config.instances if _model_config_on_host(inst)]
+    paths = _paths_to_check(config)
+    if paths:
+        wanted.append(query(PathsPresent, paths=tuple(sorted(paths))))
+    return wanted
+
+
+def managed_state_queries(d: "Deployment") -> list[facts.Query]:
+    """Everything the steps after prepare() compare with, for one remote command: the service account
+    and its directories, the synced models, the environment, the hub cache, every file and unit this
+    host gets (and those of removed instances), each instance's process start and file times."""
+    c = d.config
+    user = c["vllm_service_user"]
+    wanted = [query(ServiceAccount, user=user, group=user)]
+    wanted += [query(DirectoryState, path=path) for _name, path, _mode in service_directories(c)]
+    wanted += [model_state_query(inst.model) for inst in c.instances if inst.model_source]
+    wanted += environment_queries(environment_spec(c, d.plan), c["vllm_root"])
+    wanted.append(query(InstalledEnvironment, current=current_link(c["vllm_root"]), marker=ENV_MARKER))
+    downloads = _hub_downloads(d)
+    wanted += [query(HubModelCached, hf_home=c["vllm_hf_home"], model=dl.repo) for _inst, dl in downloads]
+    if downloads:
+        wanted.append(query(FileState, path=hub_token_file(c)))
+    wanted += [query(FileState, path=path) for path in sorted(d.files)]
+    for inst in d.plan.instances:
+        wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(c, inst.name))]
+    for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT):
+        wanted.append(query(UnitState, unit=unit))
+    for unit, _name, paths in removed_units(d):
+        wanted.append(query(UnitState, unit=unit))
+        wanted += [query(FileState, path=path) for path in paths]
+    return wanted
 
 
 def _login_user() -> str:
@@ -255,10 +321,11 @@ def prepare() -> Deployment:
         config = parse_host(host.name, host.data.dict())
     except ConfigErrors as exc:
         _fail(exc.errors)
+    facts.prefetch(host, discovery_queries(config))  # one remote command
     errors: list[ConfigError] = []
     live = None
     if config["vllm_target"] == "cuda":
-        gpus = host.get_fact(NvidiaGpus)
+        gpus = facts.get(host, NvidiaGpus)
         if gpus is None:
             errors.append(ConfigError("nvidia-smi is missing: no NVIDIA driver on this host",
                                       host=config.name, key="vllm_target",
@@ -285,7 +352,7 @@ def prepare() -> Deployment:
     except ConfigErrors as exc:
         _fail(exc.errors)
     if interconnect is not None and any(g.get("processes") for g in topology["gpus"]):
-        own = set(host.get_fact(ManagedUnits)) | {inst.unit_name for inst in plan.instances}
+        own = set(facts.get(host, ManagedUnits)) | {inst.unit_name for inst in plan.instances}
         users = {i.name: i.gpu_indices for i in plan.instances}
         for text in gpu_topology.foreign_warnings(config.name, topology, own, users):
             logger.warning(text)
@@ -294,7 +361,9 @@ def prepare() -> Deployment:
     backends = _fleet_backends(config, plan) if config["vllm_gateway"] else None
     secrets = read_secrets(config)
     rendered = {f.path: f for f in render_host(config, plan, secrets, backends)}
-    return Deployment(config, plan, rendered, secrets, {}, absent, family, backends)
+    d = Deployment(config, plan, rendered, secrets, {}, absent, family, backends)
+    facts.prefetch(host, managed_state_queries(d))  # one remote command
+    return d
 
 
 def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]:
@@ -334,7 +403,7 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
         has_instances=bool(plan.instances), gateway=config["vllm_gateway"] is True)
     if not required:
         return [], None
-    present, family = host.get_fact(HostRuntime, python_version=config["vllm_python_version"])
+    present, family = facts.get(host, HostRuntime, python_version=config["vllm_python_version"])
     absent = os_packages.missing(required, present)
     if absent and (family is None or not config["vllm_install_host_packages"]):
         message, fix = os_packages.refusal(absent, family)
@@ -384,8 +453,8 @@ def environment(d: Deployment) -> None:
     """3. The versioned Python environment with the pinned vLLM (uv venv or conda prefix, from the
     wheelhouse or package indexes; only a complete env becomes `current`, switched atomically)."""
     spec = environment_spec(d.config, d.plan)
-    installed = host.get_fact(InstalledEnvironment, current=current_link(d.config["vllm_root"]),
-                              marker=ENV_MARKER)
+    installed = facts.get(host, InstalledEnvironment, current=current_link(d.config["vllm_root"]),
+                          marker=ENV_MARKER)
     was = (f"{installed['spec']['target']} vLLM {installed['spec']['vllm_version']} ({installed['name']})"
            if installed else "none")
     logger.info(f"{host.print_prefix}environment: installed {was}; wanted {spec.target} vLLM "
@@ -441,6 +510,16 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
         raise OperationError(f"host {host.name}: could not record the download of {repo}: {err.strip()[-300:]}")
 
 
+def _hub_downloads(d: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
+    """(instance plan, download) of everything the instances load from the hub."""
+    return [(inst, dl) for inst in d.plan.instances
+            for dl in hub.instance_downloads(inst.config.model, inst.config.tokenizer)]
+
+
+def hub_token_file(config: HostConfig) -> str:
+    return f"{config['vllm_config_dir']}/hub.env"
+
+
 def hub_models(d: Deployment) -> None:
     """5. Everything an instance loads from the Hugging Face hub is downloaded before it starts.
 
@@ -451,13 +530,11 @@ def hub_models(d: Deployment) -> None:
     untouched.
     """
     c = d.config
-    wanted = [(inst, dl) for inst in d.plan.instances
-              for dl in hub.instance_downloads(inst.config.model, inst.config.tokenizer)]
-    missing = [(inst, dl) for inst, dl in wanted
-               if not host.get_fact(HubModelCached, hf_home=c["vllm_hf_home"], model=dl.repo)]
+    missing = [(inst, dl) for inst, dl in _hub_downloads(d)
+               if not facts.get(host, HubModelCached, hf_home=c["vllm_hf_home"], model=dl.repo)]
     if not missing:
         return
-    token_file = f"{c['vllm_config_dir']}/hub.env"
+    token_file = hub_token_file(c)
     secret_file(name="Hugging Face token for downloads", dest=token_file,
                 # sourced by sh (`set -a; . hub.env`) as root: quoted, so it stays a value
                 content=f"HF_TOKEN={shlex.quote(d.secrets.hf_token)}\n" if d.secrets.hf_token else "\n",
@@ -488,8 +565,12 @@ def host_packages(d: Deployment) -> None:
     if any(need.key == "nginx" for need in d.missing_packages):
         # Debian starts the package's own nginx.service with its welcome page on port 80: installed
         # here for the front only, it has nothing to serve. (An nginx the host had is left alone.)
-        systemd.service(name="Stop the stock nginx.service (installed for the front only)", service="nginx",
-                        running=False, enabled=False)
+        # Decided when it runs, after the install (what the host was while planning had no nginx):
+        # stopped if the package started it, disabled if it enabled it.
+        unit = STOCK_NGINX_UNIT
+        server.shell(name=f"Stop the stock {unit} (installed for the front only)",
+                     commands=[f"if systemctl is-active --quiet {unit}; then systemctl stop {unit}; fi; "
+                               f"if systemctl is-enabled --quiet {unit}; then systemctl disable {unit}; fi"])
 
 
 def package_operation(family: str, packages: list[str]):
@@ -499,23 +580,67 @@ def package_operation(family: str, packages: list[str]):
     return dnf.packages, {"packages": packages}
 
 
-def service_user(d: Deployment) -> None:
-    """2. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache);
-    before the model sync, which uploads below the state dir."""
-    c = d.config
-    user = c["vllm_service_user"]
-    server.group(name=f"Group {user}", group=user, system=True)
-    server.user(name=f"Service user {user}", user=user, group=user, system=True,
-                home=c["vllm_state_dir"], shell="/usr/sbin/nologin", create_home=False)
-    files.directory(name="Config directory", path=c["vllm_config_dir"], user="root", group=user,
-                    mode="0750")
+def service_directories(c: HostConfig) -> list[tuple[str, str, str]]:
+    """(operation name, path, mode) of the directories the service user writes (and the config
+    directory, root's, the service's group reads), in the order they are made."""
+    dirs = [("Config directory", c["vllm_config_dir"], "0750")]
     for path in sorted({c["vllm_state_dir"], c["vllm_hf_home"], c["vllm_cache_root"],
                         f"{c['vllm_state_dir']}/config"}):
         # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
         # it), so the login user can upload model files into place (model_sync); what the service
         # writes (HF_HOME, caches, config) stays 0750 below it.
-        mode = "0751" if path == c["vllm_state_dir"] else "0750"
-        files.directory(name=f"Directory {path}", path=path, user=user, group=user, mode=mode)
+        dirs.append((f"Directory {path}", path, "0751" if path == c["vllm_state_dir"] else "0750"))
+    return dirs
+
+
+def service_user(d: Deployment) -> None:
+    """2. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache);
+    before the model sync, which uploads below the state dir."""
+    c = d.config
+    user = c["vllm_service_user"]
+    # Its home is the state directory, made (and owned by it) just below.
+    service_account(name=f"Service user {user}", user=user, group=user, home=c["vllm_state_dir"],
+                    shell="/usr/sbin/nologin")
+    for name, path, mode in service_directories(c):
+        owner = "root" if path == c["vllm_config_dir"] else user
+        managed_directory(name=name, path=path, user=owner, group=user, mode=mode)
+
+
+def freshness_paths(c: HostConfig, name: str) -> tuple[str, ...]:
+    """What an instance's process must be younger than: its unit, engine config, env file, and the
+    environment's `current` link (switched when the environment changes)."""
+    paths = instance_paths(c, name)
+    return (paths["unit"], paths["config"], paths["env"], current_link(c["vllm_root"]))
+
+
+def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
+    """(unit, why it stops, its files) of each unit vllm-fleet wrote on this host that the plan no
+    longer has: removed instances; the front when no instance is left; the gateway when this host
+    is no longer the fleet's gateway."""
+    c = d.config
+    wanted = {inst.unit_name for inst in d.plan.instances}
+    front, gw_paths = front_paths(c), gateway.gateway_paths(c)
+    out = []
+    for unit in facts.get(host, ManagedUnits):
+        if unit in wanted:
+            continue
+        if unit == gateway.GATEWAY_UNIT:
+            if gw_paths["unit"] not in d.files:
+                out.append((unit, "Stop the gateway (this host is no longer the fleet's gateway)",
+                            list(gw_paths.values())))
+        elif unit == FRONT_UNIT:
+            if front["unit"] not in d.files:
+                out.append((unit, "Stop the front (no instance left)", [front["unit"], front["config"]]))
+        else:
+            name = unit.removeprefix("vllm-").removesuffix(".service")
+            paths = instance_paths(c, name)
+            out.append((unit, f"Stop removed instance {name}", [paths["unit"], paths["config"], paths["env"]]))
+    return out
+
+
+def _put(name: str, f: RenderedFile, **owner: Any):
+    return managed_file(name=name, dest=f.path, content=f.content, mode=f.mode,
+                        **(owner or {"user": f.owner, "group": f.group}))
 
 
 def service_files(d: Deployment) -> None:
@@ -526,9 +651,7 @@ def service_files(d: Deployment) -> None:
         ops = []
         for kind in ("config", "unit"):
             f = d.files[paths[kind]]
-            ops.append(files.put(name=f"{kind.capitalize()} of {inst.name}: {f.path}",
-                                 src=io.StringIO(f.content), dest=f.path, user=f.owner, group=f.group,
-                                 mode=f.mode))
+            ops.append(_put(f"{kind.capitalize()} of {inst.name}: {f.path}", f))
         env = d.files[paths["env"]]
         ops.append(secret_file(name=f"Secrets of {inst.name}: {env.path}", dest=env.path,
                                content=env.content, upload_dir=upload_dir(c)))
@@ -538,16 +661,13 @@ def service_files(d: Deployment) -> None:
     if front["unit"] in d.files:
         for kind in ("config", "unit"):
             f = d.files[front[kind]]
-            d.changed[f"front_{kind}"] = files.put(name=f"Front {kind}: {f.path}", src=io.StringIO(f.content),
-                                                   dest=f.path, user=f.owner, group=f.group, mode=f.mode)
+            d.changed[f"front_{kind}"] = _put(f"Front {kind}: {f.path}", f)
         d.changed.setdefault("units", []).append(d.changed["front_unit"])
     gw_paths = gateway.gateway_paths(c)
     if gw_paths["unit"] in d.files:
         for kind in ("unit", "workers", "register", "models"):
             f = d.files[gw_paths[kind]]
-            d.changed[f"gateway_{kind}"] = files.put(
-                name=f"Gateway {kind}: {f.path}", src=io.StringIO(f.content), dest=f.path, user=f.owner,
-                group=f.group, mode=f.mode)
+            d.changed[f"gateway_{kind}"] = _put(f"Gateway {kind}: {f.path}", f)
         key = d.files[gw_paths["key"]]
         # Before the front (re)starts: its config includes this file, and `nginx -t` checks it.
         d.changed["gateway_key"] = secret_file(name=f"Gateway key check: {key.path}", dest=key.path,
@@ -555,33 +675,12 @@ def service_files(d: Deployment) -> None:
                                                group=key.group, mode=key.mode)
         d.changed.setdefault("units", []).append(d.changed["gateway_unit"])
     manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
-    files.put(name="Deploy manifest", src=io.StringIO(manifest.content), dest=manifest.path, mode="0644")
-    wanted = {inst.unit_name for inst in d.plan.instances}
-    for unit in host.get_fact(ManagedUnits):
-        if unit in wanted:
-            continue
-        if unit == gateway.GATEWAY_UNIT:
-            if gw_paths["unit"] not in d.files:  # no longer the fleet's gateway
-                systemd.service(name="Stop the gateway (this host is no longer the fleet's gateway)",
-                                service=unit, running=False, enabled=False)
-                for path in gw_paths.values():
-                    d.changed.setdefault("units", []).append(
-                        files.file(name=f"Remove {path}", path=path, present=False))
-            continue
-        if unit == FRONT_UNIT:
-            if front["unit"] not in d.files:  # no instance left: no front either
-                systemd.service(name="Stop the front (no instance left)", service=unit, running=False,
-                                enabled=False)
-                for path in (front["unit"], front["config"]):
-                    d.changed.setdefault("units", []).append(
-                        files.file(name=f"Remove {path}", path=path, present=False))
-            continue
-        name = unit.removeprefix("vllm-").removesuffix(".service")
-        systemd.service(name=f"Stop removed instance {name}", service=unit, running=False, enabled=False)
-        paths = instance_paths(c, name)
-        for path in (paths["unit"], paths["config"], paths["env"]):
+    _put("Deploy manifest", manifest, user=None, group=None)  # its owner is not checked
+    for unit, why, paths in removed_units(d):
+        systemd_service(name=why, unit=unit, running=False, enabled=False)
+        for path in paths:
             d.changed.setdefault("units", []).append(
-                files.file(name=f"Remove {path}", path=path, present=False))
+                managed_file(name=f"Remove {path}", dest=path, present=False))
 
 
 def services(d: Deployment) -> None:
@@ -591,11 +690,10 @@ def services(d: Deployment) -> None:
     its files (or a unit systemd has not reloaded) is restarted (or reloaded) by the next run.
     """
     c = d.config
-    fresh = {inst.name: host.get_fact(ServiceFreshness, unit=inst.unit_name, paths=tuple(
-        instance_paths(c, inst.name)[k] for k in ("unit", "config", "env")) + (current_link(c["vllm_root"]),))
-        for inst in d.plan.instances}
-    pending_reload = [name for name, f in fresh.items() if f["need_daemon_reload"]]
-    running = host.get_fact(SystemdStatus, services=[inst.unit_name for inst in d.plan.instances]) or {}
+    units = {inst.name: facts.get(host, UnitState, unit=inst.unit_name) for inst in d.plan.instances}
+    newest = {inst.name: facts.get(host, NewestMtime, paths=freshness_paths(c, inst.name))
+              for inst in d.plan.instances}
+    pending_reload = [name for name, u in units.items() if u["need_daemon_reload"]]
     if d.changed.get("units") or pending_reload:
         if pending_reload:
             logger.info(f"{host.print_prefix}systemd has not loaded the unit of {', '.join(pending_reload)} "
@@ -604,7 +702,8 @@ def services(d: Deployment) -> None:
         systemd.daemon_reload(name="systemd daemon-reload (a unit changed)",
                               _if=lambda: bool(pending_reload) or units_changed())
     for inst in d.plan.instances:
-        stale = fresh[inst.name]["stale"]
+        found = units[inst.name]
+        stale = found["main_pid"] != 0 and found["started"] < newest[inst.name]
         if stale:
             logger.info(f"{host.print_prefix}{inst.unit_name} runs since before its files changed (an "
                         "earlier deploy stopped before restarting it): it will be restarted")
@@ -621,8 +720,8 @@ def services(d: Deployment) -> None:
         server.shell(name=f"Restart {unit} (its config, environment or model changed)", _if=changed,
                      commands=[f"systemctl stop {unit}; systemctl reset-failed {unit} 2>/dev/null; "
                                f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
-        if running.get(unit):
-            systemd.service(name=f"Ensure {unit} is enabled and running", service=unit,
+        if found["running"]:
+            systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit,
                             running=True, enabled=True, _if=lambda changed=changed: not changed())
         else:  # new, stopped, or failed after its bounded restarts: the next deploy starts it
             server.shell(name=f"Start {unit} (it was not running)", _if=lambda changed=changed: not changed(),
@@ -635,12 +734,12 @@ def services(d: Deployment) -> None:
         # The gateway's key check is a file the front's config includes.
         config_changed = any_changed(d.changed["front_config"],
                                      *([d.changed["gateway_key"]] if "gateway_key" in d.changed else []))
-        systemd.service(name=f"Restart {FRONT_UNIT} (its unit changed)", service=FRONT_UNIT, running=True,
+        systemd_service(name=f"Restart {FRONT_UNIT} (its unit changed)", unit=FRONT_UNIT, running=True,
                         restarted=True, enabled=True, _if=unit_changed)
-        systemd.service(name=f"Reload {FRONT_UNIT} (its config changed; connections are kept)",
-                        service=FRONT_UNIT, running=True, reloaded=True, enabled=True,
+        systemd_service(name=f"Reload {FRONT_UNIT} (its config changed; connections are kept)",
+                        unit=FRONT_UNIT, running=True, reloaded=True, enabled=True,
                         _if=lambda: config_changed() and not unit_changed())
-        systemd.service(name=f"Ensure {FRONT_UNIT} is enabled and running", service=FRONT_UNIT,
+        systemd_service(name=f"Ensure {FRONT_UNIT} is enabled and running", unit=FRONT_UNIT,
                         running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
 
 
@@ -655,11 +754,11 @@ def gateway_service(d: Deployment) -> None:
     unit = gateway.GATEWAY_UNIT
     restart = any_changed(d.changed["gateway_unit"], d.changed["environment"])
     reload = any_changed(d.changed["gateway_workers"], d.changed["gateway_register"])
-    systemd.service(name=f"Restart {unit} (its unit or environment changed)", service=unit, running=True,
+    systemd_service(name=f"Restart {unit} (its unit or environment changed)", unit=unit, running=True,
                     restarted=True, enabled=True, _if=restart)
-    systemd.service(name=f"Reload {unit} (its backends changed; requests in flight are kept)", service=unit,
+    systemd_service(name=f"Reload {unit} (its backends changed; requests in flight are kept)", unit=unit,
                     running=True, reloaded=True, enabled=True, _if=lambda: reload() and not restart())
-    systemd.service(name=f"Ensure {unit} is enabled and running", service=unit, running=True, enabled=True,
+    systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
                     _if=lambda: not (restart() or reload()))
     if d.config["vllm_verify"]:
         python.call(name="Verify the gateway (backends registered, key required, models)",

@@ -1,10 +1,18 @@
-"""pyinfra facts vllm-fleet reads from a host: one command each, parsed in `process`."""
+"""pyinfra facts vllm-fleet reads from a host: one command each, parsed in `process`.
+
+A deploy reads them in two batches (`prefetch`: one remote command runs many facts) and through
+`get`, which answers a fact once per run per host: pyinfra 3.10 runs a fact's command again on
+every `host.get_fact`, and an operation's body runs twice (to plan, then to execute), so without
+the memo a no-op deploy cost dozens of commands per host. See `prefetch` and `get`.
+"""
 
 from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 from pyinfra.api import FactBase
 
@@ -139,17 +147,6 @@ class ManagedUnits(FactBase):
         return sorted(line.strip() for line in output if line.strip())
 
 
-class FileSha256(FactBase):
-    """sha256 of a file, or None. Used for secret files, whose contents must never be read back."""
-
-    def command(self, path: str) -> str:
-        return f"sha256sum {shlex.quote(path)} 2>/dev/null | cut -d' ' -f1 || true"
-
-    def process(self, output):
-        lines = [line.strip() for line in output if line.strip()]
-        return lines[0] if lines else None
-
-
 class LinkTarget(FactBase):
     """Where a symlink points (None if it is not a link)."""
 
@@ -193,38 +190,6 @@ class HubModelCached(FactBase):
         return False
 
 
-class ServiceFreshness(FactBase):
-    """Is a unit's running process older than its files, and does systemd need a daemon-reload?
-
-    A deploy interrupted between writing an instance's files and restarting it leaves the old process
-    serving while the files already match the plan: a re-run sees no file change, so this fact is
-    what makes it restart (and reload) anyway. Returns {"main_pid", "started", "newest_file",
-    "stale", "need_daemon_reload"}; times are epoch seconds; links count by their own mtime (the
-    environment's `current` link changes when the environment is switched).
-    """
-
-    def command(self, unit: str, paths: tuple[str, ...]) -> str:
-        u = shlex.quote(unit)
-        files = " ".join(shlex.quote(p) for p in paths)
-        return (f"pid=$(systemctl show -p MainPID --value {u}); "
-                f"ts=$(systemctl show -p ExecMainStartTimestamp --value {u}); "
-                f"if [ -n \"$ts\" ] && [ \"$pid\" != 0 ]; then start=$(date -d \"$ts\" +%s); else start=0; fi; "
-                f"newest=$( (stat -c %Y {files} 2>/dev/null || true) | sort -n | tail -n 1); "
-                f"echo \"${{pid:-0}} $start ${{newest:-0}} $(systemctl show -p NeedDaemonReload --value {u})\"")
-
-    def default(self):
-        return {"main_pid": 0, "started": 0, "newest_file": 0, "stale": False, "need_daemon_reload": False}
-
-    def process(self, output):
-        parts = (list(output) or [""])[0].split()
-        if len(parts) < 3 or not all(p.isdigit() for p in parts[:3]):
-            return self.default()
-        pid, started, newest = (int(p) for p in parts[:3])
-        return {"main_pid": pid, "started": started, "newest_file": newest,
-                "stale": pid != 0 and started < newest,
-                "need_daemon_reload": len(parts) > 3 and parts[3] == "yes"}
-
-
 class HostRuntime(FactBase):
     """What the runtime needs from the OS and which package manager the host has, in one command:
     ({need key: present}, "debian" | "rhel" | None). See host_packages.probe_command."""
@@ -237,3 +202,350 @@ class HostRuntime(FactBase):
 
     def process(self, output):
         return host_packages.parse_probe(list(output))
+
+
+# --- The state of what the deploy manages -----------------------------------------------------------
+# These facts define their shell code once as a `prelude` (shell functions) and a short `call`, so a
+# batch (`prefetch`) of hundreds of them stays small: the functions are sent once.
+
+RUNNING_SUBSTATES = ("running", "waiting", "exited", "listening", "mounted")  # pyinfra's SystemdStatus
+ENABLED_FILE_STATES = ("enabled", "static")  # pyinfra's SystemdEnabled
+
+
+def _mode(text: str) -> int | None:
+    try:
+        return int(text, 8)
+    except ValueError:
+        return None
+
+
+class _Prelude(FactBase):
+    """A fact whose command is `prelude` (shell functions) followed by `call(...)`."""
+
+    prelude = ""
+
+    def call(self, **kwargs) -> str:
+        raise NotImplementedError
+
+    def command(self, **kwargs) -> str:
+        return f"{self.prelude}\n{self.call(**kwargs)}"
+
+
+class FileState(_Prelude):
+    """A file's mode, owner, group and sha256, without reading its contents back (secret files):
+    {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": "<hex>"};
+    {"kind": "absent"}; {"kind": "other"} (a directory, a symlink, a device: never written through)."""
+
+    prelude = ('vf_file() { if [ -L "$1" ]; then echo other; elif [ -f "$1" ]; then '
+               's=$(stat -c \'%a %U %G\' -- "$1") && h=$(sha256sum < "$1") && echo "file $s ${h%% *}"; '
+               'elif [ -e "$1" ]; then echo other; else echo absent; fi; }')
+
+    def call(self, path: str) -> str:
+        return f"vf_file {shlex.quote(path)}"
+
+    def command(self, path: str) -> str:
+        return f"{self.prelude}\n{self.call(path)}"
+
+    def default(self):
+        return None
+
+    def process(self, output):
+        parts = (list(output) or [""])[0].split()
+        if parts[:1] == ["file"] and len(parts) == 5 and _mode(parts[1]) is not None:
+            return {"kind": "file", "mode": _mode(parts[1]), "user": parts[2], "group": parts[3],
+                    "sha256": parts[4]}
+        if parts[:1] == ["absent"]:
+            return {"kind": "absent"}
+        return {"kind": "other"}
+
+
+class DirectoryState(_Prelude):
+    """A directory's mode, owner and group: {"kind": "dir", "mode": 0o750, "user": "root", "group":
+    "vllm"}; {"kind": "absent"}; {"kind": "other"} (a file, a symlink, ...)."""
+
+    prelude = ('vf_dir() { if [ -L "$1" ]; then echo other; elif [ -d "$1" ]; then '
+               's=$(stat -c \'%a %U %G\' -- "$1") && echo "dir $s"; '
+               'elif [ -e "$1" ]; then echo other; else echo absent; fi; }')
+
+    def call(self, path: str) -> str:
+        return f"vf_dir {shlex.quote(path)}"
+
+    def command(self, path: str) -> str:
+        return f"{self.prelude}\n{self.call(path)}"
+
+    def default(self):
+        return None
+
+    def process(self, output):
+        parts = (list(output) or [""])[0].split()
+        if parts[:1] == ["dir"] and len(parts) == 4 and _mode(parts[1]) is not None:
+            return {"kind": "dir", "mode": _mode(parts[1]), "user": parts[2], "group": parts[3]}
+        if parts[:1] == ["absent"]:
+            return {"kind": "absent"}
+        return {"kind": "other"}
+
+
+class ServiceAccount(_Prelude):
+    """A user and a group, from the host's name service (getent):
+    {"user": {"name", "uid", "gid", "home", "shell", "group" (primary group's name)} or None,
+     "group": {"name", "gid"} or None}."""
+
+    prelude = ('vf_account() { p=$(getent passwd "$1") && echo "passwd $p" && echo "primary $(id -gn "$1")"; '
+               'g=$(getent group "$2") && echo "group $g"; return 0; }')
+
+    def call(self, user: str, group: str) -> str:
+        return f"vf_account {shlex.quote(user)} {shlex.quote(group)}"
+
+    def command(self, user: str, group: str) -> str:
+        return f"{self.prelude}\n{self.call(user, group)}"
+
+    def default(self):
+        return {"user": None, "group": None}
+
+    def process(self, output):
+        out: dict[str, Any] = {"user": None, "group": None}
+        primary = None
+        for line in output:
+            kind, _, rest = line.partition(" ")
+            fields = rest.split(":")
+            if kind == "passwd" and len(fields) >= 7 and fields[2].isdigit() and fields[3].isdigit():
+                out["user"] = {"name": fields[0], "uid": int(fields[2]), "gid": int(fields[3]),
+                               "home": fields[5], "shell": fields[6]}
+            elif kind == "primary":
+                primary = rest.strip()
+            elif kind == "group" and len(fields) >= 3 and fields[2].isdigit():
+                out["group"] = {"name": fields[0], "gid": int(fields[2])}
+        if out["user"] is not None:
+            out["user"]["group"] = primary
+        return out
+
+
+class UnitState(_Prelude):
+    """What systemd says of a unit: {"load_state", "active_state", "sub_state", "unit_file_state",
+    "running" (SubState as pyinfra's SystemdStatus counts it), "enabled" (enabled or static, as
+    SystemdEnabled), "need_daemon_reload", "main_pid", "started" (epoch seconds of the main process's
+    start, 0 without one)}. A unit systemd does not know reads as not running, not enabled."""
+
+    prelude = ('vf_unit() { systemctl show -p LoadState -p ActiveState -p SubState -p UnitFileState '
+               '-p NeedDaemonReload -p MainPID "$1" 2>/dev/null; '
+               'ts=$(systemctl show -p ExecMainStartTimestamp --value "$1" 2>/dev/null); '
+               'if [ -n "$ts" ]; then echo "StartEpoch=$(date -d "$ts" +%s 2>/dev/null)"; fi; return 0; }')
+
+    def call(self, unit: str) -> str:
+        return f"vf_unit {shlex.quote(unit)}"
+
+    def command(self, unit: str) -> str:
+        return f"{self.prelude}\n{self.call(unit)}"
+
+    def default(self):
+        return self.process([])
+
+    def process(self, output):
+        props = dict(line.split("=", 1) for line in output if "=" in line)
+        pid = int(props["MainPID"]) if props.get("MainPID", "").isdigit() else 0
+        start = props.get("StartEpoch", "")
+        return {"load_state": props.get("LoadState") or None, "active_state": props.get("ActiveState") or None,
+                "sub_state": props.get("SubState") or None, "unit_file_state": props.get("UnitFileState") or None,
+                "running": props.get("SubState") in RUNNING_SUBSTATES,
+                "enabled": props.get("UnitFileState") in ENABLED_FILE_STATES,
+                "need_daemon_reload": props.get("NeedDaemonReload") == "yes",
+                "main_pid": pid, "started": int(start) if pid and start.isdigit() else 0}
+
+
+class NewestMtime(_Prelude):
+    """The newest mtime (epoch seconds) among paths, 0 when none exists. A symlink counts by its own
+    mtime (the environment's `current` link changes when the environment is switched).
+
+    With UnitState it tells a process older than its files: a deploy interrupted between writing an
+    instance's files and restarting it leaves the old process serving while the files already match
+    the plan, so the next run sees no file change and must restart it anyway."""
+
+    prelude = ('vf_newest() { for p in "$@"; do stat -c %Y -- "$p" 2>/dev/null; done | sort -n | tail -n 1; '
+               'return 0; }')
+
+    def call(self, paths: tuple[str, ...]) -> str:
+        return "vf_newest " + " ".join(shlex.quote(p) for p in paths)
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        return f"{self.prelude}\n{self.call(paths)}"
+
+    def default(self):
+        return 0
+
+    def process(self, output):
+        values = [line.strip() for line in output if line.strip().isdigit()]
+        return int(values[-1]) if values else 0
+
+
+# --- Many facts in one command, and a memo per run -------------------------------------------------
+
+@dataclass(frozen=True)
+class Query:
+    """One fact and its arguments, as `prefetch` and `get` key them."""
+
+    fact: type
+    args: tuple[tuple[str, Any], ...]
+
+    @classmethod
+    def of(cls, fact: type, **kwargs) -> "Query":
+        return cls(fact, tuple(sorted((k, _frozen(v)) for k, v in kwargs.items())))
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return dict(self.args)
+
+    def __repr__(self) -> str:  # pyinfra logs a fact's arguments: keep FactBatch's short
+        return f"{self.fact.__name__}({', '.join(f'{k}={v!r}' for k, v in self.args)})"
+
+
+def query(fact: type, **kwargs) -> Query:
+    return Query.of(fact, **kwargs)
+
+
+def _frozen(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+BATCH_START = "##vllm-fleet-fact "
+BATCH_END = "##vllm-fleet-fact-end "
+MISSING_COMMAND = "##PYINFRA_NOCMD##"  # what pyinfra's own guard prints (pyinfra.api.facts)
+BATCH_LIMIT = 96_000  # characters of one batch, quoted: one argument (sh -c '...') must stay < 128 KiB
+
+
+def _part(q: Query) -> tuple[str, str]:
+    """(prelude, command) of one query, with pyinfra's "binary absent" guard where the fact has one."""
+    fact = q.fact()
+    if isinstance(fact, _Prelude):
+        prelude, command = fact.prelude, fact.call(**q.kwargs)
+    else:
+        prelude, command = "", fact.command(**q.kwargs)
+    command = command.get_raw_value() if hasattr(command, "get_raw_value") else str(command)
+    required = fact.requires_command(**q.kwargs)
+    if required:
+        command = (f"if command -v {required} >/dev/null 2>&1; then (\n{command}\n); "
+                   f"else echo '{MISSING_COMMAND}'; fi")
+    return prelude, command
+
+
+def batch_command(queries: Iterable[Query]) -> str:
+    """One shell command that runs each query's command in a subshell of its own (no input), between
+    marker lines that carry its index and exit status; it always exits 0 (see parse_batch)."""
+    preludes: list[str] = []
+    body: list[str] = []
+    for i, q in enumerate(queries):
+        prelude, command = _part(q)
+        if prelude and prelude not in preludes:
+            preludes.append(prelude)
+        body.append(f"echo '{BATCH_START}{i}'\n(\n{command}\n) </dev/null\necho \"{BATCH_END}{i} $?\"")
+    return "\n".join(preludes + body + ["true"])
+
+
+def parse_batch(lines: Iterable[str]) -> dict[int, tuple[int, list[str]]]:
+    """{index: (exit status, stdout lines)} of each query that ran to its end marker."""
+    out: dict[int, tuple[int, list[str]]] = {}
+    current: int | None = None
+    buffer: list[str] = []
+    for line in lines:
+        if current is None:
+            if line.startswith(BATCH_START) and line[len(BATCH_START):].strip().isdigit():
+                current, buffer = int(line[len(BATCH_START):]), []
+            continue
+        at = line.find(BATCH_END)
+        if at < 0:
+            buffer.append(line)
+            continue
+        if at > 0:  # the command's last line had no newline
+            buffer.append(line[:at])
+        fields = line[at + len(BATCH_END):].split()
+        if len(fields) == 2 and fields[0] == str(current) and fields[1].isdigit():
+            out[current] = (int(fields[1]), buffer)
+        current = None
+    return out
+
+
+class FactBatch(FactBase):
+    """Several facts in one remote command: {index: (exit status, stdout lines)}; `prefetch` hands each
+    query's lines to its own fact's `process`."""
+
+    def command(self, queries: tuple[Query, ...]) -> str:
+        return batch_command(queries)
+
+    def default(self):
+        return None
+
+    def process(self, output):
+        return parse_batch(list(output))
+
+
+def _answer(q: Query, lines: list[str]) -> Any:
+    """What pyinfra's get_fact returns for these stdout lines of the fact's command (exit status 0)."""
+    fact = q.fact()
+    if not lines or lines == [MISSING_COMMAND]:
+        return fact.default()
+    return fact.process(lines)
+
+
+def _memo(host) -> dict[Query, Any]:
+    """This host's facts of this run (a new pyinfra State starts afresh)."""
+    state = getattr(host, "state", None)
+    held = getattr(host, "_vllm_fleet_facts", None)
+    if held is None or held[0] is not state:
+        held = (state, {})
+        setattr(host, "_vllm_fleet_facts", held)
+    return held[1]
+
+
+def _quoted_size(text: str) -> int:
+    return len(text) + 4 * text.count("'")  # what shlex.quote makes of it (' -> '"'"')
+
+
+def _chunks(queries: list[Query]) -> Iterable[list[Query]]:
+    """The queries in batches whose command stays within BATCH_LIMIT (each prelude counted once)."""
+    chunk: list[Query] = []
+    preludes: set[str] = set()
+    size = 0
+    for q in queries:
+        prelude, command = _part(q)
+        cost = _quoted_size(command) + 2 * len(BATCH_END) + 40
+        extra = _quoted_size(prelude) if prelude and prelude not in preludes else 0
+        if chunk and size + cost + extra > BATCH_LIMIT:
+            yield chunk
+            chunk, preludes, size = [], set(), 0
+            extra = _quoted_size(prelude) if prelude else 0
+        chunk.append(q)
+        preludes.add(prelude)
+        size += cost + extra
+    if chunk:
+        yield chunk
+
+
+def prefetch(host, queries: Iterable[Query]) -> None:
+    """Read every fact of `queries` that this run has not read yet on this host in ONE remote
+    command (another one only past BATCH_LIMIT characters); `get` then answers them without one.
+
+    A query whose command failed there is not kept: `get` runs it alone, so pyinfra reports its
+    failure as it does for any fact. A host that answers nothing (a stand-in in tests) keeps nothing.
+    """
+    memo = _memo(host)
+    todo = [q for q in dict.fromkeys(queries) if q not in memo]
+    for chunk in _chunks(todo):
+        raw = host.get_fact(FactBatch, queries=tuple(chunk))
+        if not isinstance(raw, dict):
+            continue
+        for i, q in enumerate(chunk):
+            if i in raw and raw[i][0] == 0:
+                memo[q] = _answer(q, raw[i][1])
+
+
+def get(host, fact: type, **kwargs) -> Any:
+    """`host.get_fact(fact, **kwargs)`, read once per run: from `prefetch`'s batch, or by the fact's
+    own command the first time. pyinfra runs an operation's body to plan it and again to execute
+    it; both see what the host was when the run planned it (the deploy lock is taken after that,
+    and no two of vllm-fleet's operations manage the same path or unit)."""
+    memo = _memo(host)
+    q = Query.of(fact, **kwargs)
+    if q not in memo:
+        memo[q] = host.get_fact(fact, **kwargs)
+    return memo[q]

@@ -41,6 +41,7 @@ from typing import Any, Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, operation
 
+from vllm_fleet import facts
 from vllm_fleet.remote import AS_LOGIN_USER, login_owner, login_user
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
@@ -296,6 +297,11 @@ class ModelSyncState(FactBase):
 
     def process(self, output):
         return parse_state(list(output))
+
+
+def state_query(dest: str) -> "facts.Query":
+    """The ModelSyncState query model_sync makes for dest (for the deploy's batch: facts.prefetch)."""
+    return facts.query(ModelSyncState, dest=dest.rstrip("/") or "/")
 
 
 def hashes_command(dest: str, paths: list[str]) -> str:
@@ -615,7 +621,8 @@ def sync_commands(local: LocalManifest, plan: SyncPlan, dest: str, mode: str, di
 
 # A no-op found while pyinfra prepares the run is reused when it executes (pyinfra runs an operation
 # body twice: once to see whether it changes anything, once to run it), so a no-op run costs exactly
-# one remote command. Only a no-op is reused; anything else is looked at again at execution.
+# one remote command (none of its own in a deploy, which reads the state in its batch:
+# state_query, facts.prefetch). Only a no-op is reused; anything else is looked at again at execution.
 _NOOP_SEEN: dict[tuple, dict] = {}
 # Host-side hashes by (host, dest, rel, size, mtime): asked once per run, not again at execution.
 _HOST_HASHES: dict[tuple, str] = {}
@@ -629,7 +636,8 @@ def _state_of(h) -> Any:
 def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", delete: bool = True):
     """
     Sync a model directory from the workstation to the host; a run where nothing changed reads no
-    file on either side and sends one remote command.
+    file on either side and sends one remote command (the ModelSyncState fact; none when the deploy
+    read it already in its batch: facts.prefetch).
 
     + src: the model directory on the workstation (symlinks followed; names starting with "." skipped)
     + dest: the directory on the host (its `.vllm-fleet-manifest.json` records what was synced)
@@ -651,7 +659,10 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
     key = (id(pstate), host.name, src, dest, mode, dir_mode, delete, local.digest())
     state = _NOOP_SEEN.pop(key, None) if executing and pstate is not None else None
     if state is None:
-        state = host.get_fact(ModelSyncState, dest=dest)
+        # Planning: the deploy's batch read it (facts.prefetch), with everything else it manages.
+        # Executing a sync with changes: read again (what an earlier operation did is seen).
+        state = (host.get_fact(ModelSyncState, dest=dest) if executing
+                 else facts.get(host, ModelSyncState, dest=dest))
     if state is None:
         yield (f"echo {shlex.quote(f'host {host.name}: could not read the state of {dest} (the fact command failed)')} "
                ">&2; exit 1")

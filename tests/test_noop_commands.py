@@ -1,0 +1,625 @@
+"""Issue 15: a deploy that changes nothing costs a fixed handful of remote commands per host.
+
+- The facts' shell code runs here, in dash and bash, against a small tree under tmp_path (and a
+  stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
+  and inside one batch (facts.prefetch).
+- The operations (vllm_fleet/operations.py) yield nothing when the host matches and exactly the fix
+  when it differs, with a stand-in host whose facts are dicts.
+- The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
+  @fake connector, answered by a simulated converged host: every remote command is counted. A
+  converged host costs exactly what deploy.py's docstring lists; a changed engine config costs its
+  upload and the instance's restart, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from vllm_fleet import facts, model_sync as ms, operations
+from vllm_fleet.facts import (DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState, parse_batch,
+                              query)
+from vllm_fleet.host_probe import RESULT_PREFIX
+
+REPO = Path(__file__).resolve().parent.parent
+SHELLS = [path for path in map(shutil.which, ("dash", "bash")) if path]  # Debian's sh, and bash
+
+
+def _run(command: str, shell: str = "/bin/sh", env: dict | None = None) -> list[str]:
+    out = subprocess.run([shell, "-c", command], capture_output=True, text=True, timeout=60,
+                         env=env or dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")[:-1]  # as pyinfra reads lines: no trailing newline, blanks kept
+
+
+def _fact(cls, shell="/bin/sh", env=None, **kwargs):
+    """The fact's own command, run here; its lines through its process (as pyinfra's get_fact)."""
+    lines = _run(cls().command(**kwargs), shell, env)
+    return cls().process(lines) if lines else cls().default()
+
+
+# --- the facts' shell code, run for real ------------------------------------------------------------
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "a b.yaml").write_text("engine: 1\n")
+    (tmp_path / "etc" / "a b.yaml").chmod(0o640)
+    (tmp_path / "etc" / "secret.env").write_text("KEY='it''s'\n")
+    (tmp_path / "etc" / "secret.env").chmod(0o600)
+    (tmp_path / "state").mkdir(mode=0o751)
+    (tmp_path / "state").chmod(0o751)
+    (tmp_path / "link").symlink_to(tmp_path / "etc" / "a b.yaml")
+    os.utime(tmp_path / "etc" / "a b.yaml", (1_700_000_000, 1_700_000_000))
+    os.utime(tmp_path / "etc" / "secret.env", (1_700_000_500, 1_700_000_500))
+    return tmp_path
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_file_and_directory_state_read_mode_owner_and_sha256(tree, shell):
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    group = subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip()
+    found = _fact(FileState, shell, path=str(tree / "etc" / "a b.yaml"))
+    assert found == {"kind": "file", "mode": 0o640, "user": me, "group": group,
+                     "sha256": hashlib.sha256(b"engine: 1\n").hexdigest()}
+    assert _fact(FileState, shell, path=str(tree / "etc" / "secret.env"))["mode"] == 0o600
+    assert _fact(FileState, shell, path=str(tree / "nope")) == {"kind": "absent"}
+    assert _fact(FileState, shell, path=str(tree / "link")) == {"kind": "other"}  # never written through
+    assert _fact(FileState, shell, path=str(tree / "state")) == {"kind": "other"}
+    assert _fact(DirectoryState, shell, path=str(tree / "state")) == {"kind": "dir", "mode": 0o751, "user": me,
+                                                                     "group": group}
+    assert _fact(DirectoryState, shell, path=str(tree / "etc" / "a b.yaml")) == {"kind": "other"}
+    assert _fact(DirectoryState, shell, path=str(tree / "nope")) == {"kind": "absent"}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_service_account_and_newest_mtime(tree, shell):
+    root = _fact(ServiceAccount, shell, user="root", group="root")
+    assert root["user"]["uid"] == 0 and root["user"]["group"] == "root" and root["group"]["gid"] == 0
+    assert root["user"]["home"] and root["user"]["shell"]
+    assert _fact(ServiceAccount, shell, user="vf-no-such-user", group="vf-no-such-group") == {"user": None,
+                                                                                            "group": None}
+    paths = (str(tree / "etc" / "a b.yaml"), str(tree / "etc" / "secret.env"), str(tree / "gone"))
+    assert _fact(NewestMtime, shell, paths=paths) == 1_700_000_500
+    assert _fact(NewestMtime, shell, paths=(str(tree / "gone"),)) == 0
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# stands in for systemd's: `show -p A -p B UNIT` prints A=..., `--value` prints the value alone
+case "$*" in
+  *ExecMainStartTimestamp*--value*vllm-up.service*) echo "Tue 2023-11-14 22:13:20 UTC" ;;
+  *ExecMainStartTimestamp*--value*) echo "" ;;
+  *vllm-up.service*) printf 'MainPID=4242\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\nUnitFileState=enabled\\nNeedDaemonReload=no\\n' ;;
+  *vllm-stale.service*) printf 'MainPID=0\\nLoadState=loaded\\nActiveState=failed\\nSubState=failed\\nUnitFileState=disabled\\nNeedDaemonReload=yes\\n' ;;
+  *) printf 'MainPID=0\\nLoadState=not-found\\nActiveState=inactive\\nSubState=dead\\nUnitFileState=\\nNeedDaemonReload=no\\n' ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_unit_state_reads_systemctl_show(tmp_path, shell):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    up = _fact(UnitState, shell, env, unit="vllm-up.service")
+    assert up["running"] and up["enabled"] and not up["need_daemon_reload"]
+    assert up["main_pid"] == 4242 and up["started"] == 1_700_000_000  # date -d of the timestamp
+    stale = _fact(UnitState, shell, env, unit="vllm-stale.service")
+    assert not stale["running"] and not stale["enabled"] and stale["need_daemon_reload"]
+    assert stale["started"] == 0 and stale["active_state"] == "failed"
+    gone = _fact(UnitState, shell, env, unit="vllm-gone.service")
+    assert gone["load_state"] == "not-found" and not gone["running"] and not gone["enabled"]
+    # No systemctl at all: a unit nobody runs.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for tool in ("date", "stat", "sort", "tail"):
+        (empty / tool).symlink_to(shutil.which(tool))
+    assert _fact(UnitState, shell, dict(os.environ, PATH=str(empty)), unit="x.service") == UnitState().default()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_one_batch_answers_each_fact_as_its_own_command_does(tree, shell):
+    queries = [query(FileState, path=str(tree / "etc" / "a b.yaml")), query(FileState, path=str(tree / "x")),
+               query(DirectoryState, path=str(tree / "state")),
+               query(NewestMtime, paths=(str(tree / "etc" / "secret.env"),)),
+               query(facts.PathsPresent, paths=(str(tree / "state"), str(tree / "nope"))),
+               query(facts.LinkTarget, path=str(tree / "link")),
+               query(facts.NvidiaGpus),  # no nvidia-smi here: pyinfra's "command missing" default
+               query(facts.HostRuntime, python_version="3.11"),
+               query(facts.ModelConfig, path=str(tree / "nope")),
+               query(ms.ModelSyncState, dest=str(tree / "state"))]
+    raw = parse_batch(_run(facts.batch_command(queries), shell))
+    assert sorted(raw) == list(range(len(queries)))
+    for i, q in enumerate(queries):
+        rc, lines = raw[i]
+        assert rc == 0, q
+        alone = _run(q.fact().command(**q.kwargs), shell) if q.fact is not facts.NvidiaGpus else []
+        if q.fact is facts.NvidiaGpus and subprocess.run(["sh", "-c", "command -v nvidia-smi"]).returncode:
+            assert lines == [facts.MISSING_COMMAND] and facts._answer(q, lines) is None
+            continue
+        assert facts._answer(q, lines) == (q.fact().process(alone) if alone else q.fact().default()), q
+
+
+def test_a_failed_fact_in_a_batch_is_asked_alone_and_the_rest_are_kept():
+    # Markers around each command: a failing one keeps its status, a last line without newline its text.
+    raw = parse_batch(_run("echo '##vllm-fleet-fact 0'\n( echo out; false )\necho \"##vllm-fleet-fact-end 0 $?\"\n"
+                           "echo '##vllm-fleet-fact 1'\n( printf 'no newline' )\necho \"##vllm-fleet-fact-end 1 $?\""))
+    assert raw == {0: (1, ["out"]), 1: (0, ["no newline"])}
+    # prefetch keeps what succeeded; get asks the failed one alone (pyinfra reports its failure).
+    fake = _Host({"LinkTarget": "asked alone"}, batch=lambda queries: {0: (1, ["out"]), 1: (0, ["target"])})
+    failing, fine = query(facts.LinkTarget, path="/a"), query(facts.LinkTarget, path="/b")
+    facts.prefetch(fake, [failing, fine])
+    assert facts.get(fake, facts.LinkTarget, path="/b") == "target"
+    assert facts.get(fake, facts.LinkTarget, path="/a") == "asked alone"
+    assert fake.asked == ["FactBatch", "LinkTarget"]
+
+
+class _Host:
+    """pyinfra's host for facts.prefetch/get and the operations: facts from a dict, calls recorded."""
+
+    name, print_prefix = "box", "[box] "
+    data = {"ssh_user": "deploy"}
+
+    def __init__(self, answers: dict | None = None, batch=None):
+        self.answers, self.batch, self.asked, self.noops = answers or {}, batch, [], []
+        self.current_op_global_arguments = {}
+
+    def get_fact(self, cls, **kwargs):
+        self.asked.append(cls.__name__)
+        if cls is facts.FactBatch:
+            return self.batch(kwargs["queries"]) if self.batch else None
+        value = self.answers[cls.__name__]
+        return value(**kwargs) if callable(value) else value
+
+    def noop(self, text):
+        self.noops.append(text)
+
+    def get_temp_filename(self, key, temp_directory=None):
+        return f"/tmp/pyinfra-{hashlib.sha1(key.encode()).hexdigest()}"
+
+
+def test_prefetch_reads_once_and_get_answers_from_it(tree):
+    def batch(queries):  # runs the real batch here
+        return parse_batch(_run(facts.batch_command(queries)))
+
+    fake = _Host({"FileState": {"kind": "absent"}}, batch)
+    path = str(tree / "etc" / "a b.yaml")
+    facts.prefetch(fake, [query(FileState, path=path), query(DirectoryState, path=str(tree / "state"))])
+    facts.prefetch(fake, [query(FileState, path=path)])  # known already: no second command
+    assert fake.asked == ["FactBatch"]
+    assert facts.get(fake, FileState, path=path)["mode"] == 0o640
+    assert facts.get(fake, DirectoryState, path=str(tree / "state"))["kind"] == "dir"
+    assert fake.asked == ["FactBatch"]
+    # Not prefetched: its own command, once.
+    assert facts.get(fake, FileState, path="/elsewhere") == {"kind": "absent"}
+    assert facts.get(fake, FileState, path="/elsewhere") == {"kind": "absent"}
+    assert fake.asked == ["FactBatch", "FileState"]
+    # A new pyinfra run (another State) reads afresh.
+    fake.state = object()
+    facts.get(fake, FileState, path="/elsewhere")
+    assert fake.asked == ["FactBatch", "FileState", "FileState"]
+
+
+def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
+    fake = _Host(batch=lambda queries: {i: (0, ["absent"]) for i in range(len(queries))})
+    facts.prefetch(fake, [query(FileState, path=f"/etc/vllm-fleet/instance-{i}.yaml") for i in range(500)])
+    assert fake.asked == ["FactBatch"]  # 500 files in one command
+    fake = _Host(batch=lambda queries: {i: (0, ["absent"]) for i in range(len(queries))})
+    facts.prefetch(fake, [query(FileState, path="/x/" + "p" * 30_000 + str(i)) for i in range(5)])
+    assert fake.asked == ["FactBatch"] * 2
+    assert len(shlex.quote(facts.batch_command([query(FileState, path="/x" * 20_000)] * 2))) < 131072
+
+
+# --- the operations: nothing when the host matches, the fix when it differs ------------------------
+
+def _op(monkeypatch, op, answers, **kwargs):
+    fake = _Host(answers)
+    monkeypatch.setattr(operations, "host", fake)
+    return list(op._inner(**kwargs)), fake
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_managed_file(monkeypatch):
+    from pyinfra.api import FileUploadCommand
+
+    same = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
+    args = dict(dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", user="root", group="vllm", mode="0640")
+    cmds, fake = _op(monkeypatch, operations.managed_file, {"FileState": same}, **args)
+    assert cmds == [] and fake.noops == ["/etc/vllm-fleet/a.yaml is up to date"]
+    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": dict(same, mode=0o644, group="root")}, **args)
+    assert cmds == ["chmod 0640 /etc/vllm-fleet/a.yaml", "chown root:vllm /etc/vllm-fleet/a.yaml"]
+    for found in ({"kind": "absent"}, dict(same, sha256=_sha("x: 2\n"))):
+        cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": found}, **args)
+        assert cmds[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
+        assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/etc/vllm-fleet/a.yaml"
+        assert cmds[1].src.read() == b"x: 1\n"
+        assert cmds[2:] == ["chown root:vllm /etc/vllm-fleet/a.yaml && chmod 0640 /etc/vllm-fleet/a.yaml"]
+    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": {"kind": "other"}}, **args)
+    assert len(cmds) == 1 and "is not a regular file" in cmds[0] and cmds[0].endswith("exit 1")
+    # Owner not checked (the deploy manifest):
+    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": dict(same, user="x", group="y", mode=0o644)},
+                  dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", mode="0644")
+    assert cmds == []
+    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": same}, dest="/etc/x", present=False)
+    assert cmds == ["rm -f /etc/x"]
+    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": {"kind": "absent"}}, dest="/etc/x",
+                  present=False)
+    assert cmds == []
+
+
+def test_managed_directory(monkeypatch):
+    args = dict(path="/var/lib/vllm-fleet", user="vllm", group="vllm", mode="0751")
+    same = {"kind": "dir", "mode": 0o751, "user": "vllm", "group": "vllm"}
+    assert _op(monkeypatch, operations.managed_directory, {"DirectoryState": same}, **args)[0] == []
+    assert _op(monkeypatch, operations.managed_directory, {"DirectoryState": {"kind": "absent"}}, **args)[0] == [
+        "mkdir -p /var/lib/vllm-fleet && chmod 0751 /var/lib/vllm-fleet && chown vllm:vllm /var/lib/vllm-fleet"]
+    assert _op(monkeypatch, operations.managed_directory, {"DirectoryState": dict(same, mode=0o755, user="root")},
+               **args)[0] == ["chmod 0751 /var/lib/vllm-fleet", "chown vllm:vllm /var/lib/vllm-fleet"]
+    cmds, _ = _op(monkeypatch, operations.managed_directory, {"DirectoryState": {"kind": "other"}}, **args)
+    assert "is not a directory" in cmds[0] and cmds[0].endswith("exit 1")
+
+
+def test_service_account(monkeypatch):
+    args = dict(user="vllm", group="vllm", home="/var/lib/vllm-fleet", shell="/usr/sbin/nologin")
+    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "home": "/var/lib/vllm-fleet",
+                      "shell": "/usr/sbin/nologin", "group": "vllm"}, "group": {"name": "vllm", "gid": 999}}
+    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": there}, **args)[0] == []
+    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": {"user": None, "group": None}},
+               **args)[0] == [
+        "getent group vllm >/dev/null || groupadd -r vllm",
+        "getent passwd vllm >/dev/null || useradd -d /var/lib/vllm-fleet -s /usr/sbin/nologin -g vllm -r -M vllm"]
+    moved = {"user": dict(there["user"], home="/home/vllm", group="users"), "group": there["group"]}
+    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": moved}, **args)[0] == [
+        "usermod -d /var/lib/vllm-fleet -g vllm vllm"]
+
+
+def test_systemd_service_follows_pyinfras_rules(monkeypatch):
+    up = dict(UnitState().default(), running=True, enabled=True, main_pid=5)
+    down = UnitState().default()
+
+    def cmds(found, **kwargs):
+        return _op(monkeypatch, operations.systemd_service, {"UnitState": found}, unit="u.service", **kwargs)[0]
+
+    assert cmds(up, running=True, enabled=True) == []
+    assert cmds(down, running=True, enabled=True) == ["systemctl start u.service", "systemctl enable u.service"]
+    assert cmds(up, running=True, restarted=True) == ["systemctl restart u.service"]
+    assert cmds(down, running=True, restarted=True) == ["systemctl start u.service"]  # never a restart of nothing
+    assert cmds(up, running=True, reloaded=True) == ["systemctl reload u.service"]
+    assert cmds(up, running=False, enabled=False) == ["systemctl stop u.service", "systemctl disable u.service"]
+    assert cmds(down, running=False, enabled=False) == []
+
+
+def test_secret_file_never_shows_its_content(monkeypatch, caplog):
+    from pyinfra.api import FileUploadCommand
+
+    content = "VLLM_API_KEY='sk-5b1e0c2f'\n"
+    args = dict(dest="/etc/vllm-fleet/a.env", content=content, upload_dir="/opt/vllm-fleet/.upload")
+    same = {"kind": "file", "mode": 0o600, "user": "root", "group": "root", "sha256": _sha(content)}
+    assert _op(monkeypatch, operations.secret_file, {"FileState": same}, **args)[0] == []
+    assert _op(monkeypatch, operations.secret_file, {"FileState": dict(same, mode=0o644)}, **args)[0] == [
+        "chown root:root /etc/vllm-fleet/a.env && chmod 0600 /etc/vllm-fleet/a.env"]
+    with caplog.at_level("INFO"):
+        cmds, _ = _op(monkeypatch, operations.secret_file, {"FileState": dict(same, sha256=_sha("old"))}, **args)
+    assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/opt/vllm-fleet/.upload/a.env.upload"
+    assert cmds[2] == ("chown root:root /opt/vllm-fleet/.upload/a.env.upload && chmod 0600 "
+                       "/opt/vllm-fleet/.upload/a.env.upload && mv -f /opt/vllm-fleet/.upload/a.env.upload "
+                       "/etc/vllm-fleet/a.env")
+    text = " ".join(str(c) for c in cmds if isinstance(c, str)) + caplog.text
+    assert "5b1e0c2f" not in text and "secret: contents not shown" in caplog.text
+
+
+# --- the whole deploy.py through pyinfra, against a simulated converged host -------------------------
+
+TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 2048,
+               "torch_dtype": "float32"}
+MODEL_INFO = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+              "hidden_size": 128, "intermediate_size": 256, "vocab_size": 1024, "weights_gib": 0.003,
+              "dtype": "float32", "max_position_embeddings": 2048}
+
+
+def _instance(name: str, port: int, **extra) -> dict:
+    return {"name": name, "model": f"/srv/models/{name}", "served_model_name": name, "port": port,
+            "max_model_len": 1024, "dtype": "float32", "engine_args": {"enforce-eager": True},
+            "model_info": MODEL_INFO, **extra}
+
+
+class SimulatedHost:
+    """What the deploy's facts read on a host that the deploy converged: its rendered files in place,
+    its units running since after them, the environment built, the model synced."""
+
+    def __init__(self, model_source: Path | None = None):
+        self.rendered: dict = {}
+        self.config = None
+        self.model_source = model_source
+        self.changed_files: set[str] = set()
+        self.leftovers: set[str] = set()  # files of an instance the inventory no longer has
+
+    def unit_names(self) -> list[str]:
+        return sorted(p.rsplit("/", 1)[1] for p in set(self.rendered) | self.leftovers
+                      if p.startswith("/etc/systemd/system/"))
+
+    def answer(self, q: facts.Query, env_name: str) -> list[str]:
+        kw, c = q.kwargs, self.config
+        name = q.fact.__name__
+        if name == "ManagedUnits":
+            return self.unit_names()
+        if name == "HostRuntime":
+            return ["cc 1", "cxx 1", f"python{kw['python_version']}-headers 1", "libnuma 1", "nginx 1",
+                    "family debian"]
+        if name == "ModelConfig":
+            return [json.dumps(TINY_CONFIG), "3000 total"]
+        if name == "PathsPresent":
+            return [f"1 {p}" for p in kw["paths"]]
+        if name == "LinkTarget":
+            return [env_name]
+        if name == "InstalledEnvironment":
+            return [env_name, json.dumps({"spec": {"target": "cpu", "vllm_version": "0"}})]
+        if name == "HubModelCached":
+            return ["complete"]
+        if name == "ServiceAccount":
+            return [f"passwd {kw['user']}:x:999:999::{c['vllm_state_dir']}:/usr/sbin/nologin",
+                    f"primary {kw['group']}", f"group {kw['group']}:x:999:"]
+        if name == "DirectoryState":
+            user = c["vllm_service_user"]
+            if kw["path"] == c["vllm_config_dir"]:
+                return [f"dir 750 root {user}"]
+            return [f"dir {751 if kw['path'] == c['vllm_state_dir'] else 750} {user} {user}"]
+        if name == "FileState":
+            if kw["path"] in self.leftovers:
+                return [f"file 644 root root {_sha('old')}"]
+            f = self.rendered.get(kw["path"])
+            if f is None:
+                return ["absent"]
+            sha = _sha(f.content) if kw["path"] not in self.changed_files else _sha("as it was")
+            return [f"file {int(f.mode, 8):o} {f.owner} {f.group} {sha}"]
+        if name == "UnitState":
+            if kw["unit"] not in self.unit_names():
+                return ["MainPID=0", "LoadState=not-found", "SubState=dead", "NeedDaemonReload=no"]
+            return ["MainPID=4242", "LoadState=loaded", "ActiveState=active", "SubState=running",
+                    "UnitFileState=enabled", "NeedDaemonReload=no", "StartEpoch=1700000000"]
+        if name == "NewestMtime":
+            return ["1690000000"]
+        if name == "ModelSyncState":
+            local = ms.local_manifest(self.model_source)
+            entries = {rel: {"size": f.size, "sha256": f.sha256, "mtime": f.host_mtime}
+                       for rel, f in local.files.items()}
+            return (["exists\t755", "manifest\t" + ms.manifest_text(entries).strip()]
+                    + [f"f\t{f.size}\t{f.host_mtime}\t644\t{rel}" for rel, f in local.files.items()]
+                    + [f"d\t-\t-\t755\t{rel}" for rel in local.dirs] + ["end\t0"])
+        raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")
+
+
+def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost]) -> tuple[dict, dict, object]:
+    """deploy.py through pyinfra's API (prepare, then execute, as its CLI does) on @fake hosts:
+    ({host: [commands]}, {host: [uploaded paths]}, state)."""
+    from pyinfra.api import Config, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+    from pyinfra.connectors.fake import FakeConnector
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.util import load_deploy_file
+
+    from vllm_fleet import deploy
+    from vllm_fleet.connection import load_pyinfra_inventory
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
+    monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
+    inventory_file = tmp_path / "inv.py"
+    hosts = []
+    for name, world in worlds.items():
+        inst = _instance(name, 8000 if name == "gw" else 8100)
+        if world.model_source:
+            inst["model_source"] = str(world.model_source)
+        data = {"ssh_hostname": f"10.0.0.{len(hosts) + 1}", "vllm_target": "cpu", "vllm_wheelhouse": None,
+                "vllm_api_key_env": "VLLM_FLEET_API_KEY", "vllm_instances": [inst], "fake_delay": 0,
+                "fake_delay_jitter": 0, "vllm_gateway": name == "gw"}
+        hosts.append((f"@fake/{name}", data))
+    inventory_file.write_text(f"hosts = {hosts!r}\n")
+
+    rendered = deploy.render_host
+    batches: dict[str, tuple] = {}
+    batch_command = facts.batch_command
+
+    def render_and_keep(config, *args, **kwargs):
+        files = rendered(config, *args, **kwargs)
+        world = worlds[config.name.removeprefix("@fake/")]
+        world.rendered, world.config = {f.path: f for f in files}, config
+        return files
+
+    def recorded_batch(queries):
+        command = batch_command(queries)
+        batches[command] = tuple(queries)
+        return command
+
+    commands: dict[str, list[str]] = {}
+    uploads: dict[str, list[str]] = {}
+
+    def respond(self, command_str):
+        name = self.host.name.removeprefix("@fake/")
+        commands.setdefault(name, []).append(command_str)
+        lines: list[str] = []
+        if "vllm-fleet-exit=" in command_str:  # deploy.access_problem: `id -u` through sudo
+            lines = ["out: 0", "out: vllm-fleet-exit=0"]
+        elif command_str in batches:
+            queries = batches[command_str]
+            markers = [p for q in queries if q.fact is facts.PathsPresent for p in q.kwargs["paths"]
+                       if p.endswith("/vllm-fleet-env.json")]
+            env_name = markers[0].rsplit("/", 2)[1] if markers else "none"
+            for i, q in enumerate(queries):
+                lines += [f"##vllm-fleet-fact {i}", *worlds[name].answer(q, env_name), f"##vllm-fleet-fact-end {i} 0"]
+        elif command_str.startswith("python3 -c "):  # the host probe: verification
+            argv = shlex.split(command_str)
+            mode, spec = argv[3], json.loads(argv[4])
+            result = ([{"name": c["name"], "ok": True, "seconds_to_healthy": 1} for c in spec] if mode == "verify"
+                      else {"ok": True, "unit": spec["unit"], "not_registered": []})
+            lines = [RESULT_PREFIX + json.dumps(result)]
+        return True, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    def put_file(self, filename_or_io, remote_filename, *args, **kwargs):
+        uploads.setdefault(self.host.name.removeprefix("@fake/"), []).append(remote_filename)
+        return True
+
+    monkeypatch.setattr(deploy, "render_host", render_and_keep)
+    monkeypatch.setattr(facts, "batch_command", recorded_batch)
+    monkeypatch.setattr(FakeConnector, "_lookup_response", respond)
+    monkeypatch.setattr(FakeConnector, "put_file", put_file)
+    monkeypatch.chdir(REPO)
+    state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config())
+    with ctx_state.use(state):
+        connect_all(state)
+        state.set_stage(StateStage.Prepare)
+        load_deploy_file(state, str(REPO / "deploy.py"))
+        state.set_stage(StateStage.Execute)
+        run_ops(state)
+    assert not state.failed_hosts
+    return commands, uploads, state
+
+
+def _kinds(commands: list[str]) -> list[str]:
+    """Each remote command, named: the access check, a facts batch, a host probe; else itself."""
+    out = []
+    for command in commands:
+        if "vllm-fleet-exit=" in command:
+            out.append("access check")
+        elif "##vllm-fleet-fact " in command:
+            out.append("facts")
+        elif command.startswith("python3 -c "):
+            out.append({"verify": "verify", "gateway": "verify gateway"}[shlex.split(command)[3]])
+        else:
+            out.append(command)
+    return out
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    src = tmp_path / "models" / "box"
+    (src / "tokenizer").mkdir(parents=True)
+    (src / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (src / "model.safetensors").write_bytes(os.urandom(3000))
+    (src / "tokenizer" / "tokenizer.json").write_text("{}")
+    return src
+
+
+def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatch, model_dir):
+    from vllm_fleet.rollout import changed_operations
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds)
+    # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none).
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
+    assert uploads == {}
+    for host in state.inventory:
+        assert changed_operations(state, host) == [], host.name
+
+
+def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monkeypatch, model_dir):
+    from vllm_fleet.rollout import changed_operations
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
+    worlds["box"].changed_files = {"/etc/vllm-fleet/box.yaml"}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
+    box = _kinds(commands["box"])
+    assert box[:3] == ["access check", "facts", "facts"] and box[-1] == "verify"
+    changes = box[3:-1]
+    assert changes[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
+    assert changes[-2] == "chown root:vllm /etc/vllm-fleet/box.yaml && chmod 0640 /etc/vllm-fleet/box.yaml"
+    assert changes[-1].startswith("systemctl stop vllm-box.service; ")  # restarted: its config changed
+    assert not any("daemon-reload" in c for c in changes)  # no unit changed
+    assert uploads == {"box": ["/etc/vllm-fleet/box.yaml"]}
+    box_host = next(h for h in state.inventory if h.name == "@fake/box")
+    # (pyinfra names an operation by every host's name for it: "Config of box: ..., Unit of gw: ...")
+    config, restart = changed_operations(state, box_host)
+    assert "Config of box: /etc/vllm-fleet/box.yaml" in config
+    assert "Restart vllm-box.service (its config, environment or model changed)" in restart
+
+
+def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monkeypatch):
+    """deploy.prepare() on a GPU host: the discovery batch before the plan, the managed state after
+    it; every fact prepare() then reads was in one of them (a stand-in host answers each alone)."""
+    from planning_fixtures import A100_40G, FakeHost, host_data, instance
+
+    from vllm_fleet import deploy
+    from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
+           "memory.total": "40960", "memory.used": "3", "uuid": "GPU-a", "compute_cap": "8.0",
+           "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
+    data = host_data(gpus=[A100_40G], instances=[
+        instance(name="a", model="/srv/models/a", tokenizer="/srv/tok", max_model_len=1024, model_info=MODEL_INFO),
+        instance(name="b", model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=MODEL_INFO,
+                 port=8100)])
+    del data["gpus"]
+    smi = [", ".join(dict(row, index=str(i), uuid=f"GPU-{i}", **{"pci.bus_id": f"00000000:4{i}:00.0"})[f]
+                     for f in GPU_QUERY.split(",")) for i in (0, 1)]
+    fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi),
+                           "GpuTopology": {"available": False, "reason": "test"}, "ManagedUnits": [],
+                           "PathsPresent": {"/srv/tok": True},
+                           "ModelConfig": {"config": TINY_CONFIG, "weights_bytes": 3000}})
+    monkeypatch.setattr(deploy, "host", fake)
+    d = deploy.prepare()
+    assert len(fake.batches) == 2
+    discovery, managed = ({q.fact.__name__ for q in batch} for batch in fake.batches)
+    assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
+    batched = set(fake.batches[0]) | set(fake.batches[1])
+    assert all(facts.Query.of(getattr(facts, name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
+    assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",
+            "LinkTarget", "InstalledEnvironment", "HubModelCached"} <= managed
+    files = {q.kwargs["path"] for q in fake.batches[1] if q.fact is FileState}
+    assert set(d.files) | {"/etc/vllm-fleet/hub.env"} == files  # b downloads from the hub: its token file
+    units = {q.kwargs["unit"] for q in fake.batches[1] if q.fact is UnitState}
+    assert {"vllm-a.service", "vllm-b.service", "vllm-fleet-front.service"} <= units
+
+
+def test_deploy_docstring_counts_what_the_simulated_run_measures():
+    text = (REPO / "deploy.py").read_text()
+    assert "A run that changes nothing costs 5 remote commands per host, 6 on the gateway host" in text
+
+
+def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(operations, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
+    old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
+    with caplog.at_level("INFO"):
+        cmds, fake = _op(monkeypatch, operations.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
+                         dest="/etc/vllm-fleet/a.yaml", content="x: 2\n", user="root", group="vllm", mode="0640")
+    assert "Will modify /etc/vllm-fleet/a.yaml" in caplog.text and "x: 2" in caplog.text
+    assert fake.asked == ["FileState", "FileContents"] and len(cmds) == 3
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        _op(monkeypatch, operations.secret_file, {"FileState": dict(old, sha256=_sha("old"))},
+            dest="/etc/vllm-fleet/a.env", content="KEY=sk-5b1e0c2f\n", upload_dir="/opt/vllm-fleet/.upload")
+    assert "5b1e0c2f" not in caplog.text and "secret: contents not shown" in caplog.text
+
+
+def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed(tmp_path, monkeypatch):
+    worlds = {"gw": SimulatedHost()}
+    worlds["gw"].leftovers = {"/etc/systemd/system/vllm-old.service", "/etc/vllm-fleet/old.yaml",
+                              "/etc/vllm-fleet/old.env"}
+    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert _kinds(commands["gw"]) == [
+        "access check", "facts", "facts",
+        "systemctl stop vllm-old.service", "systemctl disable vllm-old.service",
+        "rm -f /etc/systemd/system/vllm-old.service", "rm -f /etc/vllm-fleet/old.yaml", "rm -f /etc/vllm-fleet/old.env",
+        "systemctl daemon-reload",  # a unit went away
+        "verify", "verify gateway"]
+    assert uploads == {}
