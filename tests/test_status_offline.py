@@ -155,3 +155,51 @@ def test_host_probe_reports_a_unit_waiting_to_restart(monkeypatch):
     explained = status.explain_failure(failure)
     assert "TimeoutStartSec" in explained["reason"] and "did not answer 200" in explained["journal"][-1]
     assert host_probe.unit_failure("vllm-x.service", dict(props, ActiveState="active", SubState="running")) is None
+
+
+# --- verification waits for systemd's own verdict ------------------------------------------------
+
+def _fake_unit(monkeypatch, states):
+    """host_probe against a unit whose ActiveState goes through `states` (the last one repeats)."""
+    from vllm_fleet import host_probe
+    seen = iter(states)
+    last = {"state": states[0]}
+
+    def show(unit, *props):
+        last["state"] = next(seen, last["state"])
+        return {p: (last["state"] if p == "ActiveState" else "0") for p in props}
+
+    def serving(spec, res):
+        res["checks"]["completion"] = True
+        res["ok"] = True
+
+    monkeypatch.setattr(host_probe, "show", show)
+    monkeypatch.setattr(host_probe, "wait_healthy", lambda spec, res, restarts0: True)
+    monkeypatch.setattr(host_probe, "check_serving", serving)
+    monkeypatch.setattr(host_probe.time, "sleep", lambda s: None)
+    return host_probe
+
+
+SPEC = {"name": "tiny", "unit": "vllm-tiny.service", "port": 18000, "timeout_s": 30}
+
+
+def test_an_instance_that_answers_is_verified_only_once_its_unit_is_active(monkeypatch):
+    # vLLM answers /health before ExecStartPost (polling every 2 s) ends the start job: a deploy
+    # that called it verified at that moment left the unit "activating" (a race a test met).
+    probe = _fake_unit(monkeypatch, ["0", "activating", "activating", "activating", "active"])
+    res = probe.verify_one(SPEC)
+    assert res["ok"] and res["checks"]["unit_active"], res
+
+
+def test_a_unit_that_fails_after_vllm_answered_is_not_verified(monkeypatch):
+    probe = _fake_unit(monkeypatch, ["0", "activating", "failed"])
+    res = probe.verify_one(SPEC)
+    assert not res["ok"] and "went failed" in res["error"], res
+
+
+def test_a_unit_stuck_activating_is_not_verified(monkeypatch):
+    probe = _fake_unit(monkeypatch, ["0", "activating"])
+    clock = iter(range(0, 10_000, 5))
+    monkeypatch.setattr(probe.time, "time", lambda: next(clock))
+    res = probe.verify_one(SPEC)
+    assert not res["ok"] and "has not finished starting" in res["error"], res

@@ -213,6 +213,25 @@ def wait_healthy(spec, res, restarts0):
     return False
 
 
+UNIT_ACTIVE_WAIT_S = 30  # ExecStartPost's poll (2 s) plus its python's start, with room to spare
+
+
+def wait_active(spec, res):
+    """True once the unit is active; False (with the reason in res) when it leaves activating for
+    another state, or is still activating after UNIT_ACTIVE_WAIT_S."""
+    deadline = time.time() + UNIT_ACTIVE_WAIT_S
+    while True:
+        state = show(spec["unit"], "ActiveState")["ActiveState"]
+        if state == "active":
+            return True
+        if state != "activating" or time.time() > deadline:
+            res["error"] = (f"vLLM answers, but systemd has not finished starting {spec['unit']} "
+                            f"(ActiveState {state} after {UNIT_ACTIVE_WAIT_S} s)" if state == "activating"
+                            else f"vLLM answered, then {spec['unit']} went {state}")
+            return False
+        time.sleep(0.5)
+
+
 def verify_one(spec):
     res = {"name": spec["name"], "unit": spec["unit"], "ok": False, "checks": {}}
     restarts0, since = show(spec["unit"], "NRestarts")["NRestarts"], time.time()
@@ -220,6 +239,12 @@ def verify_one(spec):
     if not res["checks"]["health"]:
         return res
     check_serving(spec, res)  # fills res['checks'], res['error'] and res['ok']
+    if res["ok"]:
+        # vLLM answers before systemd calls the start done: ExecStartPost polls /health every 2 s.
+        # Verified means the unit's start job finished too (an instance still "activating" can
+        # still be failed by its start timeout), so wait for it, bounded.
+        res["checks"]["unit_active"] = wait_active(spec, res)
+        res["ok"] = res["checks"]["unit_active"]
     # A crash between the checks (killed, OOM) is a failure even when systemd brought it back.
     restarted = restarted_since(spec, restarts0, since)
     res["checks"]["stable"] = restarted is None
