@@ -3,9 +3,10 @@
 Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   0. commands must run as root through the host's connection arguments (_sudo, _su_user, ...): a
      login user without sudo fails that host alone, with what to grant, before anything else
-  1. facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run here,
-     before any host is changed; then the host's deploy lock is taken (a second deploy at the
-     same time refuses the host, changing nothing on it)
+  1. the host's deploy lock (a second deploy at the same time refuses the host, changing nothing
+     on it), held from before the first fact is read, so the decisions below stay true; then
+     facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run
+     here, before any host is changed
   2. the service user (never root) and the directories it writes; then models given as a
      workstation directory (model_source) are synced to the host (nothing sent if unchanged)
   3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
@@ -25,21 +26,21 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
 A run that changes nothing costs 5 remote commands per host, 6 on the gateway host, however many
 instances, files and model files the host has:
   1. the access check: `id -u` through the host's sudo/su/doas                          (step 0)
-  2. the discovery facts, one command: GPUs (nvidia-smi, and NVML through the environment's
+  2. the deploy lock: a channel on the SSH connection, held until the run ends          (step 1)
+  3. the discovery facts, one command: GPUs (nvidia-smi, and NVML through the environment's
      pynvml), the config.json of models already on the host, the paths to check, the units
      vllm-fleet wrote, the OS packages present                                          (step 1)
-  3. the managed state, one command: the sha256, mode and owner of every file, each directory,
+  4. the managed state, one command: the sha256, mode and owner of every file, each directory,
      the service user and group, each unit's systemd state with its process's start and its
      files' times, the synced models' manifests and listings, the environment, the hub cache
                                                                                         (step 1)
-  4. the deploy lock: a channel on the SSH connection, held until the run ends          (step 1)
   5. the verification probe, all of the host's instances at once                        (step 8)
   6. on the gateway host only: the gateway's verification probe                         (step 9)
 Releasing the lock closes its channel (no command); a host without instances skips 5. Every
-operation (vllm_fleet/operations.py, model_sync.py) compares with what 2 and 3 read and sends
+operation (vllm_fleet/operations.py, model_sync.py) compares with what 3 and 4 read and sends
 nothing where the host already matches; pyinfra runs an operation's body twice (to plan, then to
 execute) and both read those same answers (vllm_fleet/facts.py: prefetch, get). A batch splits in
-two only past ~96 KB of shell (hundreds of managed paths). tests/test_noop_commands.py counts
+two only past ~64 KB of shell (hundreds of managed paths). tests/test_noop_commands.py counts
 these through pyinfra against a simulated converged host. A run with changes adds their commands.
 """
 
@@ -50,10 +51,10 @@ from vllm_fleet import deploy as step
 problem = step.access_problem()  # root through the host's _sudo/_su_user/...? else this host fails
 if problem:
     step.refuse_host(problem)
-else:
-    deployment = step.prepare()
+# Bad input raises (the run stops, no host changed); a host another deploy holds is refused (None).
+deployment = None if problem else step.prepare()
+if deployment is not None:
     logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
-    step.take_lock(deployment)
     step.service_user(deployment)
     step.models(deployment)
     step.environment(deployment)

@@ -50,6 +50,8 @@ class FakeHost:
         self.name, self.print_prefix = "box", "[box] "
         self.data = SimpleNamespace(dict=lambda: data)
         self.facts, self.asked, self.batches = {"HostRuntime": PROVISIONED, **facts}, [], []
+        # No SSH client: lock.acquire says there is no session to tie the deploy lock to.
+        self.connector = SimpleNamespace()
 
     def get_fact(self, cls, **kwargs):
         if cls.__name__ == "FactBatch":

@@ -171,12 +171,10 @@ def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp
     def run_ops(_state):  # box1: only the lock and the verification ran; box2: a file was written
         box1, box2 = hosts["box1"], hosts["box2"]
         fresh = FakeState({
-            box1: [("Take the host's deploy lock", [FunctionCommand(deploy._take_lock, (), {})]),
-                   ("Deploy manifest", []),
+            box1: [("Deploy manifest", []),
                    ("Verify instances", [FunctionCommand(deploy._verify, (), {"checks": []})]),
                    ("Release the deploy lock", [FunctionCommand(deploy._release_lock, (), {})])],
-            box2: [("Take the host's deploy lock", [FunctionCommand(deploy._take_lock, (), {})]),
-                   ("Deploy manifest", [StringCommand("mv /tmp/x /etc/vllm-fleet/manifest.json")]),
+            box2: [("Deploy manifest", [StringCommand("mv /tmp/x /etc/vllm-fleet/manifest.json")]),
                    ("Verify instances", [FunctionCommand(deploy._verify, (), {"checks": []})])],
         })
         state.ops, state.op_meta, state.order = fresh.ops, fresh.op_meta, fresh.order

@@ -211,12 +211,14 @@ def test_prefetch_reads_once_and_get_answers_from_it(tree):
 
 def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
     fake = _Host(batch=lambda queries: {i: (0, ["absent"]) for i in range(len(queries))})
-    facts.prefetch(fake, [query(FileState, path=f"/etc/vllm-fleet/instance-{i}.yaml") for i in range(500)])
-    assert fake.asked == ["FactBatch"]  # 500 files in one command
+    facts.prefetch(fake, [query(FileState, path=f"/etc/vllm-fleet/instance-{i}.yaml") for i in range(300)])
+    assert fake.asked == ["FactBatch"]  # 300 files (about 75 instances) in one command
     fake = _Host(batch=lambda queries: {i: (0, ["absent"]) for i in range(len(queries))})
-    facts.prefetch(fake, [query(FileState, path="/x/" + "p" * 30_000 + str(i)) for i in range(5)])
-    assert fake.asked == ["FactBatch"] * 2
-    assert len(shlex.quote(facts.batch_command([query(FileState, path="/x" * 20_000)] * 2))) < 131072
+    facts.prefetch(fake, [query(FileState, path="/x/" + "p" * 20_000 + str(i)) for i in range(5)])
+    assert fake.asked == ["FactBatch"] * 3  # two of these paths fit a batch
+    # Under _su_user pyinfra quotes the command twice: still one argument below Linux's 128 KiB.
+    biggest = facts.batch_command([query(FileState, path="/x/" + "p" * 20_000 + str(i)) for i in range(2)])
+    assert len(shlex.quote(shlex.quote(biggest))) < 131072
 
 
 # --- the operations: nothing when the host matches, the fix when it differs ------------------------
@@ -619,7 +621,78 @@ def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed
     assert _kinds(commands["gw"]) == [
         "access check", "facts", "facts",
         "systemctl stop vllm-old.service", "systemctl disable vllm-old.service",
-        "rm -f /etc/systemd/system/vllm-old.service", "rm -f /etc/vllm-fleet/old.yaml", "rm -f /etc/vllm-fleet/old.env",
+        # The unit file last: a run stopped halfway still finds the instance (and its key) next time.
+        "rm -f /etc/vllm-fleet/old.yaml", "rm -f /etc/vllm-fleet/old.env", "rm -f /etc/systemd/system/vllm-old.service",
         "systemctl daemon-reload",  # a unit went away
         "verify", "verify gateway"]
     assert uploads == {}
+
+
+# --- what the memo relies on: one step per path, and the lock before the first read ---------------
+
+def _prepare(monkeypatch, **data_overrides):
+    from planning_fixtures import FakeHost, host_data, instance
+
+    from vllm_fleet import deploy
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    name = data_overrides.pop("instance_name", "a")
+    data = dict(host_data(gpus=None, instances=[
+        instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=MODEL_INFO)]),
+        vllm_target="cpu", **data_overrides)
+    fake = FakeHost(data, {"ManagedUnits": [], "HubModelCached": False})
+    monkeypatch.setattr(deploy, "host", fake)
+    return deploy, fake
+
+
+def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(monkeypatch):
+    # Its env file (the API key) and the downloads' HF token file would both be
+    # /etc/vllm-fleet/hub.env: each step deciding from the same earlier read, one would go unseen.
+    from vllm_fleet.deploy import DeployError
+
+    deploy, fake = _prepare(monkeypatch, instance_name="hub")
+    with pytest.raises(DeployError) as info:
+        deploy.prepare()
+    text = str(info.value)
+    assert "/etc/vllm-fleet/hub.env would be written by the rendered file hub.env and by the Hugging Face token" in text
+    assert "host box" in text and "rename the instance" in text and "nothing was changed on any host" in text
+    assert len(fake.batches) == 1  # refused before the managed state is read
+
+
+def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):
+    from vllm_fleet.deploy import DeployError
+
+    deploy, _fake = _prepare(monkeypatch, vllm_config_dir="/var/lib/vllm-fleet/config")
+    with pytest.raises(DeployError, match="/var/lib/vllm-fleet/config would be written by config directory and by "
+                                          "directory /var/lib/vllm-fleet/config"):
+        deploy.prepare()
+
+
+def test_the_deploy_lock_is_held_before_the_first_fact_is_read(monkeypatch):
+    deploy, fake = _prepare(monkeypatch)
+    order = []
+    monkeypatch.setattr(deploy.host_lock, "acquire", lambda host: order.append("lock") or "deploy lock taken")
+    real_get_fact = fake.get_fact
+    monkeypatch.setattr(fake, "get_fact", lambda cls, **kw: order.append(cls.__name__) or real_get_fact(cls, **kw))
+    deploy.prepare()
+    assert order[0] == "lock" and order.count("lock") == 1, order
+
+
+def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
+    deploy, fake = _prepare(monkeypatch)
+    refused = []
+
+    def busy(host):
+        raise deploy.host_lock.LockBusy("host box is being deployed by someone@else; this deploy changed nothing on it")
+
+    monkeypatch.setattr(deploy.host_lock, "acquire", busy)
+    monkeypatch.setattr(deploy, "refuse_host", refused.append)
+    assert deploy.prepare() is None
+    assert refused == ["host box is being deployed by someone@else; this deploy changed nothing on it"]
+    assert fake.batches == [] and fake.asked == []
+
+
+def test_a_process_start_that_cannot_be_read_is_unknown_not_stale():
+    parsed = UnitState().process(["MainPID=4242", "ActiveState=active", "SubState=running", "StartEpoch="])
+    assert parsed["main_pid"] == 4242 and parsed["started"] is None
+    assert UnitState().process(["MainPID=0", "SubState=dead"])["started"] == 0

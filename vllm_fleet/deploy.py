@@ -16,8 +16,9 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pyinfra import host, logger
@@ -29,7 +30,8 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
 from vllm_fleet import bundle, facts, gateway, host_packages as os_packages, hub, remote, ssh_lost
-from vllm_fleet.model_sync import ModelSyncError, local_manifest, model_sync, state_query as model_state_query
+from vllm_fleet.model_sync import MANIFEST_NAME as MODEL_MANIFEST, ModelSyncError, local_manifest, model_sync
+from vllm_fleet.model_sync import state_query as model_state_query
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, check_fleet, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
@@ -266,7 +268,7 @@ def managed_state_queries(d: "Deployment") -> list[facts.Query]:
         wanted.append(query(FileState, path=hub_token_file(c)))
     wanted += [query(FileState, path=path) for path in sorted(d.files)]
     for inst in d.plan.instances:
-        wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(c, inst.name))]
+        wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(c, inst))]
     for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT):
         wanted.append(query(UnitState, unit=unit))
     for unit, _name, paths in removed_units(d):
@@ -315,12 +317,15 @@ def refuse_host(problem: str) -> None:
         raise DeployError(problem) from None
 
 
-def prepare() -> Deployment:
-    """1. Validate this host's data, read live facts, plan, render. Raises DeployError on bad input."""
+def prepare() -> Deployment | None:
+    """1. Validate this host's data, take its deploy lock, read live facts, plan, render. Raises
+    DeployError on bad input; None when another deploy holds the lock (the host is refused)."""
     try:
         config = parse_host(host.name, host.data.dict())
     except ConfigErrors as exc:
         _fail(exc.errors)
+    if not _take_lock(config):
+        return None
     facts.prefetch(host, discovery_queries(config))  # one remote command
     errors: list[ConfigError] = []
     live = None
@@ -362,8 +367,31 @@ def prepare() -> Deployment:
     secrets = read_secrets(config)
     rendered = {f.path: f for f in render_host(config, plan, secrets, backends)}
     d = Deployment(config, plan, rendered, secrets, {}, absent, family, backends)
+    _check_one_step_per_path(d)
     facts.prefetch(host, managed_state_queries(d))  # one remote command
     return d
+
+
+def _check_one_step_per_path(d: Deployment) -> None:
+    """No path is written by two steps: each step decides from what the host had when the run read
+    it (facts.get), so a second writer of the same path would go unseen (e.g. an instance named
+    `hub`, whose env file would be the downloads' token file, or vllm_config_dir inside the state
+    directory). Bad input: refused before any change."""
+    c = d.config
+    writers: dict[str, list[str]] = {}
+    for name, path, _mode in service_directories(c):
+        writers.setdefault(path.rstrip("/") or "/", []).append(name.lower())
+    for path, f in d.files.items():
+        writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
+    if _hub_downloads(d):
+        writers.setdefault(hub_token_file(c), []).append("the Hugging Face token file of the downloads")
+    clashes = {path: who for path, who in writers.items() if len(who) > 1}
+    if clashes:
+        _fail([ConfigError(f"{path} would be written by {' and by '.join(who)}", host=c.name,
+                           key="vllm_instances" if path.startswith(c["vllm_config_dir"] + "/") else "vllm_config_dir",
+                           fix="rename the instance (any name but 'hub'), or give vllm_config_dir a directory of "
+                               "its own (not one the deploy makes below vllm_state_dir)")
+               for path, who in sorted(clashes.items())])
 
 
 def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]:
@@ -411,24 +439,32 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
     return absent, family
 
 
-def _take_lock(state, host) -> None:  # runs at execution, per host, before its first change
-    try:
-        logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")
-    except host_lock.LockBusy as exc:
-        logger.error(f"{host.print_prefix}{exc}")
-        raise OperationError(str(exc)) from None
-
-
 def _release_lock(state, host) -> None:
     host_lock.release(host)
 
 
-def take_lock(d: Deployment) -> None:
-    """Refuse this host if another deploy holds its lock; else hold it until the run ends.
+def _dry_run() -> bool:
+    """`pyinfra --dry`: nothing will execute (pyinfra 3.10 keeps the flag in its CLI only)."""
+    return "--dry" in sys.argv[1:]
 
-    A dry run (--dry) executes nothing, so it takes no lock and never waits for one.
+
+def _take_lock(config: HostConfig) -> bool:
+    """Hold this host's deploy lock from before the first fact is read until the run ends; False
+    when another deploy holds it (this host is then refused, nothing changed on it).
+
+    Taken while planning, not when the first change executes: what the steps decide comes from the
+    facts read in prepare() (facts.get), so those facts must be read under the lock, or a deploy
+    that ran between the reading and the lock would be undone by decisions made before it. A dry
+    run (--dry) executes nothing: it takes no lock and never waits for one.
     """
-    python.call(name="Take the host's deploy lock (one deploy at a time)", function=_take_lock)
+    if _dry_run():
+        return True
+    try:
+        logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")
+    except host_lock.LockBusy as exc:
+        refuse_host(str(exc))
+        return False
+    return True
 
 
 def release_lock(d: Deployment) -> None:
@@ -606,11 +642,13 @@ def service_user(d: Deployment) -> None:
         managed_directory(name=name, path=path, user=owner, group=user, mode=mode)
 
 
-def freshness_paths(c: HostConfig, name: str) -> tuple[str, ...]:
-    """What an instance's process must be younger than: its unit, engine config, env file, and the
-    environment's `current` link (switched when the environment changes)."""
-    paths = instance_paths(c, name)
-    return (paths["unit"], paths["config"], paths["env"], current_link(c["vllm_root"]))
+def freshness_paths(c: HostConfig, inst) -> tuple[str, ...]:
+    """What an instance's process must be younger than: its unit, engine config, env file, the
+    environment's `current` link (switched when the environment changes) and, for a model synced
+    from the workstation, the sync's manifest (renamed into place last, once every file is there)."""
+    paths = instance_paths(c, inst.name)
+    synced = (f"{inst.config.model}/{MODEL_MANIFEST}",) if inst.config.model_source else ()
+    return (paths["unit"], paths["config"], paths["env"], current_link(c["vllm_root"])) + synced
 
 
 def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
@@ -626,15 +664,16 @@ def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
             continue
         if unit == gateway.GATEWAY_UNIT:
             if gw_paths["unit"] not in d.files:
+                # The unit file last: it is how the next run finds what is left (ManagedUnits).
                 out.append((unit, "Stop the gateway (this host is no longer the fleet's gateway)",
-                            list(gw_paths.values())))
+                            [p for k, p in gw_paths.items() if k != "unit"] + [gw_paths["unit"]]))
         elif unit == FRONT_UNIT:
             if front["unit"] not in d.files:
-                out.append((unit, "Stop the front (no instance left)", [front["unit"], front["config"]]))
+                out.append((unit, "Stop the front (no instance left)", [front["config"], front["unit"]]))
         else:
             name = unit.removeprefix("vllm-").removesuffix(".service")
             paths = instance_paths(c, name)
-            out.append((unit, f"Stop removed instance {name}", [paths["unit"], paths["config"], paths["env"]]))
+            out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], paths["unit"]]))
     return out
 
 
@@ -691,9 +730,12 @@ def services(d: Deployment) -> None:
     """
     c = d.config
     units = {inst.name: facts.get(host, UnitState, unit=inst.unit_name) for inst in d.plan.instances}
-    newest = {inst.name: facts.get(host, NewestMtime, paths=freshness_paths(c, inst.name))
+    newest = {inst.name: facts.get(host, NewestMtime, paths=freshness_paths(c, inst))
               for inst in d.plan.instances}
     pending_reload = [name for name, u in units.items() if u["need_daemon_reload"]]
+    # The front's and the gateway's units too: a run stopped between writing them and daemon-reload.
+    pending_reload += [unit for unit, kind in ((FRONT_UNIT, "front_unit"), (gateway.GATEWAY_UNIT, "gateway_unit"))
+                       if kind in d.changed and facts.get(host, UnitState, unit=unit)["need_daemon_reload"]]
     if d.changed.get("units") or pending_reload:
         if pending_reload:
             logger.info(f"{host.print_prefix}systemd has not loaded the unit of {', '.join(pending_reload)} "
@@ -703,7 +745,10 @@ def services(d: Deployment) -> None:
                               _if=lambda: bool(pending_reload) or units_changed())
     for inst in d.plan.instances:
         found = units[inst.name]
-        stale = found["main_pid"] != 0 and found["started"] < newest[inst.name]
+        if found["main_pid"] and found["started"] is None:
+            logger.warning(f"{host.print_prefix}could not read when {inst.unit_name}'s process started: "
+                           "not checked for being older than its files")
+        stale = bool(found["main_pid"]) and found["started"] is not None and found["started"] < newest[inst.name]
         if stale:
             logger.info(f"{host.print_prefix}{inst.unit_name} runs since before its files changed (an "
                         "earlier deploy stopped before restarting it): it will be restarted")

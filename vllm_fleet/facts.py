@@ -324,12 +324,13 @@ class UnitState(_Prelude):
     """What systemd says of a unit: {"load_state", "active_state", "sub_state", "unit_file_state",
     "running" (SubState as pyinfra's SystemdStatus counts it), "enabled" (enabled or static, as
     SystemdEnabled), "need_daemon_reload", "main_pid", "started" (epoch seconds of the main process's
-    start, 0 without one)}. A unit systemd does not know reads as not running, not enabled."""
+    start, 0 without one, None when it could not be read)}. A unit systemd does not know reads as not running, not enabled."""
 
+    # TZ=UTC for both: `date -d` then parses what systemctl prints whatever the host's zone is called.
     prelude = ('vf_unit() { systemctl show -p LoadState -p ActiveState -p SubState -p UnitFileState '
                '-p NeedDaemonReload -p MainPID "$1" 2>/dev/null; '
-               'ts=$(systemctl show -p ExecMainStartTimestamp --value "$1" 2>/dev/null); '
-               'if [ -n "$ts" ]; then echo "StartEpoch=$(date -d "$ts" +%s 2>/dev/null)"; fi; return 0; }')
+               'ts=$(TZ=UTC systemctl show -p ExecMainStartTimestamp --value "$1" 2>/dev/null); '
+               'if [ -n "$ts" ]; then echo "StartEpoch=$(TZ=UTC date -d "$ts" +%s 2>/dev/null)"; fi; return 0; }')
 
     def call(self, unit: str) -> str:
         return f"vf_unit {shlex.quote(unit)}"
@@ -349,7 +350,8 @@ class UnitState(_Prelude):
                 "running": props.get("SubState") in RUNNING_SUBSTATES,
                 "enabled": props.get("UnitFileState") in ENABLED_FILE_STATES,
                 "need_daemon_reload": props.get("NeedDaemonReload") == "yes",
-                "main_pid": pid, "started": int(start) if pid and start.isdigit() else 0}
+                # None: a process whose start time could not be read (unknown, never "stale").
+                "main_pid": pid, "started": (int(start) if start.isdigit() else None) if pid else 0}
 
 
 class NewestMtime(_Prelude):
@@ -411,7 +413,9 @@ def _frozen(value: Any) -> Any:
 BATCH_START = "##vllm-fleet-fact "
 BATCH_END = "##vllm-fleet-fact-end "
 MISSING_COMMAND = "##PYINFRA_NOCMD##"  # what pyinfra's own guard prints (pyinfra.api.facts)
-BATCH_LIMIT = 96_000  # characters of one batch, quoted: one argument (sh -c '...') must stay < 128 KiB
+# Characters of one batch once quoted: it travels as one argument (sh -c '...'), which Linux caps at
+# 128 KiB (MAX_ARG_STRLEN), and `_su_user` quotes it a second time.
+BATCH_LIMIT = 56_000
 
 
 def _part(q: Query) -> tuple[str, str]:
@@ -498,7 +502,7 @@ def _memo(host) -> dict[Query, Any]:
 
 
 def _quoted_size(text: str) -> int:
-    return len(text) + 4 * text.count("'")  # what shlex.quote makes of it (' -> '"'"')
+    return len(shlex.quote(text))
 
 
 def _chunks(queries: list[Query]) -> Iterable[list[Query]]:
@@ -542,8 +546,10 @@ def prefetch(host, queries: Iterable[Query]) -> None:
 def get(host, fact: type, **kwargs) -> Any:
     """`host.get_fact(fact, **kwargs)`, read once per run: from `prefetch`'s batch, or by the fact's
     own command the first time. pyinfra runs an operation's body to plan it and again to execute
-    it; both see what the host was when the run planned it (the deploy lock is taken after that,
-    and no two of vllm-fleet's operations manage the same path or unit)."""
+    it; both see what the host was when the run planned it. That holds because the deploy lock is
+    taken before the first fact is read (deploy._take_lock: no other deploy changes the host in
+    between) and no two of vllm-fleet's operations manage the same path or unit (deploy.prepare
+    refuses a plan where two would)."""
     memo = _memo(host)
     q = Query.of(fact, **kwargs)
     if q not in memo:

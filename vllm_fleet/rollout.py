@@ -175,7 +175,7 @@ def changed_operations(state, host) -> list[str]:
 
     from vllm_fleet import deploy
 
-    observing = {deploy._take_lock, deploy._release_lock, deploy._verify, deploy._verify_gateway}
+    observing = {deploy._release_lock, deploy._verify, deploy._verify_gateway}
     names = []
     for op_hash in state.get_op_order():
         op_data = state.ops[host].get(op_hash)
