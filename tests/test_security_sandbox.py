@@ -141,11 +141,8 @@ def test_systemd_hands_vllm_the_hostile_key_exactly(fleet, sandbox):
     assert chat(ADDRESS, API_KEY.replace("\\", ""))[0] == 401
 
 
-def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, sandbox):
-    routes = _installed_routes(sandbox)
-    paths = {path for path, _m in routes}
-    assert {"/v1/chat/completions", "/invocations", "/tokenize", "/health"} <= paths, paths
-    tried = []
+def _assert_the_front_passes_only_v1_and_health(routes, tried) -> None:
+    """Every route (vLLM's own and the guide's) at the instance's port, from off the host, no key."""
     for path, method in routes + [(p, "POST") for p in GUIDE_ROUTES] + [(p, "GET") for p in GUIDE_ROUTES]:
         concrete = path.replace("{", "").replace("}", "")  # /v1/responses/{response_id} -> a literal id
         status = _request(method, concrete)
@@ -156,6 +153,14 @@ def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, 
             assert status == 401, (method, concrete, status)  # vLLM's own key check, through the front
         else:
             assert status == 404, (method, concrete, status)  # the front never passes it on
+
+
+def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, sandbox):
+    routes = _installed_routes(sandbox)
+    paths = {path for path, _m in routes}
+    assert {"/v1/chat/completions", "/invocations", "/tokenize", "/health"} <= paths, paths
+    tried = []
+    _assert_the_front_passes_only_v1_and_health(routes, tried)
     # Tricks that reach the same routes under another spelling.
     # (nginx matches the normalised path: what it passes on to vLLM must be that same path, or a
     # route vLLM matches by prefix, like /metrics, answers under a /v1/ spelling.)
@@ -200,6 +205,29 @@ def test_no_route_of_the_installed_vllm_answers_off_host_without_the_key(fleet, 
     assert _request("GET", "/v1/models", key=API_KEY, port=GATEWAY_PORT) == 200
     assert _request("POST", "/v1/completions", key=API_KEY, port=GATEWAY_PORT) == 200
     print(f"{len(tried)} off-host requests without the key, none answered but /health")
+
+
+def test_a_fleet_without_a_gateway_guards_every_route_the_same(fleet, sandbox, deploy_env, tmp_path):
+    """The per-host front, not the gateway, is what guards an instance: with the gateway taken out of
+    the inventory, every route still needs the key or is refused, and the gateway's port is gone."""
+    no_gateway = variant_inventory(tmp_path, host_data={HOST: {"vllm_gateway": False}})
+    try:
+        result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=no_gateway)
+        assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+        assert "Stop the gateway (this host is no longer the fleet's gateway)" in result.stdout + result.stderr
+        assert sandbox.run(HOST, "systemctl is-active vllm-fleet-gateway.service").stdout.strip() != "active"
+        tried = []
+        _assert_the_front_passes_only_v1_and_health(_installed_routes(sandbox), tried)
+        assert _request("GET", "/health", port=BACKEND_PORT) == 0
+        assert _request("POST", "/invocations", port=BACKEND_PORT) == 0
+        assert _request("GET", "/v1/models", key=API_KEY) == 200
+        assert _request("POST", "/v1/completions", key=API_KEY) == 200
+        assert _request("GET", "/v1/models", key=API_KEY, port=GATEWAY_PORT) == 0  # nothing listens there now
+        print(f"without a gateway: {len(tried)} off-host requests without the key, none answered but /health")
+    finally:
+        restored = pyinfra(deploy_env, "--limit", "cpu_hosts")  # the sandbox inventory's gateway back
+        assert restored.returncode == 0, (restored.stdout + restored.stderr)[-3000:]
+    assert _request("GET", "/v1/models", key=API_KEY, port=GATEWAY_PORT) == 200
 
 
 def test_front_is_the_only_listener_and_runs_unprivileged(fleet, sandbox):
