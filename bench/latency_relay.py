@@ -14,7 +14,8 @@ ends it by PID with SIGTERM):
     python bench/latency_relay.py --rtt-ms 50 --stats FILE --target sbx-cpu1=10.213.7.11:22 ...
 
 prints one JSON line {"sbx-cpu1": <port>, ...} once every listener is up, then rewrites FILE (JSON,
-atomically) after every connection opened or closed.
+atomically) after every connection opened or closed; with --save-every SECONDS also that often
+(so the bytes of connections still open can be read while they run; bench/rollout_bench.py).
 """
 
 from __future__ import annotations
@@ -150,7 +151,14 @@ def parse_target(text: str) -> tuple[str, tuple[str, int]]:
     return name, (host, int(port))
 
 
-async def _serve(targets: dict[str, tuple[str, int]], rtt_ms: float, stats: Stats) -> None:
+async def _save_every(stats: Stats, seconds: float) -> None:
+    while True:
+        await asyncio.sleep(seconds)
+        stats.save()
+
+
+async def _serve(targets: dict[str, tuple[str, int]], rtt_ms: float, stats: Stats,
+                 save_every: float = 0.0) -> None:
     servers, ports = await start_relays(targets, rtt_ms, stats)
     stats.save()
     print(json.dumps(ports), flush=True)
@@ -158,7 +166,11 @@ async def _serve(targets: dict[str, tuple[str, int]], rtt_ms: float, stats: Stat
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    saver = asyncio.create_task(_save_every(stats, save_every)) if save_every > 0 else None
     await stop.wait()
+    if saver is not None:
+        saver.cancel()
+        stats.save()
     for server in servers:
         server.close()
 
@@ -168,9 +180,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rtt-ms", type=float, required=True, help="round-trip time added (ms)")
     parser.add_argument("--stats", type=Path, help="JSON file of counts, rewritten on every change")
     parser.add_argument("--target", action="append", required=True, help="NAME=HOST:PORT (repeatable)")
+    parser.add_argument("--save-every", type=float, default=0.0,
+                        help="also rewrite --stats this often (seconds; default 0: only on connection changes)")
     args = parser.parse_args(argv)
     targets = dict(parse_target(t) for t in args.target)
-    asyncio.run(_serve(targets, args.rtt_ms, Stats(path=args.stats)))
+    asyncio.run(_serve(targets, args.rtt_ms, Stats(path=args.stats), args.save_every))
     return 0
 
 

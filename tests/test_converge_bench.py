@@ -318,6 +318,40 @@ def test_relay_process_started_and_stopped_by_pid(tmp_path):
         assert not Path(f"/proc/{relay.proc.pid}").exists() or relay.proc.poll() is not None
 
 
+def test_relay_save_every_shows_the_bytes_of_an_open_connection(tmp_path):
+    """--save-every (bench/rollout_bench.py): the stats file has the bytes while the connection is
+    still open; without it the file changes only when a connection opens or closes (as before)."""
+    stats = tmp_path / "stats.json"
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "latency_relay.py"), "--rtt-ms", "0",
+                                 "--stats", str(stats), "--save-every", "0.05",
+                                 f"--target=echo=127.0.0.1:{server.server_address[1]}"],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            ports = json.loads(proc.stdout.readline())
+            with socket.create_connection(("127.0.0.1", ports["echo"]), timeout=5) as conn:
+                conn.sendall(b"x" * 1000)
+                got = b""
+                while len(got) < 1000:
+                    got += conn.recv(65536)
+                deadline = time.monotonic() + 5
+                counts = {}
+                while time.monotonic() < deadline:
+                    counts = json.loads(stats.read_text())
+                    if counts["bytes_up"].get("echo") == 1000:
+                        break
+                    time.sleep(0.05)
+                assert counts["open"] == {"echo": 1}
+                assert counts["bytes_up"] == {"echo": 1000} and counts["bytes_down"] == {"echo": 1000}
+        finally:
+            os.kill(proc.pid, 15)
+            proc.wait(timeout=10)
+            proc.stdout.close()
+            server.shutdown()
+    assert proc.returncode == 0
+
+
 # --- the playbook itself (needs ansible-core) -------------------------------------------------------
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
