@@ -551,11 +551,13 @@ class Bench:
 class Relay:
     """bench/latency_relay.py as a process of its own, started here and stopped by its PID."""
 
-    def __init__(self, rtt_ms: float, targets: dict[str, tuple[str, int]], workdir: Path):
+    def __init__(self, rtt_ms: float, targets: dict[str, tuple[str, int]], workdir: Path, save_every: float = 0):
         self.rtt_ms = rtt_ms
         self.stats_path = workdir / f"relay-{rtt_ms:g}ms.json"
         argv = [sys.executable, str(BENCH / "latency_relay.py"), "--rtt-ms", f"{rtt_ms:g}",
                 "--stats", str(self.stats_path)] + [f"--target={n}={a}:{p}" for n, (a, p) in targets.items()]
+        if save_every:  # stats written every so often too, not only when a connection opens or closes
+            argv += ["--save-every", f"{save_every:g}"]
         self.stderr = open(workdir / f"relay-{rtt_ms:g}ms.log", "wb")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         ready, _, _ = select.select([self.proc.stdout], [], [], 15)

@@ -39,7 +39,6 @@ import argparse
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -52,6 +51,8 @@ REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(BENCH))
+
+import converge_bench as cb  # noqa: E402  (the sandbox, inventories and relay of the converge bench)
 
 CPU_HOSTS = ["sbx-cpu1", "sbx-cpu2", "sbx-cpu3"]
 TARGET_OVERHEAD_PCT = 10.0
@@ -358,22 +359,11 @@ def stream(argv: list[str], env: dict[str, str], log, label: str, timeout: float
     return proc.returncode, lines, "".join(out_chunks), time.monotonic() - start
 
 
-class ByteRelay:
-    """bench/latency_relay.py at +0 ms with --save-every (bytes readable while connections are open);
-    started here, stopped by its PID (the same stop as converge_bench.Relay)."""
+class ByteRelay(cb.Relay):
+    """converge_bench's relay at +0 ms with --save-every: bytes readable while connections are open."""
 
     def __init__(self, targets: dict[str, tuple[str, int]], workdir: Path, save_every: float = 0.5):
-        self.stats_path = workdir / "relay-bytes.json"
-        argv = [sys.executable, str(BENCH / "latency_relay.py"), "--rtt-ms", "0", "--stats", str(self.stats_path),
-                "--save-every", f"{save_every:g}"] + [f"--target={n}={a}:{p}" for n, (a, p) in targets.items()]
-        self.stderr = open(workdir / "relay-bytes.log", "wb")
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
-        ready, _, _ = select.select([self.proc.stdout], [], [], 15)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            self.stop()
-            raise SystemExit("the byte-counting relay did not start")
-        self.ports: dict[str, int] = json.loads(line)
+        super().__init__(0, targets, workdir, save_every=save_every)
 
     def bytes_up(self) -> dict[str, int]:
         try:
@@ -386,17 +376,6 @@ class ByteRelay:
             return sum(json.loads(self.stats_path.read_text())["open"].values())
         except (OSError, ValueError, KeyError):
             return -1
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=5)
-        self.proc.stdout.close()
-        self.stderr.close()
 
 
 def run_bench(b, args) -> dict[str, Any]:
@@ -497,7 +476,6 @@ def _interrupt(signum, frame) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import converge_bench as cb
     from vllm_fleet.sandbox import harness
 
     args = parse_args(argv)
