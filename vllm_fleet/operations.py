@@ -53,6 +53,20 @@ def _differences(found: dict, user: str | None, group: str | None, mode: str | N
     return wrong_mode, wrong_owner
 
 
+def _fix_mode_and_owner(path: str, found: dict, user: str | None, group: str | None, mode: str | None,
+                        up_to_date: str):
+    """The chmod and chown that make an existing file or directory's mode and owner the wanted ones;
+    none (a no-op noted as `up_to_date`) when they already are."""
+    wrong_mode, wrong_owner = _differences(found, user, group, mode)
+    if not (wrong_mode or wrong_owner):
+        host.noop(up_to_date)
+        return
+    if wrong_mode:
+        yield f"chmod {_q(mode)} {_q(path)}"
+    if wrong_owner:
+        yield f"{_owner(user, group)} {_q(path)}"
+
+
 def _diff_enabled() -> bool:
     config = getattr(state, "config", None)
     return bool(getattr(config, "DIFF", False)) and not getattr(state, "is_executing", False)
@@ -106,14 +120,7 @@ def managed_file(dest: str, content: str | bytes = "", user: str | None = None, 
         if after:
             yield " && ".join(after)
         return
-    wrong_mode, wrong_owner = _differences(found, user, group, mode)
-    if not (wrong_mode or wrong_owner):
-        host.noop(f"{dest} is up to date")
-        return
-    if wrong_mode:
-        yield f"chmod {_q(mode)} {_q(dest)}"
-    if wrong_owner:
-        yield f"{owner} {_q(dest)}"
+    yield from _fix_mode_and_owner(dest, found, user, group, mode, up_to_date=f"{dest} is up to date")
 
 
 def _log_diff(dest: str, found: dict, data: bytes) -> None:
@@ -160,14 +167,7 @@ def managed_directory(path: str, user: str | None = None, group: str | None = No
         steps += [f"{owner} {_q(path)}"] if owner else []
         yield " && ".join(steps)
         return
-    wrong_mode, wrong_owner = _differences(found, user, group, mode)
-    if not (wrong_mode or wrong_owner):
-        host.noop(f"directory {path} already exists")
-        return
-    if wrong_mode:
-        yield f"chmod {_q(mode)} {_q(path)}"
-    if wrong_owner:
-        yield f"{owner} {_q(path)}"
+    yield from _fix_mode_and_owner(path, found, user, group, mode, up_to_date=f"directory {path} already exists")
 
 
 @operation()
