@@ -9,6 +9,7 @@ import sys
 import textwrap
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,18 @@ def deploy_env(sandbox):
     wheelhouse = build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
     return dict(os.environ, VLLM_FLEET_WHEELHOUSE=str(wheelhouse.path), VLLM_FLEET_API_KEY=API_KEY,
                 PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="session")
+def first_deploys(sandbox, deploy_env) -> dict[str, subprocess.CompletedProcess]:
+    """The session's first deploys, run at once: the CPU hosts (with --diff and --debug, the most
+    pyinfra ever prints) and the simulated-GPU mixed box. Each host builds its environment from the
+    pushed wheelhouse; run together they share this machine's cores instead of waiting in turn.
+    {"cpu_hosts": that run's result, "sbx-mixed": that one's}."""
+    runs = {"cpu_hosts": ("--limit", "cpu_hosts", "--diff", "--debug"), "sbx-mixed": ("--limit", "sbx-mixed")}
+    with ThreadPoolExecutor(len(runs)) as pool:
+        futures = {name: pool.submit(pyinfra, deploy_env, *args) for name, args in runs.items()}
+        return {name: future.result() for name, future in futures.items()}
 
 
 def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subprocess.CompletedProcess:

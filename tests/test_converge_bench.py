@@ -213,11 +213,37 @@ def test_markdown_table():
     assert not any("not run" in line for line in lines)
 
 
-def test_ten_hosts_says_why_and_starts_nothing(capsys):
-    assert cb.main(["--hosts", "10", "--json"]) == 0
-    out = capsys.readouterr()
-    doc = json.loads(out.out)
-    assert doc["measured"] is False and "not measured" in doc["why"] and "not measured" in out.err
+def test_phase_split_follows_the_markers_in_order_and_skips_missing_ones():
+    lines = [(0.8, "--> Loading config...\n"), (0.9, "--> Loading inventory...\n"),
+             (1.0, "--> Connecting to hosts...\n"), (1.5, "--> Preparing operation files...\n"),
+             (2.5, "--> Beginning operation run...\n"), (2.6, "--> Starting operation: Verify instances (health)\n"),
+             (3.4, "--> Results:\n")]
+    phases = cb.phase_split(lines, 3.5)
+    assert [label for label, _s in phases] == [label for label, _m in cb.PHASE_MARKERS if label != "verification of the gateway"]
+    assert dict(phases) == pytest.approx({"interpreter start-up and imports": 0.8, "config and inventory": 0.2,
+                                          "SSH connections": 0.5, cb.PHASE_MARKERS[3][0]: 1.0,
+                                          "operations before verification": 0.1,
+                                          cb.PHASE_MARKERS[5][0]: 0.8, "results and disconnecting": 0.1})
+    assert sum(s for _l, s in phases) == pytest.approx(3.5)
+
+
+def test_engine_defaults_and_the_real_engine_only_on_three_hosts(capsys):
+    assert cb.parse_args([]).engine == "vllm"  # the 3 CPU hosts of inventory/sandbox.py, genuine vLLM
+    assert cb.parse_args(["--hosts", "10"]).engine == "standin"
+    assert cb.parse_args(["--hosts", "3", "--engine", "standin"]).engine == "standin"
+    with pytest.raises(SystemExit):  # refused before anything starts: 10 CPU vLLMs do not fit
+        cb.parse_args(["--hosts", "10", "--engine", "vllm"])
+    assert "--engine vllm runs on inventory/sandbox.py's 3 CPU hosts only" in capsys.readouterr().err
+
+
+def test_fleet_inventory_gives_each_host_the_sandbox_login_and_the_gateway_to_the_first(tmp_path):
+    path = tmp_path / "sandbox.py"
+    path.write_text(cb.fleet_inventory_source(10))
+    hosts = runpy.run_path(str(path))["cpu_hosts"]
+    assert [name for name, _ in hosts] == [f"sbx-b{i:02d}" for i in range(1, 11)]
+    assert [d["ssh_hostname"] for _, d in hosts] == [f"10.213.9.{10 + i}" for i in range(1, 11)]
+    assert all(d["ssh_user"] == "deploy" and d["_sudo"] is True for _, d in hosts)
+    assert [bool(d.get("vllm_gateway")) for _, d in hosts] == [True] + [False] * 9
 
 
 # --- the relay ------------------------------------------------------------------------------------
@@ -438,15 +464,21 @@ def test_playbook_no_op_then_one_file_changed_and_the_key_check(tmp_path):
 
 # --- the bench's flow, with every tool and host faked --------------------------------------------------
 
-def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("argv", [[], ["--hosts", "10"]], ids=["vllm-3-hosts", "standin-10-hosts"])
+def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     """run_bench end to end without a host: fake deploys, playbook runs, relays and host state. Checks
-    the phases, the A B A B order, what the report and the JSON hold, and that cleanup stops relays."""
+    the phases, the A B A B order, what the report and the JSON hold, and that cleanup stops relays.
+    With the stand-in engine (10 hosts of its own) the services' first converge is compared too."""
     import hashlib
     from types import SimpleNamespace
 
+    import standin_engine
     from vllm_fleet.sandbox import assets
 
-    records = {h: _record(h, gateway=h == "sbx-cpu1") for h in cb.CPU_HOSTS}
+    args = cb.parse_args(["--runs", "2", "--latency-ms", "0,50", *argv])
+    bench = cb.Bench(args, sys.stdout)
+    names = bench.host_names
+    records = {h: _record(h, gateway=h == names[0]) for h in names}
     calls: list[str] = []
     relays: list = []
 
@@ -477,7 +509,7 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys):
         calls.append(f"ansible:{label}")
         if relays and not relays[-1].stopped:
             relays[-1].count += 1
-        text = "PLAY RECAP ***\n" + "".join(f"{h} : ok=5 changed=0 unreachable=0 failed=0\n" for h in cb.CPU_HOSTS)
+        text = "PLAY RECAP ***\n" + "".join(f"{h} : ok=5 changed=0 unreachable=0 failed=0\n" for h in names)
         return (2.0 + 0.5 * ("relay-50" in str(inventory)), text, 3)
 
     def fake_state(self):
@@ -494,32 +526,51 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(cb.Bench, "ensure_ansible", lambda self: "2.19.14")
     monkeypatch.setattr(cb.Bench, "relay_known_hosts", lambda self, ports, tag: tmp_path / f"kh-{tag}")
     monkeypatch.setattr(cb.Bench, "inject_drift", lambda self: calls.append("drift"))
+    monkeypatch.setattr(cb.Bench, "remove_services", lambda self: calls.append("remove"))
+    monkeypatch.setattr(cb.Bench, "profile_pyinfra", lambda self, inv, label: calls.append("profile") or {
+        "seconds": 1.0, "cpu_s": 0.5, "phases": [("SSH connections", 0.25), ("operations before verification", 0.75)]})
     monkeypatch.setattr(assets, "prepare", lambda log: (tmp_path / "tiny", tmp_path / "wheelhouse"))
-    args = cb.parse_args(["--runs", "2", "--latency-ms", "0,50"])
-    bench = cb.Bench(args, sys.stdout)
-    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"),
+    monkeypatch.setattr(standin_engine, "build_standin_wheelhouse",
+                        lambda dest, real_wheelhouse: calls.append(f"standin:{real_wheelhouse}") or tmp_path / "si")
+    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), cache_dir=lambda: tmp_path,
                                     down=lambda sandbox: downs.append(sandbox))
     try:
         result = cb.run_bench(bench)
     finally:
         bench.cleanup()
     assert downs and not bench.tmp.exists() and all(r.stopped for r in relays)
-    assert calls[:4] == ["up", "ours:first converge (ours)", "ansible:Ansible first run", "ours:warm-up (ours)"]
+    standin = argv != []
+    first = ["up", "ours:first converge (ours)", "ansible:Ansible first run", "ours:warm-up (ours)"]
+    if standin:  # built from the real wheelhouse (its vllm-router), before the hosts start
+        assert calls.pop(0) == f"standin:{tmp_path / 'wheelhouse'}"
+    assert calls[:4] == first
+    assert bench.env["VLLM_FLEET_WHEELHOUSE"] == str(tmp_path / ("si" if standin else "wheelhouse"))
     noop = [c for c in calls if c.startswith(("ours:no-op", "ansible:no-op"))]
     assert noop == ["ours:no-op (ours)", "ansible:no-op (Ansible)"] * 2  # A B A B
     assert calls.count("drift") == 4  # before each run of the file-change scenario
-    assert set(result["scenarios"]) == {"noop", "noop_relay_0ms", "noop_relay_50ms", "one_file_changed"}
+    assert calls.count("profile") == 2 and result["noop_profile"]["phases"][0] == ("SSH connections", 0.25)
+    scenarios = {"noop", "noop_relay_0ms", "noop_relay_50ms", "one_file_changed"}
+    if standin:  # services removed before each run, A B A B
+        firsts = [c for c in calls if c == "remove" or c.startswith(("ours:first converge", "ansible:first"))]
+        assert firsts[1:] == ["remove", "ours:first converge (ours)", "remove", "ansible:first converge (Ansible)"] * 2
+        scenarios.add("first_services")
+        assert result["engine"] == "standin" and cb.STANDIN_NOTE in result["notes"]
+        assert result["host_names"] == [f"sbx-b{i:02d}" for i in range(1, 11)]
+    else:
+        assert result["engine"] == "vllm" and result["host_names"] == cb.CPU_HOSTS
+    assert set(result["scenarios"]) == scenarios
     assert result["scenarios"]["noop"]["ratio"] == 0.5
     growth = result["latency"]["growth"]["50"]
     assert growth["ours"]["added_s"] == pytest.approx(0.05) and growth["ansible"]["added_s"] == pytest.approx(0.5)
     assert growth["ansible"]["round_trips"] == pytest.approx(10)
-    assert result["counts"]["ours"]["sbx-cpu2"]["commands"] == 1
-    assert result["counts"]["ours_relay"]["sbx-cpu1"]["connections"] == 1
-    assert result["latency"]["connections"]["50"]["ansible"] == [{h: 1 for h in cb.CPU_HOSTS}] * 2
+    assert result["counts"]["ours"][names[1]]["commands"] == 1
+    assert result["counts"]["ours_relay"][names[0]]["connections"] == 1
+    assert result["latency"]["connections"]["50"]["ansible"] == [{h: 1 for h in names}] * 2
     assert result["noop_violations"] == [] and result["api_key_in_output"] == []
-    assert result["managed_files"] == {"sbx-cpu1": 7, "sbx-cpu2": 6, "sbx-cpu3": 6}
+    assert result["managed_files"] == {h: 7 if h == names[0] else 6 for h in names}
     cb.print_report(result, print)
     out = capsys.readouterr().out
     assert "| no-op through a relay, +50 ms RTT | 1.05 s (1.05–1.05) | 2.50 s (2.50–2.50) | 0.42 |" in out
-    assert "10 hosts: not measured" in out and "API key in any captured output: no" in out
+    assert "API key in any captured output: no" in out
+    assert ("SIMULATED engine" in out) == standin
     json.dumps(result)  # --json can print it

@@ -13,10 +13,10 @@ import pytest
 from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, host_state, pyinfra, variant_inventory
 
 @pytest.fixture(scope="module")
-def converged(sandbox, deploy_env):
-    """Every CPU host converged from bare (the sandbox is booted fresh for the session)."""
-    # --diff and --debug: the most pyinfra ever prints, and still no secret in it.
-    result = pyinfra(deploy_env, "--limit", "cpu_hosts", "--diff", "--debug")
+def converged(first_deploys):
+    """Every CPU host converged from bare (the sandbox is booted fresh for the session), with --diff
+    and --debug: the most pyinfra ever prints, and still no secret in it."""
+    result = first_deploys["cpu_hosts"]
     assert result.returncode == 0, "first deploy failed"
     return result
 

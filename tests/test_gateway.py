@@ -567,3 +567,31 @@ def test_the_unit_does_not_change_with_the_backends_so_a_new_backend_reloads_ins
     fewer = {f.path: f.content for f in render_host(hosts[0], plan.hosts[0], Secrets(API_KEY), backends[:1])}
     assert full[unit] == fewer[unit]
     assert full["/etc/vllm-fleet/gateway-workers.json"] != fewer["/etc/vllm-fleet/gateway-workers.json"]
+
+
+# --- the gateway's verification waits for registrations only when the router is registering --------
+
+@pytest.mark.parametrize("registering, waits", [(True, 10), (False, 0)])
+def test_gateway_verification_waits_for_backends_only_after_the_router_started_or_reloaded(
+        monkeypatch, registering, waits):
+    """A rollout drains the batch's backends; a router this run neither started nor reloaded will not
+    register them by itself, so waiting the 10 s for them only lengthened the gateway host's turn."""
+    from types import SimpleNamespace
+
+    from vllm_fleet import deploy
+
+    sent = []
+
+    def fake_run(host, command, **_kw):
+        sent.append(command)
+        return True, json.dumps({"ok": True, "not_registered": ["http://10.0.0.2:8000"]}), ""
+
+    monkeypatch.setattr(deploy, "host_probe_command", lambda mode, spec: json.dumps([mode, spec]))
+    monkeypatch.setattr(deploy.remote, "run", fake_run)
+    monkeypatch.setattr(deploy, "parse_host_probe", json.loads)
+    spec = {"timeout_s": 10, "urls": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"], "models": ["m"]}
+    deploy._verify_gateway(None, SimpleNamespace(name="gw", print_prefix="gw: ", data=SimpleNamespace()),
+                           spec, registering=lambda: registering)
+    mode, probed = json.loads(sent[0])
+    assert mode == "gateway" and probed["timeout_s"] == waits
+    assert spec["timeout_s"] == 10  # the deploy's own spec is not modified

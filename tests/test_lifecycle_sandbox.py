@@ -1,13 +1,17 @@
 """What a real GPU server does that a happy path never shows, on the sandbox: a driver too old for
 the pinned vLLM (simulated GPUs: the stand-in nvidia-smi answers with an old driver) stops the run
-before any change; an engine that cannot start ends in a failed unit after a bounded number of
-starts (not a reload every few seconds forever), `status` says why, and a fixed deploy brings it back.
+before any change; an engine that cannot start, and a load that hangs, each end in a failed unit after
+a bounded number of starts (not a restart every few seconds forever), `status` says why, and a fixed
+deploy brings both back.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from fleet_helpers import API_KEY, CPU_HOSTS, FINGERPRINT, chat, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.sandbox import harness
@@ -55,54 +59,72 @@ def _wait_until_failed(sandbox, host: str, timeout: float = 300) -> dict[str, st
     return unit
 
 
-def test_an_engine_that_cannot_start_ends_failed_status_says_why_and_a_fix_brings_it_back(
-        sandbox, deploy_env, tmp_path):
-    host = "sbx-cpu2"
-    assert pyinfra(deploy_env, "--limit", "cpu_hosts").returncode == 0  # serving before
-    broken = variant_inventory(tmp_path, cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
-    result = pyinfra(deploy_env, "--limit", host, inventory=broken)
+CRASH_HOST, HANG_HOST = "sbx-cpu2", "sbx-cpu3"
+HANG_DROPIN = "/etc/systemd/system/vllm-tiny.service.d/hang.conf"
+
+
+@pytest.fixture(scope="module")
+def broken(sandbox, deploy_env, tmp_path_factory):
+    """Two broken engines at once, each on its own host (both runs mostly wait on systemd's timers):
+    on sbx-cpu2 an engine flag vLLM refuses (it exits at start), on sbx-cpu3 a load that never opens
+    its port (a stand-in engine that sleeps; start_timeout_s 30, the smallest allowed). Each deploy
+    runs, then its unit is watched until systemd gives up. {host: (inventory, result, unit, seconds)}"""
+    crash = variant_inventory(tmp_path_factory.mktemp("crash"),
+                              cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
+    hanging = variant_inventory(tmp_path_factory.mktemp("hang"), every={"start_timeout_s": 30})
+    # What a stuck load looks like from outside: an engine that never opens its port.
+    sandbox.run(HANG_HOST, f"mkdir -p {HANG_DROPIN.rsplit('/', 1)[0]} && printf '[Service]\\nExecStart=\\n"
+                           f"ExecStart=/bin/sleep infinity\\n' > {HANG_DROPIN}", check=True)
+
+    def break_one(host: str, inventory: str):
+        started = time.monotonic()
+        result = pyinfra(deploy_env, "--limit", host, inventory=inventory)
+        unit = _wait_until_failed(sandbox, host)
+        return host, (inventory, result, unit, time.monotonic() - started)
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            yield dict(pool.map(lambda args: break_one(*args), [(CRASH_HOST, crash), (HANG_HOST, hanging)]))
+    finally:
+        sandbox.run(HANG_HOST, f"rm -f {HANG_DROPIN} && systemctl daemon-reload", check=True)
+
+
+def test_an_engine_that_cannot_start_ends_failed_and_status_says_why(broken, sandbox, deploy_env):
+    inventory, result, unit, _seconds = broken[CRASH_HOST]
     assert result.returncode != 0
     assert "unrecognized argument" in result.stdout + result.stderr
-    unit = _wait_until_failed(sandbox, host)
     # Bounded: systemd stopped retrying after the unit's start limit (3 starts within the interval
     # sized to the load; systemd 252 leaves Result at the last start's, exit-code), not every 5 s forever.
     assert unit.get("ActiveState") == "failed", unit
     assert int(unit["NRestarts"]) <= 3, unit
     time.sleep(12)  # longer than the unit's RestartSec (10 s at least): systemd would have restarted it
-    assert _unit(sandbox, host)["ActiveState"] == "failed"  # and it stays down
-    shown = vllm_fleet(deploy_env, "status", broken, "--json", "--limit", host)
+    assert _unit(sandbox, CRASH_HOST)["ActiveState"] == "failed"  # and it stays down
+    shown = vllm_fleet(deploy_env, "status", inventory, "--json", "--limit", CRASH_HOST)
     report = json.loads(shown.stdout)
     inst = report["hosts"][0]["instances"]["tiny"]
     assert inst["state"].startswith("failed"), inst
     assert "unrecognized argument" in json.dumps(inst), inst
-    table = vllm_fleet(deploy_env, "status", broken, "--limit", host)
+    table = vllm_fleet(deploy_env, "status", inventory, "--limit", CRASH_HOST)
     assert "failed" in table.stdout and "unrecognized argument" in table.stdout
-    fixed = pyinfra(deploy_env, "--limit", host)
-    assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
-    assert chat(CPU_HOSTS[host], API_KEY)[0] == 200
-    assert _unit(sandbox, host)["ActiveState"] == "active"
 
 
-def test_a_load_that_hangs_is_stopped_at_its_start_timeout_and_reported(sandbox, deploy_env, tmp_path):
-    host = "sbx-cpu3"
-    dropin = "/etc/systemd/system/vllm-tiny.service.d/hang.conf"
-    # A stand-in engine that never opens its port (what a stuck load looks like from outside).
-    sandbox.run(host, f"mkdir -p {dropin.rsplit('/', 1)[0]} && printf '[Service]\\nExecStart=\\n"
-                      f"ExecStart=/bin/sleep infinity\\n' > {dropin}", check=True)
-    try:
-        hanging = variant_inventory(tmp_path, every={"start_timeout_s": 30})  # the smallest allowed
-        started = time.monotonic()
-        result = pyinfra(deploy_env, "--limit", host, inventory=hanging)
-        out = result.stdout + result.stderr
-        assert result.returncode != 0
-        assert "did not answer 200 within 15 s" in out, out[-3000:]  # the unit's health wait, 30 - 15 s
-        unit = _wait_until_failed(sandbox, host)
-        assert unit.get("ActiveState") == "failed" and int(unit["NRestarts"]) <= 3, unit
-        print(f"hanging load: stopped and retried, failed after {time.monotonic() - started:.0f} s")
-        table = vllm_fleet(deploy_env, "status", hanging, "--limit", host)
-        assert "did not answer 200" in table.stdout or "hung" in table.stdout, table.stdout[-2000:]
-    finally:
-        sandbox.run(host, f"rm -f {dropin} && systemctl daemon-reload", check=True)
-    fixed = pyinfra(deploy_env, "--limit", host)
+def test_a_load_that_hangs_is_stopped_at_its_start_timeout_and_reported(broken, deploy_env):
+    inventory, result, unit, seconds = broken[HANG_HOST]
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "did not answer 200 within 15 s" in out, out[-3000:]  # the unit's health wait, 30 - 15 s
+    assert unit.get("ActiveState") == "failed" and int(unit["NRestarts"]) <= 3, unit
+    print(f"hanging load: stopped and retried, failed after {seconds:.0f} s")
+    table = vllm_fleet(deploy_env, "status", inventory, "--limit", HANG_HOST)
+    assert "did not answer 200" in table.stdout or "hung" in table.stdout, table.stdout[-2000:]
+
+
+def test_a_fixed_deploy_brings_both_back(broken, sandbox, deploy_env):
+    """The inventory's own config again (and the hang's stand-in gone): both units had ended failed
+    after their bounded starts; the deploy resets and starts them, and they serve."""
+    sandbox.run(HANG_HOST, f"rm -f {HANG_DROPIN} && systemctl daemon-reload", check=True)
+    fixed = pyinfra(deploy_env, "--limit", f"{CRASH_HOST},{HANG_HOST}")
     assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
-    assert chat(CPU_HOSTS[host], API_KEY)[0] == 200
+    for host in (CRASH_HOST, HANG_HOST):
+        assert chat(CPU_HOSTS[host], API_KEY)[0] == 200
+        assert _unit(sandbox, host)["ActiveState"] == "active"

@@ -176,12 +176,14 @@ def test_killed_rollout_converges_when_run_again(rolled, sandbox, deploy_env, tm
         assert chat(address, API_KEY)[0] == 200
 
 
-def test_unreachable_host_fails_fast(rolled, deploy_env, tmp_path):
+def test_unreachable_host_fails_fast(rolled, sandbox, deploy_env, tmp_path):
     ghost = ("sbx-ghost", {"ssh_hostname": "10.213.7.99", "ssh_user": "root"})
-    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16}, extra_hosts=[ghost])
+    # The config the killed rollout's test left (no restart needed: this test is about the ghost).
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 20}, extra_hosts=[ghost])
     start = time.monotonic()
     result, hosts, _order = rollout(deploy_env, inventory, "--batch", "4", "--limit", "sbx-cpu1,sbx-ghost")
     assert time.monotonic() - start < 120
     assert result.returncode != 0
     assert hosts["sbx-ghost"]["state"] == "failed" and "unreachable" in hosts["sbx-ghost"]["error"]
-    assert hosts["sbx-cpu1"]["state"] == "updated"
+    assert hosts["sbx-cpu1"]["state"] in ("unchanged", "updated")  # converged and verified either way
+    assert "max-num-seqs: 20" in sandbox.run("sbx-cpu1", "cat /etc/vllm-fleet/tiny.yaml").stdout

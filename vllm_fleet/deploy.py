@@ -806,8 +806,13 @@ def gateway_service(d: Deployment) -> None:
     systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
                     _if=lambda: not (restart() or reload()))
     if d.config["vllm_verify"]:
+        # Only a router that this run started or reloaded is still registering its backends: worth
+        # waiting for. One that kept running has every backend it will have; one missing now was
+        # drained by a rollout (which puts it back), so waiting for it would only add seconds.
+        was_running = facts.get(host, UnitState, unit=unit)["running"]
         python.call(name="Verify the gateway (backends registered, key required, models)",
-                    function=_verify_gateway, spec=_gateway_check(d))
+                    function=_verify_gateway, spec=_gateway_check(d),
+                    registering=lambda: restart() or reload() or not was_running)
 
 
 def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
@@ -858,7 +863,10 @@ def _gateway_check(d: Deployment) -> dict[str, Any]:
             "timeout_s": 10}
 
 
-def _verify_gateway(state, host, spec: dict[str, Any]) -> None:  # runs at execution, on the gateway host
+def _verify_gateway(state, host, spec: dict[str, Any], registering=lambda: True) -> None:
+    """Runs at execution, on the gateway host; `registering()`: whether vllm-router may still be
+    registering its backends (started or reloaded by this run): the probe waits for them then."""
+    spec = dict(spec, timeout_s=spec["timeout_s"] if registering() else 0)
     _ok, stdout, stderr = remote.run(host, host_probe_command("gateway", spec))
     res = parse_host_probe(stdout)
     if not res:
