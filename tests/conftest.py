@@ -2,7 +2,7 @@
 the figures tests report (figures.py) are printed in the terminal summary."""
 
 from sandbox_fixture import pytest_addoption, pytest_collection_modifyitems, sandbox  # noqa: F401
-from fleet_helpers import deploy_env, first_deploys  # noqa: F401,E402
+from fleet_helpers import deploy_env  # noqa: F401,E402
 import figures  # noqa: E402
 
 

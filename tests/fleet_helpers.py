@@ -9,7 +9,6 @@ import sys
 import textwrap
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -28,6 +27,15 @@ CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "
 FINGERPRINT = ("find /etc/vllm-fleet /etc/systemd/system /opt/vllm-fleet -maxdepth 2 -type f 2>/dev/null "
                "| sort | xargs -r sha256sum; systemctl show -p MainPID --value 'vllm-*' 2>/dev/null; "
                "ls /opt/vllm-fleet/envs 2>/dev/null")
+# Where the fault test (test_faults_sandbox.py) kills a deploy, one picked at random each run: each
+# operation as it starts, and the deploy lock, which deploy.py's prepare takes before the first fact
+# (no operation: it is logged when taken). Every marker is checked against a first deploy's output
+# (test_deploy_sandbox.py), so a renamed step fails every run, not only the runs that pick it.
+KILL_POINTS = {"the deploy lock, before any fact": "deploy lock /run/vllm-fleet/deploy.lock taken",
+               **{op: f"Starting operation: {op}" for op in (
+                   "Sync model", "vLLM environment", "Service user", "Directory", "Config of tiny",
+                   "Unit of tiny", "Secrets of tiny", "Deploy manifest", "systemd daemon-reload",
+                   "Restart vllm-tiny", "Verify instances")}}
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 
 
@@ -39,18 +47,6 @@ def deploy_env(sandbox):
     wheelhouse = build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
     return dict(os.environ, VLLM_FLEET_WHEELHOUSE=str(wheelhouse.path), VLLM_FLEET_API_KEY=API_KEY,
                 PYTHONUNBUFFERED="1")
-
-
-@pytest.fixture(scope="session")
-def first_deploys(sandbox, deploy_env) -> dict[str, subprocess.CompletedProcess]:
-    """The session's first deploys, run at once: the CPU hosts (with --diff and --debug, the most
-    pyinfra ever prints) and the simulated-GPU mixed box. Each host builds its environment from the
-    pushed wheelhouse; run together they share this machine's cores instead of waiting in turn.
-    {"cpu_hosts": that run's result, "sbx-mixed": that one's}."""
-    runs = {"cpu_hosts": ("--limit", "cpu_hosts", "--diff", "--debug"), "sbx-mixed": ("--limit", "sbx-mixed")}
-    with ThreadPoolExecutor(len(runs)) as pool:
-        futures = {name: pool.submit(pyinfra, deploy_env, *args) for name, args in runs.items()}
-        return {name: future.result() for name, future in futures.items()}
 
 
 def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subprocess.CompletedProcess:

@@ -7,16 +7,17 @@ then one change, a dry run, and a bad model path that must stop the run before a
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, host_state, pyinfra, variant_inventory
+from fleet_helpers import API_KEY, KEY_MARK, KILL_POINTS, CPU_HOSTS, chat, host_state, pyinfra, variant_inventory
 
 @pytest.fixture(scope="module")
-def converged(first_deploys):
-    """Every CPU host converged from bare (the sandbox is booted fresh for the session), with --diff
-    and --debug: the most pyinfra ever prints, and still no secret in it."""
-    result = first_deploys["cpu_hosts"]
+def converged(sandbox, deploy_env):
+    """Every CPU host converged from bare (the sandbox is booted fresh for the session)."""
+    # --diff and --debug: the most pyinfra ever prints, and still no secret in it.
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts", "--diff", "--debug")
     assert result.returncode == 0, "first deploy failed"
     return result
 
@@ -31,6 +32,12 @@ def test_first_deploy_serves_on_every_cpu_host(converged, sandbox):
     assert (converged.stdout + converged.stderr).count("verified tiny") == 3
     assert KEY_MARK not in converged.stdout + converged.stderr
     assert "secret: contents not shown" in converged.stdout + converged.stderr
+
+
+def test_every_kill_point_of_the_fault_test_is_printed_by_a_first_deploy(converged):
+    out = re.sub(r"\x1b\[[0-9;]*m", "", converged.stdout + converged.stderr)
+    missing = [step for step, marker in KILL_POINTS.items() if marker not in out]
+    assert not missing, f"the fault test would wait for steps the deploy never prints: {missing}"
 
 
 def test_unit_pins_device_order_and_visible_devices(converged, sandbox):

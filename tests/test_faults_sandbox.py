@@ -26,7 +26,7 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet import lock
 
 HOST = "sbx-cpu1"
@@ -202,14 +202,9 @@ def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(basel
 
 
 # Operations of a deploy that changes one engine arg, in the order they run (names from deploy.py).
-STEPS = ["Take the host's deploy lock", "Sync model", "vLLM environment", "Service user", "Directory",
-         "Config of tiny", "Unit of tiny", "Secrets of tiny", "Deploy manifest", "systemd daemon-reload",
-         "Restart vllm-tiny", "Verify instances"]
-
-
 def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, deploy_env, tmp_path):
     seed = int(os.environ.get("VLLM_FLEET_FAULT_SEED") or random.SystemRandom().randrange(10**6))
-    step = random.Random(seed).choice(STEPS)
+    step = random.Random(seed).choice(sorted(KILL_POINTS))
     report(f"fault test: killing the deploy when it starts {step!r} (VLLM_FLEET_FAULT_SEED={seed} replays this)")
     # An env var changes the unit file too, so a daemon-reload is among the steps that can be cut.
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 44, "env": {
@@ -219,7 +214,7 @@ def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, 
     proc = start_deploy(deploy_env, inventory)
     seen: list[str] = []
     try:
-        reached = read_until(proc, f"Starting operation: {step}", seen)
+        reached = read_until(proc, KILL_POINTS[step], seen)
     finally:
         proc.kill()
         finish(proc, seen, timeout=60)

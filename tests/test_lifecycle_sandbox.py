@@ -123,7 +123,7 @@ def test_a_fixed_deploy_brings_both_back(broken, sandbox, deploy_env):
     """The inventory's own config again (and the hang's stand-in gone): both units had ended failed
     after their bounded starts; the deploy resets and starts them, and they serve."""
     sandbox.run(HANG_HOST, f"rm -f {HANG_DROPIN} && systemctl daemon-reload", check=True)
-    fixed = pyinfra(deploy_env, "--limit", f"{CRASH_HOST},{HANG_HOST}")
+    fixed = pyinfra(deploy_env, "--limit", CRASH_HOST, "--limit", HANG_HOST)  # pyinfra splits no commas
     assert fixed.returncode == 0, (fixed.stdout + fixed.stderr)[-3000:]
     for host in (CRASH_HOST, HANG_HOST):
         assert chat(CPU_HOSTS[host], API_KEY)[0] == 200
