@@ -3,6 +3,7 @@
 Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   0. commands must run as root through the host's connection arguments (_sudo, _su_user, ...): a
      login user without sudo fails that host alone, with what to grant, before anything else
+     (the deploy lock's own command answers it: see 1 below)
   1. the host's deploy lock (a second deploy at the same time refuses the host, changing nothing
      on it), held from before the first fact is read, so the decisions below stay true; then
      facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run
@@ -23,21 +24,23 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
      changed (after this host's instances serve: it registers them), then verified; then the
      lock is released (a killed deploy releases it when its SSH session ends)
 
-A run that changes nothing costs 5 remote commands per host, 6 on the gateway host, however many
+A run that changes nothing costs 4 remote commands per host, 5 on the gateway host, however many
 instances, files and model files the host has:
-  1. the access check: `id -u` through the host's sudo/su/doas                          (step 0)
-  2. the deploy lock: a channel on the SSH connection, held until the run ends          (step 1)
-  3. the discovery facts, one command: GPUs (nvidia-smi, and NVML through the environment's
+  1. the deploy lock: a channel on the SSH connection, held until the run ends; its command runs
+     through the host's sudo/su/doas and reports its uid, the access check      (steps 0 and 1)
+     (without a lock, in a dry run or over a connector without SSH, the access check is
+     `id -u` through the host's sudo/su/doas, and it counts the same)
+  2. the discovery facts, one command: GPUs (nvidia-smi, and NVML through the environment's
      pynvml), the config.json of models already on the host, the paths to check, the units
      vllm-fleet wrote, the OS packages present                                          (step 1)
-  4. the managed state, one command: the sha256, mode and owner of every file, each directory,
+  3. the managed state, one command: the sha256, mode and owner of every file, each directory,
      the service user and group, each unit's systemd state with its process's start and its
      files' times, the synced models' manifests and listings, the environment, the hub cache
                                                                                         (step 1)
-  5. the verification probe, all of the host's instances at once                        (step 8)
-  6. on the gateway host only: the gateway's verification probe                         (step 9)
-Releasing the lock closes its channel (no command); a host without instances skips 5. Every
-operation (vllm_fleet/operations.py, model_sync.py) compares with what 3 and 4 read and sends
+  4. the verification probe, all of the host's instances at once                        (step 8)
+  5. on the gateway host only: the gateway's verification probe                         (step 9)
+Releasing the lock closes its channel (no command); a host without instances skips 4. Every
+operation (vllm_fleet/operations.py, model_sync.py) compares with what 2 and 3 read and sends
 nothing where the host already matches; pyinfra runs an operation's body twice (to plan, then to
 execute) and both read those same answers (vllm_fleet/facts.py: prefetch, get). A batch splits in
 two only past ~64 KB of shell (hundreds of managed paths). tests/test_noop_commands.py counts
@@ -48,11 +51,9 @@ from pyinfra import host, logger
 
 from vllm_fleet import deploy as step
 
-problem = step.access_problem()  # root through the host's _sudo/_su_user/...? else this host fails
-if problem:
-    step.refuse_host(problem)
-# Bad input raises (the run stops, no host changed); a host another deploy holds is refused (None).
-deployment = None if problem else step.prepare()
+# Bad input raises (the run stops, no host changed); a refused host (its commands do not run as
+# root through its _sudo/_su_user/..., or another deploy holds its lock) fails alone: None.
+deployment = step.prepare()
 if deployment is not None:
     logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
     step.service_user(deployment)

@@ -74,6 +74,9 @@ BENCH = REPO / "bench"
 ANSIBLE_DIR = BENCH / "ansible"
 PLAYBOOK = ANSIBLE_DIR / "converge.yml"
 RENDER_DEPLOY = ANSIBLE_DIR / "render_files.py"
+BARE_DEPLOY = BENCH / "bare_pyinfra.py"  # the issue's reference: one unit + env file, plain pyinfra
+BARE_LABEL = "no-op, against the bare pyinfra unit deploy (bench/bare_pyinfra.py)"
+TOOL_NAMES = {"ours": "ours", "ansible": "Ansible", "bare": "bare pyinfra"}
 sys.path.insert(0, str(REPO))
 
 CPU_HOSTS = ["sbx-cpu1", "sbx-cpu2", "sbx-cpu3"]
@@ -147,6 +150,22 @@ def ansible_host_vars(record: dict[str, Any], files_dir: Path) -> dict[str, Any]
     instances = [{k: inst[k] for k in ("name", "unit", "port", "env_file", "served_model_name")}
                  for inst in record["instances"]]
     return {"vf_files": files, "vf_units": units, "vf_instances": instances}
+
+
+def bare_spec(record: dict[str, Any], files_dir: Path) -> dict[str, Any]:
+    """bench/bare_pyinfra.py's input for one host: its first instance's unit and env file (the files
+    deploy.py wrote there, rendered by vllm-fleet) and where /v1/models answers."""
+    inst = record["instances"][0]
+    picked = {}
+    for f in record["files"]:
+        kind = f["role"].removeprefix("instance-")
+        if f["unit_name"] == inst["unit"] and kind in ("unit", "env"):
+            picked[kind] = {"src": str(rendered_src(files_dir, record["host"], f["path"])), "path": f["path"],
+                            "owner": f["owner"], "group": f["group"], "mode": f["mode"]}
+    if set(picked) != {"unit", "env"}:
+        raise SystemExit(f"{record['host']}: no unit and env file rendered for instance {inst['name']}")
+    return {"unit_name": inst["unit"], "port": inst["port"], "served_model_name": inst["served_model_name"],
+            **picked}
 
 
 def ansible_inventory(hosts: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -356,7 +375,10 @@ def markdown_table(result: dict[str, Any]) -> str:
         rows.append(f"| SSH connections per host, no-op (counted by the relay) | "
                     f"{fmt_per_host(counts['ours_relay'], 'connections', hosts)} | "
                     f"{fmt_per_host(counts['ansible_relay'], 'connections', hosts)} | |")
-    return head + "\n".join(rows) + "\n"
+    bare = result.get("bare_pyinfra")
+    tail = (f"\n{BARE_LABEL}: ours {fmt_summary(bare['ours'])}, bare pyinfra {fmt_summary(bare['bare'])}: "
+            f"**{bare['ratio']:.2f}×** (target ≤ 2×)\n") if bare else ""
+    return head + "\n".join(rows) + "\n" + tail
 
 
 # --- the machine side ---------------------------------------------------------------------------
@@ -638,23 +660,25 @@ class Bench:
 
     def alternate(self, label: str, ours: Callable[[], float], theirs: Callable[[], float],
                   before: Callable[[], None] | None = None,
-                  check: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  check: Callable[[str], None] | None = None,
+                  names: tuple[str, str] = ("ours", "ansible")) -> dict[str, Any]:
         """A B A B ...: --runs of each; each run checked afterwards (`check`, by default against the
-        baseline: nothing changed)."""
-        times: dict[str, list[float]] = {"ours": [], "ansible": []}
+        baseline: nothing changed). `names`: the two tools' keys in the result (the second is the
+        reference the ratio divides by)."""
+        times: dict[str, list[float]] = {name: [] for name in names}
         for i in range(self.args.runs):
-            for tool, fn in (("ours", ours), ("ansible", theirs)):
+            for tool, fn in zip(names, (ours, theirs)):
                 if before:
                     before()
                 seconds = fn()
                 times[tool].append(seconds)
                 (check or self.check_state)(f"{label}, {tool} run {i + 1}")
-            self.log(f"  {label}: run {i + 1}/{self.args.runs}: ours {times['ours'][-1]:.2f} s, "
-                     f"Ansible {times['ansible'][-1]:.2f} s")
-        result = {"ours": summary(times["ours"]), "ansible": summary(times["ansible"])}
-        result["ratio"] = ratio(result["ours"], result["ansible"])
-        self.log(f"{label}: ours {fmt_summary(result['ours'])}, Ansible {fmt_summary(result['ansible'])}, "
-                 f"ours/Ansible {result['ratio']:.2f}")
+            self.log(f"  {label}: run {i + 1}/{self.args.runs}: "
+                     + ", ".join(f"{TOOL_NAMES[t]} {times[t][-1]:.2f} s" for t in names))
+        result = {tool: summary(times[tool]) for tool in names}
+        result["ratio"] = ratio(result[names[0]], result[names[1]])
+        self.log(f"{label}: " + ", ".join(f"{TOOL_NAMES[t]} {fmt_summary(result[t])}" for t in names)
+                 + f", {TOOL_NAMES[names[0]]}/{TOOL_NAMES[names[1]]} {result['ratio']:.2f}")
         return result
 
     def start_relay(self, rtt_ms: float) -> Relay:
@@ -813,6 +837,20 @@ def run_bench(b: Bench) -> dict[str, Any]:
     labels["noop"] = "no-op"
     result["scenarios"]["noop"] = b.alternate("no-op", ours(direct, "no-op (ours)"),
                                               theirs(ans_direct, "no-op (Ansible)"))
+
+    # The issue's other reference: a bare pyinfra deploy of one unit + env file + daemon-reload + curl
+    # (bench/bare_pyinfra.py) over the same hosts and files; its no-op against ours, A B A B.
+    bare_input = b.tmp / "bare.json"
+    bare_input.write_text(json.dumps({n: bare_spec(r, b.tmp / "files") for n, r in b.records.items()}))
+    bare_env = dict(b.env, VLLM_FLEET_BENCH_BARE=str(bare_input))
+
+    def bare(label: str) -> Callable[[], float]:
+        return lambda: b.run_pyinfra(direct, label, deploy=BARE_DEPLOY, env=bare_env)[0]
+
+    bare("bare pyinfra first run")()
+    b.check_state("bare pyinfra first run")  # the same files: a no-op from the start
+    result["bare_pyinfra"] = b.alternate(BARE_LABEL, ours(direct, "no-op (ours)"),
+                                         bare("no-op (bare pyinfra)"), names=("ours", "bare"))
 
     # Where our no-op's time goes: --runs more runs, the median of each phase.
     runs = [b.profile_pyinfra(direct, "no-op profile (ours)") for _ in range(args.runs)]

@@ -40,6 +40,14 @@ def host_data(gpus=None, instances=None, **settings) -> dict:
 PROVISIONED = ({"cc": True, "cxx": True, "python3.11-headers": True, "libnuma": True, "nginx": True}, "debian")
 
 
+def use_fake_host(monkeypatch, deploy, fake: "FakeHost") -> None:
+    """deploy.prepare() on `fake`: its `host`, and its root access check answered "root" (a FakeHost
+    has no pyinfra state to wrap a command with; the check itself runs through pyinfra's @fake
+    connector in tests/test_noop_commands.py)."""
+    monkeypatch.setattr(deploy, "host", fake)
+    monkeypatch.setattr(deploy, "access_problem", lambda: None)
+
+
 class FakeHost:
     """Stands in for pyinfra's `host` inside deploy.prepare(): data and facts from dicts; `asked`
     records (fact name, arguments) in the order prepare() asked. The OS packages are there unless

@@ -213,6 +213,37 @@ def test_markdown_table():
     assert not any("not run" in line for line in lines)
 
 
+def test_bare_spec_takes_the_first_instances_unit_and_env_file(tmp_path):
+    files = [{"path": "/etc/systemd/system/vllm-a.service", "role": "instance-unit", "unit_name": "vllm-a.service",
+              "owner": "root", "group": "root", "mode": "0644"},
+             {"path": "/etc/vllm-fleet/a.env", "role": "instance-env", "unit_name": "vllm-a.service",
+              "owner": "root", "group": "root", "mode": "0600"},
+             {"path": "/etc/vllm-fleet/a.yaml", "role": "instance-config", "unit_name": "vllm-a.service",
+              "owner": "root", "group": "vllm", "mode": "0640"},
+             {"path": "/etc/vllm-fleet/b.env", "role": "instance-env", "unit_name": "vllm-b.service",
+              "owner": "root", "group": "root", "mode": "0600"}]
+    record = {"host": "h1", "files": files,
+              "instances": [{"name": "a", "unit": "vllm-a.service", "port": 18000, "served_model_name": "tiny"},
+                            {"name": "b", "unit": "vllm-b.service", "port": 18001, "served_model_name": "t2"}]}
+    spec = cb.bare_spec(record, tmp_path)
+    assert spec["unit_name"] == "vllm-a.service" and spec["port"] == 18000 and spec["served_model_name"] == "tiny"
+    assert spec["unit"] == {"src": str(tmp_path / "h1/etc/systemd/system/vllm-a.service"),
+                            "path": "/etc/systemd/system/vllm-a.service", "owner": "root", "group": "root",
+                            "mode": "0644"}
+    assert spec["env"]["path"] == "/etc/vllm-fleet/a.env" and spec["env"]["mode"] == "0600"
+    record["files"] = files[:1]
+    with pytest.raises(SystemExit, match="h1: no unit and env file rendered for instance a"):
+        cb.bare_spec(record, tmp_path)
+
+
+def test_markdown_table_ends_with_the_bare_pyinfra_ratio():
+    s, t = cb.summary([3.0, 3.2, 3.4]), cb.summary([1.5, 1.6, 1.7])
+    result = {"host_names": ["a"], "runs": 3, "versions": {"pyinfra": "3.10.0", "ansible_core": "2.19.14"},
+              "scenario_labels": {}, "scenarios": {}, "bare_pyinfra": {"ours": s, "bare": t, "ratio": cb.ratio(s, t)}}
+    assert cb.markdown_table(result).splitlines()[-1] == (
+        f"{cb.BARE_LABEL}: ours 3.20 s (3.00–3.40), bare pyinfra 1.60 s (1.50–1.70): **2.00×** (target ≤ 2×)")
+
+
 def test_phase_split_follows_the_markers_in_order_and_skips_missing_ones():
     lines = [(0.8, "--> Loading config...\n"), (0.9, "--> Loading inventory...\n"),
              (1.0, "--> Connecting to hosts...\n"), (1.5, "--> Preparing operation files...\n"),
@@ -495,7 +526,9 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
             self.stopped = True
 
     def fake_pyinfra(self, inventory, label, debug=False, deploy=None, extra=(), env=None):
-        calls.append(f"ours:{label}")
+        calls.append(f"{'bare' if deploy == cb.BARE_DEPLOY else 'ours'}:{label}")
+        if deploy == cb.BARE_DEPLOY:  # its input: the first instance's rendered unit and env file
+            assert json.loads(Path(env["VLLM_FLEET_BENCH_BARE"]).read_text())[names[0]]["unit_name"] == "vllm-tiny.service"
         if relays and not relays[-1].stopped:
             relays[-1].count += 1
         text = ""
@@ -545,8 +578,10 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
         assert calls.pop(0) == f"standin:{tmp_path / 'wheelhouse'}"
     assert calls[:4] == first
     assert bench.env["VLLM_FLEET_WHEELHOUSE"] == str(tmp_path / ("si" if standin else "wheelhouse"))
-    noop = [c for c in calls if c.startswith(("ours:no-op", "ansible:no-op"))]
-    assert noop == ["ours:no-op (ours)", "ansible:no-op (Ansible)"] * 2  # A B A B
+    noop = [c for c in calls if c.startswith(("ours:no-op", "ansible:no-op", "bare:"))]
+    assert noop == (["ours:no-op (ours)", "ansible:no-op (Ansible)"] * 2  # A B A B
+                    + ["bare:bare pyinfra first run"] + ["ours:no-op (ours)", "bare:no-op (bare pyinfra)"] * 2)
+    assert result["bare_pyinfra"]["ratio"] == 1.0
     assert calls.count("drift") == 4  # before each run of the file-change scenario
     assert calls.count("profile") == 2 and result["noop_profile"]["phases"][0] == ("SSH connections", 0.25)
     scenarios = {"noop", "noop_relay_0ms", "noop_relay_50ms", "one_file_changed"}
@@ -572,5 +607,6 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     out = capsys.readouterr().out
     assert "| no-op through a relay, +50 ms RTT | 1.05 s (1.05–1.05) | 2.50 s (2.50–2.50) | 0.42 |" in out
     assert "API key in any captured output: no" in out
+    assert f"{cb.BARE_LABEL}: ours 1.00 s (1.00–1.00), bare pyinfra 1.00 s (1.00–1.00): **1.00×**" in out
     assert ("SIMULATED engine" in out) == standin
     json.dumps(result)  # --json can print it

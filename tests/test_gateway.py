@@ -595,3 +595,29 @@ def test_gateway_verification_waits_for_backends_only_after_the_router_started_o
     mode, probed = json.loads(sent[0])
     assert mode == "gateway" and probed["timeout_s"] == waits
     assert spec["timeout_s"] == 10  # the deploy's own spec is not modified
+
+
+def test_why_a_host_failed_reaches_rollout_per_run_not_through_host_data(monkeypatch):
+    """A failed gateway verification's text is kept for `vllm-fleet rollout`'s report keyed by the run
+    (pyinfra's State), never written into the inventory's host data (which the gateway host parses
+    as knobs when it plans the fleet)."""
+    from types import SimpleNamespace
+
+    from vllm_fleet import deploy
+    from pyinfra.api.exceptions import OperationError
+
+    class State:  # stands in for pyinfra's State: any object a weak reference can point to
+        pass
+
+    monkeypatch.setattr(deploy, "host_probe_command", lambda mode, spec: "probe")
+    monkeypatch.setattr(deploy.remote, "run", lambda host, command, **_kw: (
+        True, json.dumps({"ok": False, "error": "vllm-router is not running", "unit": "gw.service"}), ""))
+    monkeypatch.setattr(deploy, "parse_host_probe", json.loads)
+    run1, run2 = State(), State()
+    data = SimpleNamespace()
+    gw = SimpleNamespace(name="gw", print_prefix="gw: ", data=data, state=run1)
+    with pytest.raises(OperationError, match="host gw, gateway: verification failed: vllm-router is not running"):
+        deploy._verify_gateway(run1, gw, {"timeout_s": 10})
+    assert deploy.failure_reason(run1, "gw") == "host gw, gateway: verification failed: vllm-router is not running"
+    assert deploy.failure_reason(run2, "gw") is None and deploy.failure_reason(run1, "other") is None
+    assert vars(data) == {}

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance
+from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
 from vllm_fleet import catalog, deploy, gpu_support
 from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
-from vllm_fleet.deploy import DeployError, model_info_from_config
+from vllm_fleet.deploy import DeployError
+from vllm_fleet.discovery import model_info_from_config
 from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
 from vllm_fleet.plan import plan_host
 
@@ -139,7 +140,7 @@ def prepare_with(monkeypatch):
         fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi_lines),
                                "GpuTopology": {"available": False, "reason": "test"},
                                "ManagedUnits": [], "PathsPresent": {}})
-        monkeypatch.setattr(deploy, "host", fake)
+        use_fake_host(monkeypatch, deploy, fake)
         return deploy.prepare(), fake
 
     return run

@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance
+from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
 from vllm_fleet import deploy, gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.facts import GpuTopology, parse_gpu_csv, topology_command
@@ -341,7 +341,7 @@ def prepare_on(monkeypatch):
         del data["gpus"]  # planned from the live GPUs, as on a real host
         fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi), "GpuTopology": topology,
                                "ManagedUnits": list(managed)})
-        monkeypatch.setattr(deploy, "host", fake)
+        use_fake_host(monkeypatch, deploy, fake)
         return deploy.prepare(), fake
 
     return run

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from planning_fixtures import A100_40G, PROVISIONED, FakeHost, host_data, instance
+from planning_fixtures import A100_40G, PROVISIONED, FakeHost, host_data, instance, use_fake_host
 from pyinfra.context import ctx_host
 
 from vllm_fleet import deploy, host_packages
@@ -101,7 +101,7 @@ def prepare_on(monkeypatch):
         fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(_smi()), "HostRuntime": runtime,
                                "GpuTopology": {"available": False, "reason": "test"},
                                "ManagedUnits": [], "PathsPresent": {}})
-        monkeypatch.setattr(deploy, "host", fake)
+        use_fake_host(monkeypatch, deploy, fake)
         return deploy.prepare()
 
     return run

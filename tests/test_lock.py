@@ -40,7 +40,7 @@ def owner():
 def test_second_holder_is_refused_and_told_who_holds(tmp_path, owner):
     first, answer = hold(tmp_path, owner)
     try:
-        assert answer == "LOCKED"
+        assert answer == f"LOCKED uid={os.getuid()}"
         code, lines = try_hold(tmp_path, dict(owner, pid=1))
         assert code == 3 and lines[0] == "BUSY"
         holder = lock.parse_busy(lines)
@@ -50,13 +50,13 @@ def test_second_holder_is_refused_and_told_who_holds(tmp_path, owner):
         first.stdin.close()  # the channel closes: the holder's cat sees end of input
         assert wait_exit(first) == 0
     code, lines = try_hold(tmp_path, owner)
-    assert code == 0 and lines == ["LOCKED"]
+    assert code == 0 and lines == [f"LOCKED uid={os.getuid()}"]
     assert not (tmp_path / "deploy.owner").exists()  # removed by the holder that ended
 
 
 def test_a_killed_holder_releases_the_lock(tmp_path, owner):
     first, answer = hold(tmp_path, owner)
-    assert answer == "LOCKED"
+    assert answer == f"LOCKED uid={os.getuid()}"
     os.killpg(first.pid, signal.SIGKILL)  # what sshd's end of a killed deploy amounts to
     first.wait(timeout=5)
     deadline = time.time() + 5
@@ -65,12 +65,12 @@ def test_a_killed_holder_releases_the_lock(tmp_path, owner):
         if code == 0:
             break
         time.sleep(0.1)
-    assert (code, lines) == (0, ["LOCKED"])
+    assert (code, lines) == (0, [f"LOCKED uid={os.getuid()}"])
 
 
 def test_break_ends_a_live_holder_and_frees_the_lock(tmp_path, owner):
     first, answer = hold(tmp_path, owner)
-    assert answer == "LOCKED"
+    assert answer == f"LOCKED uid={os.getuid()}"
     recorded = (tmp_path / "deploy.owner").read_text().splitlines()
     assert json.loads(recorded[0]) == owner and int(recorded[1]) == os.getpgid(first.pid)
     out = subprocess.run(["sh", "-c", lock.break_command(str(tmp_path))], capture_output=True, text=True,

@@ -556,7 +556,7 @@ def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monk
 def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monkeypatch):
     """deploy.prepare() on a GPU host: the discovery batch before the plan, the managed state after
     it; every fact prepare() then reads was in one of them (a stand-in host answers each alone)."""
-    from planning_fixtures import A100_40G, FakeHost, host_data, instance
+    from planning_fixtures import A100_40G, FakeHost, host_data, instance, use_fake_host
 
     from vllm_fleet import deploy
     from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
@@ -576,7 +576,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
                            "GpuTopology": {"available": False, "reason": "test"}, "ManagedUnits": [],
                            "PathsPresent": {"/srv/tok": True},
                            "ModelConfig": {"config": TINY_CONFIG, "weights_bytes": 3000}})
-    monkeypatch.setattr(deploy, "host", fake)
+    use_fake_host(monkeypatch, deploy, fake)
     d = deploy.prepare()
     assert len(fake.batches) == 2
     discovery, managed = ({q.fact.__name__ for q in batch} for batch in fake.batches)
@@ -593,7 +593,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
 
 def test_deploy_docstring_counts_what_the_simulated_run_measures():
     text = (REPO / "deploy.py").read_text()
-    assert "A run that changes nothing costs 5 remote commands per host, 6 on the gateway host" in text
+    assert "A run that changes nothing costs 4 remote commands per host, 5 on the gateway host" in text
 
 
 def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
@@ -631,7 +631,7 @@ def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed
 # --- what the memo relies on: one step per path, and the lock before the first read ---------------
 
 def _prepare(monkeypatch, **data_overrides):
-    from planning_fixtures import FakeHost, host_data, instance
+    from planning_fixtures import FakeHost, host_data, instance, use_fake_host
 
     from vllm_fleet import deploy
 
@@ -641,7 +641,7 @@ def _prepare(monkeypatch, **data_overrides):
         instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=MODEL_INFO)]),
         vllm_target="cpu", **data_overrides)
     fake = FakeHost(data, {"ManagedUnits": [], "HubModelCached": False})
-    monkeypatch.setattr(deploy, "host", fake)
+    use_fake_host(monkeypatch, deploy, fake)
     return deploy, fake
 
 
@@ -671,11 +671,14 @@ def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):
 def test_the_deploy_lock_is_held_before_the_first_fact_is_read(monkeypatch):
     deploy, fake = _prepare(monkeypatch)
     order = []
+    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
     monkeypatch.setattr(deploy.host_lock, "acquire", lambda host: order.append("lock") or "deploy lock taken")
+    monkeypatch.setattr(deploy, "access_problem", lambda: order.append("access check"))
     real_get_fact = fake.get_fact
     monkeypatch.setattr(fake, "get_fact", lambda cls, **kw: order.append(cls.__name__) or real_get_fact(cls, **kw))
     deploy.prepare()
-    assert order[0] == "lock" and order.count("lock") == 1, order
+    # The lock's own command is the root check: no separate `id -u` round trip when it succeeds.
+    assert order[0] == "lock" and order.count("lock") == 1 and "access check" not in order, order
 
 
 def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
@@ -685,11 +688,42 @@ def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
     def busy(host):
         raise deploy.host_lock.LockBusy("host box is being deployed by someone@else; this deploy changed nothing on it")
 
+    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
     monkeypatch.setattr(deploy.host_lock, "acquire", busy)
     monkeypatch.setattr(deploy, "refuse_host", refused.append)
     assert deploy.prepare() is None
     assert refused == ["host box is being deployed by someone@else; this deploy changed nothing on it"]
     assert fake.batches == [] and fake.asked == []
+
+
+@pytest.mark.parametrize("diagnosis", ["host box: deploy cannot run commands as root through sudo (...)", None])
+def test_a_lock_that_could_not_be_taken_is_diagnosed_by_the_access_check(monkeypatch, diagnosis):
+    """sudo refused the lock's command (or it ran as another user): the host is asked why, once, and
+    refused with that answer (or the lock's own words when the access check finds nothing wrong)."""
+    deploy, fake = _prepare(monkeypatch)
+    refused, checks = [], []
+
+    def failed(host):
+        raise deploy.host_lock.LockFailed("host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
+                                          "sudo: a password is required")
+
+    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(deploy.host_lock, "acquire", failed)
+    monkeypatch.setattr(deploy, "access_problem", lambda: checks.append(1) or diagnosis)
+    monkeypatch.setattr(deploy, "refuse_host", refused.append)
+    assert deploy.prepare() is None
+    assert checks == [1] and fake.batches == [] and fake.asked == []
+    assert refused == [diagnosis or "host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
+                                    "sudo: a password is required; nothing was changed on this host"]
+
+
+def test_without_an_ssh_session_the_access_check_runs_alone(monkeypatch):
+    deploy, fake = _prepare(monkeypatch)
+    refused = []
+    monkeypatch.setattr(deploy, "access_problem", lambda: "host box: commands run as uid 1000 (deploy), not root")
+    monkeypatch.setattr(deploy, "refuse_host", refused.append)
+    assert deploy.prepare() is None
+    assert refused == ["host box: commands run as uid 1000 (deploy), not root"] and fake.batches == []
 
 
 def test_a_process_start_that_cannot_be_read_is_unknown_not_stale():

@@ -1,6 +1,7 @@
 """`vllm-fleet status` without hosts: host_status driven through a stub connection whose remote.run
-answers the simulated nvidia-smi's CSV and runs the status probe (host_probe.status) in-process
-against recorded-shape systemctl/journal answers. Covers: a host that declares no `gpus` is planned
+runs the deploy's discovery batch in a real local shell (the simulated nvidia-smi first on PATH: no
+vLLM environment there, so NVML's topology is unavailable) and the status probe (host_probe.status)
+in-process against recorded-shape systemctl/journal answers. Covers: a host that declares no `gpus` is planned
 with its live GPUs (issue 11: it was reported as "not in the plan"); a failed unit shows systemd's
 Result, its restarts, the journal's reason and a diagnosis, in the table and the JSON; the front unit."""
 
@@ -10,12 +11,13 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_4090D, host_data
+from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
 from vllm_fleet import host_probe, remote, status
 from vllm_fleet.config import parse_host
 from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
@@ -49,6 +51,27 @@ def simulated_csv(tmp_path, layout) -> str:
     return out.stdout
 
 
+def simulated_smi_on_path(tmp_path, layout) -> "Path":
+    """A bin/ directory whose nvidia-smi is the sandbox's simulated one answering `layout`."""
+    (tmp_path / "gpus.json").write_text(json.dumps(layout))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nVLLM_FLEET_SIM_GPUS={shlex.quote(str(tmp_path / 'gpus.json'))} "
+                   f"exec {shlex.quote(sys.executable)} {shlex.quote(nvidia_smi.__file__)} \"$@\"\n")
+    smi.chmod(0o755)
+    return bin_dir
+
+
+def local_shell(command: str, bin_dir=None) -> tuple[bool, str, str]:
+    """remote.run's answer for `command` run by this machine's /bin/sh (bin_dir first on PATH)."""
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_FLEET_SIM_DRIVER"}
+    if bin_dir is not None:
+        env["PATH"] = f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}"
+    out = subprocess.run(["/bin/sh", "-c", command], capture_output=True, text=True, env=env, timeout=60)
+    return out.returncode == 0, out.stdout, out.stderr
+
+
 class StubHost:
     name = "box"
 
@@ -56,7 +79,11 @@ class StubHost:
 @pytest.fixture
 def undeclared(tmp_path, monkeypatch):
     """A CUDA host without declared `gpus`; its probe sees gemma failed after its start limit."""
-    data = host_data(placement="single-instance", vllm_config_dir=str(tmp_path / "etc"))
+    gguf = tmp_path / "models" / "gemma-3-12b-it-q4_0.gguf"  # the GGUF file is on the "host" (here)
+    gguf.parent.mkdir()
+    gguf.write_bytes(b"GGUF")
+    data = host_data(instances=[instance(model=str(gguf))], placement="single-instance",
+                     vllm_config_dir=str(tmp_path / "etc"))
     del data["gpus"]
     config = parse_host("box", data)
     layout = [dict(g, compute_capability=c) for g, c in ((RTX_4090D, 8.9), (A100_40G, 8.0), (A100_40G, 8.0))]
@@ -78,15 +105,15 @@ def undeclared(tmp_path, monkeypatch):
     monkeypatch.setattr(host_probe, "sha256_of", lambda path: hashlib.sha256(rendered[path].encode()).hexdigest()
                         if path in rendered else None)
     commands = []
+    bin_dir = simulated_smi_on_path(tmp_path, layout)
 
     def run(host, command, timeout=None):
         commands.append(command)
-        if command.startswith("nvidia-smi "):
-            return True, csv, ""
-        words = shlex.split(command)
-        if words[:2] == ["python3", "-c"] and words[3] == "status":  # the status probe, run here
-            return True, RESULT_PREFIX + json.dumps(host_probe.status(json.loads(words[4]))) + "\n", ""
-        return True, "", ""  # the NVML topology probe: no vLLM environment -> unavailable
+        if command.startswith("python3 -c "):
+            words = shlex.split(command)
+            if words[3] == "status":  # the status probe, run here
+                return True, RESULT_PREFIX + json.dumps(host_probe.status(json.loads(words[4]))) + "\n", ""
+        return local_shell(command, bin_dir)
 
     monkeypatch.setattr(remote, "run", run)
     return config, commands
@@ -98,9 +125,10 @@ def test_undeclared_gpus_are_read_live_and_planned_like_the_deploy(undeclared):
     _planned, _front, error = status.planned_files(config)  # the declared inventory alone
     assert error and "no GPUs known" in error
     report = status.host_status("box", StubHost(), config)
-    assert any(c.startswith(f"nvidia-smi --query-gpu={GPU_QUERY}") for c in commands)
-    assert report["gpus_planned_from"] == "live (nvidia-smi)"
-    assert report["plan_error"] is None
+    # Two commands: the deploy's discovery batch (nvidia-smi's query among its facts), the probe.
+    assert len(commands) == 2 and f"nvidia-smi --query-gpu={GPU_QUERY}" in commands[0]
+    assert report["plan_error"] is None and report["gpus_planned_from"] == "live (nvidia-smi)"
+    assert report["gpu_topology"].startswith("unavailable ("), report["gpu_topology"]  # no vLLM env: no NVML
     inst = report["instances"]["gemma"]
     assert inst["drift"] == []  # not "not in the plan (would be removed by the next deploy)"
 
@@ -138,12 +166,26 @@ def test_status_exit_code_and_json_through_main(undeclared, monkeypatch, capsys)
     assert host["front"]["active"] is True
 
 
-def test_without_nvidia_smi_status_falls_back_to_declared_gpus_and_says_so(monkeypatch):
-    config = parse_host("box", host_data(placement="single-instance"))
+def test_without_nvidia_smi_status_plans_the_declared_gpus_and_says_the_deploy_would_refuse(monkeypatch, tmp_path):
+    config = parse_host("box", host_data(placement="single-instance", vllm_config_dir=str(tmp_path / "etc")))
+    empty = tmp_path / "empty-bin"  # no nvidia-smi: PATH holds only the shell's own tools
+    empty.mkdir()
+    for tool in ("sh", "grep", "cat", "test", "python3"):
+        found = shutil.which(tool)
+        if found:
+            os.symlink(found, empty / tool)
     monkeypatch.setattr(remote, "run", lambda host, command, timeout=None: (
-        False, "", "bash: nvidia-smi: command not found"))
-    live, source = status.live_gpus(StubHost(), config)
-    assert live is None and source == "declared (nvidia-smi did not answer: bash: nvidia-smi: command not found)"
+        (True, RESULT_PREFIX + json.dumps({"instances": {}, "front": None}) + "\n", "")
+        if command.startswith("python3 -c ") else local_shell(command.replace("command -v", "PATH=" + str(empty) + " command -v"))))
+    found, source, refusal, _topology = status.discover_host(StubHost(), config)
+    assert found.live is None and found.config is config  # planned from the declared data
+    assert source == "declared (see the plan error)"
+    assert "nvidia-smi is missing: no NVIDIA driver on this host" in refusal
+    assert "(the deploy would refuse this host as it is)" in refusal
+    report = status.host_status("box", StubHost(), config)
+    assert "nvidia-smi is missing" in report["plan_error"]
+    assert report["instances"]  # the declared plan's instances, reported as not deployed
+    assert all(e["drift"] == ["planned, not deployed"] for e in report["instances"].values())
 
 
 def test_host_probe_reports_a_unit_waiting_to_restart(monkeypatch):
@@ -203,3 +245,22 @@ def test_a_unit_stuck_activating_is_not_verified(monkeypatch):
     monkeypatch.setattr(probe.time, "time", lambda: next(clock))
     res = probe.verify_one(SPEC)
     assert not res["ok"] and "has not finished starting" in res["error"], res
+
+
+def test_remote_facts_read_the_deploys_batch_and_name_a_fact_that_failed(monkeypatch, tmp_path):
+    """facts.RemoteFacts (status's reader): one command for a prefetched batch, answers as the deploy's
+    facts give them; a fact whose command fails alone is an error naming the host and the fact."""
+    from vllm_fleet import facts
+
+    (tmp_path / "there").mkdir()
+    sent = []
+    monkeypatch.setattr(remote, "run", lambda host, command, timeout=None: sent.append(command) or local_shell(command))
+    on = facts.RemoteFacts(StubHost())
+    paths = (str(tmp_path / "there"), str(tmp_path / "absent"))
+    facts.prefetch(on, [facts.query(facts.PathsPresent, paths=paths), facts.query(facts.ManagedUnits)])
+    assert len(sent) == 1
+    assert facts.get(on, facts.PathsPresent, paths=paths) == {paths[0]: True, paths[1]: False}
+    assert len(sent) == 1  # answered from the batch
+    monkeypatch.setattr(remote, "run", lambda host, command, timeout=None: (False, "", "sudo: a password is required"))
+    with pytest.raises(facts.FactUnreadable, match="host box: could not read LinkTarget: "):
+        facts.get(facts.RemoteFacts(StubHost()), facts.LinkTarget, path="/nowhere")

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from vllm_fleet.deploy import model_info_from_config
+from vllm_fleet.discovery import model_info_from_config
 from vllm_fleet.facts import parse_gpu_csv
 from vllm_fleet.rollout import parse_batch
 from vllm_fleet.verify import InstanceCheck, diagnose, parse_probe_output, probe_command

