@@ -128,7 +128,7 @@ def load_fleet(cpu_hosts: list[str]) -> Fleet:
         url = urlsplit(b.url)
         fronts[b.host] = (url.hostname, url.port)
     paths = gateway_paths(gateway)
-    return Fleet(gateway_host=gateway.name, gateway=(fronts[gateway.name][0], gateway["vllm_gateway_port"]),
+    return Fleet(gateway_host=gateway.name, gateway=(fronts[gateway.name][0], gateway.settings.vllm_gateway_port),
                  router=router_url(gateway), unit=GATEWAY_UNIT, workers_file=paths["workers"],
                  register_script=paths["register"], model=models[0], backends=fronts)
 

@@ -101,7 +101,7 @@ def test_environment_source_knobs_accept_good_values():
         vllm_index_url="http://10.213.7.13:8099/simple", vllm_extra_index_urls=["https://download.pytorch.org/whl/cpu"],
         vllm_env_manager="conda", vllm_conda_exe="/opt/conda/bin/conda",
         vllm_miniforge_installer="~/Downloads/Miniforge3-Linux-x86_64.sh"))
-    assert host["vllm_env_manager"] == "conda" and host["vllm_index_url"].startswith("http://")
+    assert host.settings.vllm_env_manager == "conda" and host.settings.vllm_index_url.startswith("http://")
     defaults = parse_host("box", host_data())
-    assert (defaults["vllm_index_url"], defaults["vllm_extra_index_urls"], defaults["vllm_env_manager"],
-            defaults["vllm_conda_exe"], defaults["vllm_miniforge_installer"]) == (None, [], "uv", None, None)
+    assert (defaults.settings.vllm_index_url, defaults.settings.vllm_extra_index_urls, defaults.settings.vllm_env_manager,
+            defaults.settings.vllm_conda_exe, defaults.settings.vllm_miniforge_installer) == (None, [], "uv", None, None)

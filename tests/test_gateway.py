@@ -73,11 +73,11 @@ def test_backends_are_every_planned_instance_of_every_host():
 def test_advertise_address_explicit_then_bind_then_ssh_hostname_then_name():
     base = {"vllm_target": "cpu", "vllm_instances": [cpu_instance("a", "alpha")]}
     assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9", "vllm_advertise_address": "gw.lan"}
-                      )["vllm_advertise_address"] == "gw.lan"
+                      ).settings.vllm_advertise_address == "gw.lan"
     assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9", "vllm_bind_host": "192.168.1.5"}
-                      )["vllm_advertise_address"] == "192.168.1.5"
-    assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9"})["vllm_advertise_address"] == "10.0.0.9"
-    assert parse_host("node7", base)["vllm_advertise_address"] == "node7"
+                      ).settings.vllm_advertise_address == "192.168.1.5"
+    assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9"}).settings.vllm_advertise_address == "10.0.0.9"
+    assert parse_host("node7", base).settings.vllm_advertise_address == "node7"
     # IPv6 goes into URLs in brackets.
     hosts = [parse_host("h", {**base, "vllm_advertise_address": "fd00::7"})]
     assert fleet_backends(hosts, plan_fleet(hosts))[0].url == "http://[fd00::7]:8000"

@@ -373,13 +373,13 @@ class SimulatedHost:
         if name == "HubModelCached":
             return ["complete"]
         if name == "ServiceAccount":
-            return [f"passwd {kw['user']}:x:999:999::{c['vllm_state_dir']}:/usr/sbin/nologin",
+            return [f"passwd {kw['user']}:x:999:999::{c.settings.vllm_state_dir}:/usr/sbin/nologin",
                     f"primary {kw['group']}", f"group {kw['group']}:x:999:"]
         if name == "DirectoryState":
-            user = c["vllm_service_user"]
-            if kw["path"] == c["vllm_config_dir"]:
+            user = c.settings.vllm_service_user
+            if kw["path"] == c.settings.vllm_config_dir:
                 return [f"dir 750 root {user}"]
-            return [f"dir {751 if kw['path'] == c['vllm_state_dir'] else 750} {user} {user}"]
+            return [f"dir {751 if kw['path'] == c.settings.vllm_state_dir else 750} {user} {user}"]
         if name == "FileState":
             if kw["path"] in self.leftovers:
                 return [f"file 644 root root {_sha('old')}"]

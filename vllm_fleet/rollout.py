@@ -95,9 +95,9 @@ def parse_batch(text: str, total: int) -> int:
 
 def _snapshot_command(config) -> str:
     """Copy the managed files and the `current` link target aside, root-only, on the host."""
-    snap = shlex.quote(f"{config['vllm_root']}/rollback")
-    conf = shlex.quote(config["vllm_config_dir"])
-    cur = shlex.quote(current_link(config["vllm_root"]))
+    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
+    conf = shlex.quote(config.settings.vllm_config_dir)
+    cur = shlex.quote(current_link(config.settings.vllm_root))
     # `cd /`: coreutils 9.1's `cp -a --parents` fails on absolute sources from any other cwd.
     return (f"set -e; cd /; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
             f"for f in $({MANAGED_UNIT_FILES}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/front.conf {conf}/manifest.json 2>/dev/null); "
@@ -109,9 +109,9 @@ def _snapshot_command(config) -> str:
 
 def _restore_command(config) -> str:
     """Put the snapshot back: files, `current`, units; stop instances the snapshot did not have."""
-    snap = shlex.quote(f"{config['vllm_root']}/rollback")
-    conf = shlex.quote(config["vllm_config_dir"])
-    envs = shlex.quote(str(Path(current_link(config["vllm_root"])).parent))
+    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
+    conf = shlex.quote(config.settings.vllm_config_dir)
+    envs = shlex.quote(str(Path(current_link(config.settings.vllm_root)).parent))
     return (f"set -e; test -d {snap}; "
             f"for u in $({MANAGED_UNIT_FILES} | xargs -r -n1 basename); do "
             f"grep -qx \"$u\" {snap}/units || systemctl disable --now \"$u\" || true; done; "
@@ -131,7 +131,7 @@ def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceChec
                           front_address=front_probe_address((manifest.get("front") or {}).get("bind", "0.0.0.0")),
                           served_model_name=info["served_model_name"],
                           max_model_len=info.get("max_model_len") or None,
-                          env_file=f"{config['vllm_config_dir']}/{name}.env",
+                          env_file=f"{config.settings.vllm_config_dir}/{name}.env",
                           timeout_s=int(info.get("start_timeout_s", 600)))
             for name, info in manifest.get("instances", {}).items()]
 
@@ -296,7 +296,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     for n in batch:
         res = results[n]
         if n not in failed:
-            ok, out, _err = run(active[n], f"cat {configs[n]['vllm_config_dir']}/manifest.json")
+            ok, out, _err = run(active[n], f"cat {configs[n].settings.vllm_config_dir}/manifest.json")
             res.after = json.loads(out or "{}") if ok else {}
             changes = changed_operations(state, active[n])
             res.state, res.finished = ("updated" if changes else "unchanged"), time.time()

@@ -58,13 +58,13 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     try:
         facts.prefetch(on, discovery_queries(config))
         found, errors = discover(on, config)
-        if config["vllm_target"] == "cuda":  # answered by the batch above: no command of its own
+        if config.settings.vllm_target == "cuda":  # answered by the batch above: no command of its own
             topology = facts.get(on, GpuTopology, python=env_python(config))
     except facts.FactUnreadable as exc:
         found, errors = Discovered(config, None, None, None), [ConfigError(str(exc), host=config.name)]
     if errors:
         refusal = "; ".join(e.located() for e in errors) + " (the deploy would refuse this host as it is)"
-        source = "none (CPU host)" if config["vllm_target"] != "cuda" else "declared (see the plan error)"
+        source = "none (CPU host)" if config.settings.vllm_target != "cuda" else "declared (see the plan error)"
         return Discovered(config, None, None, None), source, refusal, topology
     return found, "live (nvidia-smi)" if found.live else "none (CPU host)", None, topology
 
@@ -79,13 +79,13 @@ def planned_files(config, live=None, interconnect=None
     except ConfigErrors as exc:
         return {}, None, "; ".join(e.located() for e in exc.errors)
     # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
-    rendered = {f.path: f for f in render_host(config, plan, backends=[] if config["vllm_gateway"] else None)}
+    rendered = {f.path: f for f in render_host(config, plan, backends=[] if config.settings.vllm_gateway else None)}
     out = {}
     for inst in plan.instances:
         paths = instance_paths(config, inst.name)
         out[inst.name] = {kind: hashlib.sha256(rendered[paths[kind]].content.encode()).hexdigest()
                           for kind in DRIFT_KINDS}
-    front = {"unit": FRONT_UNIT, "bind": config["vllm_bind_host"]} if plan.instances else None
+    front = {"unit": FRONT_UNIT, "bind": config.settings.vllm_bind_host} if plan.instances else None
     return out, front, None
 
 
@@ -104,8 +104,8 @@ def host_status(name: str, host, config) -> dict[str, Any]:
     found, gpu_source, refusal, topology = discover_host(host, config)
     planned, front, plan_error = planned_files(found.config, found.live, found.interconnect)
     plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
-    payload = {"manifest": f"{config['vllm_config_dir']}/manifest.json",
-               "config_dir": config["vllm_config_dir"], "front": front,
+    payload = {"manifest": f"{config.settings.vllm_config_dir}/manifest.json",
+               "config_dir": config.settings.vllm_config_dir, "front": front,
                "instances": {n: {"paths": {k: v for k, v in instance_paths(config, n).items()
                                            if k in DRIFT_KINDS}} for n in planned}}
     # With the host's _sudo/_su_user/... applied, like every command of ours.
@@ -140,7 +140,7 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
     with connected(inventory, [name for name, _d, _g in hosts]) as (_state, active):
         report = [host_status(name, active[name], configs[name]) for name, _d, _g in hosts]
         gateways = [gateway_status(name, active[name], configs[name]) for name, _d, _g in hosts
-                    if configs[name]["vllm_gateway"] is True]
+                    if configs[name].settings.vllm_gateway is True]
     return report, gateways
 
 
@@ -150,7 +150,7 @@ def gateway_status(name: str, host, config) -> dict[str, Any]:
     if host is None:
         return {"host": name, "url": gateway.gateway_url(config), "error": "unreachable over SSH",
                 "backends": []}
-    payload = {"manifest": f"{config['vllm_config_dir']}/manifest.json"}
+    payload = {"manifest": f"{config.settings.vllm_config_dir}/manifest.json"}
     _ok, out, err = remote.run(host, host_probe_command("gateway-status", payload), timeout=60)
     probe = parse_host_probe(out)
     if probe is None:

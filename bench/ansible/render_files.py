@@ -33,7 +33,7 @@ if d is not None:
         roles[path] = {"role": f"front-{kind}", "unit_name": FRONT_UNIT}
     for kind, path in gateway.gateway_paths(c).items():
         roles[path] = {"role": f"gateway-{kind}", "unit_name": gateway.GATEWAY_UNIT}
-    manifest = f"{c['vllm_config_dir']}/manifest.json"
+    manifest = f"{c.settings.vllm_config_dir}/manifest.json"
     roles[manifest] = {"role": "manifest", "unit_name": None}
     files = [{"path": f.path, "content": f.content, "mode": f.mode, "secret": f.secret,
               # the deploy does not check the manifest's owner: neither does the playbook
