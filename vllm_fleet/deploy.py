@@ -44,7 +44,7 @@ from vllm_fleet.facts import (DirectoryState, FileState, HostRuntime, HubModelCa
 from vllm_fleet.operations import (environment_queries, managed_directory, managed_file, secret_file,
                                    service_account, systemd_service, vllm_environment)
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet, plan_host
-from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
+from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths, manifest_path,
                                front_probe_address,
                                instance_paths, render_host, start_timeout_s)
 from vllm_fleet.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
@@ -585,7 +585,7 @@ def service_files(d: Deployment) -> None:
                                                content=key.content, upload_dir=upload_dir(c),
                                                group=key.group, mode=key.mode)
         d.changed.setdefault("units", []).append(d.changed["gateway_unit"])
-    manifest = d.files[f"{c.settings.vllm_config_dir}/manifest.json"]
+    manifest = d.files[manifest_path(c)]
     _put("Deploy manifest", manifest, user=None, group=None)  # its owner is not checked
     for unit, why, paths in removed_units(d):
         systemd_service(name=why, unit=unit, running=False, enabled=False)

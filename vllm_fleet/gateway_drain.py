@@ -20,6 +20,7 @@ from urllib.parse import urlsplit
 
 from vllm_fleet import gateway, remote
 from vllm_fleet.config import HostConfig
+from vllm_fleet.render import manifest_path
 from vllm_fleet.verify import host_probe_command, parse_host_probe, printed_result
 
 
@@ -43,7 +44,7 @@ def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any
           configs: dict[str, HostConfig], log: Callable[[str], None], done: Drained) -> Drained:
     """Take the batch's backends out of the gateway and wait for their requests in flight. `done`
     records each worker before it is taken out, so the caller puts it back even if this fails."""
-    status = _probe(gw_host, "gateway-status", {"manifest": f"{gw_config.settings.vllm_config_dir}/manifest.json"})
+    status = _probe(gw_host, "gateway-status", {"manifest": manifest_path(gw_config)})
     if not status or status.get("error"):
         log(f"gateway on {gw_config.name}: not drained ({(status or {}).get('error', 'not deployed yet')})")
         return done

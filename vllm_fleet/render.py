@@ -146,6 +146,11 @@ def unit_lifecycle(plan: InstancePlan) -> dict[str, int]:
             "start_limit_interval_s": START_LIMIT_BURST * cycle + 60}
 
 
+def manifest_path(config) -> str:
+    """The deploy manifest on the host (what was deployed: environment, instances, hashes)."""
+    return f"{config.settings.vllm_config_dir}/manifest.json"
+
+
 def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
     config_dir = host.settings.vllm_config_dir
     return {
@@ -377,7 +382,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         files.extend(gateway)
         manifest["gateway"] = {**gw.gateway_manifest(host, backends),
                                "config_hash": config_hash(gateway, prefix, fingerprint)}
-    files.append(RenderedFile(f"{host.settings.vllm_config_dir}/manifest.json",
+    files.append(RenderedFile(manifest_path(host),
                               json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
     return files
 

@@ -30,7 +30,7 @@ from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_h
 from vllm_fleet.gateway import find_gateway
 from vllm_fleet.envbuild import current_link
 from vllm_fleet.facts import MANAGED_UNIT_FILES
-from vllm_fleet.render import front_probe_address
+from vllm_fleet.render import front_probe_address, instance_paths, manifest_path
 from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,7 +131,7 @@ def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceChec
                           front_address=front_probe_address((manifest.get("front") or {}).get("bind", "0.0.0.0")),
                           served_model_name=info["served_model_name"],
                           max_model_len=info.get("max_model_len") or None,
-                          env_file=f"{config.settings.vllm_config_dir}/{name}.env",
+                          env_file=instance_paths(config, name)["env"],
                           timeout_s=int(info.get("start_timeout_s", 600)))
             for name, info in manifest.get("instances", {}).items()]
 
@@ -296,7 +296,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     for n in batch:
         res = results[n]
         if n not in failed:
-            ok, out, _err = run(active[n], f"cat {configs[n].settings.vllm_config_dir}/manifest.json")
+            ok, out, _err = run(active[n], f"cat {shlex.quote(manifest_path(configs[n]))}")
             res.after = json.loads(out or "{}") if ok else {}
             changes = changed_operations(state, active[n])
             res.state, res.finished = ("updated" if changes else "unchanged"), time.time()

@@ -23,7 +23,7 @@ from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_h
 from vllm_fleet.discovery import Discovered, discover, discovery_queries, env_python
 from vllm_fleet.facts import GpuTopology
 from vllm_fleet.plan import plan_host
-from vllm_fleet.render import FRONT_UNIT, instance_paths, render_host
+from vllm_fleet.render import FRONT_UNIT, instance_paths, manifest_path, render_host
 from vllm_fleet.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
@@ -104,7 +104,7 @@ def host_status(name: str, host, config) -> dict[str, Any]:
     found, gpu_source, refusal, topology = discover_host(host, config)
     planned, front, plan_error = planned_files(found.config, found.live, found.interconnect)
     plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
-    payload = {"manifest": f"{config.settings.vllm_config_dir}/manifest.json",
+    payload = {"manifest": manifest_path(config),
                "config_dir": config.settings.vllm_config_dir, "front": front,
                "instances": {n: {"paths": {k: v for k, v in instance_paths(config, n).items()
                                            if k in DRIFT_KINDS}} for n in planned}}
@@ -150,7 +150,7 @@ def gateway_status(name: str, host, config) -> dict[str, Any]:
     if host is None:
         return {"host": name, "url": gateway.gateway_url(config), "error": "unreachable over SSH",
                 "backends": []}
-    payload = {"manifest": f"{config.settings.vllm_config_dir}/manifest.json"}
+    payload = {"manifest": manifest_path(config)}
     _ok, out, err = remote.run(host, host_probe_command("gateway-status", payload), timeout=60)
     probe = parse_host_probe(out)
     if probe is None:
