@@ -44,9 +44,9 @@ from vllm_fleet.facts import (DirectoryState, FileState, HostRuntime, HubModelCa
 from vllm_fleet.operations import (environment_queries, managed_directory, managed_file, secret_file,
                                    service_account, systemd_service, vllm_environment)
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet, plan_host
-from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths, manifest_path,
-                               front_probe_address,
-                               instance_paths, render_host, start_timeout_s)
+from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
+                               front_probe_address, instance_paths, manifest_path, render_host,
+                               start_timeout_s)
 from vllm_fleet.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                parse_probe_output, probe_command)
 
