@@ -89,7 +89,7 @@ ANSIBLE_SETTINGS = {"pipelining": True, "ssh_args": "-C -o ControlMaster=auto -o
                     "forks": 10, "gathering": "explicit (no facts)", "interpreter_python": "/usr/bin/python3",
                     "control_masters": "closed after every run: each run starts without a connection"}
 NOTES = [
-    "deploy.py's no-op does more than the playbook: the sudo check, the deploy lock, facts (GPUs, model, "
+    "deploy.py's no-op does more than the playbook: the deploy lock (whose command is also the root check), facts (GPUs, model, "
     "environment, OS packages, units) and the plan, the model sync check, and a verification with a real "
     "1-token completion, through the front too, and of the gateway; the playbook manages the same files "
     "and units and checks /v1/models.",
@@ -239,7 +239,7 @@ PHASE_MARKERS = (
     ("interpreter start-up and imports", None),
     ("config and inventory", "--> Loading config"),
     ("SSH connections", "--> Connecting to hosts"),
-    ("deploy.py's prepare: sudo check, lock, fact batches, plan, render", "--> Preparing operation files"),
+    ("deploy.py's prepare: the lock (with the root check), fact batches, plan, render", "--> Preparing operation files"),
     ("operations before verification", "--> Beginning operation run"),
     ("verification of the instances (a 1-token completion each)", "Starting operation: Verify instances"),
     ("verification of the gateway", "Starting operation: Verify the gateway"),

@@ -24,7 +24,6 @@ _REAL_SHA256 = ms.sha256_file
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
-    ms._NOOP_SEEN.clear()
     ms._HOST_HASHES.clear()
 
 

@@ -405,9 +405,11 @@ class SimulatedHost:
         raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")
 
 
-def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost]) -> tuple[dict, dict, object]:
+def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
+                check_for_changes: bool = True) -> tuple[dict, dict, object]:
     """deploy.py through pyinfra's API (prepare, then execute, as its CLI does) on @fake hosts:
-    ({host: [commands]}, {host: [uploaded paths]}, state)."""
+    ({host: [commands]}, {host: [uploaded paths]}, state). check_for_changes=False is `pyinfra -y`:
+    the operations' bodies run only when executing."""
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all
     from pyinfra.api.operations import run_ops
@@ -482,7 +484,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost]) -> tupl
     monkeypatch.setattr(FakeConnector, "_lookup_response", respond)
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
     monkeypatch.chdir(REPO)
-    state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config())
+    state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config(), check_for_changes=check_for_changes)
     with ctx_state.use(state):
         connect_all(state)
         state.set_stage(StateStage.Prepare)
@@ -518,11 +520,14 @@ def model_dir(tmp_path):
     return src
 
 
-def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatch, model_dir):
+@pytest.mark.parametrize("check_for_changes", [True, False], ids=["pyinfra", "pyinfra -y"])
+def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatch, model_dir, check_for_changes):
+    """With and without pyinfra's planning pass (`-y` runs each operation's body only to execute
+    it): the model sync read its state again there, one command more per host, on the CLI only."""
     from vllm_fleet.rollout import changed_operations
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
-    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds)
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
     # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none).
     assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
     assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]

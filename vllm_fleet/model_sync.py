@@ -619,17 +619,8 @@ def sync_commands(local: LocalManifest, plan: SyncPlan, dest: str, mode: str, di
 
 # --- The operation ----------------------------------------------------------------------------------
 
-# A no-op found while pyinfra prepares the run is reused when it executes (pyinfra runs an operation
-# body twice: once to see whether it changes anything, once to run it), so a no-op run costs exactly
-# one remote command (none of its own in a deploy, which reads the state in its batch:
-# state_query, facts.prefetch). Only a no-op is reused; anything else is looked at again at execution.
-_NOOP_SEEN: dict[tuple, dict] = {}
 # Host-side hashes by (host, dest, rel, size, mtime): asked once per run, not again at execution.
 _HOST_HASHES: dict[tuple, str] = {}
-
-
-def _state_of(h) -> Any:
-    return getattr(h, "state", None)
 
 
 @operation()
@@ -654,15 +645,11 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
     dest = dest.rstrip("/") or "/"
     prefix = host.print_prefix
     local = local_manifest(src, log=lambda line: logger.info(f"{prefix}model sync {src}: {line}"))
-    pstate = _state_of(host)
-    executing = bool(getattr(pstate, "is_executing", False))
-    key = (id(pstate), host.name, src, dest, mode, dir_mode, delete, local.digest())
-    state = _NOOP_SEEN.pop(key, None) if executing and pstate is not None else None
-    if state is None:
-        # Planning: the deploy's batch read it (facts.prefetch), with everything else it manages.
-        # Executing a sync with changes: read again (what an earlier operation did is seen).
-        state = (host.get_fact(ModelSyncState, dest=dest) if executing
-                 else facts.get(host, ModelSyncState, dest=dest))
+    # Read once a run (facts.get): in a deploy its batch read it already, with everything else it
+    # manages (state_query, facts.prefetch). pyinfra may run this body twice (to see whether it
+    # changes anything, then to run it; `pyinfra -y` skips the first): both decide from that one
+    # read, as every step of the deploy does (no other step writes below dest).
+    state = facts.get(host, ModelSyncState, dest=dest)
     if state is None:
         yield (f"echo {shlex.quote(f'host {host.name}: could not read the state of {dest} (the fact command failed)')} "
                ">&2; exit 1")
@@ -688,8 +675,6 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
         plan = plan_sync(local, state, dest, delete, mode, dir_mode, host_hashes=known)
 
     if plan.empty:
-        if not executing and pstate is not None:
-            _NOOP_SEEN[key] = state
         host.noop(f"model {dest} is up to date ({len(local.files)} files, {_human(local.total_bytes)}; "
                   f"manifest and sizes/mtimes match)")
         return
