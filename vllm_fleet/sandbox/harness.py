@@ -565,6 +565,9 @@ def _remove_host(sandbox: Sandbox, host: SandboxHost) -> None:
     _run("ip", "link", "del", host.veth, check=False)
     for cgroup in _cgroup_dirs(host):
         _remove_cgroup(cgroup)
+    # rm (C) is about twice as fast as shutil.rmtree on an environment's tree; it never crosses into
+    # another filesystem (a mount left behind). shutil.rmtree then removes whatever rm could not.
+    _run("rm", "-rf", "--one-file-system", "--", str(_host_dir(sandbox, host)), check=False)
     shutil.rmtree(_host_dir(sandbox, host), ignore_errors=True)
 
 
@@ -689,8 +692,10 @@ def down(sandbox: Sandbox) -> None:
         pids.update([pid] if pid else [])
         pids.update(_nspawn_pids(host))
     _stop_pids(sorted(pids))
-    for host in sandbox.hosts:
-        _remove_host(sandbox, host)
+    # At once: removing a host's files (its environments: tens of thousands of files each) is most
+    # of the time down() takes, and the hosts' trees are apart.
+    with ThreadPoolExecutor(max_workers=max(1, len(sandbox.hosts))) as pool:
+        list(pool.map(lambda host: _remove_host(sandbox, host), sandbox.hosts))
     _remove_bridge(sandbox)
     _remove_parent_cgroups()
     shutil.rmtree(sandbox.state_dir, ignore_errors=True)
