@@ -105,3 +105,16 @@ def test_environment_source_knobs_accept_good_values():
     defaults = parse_host("box", host_data())
     assert (defaults.settings.vllm_index_url, defaults.settings.vllm_extra_index_urls, defaults.settings.vllm_env_manager,
             defaults.settings.vllm_conda_exe, defaults.settings.vllm_miniforge_installer) == (None, [], "uv", None, None)
+
+
+def test_one_rule_names_an_instances_unit_and_reads_it_back():
+    from vllm_fleet.config import instance_of_unit, instance_unit
+    from vllm_fleet.render import FRONT_UNIT, instance_paths
+
+    host = parse_host("box", host_data())
+    inst = host.instances[0]
+    assert inst.unit_name == instance_unit(inst.name) == "vllm-gemma.service"
+    assert instance_paths(host, inst.name)["unit"].endswith("/" + inst.unit_name)
+    assert instance_of_unit(inst.unit_name) == inst.name
+    assert instance_of_unit("nginx.service") is None and instance_of_unit("vllm-.service") is None
+    assert instance_of_unit(FRONT_UNIT) == "fleet-front"  # vllm-fleet's own units are told apart by name first

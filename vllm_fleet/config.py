@@ -93,6 +93,21 @@ class GpuSpec:
         return self.name.removeprefix("NVIDIA ").removeprefix("GeForce ")
 
 
+def instance_unit(name: str) -> str:
+    """The systemd unit of instance `name`: the one naming rule (plan, render, deploy, status)."""
+    return f"{INSTANCE_UNIT_PREFIX}{name}{INSTANCE_UNIT_SUFFIX}"
+
+
+def instance_of_unit(unit: str) -> str | None:
+    """The instance a unit name belongs to (instance_unit's inverse); None for another unit."""
+    if unit.startswith(INSTANCE_UNIT_PREFIX) and unit.endswith(INSTANCE_UNIT_SUFFIX):
+        return unit[len(INSTANCE_UNIT_PREFIX):-len(INSTANCE_UNIT_SUFFIX)] or None
+    return None
+
+
+INSTANCE_UNIT_PREFIX, INSTANCE_UNIT_SUFFIX = "vllm-", ".service"
+
+
 @dataclass(frozen=True)
 class InstanceConfig:
     """One `vllm serve` the user asked for (before planning)."""
@@ -121,7 +136,7 @@ class InstanceConfig:
 
     @property
     def unit_name(self) -> str:
-        return f"vllm-{self.name}.service"
+        return instance_unit(self.name)
 
     @property
     def head(self) -> str | None:

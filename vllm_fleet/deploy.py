@@ -37,7 +37,7 @@ from vllm_fleet.discovery import discover, discovery_queries
 from vllm_fleet.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
 from vllm_fleet.model_sync import state_query as model_state_query
 from vllm_fleet.catalog import GIB
-from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, check_fleet, parse_host
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, check_fleet, instance_of_unit, parse_host
 from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
 from vllm_fleet.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
                               ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
@@ -543,7 +543,7 @@ def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
             if front["unit"] not in d.files:
                 out.append((unit, "Stop the front (no instance left)", [front["config"], front["unit"]]))
         else:
-            name = unit.removeprefix("vllm-").removesuffix(".service")
+            name = instance_of_unit(unit) or unit
             paths = instance_paths(c, name)
             out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], paths["unit"]]))
     return out

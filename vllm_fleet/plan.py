@@ -20,7 +20,7 @@ from typing import Any
 
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo
 from vllm_fleet.config import (ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, NodeGroup,
-                               node_groups)
+                               instance_unit, node_groups)
 from vllm_fleet.envbuild import GGUF_PLUGIN
 
 
@@ -135,7 +135,7 @@ class InstancePlan:
 
     @property
     def unit_name(self) -> str:
-        return f"vllm-{self.name}.service"
+        return instance_unit(self.name)
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ import jinja2
 import yaml
 
 from vllm_fleet import __version__
-from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig
+from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
 from vllm_fleet.envbuild import EnvSpec, env_dir
 from vllm_fleet.host_probe import env_quote
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
@@ -154,7 +154,7 @@ def manifest_path(config) -> str:
 def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
     config_dir = host.settings.vllm_config_dir
     return {
-        "unit": f"{UNIT_DIR}/vllm-{name}.service",
+        "unit": f"{UNIT_DIR}/{instance_unit(name)}",
         "config": f"{config_dir}/{name}.yaml",
         "env": f"{config_dir}/{name}.env",
     }
