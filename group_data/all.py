@@ -82,7 +82,7 @@ vllm_service_user = "vllm"  # vLLM never runs as root
 vllm_bind_host = "0.0.0.0"  # the address the front listens on for every instance
 vllm_backend_port_offset = 10000  # vLLM's own loopback port = the instance's port + this
 vllm_limit_nofile = 65536  # LimitNOFILE of the units
-# OS packages the runtime needs (vllm_fleet/host_packages.py says why, with the sources): nginx for
+# OS packages the runtime needs (vllm_fleet/host/host_packages.py says why, with the sources): nginx for
 # the front; CUDA: a C compiler and the Python headers (Triton builds a stub at the first kernel
 # launch); CPU: libnuma, plus g++ and the Python headers unless every instance runs enforce-eager.
 # True: missing ones are installed with apt or dnf from the host's own package sources. False: a

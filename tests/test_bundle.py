@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from vllm_fleet import bundle
+from vllm_fleet.commands import bundle
 
 
 def test_requirements_per_target():

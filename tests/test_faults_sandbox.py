@@ -27,7 +27,7 @@ import pytest
 
 from figures import report
 from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
-from vllm_fleet import lock
+from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
 ADDRESS = CPU_HOSTS[HOST]

@@ -23,9 +23,10 @@ from types import SimpleNamespace
 import pytest
 
 from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
-from vllm_fleet import deploy, gpu_topology
+from vllm_fleet import deploy
+from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
-from vllm_fleet.facts import GpuTopology, parse_gpu_csv, topology_command
+from vllm_fleet.host.facts import GpuTopology, parse_gpu_csv, topology_command
 from vllm_fleet.plan import Interconnect, plan_host
 
 FAKE_PYNVML = textwrap.dedent('''

@@ -56,7 +56,7 @@ import textwrap  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
-from vllm_fleet import rollout as rollout_mod  # noqa: E402
+from vllm_fleet.commands import rollout as rollout_mod  # noqa: E402
 
 DEPLOY_ERROR_TEXT = ("error: host box1, instance tiny, key model_source: model_source '/nowhere' has no "
                      "readable config.json on this workstation\n  fix: point model_source at a model "
@@ -109,15 +109,15 @@ def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
             hosts.setdefault(n, FakeHost(n))
         yield state, {n: hosts[n] for n in names}
 
-    import vllm_fleet.connection  # first: it patches gevent before pyinfra_cli is imported
+    import vllm_fleet.commands.connection  # first: it patches gevent before pyinfra_cli is imported
 
     import pyinfra.api.operations
     import pyinfra_cli.util
 
-    monkeypatch.setattr(vllm_fleet.connection, "connected", connected)
-    import vllm_fleet.remote
+    monkeypatch.setattr(vllm_fleet.commands.connection, "connected", connected)
+    import vllm_fleet.host.remote
 
-    monkeypatch.setattr(vllm_fleet.remote, "run", lambda *a, **k: (True, "{}", ""))
+    monkeypatch.setattr(vllm_fleet.host.remote, "run", lambda *a, **k: (True, "{}", ""))
     monkeypatch.setattr(pyinfra_cli.util, "load_deploy_file", load or (lambda *_a: None))
     monkeypatch.setattr(pyinfra.api.operations, "run_ops", run_ops or (lambda _state: None))
     return hosts

@@ -1,4 +1,4 @@
-"""Model sync (vllm_fleet/model_sync.py): the workstation manifest and its cache, the decisions the
+"""Model sync (vllm_fleet/host/model_sync.py): the workstation manifest and its cache, the decisions the
 operation takes from its facts, and the generated commands RUN for real in a tmp dir (an upload is
 simulated by copying the bytes the operation would send to the path it names), down to a real
 pyinfra run against @local that counts the remote commands of a no-op run."""
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand
 
-from vllm_fleet import model_sync as ms
-from vllm_fleet.model_sync import MANIFEST_NAME, PARTIAL_SUFFIX, ModelSyncError
+from vllm_fleet.host import model_sync as ms
+from vllm_fleet.host.model_sync import MANIFEST_NAME, PARTIAL_SUFFIX, ModelSyncError
 
 
 _REAL_SHA256 = ms.sha256_file
@@ -472,7 +472,7 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 from pyinfra.connectors.local import LocalConnector
-from vllm_fleet.model_sync import model_sync
+from vllm_fleet.host.model_sync import model_sync
 
 counts = {{"commands": 0, "uploads": 0}}
 real_run, real_put = LocalConnector.run_shell_command, LocalConnector.put_file

@@ -3,7 +3,7 @@
 - The facts' shell code runs here, in dash and bash, against a small tree under tmp_path (and a
   stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
   and inside one batch (facts.prefetch).
-- The operations (vllm_fleet/operations.py) yield nothing when the host matches and exactly the fix
+- The operations (vllm_fleet/host/operations.py) yield nothing when the host matches and exactly the fix
   when it differs, with a stand-in host whose facts are dicts.
 - The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
   @fake connector, answered by a simulated converged host: every remote command is counted. A
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet import facts, model_sync as ms, operations
-from vllm_fleet.facts import (DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState, parse_batch,
+from vllm_fleet.host import facts, model_sync as ms, operations
+from vllm_fleet.host.facts import (DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState, parse_batch,
                               query)
-from vllm_fleet.host_probe import RESULT_PREFIX
+from vllm_fleet.host.host_probe import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
 SHELLS = [path for path in map(shutil.which, ("dash", "bash")) if path]  # Debian's sh, and bash
@@ -420,7 +420,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
     from pyinfra_cli.util import load_deploy_file
 
     from vllm_fleet import deploy
-    from vllm_fleet.connection import load_pyinfra_inventory
+    from vllm_fleet.commands.connection import load_pyinfra_inventory
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
@@ -524,7 +524,7 @@ def model_dir(tmp_path):
 def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatch, model_dir, check_for_changes):
     """With and without pyinfra's planning pass (`-y` runs each operation's body only to execute
     it): the model sync read its state again there, one command more per host, on the CLI only."""
-    from vllm_fleet.rollout import changed_operations
+    from vllm_fleet.commands.rollout import changed_operations
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
     commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
@@ -537,7 +537,7 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
 
 
 def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monkeypatch, model_dir):
-    from vllm_fleet.rollout import changed_operations
+    from vllm_fleet.commands.rollout import changed_operations
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
     worlds["box"].changed_files = {"/etc/vllm-fleet/box.yaml"}
@@ -564,7 +564,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     from planning_fixtures import A100_40G, FakeHost, host_data, instance, use_fake_host
 
     from vllm_fleet import deploy
-    from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
+    from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",

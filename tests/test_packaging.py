@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet import render, rollout
+from vllm_fleet import render
+
+from vllm_fleet.commands import rollout
 from vllm_fleet.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,11 +17,12 @@ import pytest
 import yaml
 
 from planning_fixtures import host_data, instance
-from vllm_fleet import bundle, envbuild, host_probe
+from vllm_fleet.host import envbuild, host_probe
+from vllm_fleet.commands import bundle
 from vllm_fleet.config import parse_host
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import Secrets, render_host
-from vllm_fleet.verify import InstanceCheck
+from vllm_fleet.host.verify import InstanceCheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import standin_engine  # noqa: E402

@@ -18,10 +18,11 @@ import sys
 import pytest
 
 from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
-from vllm_fleet import host_probe, remote, status
+from vllm_fleet.host import host_probe, remote
+from vllm_fleet.commands import status
 from vllm_fleet.config import parse_host
-from vllm_fleet.facts import GPU_QUERY, parse_gpu_csv
-from vllm_fleet.host_probe import RESULT_PREFIX
+from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+from vllm_fleet.host.host_probe import RESULT_PREFIX
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import FRONT_UNIT, render_host
 from vllm_fleet.sandbox import nvidia_smi
@@ -203,7 +204,7 @@ def test_host_probe_reports_a_unit_waiting_to_restart(monkeypatch):
 
 def _fake_unit(monkeypatch, states):
     """host_probe against a unit whose ActiveState goes through `states` (the last one repeats)."""
-    from vllm_fleet import host_probe
+    from vllm_fleet.host import host_probe
     seen = iter(states)
     last = {"state": states[0]}
 
@@ -250,7 +251,7 @@ def test_a_unit_stuck_activating_is_not_verified(monkeypatch):
 def test_remote_facts_read_the_deploys_batch_and_name_a_fact_that_failed(monkeypatch, tmp_path):
     """facts.RemoteFacts (status's reader): one command for a prefetched batch, answers as the deploy's
     facts give them; a fact whose command fails alone is an error naming the host and the fact."""
-    from vllm_fleet import facts
+    from vllm_fleet.host import facts
 
     (tmp_path / "there").mkdir()
     sent = []

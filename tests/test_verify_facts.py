@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from vllm_fleet.discovery import model_info_from_config
-from vllm_fleet.facts import parse_gpu_csv
-from vllm_fleet.rollout import parse_batch
-from vllm_fleet.verify import InstanceCheck, diagnose, parse_probe_output, probe_command
+from vllm_fleet.host.discovery import model_info_from_config
+from vllm_fleet.host.facts import parse_gpu_csv
+from vllm_fleet.commands.rollout import parse_batch
+from vllm_fleet.host.verify import InstanceCheck, diagnose, parse_probe_output, probe_command
 
 
 def test_gpu_csv_is_parsed_in_pci_order():

@@ -31,10 +31,10 @@ EXIT_INVALID = 2
 # Subcommands that own their argument parsing, in their own module's main(argv).
 DELEGATED = {
     "sandbox": "vllm_fleet.sandbox.cli",
-    "bundle": "vllm_fleet.bundle",
-    "status": "vllm_fleet.status",
-    "rollout": "vllm_fleet.rollout",
-    "unlock": "vllm_fleet.lock",
+    "bundle": "vllm_fleet.commands.bundle",
+    "status": "vllm_fleet.commands.status",
+    "rollout": "vllm_fleet.commands.rollout",
+    "unlock": "vllm_fleet.host.lock",
 }
 
 

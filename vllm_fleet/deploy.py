@@ -30,24 +30,25 @@ from pyinfra.api.exceptions import OperationError, PyinfraError
 from pyinfra.operations import apt, dnf, python, server, systemd
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet import gpu_topology
-from vllm_fleet import lock as host_lock
-from vllm_fleet import facts, gateway, host_packages as os_packages, hub, remote, ssh_lost
-from vllm_fleet.discovery import discover, discovery_queries
-from vllm_fleet.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
-from vllm_fleet.model_sync import state_query as model_state_query
+from vllm_fleet.host import gpu_topology
+from vllm_fleet.host import lock as host_lock
+from vllm_fleet import gateway
+from vllm_fleet.host import facts, host_packages as os_packages, hub, remote, ssh_lost
+from vllm_fleet.host.discovery import discover, discovery_queries
+from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
+from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.catalog import GIB
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, check_fleet, instance_of_unit, parse_host
-from vllm_fleet.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
-from vllm_fleet.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
+from vllm_fleet.host.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
+from vllm_fleet.host.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
                               ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
-from vllm_fleet.operations import (environment_queries, managed_directory, managed_file, secret_file,
+from vllm_fleet.host.operations import (environment_queries, managed_directory, managed_file, secret_file,
                                    service_account, systemd_service, vllm_environment)
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet, plan_host
 from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
                                front_probe_address, instance_paths, manifest_path, render_host,
                                start_timeout_s)
-from vllm_fleet.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
+from vllm_fleet.host.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                parse_probe_output, probe_command)
 
 
@@ -311,7 +312,7 @@ def _access_and_lock() -> bool:
     changed on it): no root through its _sudo/_su_user/..., or another deploy holds the lock.
 
     The lock's own command answers both in one round trip: it runs wrapped like any fact and reports
-    its uid (vllm_fleet/lock.py). Only when it fails is the host asked why (access_problem), so a
+    its uid (vllm_fleet/host/lock.py). Only when it fails is the host asked why (access_problem), so a
     refused sudo gets its full diagnosis. Without a lock (a dry run, a connector without SSH) the
     access check runs alone.
 

@@ -21,7 +21,7 @@ from typing import Any
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo
 from vllm_fleet.config import (ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, NodeGroup,
                                instance_unit, node_groups)
-from vllm_fleet.envbuild import GGUF_PLUGIN
+from vllm_fleet.host.envbuild import GGUF_PLUGIN
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import yaml
 
 from vllm_fleet import __version__
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
-from vllm_fleet.envbuild import EnvSpec, env_dir
-from vllm_fleet.host_probe import env_quote
+from vllm_fleet.host.envbuild import EnvSpec, env_dir
+from vllm_fleet.host.host_probe import env_quote
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data (the root templates/ links here)

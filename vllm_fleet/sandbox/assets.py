@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_fleet import bundle
+from vllm_fleet.commands import bundle
 from vllm_fleet.config import HOST_DEFAULTS
 from vllm_fleet.sandbox.harness import cache_dir
 

@@ -41,8 +41,8 @@ from typing import Any, Callable
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, operation
 
-from vllm_fleet import facts
-from vllm_fleet.remote import AS_LOGIN_USER, login_owner, login_user
+from vllm_fleet.host import facts
+from vllm_fleet.host.remote import AS_LOGIN_USER, login_owner, login_user
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
 PARTIAL_SUFFIX = ".vllm-fleet-partial"

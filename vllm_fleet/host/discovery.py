@@ -17,12 +17,14 @@ from typing import Any
 
 from pyinfra import logger
 
-from vllm_fleet import bundle, facts, gpu_topology
+from vllm_fleet.host import facts, gpu_topology
+
+from vllm_fleet.commands import bundle
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
-from vllm_fleet.envbuild import current_link
-from vllm_fleet.facts import GpuTopology, HostRuntime, ManagedUnits, ModelConfig, NvidiaGpus, PathsPresent, query
-from vllm_fleet.model_sync import ModelSyncError, local_manifest
+from vllm_fleet.host.envbuild import current_link
+from vllm_fleet.host.facts import GpuTopology, HostRuntime, ManagedUnits, ModelConfig, NvidiaGpus, PathsPresent, query
+from vllm_fleet.host.model_sync import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
 from vllm_fleet.sandbox.assets import PREPARE_HINT
 from vllm_fleet.sandbox.harness import cache_dir

@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
-from vllm_fleet import gateway, remote
+from vllm_fleet import gateway
+
+from vllm_fleet.host import remote
 from vllm_fleet.config import HostConfig
 from vllm_fleet.render import manifest_path
-from vllm_fleet.verify import host_probe_command, parse_host_probe, printed_result
+from vllm_fleet.host.verify import host_probe_command, parse_host_probe, printed_result
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any
 
 from paramiko import SSHException
 
-from vllm_fleet import remote
+from vllm_fleet.host import remote
 
 LOCK_DIR = "/run/vllm-fleet"  # tmpfs: a reboot also ends every deploy
 LOCK_FILE = f"{LOCK_DIR}/deploy.lock"
@@ -255,8 +255,8 @@ def main(argv: list[str]) -> int:
                         help="host or group names (comma-separated); required, so no host is unlocked "
                              "by accident")
     args = parser.parse_args(argv)
-    from vllm_fleet.connection import connected
-    from vllm_fleet.remote import run
+    from vllm_fleet.commands.connection import connected
+    from vllm_fleet.host.remote import run
 
     names = [name for name, _d, _g in load_inventory(args.inventory, limit=split_names(args.limit))]
     failed = 0

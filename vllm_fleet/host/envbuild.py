@@ -3,7 +3,7 @@
 The deploy yields these strings as pyinfra commands; the sandbox tests run them over SSH. Layout on a
 host (ROOT defaults to /opt/vllm-fleet):
 
-    ROOT/wheelhouse/<wheelhouse name>/     pushed by the deploy (vllm_fleet.bundle builds it)
+    ROOT/wheelhouse/<wheelhouse name>/     pushed by the deploy (vllm_fleet.commands.bundle builds it)
     ROOT/envs/<target>-<vllm>-<spec hash>/  one environment per spec, never modified once built
     ROOT/envs/current -> <env dir>         what the units run: ROOT/envs/current/bin/vllm
     ROOT/envs/previous -> <env dir>        the env `current` pointed to before the last switch
@@ -64,7 +64,7 @@ def default_vllm_version(target: str) -> str:
 
 ENV_MANAGERS = ("uv", "conda")
 GGUF_PLUGIN = "vllm-gguf-plugin"
-# In every wheelhouse of the cpu target (vllm_fleet.bundle writes it): the uv --override file.
+# In every wheelhouse of the cpu target (vllm_fleet.commands.bundle writes it): the uv --override file.
 OVERRIDE_FILE_NAME = "overrides.txt"
 # Written last into a finished env: its presence means the env is complete.
 ENV_MARKER = "vllm-fleet-env.json"
@@ -186,8 +186,8 @@ def _fail_with(advice: str) -> str:
 
 
 def _override_text(target: str) -> str | None:
-    """The uv override file's text, from vllm_fleet.bundle (the one source of truth)."""
-    from vllm_fleet.bundle import override_text  # bundle imports this module: import late
+    """The uv override file's text, from vllm_fleet.commands.bundle (the one source of truth)."""
+    from vllm_fleet.commands.bundle import override_text  # bundle imports this module: import late
 
     return override_text(target)
 

@@ -24,8 +24,8 @@ from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import Command
 from pyinfra.operations.util.files import generate_color_diff
 
-from vllm_fleet import envbuild, facts, remote
-from vllm_fleet.facts import DirectoryState, FileState, LinkTarget, PathsPresent, ServiceAccount, UnitState
+from vllm_fleet.host import envbuild, facts, remote
+from vllm_fleet.host.facts import DirectoryState, FileState, LinkTarget, PathsPresent, ServiceAccount, UnitState
 
 _q = shlex.quote
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.host_probe import RESULT_PREFIX
+from vllm_fleet.host.host_probe import RESULT_PREFIX
 
 PROBE_SOURCE = (Path(__file__).parent / "host_probe.py").read_text()
 

@@ -1,0 +1,3 @@
+"""The fleet commands `vllm-fleet` adds to pyinfra's CLI (vllm_fleet/cli.py dispatches to them):
+`status`, `rollout` (with `gateway_drain`), `bundle` (the offline wheelhouse), and `connection`
+(pyinfra's API: connect an inventory's hosts outside `pyinfra ... deploy.py`)."""
