@@ -10,7 +10,6 @@ from planning_fixtures import A100_40G, PROVISIONED, FakeHost, host_data, instan
 from pyinfra.context import ctx_host
 
 from vllm_fleet import deploy
-
 from vllm_fleet.host import host_packages
 from vllm_fleet.deploy import DeployError
 from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv

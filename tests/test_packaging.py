@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet import render
-
 from vllm_fleet.commands import rollout
 from vllm_fleet.config import ConfigError
 

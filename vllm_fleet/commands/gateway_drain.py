@@ -19,7 +19,6 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from vllm_fleet import gateway
-
 from vllm_fleet.host import remote
 from vllm_fleet.config import HostConfig
 from vllm_fleet.render import manifest_path

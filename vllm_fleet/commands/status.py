@@ -19,7 +19,6 @@ import sys
 from typing import Any
 
 from vllm_fleet import gateway
-
 from vllm_fleet.host import facts, gpu_topology, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.host.discovery import Discovered, discover, discovery_queries, env_python

@@ -18,7 +18,6 @@ from typing import Any
 from pyinfra import logger
 
 from vllm_fleet.host import facts, gpu_topology
-
 from vllm_fleet.commands import bundle
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
