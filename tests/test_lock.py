@@ -121,3 +121,60 @@ def test_the_owner_record_hides_passwords_from_the_command_line():
     assert not any(secret in shown for secret in ("pw1", "pw2", "pw3"))
     assert "inventory/prod.py deploy.py" in shown and "--limit gpu-a100-01" in shown
     assert hold_command({"pid": 1}).startswith("umask 077;")  # the lock and owner files are root's only
+
+
+class _Channel:
+    """A paramiko channel as acquire() uses it: the host's answer on stdout, sudo's words on stderr."""
+
+    def __init__(self, out: bytes, err: bytes = b""):
+        self.out, self.err, self.closed, self.command = out, err, False, None
+
+    def exec_command(self, command):
+        self.command = command
+
+    def settimeout(self, timeout):
+        pass
+
+    def recv(self, size):
+        chunk, self.out = self.out[:size], self.out[size:]
+        return chunk
+
+    def exit_status_ready(self):
+        return True
+
+    def recv_stderr_ready(self):
+        return bool(self.err)
+
+    def recv_stderr(self, size):
+        return self.err
+
+    def close(self):
+        self.closed = True
+
+
+def _host_answering(monkeypatch, channel):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(lock.remote, "wrapped_command", lambda host, command: f"sudo -H -n sh -c {command!r}")
+    transport = SimpleNamespace(open_session=lambda: channel)
+    client = SimpleNamespace(get_transport=lambda: transport)
+    return SimpleNamespace(name="box", connector=SimpleNamespace(client=client))
+
+
+def test_the_lock_is_the_root_check_a_holder_that_is_not_root_lets_go_and_fails(monkeypatch):
+    channel = _Channel(b"LOCKED uid=1000\n")
+    host = _host_answering(monkeypatch, channel)
+    with pytest.raises(lock.LockFailed, match="the deploy lock's command ran as uid=1000, not root"):
+        lock.acquire(host, {"pid": 1})
+    assert channel.closed and "box" not in lock._HELD  # the lock it took is let go at once
+    assert channel.command.startswith("sudo -H -n sh -c ")  # wrapped like every command of ours
+
+
+def test_a_refused_sudo_is_a_failed_lock_with_sudos_words_and_a_root_lock_is_held(monkeypatch):
+    refused = _Channel(b"", b"sudo: a password is required\n")
+    with pytest.raises(lock.LockFailed, match="could not take the deploy lock .*sudo: a password is required"):
+        lock.acquire(_host_answering(monkeypatch, refused), {"pid": 1})
+    held = _Channel(b"LOCKED uid=0\n")
+    host = _host_answering(monkeypatch, held)
+    assert lock.acquire(host, {"pid": 1}) == f"deploy lock {lock.LOCK_FILE} taken"
+    assert lock._HELD.pop("box") is held and not held.closed

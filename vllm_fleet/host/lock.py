@@ -93,9 +93,8 @@ def owner_is_gone(owner: dict[str, Any]) -> bool:
 
 def hold_command(owner: dict[str, Any], lock_dir: str = LOCK_DIR) -> str:
     """Shell run in the lock's own channel. Prints `LOCKED uid=N` (who it runs as: the deploy's root
-    check) then blocks until the channel closes, or
-    prints BUSY and the holder's OWNER_FILE and exits 3. The holder's process group is recorded so
-    a stale lock can be broken (`break_command`)."""
+    check) then blocks until the channel closes, or prints BUSY and the holder's OWNER_FILE and exits
+    3. The holder's process group is recorded so a stale lock can be broken (`break_command`)."""
     q = shlex.quote
     lock_file, owner_file = q(f"{lock_dir}/deploy.lock"), q(f"{lock_dir}/deploy.owner")
     return (f"umask 077; mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
