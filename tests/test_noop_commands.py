@@ -436,7 +436,9 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
         hosts.append((f"@fake/{name}", data))
     inventory_file.write_text(f"hosts = {hosts!r}\n")
 
-    rendered = deploy.render_host
+    from vllm_fleet import prepared
+
+    rendered = prepared.render_host
     batches: dict[str, tuple] = {}
     batch_command = facts.batch_command
 
@@ -479,7 +481,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
         uploads.setdefault(self.host.name.removeprefix("@fake/"), []).append(remote_filename)
         return True
 
-    monkeypatch.setattr(deploy, "render_host", render_and_keep)
+    monkeypatch.setattr(prepared, "render_host", render_and_keep)
     monkeypatch.setattr(facts, "batch_command", recorded_batch)
     monkeypatch.setattr(FakeConnector, "_lookup_response", respond)
     monkeypatch.setattr(FakeConnector, "put_file", put_file)

@@ -100,3 +100,25 @@ def test_units_start_offline_because_the_deploy_fetched_everything_first():
     downloads = hub.instance_downloads("/data/vllm/models/gemma-3-12b-it-qat-q4_0-gguf/gemma-3-12b-it-q4_0.gguf",
                                        "google/gemma-3-12b-it")
     assert [d.repo for d in downloads] == ["google/gemma-3-12b-it"]
+
+
+def test_prepare_host_plans_and_renders_what_the_deploy_and_status_both_use():
+    from planning_fixtures import host_data
+    from vllm_fleet.config import parse_host
+    from vllm_fleet.host.discovery import Discovered
+    from vllm_fleet.plan import plan_host
+    from vllm_fleet.prepared import prepare_host
+    from vllm_fleet.render import Secrets, render_host
+
+    config = parse_host("box", host_data(placement="split"))
+    prepared = prepare_host(Discovered(config, None, None, None), Secrets("sk-prepared-1"))
+    plan = plan_host(config)
+    assert [i.name for i in prepared.plan.instances] == [i.name for i in plan.instances]
+    assert prepared.files == {f.path: f for f in render_host(config, plan, Secrets("sk-prepared-1"))}
+    inst = prepared.plan.instances[0]
+    assert prepared.instance_file(inst.name, "unit").path.endswith(inst.unit_name)
+    assert "sk-prepared-1" in prepared.instance_file(inst.name, "env").content
+    assert prepared.manifest.path == "/etc/vllm-fleet/manifest.json"
+    seen = []
+    prepare_host(Discovered(config, None, None, None), backends_for=lambda p: seen.append(p.name) or None)
+    assert seen == ["box"]  # the gateway's backends are asked with this host's own plan

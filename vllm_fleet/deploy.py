@@ -44,10 +44,10 @@ from vllm_fleet.host.facts import (DirectoryState, FileState, HostRuntime, HubMo
                               ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
 from vllm_fleet.host.operations import (environment_queries, managed_directory, managed_file, secret_file,
                                    service_account, systemd_service, vllm_environment)
-from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet, plan_host
+from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
+from vllm_fleet.prepared import prepare_host
 from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
-                               front_probe_address, instance_paths, manifest_path, render_host,
-                               start_timeout_s)
+                               front_probe_address, instance_paths, manifest_path, start_timeout_s)
 from vllm_fleet.host.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                parse_probe_output, probe_command)
 
@@ -206,17 +206,27 @@ def prepare() -> Deployment | None:
     found, errors = discover(host, config)
     if errors:
         _fail(errors)
-    config, live, topology, interconnect = found.config, found.live, found.topology, found.interconnect
+    config, topology, interconnect = found.config, found.topology, found.interconnect
     spanning = [inst.name for inst in config.instances if getattr(inst, "nodes", None)]
     if spanning:  # planned and rendered offline (vllm-fleet plan/render); the Ray deploy is not built
         _fail([ConfigError(f"instance {spanning[0]} spans several servers (nodes): vllm-fleet plans and "
                            "renders it (vllm-fleet plan / render) but cannot deploy it yet",
                            host=config.name, instance=spanning[0], key="nodes",
                            fix="deploy it by hand from `vllm-fleet render`'s files, or remove `nodes`")])
-    try:
-        plan = plan_host(config, live, interconnect)
+    secrets = read_secrets(config)
+    fleet: list[gateway.Backend] = []  # the gateway host's backends, as prepare_host computes them
+
+    def backends_for(plan: HostPlan) -> list[gateway.Backend] | None:
+        if not config.settings.vllm_gateway:
+            return None
+        fleet.extend(_fleet_backends(config, plan))
+        return fleet
+
+    try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
+        prepared = prepare_host(found, secrets, backends_for)
     except ConfigErrors as exc:
         _fail(exc.errors)
+    plan = prepared.plan
     if interconnect is not None and any(g.get("processes") for g in topology["gpus"]):
         own = set(facts.get(host, ManagedUnits)) | {inst.unit_name for inst in plan.instances}
         users = {i.name: i.gpu_indices for i in plan.instances}
@@ -224,10 +234,8 @@ def prepare() -> Deployment | None:
             logger.warning(text)
             plan.warnings.append(text)
     absent, family = _missing_packages(config, plan)
-    backends = _fleet_backends(config, plan) if config.settings.vllm_gateway else None
-    secrets = read_secrets(config)
-    rendered = {f.path: f for f in render_host(config, plan, secrets, backends)}
-    d = Deployment(config, plan, rendered, secrets, {}, absent, family, backends)
+    d = Deployment(config, plan, prepared.files, secrets, {}, absent, family,
+                   fleet if config.settings.vllm_gateway else None)
     _check_one_step_per_path(d)
     facts.prefetch(host, managed_state_queries(d))  # one remote command
     return d

@@ -23,8 +23,8 @@ from vllm_fleet.host import facts, gpu_topology, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.host.discovery import Discovered, discover, discovery_queries, env_python
 from vllm_fleet.host.facts import GpuTopology
-from vllm_fleet.plan import plan_host
-from vllm_fleet.render import FRONT_UNIT, instance_paths, manifest_path, render_host
+from vllm_fleet.prepared import prepare_host
+from vllm_fleet.render import FRONT_UNIT, instance_paths, manifest_path
 from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
@@ -70,23 +70,19 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     return found, "live (nvidia-smi)" if found.live else "none (CPU host)", None, topology
 
 
-def planned_files(config, live=None, interconnect=None
-                  ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
-    """({instance: {kind: sha256}}, the front's unit entry or None, error text or None) of what
-    the plan renders now — with `live` GPUs (and their P2P report) where the host answered, as the
-    deploy plans."""
+def planned_files(found: Discovered) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
+    """({instance: {kind: sha256}}, the front's unit entry or None, error text or None) of what the
+    deploy would write now: prepare_host, the deploy's own, from what discovery read."""
+    config = found.config
     try:
-        plan = plan_host(config, live, interconnect)
+        # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
+        prepared = prepare_host(found, backends_for=lambda plan: [] if config.settings.vllm_gateway else None)
     except ConfigErrors as exc:
         return {}, None, "; ".join(e.located() for e in exc.errors)
-    # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
-    rendered = {f.path: f for f in render_host(config, plan, backends=[] if config.settings.vllm_gateway else None)}
-    out = {}
-    for inst in plan.instances:
-        paths = instance_paths(config, inst.name)
-        out[inst.name] = {kind: hashlib.sha256(rendered[paths[kind]].content.encode()).hexdigest()
-                          for kind in DRIFT_KINDS}
-    front = {"unit": FRONT_UNIT, "bind": config.settings.vllm_bind_host} if plan.instances else None
+    out = {inst.name: {kind: hashlib.sha256(prepared.instance_file(inst.name, kind).content.encode()).hexdigest()
+                       for kind in DRIFT_KINDS}
+           for inst in prepared.plan.instances}
+    front = {"unit": FRONT_UNIT, "bind": config.settings.vllm_bind_host} if prepared.plan.instances else None
     return out, front, None
 
 
@@ -103,7 +99,7 @@ def host_status(name: str, host, config) -> dict[str, Any]:
     if host is None:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
     found, gpu_source, refusal, topology = discover_host(host, config)
-    planned, front, plan_error = planned_files(found.config, found.live, found.interconnect)
+    planned, front, plan_error = planned_files(found)
     plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
     payload = {"manifest": manifest_path(config),
                "config_dir": config.settings.vllm_config_dir, "front": front,
