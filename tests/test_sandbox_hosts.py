@@ -3,7 +3,10 @@ simulated GPUs only where declared, and `down` leaves nothing behind."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -126,3 +129,45 @@ def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: harness.Sandbox) ->
     assert not small.state_dir.exists()
     # The session's hosts were not disturbed.
     assert sandbox.run(sandbox.hosts[0], "true").returncode == 0
+
+
+def _running(pid: int) -> bool:
+    """pid is a process that has not exited (a zombie waiting for PID 1 to reap it has)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _host_processes(host) -> set[int]:
+    return {int(p) for d in harness._cgroup_dirs(host) if d.is_dir()
+            for procs in d.rglob("cgroup.procs") for p in procs.read_text().split()}
+
+
+def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: harness.Sandbox) -> None:
+    """A systemd-nspawn SIGKILLed (its halt ran past the timeout: a vLLM slow to stop) leaves the
+    container's init and everything it runs alive, reparented to PID 1. down() kills them by the
+    host's own cgroup and removes the rest; nothing of the host is left."""
+    keys = sandbox.hosts[0]
+    inventory = tmp_path / "inventory" / "orphantest.py"
+    inventory.parent.mkdir()
+    inventory.write_text(
+        f"hosts = [('sbx-orphan', {{'ssh_hostname': '10.213.252.11', 'ssh_user': 'root', "
+        f"'ssh_key': {str(keys.ssh_key)!r}, 'ssh_known_hosts_file': {str(keys.known_hosts)!r}, "
+        f"'ssh_strict_host_key_checking': 'yes'}})]\n"
+    )
+    small = harness.load(inventory)
+    host = small.hosts[0]
+    try:
+        [status] = harness.up(small, log=print)
+        os.kill(status.pid, signal.SIGKILL)
+        time.sleep(1)
+        left = _host_processes(host) - {status.pid}
+        assert left, "the container's processes died with their nspawn: nothing for down() to prove"
+    finally:
+        harness.down(small)
+    assert not [pid for pid in left if _running(pid)]
+    assert not any(d.exists() for d in harness._cgroup_dirs(host))
+    assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert small.bridge not in links and host.veth not in links and not small.state_dir.exists()

@@ -553,8 +553,30 @@ def _remove_cgroup(path: Path) -> None:
     path.rmdir()
 
 
+def _kill_leftovers(host: SandboxHost, timeout: float = 10.0) -> None:
+    """SIGKILL every process still in the host's cgroups, until none is left. A systemd-nspawn killed
+    after its halt timed out leaves the container's init behind (reparented to PID 1) with all it
+    runs (a vLLM that was restarting): those are this host's processes, found by its own cgroup."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids: set[int] = set()
+        for top in _cgroup_dirs(host):
+            for procs in (top.rglob("cgroup.procs") if top.is_dir() else ()):
+                try:
+                    pids.update(int(p) for p in procs.read_text().split())
+                except (OSError, ValueError):
+                    continue
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
 def _remove_host(sandbox: Sandbox, host: SandboxHost) -> None:
-    """Everything of a stopped host, by name: overlay mount, netns (takes its veth), cgroups, state."""
+    """Everything of a stopped host, by name: what is left of its processes, overlay mount, netns
+    (takes its veth), cgroups, state."""
+    _kill_leftovers(host)
     root = _host_dir(sandbox, host) / "root"
     mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
     if str(root) in mounts:
@@ -693,11 +715,21 @@ def down(sandbox: Sandbox) -> None:
         pids.update(_nspawn_pids(host))
     _stop_pids(sorted(pids))
     # At once: removing a host's files (its environments: tens of thousands of files each) is most
-    # of the time down() takes, and the hosts' trees are apart.
+    # of the time down() takes, and the hosts' trees are apart. One host that cannot be removed does
+    # not keep the others (or the bridge) behind; it is reported once everything else is gone.
+    def remove(host: SandboxHost) -> str | None:
+        try:
+            _remove_host(sandbox, host)
+        except (OSError, SandboxError) as exc:
+            return f"{host.name}: {exc}"
+        return None
+
     with ThreadPoolExecutor(max_workers=max(1, len(sandbox.hosts))) as pool:
-        list(pool.map(lambda host: _remove_host(sandbox, host), sandbox.hosts))
+        failed = [why for why in pool.map(remove, sandbox.hosts) if why]
     _remove_bridge(sandbox)
     _remove_parent_cgroups()
+    if failed:
+        raise SandboxError("could not remove every sandbox host: " + "; ".join(failed))
     shutil.rmtree(sandbox.state_dir, ignore_errors=True)
 
 
