@@ -26,7 +26,7 @@ gateway stay), and after it every file must be as rendered and every unit runnin
    The playbook: those files, daemon-reload when a unit changed, restart/reload on change, every unit
    enabled and started, then /v1/models with the API key checked on the host (curl to the
    instance's loopback port, the key read there from the root-only env file, on curl's stdin).
-   deploy.py does more in its no-op: sudo check, deploy lock, GPU/model/environment/package facts and
+   deploy.py does more in its no-op: the deploy lock (its command is the root check), GPU/model/environment/package facts and
    the plan, the model sync check, and a verification with a real completion, through the front too,
    and of the gateway.
 3. Scenarios, the two tools alternated A B A B (--runs each, >= 5): no-op; one file changed (the

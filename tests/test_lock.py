@@ -120,7 +120,9 @@ def test_the_owner_record_hides_passwords_from_the_command_line():
     shown = " ".join(redacted(argv))
     assert not any(secret in shown for secret in ("pw1", "pw2", "pw3"))
     assert "inventory/prod.py deploy.py" in shown and "--limit gpu-a100-01" in shown
-    assert hold_command({"pid": 1}).startswith("umask 077;")  # the lock and owner files are root's only
+    command = hold_command({"pid": 1})
+    # Not root: nothing is written. Root: the lock and owner files are root's only.
+    assert command.index("NOTROOT") < command.index("umask 077;") < command.index("mkdir")
 
 
 class _Channel:
@@ -178,3 +180,19 @@ def test_a_refused_sudo_is_a_failed_lock_with_sudos_words_and_a_root_lock_is_hel
     host = _host_answering(monkeypatch, held)
     assert lock.acquire(host, {"pid": 1}) == f"deploy lock {lock.LOCK_FILE} taken"
     assert lock._HELD.pop("box") is held and not held.closed
+
+
+def test_a_user_other_than_root_takes_no_lock_and_writes_nothing(tmp_path):
+    """Run as nobody where it could write the lock dir: the answer is NOTROOT and no file is made."""
+    lock_dir = tmp_path / "run"
+    lock_dir.mkdir(mode=0o777)
+    lock_dir.chmod(0o777)
+    tmp_path.chmod(0o755)
+    if os.getuid() != 0:
+        pytest.skip("needs root to run the command as another user")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "sh", "-c",
+                          lock.hold_command({"pid": 1}, str(lock_dir))],
+                         input="", capture_output=True, text=True, timeout=10)
+    assert (out.returncode, out.stdout.split()) == (5, ["NOTROOT", "uid=65534"])
+    assert list(lock_dir.iterdir()) == []
+    assert lock.answer_of(["Welcome to box", "LOCKED uid=0"]) == ["LOCKED", "uid=0"]  # a banner first

@@ -716,12 +716,31 @@ def test_a_lock_that_could_not_be_taken_is_diagnosed_by_the_access_check(monkeyp
 
     monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
     monkeypatch.setattr(deploy.host_lock, "acquire", failed)
+    monkeypatch.setattr(deploy.ssh_lost, "transport_gone", lambda connector: False)
     monkeypatch.setattr(deploy, "access_problem", lambda: checks.append(1) or diagnosis)
     monkeypatch.setattr(deploy, "refuse_host", refused.append)
     assert deploy.prepare() is None
     assert checks == [1] and fake.batches == [] and fake.asked == []
     assert refused == [diagnosis or "host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
                                     "sudo: a password is required; nothing was changed on this host"]
+
+
+def test_a_lock_lost_with_its_connection_is_reported_as_such_without_asking_the_host(monkeypatch):
+    deploy, fake = _prepare(monkeypatch)
+    refused, checks = [], []
+
+    def failed(host):
+        raise deploy.host_lock.LockFailed("host box: could not open the deploy lock's SSH channel: EOF")
+
+    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(deploy.host_lock, "acquire", failed)
+    monkeypatch.setattr(deploy.ssh_lost, "transport_gone", lambda connector: True)
+    monkeypatch.setattr(deploy, "access_problem", lambda: checks.append(1))
+    monkeypatch.setattr(deploy, "refuse_host", refused.append)
+    assert deploy.prepare() is None
+    assert checks == [] and fake.batches == []
+    assert "the SSH connection to box was lost: run the deploy again" in refused[0]
+    assert "nothing was changed on this host" in refused[0]
 
 
 def test_without_an_ssh_session_the_access_check_runs_alone(monkeypatch):
@@ -737,3 +756,35 @@ def test_a_process_start_that_cannot_be_read_is_unknown_not_stale():
     parsed = UnitState().process(["MainPID=4242", "ActiveState=active", "SubState=running", "StartEpoch="])
     assert parsed["main_pid"] == 4242 and parsed["started"] is None
     assert UnitState().process(["MainPID=0", "SubState=dead"])["started"] == 0
+
+
+def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refused(monkeypatch, tmp_path):
+    """Two instances serving one synced directory: one model_sync (a second would decide from the
+    same earlier read and send every file again). Two sources into one directory: refused, naming
+    both instances, before any change."""
+    from types import SimpleNamespace
+
+    from planning_fixtures import host_data, instance
+    from vllm_fleet import deploy
+    from vllm_fleet.config import parse_host
+    from vllm_fleet.deploy import DeployError
+
+    src, other = tmp_path / "m", tmp_path / "other"
+
+    def config(second_source):
+        insts = [instance(name=n, model="/srv/models/m", model_source=str(s), tokenizer=None, port=p,
+                          max_model_len=1024, model_info=MODEL_INFO)
+                 for n, s, p in (("a", src, 8000), ("b", second_source, 8100))]
+        return parse_host("box", host_data(gpus=None, instances=insts, vllm_target="cpu"))
+
+    calls = []
+    monkeypatch.setattr(deploy, "model_sync", lambda **kw: calls.append(kw) or f"op{len(calls)}")
+    d = SimpleNamespace(config=config(src), changed={})
+    deploy.models(d)
+    assert [c["dest"] for c in calls] == ["/srv/models/m"] and calls[0]["name"].startswith("Sync model a, b:")
+    assert d.changed == {"model:a": "op1", "model:b": "op1"}
+    clash = SimpleNamespace(config=config(other), files={}, plan=SimpleNamespace(instances=[]))
+    monkeypatch.setattr(deploy, "_hub_downloads", lambda d: [])
+    with pytest.raises(DeployError, match=r"instances a and b sync different model_source directories .* into "
+                                          r"the same host path /srv/models/m"):
+        deploy._check_one_step_per_path(clash)

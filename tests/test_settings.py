@@ -94,7 +94,7 @@ def test_no_data_is_every_default_and_reads_like_a_dict():
         settings.vllm_root = "/srv"  # type: ignore[misc]
 
 
-def test_a_host_config_holds_typed_settings_and_keeps_dict_reads():
+def test_a_host_config_holds_typed_settings_and_has_no_string_lookup():
     host = parse_host("box", host_data(vllm_root="/srv/vllm", vllm_ray_port=6400, ssh_user="deploy"))
     assert isinstance(host.settings, Settings)
     assert host.settings.vllm_root == "/srv/vllm" and host.settings.vllm_ray_port == 6400

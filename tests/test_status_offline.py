@@ -136,6 +136,19 @@ def test_undeclared_gpus_are_read_live_and_planned_like_the_deploy(undeclared):
     assert inst["drift"] == []  # not "not in the plan (would be removed by the next deploy)"
 
 
+def test_a_host_the_deploy_would_refuse_is_still_planned_with_its_live_gpus(undeclared, tmp_path):
+    """The GGUF file gone from the host: the deploy would refuse it, but status plans what it read
+    (the live GPUs: no `gpus` declared) and shows the instance that runs, with the reason; it does
+    not call it "not in the plan (would be removed)" (issue 11's first bug, by another road)."""
+    config, commands = undeclared
+    (tmp_path / "models" / "gemma-3-12b-it-q4_0.gguf").unlink()
+    report = status.host_status("box", StubHost(), config)
+    assert report["gpus_planned_from"] == "live (nvidia-smi)"
+    assert "model path" in report["plan_error"] and "does not exist on the host" in report["plan_error"]
+    assert "(the deploy would refuse this host as it is)" in report["plan_error"]
+    assert report["instances"]["gemma"]["drift"] == []
+
+
 def test_failed_unit_shows_result_restarts_and_the_journals_reason(undeclared, capsys):
     config, _commands = undeclared
     report = status.host_status("box", StubHost(), config)
@@ -181,8 +194,8 @@ def test_without_nvidia_smi_status_plans_the_declared_gpus_and_says_the_deploy_w
         (True, RESULT_PREFIX + json.dumps({"instances": {}, "front": None}) + "\n", "")
         if command.startswith("python3 -c ") else local_shell(command.replace("command -v", "PATH=" + str(empty) + " command -v"))))
     found, source, refusal, _topology = status.discover_host(StubHost(), config)
-    assert found.live is None and found.config is config  # planned from the declared data
-    assert source == "declared (see the plan error)"
+    assert found.live is None and found.config.gpus == config.gpus  # planned from the declared GPUs
+    assert source == "declared (nvidia-smi listed none: see the plan error)"
     assert "nvidia-smi is missing: no NVIDIA driver on this host" in refusal
     assert "(the deploy would refuse this host as it is)" in refusal
     report = status.host_status("box", StubHost(), config)

@@ -252,6 +252,18 @@ def _check_one_step_per_path(d: Deployment) -> None:
         writers.setdefault(path.rstrip("/") or "/", []).append(name.lower())
     for path, f in d.files.items():
         writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
+    synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
+    for inst in c.instances:
+        if inst.model_source:
+            synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
+                str(Path(inst.model_source).expanduser()), inst.name)
+    both = [(dest, by_source) for dest, by_source in synced.items() if len(by_source) > 1]
+    if both:  # one sync per directory (step 2): two sources would each undo what the other sent
+        _fail([ConfigError(f"instances {' and '.join(by_source.values())} sync different model_source "
+                           f"directories ({', '.join(by_source)}) into the same host path {dest}",
+                           host=c.name, instance=list(by_source.values())[-1], key="model",
+                           fix="give each model_source a model path of its own")
+               for dest, by_source in both])
     if _hub_downloads(d):
         writers.setdefault(hub_token_file(c), []).append("the Hugging Face token file of the downloads")
     clashes = {path: who for path, who in writers.items() if len(who) > 1}
@@ -343,7 +355,11 @@ def _access_and_lock() -> bool:
         refuse_host(str(exc))
         return False
     except host_lock.LockFailed as exc:
-        refuse_host(access_problem() or f"{exc}; nothing was changed on this host")
+        if ssh_lost.transport_gone(host.connector):  # nothing to ask the host: say what happened
+            refuse_host(f"{exc}; the SSH connection to {host.name} was lost: run the deploy again once "
+                        "the host is reachable; nothing was changed on this host")
+        else:
+            refuse_host(access_problem() or f"{exc}; nothing was changed on this host")
         return False
     return True
 
@@ -356,14 +372,21 @@ def release_lock(d: Deployment) -> None:
 def models(d: Deployment) -> None:
     """2. Model directories from the workstation (model_source) are synced to the host path; an
     instance whose model files changed is restarted (step 7)."""
+    by_dest: dict[str, list] = {}
     for inst in d.config.instances:
         if inst.model_source:
-            # One remote command when nothing changed (a manifest beside the model); changed files
-            # only, each verified and renamed into place, with progress.
-            d.changed[f"model:{inst.name}"] = model_sync(
-                name=f"Sync model {inst.name}: {inst.model_source} -> {inst.model}",
-                src=str(Path(inst.model_source).expanduser()), dest=inst.model,
-                mode="0644", dir_mode="0755", delete=True)
+            by_dest.setdefault(inst.model, []).append(inst)
+    for dest, insts in by_dest.items():
+        # Once per host directory, whichever instances serve it (prepare refused two sources for one
+        # directory): a second sync would decide from the same earlier read and send it all again.
+        # One remote command when nothing changed (a manifest beside the model); changed files
+        # only, each verified and renamed into place, with progress.
+        names = ", ".join(inst.name for inst in insts)
+        synced = model_sync(name=f"Sync model {names}: {insts[0].model_source} -> {dest}",
+                            src=str(Path(insts[0].model_source).expanduser()), dest=dest,
+                            mode="0644", dir_mode="0755", delete=True)
+        for inst in insts:
+            d.changed[f"model:{inst.name}"] = synced
 
 
 def environment(d: Deployment) -> None:

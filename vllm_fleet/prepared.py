@@ -11,13 +11,15 @@ Pure: no host is reached here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from vllm_fleet.config import HostConfig
 from vllm_fleet.gateway import Backend
-from vllm_fleet.host.discovery import Discovered
 from vllm_fleet.plan import HostPlan, plan_host
 from vllm_fleet.render import RenderedFile, Secrets, instance_paths, manifest_path, render_host
+
+if TYPE_CHECKING:  # what discovery read; imported for its type only (this module reaches no host)
+    from vllm_fleet.host.discovery import Discovered
 
 
 @dataclass
@@ -37,7 +39,7 @@ class PreparedHost:
         return self.files[manifest_path(self.config)]
 
 
-def prepare_host(found: Discovered, secrets: Secrets | None = None,
+def prepare_host(found: "Discovered", secrets: Secrets | None = None,
                  backends_for: Callable[[HostPlan], list[Backend] | None] | None = None) -> PreparedHost:
     """Plan the host from what discovery found (ConfigErrors when it cannot be planned), then render
     every file. `backends_for(plan)`: the fleet's gateway backends, on the gateway host (they need

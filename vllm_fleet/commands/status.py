@@ -50,24 +50,27 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     """(what to plan from, where its GPUs come from, why the deploy would refuse this host or None,
     NVML's GPU topology report on a CUDA host).
 
-    The deploy's own discovery (vllm_fleet/host/discovery.py), read over the status connection in one
-    remote command (facts.RemoteFacts): live GPUs, NVML's topology, the models' config.json, the
-    paths the instances name. Where the deploy would refuse the host, the declared data is planned
-    instead (so drift can still be shown) and the reason is reported."""
+    The deploy's own discovery (vllm_fleet/host/discovery.py), read over the status connection in
+    one remote command (facts.RemoteFacts): live GPUs, NVML's topology, the models' config.json, the
+    paths the instances name. What it read is planned even where the deploy would refuse the host
+    as it is (a model path missing, a driver too old): status still shows what runs and its drift,
+    and the reason is reported. Only GPUs nvidia-smi could not list fall back to the declared ones."""
     on = facts.RemoteFacts(host)
     topology = None
     try:
         facts.prefetch(on, discovery_queries(config))
-        found, errors = discover(on, config)
+        found, errors = discover(on, config, for_deploy=False)
         if config.settings.vllm_target == "cuda":  # answered by the batch above: no command of its own
             topology = facts.get(on, GpuTopology, python=env_python(config))
     except facts.FactUnreadable as exc:
         found, errors = Discovered(config, None, None, None), [ConfigError(str(exc), host=config.name)]
-    if errors:
-        refusal = "; ".join(e.located() for e in errors) + " (the deploy would refuse this host as it is)"
-        source = "none (CPU host)" if config.settings.vllm_target != "cuda" else "declared (see the plan error)"
-        return Discovered(config, None, None, None), source, refusal, topology
-    return found, "live (nvidia-smi)" if found.live else "none (CPU host)", None, topology
+    refusal = ("; ".join(e.located() for e in errors) + " (the deploy would refuse this host as it is)"
+               if errors else None)
+    if config.settings.vllm_target != "cuda":
+        source = "none (CPU host)"
+    else:
+        source = "live (nvidia-smi)" if found.live else "declared (nvidia-smi listed none: see the plan error)"
+    return found, source, refusal, topology
 
 
 def planned_files(found: Discovered) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
@@ -115,7 +118,8 @@ def host_status(name: str, host, config) -> dict[str, Any]:
             entry["failure"] = explain_failure(entry["failure"])
         want = planned.get(inst_name)
         if want is None:
-            entry["drift"] = ["not in the plan (would be removed by the next deploy)"]
+            entry["drift"] = ["not planned: see the plan error" if plan_error and not planned
+                              else "not in the plan (would be removed by the next deploy)"]
             continue
         entry["drift"] = [f"{kind} differs from the plan" for kind in DRIFT_KINDS
                           if entry["files_sha256"].get(kind) != want[kind]]

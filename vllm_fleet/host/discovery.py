@@ -62,8 +62,10 @@ def _local_model_config(source: str) -> tuple[dict[str, Any], int] | None:
     return config, weights
 
 
-def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[ConfigError]) -> InstanceConfig:
-    """Replace catalog numbers with the model's own config.json; a missing path is an error."""
+def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[ConfigError],
+                   check_sync: bool = True) -> InstanceConfig:
+    """Replace catalog numbers with the model's own config.json; a missing path is an error.
+    `check_sync`: also list (and hash) model_source as the sync will send it (the deploy does)."""
     if inst.model_source:
         found = _local_model_config(inst.model_source)
         fix = "point model_source at a model directory"
@@ -75,7 +77,8 @@ def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[Co
                                       key="model_source", fix=fix))
             return inst
         try:  # what the sync will send: a name it cannot send stops the run here, not half-way
-            local_manifest(Path(inst.model_source).expanduser())
+            if check_sync:
+                local_manifest(Path(inst.model_source).expanduser())
         except (ModelSyncError, OSError) as exc:
             errors.append(ConfigError(str(exc), host=config.name, instance=inst.name, key="model_source",
                                       fix=fix))
@@ -171,12 +174,15 @@ class Discovered:
     interconnect: Interconnect | None  # what the planner makes of it
 
 
-def discover(on, config: HostConfig) -> tuple[Discovered, list[ConfigError]]:
+def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovered, list[ConfigError]]:
     """Read what the plan depends on from host `on` through facts.get (after facts.prefetch of
     discovery_queries: one remote command): the live GPUs and the pinned vLLM's preflight of them,
     the GPU topology, the config.json of each model (on the host, or model_source's here), the
     paths named by the instances, the wheelhouse. The deploy (prepare) and `vllm-fleet status` plan
-    from its answer, so both plan alike. Bad input comes back as errors; nothing is changed."""
+    from its answer, so both plan alike. Bad input comes back as errors, beside what was read;
+    nothing is changed. `for_deploy=False` (status) leaves out what only a deploy needs from this
+    workstation: the wheelhouse, and the listing and hashing of each model_source (its weights can
+    be hundreds of GB; status reads its config.json only)."""
     errors: list[ConfigError] = []
     live = None
     if config.settings.vllm_target == "cuda":
@@ -190,8 +196,9 @@ def discover(on, config: HostConfig) -> tuple[Discovered, list[ConfigError]]:
             from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
             errors.extend(preflight(config.name, live, config.instances, config.settings.vllm_version))
     topology, interconnect = _gpu_topology(on, config, live, errors)
-    _check_wheelhouse(config, errors)
-    instances = tuple(_live_instance(on, config, inst, errors) for inst in config.instances)
+    if for_deploy:
+        _check_wheelhouse(config, errors)
+    instances = tuple(_live_instance(on, config, inst, errors, check_sync=for_deploy) for inst in config.instances)
     _check_paths(on, config, errors)
     return Discovered(replace(config, instances=instances), live, topology, interconnect), errors
 

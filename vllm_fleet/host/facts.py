@@ -565,7 +565,7 @@ class RemoteFacts:
     """A connected host's facts outside a deploy (`vllm-fleet status`): the deploy's own fact commands,
     batch (`prefetch`) and processing, sent with vllm_fleet.host.remote.run (the host's _sudo/_su_user/...
     applied). It stands in for pyinfra's host in `prefetch` and `get`, so status reads and plans
-    from exactly what the deploy reads (deploy.discover), in one remote command."""
+    from exactly what the deploy reads (discovery.discover), in one remote command."""
 
     def __init__(self, host, timeout: int = 120):
         self.host, self.timeout = host, timeout

@@ -92,16 +92,20 @@ def owner_is_gone(owner: dict[str, Any]) -> bool:
 
 
 def hold_command(owner: dict[str, Any], lock_dir: str = LOCK_DIR) -> str:
-    """Shell run in the lock's own channel. Prints `LOCKED uid=N` (who it runs as: the deploy's root
-    check) then blocks until the channel closes, or prints BUSY and the holder's OWNER_FILE and exits
-    3. The holder's process group is recorded so a stale lock can be broken (`break_command`)."""
+    """Shell run in the lock's own channel. Run as any user but root it prints `NOTROOT uid=N` and
+    exits 5, touching nothing. As root it prints `LOCKED uid=0` then blocks until the channel closes,
+    or prints BUSY and the holder's OWNER_FILE and exits 3. The holder's process group is recorded
+    so a stale lock can be broken (`break_command`)."""
     q = shlex.quote
     lock_file, owner_file = q(f"{lock_dir}/deploy.lock"), q(f"{lock_dir}/deploy.owner")
-    return (f"umask 077; mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
+    # Who it runs as is checked first: a user other than root that may write lock_dir must not
+    # take (or create) the lock a real deploy then finds held.
+    return (f"uid=$(id -u); if [ \"$uid\" != 0 ]; then echo \"NOTROOT uid=$uid\"; exit 5; fi; "
+            f"umask 077; mkdir -p {q(lock_dir)} && exec 9>>{lock_file} || exit 4; "
             f"if flock -n 9; then "
             f"pgid=$(ps -o pgid= -p $$ | tr -d ' '); "
             f"printf '%s\\n' {q(json.dumps(owner))} \"$pgid\" > {owner_file}.tmp && "
-            f"mv -f {owner_file}.tmp {owner_file}; echo \"LOCKED uid=$(id -u)\"; cat >/dev/null; "
+            f"mv -f {owner_file}.tmp {owner_file}; echo \"LOCKED uid=$uid\"; cat >/dev/null; "
             f"rm -f {owner_file}; "
             f"else echo BUSY; cat {owner_file} 2>/dev/null; exit 3; fi")
 
@@ -155,6 +159,15 @@ def lockable(host) -> bool:
 _HELD: dict[str, Any] = {}
 
 
+ANSWERS = ("LOCKED", "BUSY", "NOTROOT")
+
+
+def answer_of(lines: list[str]) -> list[str]:
+    """The lock command's answer line, split (`LOCKED uid=0`, `BUSY`, `NOTROOT uid=1000`); what a
+    login shell printed before it (a banner, a message of the day) is skipped. [] when none came."""
+    return next((line.split() for line in lines if line.split()[:1] and line.split()[0] in ANSWERS), [])
+
+
 def _read_answer(channel, timeout: float) -> list[str]:
     channel.settimeout(timeout)
     data = b""
@@ -167,7 +180,9 @@ def _read_answer(channel, timeout: float) -> list[str]:
         if not chunk:
             break
         data += chunk
-        if (data.startswith(b"LOCKED") and b"\n" in data) or (data.startswith(b"BUSY") and channel.exit_status_ready()):
+        complete = data.decode(errors="replace").split("\n")[:-1]  # lines ended by a newline
+        answer = answer_of(complete)[:1]
+        if answer == ["LOCKED"] or (answer in (["BUSY"], ["NOTROOT"]) and channel.exit_status_ready()):
             break
     return data.decode(errors="replace").splitlines()
 
@@ -194,13 +209,19 @@ def acquire(host, owner: dict[str, Any] | None = None) -> str:
     broken = ""
     for attempt in (1, 2):
         try:
-            channel = host.connector.client.get_transport().open_session()
+            transport = host.connector.client.get_transport()
+            if transport is None:
+                raise EOFError("the SSH connection is closed")
+            channel = transport.open_session()
             # With the host's _sudo/_su_user/...: the lock lives under /run, which only root may write.
             channel.exec_command(remote.wrapped_command(host, hold_command(owner)))
             lines = _read_answer(channel, ACQUIRE_TIMEOUT_S)
         except (SSHException, EOFError, OSError) as exc:  # the connection failed under the channel
             raise LockFailed(f"host {host.name}: could not open the deploy lock's SSH channel: {exc}") from exc
-        answer = lines[0].split() if lines else []
+        answer = answer_of(lines)
+        if answer[:1] == ["NOTROOT"]:
+            channel.close()
+            raise LockFailed(f"host {host.name}: the deploy lock's command ran as {' '.join(answer[1:])}, not root")
         if answer[:1] == ["LOCKED"]:
             if answer[1:] != ["uid=0"]:
                 channel.close()  # it holds a lock it must not: let it go at once

@@ -45,7 +45,7 @@ def _lost(host_name: str) -> ConnectionResetError:
         "once the host is reachable, it converges from there")
 
 
-def _transport_gone(connector) -> bool:
+def transport_gone(connector) -> bool:
     """The connection under this connector is dead. paramiko records why (saved_exception) BEFORE it
     closes the channels, so a command that just failed because its channel closed sees it set."""
     client = getattr(connector, "client", None)
@@ -66,12 +66,12 @@ def _converting(method):
         except (EOFError, ConnectionError) as exc:  # EOF, or a reset/broken pipe on the socket
             raise _lost(self.host.name) from exc
         except SSHException as exc:  # "SSH session not active": the transport died before
-            if _transport_gone(self):
+            if transport_gone(self):
                 raise _lost(self.host.name) from exc
             raise
         # A command whose channel closed because sshd went away comes back as a plain failure (no
         # exit status, no exception): without this the host fails with no word of why.
-        if _failed(result) and getattr(self, "client", None) is not None and _transport_gone(self):
+        if _failed(result) and getattr(self, "client", None) is not None and transport_gone(self):
             raise _lost(self.host.name)
         return result
 

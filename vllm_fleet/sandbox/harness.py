@@ -587,10 +587,15 @@ def _remove_host(sandbox: Sandbox, host: SandboxHost) -> None:
     _run("ip", "link", "del", host.veth, check=False)
     for cgroup in _cgroup_dirs(host):
         _remove_cgroup(cgroup)
-    # rm (C) is about twice as fast as shutil.rmtree on an environment's tree; it never crosses into
-    # another filesystem (a mount left behind). shutil.rmtree then removes whatever rm could not.
-    _run("rm", "-rf", "--one-file-system", "--", str(_host_dir(sandbox, host)), check=False)
-    shutil.rmtree(_host_dir(sandbox, host), ignore_errors=True)
+    # rm (C) is about twice as fast as shutil.rmtree on an environment's tree. Neither may go through
+    # a mount left behind (it would delete what the mount shows): such a host is reported instead.
+    where = str(_host_dir(sandbox, host))
+    mounted = [m for m in (line.split()[1] for line in Path("/proc/mounts").read_text().splitlines())
+               if m == where or m.startswith(where + "/")]
+    if mounted:
+        raise SandboxError(f"still mounted, not removed: {', '.join(mounted)}")
+    _run("rm", "-rf", "--one-file-system", "--", where, check=False)
+    shutil.rmtree(where, ignore_errors=True)
 
 
 def _remove_bridge(sandbox: Sandbox) -> None:
