@@ -99,18 +99,24 @@ def test_pyinfra_reaches_every_host(sandbox: harness.Sandbox) -> None:
         assert f"[{host.name}]" in proc.stdout + proc.stderr
 
 
-def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: harness.Sandbox) -> None:
-    """A separate one-host sandbox on its own bridge and /24: up, then down, then nothing of it remains.
-    (Its own cycle, so the session's hosts stay up for the tests after this one.)"""
+def _one_host_sandbox(tmp_path: Path, sandbox: harness.Sandbox, name: str, address: str,
+                      inventory_file: str) -> harness.Sandbox:
+    """A sandbox of one host of its own (its own bridge and /24), reached with the session's keys."""
     keys = sandbox.hosts[0]
-    inventory = tmp_path / "inventory" / "downtest.py"
+    inventory = tmp_path / "inventory" / inventory_file
     inventory.parent.mkdir()
     inventory.write_text(
-        f"hosts = [('sbx-downtest', {{'ssh_hostname': '10.213.251.11', 'ssh_user': 'root', "
+        f"hosts = [({name!r}, {{'ssh_hostname': {address!r}, 'ssh_user': 'root', "
         f"'ssh_key': {str(keys.ssh_key)!r}, 'ssh_known_hosts_file': {str(keys.known_hosts)!r}, "
         f"'ssh_strict_host_key_checking': 'yes'}})]\n"
     )
-    small = harness.load(inventory)
+    return harness.load(inventory)
+
+
+def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: harness.Sandbox) -> None:
+    """A separate one-host sandbox on its own bridge and /24: up, then down, then nothing of it remains.
+    (Its own cycle, so the session's hosts stay up for the tests after this one.)"""
+    small = _one_host_sandbox(tmp_path, sandbox, "sbx-downtest", "10.213.251.11", "downtest.py")
     try:
         [status] = harness.up(small, log=print)
         assert status.state == "running"
@@ -148,15 +154,7 @@ def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: h
     """A systemd-nspawn SIGKILLed (its halt ran past the timeout: a vLLM slow to stop) leaves the
     container's init and everything it runs alive, reparented to PID 1. down() kills them by the
     host's own cgroup and removes the rest; nothing of the host is left."""
-    keys = sandbox.hosts[0]
-    inventory = tmp_path / "inventory" / "orphantest.py"
-    inventory.parent.mkdir()
-    inventory.write_text(
-        f"hosts = [('sbx-orphan', {{'ssh_hostname': '10.213.252.11', 'ssh_user': 'root', "
-        f"'ssh_key': {str(keys.ssh_key)!r}, 'ssh_known_hosts_file': {str(keys.known_hosts)!r}, "
-        f"'ssh_strict_host_key_checking': 'yes'}})]\n"
-    )
-    small = harness.load(inventory)
+    small = _one_host_sandbox(tmp_path, sandbox, "sbx-orphan", "10.213.252.11", "orphantest.py")
     host = small.hosts[0]
     try:
         [status] = harness.up(small, log=print)
