@@ -214,13 +214,8 @@ def prepare() -> Deployment | None:
                            host=config.name, instance=spanning[0], key="nodes",
                            fix="deploy it by hand from `vllm-fleet render`'s files, or remove `nodes`")])
     secrets = read_secrets(config)
-    fleet: list[gateway.Backend] = []  # the gateway host's backends, as prepare_host computes them
-
     def backends_for(plan: HostPlan) -> list[gateway.Backend] | None:
-        if not config.settings.vllm_gateway:
-            return None
-        fleet.extend(_fleet_backends(config, plan))
-        return fleet
+        return _fleet_backends(config, plan) if config.settings.vllm_gateway else None
 
     try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
         prepared = prepare_host(found, secrets, backends_for)
@@ -234,8 +229,7 @@ def prepare() -> Deployment | None:
             logger.warning(text)
             plan.warnings.append(text)
     absent, family = _missing_packages(config, plan)
-    d = Deployment(config, plan, prepared.files, secrets, {}, absent, family,
-                   fleet if config.settings.vllm_gateway else None)
+    d = Deployment(config, plan, prepared.files, secrets, {}, absent, family, prepared.backends)
     _check_one_step_per_path(d)
     facts.prefetch(host, managed_state_queries(d))  # one remote command
     return d

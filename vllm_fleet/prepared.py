@@ -29,6 +29,7 @@ class PreparedHost:
     config: HostConfig  # with each instance's model numbers as discovery read them
     plan: HostPlan
     files: dict[str, RenderedFile]  # path on the host -> the file
+    backends: list[Backend] | None = None  # the fleet's, rendered into the gateway host's files
 
     def instance_file(self, name: str, kind: str) -> RenderedFile:
         """An instance's rendered file: kind is "unit", "config" or "env"."""
@@ -47,4 +48,4 @@ def prepare_host(found: "Discovered", secrets: Secrets | None = None,
     plan = plan_host(found.config, found.live, found.interconnect)
     backends = backends_for(plan) if backends_for else None
     files = {f.path: f for f in render_host(found.config, plan, secrets, backends)}
-    return PreparedHost(found.config, plan, files)
+    return PreparedHost(found.config, plan, files, backends)
