@@ -17,9 +17,12 @@ Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
   5. Hugging Face ids are downloaded into HF_HOME (the token goes in a root-only file, not argv)
   6. engine YAML, root-only env file, units; the front's config and unit; units of removed
      instances are removed
-  7. daemon-reload only if a unit changed; restart only the instances whose files or env changed
-     (or that still run from before an interrupted deploy changed them); then reload the front
-  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion
+  7. daemon-reload only if a unit changed; on the nodes of a multi-node instance, Ray (the head's
+     unit, then each worker's, rejoining the head's cluster), and on the head vLLM starts only once
+     every node is in the cluster; restart only the instances whose files or env changed (or that
+     still run from before an interrupted deploy changed them); then reload the front
+  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion (on a
+     multi-node instance's head, first the Ray cluster: every node alive with its GPUs)
   9. on the fleet's gateway host: vllm-router restarted or reloaded if its unit or backends
      changed (after this host's instances serve: it registers them), then verified; then the
      lock is released (a killed deploy releases it when its SSH session ends)
@@ -39,7 +42,10 @@ instances, files and model files the host has:
                                                                                         (step 1)
   4. the verification probe, all of the host's instances at once                        (step 8)
   5. on the gateway host only: the gateway's verification probe                         (step 9)
-Releasing the lock closes its channel (no command); a host without instances skips 4. Every
+Releasing the lock closes its channel (no command); a host without instances skips 4. The head of
+a multi-node instance adds one (the Ray cluster's check, step 8); a Ray worker, with no instance of
+its own, runs two in place of 4 (the check that it is in the head's cluster, step 7, and that its
+Ray unit is active, step 8). Every
 operation (vllm_fleet/host/operations.py, model_sync.py) compares with what 2 and 3 read and sends
 nothing where the host already matches; pyinfra runs an operation's body twice (to plan, then to
 execute) and both read those same answers (vllm_fleet/host/facts.py: prefetch, get). A batch splits in

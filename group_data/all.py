@@ -149,4 +149,7 @@ ssh_strict_host_key_checking = "yes"
 
 # --- Verification ---------------------------------------------------------------------------------
 vllm_verify = True  # after a deploy: /health, /v1/models, a 1-token completion, GPU processes
-vllm_verify_timeout_s = None  # None: sized to the model (the unit's TimeoutStartSec)
+# (on the nodes of a multi-node instance, first: the Ray cluster has every node, alive, with its GPUs)
+# None: sized to the model (the unit's TimeoutStartSec). A multi-node instance's head waits at most
+# 120 s for every node to join Ray before vLLM starts, and 30 s in verification: this bounds both.
+vllm_verify_timeout_s = None

@@ -39,14 +39,19 @@ KILL_POINTS = {"the deploy lock, before any fact": "deploy lock /run/vllm-fleet/
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 
 
-@pytest.fixture(scope="session")
-def deploy_env(sandbox):
+def deploy_environment() -> dict[str, str]:
     """Environment for pyinfra/vllm-fleet: the wheelhouse and tiny model on this machine, the key."""
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
     wheelhouse = build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
     return dict(os.environ, VLLM_FLEET_WHEELHOUSE=str(wheelhouse.path), VLLM_FLEET_API_KEY=API_KEY,
                 PYTHONUNBUFFERED="1")
+
+
+@pytest.fixture(scope="session")
+def deploy_env(sandbox):
+    """deploy_environment(), once the session's sandbox is up."""
+    return deploy_environment()
 
 
 def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subprocess.CompletedProcess:

@@ -48,6 +48,13 @@ def use_fake_host(monkeypatch, deploy, fake: "FakeHost") -> None:
     monkeypatch.setattr(deploy, "access_problem", lambda: None)
 
 
+class FakeState:
+    """Stands in for pyinfra's State where deploy.prepare() reads the inventory (weakly keyed)."""
+
+    def __init__(self, inventory: list):
+        self.inventory = inventory
+
+
 class FakeHost:
     """Stands in for pyinfra's `host` inside deploy.prepare(): data and facts from dicts; `asked`
     records (fact name, arguments) in the order prepare() asked. The OS packages are there unless
@@ -60,6 +67,7 @@ class FakeHost:
         self.facts, self.asked, self.batches = {"HostRuntime": PROVISIONED, **facts}, [], []
         # No SSH client: lock.acquire says there is no session to tie the deploy lock to.
         self.connector = SimpleNamespace()
+        self.state = FakeState([self])  # an inventory of this host alone
 
     def get_fact(self, cls, **kwargs):
         if cls.__name__ == "FactBatch":

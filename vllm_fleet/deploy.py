@@ -33,7 +33,7 @@ from pyinfra.operations.util import any_changed
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.host import lock as host_lock
 from vllm_fleet import gateway
-from vllm_fleet.host import facts, host_packages as os_packages, hub, remote, ssh_lost
+from vllm_fleet.host import facts, host_packages as os_packages, hub, ray_cluster, remote, ssh_lost
 from vllm_fleet.host.discovery import discover, discovery_queries
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
 from vllm_fleet.host.model_sync import state_query as model_state_query
@@ -45,9 +45,9 @@ from vllm_fleet.host.facts import (DirectoryState, FileState, HostRuntime, HubMo
 from vllm_fleet.host.operations import (environment_queries, managed_directory, managed_file, secret_file,
                                    service_account, systemd_service, vllm_environment)
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
-from vllm_fleet.prepared import prepare_host
-from vllm_fleet.render import (FRONT_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
-                               front_probe_address, instance_paths, manifest_path, start_timeout_s)
+from vllm_fleet.prepared import node_group_plans, prepare_host
+from vllm_fleet.render import (FRONT_UNIT, RAY_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
+                               front_probe_address, instance_paths, manifest_path, ray_paths, start_timeout_s)
 from vllm_fleet.host.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                parse_probe_output, probe_command)
 
@@ -125,7 +125,7 @@ def managed_state_queries(d: "Deployment") -> list[facts.Query]:
     wanted += [query(FileState, path=path) for path in sorted(d.files)]
     for inst in d.plan.instances:
         wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(c, inst))]
-    for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT):
+    for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT, RAY_UNIT):
         wanted.append(query(UnitState, unit=unit))
     for unit, _name, paths in removed_units(d):
         wanted.append(query(UnitState, unit=unit))
@@ -207,18 +207,13 @@ def prepare() -> Deployment | None:
     if errors:
         _fail(errors)
     config, topology, interconnect = found.config, found.topology, found.interconnect
-    spanning = [inst.name for inst in config.instances if getattr(inst, "nodes", None)]
-    if spanning:  # planned and rendered offline (vllm-fleet plan/render); the Ray deploy is not built
-        _fail([ConfigError(f"instance {spanning[0]} spans several servers (nodes): vllm-fleet plans and "
-                           "renders it (vllm-fleet plan / render) but cannot deploy it yet",
-                           host=config.name, instance=spanning[0], key="nodes",
-                           fix="deploy it by hand from `vllm-fleet render`'s files, or remove `nodes`")])
     secrets = read_secrets(config)
     def backends_for(plan: HostPlan) -> list[gateway.Backend] | None:
         return _fleet_backends(config, plan) if config.settings.vllm_gateway else None
 
     try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
-        prepared = prepare_host(found, secrets, backends_for)
+        groups = node_group_plans(found, _inventory_configs(host.state))
+        prepared = prepare_host(found, secrets, backends_for, node_groups=groups)
     except ConfigErrors as exc:
         _fail(exc.errors)
     plan = prepared.plan
@@ -233,6 +228,26 @@ def prepare() -> Deployment | None:
     _check_one_step_per_path(d)
     facts.prefetch(host, managed_state_queries(d))  # one remote command
     return d
+
+
+# Every inventory host's parsed data, once per run (keyed by the run's State): a node of a
+# multi-node instance learns its group from the head's declaration (config.node_group_of).
+_CONFIGS: "weakref.WeakKeyDictionary[Any, dict[str, HostConfig]]" = weakref.WeakKeyDictionary()
+
+
+def _inventory_configs(state) -> dict[str, HostConfig]:
+    """Every inventory host's config (whether or not in this run's --limit). A host whose data does
+    not parse is left out here: its own prepare() reports it and stops the run."""
+    configs = _CONFIGS.get(state)
+    if configs is None:
+        configs = {}
+        for other in state.inventory:
+            try:
+                configs[other.name] = parse_host(other.name, other.data.dict())
+            except ConfigErrors:
+                pass
+        _CONFIGS[state] = configs
+    return configs
 
 
 def _check_one_step_per_path(d: Deployment) -> None:
@@ -568,6 +583,10 @@ def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
         elif unit == FRONT_UNIT:
             if front["unit"] not in d.files:
                 out.append((unit, "Stop the front (no instance left)", [front["config"], front["unit"]]))
+        elif unit == RAY_UNIT:
+            if ray_paths(c)["unit"] not in d.files:
+                out.append((unit, "Stop the Ray node (this host is no node of a multi-node instance now)",
+                            [ray_paths(c)["unit"]]))
         else:
             name = instance_of_unit(unit) or unit
             paths = instance_paths(c, name)
@@ -594,6 +613,12 @@ def service_files(d: Deployment) -> None:
                                content=env.content, upload_dir=upload_dir(c)))
         d.changed[inst.name] = ops
         d.changed.setdefault("units", []).append(ops[1])
+    ray_unit = d.files.get(ray_paths(c)["unit"])
+    if ray_unit is not None:  # a node of a multi-node instance: its Ray head or worker
+        role = d.plan.ray
+        d.changed["ray_unit"] = _put(f"Ray {'head' if role.is_head else 'worker'} unit of {role.instance}: "
+                                     f"{ray_unit.path}", ray_unit)
+        d.changed.setdefault("units", []).append(d.changed["ray_unit"])
     front = front_paths(c)
     if front["unit"] in d.files:
         for kind in ("config", "unit"):
@@ -632,7 +657,8 @@ def services(d: Deployment) -> None:
               for inst in d.plan.instances}
     pending_reload = [name for name, u in units.items() if u["need_daemon_reload"]]
     # The front's and the gateway's units too: a run stopped between writing them and daemon-reload.
-    pending_reload += [unit for unit, kind in ((FRONT_UNIT, "front_unit"), (gateway.GATEWAY_UNIT, "gateway_unit"))
+    pending_reload += [unit for unit, kind in ((FRONT_UNIT, "front_unit"), (gateway.GATEWAY_UNIT, "gateway_unit"),
+                                               (RAY_UNIT, "ray_unit"))
                        if kind in d.changed and facts.get(host, UnitState, unit=unit)["need_daemon_reload"]]
     if d.changed.get("units") or pending_reload:
         if pending_reload:
@@ -641,6 +667,7 @@ def services(d: Deployment) -> None:
         units_changed = any_changed(*d.changed.get("units", []))
         systemd.daemon_reload(name="systemd daemon-reload (a unit changed)",
                               _if=lambda: bool(pending_reload) or units_changed())
+    ray_restarted = _ray_service(d)
     for inst in d.plan.instances:
         found = units[inst.name]
         if found["main_pid"] and found["started"] is None:
@@ -653,8 +680,17 @@ def services(d: Deployment) -> None:
         model_op = d.changed.get(f"model:{inst.name}")
         files_changed = any_changed(*d.changed[inst.name], d.changed["environment"],
                                     *([model_op] if model_op else []))
-        changed = (lambda stale=stale, files_changed=files_changed: stale or files_changed())
+        on_ray = bool(inst.nodes)  # the head of a multi-node instance: Ray restarted, vLLM restarts
+        changed = (lambda stale=stale, files_changed=files_changed, on_ray=on_ray:
+                   stale or files_changed() or (on_ray and ray_restarted()))
         unit = inst.unit_name
+        if on_ray:
+            # Started only once the cluster has every node (vLLM would otherwise wait for the
+            # placement group of a missing node): the workers' Ray units started in the operation
+            # before this one, on their hosts, at the same time as the head's.
+            python.call(name=f"Wait for every node of {inst.name}'s Ray cluster ({', '.join(inst.nodes)})",
+                        function=_wait_for_cluster, spec=_cluster_spec(d, ray_cluster.JOIN_TIMEOUT_S),
+                        _if=lambda changed=changed, running=found["running"]: changed() or not running)
         # The unit's start job lasts until vLLM is healthy (ExecStartPost): started --no-block, so
         # the instances of a host load in parallel and verification watches them (with the journal
         # when one fails). `stop` first, blocking: the old process has let go of its port before
@@ -684,6 +720,118 @@ def services(d: Deployment) -> None:
                         _if=lambda: config_changed() and not unit_changed())
         systemd_service(name=f"Ensure {FRONT_UNIT} is enabled and running", unit=FRONT_UNIT,
                         running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
+
+
+def _ray_service(d: Deployment):
+    """7 (nodes of a multi-node instance). This host's Ray node. Returns whether it is restarted
+    (a callable, known at execution): the head's vLLM then restarts too.
+
+    The head first (its operations come first, so they run on every head before any worker's):
+    restarted when its unit or the environment changed, else started if it is not running. Stop,
+    then start (not `restart`): vLLM's unit Requires= Ray's, so stopping Ray stops vLLM, while
+    `restart` would restart vLLM at once, before the workers are back; vLLM is started again by its
+    own operation once the cluster has every node (_wait_for_cluster).
+
+    Then each worker, restarted when its own unit or the environment changed, or when it is not in
+    the head's cluster now (the head restarted: a worker of the old head would take a minute to
+    notice and rejoin; or it is stopped). Started only after the head's restart, never joining a head
+    that is going down."""
+    role = d.plan.ray
+    if role is None:
+        return lambda: False
+    unit = RAY_UNIT
+    restart = any_changed(d.changed["ray_unit"], d.changed["environment"])
+    running = facts.get(host, UnitState, unit=unit)["running"]
+    if role.is_head:
+        # One operation, right after daemon-reload like the workers' own: pyinfra runs operations
+        # that become ready together in the order of the deploy's code lines (pyinfra/api/state.py
+        # get_op_order), so this one runs on the head before the workers' below.
+        why = "its unit or environment changed" if running else "it was not running"
+        server.shell(name=f"(Re)start {unit}, the Ray head ({why})", _if=lambda: restart() or not running,
+                     commands=[_ray_restart(unit)])
+        if running:
+            systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
+                            _if=lambda: not restart())
+        return restart
+    spec = _cluster_spec(d, 0)
+    spec["nodes"] = {role.host: spec["nodes"][role.host]}  # is this worker in the head's cluster now?
+    python.call(name=f"Ray worker {unit} of {role.instance}: in the cluster of {role.head}, else (re)started",
+                function=_join_cluster, spec=spec, restart=restart, running=running)
+    return restart
+
+
+def _ray_restart(unit: str) -> str:
+    return (f"systemctl stop {unit}; systemctl reset-failed {unit} 2>/dev/null; "
+            f"systemctl enable --quiet {unit} && systemctl start {unit}")
+
+
+def _join_cluster(state, host, spec: dict[str, Any], restart, running: bool) -> None:  # at execution
+    """A worker: (re)start its Ray unit when its unit or the environment changed, when it was not
+    running, or when the head's cluster does not list it alive (one probe, no wait)."""
+    if restart():
+        why = "its unit or environment changed"
+    elif not running:
+        why = "it was not running"
+    else:
+        res = ray_cluster.check(host, spec)
+        if res["ok"]:
+            return
+        why = (f"the Ray head at {spec['head_address']} does not list it: "
+               f"{res.get('error') or 'the head restarted or the worker left'}")
+    ok, _out, err = remote.run(host, _ray_restart(RAY_UNIT))
+    if not ok:
+        raise OperationError(f"host {host.name}: could not start {RAY_UNIT}: {err.strip()[-500:]}")
+    logger.info(f"{host.print_prefix}(re)started {RAY_UNIT}, the Ray worker of {spec['instance']} ({why})")
+    _RAY_RESTARTED.setdefault(host.state, set()).add(host.name)
+
+
+# The workers whose Ray unit _join_cluster (re)started in a run (by State, like _FAILURES): its
+# python.call always "runs", and rollout counts it as a change only then (ray_worker_restarted).
+_RAY_RESTARTED: "weakref.WeakKeyDictionary[Any, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def ray_worker_restarted(state, host_name: str) -> bool:
+    return host_name in _RAY_RESTARTED.get(state, set())
+
+
+def _cluster_spec(d: Deployment, timeout_s: int) -> dict[str, Any]:
+    """What ray_cluster's probe checks on the head: every node alive at its address with the GPUs
+    the tool declared to Ray (`ray start --num-gpus`), waiting at most `timeout_s`, or
+    vllm_verify_timeout_s when that is set and shorter."""
+    role = d.plan.ray
+    bound = d.config.settings.vllm_verify_timeout_s
+    return ray_cluster.spec(role, d.config, env_prefix=current_link(d.config.settings.vllm_root),
+                            timeout_s=int(min(timeout_s, bound)) if bound else timeout_s)
+
+
+def _wait_for_cluster(state, host, spec: dict[str, Any]) -> None:  # runs at execution, on the head
+    res = ray_cluster.check(host, spec)
+    if not res["ok"]:
+        text = ray_cluster.failure_text(host.name, spec, res)
+        record_failure(host, text)
+        raise OperationError(text + f"\n  vLLM's unit was not started; run the deploy again once every node is up")
+    logger.info(f"{host.print_prefix}{ray_cluster.success_text(spec, res)}")
+
+
+def _verify_ray_node(state, host, spec: dict[str, Any]) -> None:  # runs at execution
+    """The head: the cluster has every node, alive, with its GPUs. A worker: its Ray unit runs (the
+    head's check says whether it joined)."""
+    if spec["is_head"]:
+        res = ray_cluster.check(host, spec)
+        if not res["ok"]:
+            text = ray_cluster.failure_text(host.name, spec, res)
+            record_failure(host, text)
+            raise OperationError(text)
+        logger.info(f"{host.print_prefix}verified {ray_cluster.success_text(spec, res)}")
+        return
+    ok, out, _err = remote.run(host, f"systemctl is-active {RAY_UNIT}")
+    if not ok:
+        text = (f"host {host.name}, Ray worker of {spec['instance']}: {RAY_UNIT} is "
+                f"{out.strip() or 'not active'}; see `journalctl -u {RAY_UNIT}` on {host.name}")
+        record_failure(host, text)
+        raise OperationError(text)
+    logger.info(f"{host.print_prefix}verified the Ray worker of {spec['instance']}: {RAY_UNIT} is active "
+                f"(the head {spec['head']} checks that it joined)")
 
 
 def gateway_service(d: Deployment) -> None:
@@ -734,6 +882,9 @@ def verify(d: Deployment) -> None:
     """8. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
     if not d.config.settings.vllm_verify:
         return
+    if d.plan.ray is not None:  # first: a missing node is named, not only the instance's failure
+        python.call(name=f"Verify the Ray {'cluster' if d.plan.ray.is_head else 'worker'} of {d.plan.ray.instance}",
+                    function=_verify_ray_node, spec=_cluster_spec(d, ray_cluster.VERIFY_TIMEOUT_S))
     gpus = {g.index: g for g in d.plan.gpus}
     checks = []
     for inst in d.plan.instances:

@@ -13,9 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
-from vllm_fleet.config import HostConfig
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, node_group_of
 from vllm_fleet.gateway import Backend
-from vllm_fleet.plan import HostPlan, plan_host
+from vllm_fleet.plan import HostPlan, NodeGroupPlan, plan_host, plan_node_group
 from vllm_fleet.render import RenderedFile, Secrets, instance_paths, manifest_path, render_host
 
 if TYPE_CHECKING:  # what discovery read; imported for its type only (this module reaches no host)
@@ -41,11 +41,59 @@ class PreparedHost:
 
 
 def prepare_host(found: "Discovered", secrets: Secrets | None = None,
-                 backends_for: Callable[[HostPlan], list[Backend] | None] | None = None) -> PreparedHost:
+                 backends_for: Callable[[HostPlan], list[Backend] | None] | None = None,
+                 node_groups: list[NodeGroupPlan] | None = None) -> PreparedHost:
     """Plan the host from what discovery found (ConfigErrors when it cannot be planned), then render
     every file. `backends_for(plan)`: the fleet's gateway backends, on the gateway host (they need
-    this host's plan); `secrets`: None renders placeholders (status compares no secret file)."""
-    plan = plan_host(found.config, found.live, found.interconnect)
+    this host's plan); `secrets`: None renders placeholders (status compares no secret file);
+    `node_groups`: the multi-node instance this host is a node of, planned (plan_node_group), or
+    None when it is in none."""
+    plan = plan_host(found.config, found.live, found.interconnect, node_groups=node_groups)
     backends = backends_for(plan) if backends_for else None
     files = {f.path: f for f in render_host(found.config, plan, secrets, backends)}
     return PreparedHost(found.config, plan, files, backends)
+
+
+def node_group_plans(found: "Discovered", configs: dict[str, HostConfig]) -> list[NodeGroupPlan] | None:
+    """The multi-node instance this host is a node of, planned: None when it is in none.
+
+    Planned on every node alike: this host's GPUs as nvidia-smi lists them (found.live), the other
+    nodes' as declared (each node checks its own live GPUs against its declaration when it plans,
+    so they agree), every node's address on the nodes' network from the inventory
+    (vllm_advertise_address, else ssh_hostname: plan.node_addresses). This host's own address must
+    be on its vllm_private_interface (discovery read it): Ray binds there (`ray start
+    --node-ip-address`, VLLM_HOST_IP) and the others reach it there. Raises ConfigErrors."""
+    me = found.config
+    fleet = {**configs, me.name: me}  # this host with its model numbers as discovery read them
+    group = node_group_of(list(fleet.values()), me.name)
+    if group is None:
+        return None
+    # As declared (a head's instance, once discovery filled in its model's numbers, would differ
+    # from the copy a worker sees through shared group data).
+    check_fleet([configs.get(n, fleet[n]) for n in group.nodes if n in fleet], inventory=list(fleet))
+    absent = [n for n in group.nodes if n not in fleet]
+    if absent:  # in the inventory but its data does not parse: its own prepare names the error
+        raise ConfigErrors([ConfigError(f"node {absent[0]} of multi-node instance {group.instance.name} "
+                                        "could not be read", host=me.name, instance=group.instance.name,
+                                        key="nodes", fix=f"fix {absent[0]}'s host data (its error is above)")])
+    if group.head == me.name:  # the instance with the numbers of the model's own config.json
+        group = NodeGroup(next(i for i in me.instances if i.name == group.instance.name))
+    group_plan = plan_node_group(group, {n: fleet[n] for n in group.nodes}, live={me.name: found.live})
+    role = group_plan.roles[me.name]
+    interface = me.settings.vllm_private_interface
+    if found.private_addresses is None:
+        raise ConfigErrors([ConfigError(
+            f"interface {interface} (vllm_private_interface) does not exist on this host; it is node "
+            f"{me.name} of multi-node instance {role.instance}", host=me.name, instance=role.instance,
+            key="vllm_private_interface", fix="name the interface of the nodes' isolated network (`ip -o addr` "
+                                              "on the host lists them)")])
+    if role.address not in found.private_addresses:
+        raise ConfigErrors([ConfigError(
+            f"the node group of {role.instance} reaches {me.name} at {role.address}, but its "
+            f"vllm_private_interface {interface} has {', '.join(found.private_addresses) or 'no address'}: "
+            "Ray binds to that interface, so the other nodes could not reach this one",
+            host=me.name, instance=role.instance, key="vllm_advertise_address",
+            fix=f"set vllm_advertise_address = '{(found.private_addresses or ['<its address>'])[0]}' on "
+                f"{me.name} (the address on the nodes' network), or name the interface that has "
+                f"{role.address} in vllm_private_interface")])
+    return [group_plan]

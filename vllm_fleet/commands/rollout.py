@@ -21,12 +21,13 @@ import math
 import shlex
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from vllm_fleet.commands import gateway_drain
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
+from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, node_groups, parse_host, split_names
 from vllm_fleet.gateway import find_gateway
 from vllm_fleet.host.envbuild import current_link
 from vllm_fleet.host.facts import MANAGED_UNIT_FILES
@@ -169,13 +170,17 @@ def changed_operations(state, host) -> list[str]:
 
     pyinfra counts an operation as changed when it succeeded with commands to run (what its
     CLI prints as "Success" rather than "No Change"). The deploy's python.call steps that only
-    observe (the deploy lock, the verification) always "run": they are not changes.
+    observe (the deploy lock, the verification, the Ray cluster's checks) always "run": they are
+    not changes; a Ray worker's join check is one only when it (re)started the worker.
     """
     from pyinfra.api.command import FunctionCommand
 
     from vllm_fleet import deploy
 
-    observing = {deploy._release_lock, deploy._verify, deploy._verify_gateway}
+    observing = {deploy._release_lock, deploy._verify, deploy._verify_gateway, deploy._wait_for_cluster,
+                 deploy._verify_ray_node}
+    if not deploy.ray_worker_restarted(state, host.name):  # its check alone changed nothing
+        observing.add(deploy._join_cluster)
     names = []
     for op_hash in state.get_op_order():
         op_data = state.ops[host].get(op_hash)
@@ -209,7 +214,7 @@ def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
 
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
-                    log, gateway_config=None) -> None:
+                    log, gateway_config=None, groups: list[tuple[str, ...]] = ()) -> None:
     """Snapshot, drain the batch from the fleet gateway, run deploy.py on the batch through pyinfra's
     API, roll back each failed host, put the batch back into the gateway."""
     from vllm_fleet.commands.connection import connected
@@ -247,7 +252,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
         outside = {h for n, h in active.items() if h is not None and n not in batch}
         state.active_hosts -= outside
         try:
-            _deploy_batch(state, batch, active, configs, results, log)
+            _deploy_batch(state, batch, active, configs, results, log, groups)
         finally:
             state.active_hosts |= outside - set(state.failed_hosts)
             try:
@@ -258,8 +263,9 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
 
 
 def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results: dict[str, HostResult],
-                  log) -> None:
-    """deploy.py on the batch (already connected and snapshotted); roll back each failed host."""
+                  log, groups: list[tuple[str, ...]] = ()) -> None:
+    """deploy.py on the batch (already connected and snapshotted); roll back each failed host, and
+    every node of a multi-node instance one of whose nodes failed (the group is one unit)."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
@@ -272,7 +278,8 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     state.set_stage(StateStage.Prepare)
     state.current_op_file_number = 0
     try:
-        load_deploy_file(state, str(deploy_file()))
+        with _ordered_like_the_cli():
+            load_deploy_file(state, str(deploy_file()))
     except Exception as exc:  # noqa: BLE001 - DeployError or a deploy.py bug: nothing was changed yet
         cause, refused = _load_error(exc)
         text = _error_text(cause)
@@ -293,7 +300,23 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     except PyinfraError:  # "No hosts remaining!": every host of the batch failed
         pass
     failed = {h.name for h in state.failed_hosts}
+    with_group: dict[str, str] = {}  # a node that converged, rolled back because a node of its group failed
+    for group in groups:
+        down = [n for n in group if n in failed]
+        for n in group:
+            if down and n in batch and n not in failed:
+                with_group[n] = down[0]
     for n in batch:
+        if n in with_group:
+            res = results[n]
+            res.error = (f"its multi-node instance's node {with_group[n]} failed: the node group is "
+                         "rolled back as one")
+            log(f"{n}: converged, but {with_group[n]} of its node group failed: rolling back")
+            ok, message = _roll_back(active[n], configs[n], res.before)
+            res.state = "rolled back" if ok else "failed"
+            res.error += f"; rollback: {message}"
+            res.after, res.finished = res.before, time.time()
+            continue
         res = results[n]
         if n not in failed:
             ok, out, _err = run(active[n], f"cat {shlex.quote(manifest_path(configs[n]))}")
@@ -313,9 +336,55 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
         res.finished = time.time()
 
 
+def make_batches(names: list[str], size: int, groups: list[tuple[str, ...]]) -> list[list[str]]:
+    """`names` in order, `size` at a time, except that the nodes of a multi-node instance (`groups`)
+    are one unit: they go together, in the batch of the first of them, whatever the size (a half
+    updated group would run two Ray or vLLM versions in one cluster)."""
+    group_of = {n: g for g in groups for n in g}
+    batches: list[list[str]] = []
+    current: list[str] = []
+    placed: set[str] = set()
+    for name in names:
+        if name in placed:
+            continue
+        unit = [n for n in group_of.get(name, (name,)) if n in names]
+        if current and len(current) + len(unit) > size:
+            batches.append(current)
+            current = []
+        current += unit
+        placed.update(unit)
+        if len(current) >= size:
+            batches.append(current)
+            current = []
+    if current:
+        batches.append(current)
+    return batches
+
+
+@contextmanager
+def _ordered_like_the_cli():
+    """Order deploy.py's operations as `pyinfra INVENTORY deploy.py` does: by where the deploy code
+    calls them (pyinfra/api/operation.py solve_operation_consistency, CLI mode), not by how many
+    operations each host had before (its API mode). Hosts whose steps differ then still run each
+    step together: a multi-node instance's head restarts Ray before its workers rejoin
+    (deploy._ray_service); in API mode a worker's 11th operation would run beside the head's 11th."""
+    import pyinfra
+
+    before = pyinfra.is_cli
+    pyinfra.is_cli = True
+    try:
+        yield
+    finally:
+        pyinfra.is_cli = before
+
+
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
             order: list[str] | None = None, log=print) -> list[HostResult]:
     deploy_file()  # found before any host is reached (an installed package needs a checkout)
+    everyone = [parse_host(name, data) for name, data, _g in load_inventory(inventory)]
+    groups = [g.nodes for g in node_groups(everyone)]
+    if limit:  # a node of a multi-node instance brings its whole group (it is updated as one)
+        limit = list(limit) + [n for g in groups if set(g) & set(_limited(inventory, limit)) for n in g]
     hosts = load_inventory(inventory, limit=limit)
     names = [name for name, _d, _g in hosts]
     if order:
@@ -326,19 +395,25 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
         names = order + [n for n in names if n not in order]
     configs = {name: parse_host(name, data) for name, data, _g in hosts}
     # The fleet's gateway, wherever it is (in --limit or not): the batches are drained from it.
-    gateway_config = find_gateway([parse_host(name, data) for name, data, _g in load_inventory(inventory)])
+    gateway_config = find_gateway(everyone)
     size = parse_batch(batch, len(names))
     results = {n: HostResult(n) for n in names}
-    for start in range(0, len(names), size):
-        group = names[start:start + size]
-        log(f"batch {start // size + 1}: {', '.join(group)}")
-        _converge_batch(inventory, group, configs, results, log, gateway_config)
+    batches = make_batches(names, size, groups)
+    done = 0
+    for number, group in enumerate(batches, 1):
+        log(f"batch {number}: {', '.join(group)}")
+        _converge_batch(inventory, group, configs, results, log, gateway_config, groups)
+        done += len(group)
         failures = [r for r in results.values() if r.state in ("failed", "rolled back")]
         if len(failures) > max_fail:
             log(f"stopping: {len(failures)} host(s) failed (--max-fail {max_fail}); "
-                f"{len(names) - start - len(group)} host(s) left untouched")
+                f"{len(names) - done} host(s) left untouched")
             break
     return list(results.values())
+
+
+def _limited(inventory: str, limit: list[str]) -> list[str]:
+    return [name for name, _d, _g in load_inventory(inventory, limit=limit)]
 
 
 def print_table(results: list[HostResult]) -> None:

@@ -19,12 +19,14 @@ import sys
 from typing import Any
 
 from vllm_fleet import gateway
-from vllm_fleet.host import facts, gpu_topology, remote
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
+from vllm_fleet.host import facts, gpu_topology, ray_cluster, remote
+from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, node_group_of, parse_host, split_names
 from vllm_fleet.host.discovery import Discovered, discover, discovery_queries, env_python
 from vllm_fleet.host.facts import GpuTopology
-from vllm_fleet.prepared import prepare_host
-from vllm_fleet.render import FRONT_UNIT, instance_paths, manifest_path
+from vllm_fleet.host.envbuild import current_link
+from vllm_fleet.plan import plan_node_group
+from vllm_fleet.prepared import node_group_plans, prepare_host
+from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, instance_paths, manifest_path
 from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
@@ -73,13 +75,17 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     return found, source, refusal, topology
 
 
-def planned_files(found: Discovered) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
+def planned_files(found: Discovered, configs: dict[str, Any] | None = None,
+                  ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
     """({instance: {kind: sha256}}, the front's unit entry or None, error text or None) of what the
-    deploy would write now: prepare_host, the deploy's own, from what discovery read."""
+    deploy would write now: prepare_host, the deploy's own, from what discovery read. `configs`:
+    every inventory host's config, for a node of a multi-node instance (its group's plan)."""
     config = found.config
     try:
         # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
-        prepared = prepare_host(found, backends_for=lambda plan: [] if config.settings.vllm_gateway else None)
+        groups = node_group_plans(found, configs or {config.name: config})
+        prepared = prepare_host(found, backends_for=lambda plan: [] if config.settings.vllm_gateway else None,
+                                node_groups=groups)
     except ConfigErrors as exc:
         return {}, None, "; ".join(e.located() for e in exc.errors)
     out = {inst.name: {kind: hashlib.sha256(prepared.instance_file(inst.name, kind).content.encode()).hexdigest()
@@ -98,11 +104,11 @@ def explain_failure(failure: dict[str, Any]) -> dict[str, Any]:
             "diagnosis": diagnose("\n".join(journal)), "journal": journal[-JOURNAL_TAIL:]}
 
 
-def host_status(name: str, host, config) -> dict[str, Any]:
+def host_status(name: str, host, config, configs: dict[str, Any] | None = None) -> dict[str, Any]:
     if host is None:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
     found, gpu_source, refusal, topology = discover_host(host, config)
-    planned, front, plan_error = planned_files(found)
+    planned, front, plan_error = planned_files(found, configs)
     plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
     payload = {"manifest": manifest_path(config),
                "config_dir": config.settings.vllm_config_dir, "front": front,
@@ -138,11 +144,50 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
 
     hosts = load_inventory(inventory, limit=limit)
     configs = {name: parse_host(name, data) for name, data, _groups in hosts}
+    everyone = {**{name: parse_host(name, data) for name, data, _g in load_inventory(inventory)}, **configs}
     with connected(inventory, [name for name, _d, _g in hosts]) as (_state, active):
-        report = [host_status(name, active[name], configs[name]) for name, _d, _g in hosts]
+        report = [host_status(name, active[name], configs[name], everyone) for name, _d, _g in hosts]
         gateways = [gateway_status(name, active[name], configs[name]) for name, _d, _g in hosts
                     if configs[name].settings.vllm_gateway is True]
-    return report, gateways
+        ray = [ray_status(name, active[name], everyone) for name in configs
+               if node_group_of(list(everyone.values()), name) is not None]
+    return report, gateways, ray
+
+
+def ray_status(name: str, host, configs: dict[str, Any]) -> dict[str, Any]:
+    """A node of a multi-node instance: its Ray unit's state; on the head, the cluster's nodes as
+    Ray's GCS lists them now (ray_cluster's probe, no wait) and which of the group are missing.
+    The group as declared (plan_node_group from the inventory: the addresses Ray binds to)."""
+    group = node_group_of(list(configs.values()), name)
+    row: dict[str, Any] = {"host": name, "instance": group.instance.name,
+                           "role": "head" if group.head == name else "worker", "unit": RAY_UNIT}
+    if host is None:
+        return {**row, "error": "unreachable over SSH"}
+    try:
+        role = plan_node_group(group, {n: configs[n] for n in group.nodes}).roles[name]
+    except (ConfigErrors, KeyError) as exc:
+        return {**row, "error": f"the node group cannot be planned: {exc}"}
+    _ok, out, _err = remote.run(host, f"systemctl is-active {RAY_UNIT}")
+    row["state"] = out.strip() or "unknown"
+    if role.is_head:
+        spec = ray_cluster.spec(role, configs[name], current_link(configs[name].settings.vllm_root), timeout_s=0)
+        res = ray_cluster.check(host, spec)
+        row.update(nodes=res.get("nodes", []), missing=res.get("missing", []), error=res.get("error"))
+    return row
+
+
+def print_ray(rows: list[dict[str, Any]]) -> None:
+    """One line per Ray node: its unit, and on the head the cluster's nodes."""
+    for r in rows:
+        line = f"ray {r['role']} of {r['instance']} on {r['host']}: {r['unit']} {r.get('state', '-')}"
+        if r.get("error"):
+            line += f" ({r['error']})"
+        elif r["role"] == "head":
+            alive = [n["ip"] for n in r.get("nodes", []) if n.get("alive")]
+            line += f"; cluster: {len(alive)} node(s) alive ({', '.join(alive) or 'none'})"
+            if r.get("missing"):
+                line += f"; MISSING: {', '.join(r['missing'])}"
+        print(line)
 
 
 def gateway_status(name: str, host, config) -> dict[str, Any]:
@@ -253,7 +298,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     limit = split_names(args.limit)
     try:
-        report, gateways = collect(args.inventory, limit)
+        report, gateways, ray = collect(args.inventory, limit)
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -261,13 +306,15 @@ def main(argv: list[str]) -> int:
         print(f"error: {exc.located()}", file=sys.stderr)
         return 2
     if args.json:
-        json.dump({"hosts": report, "gateways": gateways}, sys.stdout, indent=2)
+        json.dump({"hosts": report, "gateways": gateways, "ray": ray}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_table(report)
         print_gateways(gateways)
+        print_ray(ray)
     unhealthy = any(h.get("error") or any(not i.get("health") for i in h["instances"].values())
                     or (h.get("front") is not None and not h["front"].get("active"))
                     for h in report) or any(g.get("error") or not g.get("active") for g in gateways)
+    unhealthy = unhealthy or any(r.get("error") or r.get("missing") or r.get("state") != "active" for r in ray)
     return 1 if unhealthy else 0
 

@@ -22,7 +22,8 @@ from vllm_fleet.commands import bundle
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
 from vllm_fleet.host.envbuild import current_link
-from vllm_fleet.host.facts import GpuTopology, HostRuntime, ManagedUnits, ModelConfig, NvidiaGpus, PathsPresent, query
+from vllm_fleet.host.facts import (GpuTopology, HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, NvidiaGpus,
+                                   PathsPresent, query)
 from vllm_fleet.host.model_sync import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
 from vllm_fleet.sandbox.assets import PREPARE_HINT
@@ -172,6 +173,9 @@ class Discovered:
     live: tuple | None  # the GPUs nvidia-smi lists (None: a CPU host, or no answer: see the errors)
     topology: dict[str, Any] | None  # NVML's P2P/NVLink/processes report, when available
     interconnect: Interconnect | None  # what the planner makes of it
+    #: The addresses of vllm_private_interface (None: not set, or no such interface on the host):
+    #: a node of a multi-node instance must have there the address its group uses for it.
+    private_addresses: tuple[str, ...] | None = None
 
 
 def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovered, list[ConfigError]]:
@@ -200,7 +204,10 @@ def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovere
         _check_wheelhouse(config, errors)
     instances = tuple(_live_instance(on, config, inst, errors, check_sync=for_deploy) for inst in config.instances)
     _check_paths(on, config, errors)
-    return Discovered(replace(config, instances=instances), live, topology, interconnect), errors
+    interface = config.settings.vllm_private_interface
+    addresses = facts.get(on, InterfaceAddresses, interface=interface) if interface else None
+    return Discovered(replace(config, instances=instances), live, topology, interconnect,
+                      tuple(addresses) if addresses is not None else None), errors
 
 
 def discovery_queries(config: HostConfig) -> list[facts.Query]:
@@ -214,4 +221,6 @@ def discovery_queries(config: HostConfig) -> list[facts.Query]:
     paths = _paths_to_check(config)
     if paths:
         wanted.append(query(PathsPresent, paths=tuple(sorted(paths))))
+    if config.settings.vllm_private_interface:  # a node of a multi-node instance checks its address
+        wanted.append(query(InterfaceAddresses, interface=config.settings.vllm_private_interface))
     return wanted

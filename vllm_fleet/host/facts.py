@@ -113,6 +113,31 @@ class PathsPresent(FactBase):
         return out
 
 
+class InterfaceAddresses(FactBase):
+    """The addresses (IPv4 and IPv6, without prefix length) of one network interface; None when the
+    host has no interface of that name. A multi-node instance's node checks its own address on the
+    nodes' network (vllm_private_interface) against the one the group uses for it."""
+
+    def command(self, interface: str) -> str:
+        quoted = shlex.quote(interface)
+        return f"if ip -o addr show dev {quoted} >/dev/null 2>&1; then ip -o addr show dev {quoted}; else echo none; fi"
+
+    def default(self):
+        return None
+
+    def process(self, output):
+        lines = [line for line in output if line.strip()]
+        if lines == ["none"]:
+            return None
+        found = []
+        for line in lines:  # "2: eth0    inet 10.0.0.5/24 brd ... scope global eth0"
+            words = line.split()
+            for family in ("inet", "inet6"):
+                if family in words and words.index(family) + 1 < len(words):
+                    found.append(words[words.index(family) + 1].split("/")[0])
+        return found
+
+
 class ModelConfig(FactBase):
     """A local model directory's config.json (None if absent) and the size of its weights."""
 

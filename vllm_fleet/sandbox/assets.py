@@ -14,8 +14,10 @@ from vllm_fleet.sandbox.harness import cache_dir
 
 TINY_MODEL = "tiny-llama"
 PREPARE_HINT = "vllm-fleet sandbox up inventory/sandbox.py"  # the command that makes both
-# The sandbox fleet has a gateway (sbx-cpu1): its environment adds vllm-router, from the same wheelhouse.
-WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",)
+# The sandbox fleet has a gateway (sbx-cpu1): its environment adds vllm-router, from the same
+# wheelhouse; the multi-node sandbox (inventory/multinode.py) adds Ray to its nodes' environments.
+WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",
+                     f"ray=={HOST_DEFAULTS['vllm_ray_version']}")
 
 
 def tiny_model_dir() -> Path:
