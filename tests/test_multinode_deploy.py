@@ -166,3 +166,160 @@ def test_the_probe_runs_as_the_service_user_with_the_nodes_environment():
     command = ray_cluster.probe_command(spec)
     assert command.startswith("runuser -u vllm -- /opt/vllm-fleet/envs/current/bin/python -c ")
     assert spec["nodes"] == {"gpu-a": {"address": "10.0.0.1", "gpus": 4}, "gpu-b": {"address": "10.0.0.2", "gpus": 4}}
+
+
+# --- deploy.prepare on a Ray worker, with its facts answered here --------------------------------
+
+def _four_a100s() -> list:
+    from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+    rows = []
+    for i in range(4):
+        row = {"index": str(i), "pci.bus_id": f"00000000:{0x41 + i:02X}:00.0", "name": "NVIDIA A100-SXM4-40GB",
+               "memory.total": "40960", "memory.used": "3", "uuid": f"GPU-{i}", "compute_cap": "8.0",
+               "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
+        rows.append(", ".join(row[f] for f in GPU_QUERY.split(",")))
+    return parse_gpu_csv(rows)
+
+
+def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
+    """The worker declares no instance, but vLLM's Ray workers there load their layers from the same
+    model path: the deploy downloads the head's model on the worker too (review finding)."""
+    from types import SimpleNamespace
+
+    from planning_fixtures import FakeHost, FakeState, use_fake_host
+    from vllm_fleet import deploy
+    from test_multinode_plan import LLAMA70B
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    head_data = node("10.0.0.1", instances=[llama()])
+    worker = FakeHost(node("10.0.0.2"), {"NvidiaGpus": _four_a100s(), "GpuTopology": {"available": False, "reason": "test"},
+                                         "ManagedUnits": [], "PathsPresent": {}, "InterfaceAddresses": ["10.0.0.2"]})
+    worker.name, worker.print_prefix = "gpu-b", "[gpu-b] "
+    head = SimpleNamespace(name="gpu-a", data=SimpleNamespace(dict=lambda: head_data))
+    worker.state = FakeState([head, worker])
+    use_fake_host(monkeypatch, deploy, worker)
+    d = deploy.prepare()
+    assert d.plan.ray is not None and not d.plan.ray.is_head and d.plan.instances == []
+    assert d.node_instance.name == "llama70b"
+    assert {dl.repo for _inst, dl in deploy._hub_downloads(d)} == {LLAMA70B}
+    asked = [str(q) for batch in worker.batches for q in batch]
+    assert any("HubModelCached" in q and LLAMA70B in q for q in asked), asked
+
+
+# --- operation order: the same call sites on every host --------------------------------------------
+
+def _services_call_sites(monkeypatch, running: list[bool]) -> list[int]:
+    """The code lines of the operations deploy.services() adds for two instances, their units
+    running as given. pyinfra's CLI order identifies an operation by its line: two hosts whose
+    sequences list the same lines in another order form a cycle in its ordering DAG."""
+    import sys as _sys
+    from types import SimpleNamespace
+
+    from vllm_fleet import deploy
+
+    sites: list[int] = []
+
+    def op(*_a, **_kw):
+        sites.append(_sys._getframe(1).f_lineno)
+        return SimpleNamespace(did_change=lambda: False)
+
+    for name in ("server", "systemd", "python"):
+        monkeypatch.setattr(deploy, name, SimpleNamespace(shell=op, daemon_reload=op, call=op))
+    monkeypatch.setattr(deploy, "systemd_service", op)
+    monkeypatch.setattr(deploy, "any_changed", lambda *ops: (lambda: False))
+    states = {f"vllm-i{n}.service": r for n, r in enumerate(running)}
+
+    def fact(_host, cls, **kw):
+        if cls.__name__ == "UnitState":
+            up = states.get(kw["unit"], False)
+            return {"running": up, "main_pid": 7 if up else 0, "started": 100, "need_daemon_reload": False}
+        return 0  # NewestMtime: older than the process
+
+    monkeypatch.setattr(deploy.facts, "get", fact)
+    monkeypatch.setattr(deploy, "host", SimpleNamespace(state=None, print_prefix="", name="h"))
+    insts = [SimpleNamespace(name=f"i{n}", unit_name=f"vllm-i{n}.service", nodes=None,
+                             config=SimpleNamespace(model="/m", model_source=None)) for n in range(len(running))]
+    config = parse_host("h", node("10.0.0.5"))
+    d = deploy.Deployment(config, SimpleNamespace(instances=insts, ray=None), {}, None,
+                          {"environment": None, "units": [None], **{i.name: [None, None, None] for i in insts}})
+    deploy.services(d)
+    return sites
+
+
+def test_every_host_adds_the_same_service_operations_whatever_runs(monkeypatch):
+    """Found by review: a host whose first instance ran and one whose first instance was stopped
+    took different branches (an "ensure running" or a "start" operation), a cycle for pyinfra's
+    CLI order, which `vllm-fleet rollout` now uses too. Each instance gets the same operations."""
+    layouts = [[True, True], [False, True], [True, False], [False, False]]
+    sites = [_services_call_sites(monkeypatch, layout) for layout in layouts]
+    assert all(s == sites[0] for s in sites), sites
+
+
+# --- rollout: a node group is one unit -------------------------------------------------------------
+
+def _group_inventory(tmp_path) -> str:
+    inv = tmp_path / "inv.py"
+    inv.write_text(f"nodes = [('gpu-a', {node('10.0.0.1', instances=[llama()])!r}), "
+                   f"('gpu-b', {node('10.0.0.2')!r}), ('solo', {{'vllm_target': 'cpu'}})]\n")
+    return str(inv)
+
+
+def _manifest(address: str) -> str:
+    return json.dumps({"ray": {"instance": "llama70b", "head": "gpu-a", "head_address": "10.0.0.1:6379",
+                               "address": address, "gpus": [0, 1, 2, 3]}, "instances": {}})
+
+
+def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then_the_workers(
+        monkeypatch, tmp_path, capsys):
+    from test_issue11_bugs import FakeState as RolloutState, _stub_pyinfra
+    from vllm_fleet.commands import rollout as rollout_mod
+    import vllm_fleet.host.remote
+
+    state = RolloutState()
+    hosts = _stub_pyinfra(monkeypatch, state)
+    sent: list[tuple[str, str]] = []
+
+    def run(host, command, timeout=None):
+        sent.append((host.name, command))
+        if "cp -a --parents" in command:  # the snapshot: the manifest as it was
+            return True, _manifest({"gpu-a": "10.0.0.1", "gpu-b": "10.0.0.2"}.get(host.name, "")), ""
+        if "GcsClient" in command:
+            return True, json.dumps({"ok": True, "nodes": [], "missing": [], "wrong": [], "error": None}), ""
+        return True, "{}", ""
+
+    monkeypatch.setattr(vllm_fleet.host.remote, "run", run)
+    monkeypatch.setattr("pyinfra.api.operations.run_ops", lambda _s: setattr(state, "failed_hosts", {hosts["gpu-a"]}))
+    code = rollout_mod.main([_group_inventory(tmp_path), "--json", "--batch", "1", "--limit", "gpu-b"])
+    out, err = capsys.readouterr()
+    assert code == 1
+    assert "batch 1: gpu-a, gpu-b" in err  # --limit gpu-b brought its head; --batch 1 kept them together
+    rows = {h["name"]: h for h in json.loads(out)["hosts"]}
+    assert set(rows) == {"gpu-a", "gpu-b"}  # solo is neither limited nor a node
+    assert rows["gpu-a"]["state"] == rows["gpu-b"]["state"] == "rolled back"
+    assert "node gpu-a failed: the node group is rolled back as one" in rows["gpu-b"]["error"]
+    steps = [(h, "restore" if "daemon-reload" in c and "restart" not in c else
+              "restart" if "systemctl restart vllm-fleet-ray.service" in c else
+              "cluster" if "GcsClient" in c else None) for h, c in sent]
+    steps = [s for s in steps if s[1]]
+    assert steps == [("gpu-a", "restore"), ("gpu-b", "restore"), ("gpu-a", "restart"), ("gpu-b", "restart"),
+                     ("gpu-a", "cluster")], steps
+
+
+def test_a_node_that_cannot_be_snapshotted_keeps_its_whole_group_out(monkeypatch, tmp_path, capsys):
+    from test_issue11_bugs import FakeState as RolloutState, _stub_pyinfra
+    from vllm_fleet.commands import rollout as rollout_mod
+    import vllm_fleet.host.remote
+
+    state = RolloutState()
+    _stub_pyinfra(monkeypatch, state)
+    deployed = []
+    monkeypatch.setattr(vllm_fleet.host.remote, "run", lambda host, command, timeout=None: (
+        (False, "", "No space left on device") if host.name == "gpu-b" and "cp -a --parents" in command
+        else (True, "{}", "")))
+    monkeypatch.setattr("pyinfra.api.operations.run_ops", lambda s: deployed.append(set(s.limit_hosts)))
+    code = rollout_mod.main([_group_inventory(tmp_path), "--json", "--batch", "2", "--limit", "gpu-a,gpu-b"])
+    out, _err = capsys.readouterr()
+    rows = {h["name"]: h for h in json.loads(out)["hosts"]}
+    assert code == 1 and deployed == []  # deploy.py never ran on the head alone
+    assert rows["gpu-b"]["state"] == "failed" and "snapshot failed" in rows["gpu-b"]["error"]
+    assert rows["gpu-a"]["state"] == "untouched" and "node gpu-b of its multi-node instance" in rows["gpu-a"]["error"]

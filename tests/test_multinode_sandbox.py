@@ -70,7 +70,7 @@ def test_the_tools_units_form_a_ray_cluster_of_both_nodes(nodes, deploy_env):
     # Ray's part converged and was verified on the head, before vLLM's own verification.
     assert (f"verified the Ray cluster of tiny-2node: 2 node(s) alive: {HEAD} ({ADDRESSES[HEAD]}, 2 GPU), "
             f"{WORKER} ({ADDRESSES[WORKER]}, 2 GPU)") in out
-    assert "verified the Ray worker of tiny-2node" in out
+    assert f"verified the Ray worker of tiny-2node: alive in the cluster of {HEAD}" in out
     status = _ray_status(nodes)
     print(status)
     assert len(re.findall(r"^\s*1 node_", status, re.M)) == 2, status  # 2 active nodes

@@ -779,11 +779,11 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
 
     calls = []
     monkeypatch.setattr(deploy, "model_sync", lambda **kw: calls.append(kw) or f"op{len(calls)}")
-    d = SimpleNamespace(config=config(src), changed={})
+    d = deploy.Deployment(config(src), SimpleNamespace(instances=[]), {}, None, {})
     deploy.models(d)
     assert [c["dest"] for c in calls] == ["/srv/models/m"] and calls[0]["name"].startswith("Sync model a, b:")
     assert d.changed == {"model:a": "op1", "model:b": "op1"}
-    clash = SimpleNamespace(config=config(other), files={}, plan=SimpleNamespace(instances=[]))
+    clash = deploy.Deployment(config(other), SimpleNamespace(instances=[]), {}, None, {})
     monkeypatch.setattr(deploy, "_hub_downloads", lambda d: [])
     with pytest.raises(DeployError, match=r"instances a and b sync different model_source directories .* into "
                                           r"the same host path /srv/models/m"):

@@ -55,6 +55,8 @@ _SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
 RESERVED_INSTANCE_NAME = "fleet-front"
 # Unit vllm-fleet-gateway.service is the fleet gateway (vllm_fleet/gateway.py): no instance may be named so.
 RESERVED_GATEWAY_NAME = "fleet-gateway"
+# Unit vllm-fleet-ray.service is a node's Ray (render.RAY_UNIT): no instance may be named so.
+RESERVED_RAY_NAME = "fleet-ray"
 MIN_START_TIMEOUT_S = 30
 NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 ENGINE_ARG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
@@ -555,6 +557,10 @@ def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
         if inst.name == RESERVED_GATEWAY_NAME:
             check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
                         "fleet's gateway)", instance=inst.name, key="name", fix="pick another name")
+        if inst.name == RESERVED_RAY_NAME:
+            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
+                        "node's Ray, for multi-node instances)", instance=inst.name, key="name",
+                        fix="pick another name")
         for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
             for value in values:
                 other = seen[key].get(value)

@@ -73,6 +73,14 @@ class Deployment:
     missing_packages: list[os_packages.Need] = field(default_factory=list)  # installed in step 4
     package_family: str | None = None  # "debian" (apt) or "rhel" (dnf)
     backends: list[gateway.Backend] | None = None  # the fleet's, on the gateway host (vllm_gateway)
+    #: On a Ray worker of a multi-node instance: that instance as its head declares it. Each node
+    #: loads its pipeline stage's weights from the same model path, so a worker gets the model too.
+    node_instance: Any = None
+
+    def model_instances(self) -> list[Any]:
+        """The instances whose model this host needs (InstanceConfig): its own, and on a Ray
+        worker the multi-node instance it serves a stage of."""
+        return [*self.config.instances, *([self.node_instance] if self.node_instance is not None else [])]
 
 
 def upload_dir(config: HostConfig) -> str:
@@ -115,7 +123,7 @@ def managed_state_queries(d: "Deployment") -> list[facts.Query]:
     user = c.settings.vllm_service_user
     wanted = [query(ServiceAccount, user=user, group=user)]
     wanted += [query(DirectoryState, path=path) for _name, path, _mode in service_directories(c)]
-    wanted += [model_state_query(inst.model) for inst in c.instances if inst.model_source]
+    wanted += [model_state_query(inst.model) for inst in d.model_instances() if inst.model_source]
     wanted += environment_queries(environment_spec(c, d.plan), c.settings.vllm_root)
     wanted.append(query(InstalledEnvironment, current=current_link(c.settings.vllm_root), marker=ENV_MARKER))
     downloads = _hub_downloads(d)
@@ -127,6 +135,8 @@ def managed_state_queries(d: "Deployment") -> list[facts.Query]:
         wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(c, inst))]
     for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT, RAY_UNIT):
         wanted.append(query(UnitState, unit=unit))
+    if d.plan.ray is not None:
+        wanted.append(query(NewestMtime, paths=ray_freshness_paths(c)))
     for unit, _name, paths in removed_units(d):
         wanted.append(query(UnitState, unit=unit))
         wanted += [query(FileState, path=path) for path in paths]
@@ -212,10 +222,17 @@ def prepare() -> Deployment | None:
         return _fleet_backends(config, plan) if config.settings.vllm_gateway else None
 
     try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
-        groups = node_group_plans(found, _inventory_configs(host.state))
+        groups = node_group_plans(found, _group_configs(config))
         prepared = prepare_host(found, secrets, backends_for, node_groups=groups)
     except ConfigErrors as exc:
         _fail(exc.errors)
+    if groups and "--serial" in sys.argv[1:]:  # the head's steps wait on its workers' (services)
+        _fail([ConfigError(f"{config.name} is a node of multi-node instance {groups[0].group.instance.name}, "
+                           "whose nodes converge together: the head waits for its workers to join Ray, "
+                           "which --serial would run only after the head", host=config.name,
+                           instance=groups[0].group.instance.name, key="nodes",
+                           fix="run without --serial, or `vllm-fleet rollout` (one batch at a time, "
+                               "a node group in one batch)")])
     plan = prepared.plan
     if interconnect is not None and any(g.get("processes") for g in topology["gpus"]):
         own = set(facts.get(host, ManagedUnits)) | {inst.unit_name for inst in plan.instances}
@@ -224,7 +241,8 @@ def prepare() -> Deployment | None:
             logger.warning(text)
             plan.warnings.append(text)
     absent, family = _missing_packages(config, plan)
-    d = Deployment(config, plan, prepared.files, secrets, {}, absent, family, prepared.backends)
+    worker_of = (groups[0].group.instance if groups and groups[0].group.head != config.name else None)
+    d = Deployment(config, plan, prepared.files, secrets, {}, absent, family, prepared.backends, worker_of)
     _check_one_step_per_path(d)
     facts.prefetch(host, managed_state_queries(d))  # one remote command
     return d
@@ -232,21 +250,36 @@ def prepare() -> Deployment | None:
 
 # Every inventory host's parsed data, once per run (keyed by the run's State): a node of a
 # multi-node instance learns its group from the head's declaration (config.node_group_of).
-_CONFIGS: "weakref.WeakKeyDictionary[Any, dict[str, HostConfig]]" = weakref.WeakKeyDictionary()
+_CONFIGS: "weakref.WeakKeyDictionary[Any, tuple[dict[str, HostConfig], dict[str, ConfigErrors]]]" = \
+    weakref.WeakKeyDictionary()
 
 
-def _inventory_configs(state) -> dict[str, HostConfig]:
-    """Every inventory host's config (whether or not in this run's --limit). A host whose data does
-    not parse is left out here: its own prepare() reports it and stops the run."""
-    configs = _CONFIGS.get(state)
-    if configs is None:
-        configs = {}
+def _inventory_configs(state) -> tuple[dict[str, HostConfig], dict[str, ConfigErrors]]:
+    """Every inventory host's config (whether or not in this run's --limit), and the errors of
+    those whose data does not parse."""
+    cached = _CONFIGS.get(state)
+    if cached is None:
+        cached = ({}, {})
         for other in state.inventory:
             try:
-                configs[other.name] = parse_host(other.name, other.data.dict())
-            except ConfigErrors:
-                pass
-        _CONFIGS[state] = configs
+                cached[0][other.name] = parse_host(other.name, other.data.dict())
+            except ConfigErrors as exc:
+                cached[1][other.name] = exc
+        _CONFIGS[state] = cached
+    return cached
+
+
+def _group_configs(config: HostConfig) -> dict[str, HostConfig]:
+    """The inventory's configs, for node_group_plans. A host that may be a node (it names a
+    vllm_private_interface, which every node needs) stops when another host's data does not parse:
+    that host may be its head, and a worker that missed its group would remove its Ray unit."""
+    configs, broken = _inventory_configs(host.state)
+    broken = {name: exc for name, exc in broken.items() if name != config.name}
+    if broken and config.settings.vllm_private_interface:
+        name, exc = next(iter(broken.items()))
+        _fail([ConfigError(f"host {name}'s data does not parse, so whether {config.name} is a node of a "
+                           f"multi-node instance cannot be told ({exc.errors[0].located()})", host=config.name,
+                           key="nodes", fix=f"fix {name}'s host data (or take it out of the inventory)")])
     return configs
 
 
@@ -262,7 +295,7 @@ def _check_one_step_per_path(d: Deployment) -> None:
     for path, f in d.files.items():
         writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
     synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
-    for inst in c.instances:
+    for inst in d.model_instances():
         if inst.model_source:
             synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
                 str(Path(inst.model_source).expanduser()), inst.name)
@@ -382,7 +415,7 @@ def models(d: Deployment) -> None:
     """2. Model directories from the workstation (model_source) are synced to the host path; an
     instance whose model files changed is restarted (step 7)."""
     by_dest: dict[str, list] = {}
-    for inst in d.config.instances:
+    for inst in d.model_instances():
         if inst.model_source:
             by_dest.setdefault(inst.model, []).append(inst)
     for dest, insts in by_dest.items():
@@ -460,9 +493,12 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
 
 
 def _hub_downloads(d: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
-    """(instance plan, download) of everything the instances load from the hub."""
-    return [(inst, dl) for inst in d.plan.instances
-            for dl in hub.instance_downloads(inst.config.model, inst.config.tokenizer)]
+    """(instance config, download) of everything the instances load from the hub (on a Ray worker,
+    the multi-node instance's model too)."""
+    configs = [inst.config for inst in d.plan.instances]
+    if d.node_instance is not None:
+        configs.append(d.node_instance)
+    return [(inst, dl) for inst in configs for dl in hub.instance_downloads(inst.model, inst.tokenizer)]
 
 
 def hub_token_file(config: HostConfig) -> str:
@@ -493,8 +529,8 @@ def hub_models(d: Deployment) -> None:
         # As the service user (it owns HF_HOME); runuser keeps the environment, so the token
         # travels in it, never in an argv.
         python.call(name=f"Download {dl.repo} ({dl.why}) into {c.settings.vllm_hf_home}", function=_hub_download,
-                    inst_name=inst.name, repo=dl.repo, why=dl.why, model=inst.config.model,
-                    tokenizer=inst.config.tokenizer, python_bin=python_bin, hf_home=c.settings.vllm_hf_home,
+                    inst_name=inst.name, repo=dl.repo, why=dl.why, model=inst.model,
+                    tokenizer=inst.tokenizer, python_bin=python_bin, hf_home=c.settings.vllm_hf_home,
                     user=c.settings.vllm_service_user, token_file=token_file, has_token=bool(d.secrets.hf_token))
 
 
@@ -562,6 +598,12 @@ def freshness_paths(c: HostConfig, inst) -> tuple[str, ...]:
     paths = instance_paths(c, inst.name)
     synced = (f"{inst.config.model}/{MODEL_MANIFEST}",) if inst.config.model_source else ()
     return (paths["unit"], paths["config"], paths["env"], current_link(c.settings.vllm_root)) + synced
+
+
+def ray_freshness_paths(c: HostConfig) -> tuple[str, ...]:
+    """What a node's Ray process must be younger than: its unit and the environment's `current`
+    link (Ray starts vLLM's workers from that environment)."""
+    return ray_paths(c)["unit"], current_link(c.settings.vllm_root)
 
 
 def removed_units(d: Deployment) -> list[tuple[str, str, list[str]]]:
@@ -668,6 +710,15 @@ def services(d: Deployment) -> None:
         systemd.daemon_reload(name="systemd daemon-reload (a unit changed)",
                               _if=lambda: bool(pending_reload) or units_changed())
     ray_restarted = _ray_service(d)
+    state = host.state
+    workers = d.plan.ray.nodes[1:] if d.plan.ray is not None and d.plan.ray.is_head else ()
+
+    def group_restarted() -> bool:  # at execution: the workers' join ran before the head's operations below
+        """This head's Ray, or a worker's (_join_cluster), was (re)started in this run: vLLM's
+        pipeline stages there are gone, so the head's vLLM restarts too."""
+        return ray_restarted() or any(ray_worker_restarted(state, w) for w in workers)
+
+    decided = []
     for inst in d.plan.instances:
         found = units[inst.name]
         if found["main_pid"] and found["started"] is None:
@@ -682,15 +733,19 @@ def services(d: Deployment) -> None:
                                     *([model_op] if model_op else []))
         on_ray = bool(inst.nodes)  # the head of a multi-node instance: Ray restarted, vLLM restarts
         changed = (lambda stale=stale, files_changed=files_changed, on_ray=on_ray:
-                   stale or files_changed() or (on_ray and ray_restarted()))
-        unit = inst.unit_name
-        if on_ray:
+                   stale or files_changed() or (on_ray and group_restarted()))
+        decided.append((inst, found["running"], changed))
+    for inst, running, changed in decided:
+        if inst.nodes:
             # Started only once the cluster has every node (vLLM would otherwise wait for the
-            # placement group of a missing node): the workers' Ray units started in the operation
-            # before this one, on their hosts, at the same time as the head's.
+            # placement group of a missing node): the workers' Ray units (re)started in the operation
+            # before this one, on their hosts. Before the loop: one such operation a host, wherever
+            # the instance is in the host's list (see below).
             python.call(name=f"Wait for every node of {inst.name}'s Ray cluster ({', '.join(inst.nodes)})",
                         function=_wait_for_cluster, spec=_cluster_spec(d, ray_cluster.JOIN_TIMEOUT_S),
-                        _if=lambda changed=changed, running=found["running"]: changed() or not running)
+                        _if=lambda changed=changed, running=running: changed() or not running)
+    for inst, running, changed in decided:
+        unit = inst.unit_name
         # The unit's start job lasts until vLLM is healthy (ExecStartPost): started --no-block, so
         # the instances of a host load in parallel and verification watches them (with the journal
         # when one fails). `stop` first, blocking: the old process has let go of its port before
@@ -699,13 +754,16 @@ def services(d: Deployment) -> None:
         server.shell(name=f"Restart {unit} (its config, environment or model changed)", _if=changed,
                      commands=[f"systemctl stop {unit}; systemctl reset-failed {unit} 2>/dev/null; "
                                f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
-        if found["running"]:
-            systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit,
-                            running=True, enabled=True, _if=lambda changed=changed: not changed())
-        else:  # new, stopped, or failed after its bounded restarts: the next deploy starts it
-            server.shell(name=f"Start {unit} (it was not running)", _if=lambda changed=changed: not changed(),
-                         commands=[f"systemctl reset-failed {unit} 2>/dev/null; "
-                                   f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
+        # Both of these for every instance, each guarded, never one or the other: pyinfra (CLI
+        # order) identifies an operation by its code line, so two hosts taking different branches
+        # here would order the same operations differently, a cycle in its ordering DAG.
+        systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
+                        _if=lambda changed=changed, running=running: running and not changed())
+        # New, stopped, or failed after its bounded restarts: the next deploy starts it.
+        server.shell(name=f"Start {unit} (it was not running)",
+                     _if=lambda changed=changed, running=running: not running and not changed(),
+                     commands=[f"systemctl reset-failed {unit} 2>/dev/null; "
+                               f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
     if "front_unit" in d.changed:
         # After the instances: on the first deploy with a front, vLLM gives up the public port
         # only when it restarts onto its loopback port.
@@ -740,8 +798,13 @@ def _ray_service(d: Deployment):
     if role is None:
         return lambda: False
     unit = RAY_UNIT
-    restart = any_changed(d.changed["ray_unit"], d.changed["environment"])
-    running = facts.get(host, UnitState, unit=unit)["running"]
+    found = facts.get(host, UnitState, unit=unit)
+    running = found["running"]
+    # A process older than its unit or environment: an earlier deploy stopped before restarting it.
+    stale = (bool(found["main_pid"]) and found["started"] is not None
+             and found["started"] < facts.get(host, NewestMtime, paths=ray_freshness_paths(d.config)))
+    files_changed = any_changed(d.changed["ray_unit"], d.changed["environment"])
+    restart = lambda: stale or files_changed()  # noqa: E731
     if role.is_head:
         # One operation, right after daemon-reload like the workers' own: pyinfra runs operations
         # that become ready together in the order of the deploy's code lines (pyinfra/api/state.py
@@ -749,10 +812,9 @@ def _ray_service(d: Deployment):
         why = "its unit or environment changed" if running else "it was not running"
         server.shell(name=f"(Re)start {unit}, the Ray head ({why})", _if=lambda: restart() or not running,
                      commands=[_ray_restart(unit)])
-        if running:
-            systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
-                            _if=lambda: not restart())
-        return restart
+        systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
+                        _if=lambda: running and not restart())
+        return lambda: restart() or not running
     spec = _cluster_spec(d, 0)
     spec["nodes"] = {role.host: spec["nodes"][role.host]}  # is this worker in the head's cluster now?
     python.call(name=f"Ray worker {unit} of {role.instance}: in the cluster of {role.head}, else (re)started",
@@ -814,24 +876,21 @@ def _wait_for_cluster(state, host, spec: dict[str, Any]) -> None:  # runs at exe
 
 
 def _verify_ray_node(state, host, spec: dict[str, Any]) -> None:  # runs at execution
-    """The head: the cluster has every node, alive, with its GPUs. A worker: its Ray unit runs (the
-    head's check says whether it joined)."""
-    if spec["is_head"]:
-        res = ray_cluster.check(host, spec)
-        if not res["ok"]:
-            text = ray_cluster.failure_text(host.name, spec, res)
-            record_failure(host, text)
-            raise OperationError(text)
-        logger.info(f"{host.print_prefix}verified {ray_cluster.success_text(spec, res)}")
-        return
-    ok, out, _err = remote.run(host, f"systemctl is-active {RAY_UNIT}")
-    if not ok:
-        text = (f"host {host.name}, Ray worker of {spec['instance']}: {RAY_UNIT} is "
-                f"{out.strip() or 'not active'}; see `journalctl -u {RAY_UNIT}` on {host.name}")
+    """The head: the cluster has every node, alive at its address, with its GPUs. A worker: the
+    head's cluster has it (asked of the head's GCS from the worker, so it holds in a run without
+    the head too)."""
+    if not spec["is_head"]:
+        spec = dict(spec, nodes={host.name: spec["nodes"][host.name]})
+    res = ray_cluster.check(host, spec)
+    if not res["ok"]:
+        text = ray_cluster.failure_text(host.name, spec, res)
         record_failure(host, text)
         raise OperationError(text)
-    logger.info(f"{host.print_prefix}verified the Ray worker of {spec['instance']}: {RAY_UNIT} is active "
-                f"(the head {spec['head']} checks that it joined)")
+    if spec["is_head"]:
+        logger.info(f"{host.print_prefix}verified {ray_cluster.success_text(spec, res)}")
+    else:
+        logger.info(f"{host.print_prefix}verified the Ray worker of {spec['instance']}: alive in the cluster of "
+                    f"{spec['head']} ({spec['head_address']})")
 
 
 def gateway_service(d: Deployment) -> None:

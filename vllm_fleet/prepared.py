@@ -68,14 +68,15 @@ def node_group_plans(found: "Discovered", configs: dict[str, HostConfig]) -> lis
     group = node_group_of(list(fleet.values()), me.name)
     if group is None:
         return None
+    absent = [n for n in group.nodes if n not in fleet]
+    if absent:  # not in the inventory (a typo in `nodes`), or its data does not parse
+        raise ConfigErrors([ConfigError(f"node {absent[0]} of multi-node instance {group.instance.name} "
+                                        "is not a host of the inventory, or its data could not be read",
+                                        host=me.name, instance=group.instance.name, key="nodes",
+                                        fix=f"name inventory hosts in 'nodes', and fix {absent[0]}'s host data")])
     # As declared (a head's instance, once discovery filled in its model's numbers, would differ
     # from the copy a worker sees through shared group data).
-    check_fleet([configs.get(n, fleet[n]) for n in group.nodes if n in fleet], inventory=list(fleet))
-    absent = [n for n in group.nodes if n not in fleet]
-    if absent:  # in the inventory but its data does not parse: its own prepare names the error
-        raise ConfigErrors([ConfigError(f"node {absent[0]} of multi-node instance {group.instance.name} "
-                                        "could not be read", host=me.name, instance=group.instance.name,
-                                        key="nodes", fix=f"fix {absent[0]}'s host data (its error is above)")])
+    check_fleet([configs.get(n, fleet[n]) for n in group.nodes], inventory=list(fleet))
     if group.head == me.name:  # the instance with the numbers of the model's own config.json
         group = NodeGroup(next(i for i in me.instances if i.name == group.instance.name))
     group_plan = plan_node_group(group, {n: fleet[n] for n in group.nodes}, live={me.name: found.live})

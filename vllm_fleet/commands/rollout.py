@@ -31,7 +31,7 @@ from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, node_gr
 from vllm_fleet.gateway import find_gateway
 from vllm_fleet.host.envbuild import current_link
 from vllm_fleet.host.facts import MANAGED_UNIT_FILES
-from vllm_fleet.render import front_probe_address, instance_paths, manifest_path
+from vllm_fleet.render import RAY_UNIT, front_probe_address, instance_paths, manifest_path
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 REPO = Path(__file__).resolve().parents[2]  # vllm_fleet/commands/rollout.py -> the checkout
@@ -108,8 +108,10 @@ def _snapshot_command(config) -> str:
             f"rm -rf {snap} && mv {snap}.new {snap}; cat {conf}/manifest.json 2>/dev/null || echo '{{}}'")
 
 
-def _restore_command(config) -> str:
-    """Put the snapshot back: files, `current`, units; stop instances the snapshot did not have."""
+def _restore_command(config, restart: bool = True) -> str:
+    """Put the snapshot back: files, `current`, units; stop instances the snapshot did not have.
+    `restart`: then restart the snapshot's units (_restart_command); a node group's rollback
+    restarts them later, once every node has its files back."""
     snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
     conf = shlex.quote(config.settings.vllm_config_dir)
     envs = shlex.quote(str(Path(current_link(config.settings.vllm_root)).parent))
@@ -121,8 +123,16 @@ def _restore_command(config) -> str:
             f"(cd {snap}/files && find . -type f | while read -r f; do cp -p \"$f\" \"/${{f#./}}\"; done); "
             f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
             f"mv -T {envs}/.current.tmp {envs}/current; fi; "
-            f"systemctl daemon-reload; "
-            f"for u in $(cat {snap}/units); do systemctl reset-failed \"$u\" 2>/dev/null; "
+            f"systemctl daemon-reload" + (f"; {_restart_command(config)}" if restart else ""))
+
+
+def _restart_command(config) -> str:
+    """Restart the snapshot's units. A node's Ray unit first and blocking (its old processes gone,
+    the new one started), so a worker restarted after its head joins the new head, never the old."""
+    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
+    return (f"set -e; if grep -qx {RAY_UNIT} {snap}/units; then systemctl reset-failed {RAY_UNIT} 2>/dev/null; "
+            f"systemctl enable {RAY_UNIT} && systemctl restart {RAY_UNIT}; fi; "
+            f"for u in $(grep -vx {RAY_UNIT} {snap}/units || true); do systemctl reset-failed \"$u\" 2>/dev/null; "
             f"systemctl enable \"$u\" && systemctl restart --no-block \"$u\"; done")
 
 
@@ -196,12 +206,15 @@ def changed_operations(state, host) -> list[str]:
     return names
 
 
-def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
+def _roll_back(host, config, before: dict[str, Any], restore: bool = True) -> tuple[bool, str]:
+    """Restore the host's snapshot and restart its units (`restore`: False when that is done
+    already), then verify the instances it had."""
     from vllm_fleet.host.remote import run
 
-    ok, _out, err = run(host, _restore_command(config), timeout=300)
-    if not ok:
-        return False, f"restore failed: {err.strip()[-500:]}"
+    if restore:
+        ok, _out, err = run(host, _restore_command(config), timeout=300)
+        if not ok:
+            return False, f"restore failed: {err.strip()[-500:]}"
     checks = _checks_from_manifest(config, before)
     if not checks:
         return True, "restored (no instance before)"
@@ -211,6 +224,37 @@ def _roll_back(host, config, before: dict[str, Any]) -> tuple[bool, str]:
     if not results or failed:
         return False, "\n".join(format_failure(host.name, r) for r in failed) or err[-500:]
     return True, "restored and verified"
+
+
+def _roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) -> tuple[bool, str]:
+    """Roll a node group back as one (hosts in group order, the head first): every node's files
+    first, nothing restarted; then the head's units (Ray, then its vLLM, which waits for its
+    placement group until the workers are back), then each worker's Ray, joining the restarted head;
+    then the cluster (every node the snapshots had, alive with its GPUs) and the head's instances
+    are verified."""
+    from vllm_fleet.host import ray_cluster
+    from vllm_fleet.host.remote import run
+
+    for host, config in zip(hosts, configs):
+        ok, _out, err = run(host, _restore_command(config, restart=False), timeout=300)
+        if not ok:
+            return False, f"restore failed on {host.name}: {err.strip()[-500:]}"
+    for host, config in zip(hosts, configs):
+        ok, _out, err = run(host, _restart_command(config), timeout=300)
+        if not ok:
+            return False, f"restart failed on {host.name}: {err.strip()[-500:]}"
+    head, head_config, head_before = hosts[0], configs[0], befores[0]
+    rays = [b.get("ray") for b in befores]
+    if all(rays):  # the group existed before this rollout: its cluster is back
+        spec = {"instance": rays[0]["instance"], "head": rays[0]["head"], "head_address": rays[0]["head_address"],
+                "python": f"{current_link(head_config.settings.vllm_root)}/bin/python",
+                "user": head_config.settings.vllm_service_user, "timeout_s": 120,
+                "nodes": {host.name: {"address": r["address"], "gpus": len(r["gpus"])} for host, r in zip(hosts, rays)}}
+        res = ray_cluster.check(head, spec)
+        if not res["ok"]:
+            return False, ray_cluster.failure_text(head.name, spec, res)
+    ok, message = _roll_back(head, head_config, head_before, restore=False)
+    return ok, message + (" (the Ray cluster of every node verified)" if all(rays) else "")
 
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
@@ -235,6 +279,15 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                 continue
             res.before = json.loads(out.strip() or "{}")
         batch = [n for n in names if active[n] is not None and results[n].state == "untouched"]
+        for group in groups:  # a node group converges whole or not at all
+            out = [n for n in group if n in names and n not in batch]
+            for n in group:
+                if out and n in batch:
+                    batch.remove(n)
+                    res = results[n]
+                    res.error, res.finished = (f"not converged: node {out[0]} of its multi-node instance "
+                                               f"failed before the deploy ({results[out[0]].error})"), time.time()
+                    log(f"{n}: left as it is: node {out[0]} of its node group failed before the deploy")
         if not batch:
             return
         gw_host = active.get(gw_name) if gw_name else None
@@ -300,22 +353,25 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     except PyinfraError:  # "No hosts remaining!": every host of the batch failed
         pass
     failed = {h.name for h in state.failed_hosts}
-    with_group: dict[str, str] = {}  # a node that converged, rolled back because a node of its group failed
-    for group in groups:
-        down = [n for n in group if n in failed]
-        for n in group:
-            if down and n in batch and n not in failed:
-                with_group[n] = down[0]
-    for n in batch:
-        if n in with_group:
+    for group in groups:  # one node failed: every node of the group goes back, in order
+        nodes = [n for n in group if n in batch]
+        down = [n for n in nodes if n in failed]
+        if not down:
+            continue
+        for n in nodes:
             res = results[n]
-            res.error = (f"its multi-node instance's node {with_group[n]} failed: the node group is "
-                         "rolled back as one")
-            log(f"{n}: converged, but {with_group[n]} of its node group failed: rolling back")
-            ok, message = _roll_back(active[n], configs[n], res.before)
-            res.state = "rolled back" if ok else "failed"
-            res.error += f"; rollback: {message}"
+            res.error = (deploy_steps.failure_reason(state, n) or "the deploy failed on this host (see pyinfra's "
+                         "output above)") if n in failed else (f"its multi-node instance's node {down[0]} failed: "
+                                                               "the node group is rolled back as one")
+        log(f"{', '.join(nodes)}: node {', '.join(down)} of the node group failed, rolling the group back")
+        ok, message = _roll_back_group([active[n] for n in nodes], [configs[n] for n in nodes],
+                                       [results[n].before for n in nodes])
+        for n in nodes:
+            res = results[n]
+            res.state, res.error = ("rolled back" if ok else "failed"), f"{res.error}; rollback: {message}"
             res.after, res.finished = res.before, time.time()
+    for n in batch:
+        if results[n].state != "untouched":  # its node group was rolled back above
             continue
         res = results[n]
         if n not in failed:

@@ -144,7 +144,13 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
 
     hosts = load_inventory(inventory, limit=limit)
     configs = {name: parse_host(name, data) for name, data, _groups in hosts}
-    everyone = {**{name: parse_host(name, data) for name, data, _g in load_inventory(inventory)}, **configs}
+    everyone = dict(configs)  # for the multi-node instances' groups: other hosts that parse
+    for name, data, _g in load_inventory(inventory):
+        if name not in everyone:
+            try:
+                everyone[name] = parse_host(name, data)
+            except ConfigErrors:
+                pass  # outside --limit: not this status's to report
     with connected(inventory, [name for name, _d, _g in hosts]) as (_state, active):
         report = [host_status(name, active[name], configs[name], everyone) for name, _d, _g in hosts]
         gateways = [gateway_status(name, active[name], configs[name]) for name, _d, _g in hosts
