@@ -871,7 +871,7 @@ def _wait_for_cluster(state, host, spec: dict[str, Any]) -> None:  # runs at exe
     if not res["ok"]:
         text = ray_cluster.failure_text(host.name, spec, res)
         record_failure(host, text)
-        raise OperationError(text + f"\n  vLLM's unit was not started; run the deploy again once every node is up")
+        raise OperationError(text + "\n  vLLM's unit was not started; run the deploy again once every node is up")
     logger.info(f"{host.print_prefix}{ray_cluster.success_text(spec, res)}")
 
 
