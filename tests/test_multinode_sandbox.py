@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from fleet_helpers import REPO, deploy_environment, pyinfra, vllm_fleet
-from vllm_fleet.sandbox import harness
+from vllm_fleet.commands.bundle import build_wheelhouse
+from vllm_fleet.sandbox import assets, harness
 
 pytestmark = pytest.mark.sandbox  # deselected with --no-sandbox, like every test on sandbox hosts
 
@@ -41,9 +42,9 @@ def nodes():
         harness.up(sbx, log=print)
         yield sbx
     finally:
-        for name in (HEAD, WORKER):  # stopped first, a host halts at once (not after nspawn's timeout)
+        for name in (HEAD, WORKER):  # killed first, a host halts at once (not after nspawn's timeout)
             try:
-                sbx.run(name, f"systemctl stop {VLLM_UNIT} {RAY_UNIT}", timeout=60)
+                sbx.run(name, f"systemctl kill --signal=KILL {VLLM_UNIT} {RAY_UNIT}", timeout=30)
             except Exception as exc:  # noqa: BLE001 - down() below removes the host whatever this did
                 print(f"{name}: could not stop the units first: {exc}")
         harness.down(sbx)
@@ -51,7 +52,9 @@ def nodes():
 
 @pytest.fixture(scope="module")
 def deploy_env(nodes):
-    return deploy_environment()
+    """The session's deploy environment, with the multi-node sandbox's own wheelhouse (Ray in it)."""
+    wheelhouse = build_wheelhouse(target="cpu", extras=assets.RAY_WHEELHOUSE_EXTRAS)
+    return dict(deploy_environment(), VLLM_FLEET_RAY_WHEELHOUSE=str(wheelhouse.path))
 
 
 def _ray_status(nodes) -> str:
@@ -126,7 +129,7 @@ def test_a_stopped_worker_fails_verification_naming_it_and_a_deploy_restores_it(
 def test_a_rollout_updates_the_node_group_as_one_and_rolls_both_back(nodes, deploy_env, tmp_path):
     """A change to both Ray units (the object store's size), rolled out with --batch 1 and --limit
     on the head alone: both nodes are in the one batch, both Ray units restart with the change
-    and the cluster is verified; vLLM then fails on the simulated GPUs, so both are rolled back."""
+    and the cluster forms; vLLM then fails on the simulated GPUs, so both are rolled back."""
     inventory = tmp_path / "multinode.py"  # the same hosts; its own group data beside it
     inventory.write_text(f"import runpy\nmultinode_hosts = runpy.run_path({str(REPO / INVENTORY)!r})['multinode_hosts']\n")
     (tmp_path / "group_data").mkdir()
@@ -144,7 +147,12 @@ def test_a_rollout_updates_the_node_group_as_one_and_rolls_both_back(nodes, depl
     assert "does not have every node" not in rows[HEAD]["error"], rows[HEAD]["error"]
     assert "host sbx-node1, instance tiny-2node: verification failed" in rows[HEAD]["error"]
     assert f"node {HEAD} failed" in rows[WORKER]["error"]  # rolled back with its group
-    assert rows[WORKER]["state"] == "rolled back"
+    # Rolled back as one: files on both nodes, then the head's Ray and vLLM, then the worker's Ray;
+    # the restored cluster was verified (its check comes first and would be the error), then the
+    # head's instance, which cannot serve on simulated GPUs: the group ends "failed", both nodes.
+    assert rows[HEAD]["state"] == rows[WORKER]["state"] == "failed"
+    assert "rollback: host sbx-node1, instance tiny-2node: verification failed" in rows[WORKER]["error"]
+    assert "does not have every node" not in rows[WORKER]["error"].split("rollback:", 1)[1]
     store = int(1.5 * 2**30)
     assert str(store) not in nodes.run(WORKER, f"cat /etc/systemd/system/{RAY_UNIT}").stdout  # restored
     after = {n: _pid(nodes, n) for n in (HEAD, WORKER)}

@@ -136,7 +136,10 @@ def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_pat
 
 def test_failure_on_host_2_rolls_back_and_stops(rolled, sandbox, deploy_env, tmp_path):
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
-    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 12},
+    # Host 1's change rewrites only its front's config (reloaded, no vLLM restart: the test is about
+    # host 2); host 2's engine gets a flag vLLM refuses.
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16},
+                                  host_data={"sbx-cpu1": {"vllm_bind_host": CPU_HOSTS["sbx-cpu1"]}},
                                   cpu2={"engine_args": {"enforce-eager": True, "no-such-flag": 1}})
     result, hosts, _order = rollout(deploy_env, inventory, "--batch", "1")
     assert result.returncode != 0

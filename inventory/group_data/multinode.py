@@ -8,7 +8,10 @@ from vllm_fleet.sandbox import assets as _assets
 
 __all__ = ["vllm_wheelhouse", "vllm_instances", "vllm_api_key_env", "vllm_private_interface", "vllm_verify_timeout_s"]
 
-vllm_wheelhouse = os.environ.get("VLLM_FLEET_WHEELHOUSE") or str(_assets.wheelhouse_dir("cpu"))
+# Its own wheelhouse, with Ray (`vllm-fleet sandbox up inventory/multinode.py` builds it);
+# VLLM_FLEET_RAY_WHEELHOUSE, when set, names another one.
+vllm_wheelhouse = (os.environ.get("VLLM_FLEET_RAY_WHEELHOUSE")
+                   or str(_assets.wheelhouse_dir("cpu", _assets.RAY_WHEELHOUSE_EXTRAS)))
 vllm_api_key_env = "VLLM_FLEET_API_KEY"
 # The nodes' network: in the sandbox, each host's only interface (its own bridge, no route out).
 vllm_private_interface = "eth0"

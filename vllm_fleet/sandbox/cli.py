@@ -67,11 +67,23 @@ def main(argv: list[str]) -> int:
         if not args.no_assets:
             # What the sandbox inventory refers to, so `pyinfra -y inventory/sandbox.py deploy.py`
             # works next (cached: instant after the first time).
-            assets.prepare(log=log)
+            # An inventory with multi-node instances (inventory/multinode.py) gets the wheelhouse
+            # with Ray its group data names.
+            assets.prepare(log=log, extras=assets.RAY_WHEELHOUSE_EXTRAS if _has_node_groups(args.inventory)
+                           else assets.WHEELHOUSE_EXTRAS)
         return code
     except harness.SandboxError as e:
         print(f"vllm-fleet sandbox: {e}", file=sys.stderr)
         return 2
+
+
+def _has_node_groups(inventory: str) -> bool:
+    from vllm_fleet.config import ConfigErrors, load_inventory, node_groups, parse_host
+
+    try:
+        return bool(node_groups([parse_host(name, data) for name, data, _g in load_inventory(inventory)]))
+    except ConfigErrors:
+        return False
 
 
 if __name__ == "__main__":
