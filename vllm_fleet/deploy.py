@@ -38,7 +38,8 @@ from vllm_fleet.host.discovery import discover, discovery_queries
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
 from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.catalog import GIB
-from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, check_fleet, instance_of_unit, parse_host
+from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, InstanceConfig, check_fleet, instance_of_unit,
+                               parse_host)
 from vllm_fleet.host.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
 from vllm_fleet.host.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
                               ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
@@ -75,9 +76,9 @@ class Deployment:
     backends: list[gateway.Backend] | None = None  # the fleet's, on the gateway host (vllm_gateway)
     #: On a Ray worker of a multi-node instance: that instance as its head declares it. Each node
     #: loads its pipeline stage's weights from the same model path, so a worker gets the model too.
-    node_instance: Any = None
+    node_instance: InstanceConfig | None = None
 
-    def model_instances(self) -> list[Any]:
+    def model_instances(self) -> list[InstanceConfig]:
         """The instances whose model this host needs (InstanceConfig): its own, and on a Ray
         worker the multi-node instance it serves a stage of."""
         return [*self.config.instances, *([self.node_instance] if self.node_instance is not None else [])]
@@ -322,15 +323,15 @@ def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]
     (plan_fleet: this host from its live facts, the others from their declared data, whether or not
     they are in this run's --limit). A host that cannot be planned offline stops this host's deploy
     with its errors: a gateway that silently lost a host's backends would drop them from the router."""
+    parsed, broken = _inventory_configs(host.state)  # parsed once per run, for every host
     configs = []
     for other in host.state.inventory:  # (pyinfra's `inventory` context is unset under rollout's API use)
         if other.name == config.name:
             configs.append(config)
-            continue
-        try:
-            configs.append(parse_host(other.name, other.data.dict()))
-        except ConfigErrors as exc:
-            _fail(exc.errors)
+        elif other.name in broken:
+            _fail(broken[other.name].errors)
+        else:
+            configs.append(parsed[other.name])
     try:
         check_fleet(configs)
         fleet = plan_fleet(configs, live={config.name: plan.gpus} if plan.gpu_source == "live" else None)
