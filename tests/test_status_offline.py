@@ -125,7 +125,7 @@ def test_undeclared_gpus_are_read_live_and_planned_like_the_deploy(undeclared):
     assert config.gpus is None
     from vllm_fleet.host.discovery import Discovered
 
-    _planned, _front, error = status.planned_files(Discovered(config, None, None, None))  # declared alone
+    _planned, _front, error, _ray = status.planned_files(Discovered(config, None, None, None))  # declared alone
     assert error and "no GPUs known" in error
     report = status.host_status("box", StubHost(), config)
     # Two commands: the deploy's discovery batch (nvidia-smi's query among its facts), the probe.

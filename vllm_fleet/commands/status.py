@@ -20,11 +20,11 @@ from typing import Any
 
 from vllm_fleet import gateway
 from vllm_fleet.host import facts, gpu_topology, ray_cluster, remote
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, node_group_of, parse_host, split_names
+from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
 from vllm_fleet.host.discovery import Discovered, discover, discovery_queries, env_python
 from vllm_fleet.host.facts import GpuTopology
 from vllm_fleet.host.envbuild import current_link
-from vllm_fleet.plan import plan_node_group
+from vllm_fleet.plan import RayNode
 from vllm_fleet.prepared import node_group_plans, prepare_host
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, instance_paths, manifest_path
 from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
@@ -76,10 +76,11 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
 
 
 def planned_files(found: Discovered, configs: dict[str, Any] | None = None,
-                  ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None]:
-    """({instance: {kind: sha256}}, the front's unit entry or None, error text or None) of what the
-    deploy would write now: prepare_host, the deploy's own, from what discovery read. `configs`:
-    every inventory host's config, for a node of a multi-node instance (its group's plan)."""
+                  ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None, RayNode | None]:
+    """({instance: {kind: sha256}}, the front's unit entry or None, error text or None, the host's
+    Ray node or None) of what the deploy would write now: prepare_host, the deploy's own, from what
+    discovery read. `configs`: every inventory host's config, for a node of a multi-node instance
+    (its group's plan)."""
     config = found.config
     try:
         # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
@@ -87,12 +88,12 @@ def planned_files(found: Discovered, configs: dict[str, Any] | None = None,
         prepared = prepare_host(found, backends_for=lambda plan: [] if config.settings.vllm_gateway else None,
                                 node_groups=groups)
     except ConfigErrors as exc:
-        return {}, None, "; ".join(e.located() for e in exc.errors)
+        return {}, None, "; ".join(e.located() for e in exc.errors), None
     out = {inst.name: {kind: hashlib.sha256(prepared.instance_file(inst.name, kind).content.encode()).hexdigest()
                        for kind in DRIFT_KINDS}
            for inst in prepared.plan.instances}
     front = {"unit": FRONT_UNIT, "bind": config.settings.vllm_bind_host} if prepared.plan.instances else None
-    return out, front, None
+    return out, front, None, prepared.plan.ray
 
 
 def explain_failure(failure: dict[str, Any]) -> dict[str, Any]:
@@ -108,7 +109,7 @@ def host_status(name: str, host, config, configs: dict[str, Any] | None = None) 
     if host is None:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
     found, gpu_source, refusal, topology = discover_host(host, config)
-    planned, front, plan_error = planned_files(found, configs)
+    planned, front, plan_error, ray_node = planned_files(found, configs)
     plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
     payload = {"manifest": manifest_path(config),
                "config_dir": config.settings.vllm_config_dir, "front": front,
@@ -135,6 +136,8 @@ def host_status(name: str, host, config, configs: dict[str, Any] | None = None) 
         probe["gpu_topology"] = gpu_topology.summary(topology)
     if (probe.get("front") or {}).get("failure"):
         probe["front"]["failure"] = explain_failure(probe["front"]["failure"])
+    if ray_node is not None:
+        probe["ray"] = ray_status(host, config, ray_node)
     return {"name": name, "reachable": True, "plan_error": plan_error, "gpus_planned_from": gpu_source,
             **probe}
 
@@ -155,28 +158,22 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
         report = [host_status(name, active[name], configs[name], everyone) for name, _d, _g in hosts]
         gateways = [gateway_status(name, active[name], configs[name]) for name, _d, _g in hosts
                     if configs[name].settings.vllm_gateway is True]
-        ray = [ray_status(name, active[name], everyone) for name in configs
-               if node_group_of(list(everyone.values()), name) is not None]
+    # Beside the hosts, one row per Ray node (a host that is unreachable, or whose plan failed, says so
+    # in its own entry and has none).
+    ray = [h.pop("ray") for h in report if "ray" in h]
     return report, gateways, ray
 
 
-def ray_status(name: str, host, configs: dict[str, Any]) -> dict[str, Any]:
-    """A node of a multi-node instance: its Ray unit's state; on the head, the cluster's nodes as
-    Ray's GCS lists them now (ray_cluster's probe, no wait) and which of the group are missing.
-    The group as declared (plan_node_group from the inventory: the addresses Ray binds to)."""
-    group = node_group_of(list(configs.values()), name)
-    row: dict[str, Any] = {"host": name, "instance": group.instance.name,
-                           "role": "head" if group.head == name else "worker", "unit": RAY_UNIT}
-    if host is None:
-        return {**row, "error": "unreachable over SSH"}
-    try:
-        role = plan_node_group(group, {n: configs[n] for n in group.nodes}).roles[name]
-    except (ConfigErrors, KeyError) as exc:
-        return {**row, "error": f"the node group cannot be planned: {exc}"}
+def ray_status(host, config, role: RayNode) -> dict[str, Any]:
+    """A node of a multi-node instance, `role` from the host's prepared plan (the deploy's): its Ray
+    unit's state; on the head, the cluster's nodes as Ray's GCS lists them now (ray_cluster's probe,
+    no wait) and which of the group are missing."""
+    row: dict[str, Any] = {"host": host.name, "instance": role.instance,
+                           "role": "head" if role.is_head else "worker", "unit": RAY_UNIT}
     _ok, out, _err = remote.run(host, f"systemctl is-active {RAY_UNIT}")
     row["state"] = out.strip() or "unknown"
     if role.is_head:
-        spec = ray_cluster.spec(role, configs[name], current_link(configs[name].settings.vllm_root), timeout_s=0)
+        spec = ray_cluster.spec(role, config, current_link(config.settings.vllm_root), timeout_s=0)
         res = ray_cluster.check(host, spec)
         row.update(nodes=res.get("nodes", []), missing=res.get("missing", []), error=res.get("error"))
     return row
