@@ -816,8 +816,7 @@ def _ray_service(d: Deployment):
         systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
                         _if=lambda: running and not restart())
         return lambda: restart() or not running
-    spec = _cluster_spec(d, 0)
-    spec["nodes"] = {role.host: spec["nodes"][role.host]}  # is this worker in the head's cluster now?
+    spec = _cluster_spec(d, 0, only_this_node=True)  # is this worker in the head's cluster now?
     python.call(name=f"Ray worker {unit} of {role.instance}: in the cluster of {role.head}, else (re)started",
                 function=_join_cluster, spec=spec, restart=restart, running=running)
     return restart
@@ -857,14 +856,15 @@ def ray_worker_restarted(state, host_name: str) -> bool:
     return host_name in _RAY_RESTARTED.get(state, set())
 
 
-def _cluster_spec(d: Deployment, timeout_s: int) -> dict[str, Any]:
-    """What ray_cluster's probe checks on the head: every node alive at its address with the GPUs
+def _cluster_spec(d: Deployment, timeout_s: int, only_this_node: bool = False) -> dict[str, Any]:
+    """What ray_cluster's probe checks: every node (or this one) alive at its address with the GPUs
     the tool declared to Ray (`ray start --num-gpus`), waiting at most `timeout_s`, or
     vllm_verify_timeout_s when that is set and shorter."""
     role = d.plan.ray
     bound = d.config.settings.vllm_verify_timeout_s
     return ray_cluster.spec(role, d.config, env_prefix=current_link(d.config.settings.vllm_root),
-                            timeout_s=int(min(timeout_s, bound)) if bound else timeout_s)
+                            timeout_s=int(min(timeout_s, bound)) if bound else timeout_s,
+                            only_this_node=only_this_node)
 
 
 def _wait_for_cluster(state, host, spec: dict[str, Any]) -> None:  # runs at execution, on the head
@@ -873,22 +873,20 @@ def _wait_for_cluster(state, host, spec: dict[str, Any]) -> None:  # runs at exe
         text = ray_cluster.failure_text(host.name, spec, res)
         record_failure(host, text)
         raise OperationError(text + "\n  vLLM's unit was not started; run the deploy again once every node is up")
-    logger.info(f"{host.print_prefix}{ray_cluster.success_text(spec, res)}")
+    logger.info(f"{host.print_prefix}{ray_cluster.success_text(spec)}")
 
 
 def _verify_ray_node(state, host, spec: dict[str, Any]) -> None:  # runs at execution
     """The head: the cluster has every node, alive at its address, with its GPUs. A worker: the
     head's cluster has it (asked of the head's GCS from the worker, so it holds in a run without
-    the head too)."""
-    if not spec["is_head"]:
-        spec = dict(spec, nodes={host.name: spec["nodes"][host.name]})
+    the head too): `spec` names only this node then."""
     res = ray_cluster.check(host, spec)
     if not res["ok"]:
         text = ray_cluster.failure_text(host.name, spec, res)
         record_failure(host, text)
         raise OperationError(text)
     if spec["is_head"]:
-        logger.info(f"{host.print_prefix}verified {ray_cluster.success_text(spec, res)}")
+        logger.info(f"{host.print_prefix}verified {ray_cluster.success_text(spec)}")
     else:
         logger.info(f"{host.print_prefix}verified the Ray worker of {spec['instance']}: alive in the cluster of "
                     f"{spec['head']} ({spec['head_address']})")
@@ -944,7 +942,8 @@ def verify(d: Deployment) -> None:
         return
     if d.plan.ray is not None:  # first: a missing node is named, not only the instance's failure
         python.call(name=f"Verify the Ray {'cluster' if d.plan.ray.is_head else 'worker'} of {d.plan.ray.instance}",
-                    function=_verify_ray_node, spec=_cluster_spec(d, ray_cluster.VERIFY_TIMEOUT_S))
+                    function=_verify_ray_node,
+                    spec=_cluster_spec(d, ray_cluster.VERIFY_TIMEOUT_S, only_this_node=not d.plan.ray.is_head))
     gpus = {g.index: g for g in d.plan.gpus}
     checks = []
     for inst in d.plan.instances:

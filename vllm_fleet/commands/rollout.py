@@ -246,10 +246,11 @@ def _roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) 
     head, head_config, head_before = hosts[0], configs[0], befores[0]
     rays = [b.get("ray") for b in befores]
     if all(rays):  # the group existed before this rollout: its cluster is back
-        spec = {"instance": rays[0]["instance"], "head": rays[0]["head"], "head_address": rays[0]["head_address"],
-                "python": f"{current_link(head_config.settings.vllm_root)}/bin/python",
-                "user": head_config.settings.vllm_service_user, "timeout_s": 120,
-                "nodes": {host.name: {"address": r["address"], "gpus": len(r["gpus"])} for host, r in zip(hosts, rays)}}
+        spec = ray_cluster.group_spec(
+            instance=rays[0]["instance"], head=rays[0]["head"], head_address=rays[0]["head_address"],
+            nodes={host.name: {"address": r["address"], "gpus": len(r["gpus"])} for host, r in zip(hosts, rays)},
+            config=head_config, env_prefix=current_link(head_config.settings.vllm_root),
+            timeout_s=ray_cluster.JOIN_TIMEOUT_S)
         res = ray_cluster.check(head, spec)
         if not res["ok"]:
             return False, ray_cluster.failure_text(head.name, spec, res)
@@ -439,9 +440,11 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
     deploy_file()  # found before any host is reached (an installed package needs a checkout)
     everyone = [parse_host(name, data) for name, data, _g in load_inventory(inventory)]
     groups = [g.nodes for g in node_groups(everyone)]
-    if limit:  # a node of a multi-node instance brings its whole group (it is updated as one)
-        limit = list(limit) + [n for g in groups if set(g) & set(_limited(inventory, limit)) for n in g]
     hosts = load_inventory(inventory, limit=limit)
+    limited = {name for name, _d, _g in hosts}
+    mates = [n for g in groups if set(g) & limited for n in g if n not in limited]
+    if mates:  # a node of a multi-node instance brings its whole group (it is updated as one)
+        hosts = load_inventory(inventory, limit=list(limit) + mates)
     names = [name for name, _d, _g in hosts]
     if order:
         unknown = [n for n in order if n not in names]
@@ -467,9 +470,6 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
             break
     return list(results.values())
 
-
-def _limited(inventory: str, limit: list[str]) -> list[str]:
-    return [name for name, _d, _g in load_inventory(inventory, limit=limit)]
 
 
 def print_table(results: list[HostResult]) -> None:

@@ -65,13 +65,25 @@ print(json.dumps(out))
 '''
 
 
-def spec(role: RayNode, config: HostConfig, env_prefix: str, timeout_s: int) -> dict[str, Any]:
-    """What the probe checks: every node of `role`'s group at its address with its declared GPUs.
-    The GPUs per node are this node's count for every node (the group's TP is the same on each)."""
-    return {"instance": role.instance, "head": role.head, "is_head": role.is_head,
-            "head_address": role.head_address, "python": f"{env_prefix}/bin/python",
-            "user": config.settings.vllm_service_user, "timeout_s": timeout_s,
-            "nodes": {n: {"address": role.addresses[n], "gpus": len(role.gpus)} for n in role.nodes}}
+def spec(role: RayNode, config: HostConfig, env_prefix: str, timeout_s: int,
+         only_this_node: bool = False) -> dict[str, Any]:
+    """What the probe checks for `role`'s group: every node (or, `only_this_node`, this one) at its
+    address with its declared GPUs. The GPUs per node are this node's count for every node (the
+    group's TP is the same on each)."""
+    nodes = {n: {"address": role.addresses[n], "gpus": len(role.gpus)} for n in role.nodes}
+    if only_this_node:
+        nodes = {role.host: nodes[role.host]}
+    return group_spec(instance=role.instance, head=role.head, head_address=role.head_address, nodes=nodes,
+                      config=config, env_prefix=env_prefix, timeout_s=timeout_s, is_head=role.is_head)
+
+
+def group_spec(*, instance: str, head: str, head_address: str, nodes: dict[str, dict[str, Any]],
+               config: HostConfig, env_prefix: str, timeout_s: int, is_head: bool = True) -> dict[str, Any]:
+    """The probe's spec from its parts (rollout builds one from the nodes' manifests): run as
+    `config`'s service user with the python of `env_prefix`."""
+    return {"instance": instance, "head": head, "is_head": is_head, "head_address": head_address,
+            "python": f"{env_prefix}/bin/python", "user": config.settings.vllm_service_user,
+            "timeout_s": timeout_s, "nodes": nodes}
 
 
 def probe_command(spec: dict[str, Any]) -> str:
@@ -121,6 +133,6 @@ def failure_text(host_name: str, spec: dict[str, Any], res: dict[str, Any]) -> s
     return "\n".join(lines)
 
 
-def success_text(spec: dict[str, Any], res: dict[str, Any]) -> str:
+def success_text(spec: dict[str, Any]) -> str:
     nodes = ", ".join(f"{n} ({v['address']}, {v['gpus']} GPU)" for n, v in spec["nodes"].items())
     return f"the Ray cluster of {spec['instance']}: {len(spec['nodes'])} node(s) alive: {nodes}"
