@@ -18,6 +18,7 @@ from typing import Any
 
 from vllm_fleet.config import HostConfig
 from vllm_fleet.plan import RayNode
+from vllm_fleet.render import RAY_UNIT
 
 JOIN_TIMEOUT_S = 120  # before the head's vLLM starts: the workers' Ray started in the operation before
 VERIFY_TIMEOUT_S = 30  # in verification: every node should be there already
@@ -122,11 +123,11 @@ def failure_text(host_name: str, spec: dict[str, Any], res: dict[str, Any]) -> s
              f"(waited {spec['timeout_s']} s)"]
     if res.get("error"):
         lines.append(f"  the Ray head at {spec['head_address']} did not answer: {res['error']}; see "
-                     f"`journalctl -u vllm-fleet-ray.service` on {spec['head']}")
+                     f"`journalctl -u {RAY_UNIT}` on {spec['head']}")
     for name in res.get("missing", []):
         address = spec["nodes"][name]["address"]
-        lines.append(f"  node {name} ({address}) is not in the cluster: check vllm-fleet-ray.service on {name} "
-                     f"(`systemctl status vllm-fleet-ray.service`), and that it reaches {spec['head_address']} "
+        lines.append(f"  node {name} ({address}) is not in the cluster: check {RAY_UNIT} on {name} "
+                     f"(`systemctl status {RAY_UNIT}`), and that it reaches {spec['head_address']} "
                      "on the nodes' network; run the deploy on every node of the group")
     for name, why in res.get("wrong", []):
         lines.append(f"  node {name}: {why}")
