@@ -1,5 +1,9 @@
 """Shared pytest wiring: the sandbox fixture and its --no-sandbox option live in sandbox_fixture.py;
-the figures tests report (figures.py) are printed in the terminal summary."""
+the figures tests report (figures.py) are printed in the terminal summary, with the run's wall time
+when .ci/run started it (VLLM_FLEET_RUN_STARTED: set-up and cold caches included)."""
+
+import os
+import time
 
 from sandbox_fixture import pytest_addoption, pytest_collection_modifyitems, sandbox  # noqa: F401
 from fleet_helpers import deploy_env  # noqa: F401,E402
@@ -11,3 +15,9 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.section("vllm-fleet figures")
         for line in figures.LINES:
             terminalreporter.write_line(line)
+    started = os.environ.get("VLLM_FLEET_RUN_STARTED", "")
+    if started.isdigit():
+        seconds = time.time() - int(started)
+        terminalreporter.section("wall time")
+        terminalreporter.write_line(f"the whole run, from an empty vllm-fleet cache: {seconds:.0f} s "
+                                    f"({seconds / 60:.1f} min), the environment's set-up included")

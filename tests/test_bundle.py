@@ -86,3 +86,16 @@ def test_bundle_help_names_the_default_versions(capsys):
         bundle.main(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert f"cuda {HOST_DEFAULTS['vllm_version']}" in text and f"cpu {HOST_DEFAULTS['vllm_cpu_version']}" in text
+
+
+def test_a_wheelhouse_serves_a_host_only_when_it_holds_every_package(tmp_path):
+    from vllm_fleet.host.envbuild import EnvSpec
+
+    wh = bundle.Wheelhouse(path=tmp_path, requirements_file=tmp_path / "requirements.in", override_file=None,
+                           pins={"vllm-cpu": "0.32.0", "uv": "0.13.9", "vllm_router": "0.1.17"})
+    assert bundle.missing_from(wh, EnvSpec(vllm_version="0.32.0", extras=("vllm-router==0.1.17",))) == []
+    gateway = EnvSpec(vllm_version="0.32.0", extras=("vllm-router==0.1.18", "ray==2.60.0"))
+    assert bundle.missing_from(wh, gateway) == ["ray==2.60.0", "vllm-router==0.1.18 (it holds vllm-router==0.1.17)"]
+    assert bundle.missing_from(wh, EnvSpec(target="cuda", vllm_version="0.33.0")) == ["vllm==0.33.0"]
+    assert bundle.bundle_command(gateway) == ("vllm-fleet bundle --target cpu --vllm-version 0.32.0 "
+                                              "--extra ray==2.60.0 --extra vllm-router==0.1.18")

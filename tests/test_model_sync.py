@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -496,7 +497,7 @@ print(json.dumps(dict(counts, ok=ok)))
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
 
     def run():
-        done = subprocess.run(["python3", str(script), str(src), str(dest)], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, str(script), str(src), str(dest)], capture_output=True, text=True,
                               env=env, timeout=120)
         assert done.returncode == 0, done.stdout + done.stderr
         return json.loads(done.stdout.strip().splitlines()[-1])

@@ -9,10 +9,12 @@ Runs after the deploy and rollout modules, so the hosts have something to lose.
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -109,3 +111,36 @@ def test_bad_input_stops_pyinfra_before_any_change(index, corpus_runs):
 def test_no_sandbox_host_was_touched(corpus_runs):
     assert any(corpus_runs["before"].values()), "the hosts had nothing deployed to protect"
     assert corpus_runs["touched"] == []
+
+
+def test_a_wheelhouse_that_cannot_serve_the_gateway_host_changes_no_host(sandbox, deploy_env, tmp_path):
+    """The cpu hosts with a wheelhouse that lacks vllm-router (as `vllm-fleet bundle --target cpu`
+    builds without --extra): refused while the run is planned, naming the gateway host, the package
+    and the bundle line that fixes it; no host changes, the hosts without a gateway included."""
+    import json
+
+    from vllm_fleet.commands import bundle
+    from vllm_fleet.config import HOST_DEFAULTS
+
+    real = Path(deploy_env["VLLM_FLEET_WHEELHOUSE"])
+    manifest = json.loads((real / bundle.MANIFEST_NAME).read_text())
+    router = f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}"
+    manifest["pins"].pop("vllm-router")
+    manifest["requirements"] = [r for r in manifest["requirements"] if not r.startswith("vllm-router")]
+    lacking = tmp_path / "cpu-without-router"
+    lacking.mkdir()
+    for name, entry in list(manifest["files"].items()):  # every wheel but the router's, as hard links
+        if name.lower().startswith("vllm_router"):
+            del manifest["files"][name]
+        else:
+            os.link(real / name, lacking / name)
+    (lacking / bundle.MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert bundle.load(lacking) is not None  # a complete wheelhouse, only without the router
+    before = fingerprint(sandbox)
+    result = pyinfra({**deploy_env, "VLLM_FLEET_WHEELHOUSE": str(lacking)}, "--limit", "cpu_hosts", timeout=300)
+    out = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    assert result.returncode != 0
+    assert "host sbx-cpu1, key vllm_wheelhouse" in out and f"lacks {router}" in out, out[-3000:]
+    assert f"--extra {router}" in out and "vllm-fleet bundle --target cpu" in out
+    assert "nothing was changed on any host" in out and "Starting operation" not in out
+    assert fingerprint(sandbox) == before

