@@ -15,7 +15,7 @@ from typing import Any
 
 from vllm_fleet.catalog import ModelInfo, gpu_model_facts, is_gguf, lookup
 # The error types and the shared constants are re-exported: other modules import them from here.
-from vllm_fleet.settings import (ENV_MANAGERS, ENV_NAME_RE, GIB_BYTES, INDEX_URL_RE,  # noqa: F401
+from vllm_fleet.settings import (KNOBS, ENV_MANAGERS, ENV_NAME_RE, GIB_BYTES, INDEX_URL_RE,  # noqa: F401
                                  PLACEMENTS, RAY_OBJECT_STORE_MIN_BYTES, TARGETS, Checker, ConfigError,
                                  ConfigErrors, Settings, did_you_mean, is_address)
 
@@ -518,9 +518,76 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
     )
 
 
+# Inventory host names: a DNS-style name, an IP literal (no IPv6 scope: nginx and systemd cannot
+# take one), or one of pyinfra's connectors (@local, @docker/<name>, ...). A name lands in unit
+# comments, the YAML header, nginx's config and `vllm-fleet render --out` paths.
+HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|@[a-z][a-z0-9_-]*(/[A-Za-z0-9][A-Za-z0-9._:-]*)?")
+# Characters that end a line for systemd (\n, \r, NUL), nginx, YAML or a shell, or that a terminal
+# acts on: every C0/C1 control character and Unicode's line and paragraph separators.
+_LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def _host_name_problem(name: Any) -> str | None:
+    import ipaddress
+
+    if not isinstance(name, str) or not name:
+        return f"host name {name!r} must be a non-empty string"
+    if HOST_NAME_RE.fullmatch(name) and ".." not in name:
+        return None
+    try:
+        ipaddress.ip_address(name)
+        return None if "%" not in name else f"host name {name!r} has an IPv6 scope id"
+    except ValueError:
+        return f"host name {name!r} is not a DNS name, an IP address or a pyinfra connector (@local)"
+
+
+def _check_text(check: Checker, data: dict[str, Any]) -> None:
+    """No string vllm-fleet reads from a host's data (its knobs, every instance's and GPU's fields,
+    at any depth, keys included) holds a line-breaking or control character: one would end a
+    systemd directive, an nginx directive or a YAML line early and start a new one of the writer's
+    choosing. pyinfra's own data and other deploys' keys are not vllm-fleet's to judge."""
+    def walk(value: Any, key: str, instance: str | None) -> None:
+        if isinstance(value, str):
+            found = _LINE_BREAKING.search(value)
+            if found:
+                check.error(f"{key} holds the control character {found.group()!r} (at {found.start()}): "
+                            "no line break, carriage return, NUL, escape or other control character "
+                            "may reach a unit, nginx or YAML", instance=instance, key=key,
+                            fix="remove it: each value is one line of plain text")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(k, f"{key} (a key)", instance)
+                walk(v, f"{key}.{k}" if isinstance(k, str) else key, instance)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{key}[{i}]", instance)
+
+    for key in KNOBS:
+        if key not in data:
+            continue
+        if key == "vllm_instances" and isinstance(data[key], (list, tuple)):
+            for position, raw in enumerate(data[key]):
+                label = raw.get("name") if isinstance(raw, dict) else None
+                label = label if isinstance(label, str) and not _LINE_BREAKING.search(label) else f"#{position}"
+                if isinstance(raw, dict):
+                    for k, v in raw.items():
+                        walk(v, str(k), label)
+                        walk(k, f"{k!r} (a key)", label)
+            continue
+        walk(data[key], key, None)
+
+
 def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     """Validate one host's data. Raises ConfigErrors listing every problem found."""
-    check = Checker(name)
+    check = Checker(name if isinstance(name, str) and not _LINE_BREAKING.search(name) else repr(name))
+    problem = _host_name_problem(name)
+    if problem:
+        check.error(problem, key="host name", fix="name the host in the inventory with letters, digits, "
+                                                   "'.', '-' and '_' (its address goes in ssh_hostname)")
+        raise ConfigErrors(check.errors)
+    _check_text(check, data)
+    if check.errors:
+        raise ConfigErrors(check.errors)
     settings = Settings.from_data(data, check=check)
     gpus = _parse_gpus(check, settings.gpus)
     raw_instances = settings.vllm_instances

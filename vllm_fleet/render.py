@@ -106,6 +106,8 @@ def _jinja() -> jinja2.Environment:
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                              autoescape=False)
     env.filters["systemd_quote"] = _systemd_quote
+    # free text in a directive (Description=): systemd expands % specifiers there too
+    env.filters["systemd_text"] = lambda text: str(text).replace("%", "%%")
     env.filters["env_quote"] = env_quote  # the host probe reads it back with env_unquote
     return env
 
