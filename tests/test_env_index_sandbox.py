@@ -14,16 +14,14 @@ from an index, which the engine's size would only slow down.
 
 from __future__ import annotations
 
-import html
 import re
 import subprocess
 import tarfile
-import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, pyinfra, variant_inventory
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, pyinfra, simple_pages, variant_inventory
 
 INDEX_HOST = "sbx-cpu3"
 PORT = 8099  # not 8000: sbx-cpu3 may be serving vLLM there
@@ -31,20 +29,6 @@ UNIT = "vllm-fleet-test-index"
 SERVE_DIR = "/srv/vllm-fleet-test-index"
 INDEX_URL = f"http://{CPU_HOSTS[INDEX_HOST]}:{PORT}/simple"
 ROOT = "/opt/vllm-fleet-index"  # a vllm_root of its own: nothing built there before
-
-
-def simple_pages(wheels: list[Path]) -> dict[str, str]:
-    """PEP 503 pages: simple/index.html and simple/<normalized name>/index.html -> ../../files/<wheel>."""
-    projects: dict[str, list[str]] = {}
-    for whl in wheels:
-        projects.setdefault(re.sub(r"[-_.]+", "-", whl.name.split("-")[0]).lower(), []).append(whl.name)
-    pages = {"simple/index.html": "<!DOCTYPE html><html><body>\n" + "".join(
-        f'<a href="{name}/">{name}</a>\n' for name in sorted(projects)) + "</body></html>\n"}
-    for name, files in projects.items():
-        links = "".join(f'<a href="../../files/{urllib.parse.quote(f)}">{html.escape(f)}</a>\n'
-                        for f in sorted(files))
-        pages[f"simple/{name}/index.html"] = f"<!DOCTYPE html><html><body>\n{links}</body></html>\n"
-    return pages
 
 
 @pytest.fixture(scope="module")

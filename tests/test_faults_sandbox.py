@@ -32,13 +32,20 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, chat, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
 ADDRESS = CPU_HOSTS[HOST]
 OWNER_FILE = "/run/vllm-fleet/deploy.owner"
-GATE = "/run/vllm-fleet-standin.gate"  # the stand-in engine starts listening once it exists
+
+
+@pytest.fixture(scope="module")
+def genuine_baseline(sandbox, deploy_env):
+    """Every CPU host converged to inventory/sandbox.py with the genuine vLLM (the two tests of it)."""
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts")
+    assert result.returncode == 0, "baseline deploy failed"
+    return result
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +152,7 @@ def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sa
     # The first deploy is held in its restart (the stand-in listens only once GATE exists) until the
     # second has been answered: the lock is held for as long as the test needs, whatever the speed.
     first_inventory = variant_inventory(tmp_path_factory.mktemp("a"), every={"max_num_seqs": 24, "env": {
-        **SANDBOX_ENV, "VLLM_FLEET_STANDIN_START_GATE": GATE}})
+        **SANDBOX_ENV, STANDIN_GATE_VARIABLE: GATE}})
     second_inventory = variant_inventory(tmp_path_factory.mktemp("b"), every={"max_num_seqs": 28})
     sandbox.run(HOST, f"rm -f {GATE}", check=True)
     first = start_deploy(standin_env, first_inventory)
@@ -161,9 +168,8 @@ def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sa
         second = pyinfra(standin_env, "--limit", HOST, inventory=second_inventory)
         assert first.poll() is None, "the first deploy did not wait at its gate"
     finally:
-        sandbox.run(HOST, f"touch {GATE}")
+        sandbox.run(HOST, f"touch {GATE}")  # open again (and left open)
         first_out = finish(first, seen)
-        sandbox.run(HOST, f"rm -f {GATE}")
     out = plain(second.stdout + second.stderr)
     assert second.returncode != 0
     assert f"host {HOST} is being deployed by" in out and f"pid {first.pid}" in out
@@ -177,27 +183,38 @@ def test_two_deploys_at_once_the_second_refuses_and_changes_nothing(baseline, sa
 
 def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sandbox, standin_env,
                                                                     tmp_path):
-    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 36})
+    # The deploy is held in its restart (the new engine waits at the gate), and SSH drops there: in
+    # the middle of the deploy, whatever the speed of the steps before it.
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 36, "env": {**SANDBOX_ENV, STANDIN_GATE_VARIABLE: GATE}})
     before = host_state(sandbox, HOST)
+    sandbox.run(HOST, f"rm -f {GATE}", check=True)
     proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
-        assert read_until(proc, "Starting operation: Config of tiny", seen), "never reached its files"
+        assert read_until(proc, "Starting operation: Restart vllm-tiny", seen), "never reached the restart"
+        deadline = time.monotonic() + 120
+        while "waiting for" not in sandbox.run(HOST, "journalctl -u vllm-tiny --no-pager -n 5").stdout:
+            assert proc.poll() is None and time.monotonic() < deadline, "the restart never reached the gate"
+            time.sleep(0.5)
         # Every SSH session of the login user dies at once: the deploy's connection and its lock's
         # (the harness's own, as root, stays).
-        sandbox.run(HOST, "nohup sh -c 'sleep 0.2; pkill -KILL -f \"^sshd: deploy\"' >/dev/null 2>&1 &")
-    finally:
+        sandbox.run(HOST, "pkill -KILL -f '^sshd: deploy'")
         out = finish(proc, seen, timeout=300)
+    finally:
+        sandbox.run(HOST, f"touch {GATE}")  # open again (and left open)
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode != 0
     assert f"the SSH connection to {HOST} was lost" in out and "run the deploy again" in out
     assert "internal exception" not in out  # reported as this host's failure, not a crash
-    # Whatever step it stopped at, an instance serves (the old process or a restarted one).
+    # The instance cut off in its restart comes up by itself (systemd finishes the start).
     assert serves_within(ADDRESS)
     converges_then_stays(sandbox, standin_env, inventory, 36)
     assert host_state(sandbox, HOST)["pid"] != before["pid"]
 
 
-def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(sandbox, deploy_env, tmp_path):
+def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(genuine_baseline, sandbox, deploy_env,
+                                                                           tmp_path):
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 40})
     proc = start_deploy(deploy_env, inventory)
     seen: list[str] = []
@@ -241,7 +258,7 @@ SMALL = "/srv/vfs-small"  # a tmpfs mounted on sbx-cpu3 as a filesystem for vllm
 DISK_HOST = "sbx-cpu3"
 
 
-def test_disk_full_while_building_the_environment(sandbox, deploy_env, tmp_path_factory):
+def test_disk_full_while_building_the_environment(genuine_baseline, sandbox, deploy_env, tmp_path_factory):
     """vllm_root moved onto a small filesystem: too small from the start -> refused before any
     write; filled up in the middle of the install -> uv's ENOSPC, the partial env removed; either
     way the previous version keeps serving, and with space back a re-run converges."""

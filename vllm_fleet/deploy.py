@@ -290,22 +290,9 @@ def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
     """The wheelhouse holds every package this host's environment installs, for its Python: checked
     while the run is still being planned, so a wheelhouse that lacks one host's package (vllm-router
     on the gateway host, Ray on a node) stops the run before any host changes, not mid-install."""
-    if not config.settings.vllm_wheelhouse:
-        return
-    wheelhouse = bundle.load(Path(config.settings.vllm_wheelhouse).expanduser())
-    if wheelhouse is None:  # discovery refused an incomplete one already
-        return
-    spec = environment_spec(config, plan)
-    missing = bundle.missing_from(wheelhouse, spec)
-    problems = [f"lacks {', '.join(missing)}"] if missing else []
-    fix = f"build one that holds them: {bundle.bundle_command(spec)} (then set vllm_wheelhouse to the path it prints)"
-    if wheelhouse.python and wheelhouse.python != spec.python:
-        problems.append(f"was built for Python {wheelhouse.python}, the host's environment uses {spec.python}")
-        fix += f"; bundles are built for Python {wheelhouse.python}: vllm_python_version = '{wheelhouse.python}'"
-    if problems:
-        _fail([ConfigError(f"vllm_wheelhouse {wheelhouse.path} cannot serve this host's environment "
-                           f"({', '.join(spec.packages())}): it {' and '.join(problems)}", host=config.name,
-                           key="vllm_wheelhouse", fix=fix)])
+    problem = bundle.wheelhouse_problem(config.name, config.settings.vllm_wheelhouse, environment_spec(config, plan))
+    if problem:
+        _fail([problem])
 
 
 def _check_one_step_per_path(d: Deployment) -> None:

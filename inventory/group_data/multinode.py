@@ -14,7 +14,7 @@ vllm_wheelhouse = (os.environ.get("VLLM_FLEET_RAY_WHEELHOUSE")
                    or str(_assets.wheelhouse_dir("cpu", _assets.RAY_WHEELHOUSE_EXTRAS)))
 vllm_api_key_env = "VLLM_FLEET_API_KEY"
 # VLLM_FLEET_ENGINE=standin (the tests of the tool's own mechanics): the hosts install the SIMULATED
-# stand-in engine from the wheelhouse VLLM_FLEET_WHEELHOUSE names, labelled by this package.
+# stand-in engine from the wheelhouse VLLM_FLEET_RAY_WHEELHOUSE names, labelled by this package.
 vllm_extra_packages = _assets.engine_packages(os.environ)
 # The nodes' network: in the sandbox, each host's only interface (its own bridge, no route out).
 vllm_private_interface = "eth0"

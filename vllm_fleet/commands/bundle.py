@@ -35,6 +35,7 @@ from importlib import resources
 from pathlib import Path
 
 from vllm_fleet.commands.package_sources import PYPI_SIMPLE, PackageSources, failure_advice, workstation_sources
+from vllm_fleet.config import ConfigError
 from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version
 
 # The hosts: Debian 12 (glibc 2.36) with its python3.11. manylinux_2_28 would be too old a target:
@@ -55,8 +56,7 @@ class Wheelhouse:
     requirements_file: Path  # the top-level requirements (what to install on the host)
     override_file: Path | None  # the uv --override file (cpu target), pass it on the host too
     pins: dict[str, str] = field(default_factory=dict)  # every resolved package -> version
-    target: str | None = None  # what it was built for (None: a manifest from before these were kept)
-    python: str | None = None
+    python: str | None = None  # the hosts' Python it was resolved for (None: the manifest names none)
 
     @property
     def name(self) -> str:
@@ -93,7 +93,7 @@ def input_hash(reqs: list[str], overrides: str | None, find_links: list[str],
                indexes: list[str] | None = None) -> str:
     """A short digest of everything that decides the wheelhouse's content."""
     inputs = [BUNDLE_FORMAT, reqs, overrides, HOST_PYTHON, HOST_GLIBC, HOST_ARCH, find_links]
-    if indexes:  # PyPI alone, as before index settings were read: same hash
+    if indexes:  # none (PyPI alone): the digest of the other inputs alone
         inputs.append(indexes)
     key = json.dumps(inputs)
     return hashlib.sha256(key.encode()).hexdigest()[:12]
@@ -165,7 +165,6 @@ def load(path: Path) -> Wheelhouse | None:
         requirements_file=path / "requirements.in",
         override_file=override if override.exists() else None,
         pins=dict(manifest["pins"]),
-        target=manifest.get("target"),
         python=manifest.get("python"),
     )
 
@@ -190,6 +189,30 @@ def missing_from(wheelhouse: Wheelhouse, spec: EnvSpec) -> list[str]:
         elif version is not None and held[name] != version:
             missing.append(f"{req} (it holds {name}=={held[name]})")
     return missing
+
+
+def wheelhouse_problem(host: str, wheelhouse_dir: str | None, spec: EnvSpec) -> ConfigError | None:
+    """Why the wheelhouse at wheelhouse_dir cannot serve host's environment spec, as an error naming
+    the host, the key and the fix (the bundle line that builds one that does); None when it can, or
+    when it is not a complete wheelhouse (discovery reports that)."""
+    wheelhouse = load(Path(wheelhouse_dir).expanduser()) if wheelhouse_dir else None
+    if wheelhouse is None:
+        return None
+    missing = missing_from(wheelhouse, spec)
+    problems, fixes = [], []
+    if missing:
+        problems.append(f"lacks {', '.join(missing)}")
+        fixes.append(f"build one that holds them: {bundle_command(spec)} (then set vllm_wheelhouse to "
+                     "the path it prints)")
+    if wheelhouse.python and wheelhouse.python != spec.python:
+        problems.append(f"was built for Python {wheelhouse.python}, the host's environment uses {spec.python}")
+        fixes.append(f"bundles are built for the hosts' Python {wheelhouse.python}: set vllm_python_version = "
+                     f"'{wheelhouse.python}'")
+    if not problems:
+        return None
+    return ConfigError(f"vllm_wheelhouse {wheelhouse.path} cannot serve this host's environment "
+                       f"({', '.join(spec.packages())}): it {' and '.join(problems)}", host=host,
+                       key="vllm_wheelhouse", fix="; ".join(fixes))
 
 
 def bundle_command(spec: EnvSpec) -> str:
@@ -347,10 +370,10 @@ def wheelhouse_path(target: str, vllm_version: str, extras: tuple[str, ...] = ()
 
 
 def hashed_indexes(sources: PackageSources) -> list[str]:
-    """The indexes that enter the input hash: none for PyPI alone (the hash wheelhouses had before
-    the workstation's index settings were read), uv's own configuration as a marker."""
+    """The indexes that enter the input hash: none for PyPI alone (so a PyPI-only wheelhouse keeps
+    its name), what uv's own configuration says where it rules."""
     if sources.uv_configured:
-        return ["uv:" + sources.origins.get("uv", "")]
+        return ["uv:" + sources.uv_digest]
     indexes = sources.indexes()
     return [] if indexes == [PYPI_SIMPLE] else indexes
 

@@ -6,29 +6,31 @@ wheelhouse) with uv and pip. The user has configured them for this machine: pip 
 through uv.toml and `UV_*`. uv reads none of pip's settings, and by default trusts only the roots
 bundled into it, not the OS certificate store that pip (and curl, git, apt) use. So each uv call gets:
 
-- trust: the OS certificate store (`UV_SYSTEM_CERTS`), narrowed to pip's `cert` bundle when pip names
-  one and `SSL_CERT_FILE` is not set (uv reads `SSL_CERT_FILE` itself);
+- trust: `SSL_CERT_FILE` where it is set (uv reads it itself), else pip's `cert` bundle where pip
+  names one (given to uv as its `SSL_CERT_FILE`), else the OS certificate store (`UV_SYSTEM_CERTS`:
+  uv's own probe of the OS's bundle and certificate folder);
 - indexes: uv's own when uv has any (UV_* variables or a uv.toml); otherwise pip's `index-url`,
   `extra-index-url` (best version over all of them, as pip picks), `find-links`, `trusted-host` and
-  `no-index`.
+  `no-index`, as `pip download` reads them ([download], then [global]).
 
-pip reads its own configuration; where it names no `cert`, it is given the OS bundle (or
-`SSL_CERT_FILE`) too, so both tools trust the same roots. `describe()` is what `vllm-fleet bundle`
-prints: which indexes and which trust it used, and where each came from.
+pip reads its own configuration; where it names no `cert`, it is given `SSL_CERT_FILE` or the OS's
+bundle file, so both tools trust the same roots; where uv's indexes are set by variables, pip's
+download is given them too. `describe()` is what `vllm-fleet bundle` prints: which indexes and which
+trust it used, and where each came from.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shlex
-import ssl
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PYPI_SIMPLE = "https://pypi.org/simple"
+from vllm_fleet.host.envbuild import OS_CA_BUNDLES, PYPI_SIMPLE
 # uv's variables that set where packages come from: with any of them, uv's own settings rule.
 UV_INDEX_VARIABLES = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL",
                       "UV_FIND_LINKS", "UV_NO_INDEX")  # fmt: skip
@@ -38,7 +40,7 @@ UV_TOML_INDEX_KEYS = re.compile(
 # pip's settings vllm-fleet passes on to uv, and the sections they are read from, strongest first
 # (pip's own order: variables, then the command's section, then [global]).
 PIP_KEYS = ("index-url", "extra-index-url", "find-links", "cert", "trusted-host", "no-index")
-PIP_SECTIONS = (":env:", "download", "install", "global")
+PIP_SECTIONS = (":env:", "download", "global")
 
 
 @dataclass(frozen=True)
@@ -50,12 +52,17 @@ class PackageSources:
     find_links: tuple[str, ...] = ()
     trusted_hosts: tuple[str, ...] = ()
     no_index: bool = False
-    ca_file: str | None = None  # the bundle both tools trust (None: the OS store as uv finds it)
+    ca_file: str | None = None  # the bundle both tools trust (SSL_CERT_FILE, pip's cert, the OS's)
+    ca_from_pip: bool = False  # ca_file is pip's cert: uv is given it as SSL_CERT_FILE
     uv_configured: bool = False  # uv has index settings of its own: pip's are not passed to it
+    uv_indexes: tuple[str, ...] = ()  # uv's own, where variables set them (the default first)
+    uv_digest: str = ""  # what uv's own configuration says, for the input hash
     origins: dict[str, str] = field(default_factory=dict)  # setting -> where it was read
 
     def indexes(self) -> list[str]:
         """Every index a resolve may ask, the default first (for messages and the input hash)."""
+        if self.uv_configured:
+            return list(self.uv_indexes)
         if self.no_index:
             return []
         return [self.index_url or PYPI_SIMPLE, *self.extra_index_urls]
@@ -86,15 +93,19 @@ class PackageSources:
         env = dict(os.environ if base is None else base)
         env.setdefault("UV_SYSTEM_CERTS", "1")  # uv >= 0.11
         env.setdefault("UV_NATIVE_TLS", "1")  # the same, for older uv
-        if self.ca_file and not env.get("SSL_CERT_FILE"):
+        if self.ca_from_pip and self.ca_file and not env.get("SSL_CERT_FILE"):
             env["SSL_CERT_FILE"] = self.ca_file
         return env
 
     def pip_args(self) -> list[str]:
-        """pip reads its own configuration; it is only given the bundle when it names none."""
-        if self.ca_file and "cert" not in self.origins:
-            return ["--cert", self.ca_file]
-        return []
+        """pip reads its own configuration: it is given the trusted bundle when it names no cert, and
+        uv's indexes when uv's own (set by variables) are the ones the resolve used."""
+        args = ["--cert", self.ca_file] if self.ca_file and not self.ca_from_pip else []
+        if self.uv_configured and self.uv_indexes:
+            args += ["--index-url", self.uv_indexes[0]]
+            for url in self.uv_indexes[1:]:
+                args += ["--extra-index-url", url]
+        return args
 
     def describe(self) -> list[str]:
         """What a bundle prints: the indexes and the trust, and where each setting came from."""
@@ -103,7 +114,8 @@ class PackageSources:
 
         lines = []
         if self.uv_configured:
-            lines.append(f"indexes: uv's own configuration ({origin('uv', 'uv.toml / UV_*')}); "
+            said = f": {', '.join(self.uv_indexes)}" if self.uv_indexes else ""
+            lines.append(f"indexes: uv's own configuration ({origin('uv', 'uv.toml / UV_*')}){said}; "
                          "pip's index settings are not passed to uv")
         elif self.no_index:
             lines.append(f"indexes: none (no-index, from {origin('no-index', 'pip')}); find-links only")
@@ -113,8 +125,11 @@ class PackageSources:
                 lines.append(f"extra index: {url} ({origin('extra-index-url', 'pip')})")
         for link in self.find_links:
             lines.append(f"find-links: {link} ({origin('find-links', 'pip')})")
-        trust = self.ca_file or "the OS certificate store"
-        lines.append(f"trust: {trust} ({origin('trust', 'the OS store')}; uv with UV_SYSTEM_CERTS)")
+        if self.ca_file and origin("trust", "") != "the OS store":
+            lines.append(f"trust: {self.ca_file} ({origin('trust', '')}; uv and pip both)")
+        else:
+            lines.append(f"trust: the OS certificate store (uv with UV_SYSTEM_CERTS, pip with "
+                         f"{self.ca_file or 'its own roots'})")
         return lines
 
 
@@ -137,7 +152,11 @@ def parse_pip_config(listing: str) -> dict[str, list[str]]:
             if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
                 text = text[1:-1]
             text = text.replace("\\n", "\n")
-            found[(section, key)] = [text] if key == "cert" else shlex.split(text)
+            try:
+                values = [text] if key == "cert" else shlex.split(text)
+            except ValueError:  # an unmatched quote in the value: pip itself splits on whitespace
+                values = text.split()
+            found[(section, key)] = values
     settings: dict[str, list[str]] = {}
     for key in PIP_KEYS:
         for section in PIP_SECTIONS:
@@ -149,11 +168,16 @@ def parse_pip_config(listing: str) -> dict[str, list[str]]:
     return settings
 
 
-def uv_configuration(env: dict[str, str], home: Path) -> str | None:
-    """Where uv's own index settings are, or None when it has none (a variable or a uv.toml)."""
-    for name in UV_INDEX_VARIABLES:
-        if env.get(name):
-            return name
+def uv_configuration(env: dict[str, str], home: Path) -> tuple[str, tuple[str, ...], str] | None:
+    """uv's own index settings, or None when it has none (no variable, no uv.toml that sets one):
+    (where they are, the index URLs the variables name, a digest of what they say)."""
+    named = [name for name in UV_INDEX_VARIABLES if env.get(name)]
+    if named:
+        urls = [env[n] for n in ("UV_DEFAULT_INDEX", "UV_INDEX_URL") if env.get(n)][:1] or [PYPI_SIMPLE]
+        for name in ("UV_INDEX", "UV_EXTRA_INDEX_URL"):
+            urls += env.get(name, "").split()
+        said = "\n".join(f"{n}={env[n]}" for n in named)
+        return ", ".join(named), tuple(urls), hashlib.sha256(said.encode()).hexdigest()[:12]
     if env.get("UV_NO_CONFIG"):
         return None
     files = [env.get("UV_CONFIG_FILE")]
@@ -164,21 +188,20 @@ def uv_configuration(env: dict[str, str], home: Path) -> str | None:
     files.append("/etc/uv/uv.toml")
     for path in filter(None, files):
         try:
-            if UV_TOML_INDEX_KEYS.search(Path(path).read_text()):
-                return path
+            text = Path(path).read_text()
         except OSError:
             continue
+        if UV_TOML_INDEX_KEYS.search(text):
+            return path, (), hashlib.sha256(text.encode()).hexdigest()[:12]
     return None
 
 
-def os_ca_file(env: dict[str, str]) -> str | None:
-    """The CA bundle the OS (OpenSSL) trusts: SSL_CERT_FILE where set, else the system bundle."""
-    if env.get("SSL_CERT_FILE"):
-        return env["SSL_CERT_FILE"]
-    paths = ssl.get_default_verify_paths()
-    for candidate in (paths.cafile, paths.openssl_cafile):
-        if candidate and Path(candidate).is_file():
-            return str(Path(candidate).resolve())
+def os_ca_file() -> str | None:
+    """The OS's own CA bundle file (Debian/Ubuntu, RHEL/Fedora, SUSE, Alpine), not a Python's: a
+    conda or Homebrew Python carries its own copy of Mozilla's roots, without a proxy's CA."""
+    for candidate in OS_CA_BUNDLES:
+        if Path(candidate).is_file():
+            return candidate
     return None
 
 
@@ -191,14 +214,14 @@ def workstation_sources(python: str = sys.executable, env: dict[str, str] | None
     origins = {key: pip[key + "@"][0] for key in PIP_KEYS if key in pip}
     uv_own = uv_configuration(env, home)
     if uv_own:
-        origins["uv"] = uv_own
+        origins["uv"] = uv_own[0]
+    ca_from_pip = False
     if env.get("SSL_CERT_FILE"):
         ca_file, origins["trust"] = env["SSL_CERT_FILE"], "SSL_CERT_FILE"
     elif pip.get("cert"):
-        ca_file, origins["trust"] = pip["cert"][0], origins["cert"]
+        ca_file, origins["trust"], ca_from_pip = pip["cert"][0], origins["cert"], True
     else:
-        ca_file = os_ca_file(env)
-        origins["trust"] = "the OS store"
+        ca_file, origins["trust"] = os_ca_file(), "the OS store"
     index_url = pip.get("index-url", [None])[0]
     return PackageSources(
         index_url=index_url if index_url and index_url.rstrip("/") != PYPI_SIMPLE else None,
@@ -206,7 +229,8 @@ def workstation_sources(python: str = sys.executable, env: dict[str, str] | None
         find_links=tuple(pip.get("find-links", ())),
         trusted_hosts=tuple(pip.get("trusted-host", ())),
         no_index=pip.get("no-index", ["false"])[0].lower() in ("1", "true", "yes", "on"),
-        ca_file=ca_file, uv_configured=bool(uv_own), origins=origins,
+        ca_file=ca_file, ca_from_pip=ca_from_pip, uv_configured=bool(uv_own),
+        uv_indexes=uv_own[1] if uv_own else (), uv_digest=uv_own[2] if uv_own else "", origins=origins,
     )
 
 

