@@ -188,12 +188,13 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 36, "env": {**SANDBOX_ENV, STANDIN_GATE_VARIABLE: GATE}})
     before = host_state(sandbox, HOST)
     sandbox.run(HOST, f"rm -f {GATE}", check=True)
+    since = int(time.time())  # the gate's journal line of this deploy, not of an earlier test's
     proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
         assert read_until(proc, "Starting operation: Restart vllm-tiny", seen), "never reached the restart"
         deadline = time.monotonic() + 120
-        while "waiting for" not in sandbox.run(HOST, "journalctl -u vllm-tiny --no-pager -n 5").stdout:
+        while "waiting for" not in sandbox.run(HOST, f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
             assert proc.poll() is None and time.monotonic() < deadline, "the restart never reached the gate"
             time.sleep(0.5)
         # Every SSH session of the login user dies at once: the deploy's connection and its lock's

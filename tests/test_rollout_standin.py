@@ -61,6 +61,7 @@ def test_killed_rollout_converges_when_run_again(converged, sandbox, standin_env
     sandbox.run("sbx-cpu2", f"rm -f {GATE}", check=True)
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 20},
                                   cpu2={"env": {**SANDBOX_ENV, STANDIN_GATE_VARIABLE: GATE}})
+    since = int(time.time())  # the gate's journal line of this rollout, not of an earlier test's
     proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.cli", "rollout", inventory, "--batch", "1"],
                             cwd=REPO, env=standin_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, text=True)
@@ -68,7 +69,7 @@ def test_killed_rollout_converges_when_run_again(converged, sandbox, standin_env
         for line in proc.stdout:  # kill it in the middle: once host 1 is done and host 2 has begun
             if "batch 2" in line:
                 deadline = time.monotonic() + 120
-                while "waiting for" not in sandbox.run("sbx-cpu2", "journalctl -u vllm-tiny --no-pager -n 5").stdout:
+                while "waiting for" not in sandbox.run("sbx-cpu2", f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
                     assert proc.poll() is None and time.monotonic() < deadline, "host 2 never reached its gate"
                     time.sleep(0.5)
                 break
