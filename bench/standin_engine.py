@@ -57,6 +57,8 @@ STANDIN_MARKER, STANDIN_MARKER_VERSION = STANDIN_REQUIREMENT.split("==")
 # waits until the file the gate names exists (a deploy held in its restart, for as long as a test needs).
 START_FAILURE_VARIABLE = "VLLM_FLEET_STANDIN_FAIL"
 START_GATE_VARIABLE = "VLLM_FLEET_STANDIN_START_GATE"
+# ... or its completions wait until that file exists (a verification held in flight).
+COMPLETION_GATE_VARIABLE = "VLLM_FLEET_STANDIN_COMPLETION_GATE"
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same inputs give the same wheel bytes (and name)
 
 # The stand-in's `vllm` CLI, installed as vllm/_cli.py. Stdlib only (+ PyYAML when the env has it).
@@ -73,6 +75,7 @@ from vllm import __version__, _standin
 
 START_FAILURE_VARIABLE = "VLLM_FLEET_STANDIN_FAIL"
 START_GATE_VARIABLE = "VLLM_FLEET_STANDIN_START_GATE"
+COMPLETION_GATE_VARIABLE = "VLLM_FLEET_STANDIN_COMPLETION_GATE"
 
 
 def _scalar(text):
@@ -134,6 +137,14 @@ class Engine(_standin.StandIn):
     """StandIn plus what `vllm-fleet status` asks for besides: /version and /metrics (no key, as vLLM)."""
 
     def _route(self, method, path, headers, body):
+        gate = os.environ.get(COMPLETION_GATE_VARIABLE)
+        if gate and method == "POST" and path.endswith("/completions") and not os.path.exists(gate):
+            # Held until the gate exists: a verification's completion is then in flight for as long
+            # as a test needs (the whole server waits with it: a stand-in serves one request a time).
+            print(f"INFO SIMULATED vLLM: completion held until {gate} exists ({COMPLETION_GATE_VARIABLE})",
+                  file=sys.stderr, flush=True)
+            while not os.path.exists(gate):
+                time.sleep(0.2)
         if method == "GET" and path == "/version":
             return 200, _standin._json_bytes({"version": __version__})
         if method == "GET" and path == "/metrics":

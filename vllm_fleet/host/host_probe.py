@@ -182,13 +182,27 @@ def how_it_ended(unit, since):
     return f"result {props['Result'] or 'unknown'}"
 
 
-def restarted_since(spec, restarts0, since):
-    """An error text when the unit restarted since NRestarts was restarts0, else None."""
-    now = show(spec["unit"], "NRestarts")["NRestarts"]
-    if now == restarts0:
-        return None
-    return (f"the service restarted during verification (NRestarts {restarts0} -> {now}; its main "
-            f"process was {how_it_ended(spec['unit'], since)}): it is not stable")
+def restarted_since(spec, restarts0, since, pid0=None):
+    """An error text when the unit restarted since NRestarts was restarts0, or its main process pid0
+    is gone though systemd has not restarted it yet (Restart= waits RestartSec first), else None."""
+    props = show(spec["unit"], "NRestarts", "MainPID")
+    now = props["NRestarts"]
+    if now != restarts0:
+        return (f"the service restarted during verification (NRestarts {restarts0} -> {now}; its main "
+                f"process was {how_it_ended(spec['unit'], since)}): it is not stable")
+    if pid0 and pid0 != "0" and props["MainPID"] != pid0:
+        return (f"the service's main process (pid {pid0}) died during verification (it was "
+                f"{how_it_ended(spec['unit'], since)}; systemd restarts it after RestartSec): it is not stable")
+    return None
+
+
+def settle_pending_restart(spec):
+    """A unit whose process died is restarted by systemd once RestartSec has passed (SubState
+    auto-restart meanwhile): a verification that starts in that pause waits for the new start to
+    begin, so it judges the new process, and that restart is not taken for one during the checks."""
+    deadline = time.time() + min(int(spec["timeout_s"]), 300)
+    while show(spec["unit"], "SubState")["SubState"] == "auto-restart" and time.time() < deadline:
+        time.sleep(1)
 
 
 def wait_healthy(spec, res, restarts0):
@@ -234,8 +248,10 @@ def wait_active(spec, res):
 
 def verify_one(spec):
     res = {"name": spec["name"], "unit": spec["unit"], "ok": False, "checks": {}}
+    settle_pending_restart(spec)
     restarts0, since = show(spec["unit"], "NRestarts")["NRestarts"], time.time()
     res["checks"]["health"] = wait_healthy(spec, res, restarts0)
+    pid0 = show(spec["unit"], "MainPID")["MainPID"]  # the process the checks below talk to
     if not res["checks"]["health"]:
         return res
     check_serving(spec, res)  # fills res['checks'], res['error'] and res['ok']
@@ -246,7 +262,7 @@ def verify_one(spec):
         res["checks"]["unit_active"] = wait_active(spec, res)
         res["ok"] = res["checks"]["unit_active"]
     # A crash between the checks (killed, OOM) is a failure even when systemd brought it back.
-    restarted = restarted_since(spec, restarts0, since)
+    restarted = restarted_since(spec, restarts0, since, pid0)
     res["checks"]["stable"] = restarted is None
     if restarted:
         res["error"] = f"{restarted}; before that: {res['error']}" if res.get("error") else restarted

@@ -26,7 +26,8 @@ DIAGNOSES: list[tuple[str, str]] = [
      "the model load hung or is slower than the unit's start timeout (TimeoutStartSec, sized to the "
      "weights): the start was stopped. Look for a stuck download or a GPU that does not answer "
      "(nvidia-smi); a slow disk needs a larger start_timeout_s on the instance"),
-    (r"restarted during verification|exited while starting \(state \w+, main process killed by signal",
+    (r"restarted during verification|died during verification|"
+     r"exited while starting \(state \w+, main process killed by signal",
      "the vLLM process died while being verified and systemd restarted it: if something killed it (an "
      "operator, the OOM killer: `journalctl -k | grep -i oom`), run the deploy again, which changes "
      "nothing and verifies again; if it keeps dying, read the journal below"),
