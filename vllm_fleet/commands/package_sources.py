@@ -236,7 +236,8 @@ def workstation_sources(python: str = sys.executable, env: dict[str, str] | None
 
 def failure_advice(output: str, sources: PackageSources, what: str) -> str:
     """One paragraph for a failed resolve or download: the indexes tried, why, and what to change."""
-    tried = ", ".join(sources.indexes()) or "no index"
+    tried = ", ".join(sources.indexes()) or (f"uv's own indexes ({sources.origins.get('uv', 'uv.toml')})"
+                                             if sources.uv_configured else "no index")
     if sources.find_links:
         tried += f" (find-links: {', '.join(sources.find_links)})"
     text = output.lower()
