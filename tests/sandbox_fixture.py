@@ -46,9 +46,11 @@ def sandbox() -> harness.Sandbox:
     """The booted sandbox (harness.Sandbox): .hosts, .host(name), .groups, .run(host, cmd)."""
     from fleet_helpers import prepare_assets_in_background
 
-    prepare_assets_in_background()  # the wheelhouses download while the hosts boot
     try:
+        # Loaded first: it imports pyinfra's CLI, whose gevent patching of the threading module
+        # must not run while the assets' thread is importing (a "cannot release un-acquired lock").
         sbx = harness.load(INVENTORY)
+        prepare_assets_in_background()  # the wheelhouses download while the hosts boot
         # Teardown on every exit path: the finalizer below, and atexit should pytest die before it.
         atexit.register(harness.down, sbx)
         harness.up(sbx, log=print)  # up tears down itself if it fails or is interrupted
