@@ -10,6 +10,7 @@ import runpy
 import subprocess
 import sys
 import textwrap
+import time
 import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 import urllib.error
@@ -119,6 +120,15 @@ def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subpro
 
 def vllm_fleet(env, *args, timeout=1200) -> subprocess.CompletedProcess:
     return run_logged([sys.executable, "-m", "vllm_fleet.cli", *args], env, timeout)
+
+
+def wait_for_journal(sandbox, host: str, text: str, since: int, proc, what: str, timeout: float = 120) -> None:
+    """Until vllm-tiny's journal on host, since the epoch second `since`, holds `text` (the
+    stand-in's line at one of its gates); fails naming `what` when proc ends or time runs out first."""
+    deadline = time.monotonic() + timeout
+    while text not in sandbox.run(host, f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
+        assert proc.poll() is None and time.monotonic() < deadline, what
+        time.sleep(0.5)
 
 
 def simple_pages(wheels: list[Path]) -> dict[str, str]:

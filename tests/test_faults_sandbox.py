@@ -32,7 +32,7 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, wait_for_journal, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
@@ -193,10 +193,7 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     seen: list[str] = []
     try:
         assert read_until(proc, "Starting operation: Restart vllm-tiny", seen), "never reached the restart"
-        deadline = time.monotonic() + 120
-        while "waiting for" not in sandbox.run(HOST, f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
-            assert proc.poll() is None and time.monotonic() < deadline, "the restart never reached the gate"
-            time.sleep(0.5)
+        wait_for_journal(sandbox, HOST, "waiting for", since, proc, "the restart never reached the gate")
         # Every SSH session of the login user dies at once: the deploy's connection and its lock's
         # (the harness's own, as root, stays).
         sandbox.run(HOST, "pkill -KILL -f '^sshd: deploy'")
@@ -225,10 +222,7 @@ def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(basel
     seen: list[str] = []
     try:
         assert read_until(proc, "Starting operation: Verify instances", seen), "never reached verification"
-        deadline = time.monotonic() + 120
-        while "completion held" not in sandbox.run(HOST, f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
-            assert proc.poll() is None and time.monotonic() < deadline, "the verification never sent its completion"
-            time.sleep(0.5)
+        wait_for_journal(sandbox, HOST, "completion held", since, proc, "the verification never sent its completion")
         sandbox.run(HOST, "systemctl kill --signal=KILL --kill-whom=main vllm-tiny.service")
         out = finish(proc, seen)
     finally:

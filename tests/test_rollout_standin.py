@@ -16,7 +16,8 @@ import time
 import pytest
 
 from fleet_helpers import (API_KEY, KEY_MARK, CPU_HOSTS, REPO, SANDBOX_ENV, STANDIN_FAIL, STANDIN_GATE as GATE,
-                           STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, rollout, variant_inventory)
+                           STANDIN_GATE_VARIABLE, chat, host_state, pyinfra, rollout, variant_inventory,
+                           wait_for_journal)
 
 
 
@@ -68,10 +69,7 @@ def test_killed_rollout_converges_when_run_again(converged, sandbox, standin_env
     try:
         for line in proc.stdout:  # kill it in the middle: once host 1 is done and host 2 has begun
             if "batch 2" in line:
-                deadline = time.monotonic() + 120
-                while "waiting for" not in sandbox.run("sbx-cpu2", f"journalctl -u vllm-tiny --no-pager --since @{since}").stdout:
-                    assert proc.poll() is None and time.monotonic() < deadline, "host 2 never reached its gate"
-                    time.sleep(0.5)
+                wait_for_journal(sandbox, "sbx-cpu2", "waiting for", since, proc, "host 2 never reached its gate")
                 break
     finally:
         proc.kill()
