@@ -83,6 +83,33 @@ def test_wrong_model_path_fails_before_any_change(converged, sandbox, deploy_env
     assert {name: host_state(sandbox, name) for name in CPU_HOSTS} == before
 
 
+def test_a_model_path_holding_files_of_others_is_refused_and_left_as_it_was(converged, sandbox, deploy_env, tmp_path):
+    """`model` naming a directory vllm-fleet did not make (a stand-in for /etc, made here) while
+    model_source is set: a real run stops while planning, naming host, instance, key and path;
+    every file there is as it was (content, size, mtime, mode), and nothing was uploaded into it."""
+    foreign = "/srv/vllm-fleet-test-not-a-model-dir"
+    listing = f"cd {foreign} && find . -printf '%p %s %T@ %m\\n' | sort && sha256sum passwd shadow conf.d/app.conf"
+    sandbox.run("sbx-cpu2", f"rm -rf {foreign} && mkdir -p {foreign}/conf.d && echo 'root:x:0:0' > {foreign}/passwd "
+                            f"&& echo 'root:*:1' > {foreign}/shadow && echo a=1 > {foreign}/conf.d/app.conf "
+                            f"&& touch {foreign}/.keep", check=True)
+    try:
+        files_before = sandbox.run("sbx-cpu2", listing, check=True).stdout
+        before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
+        inventory = variant_inventory(tmp_path, cpu2={"model": foreign})
+        result = pyinfra(deploy_env, "--limit", "sbx-cpu2", inventory=inventory)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0
+        assert (f"host sbx-cpu2, instance tiny, key model: model path {foreign} holds 4 entries vllm-fleet did "
+                "not put there (it has no .vllm-fleet-manifest.json), e.g. .keep, conf.d, passwd, shadow") in out
+        assert "fix: set 'model' to an empty or new directory" in out and "nothing was changed on any host" in out
+        assert "Traceback" not in out and "model sync" not in out  # the sync never started
+        assert sandbox.run("sbx-cpu2", listing, check=True).stdout == files_before
+        assert {name: host_state(sandbox, name) for name in CPU_HOSTS} == before
+        assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
+    finally:
+        sandbox.run("sbx-cpu2", f"rm -rf {foreign}")
+
+
 def test_dry_run_shows_changes_and_changes_nothing(converged, sandbox, deploy_env, tmp_path):
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
     inventory = variant_inventory(tmp_path, cpu2={"max_num_seqs": 8})

@@ -105,13 +105,23 @@ def test_manifest_lists_files_skips_hidden_and_second_call_reads_no_content(tmp_
     assert calls == [str(shard)]
 
 
-def test_symlinks_are_followed_and_bad_ones_refused_clearly(tmp_path):
-    blobs = tmp_path / "blobs"
-    blobs.mkdir()
+def _hf_snapshot(root: Path) -> tuple[Path, Path]:
+    """A Hugging Face cache repo as huggingface_hub lays it out: (snapshot dir, blobs dir)."""
+    repo = root / "hub" / "models--org--tiny"
+    blobs, src = repo / "blobs", repo / "snapshots" / "0123abcd"
+    blobs.mkdir(parents=True)
+    (src / "tokenizer").mkdir(parents=True)
     (blobs / "abc").write_bytes(b"weights")
-    src = tmp_path / "snapshot"
-    src.mkdir()
-    (src / "model.safetensors").symlink_to(blobs / "abc")  # how a Hugging Face snapshot looks
+    (blobs / "def").write_text('{"architectures": ["X"]}\n')
+    (blobs / "123").write_text("{}\n")
+    (src / "model.safetensors").symlink_to("../../blobs/abc")
+    (src / "config.json").symlink_to("../../blobs/def")
+    (src / "tokenizer" / "tokenizer.json").symlink_to("../../../blobs/123")
+    return src, blobs
+
+
+def test_symlinks_are_followed_and_bad_ones_refused_clearly(tmp_path):
+    src, blobs = _hf_snapshot(tmp_path)
     manifest = ms.local_manifest(src)
     entry = manifest.files["model.safetensors"]
     assert entry.size == 7 and entry.source == str(blobs / "abc")
@@ -134,6 +144,68 @@ def test_symlinks_are_followed_and_bad_ones_refused_clearly(tmp_path):
         ms.local_manifest(src)
     with pytest.raises(ModelSyncError, match="is not a directory on this workstation"):
         ms.local_manifest(tmp_path / "missing")
+
+
+def test_a_link_out_of_model_source_is_refused_naming_it_and_its_target(tmp_path):
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY\n")
+    src = home / "models" / "m"
+    src.mkdir(parents=True)
+    (src / "config.json").write_text("{}\n")
+    (src / "tokenizer.json").symlink_to("../../.ssh/id_ed25519")
+    with pytest.raises(ModelSyncError) as refused:
+        ms.local_manifest(src)
+    text = str(refused.value)
+    assert text.startswith(f"model_source {src}: tokenizer.json is a symlink to ../../.ssh/id_ed25519 "
+                           f"({home / '.ssh' / 'id_ed25519'}), outside model_source: ")
+    assert "fix: put a copy of the file the model needs in place of the link, or remove the link" in text
+    (src / "tokenizer.json").unlink()
+    # A directory link leading out is refused the same way, before anything below it is read.
+    (src / "extra").symlink_to(home / ".ssh")
+    with pytest.raises(ModelSyncError, match=rf"extra is a symlink to {home / '.ssh'}, outside model_source: "):
+        ms.local_manifest(src)
+    (src / "extra").unlink()
+    # A link to a sibling of model_source ("../x") leads out as well.
+    (home / "models" / "other.bin").write_bytes(b"x")
+    (src / "weights.bin").symlink_to("../other.bin")
+    with pytest.raises(ModelSyncError, match=r"weights.bin is a symlink to \.\./other.bin \(.*other.bin\), outside"):
+        ms.local_manifest(src)
+
+
+def test_links_that_stay_inside_model_source_are_followed(tmp_path):
+    src = tmp_path / "m"
+    (src / "sub").mkdir(parents=True)
+    (src / "config.json").write_text('{"a": 1}\n')
+    (src / "alias.json").symlink_to("config.json")
+    (src / "sub" / "config.json").symlink_to("../config.json")
+    (src / "tok").symlink_to("sub")
+    manifest = ms.local_manifest(src)
+    assert sorted(manifest.files) == ["alias.json", "config.json", "sub/config.json", "tok/config.json"]
+    assert manifest.files["alias.json"].source == str((src / "config.json").resolve())
+    assert manifest.files["tok/config.json"].sha256 == manifest.files["config.json"].sha256
+
+
+def test_a_hugging_face_snapshot_may_link_into_its_own_blobs_only(tmp_path):
+    src, blobs = _hf_snapshot(tmp_path)
+    manifest = ms.local_manifest(src)
+    assert sorted(manifest.files) == ["config.json", "model.safetensors", "tokenizer/tokenizer.json"]
+    assert manifest.files["tokenizer/tokenizer.json"].source == str((blobs / "123").resolve())
+    # Another repository's blobs are outside: refused, saying what is allowed.
+    other = tmp_path / "hub" / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    (other / "zzz").write_text("x")
+    (src / "extra.bin").symlink_to("../../../models--org--other/blobs/zzz")
+    with pytest.raises(ModelSyncError, match=r"extra.bin is a symlink to \.\./\.\./\.\./models--org--other/blobs/zzz "
+                                             r"\(.*\), outside model_source and its Hugging Face repository's blobs/"):
+        ms.local_manifest(src)
+    (src / "extra.bin").unlink()
+    # The same links from a directory that is not a snapshot (its parent is not `snapshots`): refused.
+    plain = blobs.parent / "checkout"
+    plain.mkdir()
+    (plain / "config.json").symlink_to("../blobs/def")
+    with pytest.raises(ModelSyncError, match=r"config.json is a symlink to \.\./blobs/def \(.*\), outside model_source: "):
+        ms.local_manifest(plain)
 
 
 # --- Decisions from fact dicts ----------------------------------------------------------------------
@@ -247,9 +319,10 @@ def test_right_size_but_not_vouched_for_is_hashed_on_the_host_once(monkeypatch, 
     shard1 = "model-00001-of-00002.safetensors"
     good = {rel: f.sha256 for rel, f in local.files.items()}
 
-    # No host manifest (the first run after files.sync): adopt what matches, send what does not.
+    # A first sync cut short after some renames: the claim's manifest vouches for no file. Adopt
+    # what matches, send what does not.
     state = _synced_state(local)
-    state["manifest"] = None
+    state["manifest"] = {}
     hashes = dict(good, **{shard1: "0" * 64})
     cmds, fake = _op(monkeypatch, {"ModelSyncState": state, "ModelSyncHashes": lambda dest, paths: {
         p: hashes[p] for p in paths}}, src=str(src), dest="/srv/m")
@@ -276,6 +349,111 @@ def test_no_host_state_fails_the_host_not_the_run(monkeypatch, tmp_path):
     src = _model(tmp_path)
     cmds, _ = _op(monkeypatch, {"ModelSyncState": None}, src=str(src), dest="/srv/m")
     assert len(cmds) == 1 and "host gpu9: could not read the state of /srv/m" in cmds[0] and "exit 1" in cmds[0]
+
+
+def _foreign_state(files=(), dirs=(), other=(), hidden=(), listing_ok=True) -> dict:
+    """The fact for an existing directory without vllm-fleet's manifest (its top-level entries)."""
+    return {"exists": True, "dir_mode": 0o755, "manifest": None, "manifest_found": False,
+            "files": {rel: {"size": 10, "mtime": "1.0", "mode": 0o644} for rel in files},
+            "dirs": {rel: {"mode": 0o755} for rel in dirs}, "other": list(other), "hidden": list(hidden),
+            "listing_ok": listing_ok}
+
+
+_ETC_FILES = [f"file{i:03d}.conf" for i in range(90)] + ["passwd", "shadow", "hosts", "group", "fstab"]
+_ETC_DIRS = ["apt", "cron.d", "ssh", "systemd", "sudoers.d", "default"]
+
+
+def test_an_etc_like_directory_is_refused_before_anything_is_sent_or_removed(monkeypatch, tmp_path):
+    src = _model(tmp_path)
+    local = ms.local_manifest(src)
+    state = _foreign_state(files=_ETC_FILES, dirs=_ETC_DIRS, other=["localtime"], hidden=[".pwd.lock"])
+    problem = ms.ownership_problem(state, "/etc/")
+    assert problem == ("/etc holds 103 entries vllm-fleet did not put there (it has no .vllm-fleet-manifest.json), "
+                       "e.g. .pwd.lock, apt, cron.d, default, file000.conf, ...")
+    with pytest.raises(ModelSyncError) as refused:
+        ms.plan_sync(local, state, "/etc")
+    assert str(refused.value) == problem
+    # The operation: one failing command that names the host and the directory; no upload, no rm.
+    cmds, fake = _op(monkeypatch, {"ModelSyncState": state}, src=str(src), dest="/etc")
+    assert len(cmds) == 1 and isinstance(cmds[0], str) and cmds[0].endswith(" >&2; exit 1")
+    said = _sh(cmds[0]).stderr
+    assert said.startswith(f"host gpu9: model sync {src} -> /etc: /etc holds 103 entries vllm-fleet did not put "
+                           "there (it has no .vllm-fleet-manifest.json), e.g. ")
+    assert "nothing was sent or removed; fix: sync into an empty or new directory, or remove /etc's contents" in said
+    assert fake.fact_calls == ["ModelSyncState"]  # not even a hash is asked for
+
+
+def test_a_directory_of_other_models_is_refused_naming_them(tmp_path):
+    local = ms.local_manifest(_model(tmp_path))
+    # As a fact lists it (full listing, e.g. from a fabricated or older state): named by top-level entry.
+    state = _foreign_state(files=["gemma-3-12b/config.json", "llama-3-8b/config.json", "README"],
+                           dirs=["gemma-3-12b", "llama-3-8b"])
+    with pytest.raises(ModelSyncError, match=r"^/data/models holds 3 entries vllm-fleet did not put there \(it has "
+                                             r"no \.vllm-fleet-manifest\.json\), e\.g\. README, gemma-3-12b, "
+                                             r"llama-3-8b$"):
+        ms.plan_sync(local, state, "/data/models")
+
+
+def test_a_directory_with_only_dotfiles_or_an_unreadable_listing_is_refused(tmp_path):
+    local = ms.local_manifest(_model(tmp_path))
+    with pytest.raises(ModelSyncError, match=r"^/home/u holds 2 entries .* e\.g\. \.bashrc, \.ssh$"):
+        ms.plan_sync(local, _foreign_state(hidden=[".bashrc", ".ssh"]), "/home/u")
+    with pytest.raises(ModelSyncError, match=r"^/srv/m has no \.vllm-fleet-manifest\.json and could not be listed"):
+        ms.plan_sync(local, _foreign_state(listing_ok=False), "/srv/m")
+    # One entry: singular.
+    assert ms.ownership_problem(_foreign_state(dirs=["lost+found"]), "/mnt/new").startswith(
+        "/mnt/new holds 1 entry vllm-fleet did not put there")
+
+
+def test_a_new_or_empty_directory_or_one_with_our_manifest_is_synced(tmp_path):
+    local = ms.local_manifest(_model(tmp_path))
+    absent = {"exists": False, "dir_mode": None, "manifest": None, "manifest_found": False, "files": {}, "dirs": {},
+              "other": [], "hidden": [], "listing_ok": False}
+    for state in (absent, _foreign_state()):
+        assert ms.ownership_problem(state, "/srv/m") is None
+        plan = ms.plan_sync(local, state, "/srv/m")
+        assert plan.claim and sorted(plan.send) == sorted(local.files) and plan.delete == []
+        cmds = list(ms.sync_commands(local, plan, "/srv/m", "0644", "0755", None, "gpu9"))
+        assert cmds[0] == ms.claim_command("/srv/m", "0755")  # marked ours before anything else
+    # Ours: a manifest, even one that vouches for no file (a claim) or that cannot be parsed.
+    synced = _synced_state(local)
+    ours = [synced, dict(synced, manifest={}), dict(synced, manifest=None, manifest_found=True)]
+    for state in ours:
+        assert ms.ownership_problem(state, "/srv/m") is None
+        assert not ms.plan_sync(local, state, "/srv/m", host_hashes={}).claim
+    # Nothing but partial uploads (only vllm-fleet names files so): ours, and they are removed.
+    partials = _foreign_state(files=[f"config.json{PARTIAL_SUFFIX}"], hidden=[f"{MANIFEST_NAME}{PARTIAL_SUFFIX}"])
+    plan = ms.plan_sync(local, partials, "/srv/m")
+    assert plan.claim and plan.delete == [f"config.json{PARTIAL_SUFFIX}"]
+
+
+def test_the_fact_without_a_manifest_lists_top_level_entries_dotfiles_too_and_follows_a_linked_dest(tmp_path):
+    foreign = tmp_path / "etc"
+    (foreign / "apt" / "sources.list.d").mkdir(parents=True)
+    (foreign / "apt" / "sources.list.d" / "x.list").write_text("deb x\n")
+    for name in ("passwd", "shadow", ".pwd.lock"):
+        (foreign / name).write_text(name)
+    (foreign / "localtime").symlink_to("/usr/share/zoneinfo/UTC")
+    link = tmp_path / "models" / "m"
+    link.parent.mkdir()
+    link.symlink_to(foreign)  # `model` naming a link to a directory of others: what the sync would write into
+    for dest in (foreign, link):
+        state = ms.parse_state(_sh(ms.state_command(str(dest))).stdout.splitlines())
+        assert state["exists"] and state["listing_ok"] and not state["manifest_found"]
+        assert sorted(state["files"]) == ["passwd", "shadow"] and list(state["dirs"]) == ["apt"]  # not below
+        assert state["other"] == ["localtime"] and state["hidden"] == [".pwd.lock"]
+        assert ms.ownership_problem(state, str(dest)) == (
+            f"{dest} holds 5 entries vllm-fleet did not put there (it has no {MANIFEST_NAME}), e.g. .pwd.lock, "
+            "apt, localtime, passwd, shadow")
+    # An empty directory: nothing listed, ours to claim.
+    (tmp_path / "empty").mkdir()
+    state = ms.parse_state(_sh(ms.state_command(str(tmp_path / "empty"))).stdout.splitlines())
+    assert state["exists"] and state["listing_ok"] and ms.ownership_problem(state, str(tmp_path / "empty")) is None
+    # An unreadable manifest is still ours (found), and then the whole tree is listed.
+    (foreign / MANIFEST_NAME).write_text("not json")
+    state = ms.parse_state(_sh(ms.state_command(str(foreign))).stdout.splitlines())
+    assert state["manifest_found"] and state["manifest"] is None and "apt/sources.list.d/x.list" in state["files"]
+    assert ms.ownership_problem(state, str(foreign)) is None
 
 
 # --- The commands, run for real ---------------------------------------------------------------------
@@ -443,6 +621,65 @@ def test_interrupted_after_renames_but_before_the_manifest_resends_nothing(monke
     assert cmds == []
 
 
+def _apply_until(cmds, stop_after: int) -> None:
+    """Run the commands of a first sync as the host would, and stop (the deploy was killed) once
+    `stop_after` files were renamed into place (0: right after the claim)."""
+    renamed = 0
+    for cmd in cmds:
+        if renamed == stop_after:
+            return
+        if isinstance(cmd, FileUploadCommand):
+            _upload(cmd)
+            continue
+        assert _sh(cmd).returncode == 0
+        if " && mv -fT -- " in cmd:
+            renamed += 1
+    raise AssertionError("the sync ended before the interruption point")
+
+
+@pytest.mark.parametrize("renamed", [1, 2, 3])
+def test_a_first_sync_cut_short_is_taken_up_by_the_next_run(monkeypatch, tmp_path, renamed):
+    """The claim (counted as the first rename) marks dest before any file: after it, with some
+    files in place and no full manifest, the next run recognises the directory, adopts what
+    arrived (hashed on the host) and sends the rest."""
+    src = _model(tmp_path)
+    dest = tmp_path / "host" / "m"
+    facts = _real_facts(dest)
+    cmds, _ = _op(monkeypatch, facts, src=str(src), dest=str(dest))
+    _apply_until(cmds, renamed)
+    assert json.loads((dest / MANIFEST_NAME).read_text())["files"] == {}  # the claim only
+    placed = sorted(rel for rel in _tree(dest))
+    assert len(placed) == renamed - 1
+    ms._HOST_HASHES.clear()
+    cmds, fake = _op(monkeypatch, facts, src=str(src), dest=str(dest))
+    sent = sorted(u.removeprefix(f"{dest}/").removesuffix(PARTIAL_SUFFIX) for u in _uploads(cmds))
+    assert sent == sorted((set(ms.local_manifest(src).files) - set(placed)) | {MANIFEST_NAME})
+    assert fake.fact_calls == (["ModelSyncState", "ModelSyncHashes"] if placed else ["ModelSyncState"])
+    assert _apply(cmds) == [] and _tree(dest) == _tree(src)
+    cmds, _ = _op(monkeypatch, facts, src=str(src), dest=str(dest))
+    assert cmds == []
+    # Without the claim the same directory would be refused: the claim is what makes the rerun work.
+    (dest / MANIFEST_NAME).unlink()
+    with pytest.raises(ModelSyncError, match=rf"^{dest} holds \d+ entries vllm-fleet did not put there"):
+        ms.plan_sync(ms.local_manifest(src), facts["ModelSyncState"](str(dest)), str(dest))
+
+
+def test_a_directory_holding_files_of_others_is_left_exactly_as_it_was(monkeypatch, tmp_path):
+    src = _model(tmp_path)
+    dest = tmp_path / "host" / "etc"
+    (dest / "ssh").mkdir(parents=True)
+    for rel in ("passwd", "shadow", "ssh/sshd_config"):
+        (dest / rel).write_text(rel)
+    before = {str(p.relative_to(dest)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+              for p in dest.rglob("*")}
+    cmds, _ = _op(monkeypatch, _real_facts(dest), src=str(src), dest=str(dest))
+    errors = _apply(cmds)
+    assert len(errors) == 1 and f"model sync {src} -> {dest}: {dest} holds 3 entries" in errors[0]
+    after = {str(p.relative_to(dest)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+             for p in dest.rglob("*")}
+    assert after == before and not (dest / MANIFEST_NAME).exists()
+
+
 def test_fact_output_parses_odd_names_and_hidden_entries(tmp_path):
     dest = tmp_path / "m"
     (dest / "sub dir").mkdir(parents=True)
@@ -466,7 +703,7 @@ def test_fact_output_parses_odd_names_and_hidden_entries(tmp_path):
 
 def test_pyinfra_run_against_local_noop_is_one_remote_command(tmp_path):
     script = tmp_path / "run.py"
-    script.write_text(f"""
+    script.write_text("""
 import json, sys
 from pyinfra.api import Config, Inventory, State
 from pyinfra.api.connect import connect_all
@@ -475,7 +712,7 @@ from pyinfra.api.operations import run_ops
 from pyinfra.connectors.local import LocalConnector
 from vllm_fleet.host.model_sync import model_sync
 
-counts = {{"commands": 0, "uploads": 0}}
+counts = {"commands": 0, "uploads": 0}
 real_run, real_put = LocalConnector.run_shell_command, LocalConnector.put_file
 def run(self, *a, **k):
     counts["commands"] += 1
@@ -485,7 +722,7 @@ def put(self, *a, **k):
     return real_put(self, *a, **k)
 LocalConnector.run_shell_command, LocalConnector.put_file = run, put
 
-state = State(Inventory((["@local"], {{}})), Config())
+state = State(Inventory((["@local"], {})), Config())
 connect_all(state)
 add_op(state, model_sync, src=sys.argv[1], dest=sys.argv[2])
 run_ops(state)
@@ -510,6 +747,57 @@ print(json.dumps(dict(counts, ok=ok)))
     (src / "config.json").write_text('{"architectures": ["Y"]}\n')
     changed = run()
     assert changed["ok"] and changed["uploads"] == 2 and _tree(dest) == _tree(src)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="deploy.py's first step needs `id -u` = 0 on the @local host")
+def test_the_deploy_refuses_a_foreign_model_dir_and_an_outside_link_cleanly_before_any_change(tmp_path):
+    """`pyinfra --dry INVENTORY deploy.py` on @local (no SSH; a dry run executes nothing even if
+    the refusal regressed): each refusal is a located error, host, instance, key, with its fix and
+    no traceback, and the directory of others keeps every file."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+        "num_attention_heads": 4, "num_hidden_layers": 2, "num_key_value_heads": 2, "vocab_size": 1024,
+        "max_position_embeddings": 2048}))
+    (src / "model.safetensors").write_bytes(os.urandom(3000))
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    for name in ("passwd", "shadow", "hosts"):
+        (foreign / name).write_text(name + "\n")
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in foreign.iterdir()}
+    inventory = tmp_path / "inv.py"
+    inventory.write_text(f"""
+box = [("@local", {{"vllm_target": "cpu", "vllm_root": "{tmp_path}/root", "vllm_config_dir": "{tmp_path}/etc",
+                    "vllm_instances": [{{"name": "tiny", "model": "{foreign}", "model_source": "{src}",
+                                        "served_model_name": "t", "port": 8000, "max_model_len": 1024}}]}})]
+""")
+    repo = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, VLLM_FLEET_API_KEY="sk-test-4e1f", VLLM_FLEET_CACHE=str(tmp_path / "cache"))
+
+    def deploy() -> str:
+        done = subprocess.run([sys.executable, "-m", "pyinfra", "--dry", "-y", str(inventory), "deploy.py"],
+                              cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+                              stdin=subprocess.DEVNULL)
+        text = done.stdout + done.stderr
+        assert done.returncode != 0, text
+        assert "Traceback" not in text and "An exception occurred" not in text, text
+        assert "nothing was changed on any host" in text, text
+        return text
+
+    text = deploy()
+    assert (f"error: host @local, instance tiny, key model: model path {foreign} holds 3 entries vllm-fleet did not "
+            f"put there (it has no {MANIFEST_NAME}), e.g. hosts, passwd, shadow; syncing model_source {src} there "
+            "would replace or delete them") in text, text
+    assert "fix: set 'model' to an empty or new directory, e.g. under vllm_models_dir: " in text
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in foreign.iterdir()} == before
+
+    (src / "tokenizer.json").symlink_to("../foreign/shadow")
+    text = deploy()
+    assert (f"error: host @local, instance tiny, key model_source: model_source {src}: tokenizer.json is a symlink "
+            f"to ../foreign/shadow ({foreign / 'shadow'}), outside model_source: ") in text, text
+    assert "fix: put a copy of the file the model needs in place of the link, or remove the link" in text
+    assert "fix: point model_source at a model directory" not in text  # one fix, the precise one
 
 
 # --- Progress and the sudo path's ownership handover ------------------------------------------------

@@ -538,6 +538,34 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
         assert changed_operations(state, host) == [], host.name
 
 
+class ForeignModelDirectory(SimulatedHost):
+    """A host whose synced model path already holds files vllm-fleet did not put there (no manifest)."""
+
+    def answer(self, q: facts.Query, env_name: str) -> list[str]:
+        if q.fact.__name__ == "ModelSyncState":
+            return ["exists\t755", "f\t10\t1.0\t644\tpasswd", "f\t10\t1.0\t640\tshadow", "d\t-\t-\t755\tssh",
+                    "h\t-\t-\t-\t.pwd.lock", "end\t0"]
+        return super().answer(q, env_name)
+
+
+def test_a_model_path_holding_files_of_others_stops_the_deploy_while_planning(tmp_path, monkeypatch, model_dir):
+    """The refusal comes from prepare (a DeployError, which pyinfra prints without a traceback),
+    so no operation of any host ever executes: nothing is sent, nothing removed."""
+    from vllm_fleet.deploy import DeployError
+
+    worlds = {"gw": SimulatedHost(), "box": ForeignModelDirectory(model_source=model_dir)}
+    with pytest.raises(DeployError) as refused:
+        _run_deploy(tmp_path, monkeypatch, worlds)
+    text = str(refused.value)
+    assert text.startswith(
+        "error: host @fake/box, instance box, key model: model path /srv/models/box holds 4 entries vllm-fleet "
+        "did not put there (it has no .vllm-fleet-manifest.json), e.g. .pwd.lock, passwd, shadow, ssh; syncing "
+        f"model_source {model_dir} there would replace or delete them (the sync removes what model_source lacks)\n"
+        "  fix: set 'model' to an empty or new directory, e.g. under vllm_models_dir: ")
+    assert "or, if /srv/models/box is meant for this model alone, remove its contents yourself" in text
+    assert text.endswith("\nnothing was changed on any host")
+
+
 def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monkeypatch, model_dir):
     from vllm_fleet.commands.rollout import changed_operations
 

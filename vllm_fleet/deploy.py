@@ -36,7 +36,7 @@ from vllm_fleet.host import lock as host_lock
 from vllm_fleet import gateway
 from vllm_fleet.host import facts, host_packages as os_packages, hub, ray_cluster, remote, ssh_lost
 from vllm_fleet.host.discovery import discover, discovery_queries
-from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST, model_sync
+from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST, ModelSyncState, model_sync, ownership_problem
 from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.catalog import GIB
 from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, InstanceConfig, check_fleet, instance_of_unit,
@@ -248,6 +248,7 @@ def prepare() -> Deployment | None:
     d = Deployment(config, plan, prepared.files, secrets, {}, absent, family, prepared.backends, worker_of)
     _check_one_step_per_path(d)
     facts.prefetch(host, managed_state_queries(d))  # one remote command
+    _check_synced_model_dirs(d)
     return d
 
 
@@ -327,6 +328,31 @@ def _check_one_step_per_path(d: Deployment) -> None:
                            fix="rename the instance (any name but 'hub'), or give vllm_config_dir a directory of "
                                "its own (not one the deploy makes below vllm_state_dir)")
                for path, who in sorted(clashes.items())])
+
+
+def _check_synced_model_dirs(d: Deployment) -> None:
+    """A model path that model_source is synced to must be vllm-fleet's: its manifest is there, or
+    the directory is new or empty (model_sync.ownership_problem). The sync deletes what model_source
+    lacks, so `model: /etc`, or a directory holding other models, would lose their files: refused
+    from the batch prefetch just read, before any host changes."""
+    c = d.config
+    errors, seen = [], set()
+    for inst in d.model_instances():
+        dest = inst.model.rstrip("/") or "/"
+        if not inst.model_source or dest in seen:
+            continue
+        seen.add(dest)
+        state = facts.get(host, ModelSyncState, dest=dest)
+        problem = ownership_problem(state, dest) if state is not None else None  # None: model_sync says so
+        if problem:
+            errors.append(ConfigError(
+                f"model path {problem}; syncing model_source {inst.model_source} there would replace or "
+                "delete them (the sync removes what model_source lacks)", host=c.name, instance=inst.name,
+                key="model", fix=f"set 'model' to an empty or new directory, e.g. under vllm_models_dir: "
+                                 f"{c.settings.vllm_models_dir.rstrip('/')}/{inst.name}; or, if {dest} is meant "
+                                 "for this model alone, remove its contents yourself"))
+    if errors:
+        _fail(errors)
 
 
 def _fleet_backends(config: HostConfig, plan: HostPlan) -> list[gateway.Backend]:

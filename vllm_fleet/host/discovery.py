@@ -81,8 +81,9 @@ def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[Co
             if check_sync:
                 local_manifest(Path(inst.model_source).expanduser())
         except (ModelSyncError, OSError) as exc:
-            errors.append(ConfigError(str(exc), host=config.name, instance=inst.name, key="model_source",
-                                      fix=fix))
+            message, _, own_fix = str(exc).partition("; fix: ")  # the sync's own fix is the precise one
+            errors.append(ConfigError(message, host=config.name, instance=inst.name, key="model_source",
+                                      fix=own_fix or fix))
             return inst
     elif _model_config_on_host(inst):
         found = facts.get(on, ModelConfig, path=inst.model)

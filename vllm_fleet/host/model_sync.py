@@ -1,4 +1,5 @@
-"""Model sync that costs nothing when nothing changed (issue 10).
+"""Model sync that costs nothing when nothing changed, and that only ever writes into, and deletes
+from, a directory that is vllm-fleet's own.
 
 `files.sync` stats and `sha1sum`s every file on the host (two remote commands per file) and hashes
 every local file, on every run: a no-op deploy of a 140 GB model re-read 140 GB on both sides. Here:
@@ -6,21 +7,33 @@ every local file, on every run: a no-op deploy of a 140 GB model re-read 140 GB 
 - Workstation: `local_manifest(src)` lists the model directory (relative path, size, mtime_ns,
   sha256). A file's sha256 is computed only when it is new or its (size, mtime_ns, inode) changed; the
   rest come from a cache file, ${VLLM_FLEET_CACHE:-~/.cache/vllm-fleet}/model-manifests/<hash>.json,
-  so a no-op run opens no file. Symlinks are followed (a Hugging Face snapshot directory is made of
-  them); a dangling or looping link, or a special file, is refused with the path and a fix. Names
-  starting with "." (files and directories, at any depth) are skipped, on both sides.
+  so a no-op run opens no file. Symlinks are followed only where they stay inside src or, when src
+  is a Hugging Face snapshot directory (<repo>/snapshots/<revision>, made of links into
+  <repo>/blobs/), inside that repo's blobs/: a synced file is readable by every user of the host, so
+  a `tokenizer.json -> ../../.ssh/id_ed25519` must not travel. Such a link, a dangling or looping
+  one, or a special file, is refused with the path and a fix. Names starting with "." (files and
+  directories, at any depth) are skipped, on both sides.
 - Host: `<dest>/.vllm-fleet-manifest.json` (0644) records what was synced: per file its size,
   sha256 and its mtime on the host (set to the workstation file's mtime, to the nanosecond, just
   before the file is renamed into place). The fact `ModelSyncState(dest=...)` prints that manifest
-  and a `find` listing of everything under dest (size, mtime, mode) in ONE remote command. A host
-  file whose size and mtime equal its manifest entry is taken to hold the manifest's sha256.
+  and a `find` listing of everything under dest (size, mtime, mode) in ONE remote command; without
+  a manifest, only dest's top-level entries (hidden ones too): enough to tell whether it is empty,
+  and cheap even for `model: /`. A host file whose size and mtime equal its manifest entry is taken
+  to hold the manifest's sha256.
+- Ownership: the sync deletes what src lacks, so it only touches a dest that holds the manifest,
+  or that does not exist or is empty (entries named *.vllm-fleet-partial aside: only vllm-fleet
+  names files so). Anything else (`model: /etc`, a directory holding other models, a home
+  directory with only dotfiles) is refused from the fact, before anything is sent or removed
+  (`ownership_problem`; the deploy asks it while planning). A first sync writes an empty manifest
+  (one that vouches for no file) before it sends or creates anything else: a first sync cut short
+  still leaves a directory the next run recognises as its own, and that run adopts what arrived.
 - `model_sync(...)` compares the three and yields only what differs. Files are uploaded to
   `<dest>/<rel>.vllm-fleet-partial`, then one privileged command checks the size and sha256 of that
   partial file and renames it into place, so an interrupted or short transfer never becomes the
   real file (a leftover partial is deleted by the next run). A host file of the right size that the
-  manifest does not vouch for (no manifest yet, e.g. the first run after `files.sync`; a sync
-  interrupted after some renames; a file touched on the host) is hashed ON THE HOST by a second
-  fact (`ModelSyncHashes`), once, and adopted when it matches instead of being sent again.
+  manifest does not vouch for (a sync interrupted after some renames, the first one included; a
+  file touched on the host) is hashed ON THE HOST by a second fact (`ModelSyncHashes`), once, and
+  adopted when it matches instead of being sent again.
 """
 
 from __future__ import annotations
@@ -58,7 +71,8 @@ _MAX_ARGS_CHARS = 32_000  # one shell argument (sh -c '...') must stay far below
 
 
 class ModelSyncError(ValueError):
-    """The model directory on the workstation cannot be synced as it is (the message says why)."""
+    """A model directory cannot be synced as it is: the workstation's (model_source) or the host's
+    (model); the message says why."""
 
 
 # --- Workstation side: the manifest and its cache ---------------------------------------------------
@@ -125,10 +139,32 @@ def _check_name(src: Path, rel: str) -> None:
                              "upload on the host; fix: rename or remove it")
 
 
+def link_roots(src: Path) -> tuple[str, ...]:
+    """The directories model_source's symlinks may lead into (resolved): src itself and, when src
+    is a Hugging Face snapshot directory (its parent is named `snapshots` and the grandparent
+    holds `blobs/`), that repository's blobs/, where every file of a snapshot really is."""
+    real = Path(os.path.realpath(src))
+    roots = [str(real)]
+    blobs = real.parent.parent / "blobs"
+    if real.parent.name == "snapshots" and blobs.is_dir():
+        roots.append(os.path.realpath(blobs))
+    return tuple(roots)
+
+
+def _inside(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
+
+
 def _walk(src: Path) -> tuple[list[tuple[str, str, os.stat_result]], list[str]]:
-    """(files as (rel, path to read, stat of the target)), dirs), following symlinks, hidden skipped."""
+    """(files as (rel, path to read, stat of the target)), dirs), following symlinks that stay
+    inside link_roots(src), hidden skipped."""
     files: list[tuple[str, str, os.stat_result]] = []
     dirs: list[str] = []
+    root = src.expanduser()
+    if not root.is_dir():
+        raise ModelSyncError(f"model_source {src} is not a directory on this workstation; fix: point "
+                             "model_source at the model's directory")
+    roots = link_roots(root)
 
     def visit(directory: str, prefix: str, ancestors: tuple[str, ...]) -> None:
         try:
@@ -150,6 +186,15 @@ def _walk(src: Path) -> tuple[list[tuple[str, str, os.stat_result]], list[str]]:
                         f"{'loops' if 'loop' in str(exc.strerror).lower() else 'does not exist'}; fix: "
                         "restore its target or remove the link") from exc
                 raise ModelSyncError(f"model_source {src}: cannot stat {rel}: {exc.strerror}") from exc
+            if entry.is_symlink() and not _inside(real := os.path.realpath(entry.path), roots):
+                target = os.readlink(entry.path)
+                also = " and its Hugging Face repository's blobs/" if len(roots) > 1 else ""
+                raise ModelSyncError(
+                    f"model_source {src}: {rel} is a symlink to {target}{f' ({real})' if real != target else ''}, "
+                    f"outside model_source{also}: what the sync sends is "
+                    "readable by every user of the host, so it follows links only inside model_source (and, "
+                    "in a Hugging Face snapshot directory, into its repository's blobs/); fix: put a copy of "
+                    "the file the model needs in place of the link, or remove the link")
             if stat.S_ISDIR(st.st_mode):
                 real = os.path.realpath(entry.path)
                 if real in ancestors:
@@ -163,10 +208,6 @@ def _walk(src: Path) -> tuple[list[tuple[str, str, os.stat_result]], list[str]]:
                 raise ModelSyncError(f"model_source {src}: {rel} is not a regular file or directory "
                                      "(a socket, FIFO or device); fix: remove it from the model directory")
 
-    root = src.expanduser()
-    if not root.is_dir():
-        raise ModelSyncError(f"model_source {src} is not a directory on this workstation; fix: point "
-                             "model_source at the model's directory")
     visit(str(root), "", (os.path.realpath(root),))
     return files, dirs
 
@@ -229,13 +270,18 @@ def local_manifest(src: str | Path, log: Callable[[str], None] | None = None) ->
 # --- Host side: facts -------------------------------------------------------------------------------
 
 def state_command(dest: str) -> str:
-    """One command: the host manifest (one line of JSON) and a listing of everything under dest."""
+    """One command: the host manifest (one line of JSON) and a listing of everything under dest;
+    without a manifest, of dest's top-level entries only, hidden ones included ('h'): what
+    ownership_problem needs, at the cost of one line per entry, whatever lies below them.
+    `find -H`: a dest that is a symlink is listed through (it is what the sync would write into)."""
     d = shlex.quote(dest.rstrip("/") or "/")
     m = shlex.quote(MANIFEST_NAME)
-    return (f"if [ -d {d} ]; then find {d} -maxdepth 0 -printf 'exists\\t%m\\n'; "
-            f"if [ -f {d}/{m} ]; then printf 'manifest\\t'; tr -d '\\n' < {d}/{m}; echo; fi; "
-            f"find {d} -mindepth 1 -name '.*' -prune -o -type f -printf 'f\\t%s\\t%T@\\t%m\\t%P\\n' "
-            f"-o -type d -printf 'd\\t-\\t-\\t%m\\t%P\\n' -o -printf 'o\\t-\\t-\\t-\\t%P\\n'; "
+    listing = ("-type f -printf 'f\\t%s\\t%T@\\t%m\\t%P\\n' -o -type d -printf 'd\\t-\\t-\\t%m\\t%P\\n' "
+               "-o -printf 'o\\t-\\t-\\t-\\t%P\\n'")
+    return (f"if [ -d {d} ]; then find -H {d} -maxdepth 0 -printf 'exists\\t%m\\n'; "
+            f"if [ -f {d}/{m} ]; then printf 'manifest\\t'; tr -d '\\n' < {d}/{m}; echo; "
+            f"find -H {d} -mindepth 1 -name '.*' -prune -o {listing}; "
+            f"else find -H {d} -mindepth 1 -maxdepth 1 -name '.*' -printf 'h\\t-\\t-\\t-\\t%P\\n' -o {listing}; fi; "
             f"printf 'end\\t%s\\n' $?; else echo absent; fi")
 
 
@@ -250,8 +296,8 @@ def parse_host_manifest(text: str) -> dict[str, dict] | None:
 
 
 def parse_state(lines: list[str]) -> dict[str, Any]:
-    state: dict[str, Any] = {"exists": False, "dir_mode": None, "manifest": None, "files": {}, "dirs": {}, "other": [],
-                             "listing_ok": False}
+    state: dict[str, Any] = {"exists": False, "dir_mode": None, "manifest": None, "manifest_found": False,
+                             "files": {}, "dirs": {}, "other": [], "hidden": [], "listing_ok": False}
     for line in lines:
         kind, _, rest = line.partition("\t")
         if kind == "exists":
@@ -261,8 +307,9 @@ def parse_state(lines: list[str]) -> dict[str, Any]:
             except ValueError:
                 state["dir_mode"] = None
         elif kind == "manifest":
+            state["manifest_found"] = True
             state["manifest"] = parse_host_manifest(rest)
-        elif kind in ("f", "d", "o"):
+        elif kind in ("f", "d", "o", "h"):
             parts = rest.split("\t", 3)
             if len(parts) != 4 or not parts[3]:
                 continue
@@ -272,6 +319,8 @@ def parse_state(lines: list[str]) -> dict[str, Any]:
                     state["files"][rel] = {"size": int(size), "mtime": mtime, "mode": int(mode, 8)}
                 elif kind == "d":
                     state["dirs"][rel] = {"mode": int(mode, 8)}
+                elif kind == "h":
+                    state["hidden"].append(rel)
                 else:
                     state["other"].append(rel)
             except ValueError:
@@ -284,10 +333,12 @@ def parse_state(lines: list[str]) -> dict[str, Any]:
 class ModelSyncState(FactBase):
     """What is under a synced model directory, in one command:
     {"exists": bool, "manifest": {rel: {"size", "sha256", "mtime"}} or None (none, or unreadable),
+     "manifest_found": bool (the file is there, readable or not),
      "files": {rel: {"size": int, "mtime": "<find %T@>", "mode": int}}, "dirs": {rel: {"mode": int}},
-     "other": [rel of symlinks, FIFOs, ...], "listing_ok": bool (find exited 0),
-     "dir_mode": int (dest's own mode) or None}.
-    Names starting with "." are left out (the manifest is read separately). Needs GNU find."""
+     "other": [rel of symlinks, FIFOs, ...], "hidden": [top-level names starting with "."],
+     "listing_ok": bool (find exited 0), "dir_mode": int (dest's own mode) or None}.
+    With a manifest, everything below dest is listed and names starting with "." are left out;
+    without one, only dest's top-level entries, hidden ones in "hidden". Needs GNU find."""
 
     def command(self, dest: str) -> str:
         return state_command(dest)
@@ -339,6 +390,37 @@ def same_mtime(a: Any, b: Any) -> bool:
         return False
 
 
+def has_manifest(state: dict[str, Any]) -> bool:
+    """dest holds vllm-fleet's manifest (a readable one, or one it cannot parse: still its file)."""
+    return state.get("manifest") is not None or bool(state.get("manifest_found"))
+
+
+def ownership_problem(state: dict[str, Any], dest: str) -> str | None:
+    """None when the sync may write into and delete from dest: dest holds vllm-fleet's manifest, or
+    does not exist, or holds nothing but partial uploads (*.vllm-fleet-partial: only vllm-fleet
+    names files so). Otherwise what dest holds, for the refusal: an /etc, a directory of other
+    models, a home directory with only dotfiles would lose their files to `delete`. Pure: from the
+    ModelSyncState fact.
+
+    A first sync marks dest before anything else (claim_command: a manifest that vouches for no
+    file), so a rerun after a first sync cut short finds the manifest and goes on: the rule needs
+    no guess about which files an earlier run left."""
+    dest = dest.rstrip("/") or "/"
+    if not state.get("exists") or has_manifest(state):
+        return None
+    names = {rel.split("/", 1)[0] for kind in ("files", "dirs") for rel in state.get(kind) or {}}
+    names.update(rel.split("/", 1)[0] for kind in ("other", "hidden") for rel in state.get(kind) or [])
+    foreign = sorted(name for name in names if not name.endswith(PARTIAL_SUFFIX))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        return (f"{dest} holds {len(foreign)} {'entry' if len(foreign) == 1 else 'entries'} vllm-fleet did "
+                f"not put there (it has no {MANIFEST_NAME}), e.g. {shown}")
+    if not state.get("listing_ok"):
+        return (f"{dest} has no {MANIFEST_NAME} and could not be listed (find failed), so whether it holds "
+                "files vllm-fleet did not put there cannot be told")
+    return None
+
+
 @dataclass
 class SyncPlan:
     send: dict[str, str] = field(default_factory=dict)  # rel -> reason
@@ -351,20 +433,25 @@ class SyncPlan:
     chmod_files: list[str] = field(default_factory=list)
     manifest: dict[str, dict] = field(default_factory=dict)
     write_manifest: bool = False
+    claim: bool = False  # make dest and mark it vllm-fleet's before anything else (first sync)
 
     @property
     def empty(self) -> bool:
-        return not (self.send or self.delete or self.mkdirs or self.chmod_dirs or self.chmod_files
-                    or self.write_manifest)
+        return not (self.claim or self.send or self.delete or self.mkdirs or self.chmod_dirs
+                    or self.chmod_files or self.write_manifest)
 
 
 def plan_sync(local: LocalManifest, state: dict[str, Any], dest: str, delete: bool = True,
               mode: str = "0644", dir_mode: str = "0755",
               host_hashes: dict[str, str] | None = None) -> SyncPlan:
     """What to do so that dest holds `local`, given the ModelSyncState fact (and, once asked for in
-    plan.to_hash, the ModelSyncHashes fact). Pure: tests feed it dicts."""
+    plan.to_hash, the ModelSyncHashes fact). Pure: tests feed it dicts. Raises ModelSyncError when
+    dest is not vllm-fleet's to sync into (ownership_problem), before anything is planned."""
     dest = dest.rstrip("/") or "/"
-    plan = SyncPlan()
+    problem = ownership_problem(state, dest)
+    if problem:
+        raise ModelSyncError(problem)
+    plan = SyncPlan(claim=not has_manifest(state))
     manifest = state.get("manifest") or {}
     host_files: dict[str, dict] = state.get("files", {})
     host_dirs: dict[str, dict] = state.get("dirs", {})
@@ -394,10 +481,8 @@ def plan_sync(local: LocalManifest, state: dict[str, Any], dest: str, delete: bo
     def gone(rel: str) -> bool:
         return rel in removed or any(rel.startswith(r + "/") for r in removed)
 
-    if not state.get("exists"):
-        plan.mkdirs.append(dest)
-    elif state.get("dir_mode") is not None and state["dir_mode"] != wanted_dir_mode:
-        plan.chmod_dirs.append(dest)
+    if not plan.claim and state.get("dir_mode") is not None and state["dir_mode"] != wanted_dir_mode:
+        plan.chmod_dirs.append(dest)  # (claim_command makes dest with its mode)
     for rel in local.dirs:
         if rel not in host_dirs or gone(rel):
             plan.mkdirs.append(f"{dest}/{rel}")
@@ -460,6 +545,18 @@ def _chunks(paths: list[str], budget: int = _MAX_ARGS_CHARS):
         size += len(q) + 1
     if chunk:
         yield chunk
+
+
+def claim_command(dest: str, dir_mode: str) -> str:
+    """Make dest and mark it vllm-fleet's with a manifest that vouches for no file, before any
+    file is sent or directory made: whatever a first sync cut short leaves, the next run finds
+    the manifest and recognises the directory as its own (ownership_problem)."""
+    d = shlex.quote(dest)
+    final = shlex.quote(f"{dest.rstrip('/')}/{MANIFEST_NAME}")
+    partial = shlex.quote(f"{dest.rstrip('/')}/{MANIFEST_NAME}{PARTIAL_SUFFIX}")
+    return (f"mkdir -p -- {d} && chmod {dir_mode} -- {d} && rm -f -- {partial} && "
+            f"printf '%s' {shlex.quote(manifest_text({}))} > {partial} && chmod 0644 -- {partial} && "
+            f"mv -fT -- {partial} {final}")
 
 
 def prepare_partial_command(partial: str, login_user: str | None) -> str:
@@ -585,10 +682,13 @@ def _rate(n: int, seconds: float) -> str:
 
 def sync_commands(local: LocalManifest, plan: SyncPlan, dest: str, mode: str, dir_mode: str,
                   login_user: str | None, host_name: str, prefix: str = ""):
-    """The commands (shell strings and FileUploadCommands) that carry out `plan`, in order:
-    removals (first: frees space), directories, per file prepare/upload/verify+rename, mode fixes,
-    and last the host manifest (written aside, then renamed)."""
+    """The commands (shell strings and FileUploadCommands) that carry out `plan`, in order: on a
+    first sync the claim (dest made and marked vllm-fleet's), removals (first: frees space),
+    directories, per file prepare/upload/verify+rename, mode fixes, and last the host manifest
+    (written aside, then renamed)."""
     dest = dest.rstrip("/") or "/"
+    if plan.claim:
+        yield claim_command(dest, dir_mode)
     for chunk in _chunks([f"{dest}/{rel}" for rel in plan.delete]):
         yield "rm -rf -- " + " ".join(chunk)
     for chunk in _chunks(plan.mkdirs):
@@ -630,8 +730,10 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
     file on either side and sends one remote command (the ModelSyncState fact; none when the deploy
     read it already in its batch: facts.prefetch).
 
-    + src: the model directory on the workstation (symlinks followed; names starting with "." skipped)
-    + dest: the directory on the host (its `.vllm-fleet-manifest.json` records what was synced)
+    + src: the model directory on the workstation (symlinks followed where they stay inside it, or in
+      a Hugging Face snapshot directory inside its repository's blobs/; names starting with "." skipped)
+    + dest: the directory on the host (its `.vllm-fleet-manifest.json` records what was synced); one
+      without that manifest must be empty or absent, or the operation fails and changes nothing
     + mode: mode of the files
     + dir_mode: mode of the directories
     + delete: remove files and directories under dest that src does not have (hidden ones are kept)
@@ -653,6 +755,13 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
     if state is None:
         yield (f"echo {shlex.quote(f'host {host.name}: could not read the state of {dest} (the fact command failed)')} "
                ">&2; exit 1")
+        return
+    problem = ownership_problem(state, dest)
+    if problem:  # the deploy refuses this while planning (deploy._check_synced_model_dirs); other callers
+        text = (f"host {host.name}: model sync {src} -> {dest}: {problem}; the sync deletes what {src} lacks, "
+                f"so nothing was sent or removed; fix: sync into an empty or new directory, or remove {dest}'s "
+                "contents yourself")
+        yield f"echo {shlex.quote(text)} >&2; exit 1"
         return
     if state["exists"] and not state["listing_ok"]:
         logger.warning(f"{prefix}model sync {dest}: find reported errors; files it could not list are sent again")
