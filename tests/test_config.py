@@ -52,7 +52,7 @@ def errors_of(data: dict) -> list:
     (host_data(vllm_index_url="https://x/simple; rm -rf /"), "vllm_index_url", "not an index URL"),
     (host_data(vllm_extra_index_urls="https://download.pytorch.org/whl/cpu"), "vllm_extra_index_urls",
      "list of index URLs"),
-    (host_data(vllm_extra_index_urls=["ftp://x/simple"]), "vllm_extra_index_urls", "list of index URLs"),
+    (host_data(vllm_extra_index_urls=["ftp://x/simple"]), "vllm_extra_index_urls", "'ftp://x/simple' is not an index URL"),
     (host_data(vllm_env_manager="cnda"), "vllm_env_manager", "did you mean 'conda'"),
     (host_data(vllm_env_manager="pip"), "vllm_env_manager", "not one of uv, conda"),
     (host_data(vllm_conda_exe="conda"), "vllm_conda_exe", "absolute path"),

@@ -75,12 +75,15 @@ def print_gateways(gateways: list[dict], out=None) -> None:
 def print_plan(plan: FleetPlan, out=None) -> None:
     """A readable table per host: GPUs, instances, layout, memory per GPU, warnings, reasons."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
+    # Every text from the inventory or the plan is printed as text: a "[" in it is no markup.
     console = Console(file=out or sys.stdout, width=160, soft_wrap=False)
     for host in plan.hosts:
         gpus = ", ".join(f"{g.index}:{g.short_name} {g.memory_mib / 1024:.0f}GiB" for g in host.gpus) or "none"
-        console.print(f"[bold]{host.name}[/bold]  target={host.target}  GPUs ({host.gpu_source}): {gpus}")
+        console.print(f"[bold]{escape(host.name)}[/bold]  target={host.target}  "
+                      f"GPUs ({host.gpu_source}): {escape(gpus)}")
         table = Table(show_lines=True)
         for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV tokens",
                        "per GPU: weights / KV GiB"):
@@ -96,25 +99,25 @@ def print_plan(plan: FleetPlan, out=None) -> None:
                                 for u in (inst.layout.per_gpu if inst.layout else ()))
             devices = (" ".join(f"{n}:{','.join(map(str, g))}" for n, g in inst.node_gpus.items()) if inst.nodes
                        else inst.cuda_visible_devices or "cpu")
-            table.add_row(inst.name, str(inst.port), devices,
-                          f"{inst.tensor_parallel_size}/{inst.pipeline_parallel_size}/"
-                          f"{inst.data_parallel_size}", split, kv, per_gpu or "-")
+            table.add_row(*map(escape, (inst.name, str(inst.port), devices,
+                                        f"{inst.tensor_parallel_size}/{inst.pipeline_parallel_size}/"
+                                        f"{inst.data_parallel_size}", split, kv, per_gpu or "-")))
         console.print(table)
         if host.ray:
             role = host.ray
             part = ("head: vllm serve and the Ray head" if role.is_head else
                     f"Ray worker of instance {role.instance} (planned under its head {role.head})")
-            console.print(f"  node group {', '.join(role.nodes)}: {part}, Ray at {role.head_address}, GPUs "
-                          f"{','.join(map(str, role.gpus))} given to Ray", highlight=False)
+            console.print(escape(f"  node group {', '.join(role.nodes)}: {part}, Ray at {role.head_address}, "
+                                 f"GPUs {','.join(map(str, role.gpus))} given to Ray"), highlight=False)
         for inst in host.instances:
             for line in inst.warnings:
-                console.print(f"  [yellow]warning[/yellow] {inst.name}: {line}", highlight=False)
+                console.print(f"  [yellow]warning[/yellow] {escape(f'{inst.name}: {line}')}", highlight=False)
             for line in inst.reasons:
-                console.print(f"  reason  {inst.name}: {line}", highlight=False)
+                console.print(escape(f"  reason  {inst.name}: {line}"), highlight=False)
             for line in inst.alternatives:
-                console.print(f"  considered {inst.name}: {line}", highlight=False)
+                console.print(escape(f"  considered {inst.name}: {line}"), highlight=False)
         for line in host.warnings:
-            console.print(f"  [yellow]warning[/yellow] {line}", highlight=False)
+            console.print(f"  [yellow]warning[/yellow] {escape(line)}", highlight=False)
         console.print()
 
 
@@ -131,18 +134,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def render_target(out: Path, host: str, path: str) -> Path:
+    """Where `vllm-fleet render --out OUT` writes host `host`'s file `path`: OUT/<host>/<path>, and
+    never outside OUT (a ConfigError names the host and the path otherwise)."""
+    root = out.resolve()
+    target = (root / host / path.lstrip("/")).resolve()
+    if not target.is_relative_to(root / host) or host in ("", ".", ".."):
+        raise ConfigError(f"its file {path!r} would be written to {target}, outside {root}/{host}/",
+                          host=host, key="host name",
+                          fix="name hosts with letters, digits, '.', '-' and '_'; keep vllm-fleet's paths absolute")
+    return target
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     limit = split_names(args.limit)
     hosts, plan = load_and_plan(args.inventory, limit)
     backends, _gateways = fleet_gateways(args.inventory, hosts, plan, limit)
     out = Path(args.out)
-    count = 0
-    for host, host_plan in zip(hosts, plan.hosts):
-        for f in render_host(host, host_plan, backends=backends):
-            target = out / host.name / f.path.lstrip("/")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(f.content)
-            count += 1
+    rendered = [(render_target(out, host.name, f.path), f) for host, host_plan in zip(hosts, plan.hosts)
+                for f in render_host(host, host_plan, backends=backends)]
+    for target, f in rendered:  # every path checked above, before the first file is written
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f.content)
+    count = len(rendered)
     print(f"rendered {count} files for {len(hosts)} host(s) under {out}/<host>/ "
           "(secret values are placeholders)")
     return 0

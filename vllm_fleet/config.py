@@ -8,11 +8,13 @@ key, and say the fix.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import ModelInfo, gpu_model_facts, is_gguf, lookup
 # The error types and the shared constants are re-exported: other modules import them from here.
 from vllm_fleet.settings import (KNOBS, ENV_MANAGERS, ENV_NAME_RE, GIB_BYTES, INDEX_URL_RE,  # noqa: F401
@@ -50,7 +52,78 @@ _ENGINE_ARGS_OWNED = {
     "max-num-seqs", "max-num-batched-tokens", "dtype", "config",
 }
 _ENGINE_ARGS_SECRET = {"api-key", "hf-token"}
+#: Flags the planner or the front decides, and why: which GPUs and how ranks find each other, where
+#: vLLM listens (127.0.0.1 behind the front, plain HTTP), where models are downloaded to.
+_ENGINE_ARGS_PLANNED = {
+    "device-ids": "the planner picks the instance's GPUs (use the instance's 'gpus')",
+    "data-parallel-address": "vLLM's internal sockets are unauthenticated: the planner keeps them on loopback",
+    "data-parallel-rpc-port": "vLLM's internal sockets are unauthenticated: the planner places them",
+    "data-parallel-size-local": "the planner sizes data parallelism (data_parallel_size)",
+    "data-parallel-rank": "the planner sizes data parallelism (data_parallel_size)",
+    "data-parallel-start-rank": "the planner sizes data parallelism (data_parallel_size)",
+    "master-addr": "multi-node instances join their node group's Ray ('nodes')",
+    "master-port": "multi-node instances join their node group's Ray ('nodes')",
+    "nnodes": "multi-node instances join their node group's Ray ('nodes')",
+    "node-rank": "multi-node instances join their node group's Ray ('nodes')",
+    "headless": "every instance serves its API behind the host's front",
+    "uds": "vLLM listens on 127.0.0.1:<port + vllm_backend_port_offset>, where the front reaches it",
+    "grpc": "only the HTTP API goes through the front; a second listener would bypass it",
+    "grpc-port": "only the HTTP API goes through the front; a second listener would bypass it",
+    "root-path": "the front passes /v1/ and /health to vLLM as they are",
+    "ssl-keyfile": "the front speaks plain HTTP to vLLM on loopback",
+    "ssl-certfile": "the front speaks plain HTTP to vLLM on loopback",
+    "ssl-ca-certs": "the front speaks plain HTTP to vLLM on loopback",
+    "ssl-cert-reqs": "the front speaks plain HTTP to vLLM on loopback",
+    "enable-ssl-refresh": "the front speaks plain HTTP to vLLM on loopback",
+    "download-dir": "the deploy downloads models into vllm_hf_home before a start",
+}
 _SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
+
+#: Environment variables an instance's `env` may not set, and why: the planner's (GPUs, layers, the
+#: addresses vLLM's unauthenticated internal sockets bind to), the paths and offline mode the deploy
+#: set up, what changes which code the interpreter loads, and what opens vLLM's development or
+#: unauthenticated routes (the front passes only /v1/ and /health, and vLLM's key guards /v1/).
+OWNED_ENV = {
+    "CUDA_VISIBLE_DEVICES": "the planner picks the instance's GPUs",
+    "CUDA_DEVICE_ORDER": "the planner numbers GPUs in PCI bus order",
+    "VLLM_PP_LAYER_PARTITION": "the planner splits the layers across pipeline stages",
+    "VLLM_HOST_IP": "vLLM's internal sockets are unauthenticated: they bind to loopback, or to the private network",
+    "VLLM_PORT": "vLLM's internal sockets are unauthenticated: the planner places them",
+    "NCCL_SOCKET_IFNAME": "NCCL stays on loopback, or on vllm_private_interface",
+    "GLOO_SOCKET_IFNAME": "torch.distributed stays on loopback, or on vllm_private_interface",
+    "RAY_ADDRESS": "a multi-node instance joins its own node group's Ray",
+    "HOME": "the service user's home is vllm_state_dir",
+    "HF_HOME": "set by vllm_hf_home",
+    "HF_HUB_CACHE": "the deploy downloads models into vllm_hf_home",
+    "HF_HUB_OFFLINE": "the deploy downloads what an instance loads before it starts; a start never needs the hub",
+    "TRANSFORMERS_OFFLINE": "the deploy downloads what an instance loads before it starts",
+    "VLLM_CACHE_ROOT": "set by vllm_cache_root",
+    "VLLM_CONFIG_ROOT": "set from vllm_state_dir",
+    "VLLM_NO_USAGE_STATS": "vllm-fleet turns usage stats off",
+    "PATH": "the unit runs the environment's own binaries by absolute path",
+    "LD_PRELOAD": "it loads code into vLLM",
+    "LD_LIBRARY_PATH": "it changes which CUDA and system libraries vLLM loads",
+    "PYTHONPATH": "it changes which Python code vLLM loads",
+    "PYTHONHOME": "it changes which Python runs",
+    "PYTHONSTARTUP": "it runs code in vLLM's interpreter",
+    "PYTHONUSERBASE": "it changes which Python code vLLM loads",
+    "VLLM_PLUGINS": "it loads code into vLLM",
+    "VLLM_SERVER_DEV_MODE": "it opens vLLM's development routes (/reset_prefix_cache, /sleep, ...) without a key",
+    "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "it opens routes that load adapters from any path",
+    "VLLM_TORCH_PROFILER_DIR": "it opens /start_profile and /stop_profile",
+    "VLLM_DEBUG_LOG_API_SERVER_RESPONSE": "it logs every response, prompts' answers included",
+}
+OWNED_ENV_FIX = {
+    "CUDA_VISIBLE_DEVICES": "choose GPUs with the instance's 'gpus' key instead",
+    "CUDA_DEVICE_ORDER": "choose GPUs with the instance's 'gpus' key instead",
+    "VLLM_PP_LAYER_PARTITION": "let the planner split the layers (pipeline_parallel_size)",
+    "HF_HOME": "set vllm_hf_home instead",
+    "VLLM_CACHE_ROOT": "set vllm_cache_root instead",
+    "VLLM_CONFIG_ROOT": "set vllm_state_dir instead",
+    "HOME": "set vllm_state_dir instead",
+    "NCCL_SOCKET_IFNAME": "set vllm_private_interface instead",
+    "GLOO_SOCKET_IFNAME": "set vllm_private_interface instead",
+}
 
 RESERVED_INSTANCE_NAME = "fleet-front"
 # Unit vllm-fleet-gateway.service is the fleet gateway (vllm_fleet/gateway.py): no instance may be named so.
@@ -58,8 +131,8 @@ RESERVED_GATEWAY_NAME = "fleet-gateway"
 # Unit vllm-fleet-ray.service is a node's Ray (render.RAY_UNIT): no instance may be named so.
 RESERVED_RAY_NAME = "fleet-ray"
 MIN_START_TIMEOUT_S = 30
-NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-ENGINE_ARG_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+NAME_RE = kinds.NAME_RE
+ENGINE_ARG_RE = kinds.FLAG_NAME_RE
 
 
 @dataclass(frozen=True)
@@ -168,6 +241,8 @@ class HostConfig:
     #: data the head shares); check_fleet requires each to equal the head's declaration. They are
     #: not this host's instances: node_groups() finds every group from the heads.
     member_of: tuple[InstanceConfig, ...] = ()
+    #: The port the deploy's SSH connection reaches (pyinfra's ssh_port): no listener may take it.
+    ssh_port: int = 22
 
 
 def _parse_gpus(check: Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec, ...] | None:
@@ -276,6 +351,13 @@ def _parse_model_info(check: Checker, raw: Any, instance: str) -> ModelInfo | No
             check.error(f"must be positive, got {value!r}", instance=instance, key=f"model_info.{key}")
     if len(values) != len([k for k in names if k in raw]):
         return None
+    heads, kv_heads = values["num_attention_heads"], values["num_key_value_heads"]
+    if heads % kv_heads:
+        check.error(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}: "
+                    "each KV head serves a whole group of query heads, so no model has this shape",
+                    instance=instance, key="model_info.num_key_value_heads",
+                    fix="copy both from the model's config.json")
+        return None
     types = values.get("layer_types")
     if types is not None and len(types) != values["num_hidden_layers"]:
         check.error(f"layer_types lists {len(types)} layers but num_hidden_layers is "
@@ -310,7 +392,7 @@ def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any
         key = f"engine_args.{flag}"
         # vLLM accepts --foo_bar and --foo-bar alike; its YAML keys are the long dashed names.
         name = str(flag).removeprefix("--").replace("_", "-")
-        if not ENGINE_ARG_RE.match(name):
+        if not ENGINE_ARG_RE.fullmatch(name):
             check.error(f"'{flag}' is not a vllm serve flag name", instance=instance, key=key,
                         fix="use the long flag name without dashes in front, e.g. 'enforce-eager'")
             continue
@@ -324,24 +406,18 @@ def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any
             check.error(f"'{name}' has its own instance key", instance=instance, key=key,
                         fix=f"set {name.replace('-', '_')} on the instance instead")
             continue
-        if not _plain_value(value):
-            check.error(f"value {value!r} is not a plain scalar, list or dict", instance=instance,
-                        key=key, fix="use strings, numbers, booleans, or lists/dicts of them")
+        if name in _ENGINE_ARGS_PLANNED:
+            check.error(f"'{name}' is vllm-fleet's to set: {_ENGINE_ARGS_PLANNED[name]}", instance=instance,
+                        key=key, fix=f"remove '{name}' from engine_args")
+            continue
+        problem = kinds.flag_value_problem(value, takes_list=name in vllm_flags.LIST_FLAGS)
+        if problem:
+            fix = (f"give --{name} one value (a string, number or boolean)" if name not in vllm_flags.LIST_FLAGS
+                   else f"give --{name} a list of plain values, none starting with '-'")
+            check.error(f"value {problem}", instance=instance, key=key, fix=fix)
             continue
         out[name] = value
     return out
-
-
-def _plain_value(value: Any) -> bool:
-    if value is None or isinstance(value, (bool, int, float)):
-        return True
-    if isinstance(value, str):
-        return "\n" not in value and "\x00" not in value
-    if isinstance(value, (list, tuple)):
-        return all(_plain_value(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain_value(v) for k, v in value.items())
-    return False
 
 
 def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
@@ -354,7 +430,7 @@ def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
     out = {}
     for name, value in raw.items():
         key = f"env.{name}"
-        if not isinstance(name, str) or not ENV_NAME_RE.match(name):
+        if not isinstance(name, str) or not ENV_NAME_RE.fullmatch(name):
             check.error(f"'{name}' is not a valid environment variable name", instance=instance,
                         key=key, fix="letters, digits and _ only, not starting with a digit")
             continue
@@ -367,19 +443,19 @@ def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
             check.error("TRANSFORMERS_CACHE is ignored by current transformers", instance=instance,
                         key=key, fix="remove it; vllm-fleet sets HF_HOME (vllm_hf_home)")
             continue
-        if name in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "VLLM_PP_LAYER_PARTITION"):
-            check.error(f"{name} is set by the planner", instance=instance, key=key,
-                        fix="choose GPUs with the instance's 'gpus' key instead")
+        if name in OWNED_ENV:
+            check.error(f"{name} is vllm-fleet's to set: {OWNED_ENV[name]}", instance=instance, key=key,
+                        fix=OWNED_ENV_FIX.get(name, "remove it from env"))
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             check.error(f"expected a string, got {value!r}", instance=instance, key=key,
                         fix=f"env = {{'{name}': '...'}}")
             continue
-        text = str(value)
-        if "\n" in text or "\x00" in text:
-            check.error("value has a newline", instance=instance, key=key, fix="one line only")
+        if isinstance(value, float) and not math.isfinite(value):
+            check.error(f"{value!r} is not a finite number", instance=instance, key=key,
+                        fix=f"env = {{'{name}': '...'}}")
             continue
-        out[name] = text
+        out[name] = str(value)
     return out
 
 
@@ -389,8 +465,7 @@ def _parse_nodes(check: Checker, raw: Any, instance: str) -> tuple[str, ...] | N
     if raw is None:
         return None
     example = f"nodes = ['{check.host}', 'gpu-b'] (inventory host names, the head first)"
-    if (not isinstance(raw, (list, tuple))
-            or not all(isinstance(n, str) and n.strip() and "\n" not in n for n in raw)):
+    if not isinstance(raw, (list, tuple)) or any(kinds.inventory_name_problem(n) for n in raw):
         check.error(f"nodes must be a list of inventory host names, got {raw!r}", instance=instance,
                     key="nodes", fix=example)
         return None
@@ -426,30 +501,37 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
         if key not in raw:
             check.error(f"missing required key '{key}'", instance=label, key=key,
                         fix=f"add '{key}' to the instance")
-    if isinstance(name, str) and not NAME_RE.match(name):
+    if isinstance(name, str) and not NAME_RE.fullmatch(name):
         check.error(f"name {name!r} is not allowed (it becomes the unit vllm-<name>.service)",
                     instance=label, key="name", fix="letters, digits, '-' and '_' only, 1-64 chars")
     elif "name" in raw and not isinstance(name, str):
         check.error(f"expected str, got {name!r}", instance=label, key="name", fix="name = 'gemma'")
     model = raw.get("model")
-    if "model" in raw and (not isinstance(model, str) or not model.strip() or "\n" in model):
-        check.error(f"model must be a Hugging Face id or an absolute path, got {model!r}",
-                    instance=label, key="model", fix="model = 'Qwen/Qwen2.5-7B-Instruct'")
+    model_problem = kinds.model_reference_problem(model) if "model" in raw else None
+    if model_problem:
+        check.error(f"model {model_problem}", instance=label, key="model",
+                    fix="model = 'Qwen/Qwen2.5-7B-Instruct', or the model's absolute path on the host")
     served = raw.get("served_model_name")
-    if "served_model_name" in raw and (not isinstance(served, str) or not served
-                                       or re.search(r"\s", served)):
-        check.error(f"served_model_name {served!r} must be a non-empty name without spaces",
-                    instance=label, key="served_model_name",
+    problem = kinds.served_name_problem(served) if "served_model_name" in raw else None
+    if problem:
+        check.error(f"served_model_name {problem}", instance=label, key="served_model_name",
                     fix="served_model_name = 'gemma3-12b-q4' (clients send it as 'model')")
     port = raw.get("port")
     if "port" in raw and check.typed(port, int, instance=label, key="port", example="8000"):
         if not 1024 <= port <= 65535:
             check.error(f"port {port} is outside 1024-65535 (vLLM runs as a non-root user)",
                         instance=label, key="port", fix="pick a free port such as 8000")
-    for key in ("tokenizer", "model_source"):
-        value = raw.get(key)
-        if value is not None and (not isinstance(value, str) or not value or "\n" in value):
-            check.error(f"expected a path or model id, got {value!r}", instance=label, key=key)
+    tokenizer = raw.get("tokenizer")
+    problem = kinds.model_reference_problem(tokenizer) if tokenizer is not None else None
+    if problem:
+        check.error(f"tokenizer {problem}", instance=label, key="tokenizer",
+                    fix="tokenizer = 'google/gemma-3-12b-it', or the tokenizer directory's absolute path on the host")
+    source = raw.get("model_source")
+    if source is not None and (not isinstance(source, str) or not source.strip()):
+        check.error(f"expected the model's directory on this workstation, got {source!r}", instance=label,
+                    key="model_source", fix="model_source = '/srv/models/qwen2.5-7b' (or leave it unset)")
+    elif source is not None and isinstance(model, str) and not model_problem:
+        _check_sync_destination(check, label, model)
     for key in ("model", "tokenizer", "model_source"):
         value = raw.get(key)
         # A byte that is no UTF-8 character (read with surrogateescape) cannot go over SSH, nor into
@@ -518,27 +600,7 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
     )
 
 
-# Inventory host names: a DNS-style name, an IP literal (no IPv6 scope: nginx and systemd cannot
-# take one), or one of pyinfra's connectors (@local, @docker/<name>, ...). A name lands in unit
-# comments, the YAML header, nginx's config and `vllm-fleet render --out` paths.
-HOST_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|@[a-z][a-z0-9_-]*(/[A-Za-z0-9][A-Za-z0-9._:-]*)?")
-# Characters that end a line for systemd (\n, \r, NUL), nginx, YAML or a shell, or that a terminal
-# acts on: every C0/C1 control character and Unicode's line and paragraph separators.
-_LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
-
-
-def _host_name_problem(name: Any) -> str | None:
-    import ipaddress
-
-    if not isinstance(name, str) or not name:
-        return f"host name {name!r} must be a non-empty string"
-    if HOST_NAME_RE.fullmatch(name) and ".." not in name:
-        return None
-    try:
-        ipaddress.ip_address(name)
-        return None if "%" not in name else f"host name {name!r} has an IPv6 scope id"
-    except ValueError:
-        return f"host name {name!r} is not a DNS name, an IP address or a pyinfra connector (@local)"
+_LINE_BREAKING = kinds.LINE_BREAKING
 
 
 def _check_text(check: Checker, data: dict[str, Any]) -> None:
@@ -580,7 +642,7 @@ def _check_text(check: Checker, data: dict[str, Any]) -> None:
 def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     """Validate one host's data. Raises ConfigErrors listing every problem found."""
     check = Checker(name if isinstance(name, str) and not _LINE_BREAKING.search(name) else repr(name))
-    problem = _host_name_problem(name)
+    problem = kinds.inventory_name_problem(name)
     if problem:
         check.error(problem, key="host name", fix="name the host in the inventory with letters, digits, "
                                                    "'.', '-' and '_' (its address goes in ssh_hostname)")
@@ -607,11 +669,70 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     _check_unique(check, instances)
     _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
     _check_gateway(check, settings, instances)
+    _check_model_directories(check, settings, instances)
+    if not Settings.problem("vllm_backend_port_offset", settings.vllm_backend_port_offset):
+        _check_ssh_port(check, settings, instances, data.get("ssh_port", 22))
     if check.errors:
         raise ConfigErrors(check.errors)
     settings = replace(settings, vllm_advertise_address=_advertise_address(name, data, settings))
+    ssh_port = data.get("ssh_port", 22)
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
-                      placement=settings.placement, settings=settings, member_of=tuple(member_of))
+                      placement=settings.placement, settings=settings, member_of=tuple(member_of),
+                      ssh_port=ssh_port if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) else 22)
+
+
+def _check_sync_destination(check: Checker, label: str, model: str) -> None:
+    """With model_source, `model` is the host directory the sync makes equal to the source: what the
+    source lacks is deleted there. It must be a directory vllm-fleet may own (the sync itself checks
+    at deploy time that it holds nothing vllm-fleet did not put there)."""
+    problem = kinds.managed_path_problem(model) if model.startswith("/") else (
+        f"{model!r} is not an absolute path on the host")
+    if problem:
+        check.error(f"model is where model_source is synced to (deleting what the source lacks): {problem}",
+                    instance=label, key="model",
+                    fix="model = '<vllm_models_dir>/<a directory of this model's own>', e.g. "
+                        "'/var/lib/vllm-fleet/models/qwen2.5-7b'")
+
+
+#: The host directories of a host's knobs that no synced model directory may be or contain.
+MANAGED_DIRECTORY_KNOBS = ("vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home", "vllm_cache_root",
+                           "vllm_models_dir")
+
+
+def _check_model_directories(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """A synced model directory holds one model: it is not a directory of the host's knobs nor
+    contains one (vllm_models_dir holds every model), and it is not inside another's."""
+    if any(Settings.problem(knob, settings[knob]) for knob in MANAGED_DIRECTORY_KNOBS):
+        return  # reported by Settings
+    synced = [inst for inst in instances if inst.model_source]
+    for inst in synced:
+        for knob in MANAGED_DIRECTORY_KNOBS:
+            if kinds.within(settings[knob], inst.model):
+                check.error(f"model {inst.model} is synced from model_source (deleting what the source lacks), "
+                            f"and it {'is' if settings[knob] == inst.model else 'contains'} {knob} "
+                            f"{settings[knob]}", instance=inst.name, key="model",
+                            fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
+                break
+        for other in synced:
+            if other.model != inst.model and kinds.within(other.model, inst.model):
+                check.error(f"model {inst.model} is synced from model_source (deleting what the source lacks), "
+                            f"and it contains instance {other.name}'s model directory {other.model}",
+                            instance=inst.name, key="model",
+                            fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
+
+
+def _check_ssh_port(check: Checker, settings: Settings, instances: list[InstanceConfig], ssh_port: Any) -> None:
+    """No listener of vllm-fleet's takes the port sshd listens on (the deploy's own connection)."""
+    if not isinstance(ssh_port, int) or isinstance(ssh_port, bool):
+        return
+    for inst in instances:
+        if ssh_port in (inst.port, inst.port + settings.vllm_backend_port_offset):
+            check.error(f"port {inst.port} (or its engine port, + vllm_backend_port_offset) is this host's "
+                        f"SSH port {ssh_port}", instance=inst.name, key="port", fix="pick another port")
+    if settings.vllm_gateway is True and isinstance(settings.vllm_gateway_port, int) and \
+            ssh_port in gateway_ports(settings).values():
+        check.error(f"the gateway's ports {sorted(gateway_ports(settings).values())} include this host's SSH "
+                    f"port {ssh_port}", key="vllm_gateway_port", fix="vllm_gateway_port = 9000")
 
 
 def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
@@ -805,6 +926,10 @@ def _check_group(group: NodeGroup, by_name: dict[str, HostConfig], inventory: li
 def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
     """The head's Ray port (GCS) is none of the head's instance or engine ports."""
     port, offset = head.settings.vllm_ray_port, head.settings.vllm_backend_port_offset
+    ssh_port = head.ssh_port
+    if port == ssh_port:
+        return [ConfigError(f"vllm_ray_port {port} is this host's SSH port", host=head.name,
+                            instance=group.instance.name, key="vllm_ray_port", fix="vllm_ray_port = 6379")]
     for inst in head.instances:
         if port in (inst.port, inst.port + offset):
             return [ConfigError(
@@ -856,6 +981,8 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
     (_check_node_groups). `inventory`: every host name of the inventory (default: the hosts'), for
     a --limit that loaded only some. Raises ConfigErrors."""
     errors: list[ConfigError] = _check_node_groups(hosts, inventory or [h.name for h in hosts])
+    errors += _check_served_names(hosts)
+    errors += _check_ray_ports(hosts)
     gateways = [h for h in hosts if h.settings.vllm_gateway is True]
     for other in gateways[1:]:
         errors.append(ConfigError(
@@ -885,6 +1012,73 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                         "vllm_api_key_file (group data)"))
     if errors:
         raise ConfigErrors(errors)
+
+
+def _check_served_names(hosts: list[HostConfig]) -> list[ConfigError]:
+    """A served_model_name is one model wherever it is served: the gateway sends a request for it to
+    any of its backends, so two models under one name would answer the same client differently."""
+    first: dict[str, tuple[str, InstanceConfig]] = {}
+    errors = []
+    for host in hosts:
+        for inst in host.instances:
+            other_host, other = first.setdefault(inst.served_model_name, (host.name, inst))
+            if _model_identity(other) != _model_identity(inst):
+                errors.append(ConfigError(
+                    f"served_model_name {inst.served_model_name!r} is {_model_words(inst)} here but "
+                    f"{_model_words(other)} on host {other_host} (instance {other.name}): the gateway would "
+                    "send a client's requests for it to either", host=host.name, instance=inst.name,
+                    key="served_model_name", fix="give each model its own served_model_name"))
+    return errors
+
+
+def _model_identity(inst: InstanceConfig) -> tuple[str, str | None]:
+    """What an instance serves: the workstation directory it syncs, or its model id or path."""
+    return (f"source:{inst.model_source}" if inst.model_source else inst.model), inst.tokenizer
+
+
+def _model_words(inst: InstanceConfig) -> str:
+    what = f"model_source {inst.model_source}" if inst.model_source else f"model {inst.model}"
+    return what + (f" (tokenizer {inst.tokenizer})" if inst.tokenizer else "")
+
+
+#: The ports Ray opens on a node besides the head's vllm_ray_port (`ray start` defaults in
+#: ray/scripts/scripts.py and ray/_private/ray_constants.py, Ray 2.60): the head's Ray client server,
+#: every node's dashboard agent, and the range its worker processes listen in. The others (node
+#: manager, object manager, metrics) are picked by the OS from its ephemeral range.
+RAY_HEAD_PORTS = {10001: "Ray's client server"}
+RAY_NODE_PORTS = {52365: "Ray's dashboard agent"}
+RAY_WORKER_PORTS = range(10002, 20000)
+
+
+def _check_ray_ports(hosts: list[HostConfig]) -> list[ConfigError]:
+    """On every node of a multi-node instance, the ports clients reach (the front's instance ports,
+    the gateway's) are none of Ray's, which listen on the node's private address; the head's Ray
+    port is not its SSH port."""
+    errors = []
+    by_name = {h.name: h for h in hosts}
+    for group in node_groups(hosts):
+        for node in group.nodes:
+            host = by_name.get(node)
+            if host is None:
+                continue
+            taken = dict(RAY_NODE_PORTS)
+            if node == group.head:
+                taken.update(RAY_HEAD_PORTS)
+                taken[host.settings.vllm_ray_port] = "the head's Ray port (vllm_ray_port)"
+            listeners = [(inst.port, f"port {inst.port}", inst.name, "port") for inst in host.instances]
+            if host.settings.vllm_gateway is True:
+                port = host.settings.vllm_gateway_port
+                listeners.append((port, f"vllm_gateway_port {port}", None, "vllm_gateway_port"))
+            for port, what, instance, key in listeners:
+                why = taken.get(port) or ("in the range Ray's worker processes listen in "
+                                          f"({RAY_WORKER_PORTS.start}-{RAY_WORKER_PORTS.stop - 1})"
+                                          if port in RAY_WORKER_PORTS else None)
+                if why:
+                    errors.append(ConfigError(
+                        f"{what} is {why}, on this node of multi-node instance {group.instance.name}",
+                        host=node, instance=instance, key=key,
+                        fix="pick a port outside Ray's: below 10001 (e.g. 8000) or from 20000 to 52364"))
+    return errors
 
 
 def split_names(values: list[str] | None) -> list[str] | None:

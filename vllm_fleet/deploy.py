@@ -34,6 +34,8 @@ from vllm_fleet.commands import bundle
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.host import lock as host_lock
 from vllm_fleet import gateway
+from vllm_fleet.gateway import key_length_problem
+from vllm_fleet.kinds import secret_problem
 from vllm_fleet.host import facts, host_packages as os_packages, hub, ray_cluster, remote, ssh_lost
 from vllm_fleet.host.discovery import discover, discovery_queries
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST, ModelSyncState, model_sync, ownership_problem
@@ -97,24 +99,38 @@ def _fail(errors: list[ConfigError]) -> None:
 
 
 def read_secrets(config: HostConfig) -> Secrets:
-    """The API key and HF token, from the workstation's environment (or a key file)."""
-    key = os.environ.get(config.settings.vllm_api_key_env)
-    key_file = config.settings.vllm_api_key_file
+    """The API key and HF token, from the workstation's environment (or a key file), each checked as
+    a client will send it: no surrounding whitespace, byte order mark or control character, and a
+    key the gateway's nginx can hold. Neither value is ever part of a message."""
+    key_env, key_file = config.settings.vllm_api_key_env, config.settings.vllm_api_key_file
+    key, key_key, where = os.environ.get(key_env), "vllm_api_key_env", f"${key_env}"
     if not key and key_file:
+        key_key, where = "vllm_api_key_file", f"the first line of {key_file}"
         try:
-            key = Path(key_file).expanduser().read_text().splitlines()[0].strip()
-        except (OSError, IndexError) as exc:
+            lines = Path(key_file).expanduser().read_text(encoding="utf-8").splitlines()
+            key = lines[0] if lines else ""
+        except (OSError, UnicodeDecodeError) as exc:
             _fail([ConfigError(f"cannot read the API key file {key_file!r}: {exc}", host=config.name,
                                key="vllm_api_key_file", fix="point it at a file whose first line is the key")])
+        if not key:
+            _fail([ConfigError(f"the API key file {key_file!r} has no key on its first line", host=config.name,
+                               key="vllm_api_key_file", fix="write the key on the file's first line")])
     if not key:
-        _fail([ConfigError(f"no API key: ${config.settings.vllm_api_key_env} is not set on this workstation",
+        _fail([ConfigError(f"no API key: ${key_env} is not set on this workstation",
                            host=config.name, key="vllm_api_key_env",
-                           fix=f"export {config.settings.vllm_api_key_env}=<key> (or set vllm_api_key_file)")])
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):  # an HTTP header cannot carry it
-        _fail([ConfigError("the API key has a control character (a line break, a tab, ...): no HTTP "
-                           "client can send it", host=config.name, key="vllm_api_key_env",
-                           fix="use a key of printable characters")])
-    return Secrets(api_key=key, hf_token=os.environ.get(config.settings.vllm_hf_token_env) or None)
+                           fix=f"export {key_env}=<key> (or set vllm_api_key_file)")])
+    problem = secret_problem(key) or (key_length_problem(key) if config.settings.vllm_gateway is True else None)
+    if problem:
+        _fail([ConfigError(f"the API key ({where}) {problem}", host=config.name, key=key_key,
+                           fix="use a key of printable ASCII characters with nothing around it, e.g. "
+                               "`openssl rand -hex 32`")])
+    token_env = config.settings.vllm_hf_token_env
+    token = os.environ.get(token_env) or None
+    problem = secret_problem(token) if token else None
+    if problem:
+        _fail([ConfigError(f"the Hugging Face token (${token_env}) {problem}", host=config.name,
+                           key="vllm_hf_token_env", fix=f"export {token_env}=<the token as the hub shows it>")])
+    return Secrets(api_key=key, hf_token=token)
 
 
 def managed_state_queries(d: "Deployment") -> list[facts.Query]:

@@ -186,6 +186,22 @@ def nginx_string(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+#: The longest parameter nginx's config parser reads (ngx_conf_file.c: a token must fit in its
+#: NGX_CONF_BUFFER of 4096 bytes), quotes included: measured with Debian's nginx 1.22, `nginx -t` of
+#: the key file (tests/test_gateway_sandbox.py measures it again on the sandbox's gateway host).
+NGINX_MAX_PARAMETER_BYTES = 4095
+
+
+def key_length_problem(api_key: str) -> str | None:
+    """Whether the key's pattern (key_pattern) fits in one nginx parameter: a key of letters and
+    digits may have 4081 characters; each other character takes three bytes of the pattern."""
+    size = len(key_pattern(api_key).encode())
+    if size <= NGINX_MAX_PARAMETER_BYTES:
+        return None
+    return (f"is {len(api_key)} characters long: the gateway's nginx pattern for it would be {size} bytes, "
+            f"more than the {NGINX_MAX_PARAMETER_BYTES} nginx reads as one parameter")
+
+
 def key_pattern(api_key: str) -> str:
     """The nginx map key that matches exactly "Authorization: Bearer <api_key>", case-sensitively."""
     if not api_key or any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key):

@@ -19,6 +19,7 @@ import jinja2
 import yaml
 
 from vllm_fleet import __version__
+from vllm_fleet.kinds import LINE_BREAKING
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
 from vllm_fleet.host.envbuild import EnvSpec, env_dir
 from vllm_fleet.host.host_probe import env_quote
@@ -92,9 +93,18 @@ def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
     return env_dir(spec, host.settings.vllm_root)
 
 
+def _systemd_line(text: Any) -> str:
+    """A value as one line of a unit: systemd ends a line at \\n, \\r and NUL, so a value holding
+    one (or any other control character) is unrepresentable and refused, whatever config let past."""
+    text = str(text)
+    if LINE_BREAKING.search(text):
+        raise ValueError(f"{text!r} cannot be written into a systemd unit: it holds a control character")
+    return text
+
+
 def _systemd_quote(text: str) -> str:
     """Quote one Environment= assignment: systemd unquotes "..." and expands % specifiers."""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
+    escaped = _systemd_line(text).replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
     return f'"{escaped}"'
 
 
@@ -107,7 +117,8 @@ def _jinja() -> jinja2.Environment:
                              autoescape=False)
     env.filters["systemd_quote"] = _systemd_quote
     # free text in a directive (Description=): systemd expands % specifiers there too
-    env.filters["systemd_text"] = lambda text: str(text).replace("%", "%%")
+    env.filters["systemd_text"] = lambda text: _systemd_line(text).replace("%", "%%")
+    env.filters["systemd_comment"] = _systemd_line  # a comment: one line, no specifiers
     env.filters["env_quote"] = env_quote  # the host probe reads it back with env_unquote
     return env
 

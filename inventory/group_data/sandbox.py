@@ -37,7 +37,6 @@ vllm_instances = [{
                    "weights_gib": 0.003, "dtype": "float32", "max_position_embeddings": 2048},
     "env": {
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of RAM for the KV cache
-        "VLLM_HOST_IP": "127.0.0.1",  # else vLLM binds its internal sockets to a non-loopback address
         # vLLM's "auto" binding reserves one of this machine's 2 cores and pins each engine to
         # core 0: the 3 sandbox hosts then share one core and a starting engine starves (minutes)
         # while the others serve. nobind leaves the scheduling to the kernel (vllm/utils/ompmultiprocessing.py).

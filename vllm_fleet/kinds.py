@@ -1,0 +1,268 @@
+"""The input boundary: one checker for each kind of text an inventory, group data, a key file or the
+workstation's environment gives vllm-fleet.
+
+A value reaches systemd units, nginx's config, YAML, shell commands and file paths on every host,
+so it is judged by what it is (a name, a host name, a path, a flag, a version, a URL, a secret), the
+same way wherever it is used, and before anything is planned. Each checker returns None for a
+good value and otherwise the problem, in words that can follow the key's name; the caller (config's
+Checker) adds host, instance, key and the fix. Nothing here reaches a host.
+
+Every string is checked for LINE_BREAKING first (config._check_text): what follows assumes one line.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import posixpath
+import re
+from typing import Any
+
+# Characters that end a line for systemd (\n, \r, NUL), nginx, YAML or a shell, or that a terminal
+# acts on: every C0/C1 control character, Unicode's line and paragraph separators, and the byte
+# order mark (an editor's invisible first character of a key file).
+LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
+
+NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+#: What clients send as "model": no space (vLLM's --served-model-name takes space-separated names),
+#: no quote, backslash or '$' (it appears in JSON, nginx's config and shell commands).
+SERVED_NAME_RE = re.compile(r"[A-Za-z0-9._:/@+=%,-]{1,200}")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+#: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME takes it.
+INTERFACE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+FLAG_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
+VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)?([.+-]?\w+)*")
+#: A pip requirement as the environment spec writes it: a name, extras, version specifiers.
+REQUIREMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(\[[A-Za-z0-9_.,\-]+\])?([=<>!~]=?[A-Za-z0-9_.*+\-]+,?)*")
+INDEX_URL_RE = re.compile(r"(https?|file)://[^\s'\"`$\\;<>{}|^]+")
+#: A Hugging Face model id ("org/name" or "name"), as the hub and vLLM take it.
+HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
+_DNS_NAME_RE = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+                          r"(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?")
+# Inventory host names: DNS-like (pyinfra's names are often short aliases with '_'), an IP literal,
+# or one of pyinfra's connectors (@local, @docker/<name>, ...). A name lands in unit comments, the
+# YAML header, nginx's config and `vllm-fleet render --out` paths.
+_INVENTORY_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}|@[a-z][a-z0-9_-]*(/[A-Za-z0-9][A-Za-z0-9._:-]*)?")
+_SHELL_CHARS = re.compile(r"[\s;'\"$`\\*?\[\]{}()<>|&!#~%]")
+
+#: Directories of the OS that no vllm-fleet path may be, nor contain: the deploy creates, chowns
+#: and chmods its directories, and a model sync deletes what its source lacks. A path inside one of
+#: them (/etc/vllm-fleet, /var/lib/vllm-fleet) is fine; one of them, or a parent of one, is not.
+SYSTEM_DIRECTORIES = (
+    "/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32", "/media",
+    "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp", "/usr", "/var",
+    "/usr/bin", "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/local", "/usr/local/bin",
+    "/usr/local/lib", "/usr/sbin", "/usr/share", "/usr/include", "/usr/src",
+    "/var/lib", "/var/log", "/var/cache", "/var/tmp", "/var/spool", "/var/mail", "/var/opt",
+    "/var/backups", "/var/local", "/var/run", "/var/lock", "/var/www",
+    "/etc/systemd", "/etc/systemd/system", "/etc/ssh", "/etc/ssl", "/etc/sudoers.d", "/etc/pam.d",
+    "/etc/security", "/etc/apt", "/etc/nginx", "/etc/default", "/etc/cron.d",
+    "/lib/systemd", "/usr/lib/systemd", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/systemd",
+    "/var/log/journal",
+)
+_SYSTEM_SET = frozenset(SYSTEM_DIRECTORIES)
+
+
+def line_problem(text: str) -> str | None:
+    found = LINE_BREAKING.search(text)
+    if found:
+        return f"holds the control character {found.group()!r} (at {found.start()})"
+    return None
+
+
+def name_problem(text: Any) -> str | None:
+    """An instance name: it becomes the unit vllm-<name>.service and file names."""
+    if isinstance(text, str) and NAME_RE.fullmatch(text):
+        return None
+    return f"{text!r} is not a name of letters, digits, '-' and '_' (1-64 characters)"
+
+
+def served_name_problem(text: Any) -> str | None:
+    if isinstance(text, str) and SERVED_NAME_RE.fullmatch(text):
+        return None
+    return (f"{text!r} is not a served model name: 1-200 characters without spaces, quotes, backslashes "
+            "or '$' (letters, digits and . _ : / @ + = % , -)")
+
+
+def user_problem(text: Any) -> str | None:
+    if not (isinstance(text, str) and USER_RE.fullmatch(text)):
+        return f"{text!r} is not a valid user name"
+    if text == "root":
+        return "root is not allowed: vLLM runs as a non-root user"
+    return None
+
+
+def inventory_name_problem(name: Any) -> str | None:
+    """An inventory host name."""
+    if not isinstance(name, str) or not name:
+        return f"host name {name!r} must be a non-empty string"
+    if _INVENTORY_NAME_RE.fullmatch(name) and ".." not in name:
+        return None
+    if ip_literal(name) and "%" not in name:
+        return None
+    return f"host name {name!r} is not a DNS name, an IP address or a pyinfra connector (@local)"
+
+
+def ip_literal(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def listen_address_problem(text: Any) -> str | None:
+    """An address nginx listens on: an IP literal without a scope id (nginx takes none)."""
+    if not isinstance(text, str) or not ip_literal(text):
+        return f"{text!r} is not an IP address"
+    if "%" in text:
+        return f"{text!r} has an IPv6 scope id, which nginx's listen and systemd's IPAddressAllow= cannot take"
+    return None
+
+
+def connect_address_problem(text: Any) -> str | None:
+    """An address another host connects to: an IP literal (no scope id, not unspecified) or a DNS name."""
+    if not isinstance(text, str):
+        return f"{text!r} is not a host name or an IP address"
+    if ip_literal(text):
+        if "%" in text:
+            return f"{text!r} has an IPv6 scope id, which nginx, vllm-router and systemd cannot take"
+        if ipaddress.ip_address(text).is_unspecified:
+            return f"{text!r} is no address another host can connect to"
+        return None
+    if _DNS_NAME_RE.fullmatch(text):
+        return None
+    return f"{text!r} is not a host name or an IP address another host can connect to"
+
+
+def host_path_problem(text: Any) -> str | None:
+    """A path on the host, used in units and shell commands: absolute, normalised, plain."""
+    if not isinstance(text, str) or not text.startswith("/"):
+        return f"{text!r} is not an absolute path"
+    if _SHELL_CHARS.search(text):
+        return f"{text!r} is not an absolute path without spaces or shell characters"
+    if posixpath.normpath(text) != text or text.startswith("//"):
+        return (f"{text!r} is not a normalised absolute path (no '.', '..', '//' or trailing '/'): "
+                f"write {posixpath.normpath(text)!r}")
+    return None
+
+
+def managed_path_problem(text: Any) -> str | None:
+    """A directory vllm-fleet creates and owns on the host (chown, chmod, deletes within it): a host
+    path that is no system directory and contains none."""
+    problem = host_path_problem(text)
+    if problem:
+        return problem
+    if text in _SYSTEM_SET:
+        return f"{text!r} is a system directory: the deploy would chown and chmod it"
+    inside = next((d for d in SYSTEM_DIRECTORIES if d != "/" and d.startswith(text + "/")), None)
+    if inside:
+        return f"{text!r} contains the system directory {inside}: the deploy would chown and chmod it"
+    return None
+
+
+def within(path: str, parent: str) -> bool:
+    """Whether the normalised absolute `path` is `parent` or inside it."""
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def flag_name_problem(text: Any) -> str | None:
+    if isinstance(text, str) and FLAG_NAME_RE.fullmatch(text):
+        return None
+    return f"{text!r} is not a vllm serve flag name"
+
+
+def flag_value_problem(value: Any, *, takes_list: bool) -> str | None:
+    """A value of a `vllm serve` flag in the engine YAML. vLLM's config loader turns a list into one
+    argument per item after the flag and a dict into one JSON argument (load_config_file in
+    vllm/utils/argparse_utils.py): a list where the flag takes one value, or an item that reads as
+    an option, would become flags of the writer's choosing (after the planner's own --host)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, (list, tuple)):
+        if not takes_list:
+            return "is a list, but this flag takes one value (each item would become its own argument)"
+        for item in value:
+            if not isinstance(item, (str, int, float)) or isinstance(item, bool):
+                return f"list item {item!r} is not a string or a number"
+            if isinstance(item, str) and item.startswith("-") and not _number(item):
+                return f"list item {item!r} starts with '-': vLLM's parser would read it as a flag"
+        return None
+    if isinstance(value, dict):
+        return _json_problem(value)
+    return f"{type(value).__name__} {value!r} is not a string, number, boolean, list or dict"
+
+
+def _json_problem(value: Any) -> str | None:
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"{value!r} is not a finite number"
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, map(_json_problem, value)), None)
+    if isinstance(value, dict):
+        if not all(isinstance(k, str) for k in value):
+            return "a dict key is not a string"
+        return next(filter(None, map(_json_problem, value.values())), None)
+    return f"{type(value).__name__} {value!r} is not JSON"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def version_problem(text: Any) -> str | None:
+    if isinstance(text, str) and VERSION_RE.fullmatch(text):
+        return None
+    return f"{text!r} is not a version"
+
+
+def version_tuple(text: str) -> tuple[int, ...]:
+    """The release numbers of a version ("0.33.1rc1" -> (0, 33, 1))."""
+    return tuple(int(part) for part in re.findall(r"\d+", text.split("+")[0])[:3])
+
+
+def requirement_problem(text: Any) -> str | None:
+    if isinstance(text, str) and REQUIREMENT_RE.fullmatch(text):
+        return None
+    return f"{text!r} is not a pip requirement (a name, optional [extras], version specifiers)"
+
+
+def index_url_problem(text: Any) -> str | None:
+    if isinstance(text, str) and INDEX_URL_RE.fullmatch(text):
+        return None
+    return f"{text!r} is not an index URL"
+
+
+def model_reference_problem(text: Any) -> str | None:
+    """A model or tokenizer: a Hugging Face id, or an absolute path on the host."""
+    if not isinstance(text, str) or not text:
+        return f"{text!r} is not a Hugging Face id or an absolute path"
+    if text.startswith("/"):
+        return host_path_problem(text)
+    if HUB_ID_RE.fullmatch(text) and ".." not in text:
+        return None
+    return f"{text!r} is not a Hugging Face id ('org/name') or an absolute path"
+
+
+def secret_problem(text: str) -> str | None:
+    """An API key or token, as a client will send it. The value is never part of the message."""
+    if not text or not text.strip():
+        return "is empty or only whitespace"
+    if text.startswith("\ufeff"):
+        return "starts with a byte order mark (U+FEFF, from the editor that saved the key file)"
+    if text != text.strip():
+        return "has whitespace before or after it, which no client sends"
+    found = LINE_BREAKING.search(text)
+    if found:
+        return f"holds a control character (at {found.start()}), which no HTTP header can carry"
+    if not text.isascii():
+        return "has a character outside ASCII, which HTTP clients do not send in a header"
+    return None
