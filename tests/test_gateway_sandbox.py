@@ -143,3 +143,50 @@ def test_a_stopped_backend_is_taken_out_and_a_name_without_backends_fails_fast(t
         for host in ("sbx-cpu1", "sbx-cpu3"):
             assert sandbox.run(host, "systemctl is-active vllm-tiny.service").stdout.strip() == "active"
         _wait_all_healthy(sandbox)
+
+
+def _raw(host: str, port: int, request: bytes) -> bytes:
+    """One request as bytes on a socket to a sandbox address: the Host header is the test's own."""
+    import socket
+
+    with socket.create_connection((host, port), timeout=30) as conn:
+        conn.sendall(request)
+        chunks = []
+        while chunk := conn.recv(65536):
+            chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def test_the_clients_host_header_reaches_no_backend_and_no_redirect(two_names):
+    """A crafted Host (older vLLMs let one past the API key) goes nowhere: the front sends vLLM and
+    the router their own address, and nginx's own redirect ("/v1" -> "/v1/") names a path only."""
+    address = CPU_HOSTS["sbx-cpu1"]
+    redirect = _raw(address, 9000, b"GET /v1 HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n").decode()
+    assert redirect.startswith("HTTP/1.1 301") and "\r\nLocation: /v1/\r\n" in redirect, redirect
+    assert "evil" not in redirect
+    for port in (9000, 8000):  # the gateway, and sbx-cpu1's own instance behind the same front
+        body = json.dumps({"model": SOLO, "prompt": "hi", "max_tokens": 1}).encode()
+        answer = _raw(address, port, b"POST /v1/completions HTTP/1.1\r\nHost: a@b#c?\r\nConnection: close\r\n"
+                      b"Content-Type: application/json\r\nAuthorization: Bearer " + API_KEY.encode() +
+                      b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body).decode()
+        assert answer.startswith("HTTP/1.1 200"), (port, answer[:500])
+
+
+def test_nginx_reads_the_key_pattern_up_to_the_limit_the_deploy_enforces(two_names, sandbox):
+    """NGINX_MAX_PARAMETER_BYTES measured with the gateway host's own nginx: the longest key the
+    deploy accepts makes a key file `nginx -t` takes, one character more one it refuses."""
+    from vllm_fleet import gateway
+
+    longest = "k" * 4081
+    assert gateway.key_length_problem(longest) is None and gateway.key_length_problem(longest + "k")
+    results = {}
+    for key in (longest, longest + "k"):
+        conf = ("pid /tmp/vllm-fleet-keytest/nginx.pid; error_log stderr;\nevents {}\n"
+                "http {\n    map $http_authorization $k {\n        default 0;\n"
+                f"        {gateway.key_pattern(key)} 1;\n    }}\n}}\n")
+        script = (f"mkdir -p /tmp/vllm-fleet-keytest && cat > /tmp/vllm-fleet-keytest/t.conf <<'EOF'\n{conf}EOF\n"
+                  "/usr/sbin/nginx -t -q -e stderr -c /tmp/vllm-fleet-keytest/t.conf; echo rc=$?")
+        results[len(key)] = sandbox.run("sbx-cpu1", script)
+    sandbox.run("sbx-cpu1", "rm -rf /tmp/vllm-fleet-keytest")
+    assert "rc=0" in results[4081].stdout, results[4081].stderr
+    assert "rc=1" in results[4082].stdout and "too long parameter" in results[4082].stderr
