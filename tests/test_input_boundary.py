@@ -391,3 +391,16 @@ def test_every_kind_rejects_a_trailing_newline():
                 "host_path_problem": "/opt/x", "version_problem": "1.2.3"}.get(check.__name__, "ok1")
         assert check(good) is None, check.__name__
         assert check(good + "\n"), check.__name__
+
+
+def test_an_ssh_address_with_a_scope_id_is_refused_where_it_becomes_an_address():
+    """With the front on every interface, other hosts reach a host at its ssh_hostname: a scoped
+    IPv6 literal there would land in the gateway's backends and Ray's IPAddressAllow= lines."""
+    scoped = {"ssh_hostname": "fe80::1%eth0"}
+    errors = fleet_errors([("gw", host_data(vllm_gateway=True)), ("b", host_data(**scoped))])
+    assert ("b", None, "vllm_advertise_address") in located(errors) and "scope id" in errors[0].message
+    pair = _ray_pair({})
+    pair[1][1].update(scoped)
+    errors = fleet_errors(pair)
+    assert ("gpu-a", "llama70b", "vllm_advertise_address") in located(errors)
+    assert "node gpu-b's address" in " ".join(e.message for e in errors)

@@ -913,6 +913,11 @@ def _check_group(group: NodeGroup, by_name: dict[str, HostConfig], inventory: li
                   "traffic (torch.distributed, Ray) is unauthenticated and must stay on an isolated network",
                   f"set vllm_private_interface on {node} to the interface of that network, e.g. 'eth1'",
                   key="vllm_private_interface")
+        address_problem = kinds.connect_address_problem(config.settings.vllm_advertise_address)
+        if address_problem:
+            error(f"node {node}'s address {address_problem} (it goes into every node's IPAddressAllow= and "
+                  "Ray's --address)", f"set vllm_advertise_address on {node} to its address on the private "
+                  "network, e.g. '10.0.0.12'", key="vllm_advertise_address")
         for key, why in _NODE_GROUP_SAME.items():  # knobs by name: the table says which must agree
             mine, heads = config.settings[key], head.settings[key]
             if mine != heads and None not in (mine, heads):
@@ -993,10 +998,11 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
     if gateways:
         for host in hosts:
             address = host.settings.vllm_advertise_address
-            if host.instances and not is_address(address):
+            problem = kinds.connect_address_problem(address)
+            if host.instances and problem:
                 errors.append(ConfigError(
-                    f"the gateway would reach this host's instances at {address!r}, which is not a host "
-                    "name or an IP address", host=host.name, key="vllm_advertise_address",
+                    f"the gateway would reach this host's instances at {address!r}: {problem}",
+                    host=host.name, key="vllm_advertise_address",
                     fix="vllm_advertise_address = '10.0.0.11' (the address the gateway host connects to), "
                         "or set ssh_hostname"))
         # vllm-router passes the client's key on: every backend must expect the gateway's key.
