@@ -186,7 +186,7 @@ def test_key_file_is_secret_0640_root_service_user_and_quotes_the_hostile_key():
     assert key_pattern(API_KEY) in key.content
     assert "default 0;" in key.content
     front = files["/etc/vllm-fleet/front.conf"].content
-    assert "include /etc/vllm-fleet/gateway-key.conf;" in front and KEY_MARK not in front
+    assert 'include "/etc/vllm-fleet/gateway-key.conf";' in front and KEY_MARK not in front
 
 
 def test_without_secrets_the_key_file_is_a_placeholder_that_refuses_everything():
@@ -209,7 +209,7 @@ def test_front_has_the_gateway_server_block_checking_the_key_before_v1():
     assert "server 127.0.0.1:19000;" in block
     models = block.split("location = /v1/models {", 1)[1].split("location /v1/ {", 1)[0]
     assert "if ($vllm_fleet_gateway_key != 1)" in models and "return 401" in models
-    assert "alias /etc/vllm-fleet/gateway-models.json;" in models
+    assert 'alias "/etc/vllm-fleet/gateway-models.json";' in models
     v1 = block.split("location /v1/ {", 1)[1].split("location = /health", 1)[0]
     assert v1.index("return 401") < v1.index("proxy_pass http://vllm_fleet_gateway/v1/;")
     assert "proxy_buffering off;" in v1 and "proxy_read_timeout 3600s;" in v1

@@ -38,7 +38,7 @@ from typing import Any
 
 from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
 from vllm_fleet.plan import FleetPlan
-from vllm_fleet.render import UNIT_DIR, RenderedFile, Secrets, _jinja, front_paths
+from vllm_fleet.render import UNIT_DIR, RenderedFile, Secrets, _jinja, front_paths, nginx_string
 
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
 GATEWAY_PACKAGE = "vllm-router"
@@ -177,13 +177,6 @@ def nginx_regex_literal(text: str) -> str:
     is not a letter, digit or '_' (PCRE: an escaped non-alphanumeric is always literal; '$' and '.'
     would otherwise be an anchor and a wildcard)."""
     return "".join("\\" + c if c.isascii() and not (c.isalnum() or c == "_") else c for c in text)
-
-
-def nginx_string(text: str) -> str:
-    """One nginx config token holding exactly `text`: double-quoted, with '\\' and '"' escaped
-    (ngx_conf_file.c unescapes \\\\, \\" and \\' and keeps any other backslash; '$' in a map's key is
-    not a variable, and nothing else is special inside quotes)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 #: The longest parameter nginx's config parser reads (ngx_conf_file.c: a token must fit in its

@@ -102,6 +102,18 @@ def _systemd_line(text: Any) -> str:
     return text
 
 
+def nginx_string(text: str) -> str:
+    """One nginx config token holding exactly `text`: double-quoted, with '\\' and '"' escaped
+    (ngx_conf_file.c unescapes \\\\, \\" and \\' and keeps any other backslash; '$' in a map's key is
+    not a variable, and nothing else is special inside quotes)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _nginx_quote(text: Any) -> str:
+    """nginx_string for a template value, refusing what one line of nginx's config cannot hold."""
+    return nginx_string(_systemd_line(text))
+
+
 def _systemd_quote(text: str) -> str:
     """Quote one Environment= assignment: systemd unquotes "..." and expands % specifiers."""
     escaped = _systemd_line(text).replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
@@ -119,6 +131,7 @@ def _jinja() -> jinja2.Environment:
     # free text in a directive (Description=): systemd expands % specifiers there too
     env.filters["systemd_text"] = lambda text: _systemd_line(text).replace("%", "%%")
     env.filters["systemd_comment"] = _systemd_line  # a comment: one line, no specifiers
+    env.filters["nginx_quote"] = _nginx_quote
     env.filters["env_quote"] = env_quote  # the host probe reads it back with env_unquote
     return env
 
