@@ -1,4 +1,4 @@
-"""Rollout bench (issue 15): the first converge split by step, and a rollout's timeline per host.
+"""Rollout bench: the first converge split by step, and a rollout's timeline per host.
 
 Run as root (it boots the 3 CPU sandbox hosts and stops them; the sandbox must be free):
 

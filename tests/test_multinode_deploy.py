@@ -1,4 +1,4 @@
-"""Multi-node instances (issue 14), the deploy's side offline: each node plans its group from its own
+"""Multi-node instances, the deploy's side offline: each node plans its group from its own
 facts, checks its address on the nodes' network, the Ray probe's verdicts, and rollout's batches
 that keep a node group together. The sandbox run is tests/test_multinode_sandbox.py."""
 
@@ -271,7 +271,7 @@ def _manifest(address: str) -> str:
 
 def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then_the_workers(
         monkeypatch, tmp_path, capsys):
-    from test_issue11_bugs import FakeState as RolloutState, _stub_pyinfra
+    from test_refused_input_offline import FakeState as RolloutState, _stub_pyinfra
     from vllm_fleet.commands import rollout as rollout_mod
     import vllm_fleet.host.remote
 
@@ -306,7 +306,7 @@ def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then
 
 
 def test_a_node_that_cannot_be_snapshotted_keeps_its_whole_group_out(monkeypatch, tmp_path, capsys):
-    from test_issue11_bugs import FakeState as RolloutState, _stub_pyinfra
+    from test_refused_input_offline import FakeState as RolloutState, _stub_pyinfra
     from vllm_fleet.commands import rollout as rollout_mod
     import vllm_fleet.host.remote
 

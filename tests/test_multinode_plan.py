@@ -1,4 +1,4 @@
-"""Multi-node instances (issue 14), offline: `nodes` in the config, the fleet-level plan (TP inside a
+"""Multi-node instances, offline: `nodes` in the config, the fleet-level plan (TP inside a
 server, PP across servers, on Ray), `vllm-fleet plan` / `render`, and the Ray units. No hosts."""
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 runs the deploy's discovery batch in a real local shell (the simulated nvidia-smi first on PATH: no
 vLLM environment there, so NVML's topology is unavailable) and the status probe (host_probe.status)
 in-process against recorded-shape systemctl/journal answers. Covers: a host that declares no `gpus` is planned
-with its live GPUs (issue 11: it was reported as "not in the plan"); a failed unit shows systemd's
+with its live GPUs (not "not in the plan"); a failed unit shows systemd's
 Result, its restarts, the journal's reason and a diagnosis, in the table and the JSON; the front unit."""
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def test_undeclared_gpus_are_read_live_and_planned_like_the_deploy(undeclared):
 def test_a_host_the_deploy_would_refuse_is_still_planned_with_its_live_gpus(undeclared, tmp_path):
     """The GGUF file gone from the host: the deploy would refuse it, but status plans what it read
     (the live GPUs: no `gpus` declared) and shows the instance that runs, with the reason; it does
-    not call it "not in the plan (would be removed)" (issue 11's first bug, by another road)."""
+    not call it "not in the plan (would be removed)"."""
     config, commands = undeclared
     (tmp_path / "models" / "gemma-3-12b-it-q4_0.gguf").unlink()
     report = status.host_status("box", StubHost(), config)
