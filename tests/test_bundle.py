@@ -52,7 +52,7 @@ def test_read_pins(tmp_path):
 
 
 def test_default_bundle_is_the_vllm_the_hosts_install(monkeypatch, tmp_path, capsys):
-    """Issue 11: `vllm-fleet bundle --target cuda` built vLLM 0.32.0 while the hosts install 0.33.0."""
+    """`vllm-fleet bundle --target cuda` builds the vLLM the cuda hosts install (not the cpu hosts' pin)."""
     from types import SimpleNamespace
 
     from vllm_fleet.config import HOST_DEFAULTS, parse_host

@@ -1,4 +1,4 @@
-"""Issue 15: a deploy that changes nothing costs a fixed handful of remote commands per host.
+"""A deploy that changes nothing costs a fixed handful of remote commands per host.
 
 - The facts' shell code runs here, in dash and bash, against a small tree under tmp_path (and a
   stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone

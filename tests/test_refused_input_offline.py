@@ -138,7 +138,7 @@ def _raise_like_exec_file(exc):
 
 
 def test_rollout_refused_input_is_a_clean_exit_2(monkeypatch, tmp_path, capsys):
-    """Issue 11: a DeployError ended rollout in AttributeError: 'UnexpectedExternalError' ... 'message'."""
+    """A DeployError in a batch ends rollout cleanly (exit 2, the located message), not in an AttributeError."""
     from vllm_fleet.deploy import DeployError
 
     _stub_pyinfra(monkeypatch, FakeState(), load=_raise_like_exec_file(DeployError(DEPLOY_ERROR_TEXT)))
@@ -162,7 +162,7 @@ def test_rollout_refused_input_in_json_names_every_host_untouched(monkeypatch, t
 
 
 def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp_path, capsys):
-    """Issue 11: a rollout in which nothing changed reported every host "updated"."""
+    """A rollout in which nothing changed reports every host unchanged, not "updated"."""
     from pyinfra.api.command import FunctionCommand, StringCommand
 
     from vllm_fleet import deploy
