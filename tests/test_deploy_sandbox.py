@@ -154,3 +154,41 @@ def test_removed_instance_loses_its_unit(converged, sandbox, deploy_env, tmp_pat
                                    "systemctl is-active vllm-tiny.service || true").stdout.split()
     assert gone == ["1", "inactive"]
     assert chat(CPU_HOSTS["sbx-cpu1"], API_KEY)[0] == 200
+
+
+# vllm serve's own parsing of a config file, as `vllm serve --config FILE` does it (the top-level
+# parser with the serve subcommand, vllm/entrypoints/cli/main.py), printing the parsed values.
+SERVE_PARSE = """
+import sys
+import vllm.entrypoints.cli.serve
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = FlexibleArgumentParser(description="vLLM CLI")
+subparsers = parser.add_subparsers(required=False, dest="subparser")
+for cmd in vllm.entrypoints.cli.serve.cmd_init():
+    cmd.subparser_init(subparsers)
+args = parser.parse_args(["serve", "--config", sys.argv[1]])
+print("PARSED", repr(args.enable_prefix_caching))
+"""
+
+
+def test_a_false_in_engine_args_reaches_vllm_as_false(converged, sandbox, tmp_path):
+    """The rendered engine config of an instance with enable-prefix-caching False, parsed by the
+    host's genuine vLLM the way `vllm serve --config` parses it: False arrives (a plain `false`
+    arrived as None, the default, and vLLM served with prefix caching on)."""
+    import shlex
+    import yaml
+
+    from vllm_fleet.config import load_fleet
+    from vllm_fleet.plan import plan_fleet
+    from vllm_fleet.render import render_host
+
+    inventory = variant_inventory(tmp_path, cpu2={"engine_args": {"enable-prefix-caching": False}})
+    hosts = [h for h in load_fleet(inventory) if h.name == "sbx-cpu2"]
+    plan = plan_fleet(hosts)
+    engine = next(f.content for f in render_host(hosts[0], plan.hosts[0]) if f.path.endswith("/tiny.yaml"))
+    assert "no-enable-prefix-caching" in yaml.safe_load(engine)
+    script = (f"cd /tmp && printf %s {shlex.quote(engine)} > /tmp/vllm-fleet-false.yaml && "
+              f"/opt/vllm-fleet/envs/current/bin/python -c {shlex.quote(SERVE_PARSE)} /tmp/vllm-fleet-false.yaml; "
+              "rm -f /tmp/vllm-fleet-false.yaml")
+    parsed = sandbox.run("sbx-cpu2", script, timeout=300)
+    assert "PARSED False" in parsed.stdout, parsed.stderr[-2000:]

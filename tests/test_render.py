@@ -143,3 +143,15 @@ def test_a_rollback_verifies_the_same_gpus_as_the_deploy():
     assert len(instance_gpu_bus_ids(plan, inst)) == len(inst.gpu_indices) == 3
     [check] = _checks_from_manifest(host, manifest)
     assert check.gpu_bus_ids == instance_gpu_bus_ids(plan, inst) and check.as_spec()["gpus"] is True
+
+
+def test_a_false_flag_is_written_as_the_negated_flag_vllms_config_loader_passes_on():
+    """`vllm serve --config` drops a `false` (its loader runs in the top-level parser, which knows
+    none of serve's --no-KEY flags); `no-KEY: true` arrives as --no-KEY, i.e. False. A store_true
+    flag's false is its default either way."""
+    host = parse_host("box", host_data(placement="single-instance", instances=[instance(engine_args={
+        "enable-prefix-caching": False, "enforce-eager": True, "disable-log-stats": False})]))
+    files = {f.path: f for f in render_host(host, plan_host(host), Secrets("k"))}
+    engine = yaml.safe_load(files["/etc/vllm-fleet/gemma.yaml"].content)
+    assert engine["no-enable-prefix-caching"] is True and "enable-prefix-caching" not in engine
+    assert engine["enforce-eager"] is True and engine["disable-log-stats"] is False

@@ -20,6 +20,7 @@ import yaml
 
 from vllm_fleet import __version__
 from vllm_fleet.kinds import LINE_BREAKING
+from vllm_fleet.vllm_flags import config_file_args
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
 from vllm_fleet.host.envbuild import EnvSpec, env_dir
 from vllm_fleet.host.host_probe import env_quote
@@ -195,8 +196,8 @@ def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
 def _engine_yaml(host: HostConfig, plan: InstancePlan) -> str:
     header = (f"# Managed by vllm-fleet: engine arguments of vllm-{plan.name}.service on {host.name}.\n"
               f"# `vllm serve --config` reads these as its long flag names (CLI flags would win).\n")
-    return header + yaml.safe_dump(plan.engine_args, sort_keys=False, default_flow_style=False,
-                                   allow_unicode=True)
+    return header + yaml.safe_dump(config_file_args(plan.engine_args), sort_keys=False,
+                                   default_flow_style=False, allow_unicode=True)
 
 
 def _base_environment(host: HostConfig) -> dict[str, str]:

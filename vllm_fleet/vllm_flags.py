@@ -59,6 +59,34 @@ def _list_flags() -> frozenset[str]:
 LIST_FLAGS: frozenset[str] = _list_flags()
 
 
+def config_file_args(engine_args: dict[str, Any]) -> dict[str, Any]:
+    """engine_args as `vllm serve --config` must read them. vLLM's config loader runs in the
+    top-level `vllm` parser (FlexibleArgumentParser.load_config_file, vllm/utils/argparse_utils.py),
+    which writes a `false` as --no-KEY only for flags it knows itself, and it knows none of
+    serve's: `enable-prefix-caching: false` arrived as None, the flag's default. So a false is
+    written as the negated flag (`no-enable-prefix-caching: true`, which the loader passes on as
+    --no-enable-prefix-caching) where vLLM's parser has one."""
+    flags = table()["flags"]
+    out: dict[str, Any] = {}
+    for name, value in engine_args.items():
+        negated = f"no-{name}"
+        if value is False and negated in flags.get(name, {}).get("names", ()):
+            out[negated] = True
+        else:
+            out[name] = value
+    return out
+
+
+def _switch_flags() -> frozenset[str]:
+    """Flags that take no value (nargs 0: store_true, BooleanOptionalAction), by each of their names:
+    vLLM's config loader writes True as the bare flag and any other value as an argument after it."""
+    return frozenset(alias for name, entry in table()["flags"].items() if entry.get("nargs") == 0
+                     for alias in entry.get("names", [name]))
+
+
+SWITCH_FLAGS: frozenset[str] = _switch_flags()
+
+
 def refresh(python: str, package: str) -> dict[str, Any]:
     """Probe the vLLM of `python`'s environment and rewrite the table."""
     out = subprocess.run([python, "-c", PROBE], capture_output=True, text=True, check=True, cwd="/").stdout
