@@ -74,8 +74,9 @@ def test_second_run_changes_nothing(converged, sandbox, deploy_env):
 
 def test_wrong_model_path_fails_before_any_change(converged, sandbox, deploy_env, tmp_path):
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
-    inventory = variant_inventory(tmp_path, cpu2={"model": "/srv/models/no-such-model",
-                                                  "model_source": None})
+    # A name of its own: under the others' name it would be another model behind one served name.
+    inventory = variant_inventory(tmp_path, cpu2={"model": "/srv/models/no-such-model", "model_source": None,
+                                                  "served_model_name": "no-such-model"})
     result = pyinfra(deploy_env, inventory=inventory)
     assert result.returncode != 0
     out = result.stdout + result.stderr

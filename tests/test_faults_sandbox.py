@@ -244,7 +244,7 @@ def test_deploy_killed_at_a_random_step_then_rerun_converges(baseline, sandbox, 
     report(f"fault test: killing the deploy when it starts {step!r} (VLLM_FLEET_FAULT_SEED={seed} replays this)")
     # An env var changes the unit file too, so a daemon-reload is among the steps that can be cut.
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 44, "env": {
-        "HF_HUB_OFFLINE": "1", **SANDBOX_ENV, "VLLM_FLEET_FAULT_TEST": str(seed)}})
+        **SANDBOX_ENV, "VLLM_FLEET_FAULT_TEST": str(seed)}})
     proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
