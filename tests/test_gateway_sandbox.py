@@ -158,8 +158,10 @@ def _raw(host: str, port: int, request: bytes) -> bytes:
 
 
 def test_the_clients_host_header_reaches_no_backend_and_no_redirect(two_names):
-    """A crafted Host (older vLLMs let one past the API key) goes nowhere: the front sends vLLM and
-    the router their own address, and nginx's own redirect ("/v1" -> "/v1/") names a path only."""
+    """nginx's own redirect ("/v1" -> "/v1/") names a path only, whatever Host the client sent, and
+    requests with a crafted Host are served as any other, by the gateway and by an instance. (The
+    installed vLLM is not one of those a Host let past the key, so what the front sends upstream
+    in its place is asserted on the rendered config: test_input_boundary.py.)"""
     address = CPU_HOSTS["sbx-cpu1"]
     redirect = _raw(address, 9000, b"GET /v1 HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n").decode()
     assert redirect.startswith("HTTP/1.1 301") and "\r\nLocation: /v1/\r\n" in redirect, redirect

@@ -444,7 +444,12 @@ def test_the_fact_without_a_manifest_lists_top_level_entries_dotfiles_too_and_fo
         assert state["other"] == ["localtime"] and state["hidden"] == [".pwd.lock"]
         assert ms.ownership_problem(state, str(dest)) == (
             f"{dest} holds 5 entries vllm-fleet did not put there (it has no {MANIFEST_NAME}), e.g. .pwd.lock, "
-            "apt, localtime, passwd, shadow")
+            "apt, localtime, passwd, shadow" if dest == foreign else
+            f"{dest} is reached through a symlink (it resolves to {foreign}); the sync, which writes as root, "
+            "follows none")
+    # A link on the way to a dest that does not exist yet carries the first sync elsewhere too.
+    state = ms.parse_state(_sh(ms.state_command(str(link / "new"))).stdout.splitlines())
+    assert not state["exists"] and f"resolves to {foreign}/new" in ms.ownership_problem(state, str(link / "new"))
     # An empty directory: nothing listed, ours to claim.
     (tmp_path / "empty").mkdir()
     state = ms.parse_state(_sh(ms.state_command(str(tmp_path / "empty"))).stdout.splitlines())

@@ -22,7 +22,10 @@ from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, UNIT_DIR
 # The most exposure each kind of unit may score (0.0: fully sandboxed, 10.0: not at all). vLLM and
 # Ray keep the GPUs, JIT-compiled code and the host's network; the front and the gateway need only
 # the network.
-EXPOSURE_TARGETS = {"vllm": 7.0, "ray": 7.0, "front": 4.5, "gateway": 4.5}
+# What each kind of unit may score at most: the units score 3.3 (vLLM), 3.2 (Ray), 1.4 (front) and
+# 1.3 (gateway); a change that loosens one fails here, well inside the limits asked of them
+# (vLLM and Ray <= 7.0, the front and the gateway <= 4.5).
+EXPOSURE_TARGETS = {"vllm": 3.5, "ray": 3.5, "front": 1.6, "gateway": 1.6}
 KIND_OF_UNIT = {FRONT_UNIT: "front", GATEWAY_UNIT: "gateway", RAY_UNIT: "ray"}
 # The host units this module renders: the CPU host that is the fleet's gateway (its instance `a`,
 # front and gateway) and both nodes of a multi-node instance (the head's vLLM, Ray head and front;

@@ -273,12 +273,14 @@ def state_command(dest: str) -> str:
     """One command: the host manifest (one line of JSON) and a listing of everything under dest;
     without a manifest, of dest's top-level entries only, hidden ones included ('h'): what
     ownership_problem needs, at the cost of one line per entry, whatever lies below them.
-    `find -H`: a dest that is a symlink is listed through (it is what the sync would write into)."""
+    `find -H`: a dest that is a symlink is listed through (it is what the sync would write into);
+    `real` is dest with every link resolved, for ownership_problem to refuse a dest reached through one."""
     d = shlex.quote(dest.rstrip("/") or "/")
     m = shlex.quote(MANIFEST_NAME)
     listing = ("-type f -printf 'f\\t%s\\t%T@\\t%m\\t%P\\n' -o -type d -printf 'd\\t-\\t-\\t%m\\t%P\\n' "
                "-o -printf 'o\\t-\\t-\\t-\\t%P\\n'")
-    return (f"if [ -d {d} ]; then find -H {d} -maxdepth 0 -printf 'exists\\t%m\\n'; "
+    return (f"printf 'real\\t%s\\n' \"$(readlink -m {d})\"; "
+            f"if [ -d {d} ]; then find -H {d} -maxdepth 0 -printf 'exists\\t%m\\n'; "
             f"if [ -f {d}/{m} ]; then printf 'manifest\\t'; tr -d '\\n' < {d}/{m}; echo; "
             f"find -H {d} -mindepth 1 -name '.*' -prune -o {listing}; "
             f"else find -H {d} -mindepth 1 -maxdepth 1 -name '.*' -printf 'h\\t-\\t-\\t-\\t%P\\n' -o {listing}; fi; "
@@ -300,7 +302,9 @@ def parse_state(lines: list[str]) -> dict[str, Any]:
                              "files": {}, "dirs": {}, "other": [], "hidden": [], "listing_ok": False}
     for line in lines:
         kind, _, rest = line.partition("\t")
-        if kind == "exists":
+        if kind == "real":
+            state["real"] = rest.strip() or None
+        elif kind == "exists":
             state["exists"] = True
             try:
                 state["dir_mode"] = int(rest, 8)
@@ -406,6 +410,12 @@ def ownership_problem(state: dict[str, Any], dest: str) -> str | None:
     file), so a rerun after a first sync cut short finds the manifest and goes on: the rule needs
     no guess about which files an earlier run left."""
     dest = dest.rstrip("/") or "/"
+    real = state.get("real")
+    if real and real != dest:
+        # The sync writes as root: a link on the way (one the service user could have made in its
+        # own state directory, say) would carry its files and deletions anywhere, e.g. into /etc.
+        return (f"{dest} is reached through a symlink (it resolves to {real}); the sync, which writes as "
+                "root, follows none")
     if not state.get("exists") or has_manifest(state):
         return None
     names = {rel.split("/", 1)[0] for kind in ("files", "dirs") for rel in state.get(kind) or {}}
