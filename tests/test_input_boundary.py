@@ -1,6 +1,6 @@
-"""The input boundary by kind (vllm_fleet/kinds.py): each case an attacker's or a careless user's
-review got through plan and render, now refused with an error naming host, instance and key and
-saying the fix; the CLI exits 2 with no traceback. What must keep working is tried beside each."""
+"""The input boundary by kind (vllm_fleet/kinds.py): what an attacker or a careless user would
+write into an inventory is refused with an error naming host, instance and key and saying the fix;
+the CLI exits 2 with no traceback. What must keep working is tried beside each."""
 
 from __future__ import annotations
 
@@ -87,8 +87,7 @@ def test_a_sync_destination_holding_other_models_or_the_tools_directories_is_ref
     # A parent of the state directory (and so of the models, the hub cache, ...).
     errors = errors_of("h1", host_data(instances=[instance(model="/var/lib/vllm-fleet", model_source=SOURCE,
                                                            tokenizer=None)]))
-    assert "contains vllm_root" in errors[0].message or "contains vllm_state_dir" in errors[0].message \
-        or "is vllm_state_dir" in errors[0].message
+    assert located(errors) == [("h1", "gemma", "model")] and "is vllm_state_dir /var/lib/vllm-fleet" in errors[0].message
     # One instance's synced directory inside another's.
     errors = errors_of("h1", host_data(instances=[
         instance(name="a", port=8000, model="/data/m", model_source=SOURCE, tokenizer=None),
@@ -383,7 +382,7 @@ def test_plan_prints_inventory_text_as_text(tmp_path):
 
 
 def test_every_kind_rejects_a_trailing_newline():
-    """`re.match(r"...$")` let "root\\n" through; every kind uses fullmatch."""
+    """A pattern's `$` matches before a final newline: every kind matches the whole text."""
     for check in (kinds.name_problem, kinds.served_name_problem, kinds.user_problem, kinds.flag_name_problem,
                   kinds.version_problem, kinds.requirement_problem, kinds.index_url_problem,
                   kinds.inventory_name_problem, kinds.host_path_problem, kinds.model_reference_problem):
@@ -404,3 +403,49 @@ def test_an_ssh_address_with_a_scope_id_is_refused_where_it_becomes_an_address()
     errors = fleet_errors(pair)
     assert ("gpu-a", "llama70b", "vllm_advertise_address") in located(errors)
     assert "node gpu-b's address" in " ".join(e.message for e in errors)
+
+
+@pytest.mark.parametrize("spelled, flag", [("hos", "host"), ("por", "port"), ("data-parallel-addr", "data-parallel-address"),
+                                           ("headles", "headless"), ("hf-tok", "hf-token"),
+                                           ("served-model-nam", "served-model-name"), ("max-num-seq", "max-num-seqs")])
+def test_a_prefix_vllm_would_expand_is_refused_naming_the_flag(spelled, flag):
+    """vLLM's parser expands a unique prefix (argparse's allow_abbrev): `hos: 0.0.0.0` came after
+    the planner's `host: 127.0.0.1` in the YAML and won."""
+    [err] = errors_of("h1", host_data(instances=[instance(engine_args={spelled: "0.0.0.0"})]))
+    assert err.key == f"engine_args.{spelled}" and f"--{flag}" in err.message and flag in err.fix
+
+
+def test_another_name_of_an_owned_flag_is_refused():
+    [err] = errors_of("h1", host_data(instances=[instance(engine_args={"device-memory-utilization": 0.99})]))
+    assert "another name of --gpu-memory-utilization" in err.message
+
+
+def test_a_flags_own_negated_name_is_taken():
+    host = parse_host("h1", host_data(instances=[instance(engine_args={"no-enable-prefix-caching": True})]))
+    assert host.instances[0].engine_args == {"no-enable-prefix-caching": True}
+
+
+@pytest.mark.parametrize("name", ["VLLM_ALLOW_INSECURE_SERIALIZATION", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONBREAKPOINT",
+                                  "PYTHONSTARTUP", "VLLM_DP_MASTER_IP", "NCCL_COMM_ID", "NCCL_NET_PLUGIN",
+                                  "VLLM_LOGGING_CONFIG_PATH"])
+def test_variables_that_load_code_or_move_internal_sockets_are_refused(name):
+    [err] = errors_of("h1", host_data(instances=[instance(env={name: "x"})]))
+    assert err.key == f"env.{name}" and "vllm-fleet's to set" in err.message
+
+
+@pytest.mark.parametrize("name, secret", [("HF_TOKEN", True), ("OPENAI_API_KEY", True), ("WANDB_KEY", True),
+                                          ("DB_PASSWORD", True), ("AWS_SECRET_ACCESS_KEY", True),
+                                          ("TOKENIZERS_PARALLELISM", False), ("HF_HUB_DISABLE_IMPLICIT_TOKEN", False),
+                                          ("VLLM_MOE_TOKEN_THRESHOLD", False), ("VLLM_MAX_TOKENS_PER_EXPERT", False)])
+def test_a_secret_is_told_by_the_words_of_its_name(name, secret):
+    data = host_data(instances=[instance(env={name: "1"})])
+    if secret:
+        [err] = errors_of("h1", data)
+        assert err.key == f"env.{name}" and "looks like a secret" in err.message
+    else:
+        assert parse_host("h1", data).instances[0].env[name] == "1"
+
+
+def test_a_version_of_other_digits_is_no_version():
+    [err] = errors_of("h1", host_data(vllm_version="0.\uff13\uff13.0"))
+    assert err.key == "vllm_version" and "is not a version" in err.message

@@ -77,7 +77,10 @@ _ENGINE_ARGS_PLANNED = {
     "enable-ssl-refresh": "the front speaks plain HTTP to vLLM on loopback",
     "download-dir": "the deploy downloads models into vllm_hf_home before a start",
 }
-_SECRET_ENV_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|API_KEY|APIKEY)", re.I)
+# A secret's name ends in one of these words (HF_TOKEN, OPENAI_API_KEY, WANDB_KEY, DB_PASSWORD), or
+# holds SECRET or PASSWORD as a word: TOKENIZERS_PARALLELISM and *_TOKEN_THRESHOLD are settings.
+_SECRET_ENV_NAME = re.compile(r"(^|_)(TOKEN|KEY|APIKEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$|(^|_)(SECRET|PASSWORD)(_|$)",
+                              re.I)
 
 #: Environment variables an instance's `env` may not set, and why: the planner's (GPUs, layers, the
 #: addresses vLLM's unauthenticated internal sockets bind to), the paths and offline mode the deploy
@@ -101,18 +104,29 @@ OWNED_ENV = {
     "VLLM_CONFIG_ROOT": "set from vllm_state_dir",
     "VLLM_NO_USAGE_STATS": "vllm-fleet turns usage stats off",
     "PATH": "the unit runs the environment's own binaries by absolute path",
-    "LD_PRELOAD": "it loads code into vLLM",
-    "LD_LIBRARY_PATH": "it changes which CUDA and system libraries vLLM loads",
-    "PYTHONPATH": "it changes which Python code vLLM loads",
-    "PYTHONHOME": "it changes which Python runs",
-    "PYTHONSTARTUP": "it runs code in vLLM's interpreter",
-    "PYTHONUSERBASE": "it changes which Python code vLLM loads",
     "VLLM_PLUGINS": "it loads code into vLLM",
     "VLLM_SERVER_DEV_MODE": "it opens vLLM's development routes (/reset_prefix_cache, /sleep, ...) without a key",
     "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "it opens routes that load adapters from any path",
-    "VLLM_TORCH_PROFILER_DIR": "it opens /start_profile and /stop_profile",
     "VLLM_DEBUG_LOG_API_SERVER_RESPONSE": "it logs every response, prompts' answers included",
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "it lets vLLM's unauthenticated internal sockets unpickle what they receive",
+    "VLLM_DP_MASTER_IP": "vLLM's internal sockets are unauthenticated: the planner keeps them on loopback",
+    "VLLM_DP_MASTER_PORT": "vLLM's internal sockets are unauthenticated: the planner places them",
+    "VLLM_LOOPBACK_IP": "vLLM's internal sockets are unauthenticated: they stay on loopback",
+    "NCCL_COMM_ID": "NCCL's bootstrap stays on loopback, or on vllm_private_interface",
+    "VLLM_NCCL_SO_PATH": "it loads code into vLLM",
+    "VLLM_CUDART_SO_PATH": "it loads code into vLLM",
+    "VLLM_RUST_FRONTEND_PATH": "it runs another program as vLLM's API server",
+    "NCCL_NET_PLUGIN": "it loads code into vLLM",
+    "NCCL_TUNER_PLUGIN": "it loads code into vLLM",
+    "NCCL_PROFILER_PLUGIN": "it loads code into vLLM",
+    "VLLM_LOGGING_CONFIG_PATH": "a logging config names Python code to run",
 }
+#: Prefixes of variables that change which code a process loads (the dynamic loader's LD_*, the
+#: interpreter's PYTHON*): an instance's `env` sets none of them.
+OWNED_ENV_PREFIXES = {"LD_": "the dynamic loader reads it: it changes which code vLLM loads",
+                      "PYTHON": "the interpreter reads it: it changes which code vLLM runs"}
+#: Names that look like secrets but are not (settings of the libraries vLLM uses).
+_NOT_SECRET_ENV = {"HF_HUB_DISABLE_IMPLICIT_TOKEN"}
 OWNED_ENV_FIX = {
     "CUDA_VISIBLE_DEVICES": "choose GPUs with the instance's 'gpus' key instead",
     "CUDA_DEVICE_ORDER": "choose GPUs with the instance's 'gpus' key instead",
@@ -224,7 +238,7 @@ class InstanceConfig:
 
     @property
     def enforce_eager(self) -> bool:
-        return bool(self.engine_args.get("enforce-eager"))
+        return bool(kinds.switch_value(self.engine_args.get("enforce-eager")))
 
 
 @dataclass(frozen=True)
@@ -285,7 +299,7 @@ def _parse_gpus(check: Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec
             cc = parsed
         driver = entry.get("driver_version")
         if driver is not None and (not isinstance(driver, str)
-                                   or not re.fullmatch(r"\d+(\.\d+){0,3}", driver.strip())):
+                                   or not re.fullmatch(r"\d{1,6}(\.\d{1,6}){0,3}", driver.strip())):
             check.error(f"driver_version must be the NVIDIA driver as nvidia-smi prints it, got "
                         f"{driver!r}", key=f"{where}.driver_version",
                         fix='"driver_version": "580.126.09" (nvidia-smi --query-gpu=driver_version)')
@@ -396,6 +410,20 @@ def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any
             check.error(f"'{flag}' is not a vllm serve flag name", instance=instance, key=key,
                         fix="use the long flag name without dashes in front, e.g. 'enforce-eager'")
             continue
+        # vLLM's parser expands a unique prefix of a flag (argparse's allow_abbrev) and takes each
+        # flag's other names: the checks below judge the flag a name stands for, not its spelling.
+        main, expands = vllm_flags.resolve(name)
+        if expands:
+            check.error(f"'{name}' is no flag of vLLM's parser but the start of "
+                        f"{', '.join('--' + e for e in expands[:3])}{', ...' if len(expands) > 3 else ''}, "
+                        "which vLLM would expand it to", instance=instance, key=key,
+                        fix=f"write the flag's full name, e.g. '{expands[0]}'")
+            continue
+        flag_of = main or name
+        if flag_of != name and flag_of in _ENGINE_ARGS_SECRET | _ENGINE_ARGS_OWNED | set(_ENGINE_ARGS_PLANNED):
+            check.error(f"'{name}' is another name of --{flag_of}, which engine_args may not set",
+                        instance=instance, key=key, fix=f"see what --{flag_of} says: set it as vllm-fleet asks")
+            continue
         if name in _ENGINE_ARGS_SECRET:
             check.error(f"'{name}' is a secret and must not be written to the YAML config",
                         instance=instance, key=key,
@@ -410,9 +438,11 @@ def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any
             check.error(f"'{name}' is vllm-fleet's to set: {_ENGINE_ARGS_PLANNED[name]}", instance=instance,
                         key=key, fix=f"remove '{name}' from engine_args")
             continue
-        problem = kinds.flag_value_problem(value, takes_list=name in vllm_flags.LIST_FLAGS)
+        takes_value = name not in vllm_flags.SWITCH_FLAGS
+        problem = kinds.flag_value_problem(value, takes_list=name in vllm_flags.LIST_FLAGS, takes_value=takes_value)
         if problem:
-            fix = (f"give --{name} one value (a string, number or boolean)" if name not in vllm_flags.LIST_FLAGS
+            fix = (f"give --{name} True or False" if not takes_value else
+                   f"give --{name} one value (a string, number or boolean)" if name not in vllm_flags.LIST_FLAGS
                    else f"give --{name} a list of plain values, none starting with '-'")
             check.error(f"value {problem}", instance=instance, key=key, fix=fix)
             continue
@@ -434,7 +464,7 @@ def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
             check.error(f"'{name}' is not a valid environment variable name", instance=instance,
                         key=key, fix="letters, digits and _ only, not starting with a digit")
             continue
-        if _SECRET_ENV_NAME.search(name):
+        if _SECRET_ENV_NAME.search(name) and name not in _NOT_SECRET_ENV:
             check.error(f"'{name}' looks like a secret; secrets never go into host data",
                         instance=instance, key=key,
                         fix="export it on the workstation (vllm_api_key_env / vllm_hf_token_env)")
@@ -443,8 +473,10 @@ def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
             check.error("TRANSFORMERS_CACHE is ignored by current transformers", instance=instance,
                         key=key, fix="remove it; vllm-fleet sets HF_HOME (vllm_hf_home)")
             continue
-        if name in OWNED_ENV:
-            check.error(f"{name} is vllm-fleet's to set: {OWNED_ENV[name]}", instance=instance, key=key,
+        owned = OWNED_ENV.get(name) or next((why for prefix, why in OWNED_ENV_PREFIXES.items()
+                                             if name.startswith(prefix)), None)
+        if owned:
+            check.error(f"{name} is vllm-fleet's to set: {owned}", instance=instance, key=key,
                         fix=OWNED_ENV_FIX.get(name, "remove it from env"))
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -532,13 +564,6 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
                     key="model_source", fix="model_source = '/srv/models/qwen2.5-7b' (or leave it unset)")
     elif source is not None and isinstance(model, str) and not model_problem:
         _check_sync_destination(check, label, model)
-    for key in ("model", "tokenizer", "model_source"):
-        value = raw.get(key)
-        # A byte that is no UTF-8 character (read with surrogateescape) cannot go over SSH, nor into
-        # a unit file: refused here rather than failing mid-run.
-        if isinstance(value, str) and not _is_utf8(value):
-            check.error(f"{value.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8", instance=label,
-                        key=key, fix="rename the path (or write the inventory) in UTF-8")
     gpus_raw = raw.get("gpus", "auto")
     gpus: tuple[int, ...] | None = None
     if gpus_raw != "auto":
@@ -616,6 +641,12 @@ def _check_text(check: Checker, data: dict[str, Any]) -> None:
                             "no line break, carriage return, NUL, escape or other control character "
                             "may reach a unit, nginx or YAML", instance=instance, key=key,
                             fix="remove it: each value is one line of plain text")
+            elif not _is_utf8(value):
+                # A byte that is no UTF-8 character (read with surrogateescape) cannot go over SSH,
+                # nor into a unit file or the terminal: refused here rather than failing mid-run.
+                check.error(f"{key} holds a byte that is no UTF-8 character (at "
+                            f"{next(i for i, c in enumerate(value) if not _is_utf8(c))})", instance=instance,
+                            key=key, fix="rename the path (or write the inventory) in UTF-8")
         elif isinstance(value, dict):
             for k, v in value.items():
                 walk(k, f"{key} (a key)", instance)
@@ -630,7 +661,7 @@ def _check_text(check: Checker, data: dict[str, Any]) -> None:
         if key == "vllm_instances" and isinstance(data[key], (list, tuple)):
             for position, raw in enumerate(data[key]):
                 label = raw.get("name") if isinstance(raw, dict) else None
-                label = label if isinstance(label, str) and not _LINE_BREAKING.search(label) else f"#{position}"
+                label = label if kinds.printable(label) else f"#{position}"
                 if isinstance(raw, dict):
                     for k, v in raw.items():
                         walk(v, str(k), label)
@@ -641,7 +672,7 @@ def _check_text(check: Checker, data: dict[str, Any]) -> None:
 
 def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     """Validate one host's data. Raises ConfigErrors listing every problem found."""
-    check = Checker(name if isinstance(name, str) and not _LINE_BREAKING.search(name) else repr(name))
+    check = Checker(name if kinds.printable(name) else repr(name))
     problem = kinds.inventory_name_problem(name)
     if problem:
         check.error(problem, key="host name", fix="name the host in the inventory with letters, digits, "

@@ -186,8 +186,9 @@ NGINX_MAX_PARAMETER_BYTES = 4095
 
 
 def key_length_problem(api_key: str) -> str | None:
-    """Whether the key's pattern (key_pattern) fits in one nginx parameter: a key of letters and
-    digits may have 4081 characters; each other character takes three bytes of the pattern."""
+    """Whether the key's pattern (key_pattern) fits in one nginx parameter: a key of letters, digits
+    and '_' may have 4081 characters; other punctuation takes three bytes of the pattern each
+    (escaped for PCRE, then for nginx's quotes), '"' and '\\' four."""
     size = len(key_pattern(api_key).encode())
     if size <= NGINX_MAX_PARAMETER_BYTES:
         return None

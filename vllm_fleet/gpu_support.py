@@ -96,8 +96,9 @@ def parse_compute_capability(value: Any) -> float | None:
 
 
 def driver_tuple(version: str) -> tuple[int, ...] | None:
-    """'580.126.09' -> (580, 126, 9); None when it is not a driver version."""
-    if not isinstance(version, str) or not re.fullmatch(r"\d+(\.\d+){0,3}", version.strip()):
+    """'580.126.09' -> (580, 126, 9); None when it is not a driver version (a part of more than six
+    digits is none, and thousands of digits are more than Python turns into a number)."""
+    if not isinstance(version, str) or not re.fullmatch(r"\d{1,6}(\.\d{1,6}){0,3}", version.strip()):
         return None
     return tuple(int(p) for p in version.strip().split("."))
 

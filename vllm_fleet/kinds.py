@@ -25,17 +25,23 @@ LINE_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff]")
 
 NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: What clients send as "model": no space (vLLM's --served-model-name takes space-separated names),
-#: no quote, backslash or '$' (it appears in JSON, nginx's config and shell commands).
-SERVED_NAME_RE = re.compile(r"[A-Za-z0-9._:/@+=%,-]{1,200}")
+#: no quote, backslash or '$' (it appears in JSON, nginx's config and shell commands), and no '-'
+#: first (vLLM's parser would read the name as a flag).
+SERVED_NAME_RE = re.compile(r"[A-Za-z0-9._:/@+=%,][A-Za-z0-9._:/@+=%,-]{0,199}")
 USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 #: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME takes it.
 INTERFACE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 FLAG_NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*")
-VERSION_RE = re.compile(r"\d+\.\d+(\.\d+)?([.+-]?\w+)*")
+#: X.Y, then word characters with a '.', '+' or '-' between two of them (0.33.0, 0.33.1rc1,
+#: 1.2+cu129), written so that each character matches one way only: nested repetitions
+#: (([.+-]?\w+)*) backtrack exponentially on a text that fails near its end.
+# ASCII only: Unicode digits ("0.３３.0") are no version pip or vllm-fleet reads.
+VERSION_RE = re.compile(r"\d+\.\d(\w|[.+-]\w)*", re.ASCII)
 #: A pip requirement as the environment spec writes it: a name, extras, version specifiers.
 REQUIREMENT_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*(\[[A-Za-z0-9_.,\-]+\])?([=<>!~]=?[A-Za-z0-9_.*+\-]+,?)*")
-INDEX_URL_RE = re.compile(r"(https?|file)://[^\s'\"`$\\;<>{}|^]+")
+# Printable ASCII without what a shell, a unit or pip's requirement files would read as syntax.
+INDEX_URL_RE = re.compile(r"(https?|file)://[^\s'\"`$\\;<>{}|^\x80-\U0010ffff]+")
 #: A Hugging Face model id ("org/name" or "name"), as the hub and vLLM take it.
 HUB_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?")
 _DNS_NAME_RE = re.compile(r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
@@ -62,13 +68,22 @@ SYSTEM_DIRECTORIES = (
     "/var/log/journal",
 )
 _SYSTEM_SET = frozenset(SYSTEM_DIRECTORIES)
+#: Linux takes at most NAME_MAX (255) bytes for one name of a path and PATH_MAX (4096) for a path;
+#: a host path leaves room below it for the files and directories vllm-fleet puts there.
+NAME_MAX_BYTES = 255
+HOST_PATH_MAX_BYTES = 1024
 
 
-def line_problem(text: str) -> str | None:
-    found = LINE_BREAKING.search(text)
-    if found:
-        return f"holds the control character {found.group()!r} (at {found.start()})"
-    return None
+def printable(text: Any) -> bool:
+    """Whether text can go into an error message as it is: no character a terminal acts on, and
+    no byte that is no UTF-8 character (read with surrogateescape; printing it fails)."""
+    if not isinstance(text, str) or LINE_BREAKING.search(text):
+        return False
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def name_problem(text: Any) -> str | None:
@@ -82,7 +97,7 @@ def served_name_problem(text: Any) -> str | None:
     if isinstance(text, str) and SERVED_NAME_RE.fullmatch(text):
         return None
     return (f"{text!r} is not a served model name: 1-200 characters without spaces, quotes, backslashes "
-            "or '$' (letters, digits and . _ : / @ + = % , -)")
+            "or '$' (letters, digits and . _ : / @ + = % , -), not starting with '-'")
 
 
 def user_problem(text: Any) -> str | None:
@@ -145,6 +160,11 @@ def host_path_problem(text: Any) -> str | None:
     if posixpath.normpath(text) != text or text.startswith("//"):
         return (f"{text!r} is not a normalised absolute path (no '.', '..', '//' or trailing '/'): "
                 f"write {posixpath.normpath(text)!r}")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    longest = max(len(part.encode("utf-8", "surrogatepass")) for part in text.split("/"))
+    if size > HOST_PATH_MAX_BYTES or longest > NAME_MAX_BYTES:
+        return (f"{text[:60]!r}... is {size} bytes long, its longest name {longest}: a path on the host has at "
+                f"most {HOST_PATH_MAX_BYTES} bytes, each name at most {NAME_MAX_BYTES}")
     return None
 
 
@@ -173,13 +193,41 @@ def flag_name_problem(text: Any) -> str | None:
     return f"{text!r} is not a vllm serve flag name"
 
 
-def flag_value_problem(value: Any, *, takes_list: bool) -> str | None:
-    """A value of a `vllm serve` flag in the engine YAML. vLLM's config loader turns a list into one
-    argument per item after the flag and a dict into one JSON argument (load_config_file in
-    vllm/utils/argparse_utils.py): a list where the flag takes one value, or an item that reads as
-    an option, would become flags of the writer's choosing (after the planner's own --host)."""
+#: The words for True and False that engine_args may give a flag taking no value (what the planner
+#: compares with its own True or False).
+SWITCH_WORDS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def switch_value(value: Any) -> bool | None:
+    """True or False for a bool or one of SWITCH_WORDS; None for anything else."""
+    if isinstance(value, bool):
+        return value
+    return SWITCH_WORDS.get(value.strip().lower()) if isinstance(value, str) else None
+
+
+def _reads_as_flag(text: str) -> bool:
+    """Whether vLLM's parser takes an argument for an option: argparse takes anything starting with
+    '-' but '-' itself and a negative number, and vLLM's FlexibleArgumentParser reads '-x.y' (a
+    negative decimal too) as a dotted option."""
+    return text.startswith("-") and text != "-" and not re.fullmatch(r"-\d+", text)
+
+
+def flag_value_problem(value: Any, *, takes_list: bool, takes_value: bool = True) -> str | None:
+    """A value of a `vllm serve` flag in the engine YAML. vLLM's config loader writes True as the
+    bare flag, turns a list into one argument per item after the flag and a dict into one JSON
+    argument, and any other value into one argument (load_config_file in
+    vllm/utils/argparse_utils.py): a list where the flag takes one value, a value for a flag that
+    takes none, or an argument that reads as an option would become arguments of the writer's
+    choosing (after the planner's own --host)."""
     if isinstance(value, float) and not math.isfinite(value):
         return f"{value!r} is not a finite number"
+    if not takes_value:
+        if switch_value(value) is None:
+            return (f"{value!r} is not True or False: the flag takes no value, so vLLM would pass it as an "
+                    "argument of its own")
+        return None
+    if isinstance(value, (int, float, str)) and not isinstance(value, bool) and _reads_as_flag(str(value)):
+        return f"{value!r} starts with '-': vLLM's parser would read it as a flag"
     if value is None or isinstance(value, (bool, int, float, str)):
         return None
     if isinstance(value, (list, tuple)):
@@ -188,7 +236,7 @@ def flag_value_problem(value: Any, *, takes_list: bool) -> str | None:
         for item in value:
             if not isinstance(item, (str, int, float)) or isinstance(item, bool):
                 return f"list item {item!r} is not a string or a number"
-            if isinstance(item, str) and item.startswith("-") and not _number(item):
+            if _reads_as_flag(str(item)):
                 return f"list item {item!r} starts with '-': vLLM's parser would read it as a flag"
         return None
     if isinstance(value, dict):
@@ -210,16 +258,13 @@ def _json_problem(value: Any) -> str | None:
     return f"{type(value).__name__} {value!r} is not JSON"
 
 
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+#: No release's version is longer; a longer text of digits is none (and thousands of digits are more
+#: than Python turns into a number).
+VERSION_MAX_CHARS = 64
 
 
 def version_problem(text: Any) -> str | None:
-    if isinstance(text, str) and VERSION_RE.fullmatch(text):
+    if isinstance(text, str) and len(text) <= VERSION_MAX_CHARS and VERSION_RE.fullmatch(text):
         return None
     return f"{text!r} is not a version"
 

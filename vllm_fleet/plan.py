@@ -18,6 +18,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo
 from vllm_fleet.config import (ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, NodeGroup,
                                instance_unit, node_groups)
@@ -471,7 +472,7 @@ class _Planner:
             kv_bytes = 1
         else:
             kv_bytes = DTYPE_BYTES.get(dtype, 2)
-        hybrid = not inst.engine_args.get("disable-hybrid-kv-cache-manager")
+        hybrid = not kinds.switch_value(inst.engine_args.get("disable-hybrid-kv-cache-manager"))
         return _Memory(info=info, util=inst.gpu_memory_utilization, reserve_gib=reserve,
                        kv_dtype_bytes=kv_bytes, groups=KvGroups.of(info, hybrid), max_model_len=max_len,
                        max_num_batched_tokens=_batched_tokens(inst, gpus or []))
@@ -838,8 +839,12 @@ class _Planner:
         """One instance per group of identical GPUs, ports counted up from the instance's port."""
         plans: list[InstancePlan] = []
         self._split_alternatives = []
+        slugs: set[str] = set()
         for offset, group in enumerate(groups):
-            slug = _slug(group[0].short_name)
+            slug = _slug(group[0].short_name) or f"gpu{group[0].index}"
+            while slug in slugs:  # two models whose names read alike, or one model in two memory sizes
+                slug = f"{slug}-{group[0].index}"
+            slugs.add(slug)
             name = f"{inst.name}-{slug}"
             reason = (f"split by GPU model: {len(group)}x{group[0].short_name} serve on their own "
                       f"(put a gateway in front of the {len(groups)} instances)")
@@ -890,7 +895,10 @@ def _group_by_kind(gpus: list[GpuSpec]) -> list[list[GpuSpec]]:
 
 
 def _slug(name: str) -> str:
-    return "".join(c for c in name.lower().replace(" ", "-") if c.isalnum() or c == "-").strip("-")
+    """A GPU model's name as part of a unit name: ASCII letters, digits and '-' (all systemd takes
+    besides ':_.@\\'), short enough for the unit file's name."""
+    kept = "".join(c for c in name.lower().replace(" ", "-") if c.isascii() and (c.isalnum() or c == "-"))
+    return kept.strip("-")[:32].strip("-")
 
 
 def _cpu_plans(host: HostConfig) -> tuple[list[InstancePlan], list[ConfigError]]:
@@ -1318,7 +1326,10 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
                     host=host.name, instance=inst.name, key=f"engine_args.{flag}",
                     fix=f"remove '{flag}' from engine_args (the planner sets it), or change what makes "
                         "the planner set it (e.g. the GPUs or tensor_parallel_size)"))
-        args.update(inst.engine_args)
+        # A flag taking no value goes to the YAML as True or False whatever word engine_args used:
+        # vLLM's config loader passes any other value as an argument of its own.
+        args.update({flag: kinds.switch_value(value) if flag in vllm_flags.SWITCH_FLAGS else value
+                     for flag, value in inst.engine_args.items()})
         p.engine_args = args
         if inst.gguf and not any(pkg.startswith(GGUF_PLUGIN) for pkg in p.packages):
             # Pinned like vLLM itself: part of the environment's spec and hash, so two hosts with
@@ -1331,9 +1342,7 @@ def _finish(host: HostConfig, plans: list[InstancePlan]) -> None:
 def _same_flag_value(given: Any, planned: Any) -> bool:
     """True when an engine_args value says what the planner's does (True and "true" alike)."""
     if isinstance(planned, bool):
-        if isinstance(given, str):
-            return given.strip().lower() in (("true", "1", "yes") if planned else ("false", "0", "no"))
-        return isinstance(given, bool) and given == planned
+        return kinds.switch_value(given) is planned
     if isinstance(given, bool):
         return False
     if isinstance(given, str) and isinstance(planned, str):

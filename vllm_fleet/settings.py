@@ -53,6 +53,12 @@ def did_you_mean(key: str, known: list[str] | tuple[str, ...]) -> str | None:
     return close[0] if close else None
 
 
+def _shown_key(name: str) -> str:
+    """An unknown key as an error names it: as written, or quoted and escaped when it is empty or
+    holds what a terminal would act on."""
+    return name if name and kinds.printable(name) else repr(name)
+
+
 class Checker:
     """Collects errors for one host so they are all reported at once."""
 
@@ -70,8 +76,8 @@ class Checker:
             if key not in known:
                 guess = did_you_mean(str(key), known)
                 hint = f"did you mean '{prefix}{guess}'?" if guess else f"known keys: {', '.join(known)}"
-                self.error(f"unknown key '{prefix}{key}'", instance=instance, key=f"{prefix}{key}",
-                           fix=hint)
+                name = f"{prefix}{key}"
+                self.error(f"unknown key {name!r}", instance=instance, key=_shown_key(name), fix=hint)
 
     def typed(self, value: Any, kind: type | tuple[type, ...], *, instance: str | None, key: str,
               example: str) -> bool:
@@ -355,7 +361,7 @@ class Settings:
             # Only keys that look like ours are errors: pyinfra host data may hold anything else.
             if str(key).startswith("vllm_") or guess:
                 hint = f"did you mean '{guess}'?" if guess else "see group_data/all.py for every knob"
-                check.error(f"unknown key '{key}'", key=key, fix=hint)
+                check.error(f"unknown key {str(key)!r}", key=_shown_key(str(key)), fix=hint)
         values = {key: data[key] for key in KNOBS if key in data}
         for key, value in values.items():
             found = _knob_problem(_FIELDS[key], value)

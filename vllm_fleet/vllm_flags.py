@@ -59,11 +59,31 @@ def _list_flags() -> frozenset[str]:
 LIST_FLAGS: frozenset[str] = _list_flags()
 
 
+@functools.cache
+def _option_names() -> dict[str, str]:
+    """Every option name of the parser (a flag's other names and its --no- form included) -> the flag."""
+    names: dict[str, str] = {}
+    for main, entry in table()["flags"].items():
+        for name in (main, *entry.get("names", ())):
+            names[name] = main
+    return names
+
+
+def resolve(name: str) -> tuple[str | None, list[str]]:
+    """What vLLM's parser makes of option `name`: (its flag, []) for one of the parser's names;
+    (None, the names it abbreviates) for a prefix that argparse would expand (allow_abbrev) or
+    refuse as ambiguous; (None, []) for a name the table does not know."""
+    names = _option_names()
+    if name in names:
+        return names[name], []
+    return None, sorted(n for n in names if n.startswith(name))
+
+
 def config_file_args(engine_args: dict[str, Any]) -> dict[str, Any]:
     """engine_args as `vllm serve --config` must read them. vLLM's config loader runs in the
     top-level `vllm` parser (FlexibleArgumentParser.load_config_file, vllm/utils/argparse_utils.py),
     which writes a `false` as --no-KEY only for flags it knows itself, and it knows none of
-    serve's: `enable-prefix-caching: false` arrived as None, the flag's default. So a false is
+    serve's: `enable-prefix-caching: false` would arrive as None, the flag's default. So a false is
     written as the negated flag (`no-enable-prefix-caching: true`, which the loader passes on as
     --no-enable-prefix-caching) where vLLM's parser has one."""
     flags = table()["flags"]
