@@ -31,12 +31,13 @@ def test_one_table_for_the_pinned_vllm():
     pinned = HOST_DEFAULTS["vllm_version"]
     row = gpu_support.minimums_for(pinned)
     assert (row.vllm, row.torch, row.cuda, row.min_driver, row.min_compute_capability) == (
-        "0.33.0", "2.13.0", "13.0", "580.65.06", 7.5)
+        "0.33.0", "2.14.0", "13.0", "580.65.06", 7.5)
     assert gpu_support.minimums_for("0.33.2") is row  # newer patch releases: the same CUDA line
     assert gpu_support.minimums_for("0.20.0") is None  # older than the table: not known, not guessed
-    assert "requirements/cuda.txt" in gpu_support.__doc__ and "CUDA_SUPPORTED_ARCHS" in gpu_support.__doc__
+    # The cited source says the same version the table holds.
+    assert f"torch=={row.torch}" in gpu_support.__doc__ and "CUDA_SUPPORTED_ARCHS" in gpu_support.__doc__
     assert gpu_support.describe_minimums(pinned) == (
-        "vLLM 0.33.0: torch 2.13.0 (CUDA 13.0), NVIDIA driver >= 580.65.06, compute capability >= 7.5")
+        "vLLM 0.33.0: torch 2.14.0 (CUDA 13.0), NVIDIA driver >= 580.65.06, compute capability >= 7.5")
 
 
 def test_driver_versions_compare_numerically():

@@ -59,7 +59,7 @@ def test_pre_turing_gpu_and_old_driver_from_a_real_570_query():
     assert keys == ["driver_version", "gpus[0]"]
     driver, titan = (e.located() for e in errors)
     assert "NVIDIA driver 570.86.15 is too old for vLLM 0.33.0" in driver
-    assert "needs driver >= 580.65.06" in driver and "CUDA 13.0" in driver and "torch 2.13.0" in driver
+    assert "needs driver >= 580.65.06" in driver and "CUDA 13.0" in driver and "torch 2.14.0" in driver
     assert "upgrade the NVIDIA driver to the 580 branch" in driver
     assert "GPU 0 (NVIDIA TITAN V, compute capability 7.0) is not supported by vLLM 0.33.0" in titan
     assert ">= 7.5" in titan and "gpu_support.py" in titan

@@ -219,31 +219,86 @@ def test_unknown_model_without_model_info_says_how_to_fix():
 def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
     """Gemma-3-12B (48 layers, sliding window 1024, 5 sliding : 1 full) on the seed's 4090 D.
 
-    vLLM (vllm/v1/core/kv_cache_utils.py, vllm/v1/kv_cache_interface.py): 8 full + 40 sliding layers
-    -> group size min(8, 40) = 8 -> 1 full group + 5 sliding groups of 8 layers, one block pool
-    whose block holds 16 tokens for 8 layers (one KV tensor per layer slot).
+    vLLM 0.33.0 (v1/core/kv_cache_planning.py, v1/kv_cache_interface.py, config/vllm.py): 8 full +
+    40 sliding layers -> group size min(8, 40) = 8 -> 1 full group + 5 sliding groups of 8 layers,
+    one block pool whose block holds 16 tokens for 8 layers (one KV tensor per layer slot).
       page per layer  = 16 tokens x 2 (K,V) x 8 kv heads x 256 head_dim x 2 bytes = 131072 B
       KV memory       = 24564 MiB x 0.90 - 2.5 GiB reserve - 7.52 GiB weights = 11.569453 GiB
       blocks          = 11.569453 GiB / (131072 B x 8 slots) = 11847 (189553 tokens of pool)
+      tokens in flight = max_concurrent_batches 2 (async scheduling, no PP) x max_num_batched_tokens
+                         2048 (vLLM's API-server default below 70 GiB) = 4096
       one 16384-token request: full group  cdiv(16384, 16)                          = 1024 blocks
-                               each sliding group cdiv(min(1024-1+2048, 16384), 16) + 1 = 193
-                               (max_num_batched_tokens 2048: vLLM's API-server default < 70 GiB)
-                               1024 + 5 x 193                                        = 1989 blocks
-      max concurrency = 11847 / 1989 = 5.956 (the old all-full-attention estimate: 1.93)
+                               each sliding group cdiv(min(1024-1+4096, 16384), 16) + 1 = 321
+                               1024 + 5 x 321                                        = 2629 blocks
+      max concurrency = 11847 / 2629 = 4.506
     """
     hp = plan(host_data(gpus=[RTX_4090D], instances=[instance()]))
     (inst,) = hp.instances
     assert inst.kv_cache_tokens == 189553
-    assert inst.max_concurrency == pytest.approx(11847 / 1989)
-    assert inst.as_dict()["max_concurrency"] == 5.96
-    assert not any("KV cache holds" in w for w in inst.warnings)  # 5.96 >= vllm_min_kv_sequences 4
+    assert inst.max_concurrency == pytest.approx(11847 / 2629)
+    assert inst.as_dict()["max_concurrency"] == 4.51
+    assert not any("KV cache holds" in w for w in inst.warnings)  # 4.5 >= vllm_min_kv_sequences 4
     assert any("1 + 5 groups of 8" in r and "window 1024" in r for r in inst.reasons)
-    assert any("takes 1989 blocks, so max concurrency 5.95" in r for r in inst.reasons)
+    assert any("takes 2629 blocks, so max concurrency 4.50" in r for r in inst.reasons)
+    assert any("2 concurrent batches (async scheduling on the V2 model runner) x max_num_batched_tokens "
+               "2048 (vLLM's default for RTX 4090 D) = 4096" in r for r in inst.reasons)
     # With the hybrid manager off, vLLM stores every layer in full: the old number comes back.
     off = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"disable-hybrid-kv-cache-manager": True})])).instances[0]
     assert off.kv_cache_tokens == 31592 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
     assert any("1.92 requests of max_model_len 16384" in w for w in off.warnings)
+
+
+def test_tokens_in_flight_follow_vllms_concurrent_batches():
+    """VllmConfig.max_concurrent_batches (config/vllm.py:587-598) on the mixed box's Gemma-3-12B:
+    PP=3 on the V2 model runner keeps PP + 1 = 4 batches in flight; the V1 runner turns async
+    scheduling off with PP (config/vllm.py:1665-1712), leaving PP = 3; async scheduling off without
+    PP leaves one batch. Each sliding group then takes cdiv(1023 + batches x 2048, 16) + 1 blocks."""
+    single = plan(host_data(placement="single-instance")).instances[0]
+    assert single.pipeline_parallel_size == 3
+    blocks = single.kv_cache_tokens // 16
+    assert single.max_concurrency == pytest.approx(blocks / (1024 + 5 * 577))  # 1023 + 8192
+    v1 = plan(host_data(placement="single-instance", instances=[instance(
+        env={"VLLM_USE_V2_MODEL_RUNNER": "0"})])).instances[0]
+    assert v1.max_concurrency == pytest.approx((v1.kv_cache_tokens // 16) / (1024 + 5 * 449))  # 1023 + 6144
+    assert any("3 concurrent batches (no async scheduling, PP=3)" in r for r in v1.reasons)
+    sync = plan(host_data(gpus=[RTX_4090D], instances=[instance(
+        engine_args={"async-scheduling": False})])).instances[0]
+    assert sync.max_concurrency == pytest.approx(11847 / 1989)  # 1024 + 5 x cdiv(1023 + 2048, 16) + 5
+    own = plan(host_data(gpus=[RTX_4090D], instances=[instance(max_num_batched_tokens=512)])).instances[0]
+    assert own.max_concurrency == pytest.approx(11847 / (1024 + 5 * 129))  # cdiv(1023 + 2 x 512, 16) + 1
+
+
+@pytest.mark.parametrize("gpu, tokens", [
+    ({"name": "NVIDIA B200", "memory_mib": 183359}, 16384),  # >= 160 GiB: the third tier
+    (H100_80G, 8192),
+    ({"name": "NVIDIA A100-SXM4-80GB", "memory_mib": 81920}, 2048),  # A100s are kept small
+    ({"name": "NVIDIA GB10", "memory_mib": 122570, "compute_capability": 12.1}, 2048),
+    (RTX_4090D, 2048),
+])
+def test_default_batched_tokens_are_vllms_three_tiers(gpu, tokens):
+    """EngineArgs.get_batch_defaults (engine/arg_utils.py:2970-3006), API-server column; what it
+    sets decides the tokens in flight: (1023 + 2 x tokens) per sliding group, capped at max_model_len."""
+    from vllm_fleet.catalog import GIB, MIB
+    from vllm_fleet.plan import _api_server_batched_tokens
+    spec = GpuSpec(0, gpu["name"], gpu["memory_mib"], compute_capability=gpu.get("compute_capability"))
+    assert _api_server_batched_tokens(spec) == tokens
+    assert (spec.memory_mib * MIB >= 160 * GIB) == (tokens == 16384)
+
+
+def test_group_size_pads_the_smaller_type_below_one_and_a_half():
+    """kv_cache_planning.py:524: with max < 1.5 x min layers per type, every group holds the larger
+    count (the smaller type padded); at or above it, groups hold the smaller count."""
+    from vllm_fleet.catalog import KvGroups, ModelInfo
+    def groups(full: int, sliding: int) -> KvGroups:
+        types = ("full_attention",) * full + ("sliding_attention",) * sliding
+        return KvGroups.of(ModelInfo(num_hidden_layers=full + sliding, num_attention_heads=8,
+                                     num_key_value_heads=8, head_dim=128, hidden_size=1024,
+                                     intermediate_size=4096, vocab_size=1000, weights_gib=1.0,
+                                     sliding_window=512, layer_types=types))
+    assert (groups(10, 14).group_size, groups(10, 14).full_groups, groups(10, 14).sliding_groups) == (14, 1, 1)
+    assert (groups(10, 15).group_size, groups(10, 15).full_groups, groups(10, 15).sliding_groups) == (10, 1, 2)
+    assert groups(8, 40).group_size == 8  # Gemma-3: 5 : 1
 
 
 def test_full_attention_model_is_unchanged_by_the_hybrid_arithmetic():

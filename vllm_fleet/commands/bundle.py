@@ -245,8 +245,9 @@ def _resolve(work: Path, find_links: list[str], override: Path | None, sources: 
 def _download(work: Path, pins: dict[str, str], find_links: list[str], sources: PackageSources) -> None:
     """pip download every pinned wheel for the hosts' platform (no deps: the resolve already has them).
 
-    Pins are written `===` (exact string match): with `==`, a local torch `2.13.0+cpu` that pip's own
-    find-links offer would satisfy the CUDA target's `torch==2.13.0`, and pip prefers it.
+    Pins are written `===` (exact string match): with `==`, a local `+cpu` torch build in pip's own
+    find-links (`torch==2.14.0` is satisfied by `2.14.0+cpu`: `==` ignores local labels) would be
+    taken for the CUDA target, and pip prefers it.
     """
     exact = work / "download.txt"
     exact.write_text("".join(f"{name}==={version}\n" for name, version in sorted(pins.items())))
