@@ -111,6 +111,19 @@ def test_local_gguf_with_hub_tokenizer_still_fetches_the_tokenizer():
     assert plan[0].total_bytes is None
 
 
+@pytest.mark.parametrize("model", ["Qwen/Qwen2.5-7B-Instruct", "/data/vllm/models/qwen2.5-7b"])
+def test_any_hub_tokenizer_is_fetched_before_the_offline_start(model):
+    """Instances start with HF_HUB_OFFLINE=1, and then vLLM swaps the --tokenizer id for its local
+    snapshot as it does the model's (vllm 0.33.0 engine/arg_utils.py:933-956): a tokenizer repo
+    that is not in HF_HOME fails the start, whatever the model's format."""
+    downloads = hub.instance_downloads(model, tokenizer="Qwen/Qwen2.5-7B-Instruct-1M")
+    tokenizer = downloads[-1]
+    assert tokenizer.repo == "Qwen/Qwen2.5-7B-Instruct-1M" and tokenizer.why == "tokenizer"
+    assert "tokenizer_config.json" in tokenizer.allow_patterns
+    assert not [p for p in tokenizer.allow_patterns if "safetensors" in p]
+    assert [d.repo for d in downloads] == ([model] if not model.startswith("/") else []) + [tokenizer.repo]
+
+
 def test_plain_hub_model_without_listing_stays_at_top_level():
     [d] = hub.instance_downloads("meta-llama/Meta-Llama-3-70B-Instruct")
     got = matched(d.allow_patterns, LLAMA["files"])
