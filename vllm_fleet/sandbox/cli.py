@@ -1,5 +1,7 @@
-"""`vllm-fleet sandbox up|down|status INVENTORY [--json]`: boot, stop and show the sandbox hosts.
+"""`vllm-fleet sandbox up|down|status|warm INVENTORY [--json]`: boot, stop and show the sandbox hosts.
 
+`warm` builds what `up` and the first deploy would otherwise build on a cold cache (the Debian base,
+the hosts' apt mirror, the tiny model, the hosts' wheelhouses) and boots nothing.
 Exit status: 0 all hosts up (or down), 1 a host is not running, 2 invalid input or an unusable machine.
 """
 
@@ -8,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 import time
 
@@ -43,11 +46,13 @@ def _report(statuses: list[harness.HostStatus], as_json: bool, ready_s: float | 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="vllm-fleet sandbox", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("action", choices=["up", "down", "status", "warm"])
     parser.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sandbox.py")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--no-assets", action="store_true",
                         help="up: do not prepare the tiny model and the hosts' wheelhouse")
+    parser.add_argument("--ray", action="store_true",
+                        help="warm: also the wheelhouse with Ray that multi-node inventories install")
     args = parser.parse_args(argv)
     try:
         sandbox = harness.load(args.inventory)
@@ -62,6 +67,14 @@ def main(argv: list[str]) -> int:
         if args.action == "status":
             return _report(harness.status(sandbox), args.json)
         log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+        if args.action == "warm":
+            # Stopped early (a test session that ends first), the builds' own clean-up still runs.
+            signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+            harness.prepare_machine(log)
+            assets.prepare(log=log)
+            if args.ray or _has_node_groups(args.inventory):
+                assets.prepare(log=log, extras=assets.RAY_WHEELHOUSE_EXTRAS)
+            return 0
         start = time.monotonic()
         statuses = harness.up(sandbox, log=log)
         code = _report(statuses, args.json, time.monotonic() - start)

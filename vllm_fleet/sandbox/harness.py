@@ -684,12 +684,19 @@ def _create_login_user(sandbox: Sandbox, host: SandboxHost) -> None:
 # --- the sandbox --------------------------------------------------------------------------------
 
 
+def prepare_machine(log=print) -> tuple[Path, Path]:
+    """What booting needs and the cache keeps: this machine's packages, the base rootfs and the hosts'
+    apt mirror, built when missing. Boots nothing, so it can run while other work does."""
+    check_machine()
+    base = ensure_base(log)
+    return base, package_mirror.ensure_mirror(cache_dir(), base, SUITE, debian_mirror(), _run, log)
+
+
 def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
     """Clean up leftovers, build the base if needed, boot every host, wait until SSH answers."""
     check_machine()
     down(sandbox)  # a crashed run leaves hosts, netns, mounts behind: start from nothing
-    base = ensure_base(log)
-    mirror = package_mirror.ensure_mirror(cache_dir(), base, SUITE, debian_mirror(), _run, log)
+    base, mirror = prepare_machine(log)
     ensure_keys(sandbox)
     _ensure_bridge(sandbox)
     try:
