@@ -442,7 +442,13 @@ def test_gateway_port_clashes_are_errors_naming_both(settings, words):
 
 
 def test_the_same_ports_are_fine_on_a_host_that_is_not_the_gateway():
-    parse_host("h", {"vllm_target": "cpu", "vllm_gateway_port": 8000, "vllm_instances": [cpu_instance("a", "x")]})
+    """Port 8000 is an instance's and the (unused) gateway port's: only the gateway host checks it."""
+    host = parse_host("h", {"vllm_target": "cpu", "vllm_gateway_port": 8000,
+                            "vllm_instances": [cpu_instance("a", "x", port=8000)]})
+    assert [i.port for i in host.instances] == [8000] and host.settings.vllm_gateway_port == 8000
+    with pytest.raises(ConfigErrors, match="vllm_gateway_port"):
+        parse_host("h", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": 8000,
+                         "vllm_instances": [cpu_instance("a", "x", port=8000)]})
 
 
 @pytest.mark.parametrize("settings, key", [

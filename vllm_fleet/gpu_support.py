@@ -262,11 +262,6 @@ _FIELD_FIX = {
 }
 
 
-def _suggested_capability(gpu: GpuSpec) -> str:
-    facts = gpu_model_facts(gpu.name)
-    return f"{facts.compute_capability}" if facts else "the GPU's compute capability"
-
-
 def preflight(host_name: str, gpus: Iterable[GpuSpec], instances: Iterable[Any] | None = None,
               vllm_version: str = "0.33.0", *, source: str = "nvidia-smi") -> list[ConfigError]:
     """Everything that makes the pinned vLLM fail at CUDA init on this host, as errors naming the
