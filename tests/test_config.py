@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from planning_fixtures import host_data, instance
-from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_KEYS, REQUIRED, REQUIRED_INSTANCE_KEYS, Checker,
-                               ConfigErrors, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
+from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_FIELDS, INSTANCE_KEYS, REQUIRED, REQUIRED_INSTANCE_KEYS,
+                               Checker, ConfigErrors, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
                                synced_model_clashes)
-from vllm_fleet.config import _INSTANCE_FIELDS as INSTANCE_FIELDS
 from vllm_fleet.settings import KNOBS
 
 ROOT = Path(__file__).resolve().parent.parent

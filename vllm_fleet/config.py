@@ -610,7 +610,6 @@ class InstanceConfig:
     env: dict[str, str] = instance_field({}, "extra, non-secret environment variables", _parse_env)
     model_info: ModelInfo | None = instance_field(
         None, "the model's shape, config.json's numbers (None: the built-in catalog's)", _parse_model_info)
-    #: Multi-node (Ray): the inventory hosts it runs on, the head first; None on one host.
     nodes: tuple[str, ...] | None = instance_field(
         None, "multi-node (Ray): inventory host names, the head first (None: this host alone)", _parse_nodes)
 
@@ -632,9 +631,9 @@ class InstanceConfig:
         return bool(kinds.switch_value(self.engine_args.get("enforce-eager")))
 
 
-_INSTANCE_FIELDS: dict[str, Field] = {f.name: f for f in fields(InstanceConfig)}
-INSTANCE_KEYS: tuple[str, ...] = tuple(_INSTANCE_FIELDS)
-REQUIRED_INSTANCE_KEYS = tuple(k for k, f in _INSTANCE_FIELDS.items() if f.metadata["default"] is REQUIRED)
+INSTANCE_FIELDS: dict[str, Field] = {f.name: f for f in fields(InstanceConfig)}
+INSTANCE_KEYS: tuple[str, ...] = tuple(INSTANCE_FIELDS)
+REQUIRED_INSTANCE_KEYS = tuple(k for k, f in INSTANCE_FIELDS.items() if f.metadata["default"] is REQUIRED)
 
 
 @dataclass(frozen=True)
@@ -669,7 +668,7 @@ def _parse_instance(check: Checker, raw: Any, position: int, settings: Settings)
     check.unknown_keys(raw, INSTANCE_KEYS, instance=label)
     values: dict[str, Any] = {}
     valid: set[str] = set()  # the keys given or defaulted without a problem
-    for key, f in _INSTANCE_FIELDS.items():
+    for key, f in INSTANCE_FIELDS.items():
         default = f.metadata["default"]
         if key in raw:
             errors = len(check.errors)
@@ -912,7 +911,8 @@ def _check_ssh_port(check: Checker, settings: Settings, instances: list[Instance
     if settings.vllm_gateway is True and isinstance(settings.vllm_gateway_port, int) and \
             ssh_port in gateway_ports(settings).values():
         check.error(f"the gateway's ports {sorted(gateway_ports(settings).values())} include this host's SSH "
-                    f"port {ssh_port}", key="vllm_gateway_port", fix="vllm_gateway_port = 9000")
+                    f"port {ssh_port}", key="vllm_gateway_port",
+                    fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
 
 
 def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
@@ -1114,13 +1114,14 @@ def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
     ssh_port = head.ssh_port
     if port == ssh_port:
         return [ConfigError(f"vllm_ray_port {port} is this host's SSH port", host=head.name,
-                            instance=group.instance.name, key="vllm_ray_port", fix="vllm_ray_port = 6379")]
+                            instance=group.instance.name, key="vllm_ray_port",
+                            fix=f"vllm_ray_port = {HOST_DEFAULTS['vllm_ray_port']}")]
     for inst in head.instances:
         if port in (inst.port, inst.port + offset):
             return [ConfigError(
                 f"vllm_ray_port {port} is the port of instance {inst.name} (or its engine's)",
                 host=head.name, instance=group.instance.name, key="vllm_ray_port",
-                fix="pick a vllm_ray_port no instance of the head uses, e.g. 6379")]
+                fix=f"pick a vllm_ray_port no instance of the head uses, e.g. {HOST_DEFAULTS['vllm_ray_port']}")]
     return []
 
 
