@@ -1,9 +1,9 @@
 """Every vllm-fleet knob with its default, for all hosts (like an Ansible role's defaults/main.yml).
 
 pyinfra loads this file for every host; inventory host data, group_data/<group>.py and `--data`
-override it. Each knob's type, default and check are `vllm_fleet/settings.py`'s Settings (a test
-keeps this file in step with it); a typo in a key is an error with a did-you-mean. Secrets never go
-here: see "Secrets" below.
+override it. Each knob's type, default and check are `vllm_fleet/settings.py`'s Settings, each instance
+key's are config.InstanceConfig's (tests keep this file in step with both); a typo in a key is an
+error with a did-you-mean. Secrets never go here: see "Secrets" below.
 """
 
 # --- What to serve ---------------------------------------------------------------------------
@@ -12,13 +12,28 @@ here: see "Secrets" below.
 # wins, and a mismatch with this declaration is an error that shows both.
 gpus = None
 
-# The vLLM instances of a host. Each: name (unit vllm-<name>.service), model (HF id or a path on the
-# host), served_model_name, port; optional tokenizer, model_source (a directory on the workstation,
-# synced to `model`), gpus ("auto" or indices), tensor/pipeline/data_parallel_size (absent: the
-# planner decides), max_model_len, gpu_memory_utilization, max_num_seqs, max_num_batched_tokens,
-# start_timeout_s (how long a start may take before the unit stops it; absent: 300 s + 20 s per GiB
-# of weights, at most 3600), dtype, engine_args (other `vllm serve` flags, long names), env (extra, non-secret environment),
-# model_info (the model's shape, when it is not in the built-in catalog), nodes (see below).
+# The vLLM instances of a host: a list of dicts, each with these keys (key = what leaving it out
+# means: what it is; config.InstanceConfig declares them, and a test keeps this list in step):
+#   name (required): the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters)
+#   model (required): a Hugging Face id, or the model's absolute path on the host
+#   served_model_name (required): what clients send as 'model'; one name is one model across the fleet
+#   port (required): clients reach the instance at <vllm_bind_host>:<port> (1024-65535)
+#   tokenizer = None: a Hugging Face id or a host path (None: the model's); a GGUF model needs its base model's
+#   model_source = None: a directory on the workstation, synced to `model` on the host (None: no sync)
+#   gpus = "auto": 'auto' (the planner places the instance) or GPU indices in PCI bus order
+#   tensor_parallel_size = None: GPUs per tensor-parallel group (None: the planner decides)
+#   pipeline_parallel_size = None: pipeline stages (None: the planner decides)
+#   data_parallel_size = None: replicas (None: the planner decides)
+#   max_model_len = None: the longest sequence (None: the model's max_position_embeddings)
+#   gpu_memory_utilization = vllm_gpu_memory_utilization: the fraction of each GPU's total memory vLLM may use
+#   max_num_seqs = None: vLLM's --max-num-seqs (None: vLLM's default)
+#   max_num_batched_tokens = None: vLLM's --max-num-batched-tokens (None: vLLM's default)
+#   start_timeout_s = None: how long a start may take before the unit stops it (None: 300 s + 20 s per GiB, at most 3600)
+#   dtype = "auto": one of auto, bfloat16, float16, half, float32, float
+#   engine_args = {}: other `vllm serve` flags by their long names, e.g. {'enforce-eager': True}
+#   env = {}: extra, non-secret environment variables
+#   model_info = None: the model's shape, config.json's numbers (None: the built-in catalog's)
+#   nodes = None: multi-node (Ray): inventory host names, the head first (None: this host alone)
 # nodes = ["gpu-a", "gpu-b"]: one instance over several servers (a model no single server holds),
 # on Ray: TP = the GPUs of each node (all of them, or the instance's "gpus" indices on every node),
 # PP = the number of nodes, one stage per node. Inventory host names, the head first; declare the

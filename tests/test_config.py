@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import ast
+import re
+from dataclasses import MISSING, replace
 from pathlib import Path
 
 import pytest
 
 from planning_fixtures import host_data, instance
-from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
+from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_FIELDS, INSTANCE_KEYS, REQUIRED, REQUIRED_INSTANCE_KEYS,
+                               Checker, ConfigErrors, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
+                               synced_model_clashes)
+from vllm_fleet.settings import KNOBS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -118,3 +123,105 @@ def test_one_rule_names_an_instances_unit_and_reads_it_back():
     assert instance_of_unit(inst.unit_name) == inst.name
     assert instance_of_unit("nginx.service") is None and instance_of_unit("vllm-.service") is None
     assert instance_of_unit(FRONT_UNIT) == "fleet-front"  # vllm-fleet's own units are told apart by name first
+
+
+# --- The instance schema: declared once (InstanceConfig), documented in group_data/all.py -----------
+
+#: group_data/all.py's line for one instance key: `#   key = default: doc` or `#   key (required): doc`.
+INSTANCE_KEY_LINE = re.compile(r"#   (\w+)(?: = (.+?)| \(required\)): (.+)")
+
+
+def documented_instance_keys() -> list[tuple[str, str | None, str]]:
+    text = (ROOT / "group_data" / "all.py").read_text()
+    return [found.groups() for line in text.splitlines() if (found := INSTANCE_KEY_LINE.fullmatch(line))]
+
+
+def test_group_data_all_lists_every_instance_key_with_the_schemas_default_and_doc():
+    documented = documented_instance_keys()
+    assert [key for key, _default, _doc in documented] == list(INSTANCE_KEYS)
+    for key, written, doc in documented:
+        meta = INSTANCE_FIELDS[key].metadata
+        assert doc == meta["doc"], key
+        default = meta["default"]
+        if default is REQUIRED:
+            assert written is None and key in REQUIRED_INSTANCE_KEYS, key
+        elif isinstance(default, HostKnob):
+            assert written == default.knob and default.knob in KNOBS, key
+        else:
+            assert ast.literal_eval(written) == meta.get("written", default), key
+
+
+@pytest.mark.parametrize("key", INSTANCE_KEYS)
+def test_each_instance_key_has_a_one_line_doc_and_a_default_its_parser_reads_back(key):
+    f = INSTANCE_FIELDS[key]
+    assert f.metadata["doc"].strip() and "\n" not in f.metadata["doc"]
+    default = f.metadata["default"]
+    if default is REQUIRED:
+        assert f.default is MISSING and f.default_factory is MISSING
+        return
+    value = f.default if f.default_factory is MISSING else f.default_factory()
+    written = HOST_DEFAULTS[default.knob] if isinstance(default, HostKnob) else f.metadata.get("written", default)
+    if key != "model_info":  # left out: the catalog's shape; given as None: refused
+        check = Checker("box")
+        assert f.metadata["parse"](check, written, "gemma", key) == value and not check.errors
+
+
+def test_an_instance_without_gpu_memory_utilization_takes_the_hosts_knob():
+    host = parse_host("box", host_data(vllm_gpu_memory_utilization=0.8,
+                                       instances=[instance(), instance(name="b", port=8001, gpu_memory_utilization=0.5)]))
+    assert [i.gpu_memory_utilization for i in host.instances] == [0.8, 0.5]
+    assert parse_host("box", host_data()).instances[0].gpu_memory_utilization == HOST_DEFAULTS[
+        "vllm_gpu_memory_utilization"] == InstanceConfig.__dataclass_fields__["gpu_memory_utilization"].default
+
+
+def test_a_bad_host_utilization_is_reported_once_on_the_host_knob():
+    errs = errors_of(host_data(vllm_gpu_memory_utilization=2))
+    assert [(e.instance, e.key) for e in errs] == [(None, "vllm_gpu_memory_utilization")]
+
+
+# --- Rules between an instance's keys, and between an instance and its host ------------------------
+
+def test_a_multi_node_instances_pipeline_size_is_its_number_of_nodes():
+    errs = errors_of(host_data(instances=[instance(nodes=["box", "gpu-b"], pipeline_parallel_size=3)]))
+    assert [(e.instance, e.key, e.message, e.fix) for e in errs] == [(
+        "gemma", "pipeline_parallel_size",
+        "pipeline_parallel_size 3 but a multi-node instance has pipeline_parallel_size = the number of nodes = 2",
+        "drop pipeline_parallel_size (the nodes decide it), or change 'nodes'/'gpus'")]
+    assert parse_host("box", host_data(instances=[instance(nodes=["box", "gpu-b"], pipeline_parallel_size=2)]))
+
+
+@pytest.mark.parametrize("changes, key, message", [
+    ({"tensor_parallel_size": 2}, "tensor_parallel_size", "a CPU host (vllm_target 'cpu') serves each instance in one process"),
+    ({"gpus": [0]}, "gpus", "a CPU host (vllm_target 'cpu') serves each instance in one process"),
+    ({"nodes": ["box", "gpu-b"]}, "nodes", "a multi-node instance runs on GPU servers only"),
+])
+def test_a_cpu_host_refuses_what_needs_gpus_when_its_data_is_read(changes, key, message):
+    errs = errors_of(host_data(gpus=None, instances=[instance(**changes)], vllm_target="cpu"))
+    assert [(e.instance, e.key, e.message) for e in errs] == [("gemma", key, message)]
+    assert "vllm_target = 'cuda'" in errs[0].fix
+    assert parse_host("box", host_data(gpus=None, instances=[instance(data_parallel_size=1)], vllm_target="cpu"))
+
+
+def test_synced_model_clashes_names_both_instances_and_the_path():
+    def synced(name, source, port):
+        return instance(name=name, model="/srv/models/m", model_source=source, tokenizer=None, port=port,
+)
+    host = parse_host("box", host_data(instances=[synced("a", "/src/one", 8000), synced("b", "/src/one", 8100)]))
+    assert synced_model_clashes(host, host.instances) == []  # one source: one sync serves both
+    other = replace(host.instances[1], model_source="/src/two")
+    [err] = synced_model_clashes(host, [host.instances[0], other])
+    assert (err.host, err.instance, err.key) == ("box", "b", "model")
+    assert err.message == ("instances a and b sync different model_source directories (/src/one, /src/two) "
+                           "into the same host path /srv/models/m")
+
+
+def test_config_dir_clashes_with_a_service_directory_and_the_hub_token_file():
+    clash = parse_host("box", host_data(vllm_config_dir="/var/lib/vllm-fleet/config"))
+    [err] = config_dir_clashes(clash, clash.instances, hub_downloads=False)
+    assert (err.key, err.instance) == ("vllm_config_dir", None) and "not one the deploy makes" in err.fix
+    hub = parse_host("box", host_data(instances=[instance(name="hub")]))
+    assert config_dir_clashes(hub, hub.instances, hub_downloads=False) == []
+    [err] = config_dir_clashes(hub, hub.instances, hub_downloads=True)
+    assert (err.instance, err.key) == ("hub", "name") and "/etc/vllm-fleet/hub.env" in err.message
+    assert config_dir_clashes(parse_host("box", host_data()), [], hub_downloads=True) == []
+

