@@ -105,7 +105,7 @@ def test_units_start_offline_because_the_deploy_fetched_everything_first():
 def test_prepare_host_plans_and_renders_what_the_deploy_and_status_both_use():
     from planning_fixtures import host_data
     from vllm_fleet.config import parse_host
-    from vllm_fleet.host.discovery import Discovered
+    from vllm_fleet.prepared import Discovered
     from vllm_fleet.plan import plan_host
     from vllm_fleet.prepared import prepare_host
     from vllm_fleet.render import Secrets, render_host

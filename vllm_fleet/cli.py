@@ -34,7 +34,7 @@ DELEGATED = {
     "bundle": "vllm_fleet.commands.bundle",
     "status": "vllm_fleet.commands.status",
     "rollout": "vllm_fleet.commands.rollout",
-    "unlock": "vllm_fleet.host.lock",
+    "unlock": "vllm_fleet.commands.unlock",
 }
 
 
