@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from fleet_helpers import API_KEY, KEY_MARK
-from vllm_fleet.config import ConfigErrors, check_fleet, load_fleet, parse_host
+from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
+from vllm_fleet.fleet import load_fleet
 from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends,
                                 gateway_files, gateway_paths, key_pattern)
 from vllm_fleet.plan import plan_fleet, plan_host
