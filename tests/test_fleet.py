@@ -159,3 +159,14 @@ def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
     report, gateways, ray = status.collect("inv.py", ["cpu2"])
     assert [h["name"] for h in report] == ["cpu2"] and not report[0]["reachable"]
     assert len(calls) == 1 and (gateways, ray) == ([], [])
+
+
+def test_the_deploys_pyinfra_inventory_makes_the_same_fleet():
+    """deploy._inventory_configs: every host of the run's State, parsed once."""
+    from types import SimpleNamespace
+
+    hosts = [SimpleNamespace(name=name, data=SimpleNamespace(dict=lambda data=data: data), groups=groups)
+             for name, data, groups in gateway_rows(third=BROKEN)]
+    fleet = Fleet.from_pyinfra(hosts)
+    assert fleet.names == ("h1", "h2", "h3") and set(fleet.configs) == {"h1", "h2"} and set(fleet.errors) == {"h3"}
+    assert Fleet.from_pyinfra(hosts, ["spare"]).matched == ("h3",)
