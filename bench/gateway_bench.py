@@ -111,14 +111,14 @@ class Fleet:
 
 
 def load_fleet(cpu_hosts: list[str]) -> Fleet:
-    from vllm_fleet import cli
-    from vllm_fleet.gateway import GATEWAY_UNIT, find_gateway, fleet_backends, gateway_paths, router_url
+    from vllm_fleet import fleet as inventory_fleet
+    from vllm_fleet.gateway import GATEWAY_UNIT, gateway_paths, router_url
 
-    hosts, plan = cli.load_and_plan(str(INVENTORY), None)
-    gateway = find_gateway(hosts)
+    loaded = inventory_fleet.Fleet.load(INVENTORY)
+    gateway = loaded.gateway()
     if gateway is None or gateway.name not in cpu_hosts:
         raise BenchError(f"{INVENTORY}: the gateway must be one of {cpu_hosts}")
-    backends = [b for b in fleet_backends(hosts, plan) if b.host in cpu_hosts]
+    backends = [b for b in loaded.gateway_backends() if b.host in cpu_hosts]
     models = sorted({b.served_model_name for b in backends})
     if len(models) != 1 or len({b.host for b in backends}) != len(backends):
         raise BenchError(f"expected one instance per CPU host serving one model; got "

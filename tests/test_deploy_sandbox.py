@@ -179,7 +179,7 @@ def test_a_false_in_engine_args_reaches_vllm_as_false(converged, sandbox, tmp_pa
     import shlex
     import yaml
 
-    from vllm_fleet.config import load_fleet
+    from vllm_fleet.fleet import load_fleet
     from vllm_fleet.plan import plan_fleet
     from vllm_fleet.render import render_host
 

@@ -23,11 +23,13 @@ from pathlib import Path
 import pytest
 
 from fleet_helpers import API_KEY, KEY_MARK
-from vllm_fleet.config import ConfigErrors, check_fleet, load_fleet, parse_host
+from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
+from vllm_fleet.fleet import load_fleet
 from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends,
                                 gateway_files, gateway_paths, key_pattern)
 from vllm_fleet.plan import plan_fleet, plan_host
-from vllm_fleet.render import Secrets, _jinja, environment_prefix, environment_spec, render_host
+from vllm_fleet.render import Secrets, environment_prefix, environment_spec, render_host
+from vllm_fleet.templating import jinja_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY_KNOBS = {"vllm_gateway": False, "vllm_gateway_port": 9000, "vllm_gateway_version": "0.1.17",
@@ -371,7 +373,7 @@ class StubAdmin(http.server.BaseHTTPRequestHandler):
 def register_script(tmp_path: Path) -> Path:
     hosts, _ = fleet()
     script = tmp_path / "gateway-register.py"
-    script.write_text(_jinja().get_template("gateway-register.py.j2").render(host=hosts[0], unit=GATEWAY_UNIT))
+    script.write_text(jinja_environment().get_template("gateway-register.py.j2").render(host=hosts[0], unit=GATEWAY_UNIT))
     return script
 
 

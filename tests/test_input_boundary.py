@@ -315,9 +315,9 @@ def test_the_front_passes_vllm_its_own_address_as_host_and_redirects_by_path_onl
 
 
 def test_the_systemd_writer_refuses_what_a_unit_cannot_hold():
-    from vllm_fleet.render import _jinja
+    from vllm_fleet.templating import jinja_environment
 
-    env = _jinja()
+    env = jinja_environment()
     for name in ("systemd_quote", "systemd_text", "systemd_comment"):
         with pytest.raises(ValueError, match="cannot be written into a systemd unit"):
             env.filters[name]("a\rExecStartPre=+/bin/id")

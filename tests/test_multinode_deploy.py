@@ -18,7 +18,7 @@ from test_multinode_plan import llama, node
 from vllm_fleet.commands.rollout import make_batches
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.host import ray_cluster
-from vllm_fleet.host.discovery import Discovered
+from vllm_fleet.prepared import Discovered
 from vllm_fleet.host.facts import InterfaceAddresses
 from vllm_fleet.prepared import node_group_plans, prepare_host
 from vllm_fleet.render import RAY_UNIT, ray_paths

@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from planning_fixtures import A100_40G, H100_80G, RTX_4090D
-from vllm_fleet.config import (ConfigErrors, check_fleet, load_fleet, node_group_of, node_groups,
-                               parse_host)
+from vllm_fleet.config import ConfigErrors, check_fleet, node_group_of, node_groups, parse_host
+from vllm_fleet.fleet import load_fleet
 from vllm_fleet.plan import plan_fleet, plan_host, plan_node_group, stage_order
 from vllm_fleet.render import RAY_UNIT, environment_prefix, environment_spec, render_host
 

@@ -315,7 +315,7 @@ def test_full_attention_model_is_unchanged_by_the_hybrid_arithmetic():
 
 
 def test_the_seed_inventory_plan_has_no_false_kv_warning():
-    from vllm_fleet.config import load_fleet
+    from vllm_fleet.fleet import load_fleet
     from vllm_fleet.plan import plan_fleet
     root = Path(__file__).resolve().parent.parent
     hosts = load_fleet(root / "inventory" / "prod.py", limit=["gpu-mixed-01"], cwd=root)

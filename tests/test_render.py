@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import yaml
 
 from planning_fixtures import host_data, instance
@@ -105,7 +106,7 @@ def test_units_start_offline_because_the_deploy_fetched_everything_first():
 def test_prepare_host_plans_and_renders_what_the_deploy_and_status_both_use():
     from planning_fixtures import host_data
     from vllm_fleet.config import parse_host
-    from vllm_fleet.host.discovery import Discovered
+    from vllm_fleet.prepared import Discovered
     from vllm_fleet.plan import plan_host
     from vllm_fleet.prepared import prepare_host
     from vllm_fleet.render import Secrets, render_host
@@ -155,3 +156,14 @@ def test_a_false_flag_is_written_as_the_negated_flag_vllms_config_loader_passes_
     engine = yaml.safe_load(files["/etc/vllm-fleet/gemma.yaml"].content)
     assert engine["no-enable-prefix-caching"] is True and "enable-prefix-caching" not in engine
     assert engine["enforce-eager"] is True and engine["disable-log-stats"] is False
+
+
+@pytest.mark.parametrize("value", ["plain", "it's", 'say "hi" \\ $HOME `id`', "a\\b", "'", " padded ", ""])
+def test_the_host_probe_reads_back_exactly_what_the_env_file_writer_quoted(value):
+    """One EnvironmentFile rule: the writer (templating.env_quote) and the reader on the host
+    (host_probe.env_unquote, which keeps its own copy of the escaped set) agree."""
+    from vllm_fleet.host import host_probe
+    from vllm_fleet.templating import ENV_FILE_ESCAPED, env_quote
+
+    assert host_probe._DOUBLE_QUOTE_ESCAPED == ENV_FILE_ESCAPED
+    assert host_probe.env_unquote(env_quote(value)) == value

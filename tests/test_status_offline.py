@@ -123,7 +123,7 @@ def undeclared(tmp_path, monkeypatch):
 def test_undeclared_gpus_are_read_live_and_planned_like_the_deploy(undeclared):
     config, commands = undeclared
     assert config.gpus is None
-    from vllm_fleet.host.discovery import Discovered
+    from vllm_fleet.prepared import Discovered
 
     _planned, _front, error, _ray = status.planned_files(Discovered(config, None, None, None))  # declared alone
     assert error and "no GPUs known" in error

@@ -72,3 +72,25 @@ def test_batch_sizes():
     for bad in ("0", "0%", "150%"):
         with pytest.raises(ValueError):
             parse_batch(bad, 10)
+
+
+def test_discovery_names_the_sandbox_command_only_when_the_sandbox_said_so(tmp_path, monkeypatch):
+    """Production discovery knows no sandbox: the sandbox's assets module tells it which command
+    makes a missing file under the sandbox's cache."""
+    from vllm_fleet.config import parse_host
+    from vllm_fleet.host import discovery
+    from vllm_fleet.sandbox import assets
+
+    monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))
+    monkeypatch.setattr(discovery, "MAKERS_OF_LOCAL_FILES", [])
+
+    def fix_for(wheelhouse) -> str:
+        errors = []
+        discovery._check_wheelhouse(parse_host("box", {"vllm_target": "cpu", "vllm_wheelhouse": str(wheelhouse)}),
+                                    errors)
+        return errors[0].fix
+
+    assert assets.PREPARE_HINT not in fix_for(tmp_path / "wheelhouse")
+    discovery.add_maker_of_local_files(assets.made_by_sandbox_up)
+    assert fix_for(tmp_path / "wheelhouse").endswith(f"; or make this one: {assets.PREPARE_HINT}")
+    assert assets.PREPARE_HINT not in fix_for(tmp_path.parent / "elsewhere")

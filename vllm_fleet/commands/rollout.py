@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.commands import bundle, gateway_drain
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, node_groups, parse_host, split_names
+from vllm_fleet.config import ConfigError, ConfigErrors, split_names
+from vllm_fleet.environment import current_link
+from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
-from vllm_fleet.host.envbuild import current_link
 from vllm_fleet.host.facts import MANAGED_UNIT_FILES
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import RAY_UNIT, environment_spec, front_probe_address, instance_paths, manifest_path
@@ -463,24 +464,21 @@ def _ordered_like_the_cli():
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
             order: list[str] | None = None, log=print) -> list[HostResult]:
     deploy_file()  # found before any host is reached (an installed package needs a checkout)
-    everyone = [parse_host(name, data) for name, data, _g in load_inventory(inventory)]
-    groups = [g.nodes for g in node_groups(everyone)]
-    hosts = load_inventory(inventory, limit=limit)
-    limited = {name for name, _d, _g in hosts}
-    mates = [n for g in groups if set(g) & limited for n in g if n not in limited]
-    if mates:  # a node of a multi-node instance brings its whole group (it is updated as one)
-        hosts = load_inventory(inventory, limit=list(limit) + mates)
-    names = [name for name, _d, _g in hosts]
+    fleet = Fleet.load(inventory, limit)
+    everyone = fleet.every()  # every host must parse: the gateway and the node groups are the fleet's
+    groups = [g.nodes for g in fleet.node_groups()]
+    # A node of a multi-node instance brings its whole group (it is updated as one): Fleet.selected.
+    names = list(fleet.selected)
     if order:
         unknown = [n for n in order if n not in names]
         if unknown:
             raise ConfigError(f"--order names unknown hosts: {', '.join(unknown)}",
                               fix="use host names of the inventory (after --limit)")
         names = order + [n for n in names if n not in order]
-    configs = {name: parse_host(name, data) for name, data, _g in hosts}
+    configs = {name: fleet.configs[name] for name in fleet.selected}
     _check_wheelhouses(configs, everyone)
     # The fleet's gateway, wherever it is (in --limit or not): the batches are drained from it.
-    gateway_config = find_gateway(everyone)
+    gateway_config = find_gateway(everyone)  # (and config.check_fleet of every host, gateway or not)
     size = parse_batch(batch, len(names))
     results = {n: HostResult(n) for n in names}
     batches = make_batches(names, size, groups)

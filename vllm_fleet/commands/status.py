@@ -20,12 +20,13 @@ from typing import Any
 
 from vllm_fleet import gateway
 from vllm_fleet.host import facts, gpu_topology, ray_cluster, remote
-from vllm_fleet.config import ConfigError, ConfigErrors, load_inventory, parse_host, split_names
-from vllm_fleet.host.discovery import Discovered, discover, discovery_queries, env_python
+from vllm_fleet.config import ConfigError, ConfigErrors, split_names
+from vllm_fleet.environment import current_link
+from vllm_fleet.fleet import Fleet
+from vllm_fleet.host.discovery import discover, discovery_queries, env_python
 from vllm_fleet.host.facts import GpuTopology
-from vllm_fleet.host.envbuild import current_link
 from vllm_fleet.plan import RayNode
-from vllm_fleet.prepared import node_group_plans, prepare_host
+from vllm_fleet.prepared import Discovered
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, instance_paths, manifest_path
 from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
@@ -75,18 +76,16 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     return found, source, refusal, topology
 
 
-def planned_files(found: Discovered, configs: dict[str, Any] | None = None,
+def planned_files(found: Discovered, fleet: Fleet | None = None,
                   ) -> tuple[dict[str, dict[str, str]], dict[str, Any] | None, str | None, RayNode | None]:
     """({instance: {kind: sha256}}, the front's unit entry or None, error text or None, the host's
-    Ray node or None) of what the deploy would write now: prepare_host, the deploy's own, from what
-    discovery read. `configs`: every inventory host's config, for a node of a multi-node instance
-    (its group's plan)."""
+    Ray node or None) of what the deploy would write now: the fleet's prepared host (the deploy's
+    own, Fleet.prepare_for_drift) from what discovery read. `fleet`: the inventory's, for a node of
+    a multi-node instance (its group's plan); None: this host alone."""
     config = found.config
+    fleet = fleet or Fleet.of([config])
     try:
-        # Drift is compared per instance; the gateway's own files (and their backends) are not compared.
-        groups = node_group_plans(found, configs or {config.name: config})
-        prepared = prepare_host(found, backends_for=lambda plan: [] if config.settings.vllm_gateway else None,
-                                node_groups=groups)
+        prepared = fleet.prepare_for_drift(found)
     except ConfigErrors as exc:
         return {}, None, "; ".join(e.located() for e in exc.errors), None
     out = {inst.name: {kind: hashlib.sha256(prepared.instance_file(inst.name, kind).content.encode()).hexdigest()
@@ -105,11 +104,11 @@ def explain_failure(failure: dict[str, Any]) -> dict[str, Any]:
             "diagnosis": diagnose("\n".join(journal)), "journal": journal[-JOURNAL_TAIL:]}
 
 
-def host_status(name: str, host, config, configs: dict[str, Any] | None = None) -> dict[str, Any]:
+def host_status(name: str, host, config, fleet: Fleet | None = None) -> dict[str, Any]:
     if host is None:
         return {"name": name, "reachable": False, "error": "unreachable over SSH"}
     found, gpu_source, refusal, topology = discover_host(host, config)
-    planned, front, plan_error, ray_node = planned_files(found, configs)
+    planned, front, plan_error, ray_node = planned_files(found, fleet)
     plan_error = "; ".join(e for e in (refusal, plan_error) if e) or None
     payload = {"manifest": manifest_path(config),
                "config_dir": config.settings.vllm_config_dir, "front": front,
@@ -145,18 +144,11 @@ def host_status(name: str, host, config, configs: dict[str, Any] | None = None) 
 def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
     from vllm_fleet.commands.connection import connected
 
-    hosts = load_inventory(inventory, limit=limit)
-    configs = {name: parse_host(name, data) for name, data, _groups in hosts}
-    everyone = dict(configs)  # for the multi-node instances' groups: other hosts that parse
-    for name, data, _g in load_inventory(inventory):
-        if name not in everyone:
-            try:
-                everyone[name] = parse_host(name, data)
-            except ConfigErrors:
-                pass  # outside --limit: not this status's to report
-    with connected(inventory, [name for name, _d, _g in hosts]) as (_state, active):
-        report = [host_status(name, active[name], configs[name], everyone) for name, _d, _g in hosts]
-        gateways = [gateway_status(name, active[name], configs[name]) for name, _d, _g in hosts
+    fleet = Fleet.load(inventory, limit)  # the inventory, read once: a broken host outside --limit is not reported
+    configs = {c.name: c for c in fleet.configs_of(fleet.matched)}
+    with connected(inventory, list(fleet.matched)) as (_state, active):
+        report = [host_status(name, active[name], configs[name], fleet) for name in fleet.matched]
+        gateways = [gateway_status(name, active[name], configs[name]) for name in fleet.matched
                     if configs[name].settings.vllm_gateway is True]
     # Beside the hosts, one row per Ray node (a host that is unreachable, or whose plan failed, says so
     # in its own entry and has none).

