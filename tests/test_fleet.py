@@ -50,11 +50,14 @@ def test_every_host_is_parsed_once_and_a_broken_one_keeps_its_errors():
 def test_load_reads_the_inventory_file_once(tmp_path, monkeypatch):
     (tmp_path / "inv.py").write_text(f"gpu = {[(name, data) for name, data, _g in gateway_rows()[:2]]!r}\n")
     calls = []
-    real = fleet_module.load_inventory
-    monkeypatch.setattr(fleet_module, "load_inventory", lambda *a, **k: calls.append(a) or real(*a, **k))
+    real = fleet_module.read_pyinfra_inventory
+    monkeypatch.setattr(fleet_module, "read_pyinfra_inventory",
+                        lambda *a, **k: calls.append(real(*a, **k)) or calls[-1])
     fleet = Fleet.load(tmp_path / "inv.py", ["h2"], cwd=tmp_path)
     assert fleet.names == ("h1", "h2") and fleet.matched == ("h2",) and len(calls) == 1
     assert [b.host for b in fleet.gateway_backends()] == ["h1", "h2"] and len(calls) == 1
+    # The commands that connect (status) take pyinfra's Inventory from the fleet, not from the file.
+    assert fleet.pyinfra_inventory is calls[0] and [h.name for h in fleet.pyinfra_inventory] == ["h1", "h2"]
 
 
 def test_a_limit_matches_hosts_or_groups_and_nothing_is_an_error():
@@ -140,25 +143,27 @@ def test_prepare_plans_a_node_with_its_group():
 
 
 def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
-    from vllm_fleet import config as config_module
+    """Once for the hosts' data and the connections both: the fleet's pyinfra Inventory is what
+    `connected` gets, and neither loader runs a second time."""
     from vllm_fleet.commands import connection, status
 
     (tmp_path / "inv.py").write_text("hosts = [('cpu1', {'vllm_target': 'cpu'}), ('cpu2', {'vllm_target': 'cpu'})]\n")
-    calls = []
-    real = config_module.load_inventory
-    counting = lambda *a, **k: calls.append(a) or real(*a, **k)  # noqa: E731
-    monkeypatch.setattr(config_module, "load_inventory", counting)
-    monkeypatch.setattr(fleet_module, "load_inventory", counting)
+    reads = []
+    real = fleet_module.read_pyinfra_inventory
+    monkeypatch.setattr(fleet_module, "read_pyinfra_inventory", lambda *a, **k: reads.append(real(*a, **k)) or reads[-1])
+    monkeypatch.setattr(connection, "load_pyinfra_inventory", lambda *a, **k: reads.append(a) or pytest.fail("read again"))
+    given = []
 
     @contextmanager
-    def unreachable(_inventory, names, **_kw):
+    def unreachable(inventory, names, **_kw):
+        given.append(inventory)
         yield None, {n: None for n in names}
 
     monkeypatch.setattr(connection, "connected", unreachable)
     monkeypatch.chdir(tmp_path)
     report, gateways, ray = status.collect("inv.py", ["cpu2"])
     assert [h["name"] for h in report] == ["cpu2"] and not report[0]["reachable"]
-    assert len(calls) == 1 and (gateways, ray) == ([], [])
+    assert len(reads) == 1 and given == [reads[0]] and (gateways, ray) == ([], [])
 
 
 def test_the_deploys_pyinfra_inventory_makes_the_same_fleet():

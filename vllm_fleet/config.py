@@ -1274,12 +1274,9 @@ def split_names(values: list[str] | None) -> list[str] | None:
     return names or None
 
 
-def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str | Path | None = None):
-    """Load a pyinfra inventory file with pyinfra's own loader (group_data included).
-
-    Returns a list of (host name, host data dict, groups). `limit` keeps hosts or groups by name;
-    a limit that matches nothing is an error (pyinfra itself only warns and exits 0).
-    """
+def read_pyinfra_inventory(path: str | Path, *, cwd: str | Path | None = None):
+    """A pyinfra inventory file, loaded with pyinfra's own loader (group_data included): the pyinfra
+    Inventory, which the commands that connect reuse. ConfigError: no such file, or a Python error."""
     import os
 
     from pyinfra.api import State
@@ -1296,18 +1293,27 @@ def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str
         os.chdir(workdir)
         # pyinfra executes inventory and group_data files inside a state context.
         with ctx_state.use(State()):
-            inventory = make_inventory(str(path.resolve()), cwd=str(workdir))
+            return make_inventory(str(path.resolve()), cwd=str(workdir))
     except Exception as exc:  # a syntax error in the inventory or group_data
         raise ConfigError(f"cannot load inventory {str(path)!r}: {exc}",
                           fix="fix the Python error in the inventory or group_data file") from exc
     finally:
         os.chdir(old)
-    hosts = []
-    for host in inventory:
-        groups = sorted(g for g in host.groups)
-        if limit and host.name not in limit and not set(limit) & set(groups):
-            continue
-        hosts.append((host.name, host.data.dict(), groups))
+
+
+def inventory_rows(inventory) -> list[tuple[str, dict[str, Any], list[str]]]:
+    """(host name, host data dict, groups) of every host of a loaded pyinfra Inventory."""
+    return [(host.name, host.data.dict(), sorted(host.groups)) for host in inventory]
+
+
+def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str | Path | None = None):
+    """Load a pyinfra inventory file (read_pyinfra_inventory) as inventory_rows.
+
+    `limit` keeps hosts or groups by name; a limit that matches nothing is an error (pyinfra itself
+    only warns and exits 0).
+    """
+    hosts = [(name, data, groups) for name, data, groups in inventory_rows(read_pyinfra_inventory(path, cwd=cwd))
+             if not limit or name in limit or set(limit) & set(groups)]
     if not hosts:
         what = f"--limit {','.join(limit)}" if limit else "the inventory"
         raise ConfigError(f"{what} matches no host in {str(path)!r}",

@@ -1,7 +1,7 @@
 """The fleet: every host of an inventory, parsed once, as one pure value.
 
 `Fleet.load(inventory, limit)` reads the inventory once (pyinfra's own loader, group_data included:
-config.load_inventory) and parses every host's data once (config.parse_host), keeping each host's
+config.read_pyinfra_inventory) and parses every host's data once (config.parse_host), keeping each host's
 errors beside the hosts that parse: a host outside --limit whose data is broken stops only what
 needs it. Everything that acts on a fleet asks it, so none parses or widens on its own:
 
@@ -28,8 +28,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, load_inventory,
-                               node_groups, parse_host)
+from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, inventory_rows,
+                               node_groups, parse_host, read_pyinfra_inventory)
 from vllm_fleet.gateway import Backend, find_gateway, fleet_backends
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import Discovered, PreparedHost, node_group_plans, prepare_host
@@ -47,7 +47,7 @@ class GatewayUnplanned(ConfigErrors):
 @dataclass(frozen=True, eq=False)
 class Fleet:
     """Every host of one inventory, parsed once. Build it with `load` (an inventory file),
-    `from_rows` (what config.load_inventory returns), `from_pyinfra` (a loaded pyinfra Inventory)
+    `from_rows` (what config.load_inventory returns: tests' and benches' rows), `from_pyinfra` (a loaded pyinfra Inventory)
     or `of` (hosts already parsed)."""
 
     inventory: str  # the inventory file, as messages name it
@@ -58,6 +58,9 @@ class Fleet:
     selected: tuple[str, ...]  # `matched` and the other nodes of their node groups, in inventory order
     #: Hosts whose data sets vllm_gateway = True (read before validation: a broken one counts).
     declared_gateways: tuple[str, ...] = field(default=())
+    #: The pyinfra Inventory it was read from, when it was (`load`, `from_pyinfra`): the commands
+    #: that connect to the hosts reuse it rather than read the file again.
+    pyinfra_inventory: Any = field(default=None, compare=False, repr=False)
 
     # --- building ------------------------------------------------------------------------------------
 
@@ -66,13 +69,13 @@ class Fleet:
              cwd: str | Path | None = None) -> Fleet:
         """Read and parse the inventory once. ConfigError: the file cannot be loaded, or --limit
         matches no host; a host's invalid data is kept in `errors`, not raised."""
-        return cls.from_rows(load_inventory(inventory, cwd=cwd), limit, inventory=str(inventory))
+        loaded = read_pyinfra_inventory(inventory, cwd=cwd)
+        return cls.from_rows(inventory_rows(loaded), limit, inventory=str(inventory), pyinfra_inventory=loaded)
 
     @classmethod
     def from_pyinfra(cls, inventory, limit: list[str] | None = None) -> Fleet:
         """The fleet of a pyinfra Inventory already loaded (the deploy's `state.inventory`)."""
-        rows = [(host.name, host.data.dict(), sorted(host.groups)) for host in inventory]
-        return cls.from_rows(rows, limit)
+        return cls.from_rows(inventory_rows(inventory), limit, pyinfra_inventory=inventory)
 
     @classmethod
     def of(cls, configs: Iterable[HostConfig]) -> Fleet:
@@ -85,7 +88,7 @@ class Fleet:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Row], limit: list[str] | None = None, *,
-                  inventory: str = "the inventory") -> Fleet:
+                  inventory: str = "the inventory", pyinfra_inventory: Any = None) -> Fleet:
         """Parse every host of `rows` once; `limit` keeps hosts or groups by name, as pyinfra's
         --limit does (a limit that matches nothing is an error: pyinfra itself only warns)."""
         rows = list(rows)
@@ -106,7 +109,8 @@ class Fleet:
         return cls(inventory=inventory, names=tuple(name for name, _d, _g in rows),
                    configs=MappingProxyType(configs), errors=MappingProxyType(errors), matched=tuple(matched),
                    selected=tuple(name for name, _d, _g in rows if name in wanted),
-                   declared_gateways=tuple(name for name, data, _g in rows if data.get("vllm_gateway") is True))
+                   declared_gateways=tuple(name for name, data, _g in rows if data.get("vllm_gateway") is True),
+                   pyinfra_inventory=pyinfra_inventory)
 
     # --- the hosts of the run ------------------------------------------------------------------------
 

@@ -37,13 +37,15 @@ def load_pyinfra_inventory(path: str | Path, cwd: str | Path | None = None):
 
 
 @contextmanager
-def connected(path: str | Path, hosts: list[str] | None = None, *, parallel: int | None = None
+def connected(inventory, hosts: list[str] | None = None, *, parallel: int | None = None
               ) -> Iterator[tuple[State, dict[str, object]]]:
     """Connect to the inventory's hosts (or only `hosts`), yield (state, {name: Host or None}).
+    `inventory`: an inventory file, or a pyinfra Inventory already loaded (Fleet.pyinfra_inventory).
 
     A host that cannot be reached maps to None; the others are connected. Always disconnects.
     """
-    inventory = load_pyinfra_inventory(path)
+    if isinstance(inventory, (str, Path)):
+        inventory = load_pyinfra_inventory(inventory)
     config = Config(CONNECT_TIMEOUT=CONNECT_TIMEOUT_S, PARALLEL=parallel or 0)
     state = State(inventory, config)
     if hosts is not None:

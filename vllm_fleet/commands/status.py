@@ -146,7 +146,7 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
 
     fleet = Fleet.load(inventory, limit)  # the inventory, read once: a broken host outside --limit is not reported
     configs = {c.name: c for c in fleet.configs_of(fleet.matched)}
-    with connected(inventory, list(fleet.matched)) as (_state, active):
+    with connected(fleet.pyinfra_inventory, list(fleet.matched)) as (_state, active):
         report = [host_status(name, active[name], configs[name], fleet) for name in fleet.matched]
         gateways = [gateway_status(name, active[name], configs[name]) for name in fleet.matched
                     if configs[name].settings.vllm_gateway is True]
