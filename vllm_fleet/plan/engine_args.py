@@ -57,7 +57,7 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
         # does not get).
         for flag, planned in plan.engine_args.items():
             if flag in inst.engine_args and not _same_flag_value(inst.engine_args[flag], planned):
-                why = next((r for r in plan.reasons if f"--{flag}" in r), "set by the planner")
+                why = next((reason for reason in plan.reasons if f"--{flag}" in reason), "set by the planner")
                 conflicts.append(ConfigError(
                     f"engine_args sets '{flag}' to {inst.engine_args[flag]!r}, but the planner sets "
                     f"{flag} = {planned!r} because: {why}",

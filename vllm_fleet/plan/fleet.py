@@ -58,9 +58,9 @@ def plan_host(host_config: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = N
     if taken:
         raise ConfigErrors(taken)
     # The multi-node instances are planned already (plan_node_group); the rest share what is left.
-    single = replace(host_config, instances=tuple(i for i in host_config.instances if not i.nodes))
+    single = replace(host_config, instances=tuple(inst for inst in host_config.instances if not inst.nodes))
     planner = HostPlanner(single, tuple(g for g in gpus if g.index not in reserved), interconnect)
-    plans, unused = planner.plan_host()
+    plans, unused = planner.place_instances()
     if planner.errors:
         raise ConfigErrors(planner.errors)
     plans = headed + plans
@@ -81,7 +81,7 @@ def plan_fleet(host_configs: list[HostConfig], live: dict[str, tuple[GpuSpec, ..
     one fleet-level pass (plan_node_group), so their GPUs are reserved on every node before any
     host's own instances are placed. `addresses`: see node_addresses."""
     errors: list[ConfigError] = []
-    by_name = {h.name: h for h in host_configs}
+    by_name = {host_config.name: host_config for host_config in host_configs}
     groups: list[NodeGroupPlan] = []
     for group in node_groups(host_configs):
         try:

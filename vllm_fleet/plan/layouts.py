@@ -24,13 +24,13 @@ def _stage_orders(stages: list[list[GpuSpec]]) -> list[list[list[GpuSpec]]]:
     """Stage orders worth comparing. Only the first and last stages differ (they also hold the
     embedding and lm_head), so try each distinct GPU kind in those two places, middles in PCI order.
     """
-    if len({gpu_model_and_memory(s[0]) for s in stages}) < 2:
+    if len({gpu_model_and_memory(stage[0]) for stage in stages}) < 2:
         return [stages]
-    orders, seen = [stages], {tuple(gpu_model_and_memory(s[0]) for s in stages)}
+    orders, seen = [stages], {tuple(gpu_model_and_memory(stage[0]) for stage in stages)}
     for first, last in itertools.permutations(range(len(stages)), 2):
-        middle = [s for i, s in enumerate(stages) if i not in (first, last)]
+        middle = [stage for i, stage in enumerate(stages) if i not in (first, last)]
         order = [stages[first], *middle, stages[last]]
-        key = tuple(gpu_model_and_memory(s[0]) for s in order)
+        key = tuple(gpu_model_and_memory(stage[0]) for stage in order)
         if key not in seen:
             seen.add(key)
             orders.append(order)
@@ -91,7 +91,7 @@ def node_group_layout(mem: MemoryModel, stages: list[list[GpuSpec]], tp: int,
         return replace(layout, per_gpu=tuple(replace(use, host=nodes[use.stage]) for use in layout.per_gpu))
 
     even = on_nodes(even_partition(layers, pp))
-    if len({gpu_model_and_memory(s[0]) for s in stages}) == 1:
+    if len({gpu_model_and_memory(stage[0]) for stage in stages}) == 1:
         partition: tuple[int, ...] | None = even.partition
     else:
         free = [stage_free_gib(mem, stage[0], tp, i == 0, i == pp - 1, pp) for i, stage in enumerate(stages)]

@@ -178,17 +178,18 @@ def even_partition(layers: int, stages: int) -> tuple[int, ...]:
 def balanced_partition(free: list[float], layers: int, mem: MemoryModel, tp: int) -> tuple[int, ...] | None:
     """Layers per stage maximising the KV tokens of the weakest stage.
 
-    Binary search on the token count T: a stage with F GiB free holds floor(F / (w + T*k)) layers
-    (w = layer_gib, the weight GiB per layer; k = kv_gib_per_token, the KV GiB per token per layer).
-    The largest T for which the stages together hold every layer wins; surplus capacity is then
-    taken from the roomiest stages.
+    Binary search on the token count T: a stage with F GiB free holds
+    floor(F / (layer_gib + T x kv_gib_per_token)) layers (the weight GiB per layer; the KV GiB per
+    token per layer). The largest T for which the stages together hold every layer wins; surplus
+    capacity is then taken from the roomiest stages.
     """
     layer_gib = mem.info.layer_gib / tp
     kv_gib_per_token = (mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
                         * mem.kv_layer_factor())
 
     def capacity(tokens: float) -> list[int]:
-        return [max(0, int(f // (layer_gib + tokens * kv_gib_per_token))) if f > 0 else 0 for f in free]
+        return [max(0, int(stage_free // (layer_gib + tokens * kv_gib_per_token))) if stage_free > 0 else 0
+                for stage_free in free]
 
     if any(layers_held < 1 for layers_held in capacity(0)) or sum(capacity(0)) < layers:
         return None
@@ -204,7 +205,7 @@ def balanced_partition(free: list[float], layers: int, mem: MemoryModel, tp: int
     while sum(parts) > layers:
         # Drop a layer where it leaves the most tokens: the stage with the most layers per free GiB
         # last is the tightest, so take from the one with the most room per layer.
-        roomiest = max(range(len(parts)), key=lambda s: (parts[s] > 1, free[s] / parts[s], s))
+        roomiest = max(range(len(parts)), key=lambda stage: (parts[stage] > 1, free[stage] / parts[stage], stage))
         parts[roomiest] -= 1
     return tuple(parts)
 

@@ -173,17 +173,17 @@ def node_group_share(host_config: HostConfig, groups: list[NodeGroupPlan] | None
     GPUs the groups use). `groups` None: the caller planned no group, so a host that heads one
     cannot be planned."""
     if groups is None:
-        own = [i.name for i in host_config.instances if i.nodes]
+        own = [inst.name for inst in host_config.instances if inst.nodes]
         if own:
             raise ConfigErrors([ConfigError(
                 f"instance {own[0]} spans several servers: it is planned with every node's GPUs",
                 host=host_config.name, instance=own[0], key="nodes",
                 fix="plan the fleet (plan_fleet), or pass plan_node_group's result as node_groups")])
         return [], None, set()
-    mine = [g for g in groups if host_config.name in g.group.nodes]
-    headed = [g.plan for g in mine if g.group.head == host_config.name]
+    mine = [group_plan for group_plan in groups if host_config.name in group_plan.group.nodes]
+    headed = [group_plan.plan for group_plan in mine if group_plan.group.head == host_config.name]
     role = mine[0].roles[host_config.name] if mine else None
-    return headed, role, {i for g in mine for i in g.reserved(host_config.name)}
+    return headed, role, {index for group_plan in mine for index in group_plan.reserved(host_config.name)}
 
 
 def reserved_gpu_errors(host_config: HostConfig, role: RayNode | None, reserved: set[int]) -> list[ConfigError]:

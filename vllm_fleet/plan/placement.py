@@ -26,11 +26,11 @@ class HostPlanner:
         self.gpus = gpus
         self.interconnect = interconnect
         self.errors: list[ConfigError] = []
-        self.min_seqs = int(host_config.settings.vllm_min_kv_sequences)
+        self.min_kv_sequences = int(host_config.settings.vllm_min_kv_sequences)
         self._split_alternatives: list[str] = []  # why 'split' lost, shown when 'auto' falls back
 
     def error(self, inst: InstanceConfig, key: str, message: str, fix: str) -> None:
-        if any((e.instance, e.key, e.message) == (inst.name, key, message) for e in self.errors):
+        if any((err.instance, err.key, err.message) == (inst.name, key, message) for err in self.errors):
             return  # the same problem met again while trying another GPU count
         self.errors.append(ConfigError(message, host=self.host_config.name, instance=inst.name, key=key,
                                        fix=fix))
@@ -46,22 +46,22 @@ class HostPlanner:
                     continue
                 dp = gpu_count // (tp * pp)
                 fixed = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
-                if all(f is None or f == v for f, v in zip(fixed, (tp, pp, dp))):
+                if all(wanted is None or wanted == made for wanted, made in zip(fixed, (tp, pp, dp))):
                     out.append((tp, pp, dp))
         return out
 
     def _check_world_size(self, inst: InstanceConfig, gpus: list[GpuSpec]) -> bool:
         """The seed's failure, caught before any host is touched: sizes vs visible GPUs."""
         labels = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
-        given = {k: v for k, v in zip(labels, (inst.tensor_parallel_size, inst.pipeline_parallel_size,
-                                                inst.data_parallel_size)) if v is not None}
+        sizes = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
+        given = {label: value for label, value in zip(labels, sizes) if value is not None}
         if not given:
             return True
         world = 1
         for value in given.values():
             world *= value
         devices = ",".join(str(g.index) for g in gpus)
-        formula = " x ".join(f"{k} {v}" for k, v in given.items()) + f" = {world}"
+        formula = " x ".join(f"{label} {value}" for label, value in given.items()) + f" = {world}"
         if world > len(gpus):
             self.error(inst, next(iter(given)),
                        f"World size ({world}) is larger than the number of available GPUs "
@@ -104,7 +104,7 @@ class HostPlanner:
         if not valid:
             return None
         roomy = [(sizes, candidate) for sizes, candidate in valid
-                 if mem.concurrency(candidate.layout) >= self.min_seqs]
+                 if mem.concurrency(candidate.layout) >= self.min_kv_sequences]
         if roomy:
             # Fewest pipeline stages first (PP adds bubbles), then the smallest TP group.
             chosen = min(roomy, key=lambda sized: (sized[0][1], sized[0][0]))
@@ -113,9 +113,9 @@ class HostPlanner:
         for sizes, candidate in valid:
             if candidate is not chosen[1]:
                 conc = mem.concurrency(candidate.layout)
-                why = ("a larger TP or more stages than needed" if conc >= self.min_seqs
+                why = ("a larger TP or more stages than needed" if conc >= self.min_kv_sequences
                        else f"max concurrency {two_decimals_rounded_down(conc)} < vllm_min_kv_sequences "
-                            f"{self.min_seqs}")
+                            f"{self.min_kv_sequences}")
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: "
                                     f"{candidate.layout.kv_tokens} KV tokens per replica — not chosen ({why})")
         return chosen[1]
@@ -156,12 +156,12 @@ class HostPlanner:
                             max_concurrency=mem.concurrency(layout),
                             reasons=list(reasons) + notes, alternatives=alternatives,
                             port=port if port is not None else inst.port)
-        apply_layout(plan, mem, chosen, gpus, self.min_seqs, self.interconnect)
+        apply_layout(plan, mem, chosen, gpus, self.min_kv_sequences, self.interconnect)
         return plan
 
     # -- placement over a host
 
-    def plan_host(self) -> tuple[list[InstancePlan], tuple[int, ...]]:
+    def place_instances(self) -> tuple[list[InstancePlan], tuple[int, ...]]:
         """Every instance of the host placed: (the plans, the GPU indices none of them uses)."""
         host_config = self.host_config
         by_index = {g.index: g for g in self.gpus}
@@ -217,7 +217,7 @@ class HostPlanner:
                 return []
         if placement == "auto" and len(groups) == 1:
             return self._homogeneous(inst, free, "homogeneous GPUs: smallest TP that fits with "
-                                                 f">= {self.min_seqs} full sequences of KV cache, "
+                                                 f">= {self.min_kv_sequences} full sequences of KV cache, "
                                                  "the rest as data-parallel replicas")
         reasons = [f"placement {placement!r}: one instance over all "
                    f"{len(free)} free GPUs" + (" (split by GPU model did not fit: see alternatives)"
@@ -307,7 +307,8 @@ def _group_by_gpu_model(gpus: list[GpuSpec]) -> list[list[GpuSpec]]:
 def _slug(name: str) -> str:
     """A GPU model's name as part of a unit name: ASCII letters, digits and '-' (all systemd takes
     besides ':_.@\\'), short enough for the unit file's name."""
-    kept = "".join(c for c in name.lower().replace(" ", "-") if c.isascii() and (c.isalnum() or c == "-"))
+    kept = "".join(char for char in name.lower().replace(" ", "-")
+                   if char.isascii() and (char.isalnum() or char == "-"))
     return kept.strip("-")[:32].strip("-")
 
 

@@ -57,10 +57,10 @@ def no_fit_error(inst: InstanceConfig, gpus: list[GpuSpec], alternatives: list[s
     info = inst.model_info
     budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for g in gpus)
     on = ", ".join(f"{count}x{name}" for name, count in count_gpu_models(gpus))
-    layouts = [a for a in alternatives if a.startswith("TP=")]
+    layouts = [tried for tried in alternatives if tried.startswith("TP=")]
     key = "model"
-    if layouts and all("attention heads" in a or "KV heads" in a or "GPU models" in a
-                       for a in layouts):
+    if layouts and all("attention heads" in tried or "KV heads" in tried or "GPU models" in tried
+                       for tried in layouts):
         key = "tensor_parallel_size"
         valid = [tp for tp in range(1, len(gpus) + 1) if not tp_problems(info, tp)]
         return (key, f"no tensor_parallel_size works for {inst.model} on "
@@ -143,9 +143,9 @@ def apply_p2p_report(plan: InstancePlan, layout: Layout, interconnect: Interconn
     vLLM does not trust it either (all_reduce_utils.can_actually_p2p runs a real copy between
     the GPUs, because "sometimes the driver might be broken"); only a "no" is acted on.
     """
-    tp_groups = [layout.gpus[k:k + layout.tp] for k in range(0, len(layout.gpus), layout.tp)]
+    tp_groups = [layout.gpus[start:start + layout.tp] for start in range(0, len(layout.gpus), layout.tp)]
     pairs = {(a, b) for group in tp_groups for a, b in itertools.combinations(group, 2)}
-    pairs = sorted(pairs, key=lambda ab: (ab[0].index, ab[1].index))
+    pairs = sorted(pairs, key=lambda pair: (pair[0].index, pair[1].index))
     missing = [(a, b) for a, b in pairs if interconnect.p2p(a.index, b.index) is False]
     unknown = [(a, b) for a, b in pairs if interconnect.p2p(a.index, b.index) is None]
     nvlink = [f"{a.index}-{b.index}" for a, b in pairs if interconnect.has_nvlink(a.index, b.index)]
