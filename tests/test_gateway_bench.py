@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from planning_fixtures import free_port
+
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
 
@@ -361,16 +363,10 @@ class LocalSandbox:
         return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_standins_start_and_stop_by_pid_with_the_hosts_commands(tmp_path, monkeypatch):
     monkeypatch.setattr(gb, "REMOTE_DIR", str(tmp_path))
     monkeypatch.setattr(gb, "REMOTE_SCRIPT", str(BENCH / "gateway_standin.py"))
-    monkeypatch.setattr(gb, "STANDIN_PORT", _free_port())
+    monkeypatch.setattr(gb, "STANDIN_PORT", free_port())
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # python3: this one
     fleet = gb.Fleet(gateway_host="h1", gateway=("127.0.0.1", 1), router="http://127.0.0.1:1", unit="u",
                      workers_file="w", register_script="r", model="tiny-llama",
