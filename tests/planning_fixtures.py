@@ -99,7 +99,7 @@ def free_port(headroom: int = 0) -> int:
 
 
 def one_gpu_smi(driver: str = "580.126.09", name: str = "NVIDIA A100-SXM4-40GB", cap: str = "8.0",
-             mig: str = "Disabled") -> list[str]:
+                mig: str = "Disabled") -> list[str]:
     """nvidia-smi's GPU_QUERY output of a host with one 40 GB GPU (an A100 unless `name` says another)."""
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": name, "memory.total": "40960",
            "memory.used": "3", "uuid": "GPU-a", "compute_cap": cap, "driver_version": driver,
