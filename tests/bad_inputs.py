@@ -4,23 +4,14 @@ on the sandbox (test_sandbox_bad_input.py)."""
 
 from __future__ import annotations
 
-import copy
-
-from planning_fixtures import A100_40G, RTX_4090D, SEED_GEMMA
-
-GOOD = {"gpus": [RTX_4090D, A100_40G, A100_40G], "vllm_instances": [SEED_GEMMA]}
+from planning_fixtures import A100_40G, SEED_GEMMA, host_data
+from planning_fixtures import instance as inst  # a short name: one case a line
 
 
-def inst(**changes):
-    out = dict(copy.deepcopy(SEED_GEMMA))
-    out.update(changes)
-    return out
-
-
-def host(**changes):
-    out = copy.deepcopy(GOOD)
-    out.update(changes)
-    return out
+def host(**changes) -> dict:
+    """The seed box's host data with each key in `changes` set as given (a None too, where
+    host_data() would take None for its default)."""
+    return {**host_data(), **changes}
 
 
 # (label, host data, key the message must name, instance it must name or None)

@@ -1,9 +1,23 @@
-"""Shared GPU layouts and instance configs for the planner/renderer tests (no hosts involved)."""
+"""Shared helpers of the tests that need no host: GPU layouts and instance configs, the errors the
+config and the planner report, a stand-in pyinfra host for deploy.prepare(), the CLI as a process,
+and a free local port."""
 
 from __future__ import annotations
 
 import copy
+import socket
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
+
+from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
+from vllm_fleet.host.facts import GPU_QUERY
+from vllm_fleet.plan import plan_fleet, plan_host
+
+REPO = Path(__file__).resolve().parent.parent
 
 A100_40G = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}
 RTX_4090D = {"name": "NVIDIA GeForce RTX 4090 D", "memory_mib": 24564}
@@ -23,6 +37,12 @@ SEED_GEMMA = {
 }
 
 
+# The sandbox's tiny model (vllm_fleet/sandbox/tiny_model.py) as an instance's model_info declares it.
+TINY_MODEL_INFO = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
+                   "hidden_size": 128, "intermediate_size": 256, "vocab_size": 1024, "weights_gib": 0.003,
+                   "dtype": "float32", "max_position_embeddings": 2048}
+
+
 def instance(**overrides) -> dict:
     out = copy.deepcopy(SEED_GEMMA)
     out.update(overrides)
@@ -34,6 +54,57 @@ def host_data(gpus=None, instances=None, **settings) -> dict:
             "vllm_instances": instances if instances is not None else [instance()]}
     data.update(settings)
     return data
+
+
+def parse_errors(data: dict, name: str = "box") -> list:
+    """The errors of parsing `data` as host `name` (fails the test when it parses)."""
+    with pytest.raises(ConfigErrors) as info:
+        parse_host(name, data)
+    return info.value.errors
+
+
+def plan_errors(data: dict, live=None) -> list:
+    """The errors of parsing and planning `data` as host "box", `live` its discovered GPUs (fails the
+    test when it plans)."""
+    with pytest.raises(ConfigErrors) as info:
+        plan_host(parse_host("box", data), live)
+    return info.value.errors
+
+
+def fleet_error_text(hosts: list[tuple[str, dict]]) -> str:
+    """Every error of parsing, checking and planning these (name, data) hosts, as the CLI prints them
+    (fails the test when the fleet plans)."""
+    with pytest.raises(ConfigErrors) as info:
+        parsed = [parse_host(name, data) for name, data in hosts]
+        check_fleet(parsed)
+        plan_fleet(parsed)
+    return str(info.value)
+
+
+def run_cli(*args: str, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """`vllm-fleet ARGS` as a process of this interpreter, run in `cwd`."""
+    return subprocess.run([sys.executable, "-m", "vllm_fleet.cli", *args], cwd=cwd, capture_output=True,
+                          text=True, timeout=120)
+
+
+def free_port(headroom: int = 0) -> int:
+    """A local TCP port that was free a moment ago, `headroom` ports below the top (65535): for a
+    test that also listens at port + headroom."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + headroom <= 65535:
+            return port
+
+
+def one_gpu_smi(driver: str = "580.126.09", name: str = "NVIDIA A100-SXM4-40GB", cap: str = "8.0",
+                mig: str = "Disabled") -> list[str]:
+    """nvidia-smi's GPU_QUERY output of a host with one 40 GB GPU (an A100 unless `name` says another)."""
+    row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": name, "memory.total": "40960",
+           "memory.used": "3", "uuid": "GPU-a", "compute_cap": cap, "driver_version": driver,
+           "mig.mode.current": mig}
+    return [", ".join(row[f] for f in GPU_QUERY.split(","))]
 
 
 # The HostRuntime fact of a Debian host that has every OS package the runtime can need.
@@ -75,3 +146,14 @@ class FakeHost:
             return None
         self.asked.append((cls.__name__, kwargs))
         return self.facts[cls.__name__]
+
+
+def prepare_on_fake_host(monkeypatch, data: dict, facts: dict) -> tuple:
+    """deploy.prepare() on a FakeHost with `data` and `facts` (and an API key in the environment):
+    what it returned, and the FakeHost (what prepare() asked)."""
+    from vllm_fleet import deploy  # here: the planner's tests that import this module need no deploy
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    fake = FakeHost(data, facts)
+    use_fake_host(monkeypatch, deploy, fake)
+    return deploy.prepare(), fake

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from figures import report
-from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
+from planning_fixtures import A100_40G, RTX_4090D, TINY_MODEL_INFO, host_data, instance
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import ModelInfo, is_gguf, lookup
 from vllm_fleet.config import (DTYPES, INSTANCE_KEYS, ConfigError, ConfigErrors, GpuSpec, InstanceConfig,
@@ -66,11 +66,6 @@ ENV = {"VLLM_LOGGING_LEVEL": "INFO", "OMP_NUM_THREADS": "4"}
 GPU_DETAILS = [{"compute_capability": "8.9", "pci_bus_id": "00000000:01:00.0"},
                {"compute_capability": "8.0", "pci_bus_id": "00000000:41:00.0"},
                {"compute_capability": "8.0", "pci_bus_id": "00000000:81:00.0"}]
-TINY_SHAPE = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-              "hidden_size": 128, "intermediate_size": 256, "vocab_size": 1024, "weights_gib": 0.003,
-              "dtype": "float32", "max_position_embeddings": 2048}
-
-
 def base_data(kind: str) -> dict:
     if kind == GPU_HOST:  # three GPUs of two models: split into two instances
         gpus = [dict(gpu, **details, driver_version="580.126.09", mig_mode="Disabled")
@@ -81,7 +76,7 @@ def base_data(kind: str) -> dict:
             "vllm_instances": [{
                 "name": "tiny", "model": "/var/lib/vllm-fleet/models/tiny", "served_model_name": "tiny-llama",
                 "tokenizer": "hf-internal-testing/llama-tokenizer", "port": 8000, "max_model_len": 1024,
-                "model_info": dict(TINY_SHAPE), "env": dict(ENV), "engine_args": copy.deepcopy(ENGINE_ARGS)}]}
+                "model_info": dict(TINY_MODEL_INFO), "env": dict(ENV), "engine_args": copy.deepcopy(ENGINE_ARGS)}]}
 
 
 def instance_name(kind: str) -> str:
@@ -350,7 +345,7 @@ def fields() -> list[Field]:
               lands=lambda files, text: lands_in_yaml(normalised_flag(text), lambda t: "100")(files, text),
               near=("--uvicorn-log-level", "uvicorn_log_level", "--max_log_len", "host", "api-key",
                     "no-enforce-eager", "disable-log-stats", "headless", "model", "kv-cache-dtype")),
-        Field("instance model_info dtype", (CPU_HOST,), TINY_SHAPE["dtype"],
+        Field("instance model_info dtype", (CPU_HOST,), TINY_MODEL_INFO["dtype"],
               set_at(*instance_at, "model_info", "dtype"), instance=True, blames=prefix("model_info")),
         Field("a key of an instance's model_info", (CPU_HOST,), None, added(*instance_at, "model_info", value=1),
               instance=True, blames=prefix("model_info"),

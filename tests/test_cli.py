@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_fleet.cli", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=120)
+from planning_fixtures import run_cli
 
 
 def test_plan_prod_json_has_the_contract_shape():
-    result = run("plan", "inventory/prod.py", "--json")
+    result = run_cli("plan", "inventory/prod.py", "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     names = [h["name"] for h in plan["hosts"]]
@@ -35,20 +27,20 @@ def test_plan_prod_json_has_the_contract_shape():
 
 
 def test_plan_table_and_limit():
-    result = run("plan", "inventory/prod.py", "--limit", "gpu-a100-01")
+    result = run_cli("plan", "inventory/prod.py", "--limit", "gpu-a100-01")
     assert result.returncode == 0, result.stderr
     assert "gpu-a100-01" in result.stdout and "gpu-h100-01" not in result.stdout
     assert "qwen14b" in result.stdout and "reason" in result.stdout
 
 
 def test_limit_matching_nothing_is_an_error():
-    result = run("plan", "inventory/prod.py", "--limit", "nosuch")
+    result = run_cli("plan", "inventory/prod.py", "--limit", "nosuch")
     assert result.returncode == 2
     assert "matches no host" in result.stderr and result.stdout == ""
 
 
 def test_render_writes_every_file_per_host(tmp_path):
-    result = run("render", "inventory/prod.py", "--out", str(tmp_path))
+    result = run_cli("render", "inventory/prod.py", "--out", str(tmp_path))
     assert result.returncode == 0, result.stderr
     unit = tmp_path / "gpu-h100-01/etc/systemd/system/vllm-llama70b.service"
     assert unit.is_file()
@@ -66,7 +58,7 @@ def test_invalid_inventory_exits_2_and_names_host_instance_key(tmp_path):
                                 "tensor_parallel_size": 1, "pipeline_parallel_size": 3}],
         })]
     """))
-    result = run("plan", str(inv), cwd=tmp_path)
+    result = run_cli("plan", str(inv), cwd=tmp_path)
     assert result.returncode == 2
     assert result.stdout == ""
     assert "host box1, instance gemma, key tensor_parallel_size" in result.stderr
@@ -78,6 +70,6 @@ def test_unknown_key_did_you_mean(tmp_path):
     inv = tmp_path / "typo.py"
     inv.write_text('box = [("box1", {"vllm_target": "cpu", "vllm_instances": [{"name": "a", '
                    '"model": "/m", "served_model_name": "a", "port": 8000, "max_modle_len": 10}]})]\n')
-    result = run("plan", str(inv), cwd=tmp_path)
+    result = run_cli("plan", str(inv), cwd=tmp_path)
     assert result.returncode == 2
     assert "key max_modle_len" in result.stderr and "did you mean 'max_model_len'" in result.stderr

@@ -9,19 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from planning_fixtures import host_data, instance
+from planning_fixtures import host_data, instance, parse_errors
 from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_FIELDS, INSTANCE_KEYS, REQUIRED, REQUIRED_INSTANCE_KEYS,
-                               Checker, ConfigErrors, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
+                               Checker, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
                                synced_model_clashes)
 from vllm_fleet.settings import KNOBS
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def errors_of(data: dict) -> list:
-    with pytest.raises(ConfigErrors) as info:
-        parse_host("box", data)
-    return info.value.errors
 
 
 @pytest.mark.parametrize("data, key, words", [
@@ -68,7 +62,7 @@ def errors_of(data: dict) -> list:
     (host_data(vllm_conda_exe_path="/x"), "vllm_conda_exe_path", "did you mean 'vllm_conda_exe'"),
 ])
 def test_bad_input_is_located_and_has_a_fix(data, key, words):
-    errs = errors_of(data)
+    errs = parse_errors(data)
     match = [e for e in errs if e.key == key]
     assert match, [e.located() for e in errs]
     assert words in match[0].located()
@@ -77,13 +71,13 @@ def test_bad_input_is_located_and_has_a_fix(data, key, words):
 
 
 def test_instance_errors_name_the_instance():
-    errs = errors_of(host_data(instances=[instance(name="gemma", port=-1)]))
+    errs = parse_errors(host_data(instances=[instance(name="gemma", port=-1)]))
     assert errs[0].instance == "gemma"
     assert errs[0].located().startswith("host box, instance gemma, key port:")
 
 
 def test_all_errors_are_reported_together():
-    errs = errors_of(host_data(placment="x", instances=[instance(port="x", dtype="bf17")]))
+    errs = parse_errors(host_data(placment="x", instances=[instance(port="x", dtype="bf17")]))
     assert {e.key for e in errs} >= {"placment", "port", "dtype"}
 
 
@@ -175,14 +169,14 @@ def test_an_instance_without_gpu_memory_utilization_takes_the_hosts_knob():
 
 
 def test_a_bad_host_utilization_is_reported_once_on_the_host_knob():
-    errs = errors_of(host_data(vllm_gpu_memory_utilization=2))
+    errs = parse_errors(host_data(vllm_gpu_memory_utilization=2))
     assert [(e.instance, e.key) for e in errs] == [(None, "vllm_gpu_memory_utilization")]
 
 
 # --- Rules between an instance's keys, and between an instance and its host ------------------------
 
 def test_a_multi_node_instances_pipeline_size_is_its_number_of_nodes():
-    errs = errors_of(host_data(instances=[instance(nodes=["box", "gpu-b"], pipeline_parallel_size=3)]))
+    errs = parse_errors(host_data(instances=[instance(nodes=["box", "gpu-b"], pipeline_parallel_size=3)]))
     assert [(e.instance, e.key, e.message, e.fix) for e in errs] == [(
         "gemma", "pipeline_parallel_size",
         "pipeline_parallel_size 3 but a multi-node instance has pipeline_parallel_size = the number of nodes = 2",
@@ -196,7 +190,7 @@ def test_a_multi_node_instances_pipeline_size_is_its_number_of_nodes():
     ({"nodes": ["box", "gpu-b"]}, "nodes", "a multi-node instance runs on GPU servers only"),
 ])
 def test_a_cpu_host_refuses_what_needs_gpus_when_its_data_is_read(changes, key, message):
-    errs = errors_of(host_data(gpus=None, instances=[instance(**changes)], vllm_target="cpu"))
+    errs = parse_errors(host_data(gpus=None, instances=[instance(**changes)], vllm_target="cpu"))
     assert [(e.instance, e.key, e.message) for e in errs] == [("gemma", key, message)]
     assert "vllm_target = 'cuda'" in errs[0].fix
     assert parse_host("box", host_data(gpus=None, instances=[instance(data_parallel_size=1)], vllm_target="cpu"))

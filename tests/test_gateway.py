@@ -9,7 +9,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from fleet_helpers import API_KEY, KEY_MARK
+from planning_fixtures import free_port, parse_errors, run_cli
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.fleet import load_fleet
 from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends,
@@ -244,15 +244,6 @@ def nginx_binary() -> str | None:
     return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
 
 
-def free_port() -> int:
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port + 10001 <= 65535:
-            return port
-
-
 class FakeRouter(http.server.BaseHTTPRequestHandler):
     """Stands in for vllm-router behind nginx: records what reaches it."""
 
@@ -278,7 +269,7 @@ class FakeRouter(http.server.BaseHTTPRequestHandler):
 def test_nginx_accepts_the_config_and_checks_the_hostile_key(tmp_path):
     """The rendered front + key file under a real nginx: `nginx -t`, then requests."""
     os.chmod(tmp_path, 0o755)  # nginx's workers (another user when run as root) read the models file
-    port = free_port()
+    port = free_port(headroom=10001)  # the router: port + vllm_backend_port_offset
     host = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": port,
                              "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc")})
     backends = [Backend("h2", "b", "beta", "http://10.0.0.2:8000", 2048)]
@@ -411,12 +402,6 @@ def test_registration_script_fails_clearly_when_the_router_never_answers(tmp_pat
 
 # --- knobs and their errors ------------------------------------------------------------------------
 
-def errors_of(name: str, data: dict) -> list:
-    with pytest.raises(ConfigErrors) as info:
-        parse_host(name, data)
-    return info.value.errors
-
-
 def test_two_gateway_hosts_are_an_error_naming_both():
     hosts = [parse_host(n, {"vllm_target": "cpu", "vllm_gateway": True}) for n in ("gw-a", "gw-b")]
     with pytest.raises(ConfigErrors) as info:
@@ -438,7 +423,7 @@ def test_two_gateway_hosts_are_an_error_naming_both():
 def test_gateway_port_clashes_are_errors_naming_both(settings, words):
     data = {"vllm_target": "cpu", "vllm_gateway": True, "vllm_instances": [cpu_instance("a", "alpha")],
             **settings}
-    errors = [e for e in errors_of("gw", data) if e.key == "vllm_gateway_port"]
+    errors = [e for e in parse_errors(data, "gw") if e.key == "vllm_gateway_port"]
     assert errors and words in errors[0].located(), [e.located() for e in errors]
     assert errors[0].host == "gw" and errors[0].fix
 
@@ -465,12 +450,12 @@ def test_the_same_ports_are_fine_on_a_host_that_is_not_the_gateway():
     ({"vllm_gatway": True}, "vllm_gatway"),
 ])
 def test_bad_gateway_knobs_are_located_with_a_fix(settings, key):
-    errors = [e for e in errors_of("h", {"vllm_target": "cpu", **settings}) if e.key == key]
+    errors = [e for e in parse_errors({"vllm_target": "cpu", **settings}, "h") if e.key == key]
     assert errors and errors[0].fix, key
 
 
 def test_an_instance_cannot_take_the_gateways_unit_name():
-    errors = errors_of("h", {"vllm_target": "cpu", "vllm_instances": [cpu_instance("fleet-gateway", "x")]})
+    errors = parse_errors({"vllm_target": "cpu", "vllm_instances": [cpu_instance("fleet-gateway", "x")]}, "h")
     assert any(e.key == "name" and "reserved" in e.located() for e in errors)
 
 
@@ -509,28 +494,23 @@ INVENTORY = textwrap.dedent("""
 """)
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_fleet.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_plan_json_has_the_gateway_with_every_backend_even_under_limit(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY)
     for limit in ([], ["--limit", "h2"]):
-        result = cli("plan", "inv.py", "--json", *limit, cwd=tmp_path)
+        result = run_cli("plan", "inv.py", "--json", *limit, cwd=tmp_path)
         assert result.returncode == 0, result.stderr
         (gateway,) = json.loads(result.stdout)["gateways"]
         assert gateway["host"] == "h1" and gateway["url"] == "http://10.0.0.1:9000/v1"
         assert [(b["host"], b["instance"], b["model"], b["url"]) for b in gateway["backends"]] == [
             ("h1", "a", "alpha", "http://10.0.0.1:8000"), ("h2", "b", "beta", "http://10.0.0.2:8000"),
             ("h3", "b", "beta", "http://10.0.0.3:8001")]
-    text = cli("plan", "inv.py", cwd=tmp_path).stdout
+    text = run_cli("plan", "inv.py", cwd=tmp_path).stdout
     assert "gateway on h1: http://10.0.0.1:9000/v1" in text
     assert "beta -> h2/b http://10.0.0.2:8000, h3/b http://10.0.0.3:8001" in text
 
 
 def test_plan_json_without_a_gateway_has_an_empty_list():
-    result = cli("plan", "inventory/prod.py", "--json", cwd=ROOT)
+    result = run_cli("plan", "inventory/prod.py", "--json", cwd=ROOT)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["gateways"] == []
 
@@ -538,14 +518,14 @@ def test_plan_json_without_a_gateway_has_an_empty_list():
 def test_plan_with_two_gateways_exits_2_naming_both(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY.replace('"ssh_hostname": "10.0.0.2",',
                                                        '"ssh_hostname": "10.0.0.2", "vllm_gateway": True,'))
-    result = cli("plan", "inv.py", cwd=tmp_path)
+    result = run_cli("plan", "inv.py", cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert "hosts h1 and h2 both set vllm_gateway = True" in result.stderr
 
 
 def test_render_writes_the_gateway_files_on_the_gateway_host_only(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY)
-    result = cli("render", "inv.py", "--out", "out", cwd=tmp_path)
+    result = run_cli("render", "inv.py", "--out", "out", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     hosts = load_fleet(tmp_path / "inv.py", cwd=tmp_path)
     for path in gateway_paths(hosts[0]).values():

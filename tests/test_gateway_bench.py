@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import shlex
 import signal
 import socket
 import subprocess
@@ -14,6 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from planning_fixtures import free_port
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 sys.path.insert(0, str(BENCH))
@@ -361,17 +364,21 @@ class LocalSandbox:
         return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=timeout)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+@pytest.fixture
+def python3_is_this_interpreter(tmp_path_factory, monkeypatch):
+    """`python3` on PATH runs this interpreter, whatever its own name: the bench's host commands run
+    `python3`, as a host's shell would find it."""
+    bin_dir = tmp_path_factory.mktemp("python3-bin")
+    wrapper = bin_dir / "python3"
+    wrapper.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
 
 
-def test_standins_start_and_stop_by_pid_with_the_hosts_commands(tmp_path, monkeypatch):
+def test_standins_start_and_stop_by_pid_with_the_hosts_commands(tmp_path, monkeypatch, python3_is_this_interpreter):
     monkeypatch.setattr(gb, "REMOTE_DIR", str(tmp_path))
     monkeypatch.setattr(gb, "REMOTE_SCRIPT", str(BENCH / "gateway_standin.py"))
-    monkeypatch.setattr(gb, "STANDIN_PORT", _free_port())
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # python3: this one
+    monkeypatch.setattr(gb, "STANDIN_PORT", free_port())
     fleet = gb.Fleet(gateway_host="h1", gateway=("127.0.0.1", 1), router="http://127.0.0.1:1", unit="u",
                      workers_file="w", register_script="r", model="tiny-llama",
                      backends={"h1": ("127.0.0.1", 8000), "h2": ("127.0.0.2", 8000)})
@@ -405,12 +412,12 @@ def test_stop_command_leaves_a_pid_that_is_no_stand_in_alone():
         sleeper.wait()
 
 
-def test_measure_on_runs_the_client_as_a_process_here_and_on_a_host(standins, monkeypatch):
+def test_measure_on_runs_the_client_as_a_process_here_and_on_a_host(standins, monkeypatch,
+                                                                   python3_is_this_interpreter):
     a, gw = standins("a"), standins("gw")
     here = gb.measure_on(None, None, [a.target], gw.target, 2, 40, 8, "tiny-llama")
     assert here["direct"]["n"] == 40 and here["gateway"]["n"] == 40 and here["errors"] == 0
     monkeypatch.setattr(gb, "REMOTE_SCRIPT", str(BENCH / "gateway_standin.py"))
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}:{os.environ['PATH']}")
     there = gb.measure_on(LocalSandbox(), "h1", [a.target], gw.target, 1, 20, 0, "tiny-llama")
     assert there["gateway"]["n"] == 20 and there["served_by"]["gateway"] == {f"{si.FINGERPRINT} gw": 20}
     # The arguments are quoted for the host's shell: this is one (unknown) model name, not a command.

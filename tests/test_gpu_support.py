@@ -6,23 +6,17 @@ from __future__ import annotations
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
-from vllm_fleet import catalog, deploy, gpu_support
+from planning_fixtures import A100_40G, RTX_3090, host_data, instance, one_gpu_smi, plan_errors, prepare_on_fake_host
+from vllm_fleet import catalog, gpu_support
 from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
 from vllm_fleet.deploy import DeployError
 from vllm_fleet.host.discovery import model_info_from_config
-from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+from vllm_fleet.host.facts import parse_gpu_csv
 from vllm_fleet.plan import plan_host
 
 V100 = {"name": "Tesla V100-SXM2-32GB", "memory_mib": 32768}
 MODEL_INFO = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
               "hidden_size": 4096, "intermediate_size": 14336, "vocab_size": 128256, "weights_gib": 14.96}
-
-
-def errors_of(data: dict) -> list:
-    with pytest.raises(ConfigErrors) as info:
-        plan_host(parse_host("box", data))
-    return info.value.errors
 
 
 # --- the table -----------------------------------------------------------------------------------
@@ -57,7 +51,7 @@ def test_catalog_marks_pre_turing_gpus_not_plannable():
 # --- offline planning ------------------------------------------------------------------------------
 
 def test_v100_is_refused_offline_with_the_reason_and_the_table():
-    errs = errors_of(host_data(gpus=[V100], instances=[instance(
+    errs = plan_errors(host_data(gpus=[V100], instances=[instance(
         model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=4096)]))
     (err,) = errs
     text = err.located()
@@ -69,7 +63,7 @@ def test_v100_is_refused_offline_with_the_reason_and_the_table():
 
 def test_declared_old_driver_and_mig_are_refused_offline():
     gpus = [dict(A100_40G, driver_version="550.54.15", mig_mode="Enabled")]
-    errs = errors_of(host_data(gpus=gpus, instances=[instance(
+    errs = plan_errors(host_data(gpus=gpus, instances=[instance(
         model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=4096)]))
     assert [e.key for e in errs] == ["driver_version", "gpus[0]"]
     assert "the 580 branch" in errs[0].fix
@@ -99,7 +93,7 @@ def test_unknown_max_position_embeddings_means_no_offline_length_check():
     assert inst.max_model_len == 16384
     assert any("not checked offline" in r and "max_position_embeddings is unknown" in r for r in inst.reasons)
     # Without max_model_len there is nothing to plan the KV cache for: ask for it, never invent 8192.
-    errs = errors_of(host_data(gpus=[A100_40G], instances=[instance(
+    errs = plan_errors(host_data(gpus=[A100_40G], instances=[instance(
         model="/models/custom", tokenizer=None, max_model_len=None, model_info=dict(MODEL_INFO))]))
     assert [e.key for e in errs] == ["max_model_len"] and "8192" not in errs[0].located()
 
@@ -123,42 +117,31 @@ def test_model_info_from_config_keeps_unknown_length_unknown_and_reads_sliding_w
 
 # --- deploy.prepare(): refused before any change ---------------------------------------------------
 
-def _smi(driver: str, name="NVIDIA A100-SXM4-40GB", cap="8.0", mig="Disabled") -> list[str]:
-    row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": name, "memory.total": "40960",
-           "memory.used": "3", "uuid": "GPU-a", "compute_cap": cap, "driver_version": driver,
-           "mig.mode.current": mig}
-    return [", ".join(row[f] for f in GPU_QUERY.split(","))]
-
-
 @pytest.fixture
 def prepare_with(monkeypatch):
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
-
     def run(smi_lines: list[str]):
         data = host_data(gpus=[A100_40G], instances=[instance(
             model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=4096)])
         del data["gpus"]
-        fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi_lines),
-                               "GpuTopology": {"available": False, "reason": "test"},
-                               "ManagedUnits": [], "PathsPresent": {}})
-        use_fake_host(monkeypatch, deploy, fake)
-        return deploy.prepare(), fake
+        return prepare_on_fake_host(monkeypatch, data, {"NvidiaGpus": parse_gpu_csv(smi_lines),
+                                                        "GpuTopology": {"available": False, "reason": "test"},
+                                                        "ManagedUnits": [], "PathsPresent": {}})
 
     return run
 
 
 def test_prepare_refuses_an_old_driver_before_any_change(prepare_with):
     with pytest.raises(DeployError) as info:
-        prepare_with(_smi("550.54.15"))
+        prepare_with(one_gpu_smi("550.54.15"))
     text = str(info.value)
     assert "error: host box, key driver_version: NVIDIA driver 550.54.15 is too old for vLLM 0.33.0" in text
     assert "needs driver >= 580.65.06" in text and "nothing was changed on any host" in text
 
 
 @pytest.mark.parametrize("lines, words", [
-    (lambda: _smi("580.126.09", name="Tesla V100-SXM2-32GB", cap="7.0"), "compute capability 7.0"),
-    (lambda: _smi("580.126.09", mig="Enabled"), "nvidia-smi -i 0 -mig 0"),
-    (lambda: _smi("[Unknown Error]"), "could not read driver_version of GPU 0"),
+    (lambda: one_gpu_smi("580.126.09", name="Tesla V100-SXM2-32GB", cap="7.0"), "compute capability 7.0"),
+    (lambda: one_gpu_smi("580.126.09", mig="Enabled"), "nvidia-smi -i 0 -mig 0"),
+    (lambda: one_gpu_smi("[Unknown Error]"), "could not read driver_version of GPU 0"),
 ])
 def test_prepare_refuses_pre_turing_mig_and_unreadable_fields(prepare_with, lines, words):
     with pytest.raises(DeployError) as info:
@@ -167,5 +150,5 @@ def test_prepare_refuses_pre_turing_mig_and_unreadable_fields(prepare_with, line
 
 
 def test_prepare_passes_a_current_driver(prepare_with):
-    d, _ = prepare_with(_smi("580.126.09"))
+    d, _ = prepare_with(one_gpu_smi("580.126.09"))
     assert [i.name for i in d.plan.instances] == ["gemma"]

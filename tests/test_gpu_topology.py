@@ -22,7 +22,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
+from planning_fixtures import A100_40G, RTX_3090, host_data, instance, prepare_on_fake_host
 from vllm_fleet import deploy
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
@@ -334,16 +334,12 @@ SMI_SEED_BOX = [f"0, {RTX}, NVIDIA GeForce RTX 4090 D, 24564, 3, GPU-rtx, 8.9",
 
 @pytest.fixture
 def prepare_on(monkeypatch):
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
-
     def run(topology: dict, smi=SMI_SEED_BOX, managed=()):
         data = host_data(instances=[instance(model="Qwen/Qwen2.5-14B-Instruct", tokenizer=None,
                                              max_model_len=4096, gpus=[1, 2], tensor_parallel_size=2)])
         del data["gpus"]  # planned from the live GPUs, as on a real host
-        fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi), "GpuTopology": topology,
-                               "ManagedUnits": list(managed)})
-        use_fake_host(monkeypatch, deploy, fake)
-        return deploy.prepare(), fake
+        return prepare_on_fake_host(monkeypatch, data, {"NvidiaGpus": parse_gpu_csv(smi), "GpuTopology": topology,
+                                                        "ManagedUnits": list(managed)})
 
     return run
 

@@ -6,13 +6,13 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from planning_fixtures import A100_40G, PROVISIONED, FakeHost, host_data, instance, use_fake_host
+from planning_fixtures import A100_40G, PROVISIONED, host_data, instance, one_gpu_smi, prepare_on_fake_host
 from pyinfra.context import ctx_host
 
 from vllm_fleet import deploy
 from vllm_fleet.host import host_packages
 from vllm_fleet.deploy import DeployError
-from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+from vllm_fleet.host.facts import parse_gpu_csv
 
 
 def _debian(target: str, *, eager_only: bool = False, manager: str = "uv") -> list[str]:
@@ -84,26 +84,16 @@ def test_apt_hosts_get_the_debian_names_without_recommends():
 
 # --- deploy.prepare(): refused before any change, or installed in step 4 ----------------------------
 
-def _smi() -> list[str]:
-    row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
-           "memory.total": "40960", "memory.used": "3", "uuid": "GPU-a", "compute_cap": "8.0",
-           "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
-    return [", ".join(row[f] for f in GPU_QUERY.split(","))]
-
-
 @pytest.fixture
 def prepare_on(monkeypatch):
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
-
     def run(runtime, **knobs):
         data = host_data(gpus=[A100_40G], instances=[instance(
             model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=4096)], **knobs)
         del data["gpus"]
-        fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(_smi()), "HostRuntime": runtime,
-                               "GpuTopology": {"available": False, "reason": "test"},
-                               "ManagedUnits": [], "PathsPresent": {}})
-        use_fake_host(monkeypatch, deploy, fake)
-        return deploy.prepare()
+        prepared, _ = prepare_on_fake_host(monkeypatch, data, {
+            "NvidiaGpus": parse_gpu_csv(one_gpu_smi()), "HostRuntime": runtime,
+            "GpuTopology": {"available": False, "reason": "test"}, "ManagedUnits": [], "PathsPresent": {}})
+        return prepared
 
     return run
 

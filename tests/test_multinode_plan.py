@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import copy
 import json
-import subprocess
-import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import yaml
 
-from planning_fixtures import A100_40G, H100_80G, RTX_4090D
+from planning_fixtures import A100_40G, H100_80G, RTX_4090D, fleet_error_text, run_cli
 from vllm_fleet.config import ConfigErrors, check_fleet, node_group_of, node_groups, parse_host
 from vllm_fleet.fleet import load_fleet
 from vllm_fleet.plan import plan_fleet, plan_host, plan_node_group, stage_order
@@ -40,15 +37,6 @@ def two_servers(inst: dict | None = None, a: dict | None = None, b: dict | None 
     """2 servers x 4xA100-40GB, the instance declared on the head gpu-a only."""
     return [parse_host("gpu-a", {**node("10.0.0.1", instances=[inst or llama()]), **(a or {})}),
             parse_host("gpu-b", {**node("10.0.0.2"), **(b or {})})]
-
-
-def errors_of(hosts_data: list[tuple[str, dict]]) -> str:
-    """Every error of parsing, checking and planning these hosts, as the CLI prints them."""
-    with pytest.raises(ConfigErrors) as info:
-        hosts = [parse_host(name, data) for name, data in hosts_data]
-        check_fleet(hosts)
-        plan_fleet(hosts)
-    return str(info.value)
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -144,8 +132,8 @@ def test_the_groups_gpus_are_reserved_on_every_node():
         other = next(i for i in plan.instances if i.name == "small")
         assert set(other.gpu_indices) <= {4, 5, 6, 7}
     # A GPU of the group named by another instance of a node is an error naming the group.
-    text = errors_of([("gpu-a", node("10.0.0.1", instances=[llama(gpus=[0, 1, 2, 3])], gpus=[A100_40G] * 8)),
-                      ("gpu-b", node("10.0.0.2", gpus=[A100_40G] * 8, instances=[dict(small, gpus=[2])]))])
+    text = fleet_error_text([("gpu-a", node("10.0.0.1", instances=[llama(gpus=[0, 1, 2, 3])], gpus=[A100_40G] * 8)),
+                             ("gpu-b", node("10.0.0.2", gpus=[A100_40G] * 8, instances=[dict(small, gpus=[2])]))])
     assert "host gpu-b, instance small, key gpus: GPU 2 is used by multi-node instance llama70b" in text
 
 
@@ -250,7 +238,7 @@ BAD = {
 @pytest.mark.parametrize("case", list(BAD), ids=list(BAD))
 def test_bad_nodes_inputs_are_located_errors_with_a_fix(case):
     hosts_data, message, fix = BAD[case]
-    text = errors_of(hosts_data)
+    text = fleet_error_text(hosts_data)
     assert message in text, text
     assert fix in text.split(message, 1)[1].split("\nerror:")[0], text
 
@@ -342,14 +330,9 @@ INVENTORY = textwrap.dedent("""
 """)
 
 
-def cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vllm_fleet.cli", *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=120)
-
-
 def test_plan_json_shows_the_instance_under_its_head_with_every_nodes_gpus(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY)
-    result = cli("plan", "inv.py", "--json", cwd=tmp_path)
+    result = run_cli("plan", "inv.py", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     hosts = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
     (inst,) = hosts["gpu-a"]["instances"]
@@ -364,7 +347,7 @@ def test_plan_json_shows_the_instance_under_its_head_with_every_nodes_gpus(tmp_p
 
 def test_plan_text_shows_the_node_group_per_gpu(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY)
-    result = cli("plan", "inv.py", cwd=tmp_path)
+    result = run_cli("plan", "inv.py", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     text = result.stdout
     assert "gpu-a:0,1,2,3 gpu-b:0,1,2,3" in text and "4/2/1" in text
@@ -376,14 +359,14 @@ def test_a_limit_to_one_node_loads_its_whole_group(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY)
     assert [h.name for h in load_fleet(tmp_path / "inv.py", limit=["gpu-b"], cwd=tmp_path)] == ["gpu-a", "gpu-b"]
     assert [h.name for h in load_fleet(tmp_path / "inv.py", limit=["gpu-c"], cwd=tmp_path)] == ["gpu-c"]
-    result = cli("plan", "inv.py", "--json", "--limit", "gpu-a", cwd=tmp_path)
+    result = run_cli("plan", "inv.py", "--json", "--limit", "gpu-a", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert [h["name"] for h in json.loads(result.stdout)["hosts"]] == ["gpu-a", "gpu-b"]
 
 
 def test_render_writes_the_ray_units_offline(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY)
-    result = cli("render", "inv.py", "--out", "out", cwd=tmp_path)
+    result = run_cli("render", "inv.py", "--out", "out", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     for host in ("gpu-a", "gpu-b"):
         assert (tmp_path / "out" / host / "etc/systemd/system" / RAY_UNIT).is_file()
@@ -394,6 +377,6 @@ def test_render_writes_the_ray_units_offline(tmp_path):
 
 def test_plan_of_a_bad_node_exits_2(tmp_path):
     (tmp_path / "inv.py").write_text(INVENTORY.replace('"nodes": ["gpu-a", "gpu-b"]', '"nodes": ["gpu-a", "gpu-x"]'))
-    result = cli("plan", "inv.py", cwd=tmp_path)
+    result = run_cli("plan", "inv.py", cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert "node 'gpu-x' is not a host of the inventory" in result.stderr

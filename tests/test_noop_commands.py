@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from planning_fixtures import TINY_MODEL_INFO
 from vllm_fleet.host import facts, model_sync as ms, operations
 from vllm_fleet.host.facts import (DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState, parse_batch,
                               query)
@@ -328,15 +329,12 @@ TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hi
                "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
                "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 2048,
                "torch_dtype": "float32"}
-MODEL_INFO = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 32,
-              "hidden_size": 128, "intermediate_size": 256, "vocab_size": 1024, "weights_gib": 0.003,
-              "dtype": "float32", "max_position_embeddings": 2048}
 
 
 def _instance(name: str, port: int, **extra) -> dict:
     return {"name": name, "model": f"/srv/models/{name}", "served_model_name": name, "port": port,
             "max_model_len": 1024, "dtype": "float32", "engine_args": {"enforce-eager": True},
-            "model_info": MODEL_INFO, **extra}
+            "model_info": TINY_MODEL_INFO, **extra}
 
 
 class SimulatedHost:
@@ -601,8 +599,8 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
            "memory.total": "40960", "memory.used": "3", "uuid": "GPU-a", "compute_cap": "8.0",
            "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
     data = host_data(gpus=[A100_40G], instances=[
-        instance(name="a", model="/srv/models/a", tokenizer="/srv/tok", max_model_len=1024, model_info=MODEL_INFO),
-        instance(name="b", model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=MODEL_INFO,
+        instance(name="a", model="/srv/models/a", tokenizer="/srv/tok", max_model_len=1024, model_info=TINY_MODEL_INFO),
+        instance(name="b", model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO,
                  port=8100)])
     del data["gpus"]
     smi = [", ".join(dict(row, index=str(i), uuid=f"GPU-{i}", **{"pci.bus_id": f"00000000:4{i}:00.0"})[f]
@@ -673,7 +671,7 @@ def _prepare(monkeypatch, **data_overrides):
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
     name = data_overrides.pop("instance_name", "a")
     data = dict(host_data(gpus=None, instances=[
-        instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=MODEL_INFO)]),
+        instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO)]),
         vllm_target="cpu", **data_overrides)
     fake = FakeHost(data, {"ManagedUnits": [], "HubModelCached": False})
     use_fake_host(monkeypatch, deploy, fake)
@@ -801,7 +799,7 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
 
     def config(second_source):
         insts = [instance(name=n, model="/srv/models/m", model_source=str(s), tokenizer=None, port=p,
-                          max_model_len=1024, model_info=MODEL_INFO)
+                          max_model_len=1024, model_info=TINY_MODEL_INFO)
                  for n, s, p in (("a", src, 8000), ("b", second_source, 8100))]
         return parse_host("box", host_data(gpus=None, instances=insts, vllm_target="cpu"))
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planning_fixtures import A100_40G, H100_80G, RTX_3090, RTX_4090D, T4, host_data, instance
-from vllm_fleet.config import ConfigErrors, GpuSpec, parse_host
+from planning_fixtures import A100_40G, H100_80G, RTX_3090, RTX_4090D, T4, host_data, instance, plan_errors
+from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.plan import even_partition, plan_host
 
 
@@ -15,14 +15,8 @@ def plan(data: dict, live=None):
     return plan_host(parse_host("box", data), live)
 
 
-def errors_of(data: dict, live=None) -> list:
-    with pytest.raises(ConfigErrors) as info:
-        plan(data, live)
-    return info.value.errors
-
-
 def test_seed_tp3_rejected_with_both_reasons():
-    errs = errors_of(host_data(instances=[instance(gpus=[0, 1, 2], tensor_parallel_size=3)]))
+    errs = plan_errors(host_data(instances=[instance(gpus=[0, 1, 2], tensor_parallel_size=3)]))
     text = "\n".join(e.located() for e in errs)
     assert "Total number of attention heads (16) must be divisible by tensor parallel size (3)" in text
     assert "different GPU models in one TP group" in text
@@ -32,8 +26,8 @@ def test_seed_tp3_rejected_with_both_reasons():
 
 def test_world_size_larger_than_visible_gpus_uses_the_seeds_words():
     # The seed's unit: TP=1 PP=3 but CUDA_VISIBLE_DEVICES exposed only two GPUs.
-    errs = errors_of(host_data(instances=[instance(gpus=[1, 2], tensor_parallel_size=1,
-                                                   pipeline_parallel_size=3)]))
+    errs = plan_errors(host_data(instances=[instance(gpus=[1, 2], tensor_parallel_size=1,
+                                                     pipeline_parallel_size=3)]))
     assert len(errs) == 1
     msg = errs[0].located()
     assert "World size (3) is larger than the number of available GPUs (2)" in msg
@@ -79,7 +73,7 @@ def test_auto_falls_back_to_pipeline_when_a_group_cannot_hold_the_model():
 def test_tp_must_divide_heads_kv_heads_and_intermediate():
     gpus = [H100_80G] * 3
     # Qwen2.5-7B has 28 heads, 4 KV heads: TP=3 divides neither.
-    errs = errors_of(host_data(gpus=gpus, instances=[instance(
+    errs = plan_errors(host_data(gpus=gpus, instances=[instance(
         model="Qwen/Qwen2.5-7B-Instruct", tokenizer=None, tensor_parallel_size=3, gpus=[0, 1, 2],
         max_model_len=4096)]))
     text = errs[0].located()
@@ -94,13 +88,13 @@ def test_tp_must_divide_heads_kv_heads_and_intermediate():
 
 
 def test_never_mixes_gpu_models_in_a_tp_group():
-    errs = errors_of(host_data(instances=[instance(gpus=[0, 1], tensor_parallel_size=2)]))
+    errs = plan_errors(host_data(instances=[instance(gpus=[0, 1], tensor_parallel_size=2)]))
     assert "different GPU models in one TP group" in errs[0].located()
 
 
 def test_model_that_does_not_fit_is_an_error_with_numbers():
     # Llama-3-70B bf16 (131 GiB) on 4x A100-40GB (160 GiB raw, 144 GiB at 0.9): no KV room left.
-    errs = errors_of(host_data(gpus=[A100_40G] * 4, instances=[instance(
+    errs = plan_errors(host_data(gpus=[A100_40G] * 4, instances=[instance(
         model="meta-llama/Meta-Llama-3-70B-Instruct", tokenizer=None, max_model_len=8192)]))
     msg = errs[0].located()
     assert "131.4 GiB of weights" in msg
@@ -160,21 +154,21 @@ def test_gguf_gets_plugin_and_tokenizer():
 
 def test_gpus_and_ports_never_shared_on_a_host():
     two = [instance(name="a", gpus=[1]), instance(name="b", gpus=[1], port=8001)]
-    errs = errors_of(host_data(instances=two))
+    errs = plan_errors(host_data(instances=two))
     assert any(e.key == "gpus" and e.instance == "b" for e in errs)
     same_port = [instance(name="a", gpus=[1]), instance(name="b", gpus=[2])]
-    errs = errors_of(host_data(instances=same_port))
+    errs = plan_errors(host_data(instances=same_port))
     assert any(e.key == "port" and "already used by instance a" in e.message for e in errs)
 
 
 def test_gpu_index_out_of_range():
-    errs = errors_of(host_data(instances=[instance(gpus=[3])]))
+    errs = plan_errors(host_data(instances=[instance(gpus=[3])]))
     assert errs[0].key == "gpus" and "does not exist" in errs[0].message
 
 
 def test_live_gpus_win_and_mismatch_shows_both():
     live = tuple(GpuSpec(i, g["name"], g["memory_mib"]) for i, g in enumerate([A100_40G] * 3))
-    errs = errors_of(host_data(), live=live)
+    errs = plan_errors(host_data(), live=live)
     assert "declared: 0: NVIDIA GeForce RTX 4090 D" in errs[0].message
     assert "live:     0: NVIDIA A100-SXM4-40GB" in errs[0].message
     no_decl = host_data(gpus=None)
@@ -198,7 +192,7 @@ def test_cpu_target_plans_without_gpus_and_rejects_parallelism():
     hp = plan(data)
     assert hp.instances[0].env["CUDA_VISIBLE_DEVICES"] == ""
     assert "tensor-parallel-size" not in hp.instances[0].engine_args
-    errs = errors_of({"vllm_target": "cpu", "vllm_instances": [instance(tensor_parallel_size=2)]})
+    errs = plan_errors({"vllm_target": "cpu", "vllm_instances": [instance(tensor_parallel_size=2)]})
     assert errs[0].key == "tensor_parallel_size"
 
 
@@ -210,7 +204,7 @@ def test_even_partition_matches_vllm():
 
 
 def test_unknown_model_without_model_info_says_how_to_fix():
-    errs = errors_of(host_data(instances=[instance(model="acme/secret-model", tokenizer=None)]))
+    errs = plan_errors(host_data(instances=[instance(model="acme/secret-model", tokenizer=None)]))
     assert errs[0].key == "model_info" and "model_info" in errs[0].fix
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def test_hosts_are_offline_with_local_resolver(sandbox: harness.Sandbox) -> None
 def test_pyinfra_reaches_every_host(sandbox: harness.Sandbox) -> None:
     """The same inventory file drives pyinfra over SSH (strict host key checking from its host data)."""
     proc = subprocess.run(
-        ["pyinfra", "-y", str(sandbox.inventory), "exec", "--", "hostname"],
+        [sys.executable, "-m", "pyinfra", "-y", str(sandbox.inventory), "exec", "--", "hostname"],
         capture_output=True, text=True, timeout=120, cwd=sandbox.inventory.parent.parent,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

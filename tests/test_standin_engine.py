@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from planning_fixtures import host_data, instance
+from planning_fixtures import TINY_MODEL_INFO, free_port, host_data, instance
 from vllm_fleet.host import envbuild, host_probe
 from vllm_fleet.commands import bundle
 from vllm_fleet.config import parse_host
@@ -100,21 +99,12 @@ def test_with_the_sandbox_wheelhouse_it_takes_vllm_router_and_its_deps_but_no_re
     assert subprocess.run([env / "bin/vllm-router", "--help"], capture_output=True).returncode == 0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _render(tmp_path: Path, backend_port: int, **extra) -> dict[str, str]:
     """The instance's files as the deploy renders them; vLLM's own port (port + offset) = backend_port."""
     (tmp_path / "model").mkdir()
     inst = instance(name="tiny", model=str(tmp_path / "model"), served_model_name="tiny-llama", port=8000,
                     max_model_len=1024, dtype="float32", engine_args={"enforce-eager": True, **extra},
-                    model_info={"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-                                "head_dim": 32, "hidden_size": 128, "intermediate_size": 256,
-                                "vocab_size": 1024, "weights_gib": 0.003, "dtype": "float32",
-                                "max_position_embeddings": 2048})
+                    model_info=dict(TINY_MODEL_INFO))
     inst.pop("tokenizer")
     host = parse_host("box", host_data(gpus=[], instances=[inst], vllm_target="cpu",
                                        vllm_backend_port_offset=backend_port - 8000))
@@ -135,7 +125,7 @@ def test_its_config_parser_reads_the_rendered_yaml_as_pyyaml_does(env, tmp_path)
 
 
 def test_serve_answers_what_the_deploys_verification_asks_and_stops_on_sigterm(env, tmp_path):
-    port = _free_port()
+    port = free_port()
     assert port > 8000
     rendered = _render(tmp_path, port)
     (tmp_path / "tiny.yaml").write_text(rendered[".yaml"])

@@ -10,23 +10,17 @@ from pathlib import Path
 
 import pytest
 
-from planning_fixtures import host_data, instance
-from vllm_fleet.config import ConfigErrors, parse_host
+from planning_fixtures import host_data, instance, parse_errors
+from vllm_fleet.config import parse_host
 
 REPO = Path(__file__).resolve().parent.parent
 INJECTION = "[Service]{0}ExecStartPre=+/bin/sh -c 'id > /root/pwned'{0}X="
 
 
-def errors_of(name: str, data: dict) -> list:
-    with pytest.raises(ConfigErrors) as info:
-        parse_host(name, data)
-    return info.value.errors
-
-
 @pytest.mark.parametrize("breaker", ["\n", "\r", "\x00", "\x1b", "\u2028", "\u2029", "\x85", "\t"])
 def test_an_env_value_that_breaks_a_line_is_refused(breaker):
     data = host_data(instances=[instance(name="q", env={"VLLM_LOGGING_LEVEL": "INFO" + INJECTION.format(breaker)})])
-    [err] = errors_of("h1", data)
+    [err] = parse_errors(data, "h1")
     assert (err.host, err.instance, err.key) == ("h1", "q", "env.VLLM_LOGGING_LEVEL")
 
 
@@ -37,7 +31,7 @@ def test_an_env_value_that_breaks_a_line_is_refused(breaker):
     ("engine_args", {"uvicorn-log-level": ["info", "--host\r0.0.0.0"]}, "engine_args.uvicorn-log-level[1]"),
 ])
 def test_instance_fields_with_control_characters_are_refused(field, value, key):
-    errors = errors_of("h1", host_data(instances=[instance(**{field: value})]))
+    errors = parse_errors(host_data(instances=[instance(**{field: value})]), "h1")
     assert any(e.key == key and e.host == "h1" for e in errors), [e.located() for e in errors]
 
 
@@ -50,20 +44,20 @@ def test_instance_fields_with_control_characters_are_refused(field, value, key):
     ("vllm_extra_packages", ["ray==2.60.0\n"]),
 ])
 def test_host_knobs_with_control_characters_are_refused(knob, value):
-    errors = errors_of("h1", host_data(**{knob: value}))
+    errors = parse_errors(host_data(**{knob: value}), "h1")
     assert any(e.key.startswith(knob) and e.instance is None for e in errors), [e.located() for e in errors]
 
 
 def test_a_gpu_name_with_a_newline_is_refused():
     data = host_data()
     data["gpus"][0]["name"] = "NVIDIA A100-SXM4-40GB\n[Service]\nExecStartPre=+/usr/bin/id"
-    assert [e.key for e in errors_of("h1", data)] == ["gpus[0].name"]
+    assert [e.key for e in parse_errors(data, "h1")] == ["gpus[0].name"]
 
 
 @pytest.mark.parametrize("name", ["h1\n[Service]\nExecStartPre=+/usr/bin/id\n#", "/srv/x", "../../x", "/",
                                   "[/bold]", "fe80::1%eth0", "", "a b"])
 def test_host_names_that_are_not_names_are_refused(name):
-    [err] = errors_of(name, host_data())
+    [err] = parse_errors(host_data(), name)
     assert err.key == "host name"
 
 
