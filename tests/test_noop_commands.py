@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.host import facts, model_sync as ms, operations
+from vllm_fleet.host import facts, model_source, model_sync as ms, model_sync_rules, operations
 from vllm_fleet.host.facts import (DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState, parse_batch,
                               query)
 from vllm_fleet.host.host_probe import RESULT_PREFIX
@@ -396,10 +396,10 @@ class SimulatedHost:
         if name == "NewestMtime":
             return ["1690000000"]
         if name == "ModelSyncState":
-            local = ms.local_manifest(self.model_source)
+            local = model_source.local_manifest(self.model_source)
             entries = {rel: {"size": f.size, "sha256": f.sha256, "mtime": f.host_mtime}
                        for rel, f in local.files.items()}
-            return (["exists\t755", "manifest\t" + ms.manifest_text(entries).strip()]
+            return (["exists\t755", "manifest\t" + model_sync_rules.manifest_text(entries).strip()]
                     + [f"f\t{f.size}\t{f.host_mtime}\t644\t{rel}" for rel, f in local.files.items()]
                     + [f"d\t-\t-\t755\t{rel}" for rel in local.dirs] + ["end\t0"])
         raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")

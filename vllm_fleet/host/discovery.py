@@ -24,7 +24,7 @@ from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
 from vllm_fleet.environment import current_link
 from vllm_fleet.host.facts import (GpuTopology, HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, NvidiaGpus,
                                    PathsPresent, query)
-from vllm_fleet.host.model_sync import ModelSyncError, local_manifest
+from vllm_fleet.host.model_source import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
 # What discovery reads is a core value (the fleet prepares hosts from it without reaching one).
 from vllm_fleet.prepared import Discovered  # noqa: F401
