@@ -388,7 +388,7 @@ class Bench:
     """State of one bench run; everything it starts is stopped by cleanup()."""
 
     def __init__(self, args: argparse.Namespace, out):
-        from vllm_fleet.sandbox import harness
+        from vllm_fleet.sandbox import harness, hosts
 
         self.args = args
         self.out = out
@@ -396,15 +396,15 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="vfcb-"))  # 0700; short: ssh control sockets live here
         if getattr(args, "engine", "vllm") == "vllm":  # rollout_bench's args: the real engine only
             self.base_inventory = REPO / "inventory" / "sandbox.py"
-            full = harness.load(self.base_inventory)
-            self.sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in CPU_HOSTS])
+            full = hosts.load(self.base_inventory)
+            self.sandbox = hosts.Sandbox(full.inventory, [h for h in full.hosts if h.name in CPU_HOSTS])
         else:  # a fleet of its own: --hosts stand-in hosts on a subnet of their own
             fleet = self.tmp / "fleet"
             fleet.mkdir()
             (fleet / "group_data").symlink_to(REPO / "inventory" / "group_data")
             self.base_inventory = fleet / "sandbox.py"
             self.base_inventory.write_text(fleet_inventory_source(args.hosts))
-            self.sandbox = harness.load(self.base_inventory)
+            self.sandbox = hosts.load(self.base_inventory)
         self.hosts = {h.name: h for h in self.sandbox.hosts}
         self.host_names = [h.name for h in self.sandbox.hosts]
         self.api_key = "skbench" + secrets.token_hex(12)  # letters and digits: the same in any escaping
@@ -613,10 +613,12 @@ class Bench:
         return {("127.0.0.1", port): n for n, port in ports.items()}
 
     def relay_known_hosts(self, ports: dict[str, int], tag: str) -> Path:
+        from vllm_fleet.sandbox.image import host_key_path
+
         path = self.tmp / f"known_hosts-{tag}"
         lines = []
         for name, port in ports.items():
-            public = Path(f"{self.harness.host_key_path(self.hosts[name])}.pub").read_text()
+            public = Path(f"{host_key_path(self.hosts[name])}.pub").read_text()
             lines.append(known_hosts_line("127.0.0.1", port, public))
         path.write_text("".join(lines))
         path.chmod(0o600)
@@ -779,8 +781,9 @@ def run_bench(b: Bench) -> dict[str, Any]:
     _tiny, wheelhouse = assets.prepare(log=lambda line: log(f"  {line}"))
     if args.engine == "standin":
         import standin_engine
+        from vllm_fleet.sandbox.hosts import cache_dir
 
-        wheelhouse = standin_engine.build_standin_wheelhouse(b.harness.cache_dir() / "bench" / "standin",
+        wheelhouse = standin_engine.build_standin_wheelhouse(cache_dir() / "bench" / "standin",
                                                              real_wheelhouse=wheelhouse)
         log(f"stand-in engine wheelhouse (SIMULATED vLLM): {wheelhouse}")
     b.env = dict(os.environ, VLLM_FLEET_API_KEY=b.api_key, VLLM_FLEET_WHEELHOUSE=str(wheelhouse),
@@ -1052,9 +1055,9 @@ def run_to_the_end(bench: Bench, run: Callable[[], dict[str, Any]],
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    from vllm_fleet.sandbox import harness
+    from vllm_fleet.sandbox import image
 
-    harness.require_root()
+    image.require_root()
     if args.runs < 5:
         print(f"note: --runs {args.runs}: the issue asks for >= 5 runs of each tool", file=out)
     bench = Bench(args, out)

@@ -73,7 +73,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(BENCH))
 
 import gateway_standin as standin  # noqa: E402
-from vllm_fleet.sandbox import harness  # noqa: E402
+from vllm_fleet.sandbox import harness, hosts, image  # noqa: E402
 
 INVENTORY = REPO / "inventory" / "sandbox.py"
 CPU_GROUP = "cpu_hosts"
@@ -452,11 +452,11 @@ def main(argv: list[str] | None = None) -> None:
     def log(line: str) -> None:
         print(line, file=out, flush=True)
 
-    harness.require_root()
-    full = harness.load(INVENTORY)
+    image.require_root()
+    full = hosts.load(INVENTORY)
     cpu_hosts = [h.name for h in full.hosts if CPU_GROUP in h.groups]
     fleet = load_fleet(cpu_hosts)
-    sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in cpu_hosts])
+    sandbox = hosts.Sandbox(full.inventory, [h for h in full.hosts if h.name in cpu_hosts])
     result: dict = {"target_ms": TARGET_MS, "gateway_host": fleet.gateway_host, "model": fleet.model,
                     "paths": {b: paths_text(b, fleet) for b in args.backends}, "runs": []}
     try:
@@ -502,5 +502,5 @@ def main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     try:
         main()
-    except (BenchError, harness.SandboxError) as exc:
+    except (BenchError, hosts.SandboxError) as exc:
         sys.exit(f"gateway bench: {exc}")

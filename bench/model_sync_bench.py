@@ -25,7 +25,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from vllm_fleet.sandbox import assets, harness  # noqa: E402
+from vllm_fleet.sandbox import assets, harness, hosts, image  # noqa: E402
 
 FILES, FILE_MIB = 20, 206  # 20 x 206 MiB = 4.02 GiB, plus the tiny model's own files
 CPU_HOSTS = ["sbx-cpu1", "sbx-cpu2", "sbx-cpu3"]
@@ -34,7 +34,7 @@ API_KEY = "sk-bench-model-sync"
 
 def big_model_dir() -> Path:
     """The tiny model's files plus FILES filler files, each of distinct content; made once."""
-    target = harness.cache_dir() / "bench" / f"big-model-{FILES}x{FILE_MIB}"
+    target = hosts.cache_dir() / "bench" / f"big-model-{FILES}x{FILE_MIB}"
     if (target / ".complete").exists():
         return target
     tiny, _wheelhouse = assets.prepare(log=lambda line: print(f"  {line}"))
@@ -89,16 +89,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="no-op runs of each kind (alternated)")
     args = parser.parse_args()
-    harness.require_root()
+    image.require_root()
     big = big_model_dir()
     files = sorted(p for p in big.iterdir() if not p.name.startswith("."))
     size = sum(p.stat().st_size for p in files)
     print(f"model directory {big}: {len(files)} files, {size / 2**30:.2f} GiB")
     tiny = assets.tiny_model_dir()
     env = dict(os.environ, VLLM_FLEET_API_KEY=API_KEY, PYTHONUNBUFFERED="1")
-    full = harness.load(REPO / "inventory" / "sandbox.py")
-    sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in CPU_HOSTS])
-    tmp = harness.cache_dir() / "bench" / "inventories"
+    full = hosts.load(REPO / "inventory" / "sandbox.py")
+    sandbox = hosts.Sandbox(full.inventory, [h for h in full.hosts if h.name in CPU_HOSTS])
+    tmp = hosts.cache_dir() / "bench" / "inventories"
     inv = {"big": inventory(tmp, "big", big), "tiny": inventory(tmp, "tiny", tiny)}
     try:
         harness.up(sandbox, log=lambda line: print(f"  {line}"))

@@ -472,11 +472,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from vllm_fleet.sandbox import harness
+    from vllm_fleet.sandbox import image
 
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
-    harness.require_root()
+    image.require_root()
     bench = cb.Bench(args, out)  # the sandbox, its hosts, temp dir, API key, inventories, cleanup
     result = cb.run_to_the_end(bench, lambda: run_bench(bench, args),
                                lambda so_far: print(markdown_tables(so_far), file=out),

@@ -23,10 +23,10 @@ IDLE_SETTLE_S = 5.0  # let boot-time jobs finish before measuring an idle host
 
 def three_hosts():
     """The sandbox of inventory/sandbox.py reduced to its 3 cpu_hosts."""
-    from vllm_fleet.sandbox import harness
+    from vllm_fleet.sandbox import hosts
 
-    full = harness.load(INVENTORY)
-    return harness.Sandbox(full.inventory, [h for h in full.hosts if "cpu_hosts" in h.groups][:3])
+    full = hosts.load(INVENTORY)
+    return hosts.Sandbox(full.inventory, [h for h in full.hosts if "cpu_hosts" in h.groups][:3])
 
 
 def timed_up(label: str) -> None:
@@ -49,9 +49,9 @@ def timed_up(label: str) -> None:
 
 def measure_serving() -> None:
     """PSS of each running sandbox host, with the state of its vLLM unit (read-only)."""
-    from vllm_fleet.sandbox import harness
+    from vllm_fleet.sandbox import harness, hosts
 
-    sandbox = harness.load(INVENTORY)
+    sandbox = hosts.load(INVENTORY)
     for status, host in zip(harness.status(sandbox), sandbox.hosts):
         if not status.running:
             print(f"  {host.name}: not running")
@@ -75,13 +75,13 @@ def main(argv: list[str]) -> int:
         # The inventory reads VLLM_FLEET_CACHE too, so keys and known_hosts follow into the temp cache.
         tmp_cache = tempfile.mkdtemp(prefix="vllm-fleet-bench-cache.")
         os.environ["VLLM_FLEET_CACHE"] = tmp_cache
-    from vllm_fleet.sandbox import harness
+    from vllm_fleet.sandbox import hosts, image
 
     try:
-        if not harness.base_dir().is_dir():
+        if not image.base_dir().is_dir():
             timed_up("from nothing (base built, target < 240 s)")
         timed_up("base cached (target < 15 s)")
-    except harness.SandboxError as e:
+    except hosts.SandboxError as e:
         print(f"sandbox bench: {e}", file=sys.stderr)
         return 2
     finally:

@@ -10,7 +10,7 @@ Fleet configuration (vllm_instances, ...) lives in inventory/group_data/, not he
 import os
 from pathlib import Path
 
-# Same cache root as the harness (vllm_fleet.sandbox.harness.cache_dir).
+# Same cache root as the harness (vllm_fleet.sandbox.hosts.cache_dir).
 _SSH_DIR = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet") / "sandbox" / "ssh"
 
 _A100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "compute_capability": 8.0}

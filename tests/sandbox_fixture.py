@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.sandbox import harness
+from vllm_fleet.sandbox import harness, hosts
 
 REPO = Path(__file__).resolve().parent.parent
 INVENTORY = REPO / "inventory" / "sandbox.py"
@@ -119,19 +119,19 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def sandbox() -> harness.Sandbox:
-    """The booted sandbox (harness.Sandbox): .hosts, .host(name), .groups, .run(host, cmd)."""
+def sandbox() -> hosts.Sandbox:
+    """The booted sandbox (hosts.Sandbox): .hosts, .host(name), .groups, .run(host, cmd)."""
     from fleet_helpers import prepare_assets_in_background
 
     try:
         # Loaded first: it imports pyinfra's CLI, whose gevent patching of the threading module
         # must not run while the assets' thread is importing (a "cannot release un-acquired lock").
-        sbx = harness.load(INVENTORY)
+        sbx = hosts.load(INVENTORY)
         prepare_assets_in_background()  # the wheelhouses download while the hosts boot
         # Teardown on every exit path: the finalizer below, and atexit should pytest die before it.
         atexit.register(harness.down, sbx)
         harness.up(sbx, log=print)  # up tears down itself if it fails or is interrupted
-    except harness.SandboxError as e:
+    except hosts.SandboxError as e:
         pytest.fail(f"sandbox could not start: {e}\n(use --no-sandbox to deselect sandbox tests)")
     try:
         yield sbx

@@ -565,8 +565,8 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     monkeypatch.setattr(assets, "prepare", lambda log: (tmp_path / "tiny", tmp_path / "wheelhouse"))
     monkeypatch.setattr(standin_engine, "build_standin_wheelhouse",
                         lambda dest, real_wheelhouse: calls.append(f"standin:{real_wheelhouse}") or tmp_path / "si")
-    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), cache_dir=lambda: tmp_path,
-                                    down=lambda sandbox: downs.append(sandbox))
+    monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))  # the stand-in wheelhouse's place
+    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), down=lambda sandbox: downs.append(sandbox))
     try:
         result = cb.run_bench(bench)
     finally:

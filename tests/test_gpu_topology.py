@@ -26,7 +26,7 @@ from planning_fixtures import A100_40G, RTX_3090, host_data, instance, prepare_o
 from vllm_fleet import deploy
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
-from vllm_fleet.host.facts import GpuTopology, parse_gpu_csv, topology_command
+from vllm_fleet.host.gpu_facts import GpuTopology, parse_gpu_csv, topology_command
 from vllm_fleet.plan import Interconnect, plan_host
 
 FAKE_PYNVML = textwrap.dedent('''

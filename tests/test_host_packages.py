@@ -12,7 +12,7 @@ from pyinfra.context import ctx_host
 from vllm_fleet import deploy
 from vllm_fleet.host import host_packages
 from vllm_fleet.deploy import DeployError
-from vllm_fleet.host.facts import parse_gpu_csv
+from vllm_fleet.host.gpu_facts import parse_gpu_csv
 
 
 def _debian(target: str, *, eager_only: bool = False, manager: str = "uv") -> list[str]:

@@ -239,7 +239,7 @@ def test_a_repo_counts_as_downloaded_only_once_its_download_finished(tmp_path):
     none: only the marker the deploy writes after a finished download counts."""
     import subprocess
 
-    from vllm_fleet.host.facts import HubModelCached
+    from vllm_fleet.host.host_facts import HubModelCached
 
     fact = HubModelCached()
     command = fact.command(hf_home=str(tmp_path), model="owner/repo")

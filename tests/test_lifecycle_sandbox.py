@@ -14,14 +14,14 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from fleet_helpers import API_KEY, CPU_HOSTS, FINGERPRINT, chat, pyinfra, variant_inventory, vllm_fleet
-from vllm_fleet.sandbox import harness
+from vllm_fleet.sandbox import boot
 
 OLD_DRIVER = "550.54.15"  # R550: CUDA 12.4; vLLM 0.33's torch is built for CUDA 13 (driver >= 580)
 GPU_HOST = "sbx-a100x2"
 
 
 def test_an_old_driver_stops_dry_and_real_runs_before_any_change(sandbox, deploy_env):
-    layout_path = f"/{harness.GPU_LAYOUT_PATH}"
+    layout_path = f"/{boot.GPU_LAYOUT_PATH}"
     layout = json.loads(sandbox.run(GPU_HOST, f"cat {layout_path}", check=True).stdout)
     old = {"driver_version": OLD_DRIVER, "gpus": layout}
     sandbox.run(GPU_HOST, f"cat > {layout_path} <<'EOF'\n{json.dumps(old)}\nEOF", check=True)

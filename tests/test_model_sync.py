@@ -1,7 +1,8 @@
-"""Model sync (vllm_fleet/host/model_sync.py): the workstation manifest and its cache, the decisions the
-operation takes from its facts, and the generated commands RUN for real in a tmp dir (an upload is
-simulated by copying the bytes the operation would send to the path it names), down to a real
-pyinfra run against @local that counts the remote commands of a no-op run."""
+"""Model sync (vllm_fleet/host/model_source.py, model_sync_rules.py, model_sync.py): the workstation
+manifest and its cache, the decisions the operation takes from its facts, and the generated commands
+RUN for real in a tmp dir (an upload is simulated by copying the bytes the operation would send to the
+path it names), down to a real pyinfra run against @local that counts the remote commands of a no-op
+run."""
 
 from __future__ import annotations
 
@@ -15,11 +16,12 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand
 
-from vllm_fleet.host import model_sync as ms
-from vllm_fleet.host.model_sync import MANIFEST_NAME, PARTIAL_SUFFIX, ModelSyncError
+from vllm_fleet.host import model_source, model_sync_rules, model_sync as ms
+from vllm_fleet.host.model_source import PARTIAL_SUFFIX, ModelSyncError
+from vllm_fleet.host.model_sync_rules import MANIFEST_NAME
 
 
-_REAL_SHA256 = ms.sha256_file
+_REAL_SHA256 = model_source.sha256_file
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +52,7 @@ def _count_hashes(monkeypatch) -> list[str]:
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(ms, "sha256_file", counting)
+    monkeypatch.setattr(model_source, "sha256_file", counting)
     return calls
 
 
@@ -59,7 +61,7 @@ def _count_hashes(monkeypatch) -> list[str]:
 def test_manifest_lists_files_skips_hidden_and_second_call_reads_no_content(tmp_path, monkeypatch):
     src = _model(tmp_path)
     calls = _count_hashes(monkeypatch)
-    first = ms.local_manifest(src)
+    first = model_source.local_manifest(src)
     assert sorted(first.files) == ["config.json", "model-00001-of-00002.safetensors",
                                    "model-00002-of-00002.safetensors", "tokenizer/tokenizer.json"]
     assert first.dirs == ["empty", "tokenizer"]
@@ -67,13 +69,13 @@ def test_manifest_lists_files_skips_hidden_and_second_call_reads_no_content(tmp_
     import hashlib
     shard = src / "model-00001-of-00002.safetensors"
     assert first.files[shard.name].sha256 == hashlib.sha256(shard.read_bytes()).hexdigest()
-    assert ms.cache_file(src).is_file() and ms.cache_file(src).parent == tmp_path / "cache" / "model-manifests"
+    assert model_source.cache_file(src).is_file() and model_source.cache_file(src).parent == tmp_path / "cache" / "model-manifests"
 
     # Second pass: no file is opened at all (hashing would raise; plain open() is watched too).
     def no_reads(path):
         raise AssertionError(f"read {path}")
 
-    monkeypatch.setattr(ms, "sha256_file", no_reads)
+    monkeypatch.setattr(model_source, "sha256_file", no_reads)
     real_open = open
     opened: list[str] = []
 
@@ -83,7 +85,7 @@ def test_manifest_lists_files_skips_hidden_and_second_call_reads_no_content(tmp_
         return real_open(file, *a, **k)
 
     monkeypatch.setattr("builtins.open", watching_open)
-    second = ms.local_manifest(src)
+    second = model_source.local_manifest(src)
     monkeypatch.setattr("builtins.open", real_open)
     assert opened == [] and second.hashed_files == 0
     assert second.files == first.files
@@ -92,7 +94,7 @@ def test_manifest_lists_files_skips_hidden_and_second_call_reads_no_content(tmp_
     calls = _count_hashes(monkeypatch)
     shard.write_bytes(os.urandom(300_000))
     os.utime(shard, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
-    third = ms.local_manifest(src)
+    third = model_source.local_manifest(src)
     assert calls == [str(shard)]
     assert third.files[shard.name].sha256 != first.files[shard.name].sha256
     # Replaced by another file (new inode) with the same size and mtime: read again too.
@@ -101,7 +103,7 @@ def test_manifest_lists_files_skips_hidden_and_second_call_reads_no_content(tmp_
     shutil.copy2(shard, other)
     os.replace(other, shard)
     os.utime(shard, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
-    ms.local_manifest(src)
+    model_source.local_manifest(src)
     assert calls == [str(shard)]
 
 
@@ -122,28 +124,28 @@ def _hf_snapshot(root: Path) -> tuple[Path, Path]:
 
 def test_symlinks_are_followed_and_bad_ones_refused_clearly(tmp_path):
     src, blobs = _hf_snapshot(tmp_path)
-    manifest = ms.local_manifest(src)
+    manifest = model_source.local_manifest(src)
     entry = manifest.files["model.safetensors"]
     assert entry.size == 7 and entry.source == str(blobs / "abc")
 
     (src / "gone.bin").symlink_to(tmp_path / "nowhere")
     with pytest.raises(ModelSyncError, match=r"gone.bin is a symlink to .*nowhere, which does not exist; fix"):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     (src / "gone.bin").unlink()
     (src / "sub").mkdir()
     (src / "sub" / "up").symlink_to(src)
     with pytest.raises(ModelSyncError, match=r"sub/up is a symlink to .*one of its own parent directories"):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     (src / "sub" / "up").unlink()
     os.mkfifo(src / "pipe")
     with pytest.raises(ModelSyncError, match="pipe is not a regular file or directory"):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     (src / "pipe").unlink()
     (src / f"x{PARTIAL_SUFFIX}").write_text("")
     with pytest.raises(ModelSyncError, match="marks an unfinished upload"):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     with pytest.raises(ModelSyncError, match="is not a directory on this workstation"):
-        ms.local_manifest(tmp_path / "missing")
+        model_source.local_manifest(tmp_path / "missing")
 
 
 def test_a_link_out_of_model_source_is_refused_naming_it_and_its_target(tmp_path):
@@ -155,7 +157,7 @@ def test_a_link_out_of_model_source_is_refused_naming_it_and_its_target(tmp_path
     (src / "config.json").write_text("{}\n")
     (src / "tokenizer.json").symlink_to("../../.ssh/id_ed25519")
     with pytest.raises(ModelSyncError) as refused:
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     text = str(refused.value)
     assert text.startswith(f"model_source {src}: tokenizer.json is a symlink to ../../.ssh/id_ed25519 "
                            f"({home / '.ssh' / 'id_ed25519'}), outside model_source: ")
@@ -164,13 +166,13 @@ def test_a_link_out_of_model_source_is_refused_naming_it_and_its_target(tmp_path
     # A directory link leading out is refused the same way, before anything below it is read.
     (src / "extra").symlink_to(home / ".ssh")
     with pytest.raises(ModelSyncError, match=rf"extra is a symlink to {home / '.ssh'}, outside model_source: "):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     (src / "extra").unlink()
     # A link to a sibling of model_source ("../x") leads out as well.
     (home / "models" / "other.bin").write_bytes(b"x")
     (src / "weights.bin").symlink_to("../other.bin")
     with pytest.raises(ModelSyncError, match=r"weights.bin is a symlink to \.\./other.bin \(.*other.bin\), outside"):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
 
 
 def test_links_that_stay_inside_model_source_are_followed(tmp_path):
@@ -180,7 +182,7 @@ def test_links_that_stay_inside_model_source_are_followed(tmp_path):
     (src / "alias.json").symlink_to("config.json")
     (src / "sub" / "config.json").symlink_to("../config.json")
     (src / "tok").symlink_to("sub")
-    manifest = ms.local_manifest(src)
+    manifest = model_source.local_manifest(src)
     assert sorted(manifest.files) == ["alias.json", "config.json", "sub/config.json", "tok/config.json"]
     assert manifest.files["alias.json"].source == str((src / "config.json").resolve())
     assert manifest.files["tok/config.json"].sha256 == manifest.files["config.json"].sha256
@@ -188,7 +190,7 @@ def test_links_that_stay_inside_model_source_are_followed(tmp_path):
 
 def test_a_hugging_face_snapshot_may_link_into_its_own_blobs_only(tmp_path):
     src, blobs = _hf_snapshot(tmp_path)
-    manifest = ms.local_manifest(src)
+    manifest = model_source.local_manifest(src)
     assert sorted(manifest.files) == ["config.json", "model.safetensors", "tokenizer/tokenizer.json"]
     assert manifest.files["tokenizer/tokenizer.json"].source == str((blobs / "123").resolve())
     # Another repository's blobs are outside: refused, saying what is allowed.
@@ -198,14 +200,14 @@ def test_a_hugging_face_snapshot_may_link_into_its_own_blobs_only(tmp_path):
     (src / "extra.bin").symlink_to("../../../models--org--other/blobs/zzz")
     with pytest.raises(ModelSyncError, match=r"extra.bin is a symlink to \.\./\.\./\.\./models--org--other/blobs/zzz "
                                              r"\(.*\), outside model_source and its Hugging Face repository's blobs/"):
-        ms.local_manifest(src)
+        model_source.local_manifest(src)
     (src / "extra.bin").unlink()
     # The same links from a directory that is not a snapshot (its parent is not `snapshots`): refused.
     plain = blobs.parent / "checkout"
     plain.mkdir()
     (plain / "config.json").symlink_to("../blobs/def")
     with pytest.raises(ModelSyncError, match=r"config.json is a symlink to \.\./blobs/def \(.*\), outside model_source: "):
-        ms.local_manifest(plain)
+        model_source.local_manifest(plain)
 
 
 # --- Decisions from fact dicts ----------------------------------------------------------------------
@@ -228,7 +230,7 @@ class _Host:
         self.noops.append(description)
 
 
-def _synced_state(local: ms.LocalManifest) -> dict:
+def _synced_state(local: model_source.LocalManifest) -> dict:
     """The fact as it reads after a complete sync of `local`."""
     files = {rel: {"size": f.size, "mtime": f"{f.host_mtime}0", "mode": 0o644}
              for rel, f in local.files.items()}
@@ -250,7 +252,7 @@ def _uploads(cmds):
 
 def test_unchanged_model_yields_nothing_and_one_fact(monkeypatch, tmp_path):
     src = _model(tmp_path)
-    state = _synced_state(ms.local_manifest(src))
+    state = _synced_state(model_source.local_manifest(src))
     cmds, fake = _op(monkeypatch, {"ModelSyncState": state}, src=str(src), dest="/srv/m")
     assert cmds == [] and fake.fact_calls == ["ModelSyncState"]
     size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file() and ".cache" not in p.parts
@@ -261,7 +263,7 @@ def test_unchanged_model_yields_nothing_and_one_fact(monkeypatch, tmp_path):
 
 def test_each_difference_gets_exactly_its_fix(monkeypatch, tmp_path):
     src = _model(tmp_path)
-    local = ms.local_manifest(src)
+    local = model_source.local_manifest(src)
     shard1, shard2 = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
 
     # One file changed on the workstation, same size (new sha and mtime): only it is sent.
@@ -270,12 +272,12 @@ def test_each_difference_gets_exactly_its_fix(monkeypatch, tmp_path):
     cmds, _ = _op(monkeypatch, {"ModelSyncState": state}, src=str(src), dest="/srv/m")
     assert _uploads(cmds) == [f"/srv/m/{shard1}{PARTIAL_SUFFIX}", f"/srv/m/{MANIFEST_NAME}{PARTIAL_SUFFIX}"]
     assert not any(isinstance(c, str) and c.startswith("rm -rf") for c in cmds)
-    local = ms.local_manifest(src)
+    local = model_source.local_manifest(src)
 
     # Truncated on the host: re-sent, without asking the host for a hash.
     state = _synced_state(local)
     state["files"][shard2] = {**state["files"][shard2], "size": 1000, "mtime": "1800000000.5"}
-    plan = ms.plan_sync(local, state, "/srv/m")
+    plan = model_sync_rules.plan_sync(local, state, "/srv/m")
     assert plan.send == {shard2: "truncated on the host (1000 of 200000 bytes)"} and not plan.to_hash
     cmds, fake = _op(monkeypatch, {"ModelSyncState": state}, src=str(src), dest="/srv/m")
     assert _uploads(cmds)[0] == f"/srv/m/{shard2}{PARTIAL_SUFFIX}" and len(_uploads(cmds)) == 2
@@ -288,19 +290,19 @@ def test_each_difference_gets_exactly_its_fix(monkeypatch, tmp_path):
     state["files"]["stale/x.bin"] = {"size": 5, "mtime": "1.0", "mode": 0o644}
     state["dirs"]["stale"] = {"mode": 0o755}
     state["files"][f"{shard1}{PARTIAL_SUFFIX}"] = {"size": 300_000, "mtime": "1.0", "mode": 0o600}
-    plan = ms.plan_sync(local, state, "/srv/m")
+    plan = model_sync_rules.plan_sync(local, state, "/srv/m")
     assert plan.send == {"config.json": "missing on the host"}
     assert plan.delete == ["model-00001-of-00002.safetensors.vllm-fleet-partial", "old-shard.bin", "stale"]
     cmds, _ = _op(monkeypatch, {"ModelSyncState": state}, src=str(src), dest="/srv/m")
     assert cmds[0] == ("rm -rf -- /srv/m/model-00001-of-00002.safetensors.vllm-fleet-partial "
                        "/srv/m/old-shard.bin /srv/m/stale")
     # delete=False keeps extras, but our leftover partial goes anyway.
-    assert ms.plan_sync(local, state, "/srv/m", delete=False).delete == [f"{shard1}{PARTIAL_SUFFIX}"]
+    assert model_sync_rules.plan_sync(local, state, "/srv/m", delete=False).delete == [f"{shard1}{PARTIAL_SUFFIX}"]
 
     # A new file on the workstation: sent, and the manifest grows by it.
     (src / "generation_config.json").write_text("{}\n")
-    local2 = ms.local_manifest(src)
-    plan = ms.plan_sync(local2, _synced_state(local), "/srv/m")
+    local2 = model_source.local_manifest(src)
+    plan = model_sync_rules.plan_sync(local2, _synced_state(local), "/srv/m")
     assert plan.send == {"generation_config.json": "new"} and plan.write_manifest
     assert sorted(plan.manifest) == sorted(local2.files)
 
@@ -308,14 +310,14 @@ def test_each_difference_gets_exactly_its_fix(monkeypatch, tmp_path):
     state = _synced_state(local)
     state["files"]["config.json"]["mode"] = 0o600
     state["dirs"]["tokenizer"]["mode"] = 0o700
-    plan = ms.plan_sync(local, state, "/srv/m")
+    plan = model_sync_rules.plan_sync(local, state, "/srv/m")
     assert not plan.send and plan.chmod_files == ["/srv/m/config.json"]
     assert plan.chmod_dirs == ["/srv/m/tokenizer"] and not plan.write_manifest
 
 
 def test_right_size_but_not_vouched_for_is_hashed_on_the_host_once(monkeypatch, tmp_path):
     src = _model(tmp_path)
-    local = ms.local_manifest(src)
+    local = model_source.local_manifest(src)
     shard1 = "model-00001-of-00002.safetensors"
     good = {rel: f.sha256 for rel, f in local.files.items()}
 
@@ -365,13 +367,13 @@ _ETC_DIRS = ["apt", "cron.d", "ssh", "systemd", "sudoers.d", "default"]
 
 def test_an_etc_like_directory_is_refused_before_anything_is_sent_or_removed(monkeypatch, tmp_path):
     src = _model(tmp_path)
-    local = ms.local_manifest(src)
+    local = model_source.local_manifest(src)
     state = _foreign_state(files=_ETC_FILES, dirs=_ETC_DIRS, other=["localtime"], hidden=[".pwd.lock"])
-    problem = ms.ownership_problem(state, "/etc/")
+    problem = model_sync_rules.ownership_problem(state, "/etc/")
     assert problem == ("/etc holds 103 entries vllm-fleet did not put there (it has no .vllm-fleet-manifest.json), "
                        "e.g. .pwd.lock, apt, cron.d, default, file000.conf, ...")
     with pytest.raises(ModelSyncError) as refused:
-        ms.plan_sync(local, state, "/etc")
+        model_sync_rules.plan_sync(local, state, "/etc")
     assert str(refused.value) == problem
     # The operation: one failing command that names the host and the directory; no upload, no rm.
     cmds, fake = _op(monkeypatch, {"ModelSyncState": state}, src=str(src), dest="/etc")
@@ -384,34 +386,34 @@ def test_an_etc_like_directory_is_refused_before_anything_is_sent_or_removed(mon
 
 
 def test_a_directory_of_other_models_is_refused_naming_them(tmp_path):
-    local = ms.local_manifest(_model(tmp_path))
+    local = model_source.local_manifest(_model(tmp_path))
     # As a fact lists it (full listing, e.g. from a fabricated or older state): named by top-level entry.
     state = _foreign_state(files=["gemma-3-12b/config.json", "llama-3-8b/config.json", "README"],
                            dirs=["gemma-3-12b", "llama-3-8b"])
     with pytest.raises(ModelSyncError, match=r"^/data/models holds 3 entries vllm-fleet did not put there \(it has "
                                              r"no \.vllm-fleet-manifest\.json\), e\.g\. README, gemma-3-12b, "
                                              r"llama-3-8b$"):
-        ms.plan_sync(local, state, "/data/models")
+        model_sync_rules.plan_sync(local, state, "/data/models")
 
 
 def test_a_directory_with_only_dotfiles_or_an_unreadable_listing_is_refused(tmp_path):
-    local = ms.local_manifest(_model(tmp_path))
+    local = model_source.local_manifest(_model(tmp_path))
     with pytest.raises(ModelSyncError, match=r"^/home/u holds 2 entries .* e\.g\. \.bashrc, \.ssh$"):
-        ms.plan_sync(local, _foreign_state(hidden=[".bashrc", ".ssh"]), "/home/u")
+        model_sync_rules.plan_sync(local, _foreign_state(hidden=[".bashrc", ".ssh"]), "/home/u")
     with pytest.raises(ModelSyncError, match=r"^/srv/m has no \.vllm-fleet-manifest\.json and could not be listed"):
-        ms.plan_sync(local, _foreign_state(listing_ok=False), "/srv/m")
+        model_sync_rules.plan_sync(local, _foreign_state(listing_ok=False), "/srv/m")
     # One entry: singular.
-    assert ms.ownership_problem(_foreign_state(dirs=["lost+found"]), "/mnt/new").startswith(
+    assert model_sync_rules.ownership_problem(_foreign_state(dirs=["lost+found"]), "/mnt/new").startswith(
         "/mnt/new holds 1 entry vllm-fleet did not put there")
 
 
 def test_a_new_or_empty_directory_or_one_with_our_manifest_is_synced(tmp_path):
-    local = ms.local_manifest(_model(tmp_path))
+    local = model_source.local_manifest(_model(tmp_path))
     absent = {"exists": False, "dir_mode": None, "manifest": None, "manifest_found": False, "files": {}, "dirs": {},
               "other": [], "hidden": [], "listing_ok": False}
     for state in (absent, _foreign_state()):
-        assert ms.ownership_problem(state, "/srv/m") is None
-        plan = ms.plan_sync(local, state, "/srv/m")
+        assert model_sync_rules.ownership_problem(state, "/srv/m") is None
+        plan = model_sync_rules.plan_sync(local, state, "/srv/m")
         assert plan.claim and sorted(plan.send) == sorted(local.files) and plan.delete == []
         cmds = list(ms.sync_commands(local, plan, "/srv/m", "0644", "0755", None, "gpu9"))
         assert cmds[0] == ms.claim_command("/srv/m", "0755")  # marked ours before anything else
@@ -419,11 +421,11 @@ def test_a_new_or_empty_directory_or_one_with_our_manifest_is_synced(tmp_path):
     synced = _synced_state(local)
     ours = [synced, dict(synced, manifest={}), dict(synced, manifest=None, manifest_found=True)]
     for state in ours:
-        assert ms.ownership_problem(state, "/srv/m") is None
-        assert not ms.plan_sync(local, state, "/srv/m", host_hashes={}).claim
+        assert model_sync_rules.ownership_problem(state, "/srv/m") is None
+        assert not model_sync_rules.plan_sync(local, state, "/srv/m", host_hashes={}).claim
     # Nothing but partial uploads (only vllm-fleet names files so): ours, and they are removed.
     partials = _foreign_state(files=[f"config.json{PARTIAL_SUFFIX}"], hidden=[f"{MANIFEST_NAME}{PARTIAL_SUFFIX}"])
-    plan = ms.plan_sync(local, partials, "/srv/m")
+    plan = model_sync_rules.plan_sync(local, partials, "/srv/m")
     assert plan.claim and plan.delete == [f"config.json{PARTIAL_SUFFIX}"]
 
 
@@ -438,27 +440,27 @@ def test_the_fact_without_a_manifest_lists_top_level_entries_dotfiles_too_and_fo
     link.parent.mkdir()
     link.symlink_to(foreign)  # `model` naming a link to a directory of others: what the sync would write into
     for dest in (foreign, link):
-        state = ms.parse_state(_sh(ms.state_command(str(dest))).stdout.splitlines())
+        state = model_sync_rules.parse_state(_sh(model_sync_rules.state_command(str(dest))).stdout.splitlines())
         assert state["exists"] and state["listing_ok"] and not state["manifest_found"]
         assert sorted(state["files"]) == ["passwd", "shadow"] and list(state["dirs"]) == ["apt"]  # not below
         assert state["other"] == ["localtime"] and state["hidden"] == [".pwd.lock"]
-        assert ms.ownership_problem(state, str(dest)) == (
+        assert model_sync_rules.ownership_problem(state, str(dest)) == (
             f"{dest} holds 5 entries vllm-fleet did not put there (it has no {MANIFEST_NAME}), e.g. .pwd.lock, "
             "apt, localtime, passwd, shadow" if dest == foreign else
             f"{dest} is reached through a symlink (it resolves to {foreign}); the sync, which writes as root, "
             "follows none")
     # A link on the way to a dest that does not exist yet carries the first sync elsewhere too.
-    state = ms.parse_state(_sh(ms.state_command(str(link / "new"))).stdout.splitlines())
-    assert not state["exists"] and f"resolves to {foreign}/new" in ms.ownership_problem(state, str(link / "new"))
+    state = model_sync_rules.parse_state(_sh(model_sync_rules.state_command(str(link / "new"))).stdout.splitlines())
+    assert not state["exists"] and f"resolves to {foreign}/new" in model_sync_rules.ownership_problem(state, str(link / "new"))
     # An empty directory: nothing listed, ours to claim.
     (tmp_path / "empty").mkdir()
-    state = ms.parse_state(_sh(ms.state_command(str(tmp_path / "empty"))).stdout.splitlines())
-    assert state["exists"] and state["listing_ok"] and ms.ownership_problem(state, str(tmp_path / "empty")) is None
+    state = model_sync_rules.parse_state(_sh(model_sync_rules.state_command(str(tmp_path / "empty"))).stdout.splitlines())
+    assert state["exists"] and state["listing_ok"] and model_sync_rules.ownership_problem(state, str(tmp_path / "empty")) is None
     # An unreadable manifest is still ours (found), and then the whole tree is listed.
     (foreign / MANIFEST_NAME).write_text("not json")
-    state = ms.parse_state(_sh(ms.state_command(str(foreign))).stdout.splitlines())
+    state = model_sync_rules.parse_state(_sh(model_sync_rules.state_command(str(foreign))).stdout.splitlines())
     assert state["manifest_found"] and state["manifest"] is None and "apt/sources.list.d/x.list" in state["files"]
-    assert ms.ownership_problem(state, str(foreign)) is None
+    assert model_sync_rules.ownership_problem(state, str(foreign)) is None
 
 
 # --- The commands, run for real ---------------------------------------------------------------------
@@ -469,12 +471,12 @@ def _sh(command: str) -> subprocess.CompletedProcess:
 
 def _real_facts(dest: Path):
     def state(dest):
-        done = _sh(ms.state_command(dest))
+        done = _sh(model_sync_rules.state_command(dest))
         assert done.returncode == 0, done.stderr
-        return ms.parse_state(done.stdout.splitlines())
+        return model_sync_rules.parse_state(done.stdout.splitlines())
 
     def hashes(dest, paths):
-        done = _sh(ms.hashes_command(dest, list(paths)))
+        done = _sh(model_sync_rules.hashes_command(dest, list(paths)))
         assert done.returncode == 0, done.stderr
         return ms.ModelSyncHashes().process(done.stdout.splitlines())
 
@@ -533,7 +535,7 @@ def test_commands_really_sync_verify_rename_and_write_the_manifest(monkeypatch, 
     assert oct((dest / "tokenizer").stat().st_mode & 0o777) == "0o755"
     manifest = json.loads((dest / MANIFEST_NAME).read_text())
     assert oct((dest / MANIFEST_NAME).stat().st_mode & 0o777) == "0o644"
-    local = ms.local_manifest(src)
+    local = model_source.local_manifest(src)
     for rel, f in local.files.items():
         assert manifest["files"][rel] == {"size": f.size, "sha256": f.sha256, "mtime": f.host_mtime}
         assert (dest / rel).stat().st_mtime_ns == f.mtime_ns
@@ -658,7 +660,7 @@ def test_a_first_sync_cut_short_is_taken_up_by_the_next_run(monkeypatch, tmp_pat
     ms._HOST_HASHES.clear()
     cmds, fake = _op(monkeypatch, facts, src=str(src), dest=str(dest))
     sent = sorted(u.removeprefix(f"{dest}/").removesuffix(PARTIAL_SUFFIX) for u in _uploads(cmds))
-    assert sent == sorted((set(ms.local_manifest(src).files) - set(placed)) | {MANIFEST_NAME})
+    assert sent == sorted((set(model_source.local_manifest(src).files) - set(placed)) | {MANIFEST_NAME})
     assert fake.fact_calls == (["ModelSyncState", "ModelSyncHashes"] if placed else ["ModelSyncState"])
     assert _apply(cmds) == [] and _tree(dest) == _tree(src)
     cmds, _ = _op(monkeypatch, facts, src=str(src), dest=str(dest))
@@ -666,7 +668,7 @@ def test_a_first_sync_cut_short_is_taken_up_by_the_next_run(monkeypatch, tmp_pat
     # Without the claim the same directory would be refused: the claim is what makes the rerun work.
     (dest / MANIFEST_NAME).unlink()
     with pytest.raises(ModelSyncError, match=rf"^{dest} holds \d+ entries vllm-fleet did not put there"):
-        ms.plan_sync(ms.local_manifest(src), facts["ModelSyncState"](str(dest)), str(dest))
+        model_sync_rules.plan_sync(model_source.local_manifest(src), facts["ModelSyncState"](str(dest)), str(dest))
 
 
 def test_a_directory_holding_files_of_others_is_left_exactly_as_it_was(monkeypatch, tmp_path):
@@ -692,15 +694,15 @@ def test_fact_output_parses_odd_names_and_hidden_entries(tmp_path):
     (dest / ".hidden").mkdir()
     (dest / ".hidden" / "x").write_text("x")
     (dest / "link").symlink_to("sub dir")
-    (dest / MANIFEST_NAME).write_text(ms.manifest_text({"sub dir/a b.bin": {"size": 5, "sha256": "a" * 64,
+    (dest / MANIFEST_NAME).write_text(model_sync_rules.manifest_text({"sub dir/a b.bin": {"size": 5, "sha256": "a" * 64,
                                                                             "mtime": "17"}}))
-    done = _sh(ms.state_command(str(dest)))
-    state = ms.parse_state(done.stdout.splitlines())
+    done = _sh(model_sync_rules.state_command(str(dest)))
+    state = model_sync_rules.parse_state(done.stdout.splitlines())
     assert state["exists"] and state["listing_ok"] and state["dir_mode"] == (dest.stat().st_mode & 0o777)
     assert state["files"]["sub dir/a b.bin"]["size"] == 5 and "." in state["files"]["sub dir/a b.bin"]["mtime"]
     assert list(state["dirs"]) == ["sub dir"] and state["other"] == ["link"]
     assert state["manifest"] == {"sub dir/a b.bin": {"size": 5, "sha256": "a" * 64, "mtime": "17"}}
-    absent = ms.parse_state(_sh(ms.state_command(str(tmp_path / "none"))).stdout.splitlines())
+    absent = model_sync_rules.parse_state(_sh(model_sync_rules.state_command(str(tmp_path / "none"))).stdout.splitlines())
     assert absent["exists"] is False and absent["files"] == {}
 
 

@@ -19,7 +19,7 @@ from vllm_fleet.commands.rollout import make_batches
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.host import ray_cluster
 from vllm_fleet.prepared import Discovered
-from vllm_fleet.host.facts import InterfaceAddresses
+from vllm_fleet.host.host_facts import InterfaceAddresses
 from vllm_fleet.prepared import node_group_plans, prepare_host
 from vllm_fleet.render import RAY_UNIT, ray_paths
 
@@ -171,7 +171,7 @@ def test_the_probe_runs_as_the_service_user_with_the_nodes_environment():
 # --- deploy.prepare on a Ray worker, with its facts answered here --------------------------------
 
 def _four_a100s() -> list:
-    from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+    from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
     rows = []
     for i in range(4):
         row = {"index": str(i), "pci.bus_id": f"00000000:{0x41 + i:02X}:00.0", "name": "NVIDIA A100-SXM4-40GB",

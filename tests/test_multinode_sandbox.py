@@ -25,7 +25,7 @@ import time
 import pytest
 
 from fleet_helpers import REPO, deploy_environment, pyinfra, ray_wheelhouse, standin_environment, vllm_fleet
-from vllm_fleet.sandbox import harness
+from vllm_fleet.sandbox import harness, hosts
 
 pytestmark = pytest.mark.sandbox  # deselected with --no-sandbox, like every test on sandbox hosts
 
@@ -40,7 +40,7 @@ VLLM_UNIT = "vllm-tiny-2node.service"
 def nodes():
     """The two hosts of inventory/multinode.py, booted for this module and always torn down. They
     have their own bridge and /24, beside the session's sandbox (same keys, same wheelhouse)."""
-    sbx = harness.load(REPO / INVENTORY)
+    sbx = hosts.load(REPO / INVENTORY)
     try:
         harness.up(sbx, log=print)
         yield sbx

@@ -24,13 +24,19 @@ from pathlib import Path
 import pytest
 
 from planning_fixtures import TINY_MODEL_INFO
-from vllm_fleet.host import facts, model_sync as ms, operations
-from vllm_fleet.host.facts import (DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState, parse_batch,
-                              query)
+from vllm_fleet.host import (facts, gpu_facts, host_facts, model_source, model_sync as ms, model_sync_rules, operations,
+                             state_facts)
+from vllm_fleet.host.facts import parse_batch, query
+from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.host.host_probe import RESULT_PREFIX
 
 REPO = Path(__file__).resolve().parent.parent
 SHELLS = [path for path in map(shutil.which, ("dash", "bash")) if path]  # Debian's sh, and bash
+
+
+def _fact_class(name: str) -> type:
+    """The fact class of that name, from the module of facts that defines it."""
+    return next(getattr(module, name) for module in (gpu_facts, host_facts, state_facts) if hasattr(module, name))
 
 
 def _run(command: str, shell: str = "/bin/sh", env: dict | None = None) -> list[str]:
@@ -132,19 +138,19 @@ def test_one_batch_answers_each_fact_as_its_own_command_does(tree, shell):
     queries = [query(FileState, path=str(tree / "etc" / "a b.yaml")), query(FileState, path=str(tree / "x")),
                query(DirectoryState, path=str(tree / "state")),
                query(NewestMtime, paths=(str(tree / "etc" / "secret.env"),)),
-               query(facts.PathsPresent, paths=(str(tree / "state"), str(tree / "nope"))),
-               query(facts.LinkTarget, path=str(tree / "link")),
-               query(facts.NvidiaGpus),  # no nvidia-smi here: pyinfra's "command missing" default
-               query(facts.HostRuntime, python_version="3.11"),
-               query(facts.ModelConfig, path=str(tree / "nope")),
+               query(host_facts.PathsPresent, paths=(str(tree / "state"), str(tree / "nope"))),
+               query(host_facts.LinkTarget, path=str(tree / "link")),
+               query(gpu_facts.NvidiaGpus),  # no nvidia-smi here: pyinfra's "command missing" default
+               query(host_facts.HostRuntime, python_version="3.11"),
+               query(host_facts.ModelConfig, path=str(tree / "nope")),
                query(ms.ModelSyncState, dest=str(tree / "state"))]
     raw = parse_batch(_run(facts.batch_command(queries), shell))
     assert sorted(raw) == list(range(len(queries)))
     for i, q in enumerate(queries):
         rc, lines = raw[i]
         assert rc == 0, q
-        alone = _run(q.fact().command(**q.kwargs), shell) if q.fact is not facts.NvidiaGpus else []
-        if q.fact is facts.NvidiaGpus and subprocess.run(["sh", "-c", "command -v nvidia-smi"]).returncode:
+        alone = _run(q.fact().command(**q.kwargs), shell) if q.fact is not gpu_facts.NvidiaGpus else []
+        if q.fact is gpu_facts.NvidiaGpus and subprocess.run(["sh", "-c", "command -v nvidia-smi"]).returncode:
             assert lines == [facts.MISSING_COMMAND] and facts._answer(q, lines) is None
             continue
         assert facts._answer(q, lines) == (q.fact().process(alone) if alone else q.fact().default()), q
@@ -157,10 +163,10 @@ def test_a_failed_fact_in_a_batch_is_asked_alone_and_the_rest_are_kept():
     assert raw == {0: (1, ["out"]), 1: (0, ["no newline"])}
     # prefetch keeps what succeeded; get asks the failed one alone (pyinfra reports its failure).
     fake = _Host({"LinkTarget": "asked alone"}, batch=lambda queries: {0: (1, ["out"]), 1: (0, ["target"])})
-    failing, fine = query(facts.LinkTarget, path="/a"), query(facts.LinkTarget, path="/b")
+    failing, fine = query(host_facts.LinkTarget, path="/a"), query(host_facts.LinkTarget, path="/b")
     facts.prefetch(fake, [failing, fine])
-    assert facts.get(fake, facts.LinkTarget, path="/b") == "target"
-    assert facts.get(fake, facts.LinkTarget, path="/a") == "asked alone"
+    assert facts.get(fake, host_facts.LinkTarget, path="/b") == "target"
+    assert facts.get(fake, host_facts.LinkTarget, path="/a") == "asked alone"
     assert fake.asked == ["FactBatch", "LinkTarget"]
 
 
@@ -394,10 +400,10 @@ class SimulatedHost:
         if name == "NewestMtime":
             return ["1690000000"]
         if name == "ModelSyncState":
-            local = ms.local_manifest(self.model_source)
+            local = model_source.local_manifest(self.model_source)
             entries = {rel: {"size": f.size, "sha256": f.sha256, "mtime": f.host_mtime}
                        for rel, f in local.files.items()}
-            return (["exists\t755", "manifest\t" + ms.manifest_text(entries).strip()]
+            return (["exists\t755", "manifest\t" + model_sync_rules.manifest_text(entries).strip()]
                     + [f"f\t{f.size}\t{f.host_mtime}\t644\t{rel}" for rel, f in local.files.items()]
                     + [f"d\t-\t-\t755\t{rel}" for rel in local.dirs] + ["end\t0"])
         raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")
@@ -462,7 +468,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
             lines = ["out: 0", "out: vllm-fleet-exit=0"]
         elif command_str in batches:
             queries = batches[command_str]
-            markers = [p for q in queries if q.fact is facts.PathsPresent for p in q.kwargs["paths"]
+            markers = [p for q in queries if q.fact is host_facts.PathsPresent for p in q.kwargs["paths"]
                        if p.endswith("/vllm-fleet-env.json")]
             env_name = markers[0].rsplit("/", 2)[1] if markers else "none"
             for i, q in enumerate(queries):
@@ -592,7 +598,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     from planning_fixtures import A100_40G, FakeHost, host_data, instance, use_fake_host
 
     from vllm_fleet import deploy
-    from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+    from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
@@ -615,7 +621,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     discovery, managed = ({q.fact.__name__ for q in batch} for batch in fake.batches)
     assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
     batched = set(fake.batches[0]) | set(fake.batches[1])
-    assert all(facts.Query.of(getattr(facts, name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
+    assert all(facts.Query.of(_fact_class(name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
     assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",
             "LinkTarget", "InstalledEnvironment", "HubModelCached"} <= managed
     files = {q.kwargs["path"] for q in fake.batches[1] if q.fact is FileState}

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.sandbox import harness
+from vllm_fleet.sandbox import harness, hosts, teardown
 
 pytestmark = pytest.mark.sandbox
 
 QUERY = "index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap"
 
 
-def test_at_least_three_hosts_run_systemd(sandbox: harness.Sandbox) -> None:
+def test_at_least_three_hosts_run_systemd(sandbox: hosts.Sandbox) -> None:
     assert len(sandbox.hosts) >= 3
     for host in sandbox.hosts:
         proc = sandbox.run(host, "systemctl is-system-running --wait")
@@ -28,7 +28,7 @@ def test_at_least_three_hosts_run_systemd(sandbox: harness.Sandbox) -> None:
         assert state == "running", f"{host.name}: {state!r} {proc.stderr}\nfailed units:\n{failed}"
 
 
-def test_ssh_checks_host_keys(sandbox: harness.Sandbox, tmp_path: Path) -> None:
+def test_ssh_checks_host_keys(sandbox: hosts.Sandbox, tmp_path: Path) -> None:
     """With strict checking and a known_hosts file that does not know the host, ssh refuses."""
     host = sandbox.hosts[0]
     empty = tmp_path / "known_hosts"
@@ -39,7 +39,7 @@ def test_ssh_checks_host_keys(sandbox: harness.Sandbox, tmp_path: Path) -> None:
     assert proc.returncode == 255 and "Host key verification failed" in proc.stderr, proc.stderr
 
 
-def test_mixed_host_lists_three_gpus_in_pci_order(sandbox: harness.Sandbox) -> None:
+def test_mixed_host_lists_three_gpus_in_pci_order(sandbox: hosts.Sandbox) -> None:
     host = sandbox.host("sbx-mixed")
     proc = sandbox.run(host, f"nvidia-smi --query-gpu={QUERY} --format=csv,noheader,nounits", check=True)
     rows = [line.split(", ") for line in proc.stdout.splitlines()]
@@ -54,7 +54,7 @@ def test_mixed_host_lists_three_gpus_in_pci_order(sandbox: harness.Sandbox) -> N
     assert "SIMULATED" in proc.stderr
 
 
-def test_gpu_hosts_report_their_declared_layout(sandbox: harness.Sandbox) -> None:
+def test_gpu_hosts_report_their_declared_layout(sandbox: hosts.Sandbox) -> None:
     for name in sandbox.groups["gpu_sim_hosts"]:
         host = sandbox.host(name)
         lines = sandbox.run(host, "nvidia-smi -L", check=True).stdout.splitlines()
@@ -65,14 +65,14 @@ def test_gpu_hosts_report_their_declared_layout(sandbox: harness.Sandbox) -> Non
         assert "SIMULATED" in sandbox.run(host, "nvidia-smi topo -m", check=True).stdout
 
 
-def test_cpu_hosts_have_no_nvidia_smi(sandbox: harness.Sandbox) -> None:
+def test_cpu_hosts_have_no_nvidia_smi(sandbox: hosts.Sandbox) -> None:
     assert len(sandbox.groups["cpu_hosts"]) >= 3
     for name in sandbox.groups["cpu_hosts"]:
         proc = sandbox.run(name, "command -v nvidia-smi")
         assert proc.returncode != 0, f"{name}: nvidia-smi at {proc.stdout.strip()}"
 
 
-def test_hosts_reach_each_other_by_address(sandbox: harness.Sandbox) -> None:
+def test_hosts_reach_each_other_by_address(sandbox: hosts.Sandbox) -> None:
     """Each host reads the next one's SSH banner over the sandbox network."""
     for host, other in zip(sandbox.hosts, sandbox.hosts[1:] + sandbox.hosts[:1]):
         cmd = f"timeout 5 bash -c 'exec 3<>/dev/tcp/{other.address}/22; head -c 8 <&3'"
@@ -80,7 +80,7 @@ def test_hosts_reach_each_other_by_address(sandbox: harness.Sandbox) -> None:
         assert proc.stdout.startswith("SSH-2.0"), f"{host.name} -> {other.name}: {proc.stderr}"
 
 
-def test_hosts_are_offline_with_local_resolver(sandbox: harness.Sandbox) -> None:
+def test_hosts_are_offline_with_local_resolver(sandbox: hosts.Sandbox) -> None:
     """No default route and nameserver 127.0.0.1: traffic stays in the sandbox, getfqdn() is quick."""
     host = sandbox.hosts[0]
     assert "default" not in sandbox.run(host, "ip route", check=True).stdout
@@ -89,7 +89,7 @@ def test_hosts_are_offline_with_local_resolver(sandbox: harness.Sandbox) -> None
     assert {line.split()[1] for line in names.splitlines()} == {h.name for h in sandbox.hosts}
 
 
-def test_pyinfra_reaches_every_host(sandbox: harness.Sandbox) -> None:
+def test_pyinfra_reaches_every_host(sandbox: hosts.Sandbox) -> None:
     """The same inventory file drives pyinfra over SSH (strict host key checking from its host data)."""
     proc = subprocess.run(
         [sys.executable, "-m", "pyinfra", "-y", str(sandbox.inventory), "exec", "--", "hostname"],
@@ -100,8 +100,8 @@ def test_pyinfra_reaches_every_host(sandbox: harness.Sandbox) -> None:
         assert f"[{host.name}]" in proc.stdout + proc.stderr
 
 
-def _one_host_sandbox(tmp_path: Path, sandbox: harness.Sandbox, name: str, address: str,
-                      inventory_file: str) -> harness.Sandbox:
+def _one_host_sandbox(tmp_path: Path, sandbox: hosts.Sandbox, name: str, address: str,
+                      inventory_file: str) -> hosts.Sandbox:
     """A sandbox of one host of its own (its own bridge and /24), reached with the session's keys."""
     keys = sandbox.hosts[0]
     inventory = tmp_path / "inventory" / inventory_file
@@ -111,10 +111,10 @@ def _one_host_sandbox(tmp_path: Path, sandbox: harness.Sandbox, name: str, addre
         f"'ssh_key': {str(keys.ssh_key)!r}, 'ssh_known_hosts_file': {str(keys.known_hosts)!r}, "
         f"'ssh_strict_host_key_checking': 'yes'}})]\n"
     )
-    return harness.load(inventory)
+    return hosts.load(inventory)
 
 
-def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: harness.Sandbox) -> None:
+def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: hosts.Sandbox) -> None:
     """A separate one-host sandbox on its own bridge and /24: up, then down, then nothing of it remains.
     (Its own cycle, so the session's hosts stay up for the tests after this one.)"""
     small = _one_host_sandbox(tmp_path, sandbox, "sbx-downtest", "10.213.251.11", "downtest.py")
@@ -127,12 +127,12 @@ def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: harness.Sandbox) ->
     host = small.hosts[0]
     assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not Path(f"/proc/{pid}").exists(), "systemd-nspawn still there (running or unreaped)"
-    assert not harness._nspawn_pids(host)
+    assert not teardown._nspawn_pids(host)
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert small.bridge not in links and host.veth not in links
     mounts = Path("/proc/mounts").read_text()
-    assert f"{harness.PREFIX}-{host.name}" not in mounts and str(small.state_dir) not in mounts
-    assert not any(d.exists() for d in harness._cgroup_dirs(host))
+    assert f"{hosts.PREFIX}-{host.name}" not in mounts and str(small.state_dir) not in mounts
+    assert not any(d.exists() for d in hosts._cgroup_dirs(host))
     assert not small.state_dir.exists()
     # The session's hosts were not disturbed.
     assert sandbox.run(sandbox.hosts[0], "true").returncode == 0
@@ -147,11 +147,11 @@ def _running(pid: int) -> bool:
 
 
 def _host_processes(host) -> set[int]:
-    return {int(p) for d in harness._cgroup_dirs(host) if d.is_dir()
+    return {int(p) for d in hosts._cgroup_dirs(host) if d.is_dir()
             for procs in d.rglob("cgroup.procs") for p in procs.read_text().split()}
 
 
-def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: harness.Sandbox) -> None:
+def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: hosts.Sandbox) -> None:
     """A systemd-nspawn SIGKILLed (its halt ran past the timeout: a vLLM slow to stop) leaves the
     container's init and everything it runs alive, reparented to PID 1. down() kills them by the
     host's own cgroup and removes the rest; nothing of the host is left."""
@@ -166,7 +166,7 @@ def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: h
     finally:
         harness.down(small)
     assert not [pid for pid in left if _running(pid)]
-    assert not any(d.exists() for d in harness._cgroup_dirs(host))
+    assert not any(d.exists() for d in hosts._cgroup_dirs(host))
     assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert small.bridge not in links and host.veth not in links and not small.state_dir.exists()

@@ -14,7 +14,7 @@ import urllib.request
 import pytest
 
 from fleet_helpers import API_KEY, CPU_HOSTS, KEY_MARK, REPO, chat, host_state, pyinfra, variant_inventory
-from vllm_fleet.sandbox import assets, harness
+from vllm_fleet.sandbox import assets, boot
 
 HOST, ADDRESS = "sbx-cpu1", CPU_HOSTS["sbx-cpu1"]
 PORT, BACKEND_PORT = 8000, 18000  # the instance's port (the front) and vLLM's own (loopback)
@@ -115,7 +115,7 @@ def test_the_deploy_logs_in_as_a_sudo_user_not_root(fleet, deploy_env):
 def test_a_host_that_refuses_sudo_fails_alone_and_nothing_changes_there(fleet, sandbox, deploy_env,
                                                                       tmp_path):
     refused = "sbx-cpu3"
-    sandbox.run(refused, f"rm -f /etc/sudoers.d/{harness.LOGIN_SUDOERS}", check=True)
+    sandbox.run(refused, f"rm -f /etc/sudoers.d/{boot.LOGIN_SUDOERS}", check=True)
     try:
         before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
         # A change for every host that reloads the front and restarts no vLLM: each front listens on
@@ -136,7 +136,7 @@ def test_a_host_that_refuses_sudo_fails_alone_and_nothing_changes_there(fleet, s
         assert chat(CPU_HOSTS["sbx-cpu2"], API_KEY)[0] == 200
         assert KEY_MARK not in out
     finally:
-        sandbox.run(refused, harness.login_user_command("deploy"), check=True)
+        sandbox.run(refused, boot.login_user_command("deploy"), check=True)
     assert pyinfra(deploy_env, "--limit", "cpu_hosts").returncode == 0  # back as the fleet was
 
 

@@ -21,7 +21,7 @@ from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
 from vllm_fleet.host import host_probe, remote
 from vllm_fleet.commands import status
 from vllm_fleet.config import parse_host
-from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
+from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
 from vllm_fleet.host.host_probe import RESULT_PREFIX
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import FRONT_UNIT, render_host
@@ -266,17 +266,17 @@ def test_a_unit_stuck_activating_is_not_verified(monkeypatch):
 def test_remote_facts_read_the_deploys_batch_and_name_a_fact_that_failed(monkeypatch, tmp_path):
     """facts.RemoteFacts (status's reader): one command for a prefetched batch, answers as the deploy's
     facts give them; a fact whose command fails alone is an error naming the host and the fact."""
-    from vllm_fleet.host import facts
+    from vllm_fleet.host import facts, host_facts
 
     (tmp_path / "there").mkdir()
     sent = []
     monkeypatch.setattr(remote, "run", lambda host, command, timeout=None: sent.append(command) or local_shell(command))
     on = facts.RemoteFacts(StubHost())
     paths = (str(tmp_path / "there"), str(tmp_path / "absent"))
-    facts.prefetch(on, [facts.query(facts.PathsPresent, paths=paths), facts.query(facts.ManagedUnits)])
+    facts.prefetch(on, [facts.query(host_facts.PathsPresent, paths=paths), facts.query(host_facts.ManagedUnits)])
     assert len(sent) == 1
-    assert facts.get(on, facts.PathsPresent, paths=paths) == {paths[0]: True, paths[1]: False}
+    assert facts.get(on, host_facts.PathsPresent, paths=paths) == {paths[0]: True, paths[1]: False}
     assert len(sent) == 1  # answered from the batch
     monkeypatch.setattr(remote, "run", lambda host, command, timeout=None: (False, "", "sudo: a password is required"))
     with pytest.raises(facts.FactUnreadable, match="host box: could not read LinkTarget: "):
-        facts.get(facts.RemoteFacts(StubHost()), facts.LinkTarget, path="/nowhere")
+        facts.get(facts.RemoteFacts(StubHost()), host_facts.LinkTarget, path="/nowhere")

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from vllm_fleet.host.discovery import model_info_from_config
-from vllm_fleet.host.facts import parse_gpu_csv
+from vllm_fleet.host.gpu_facts import parse_gpu_csv
 from vllm_fleet.commands.rollout import parse_batch
 from vllm_fleet.host.verify import InstanceCheck, diagnose, parse_probe_output, probe_command
 

@@ -31,7 +31,7 @@ from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.environment import current_link
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
-from vllm_fleet.host.facts import MANAGED_UNIT_FILES
+from vllm_fleet.host.host_facts import MANAGED_UNIT_FILES
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import RAY_UNIT, environment_spec, front_probe_address, instance_paths, manifest_path
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command

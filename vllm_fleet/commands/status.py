@@ -24,7 +24,7 @@ from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.environment import current_link
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.host.discovery import discover, discovery_queries, env_python
-from vllm_fleet.host.facts import GpuTopology
+from vllm_fleet.host.gpu_facts import GpuTopology
 from vllm_fleet.plan import RayNode
 from vllm_fleet.prepared import Discovered
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, instance_paths, manifest_path

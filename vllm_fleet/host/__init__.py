@@ -1,11 +1,13 @@
 """On the host: what vllm-fleet reads from a host and does there, and how it reaches it.
 
-- reading: `facts` (pyinfra facts; `prefetch` runs many in one remote command, `get` answers each once
-  a run; `RemoteFacts` reads the same facts over a plain connection), `discovery` (what the plan needs:
-  live GPUs, NVML topology, model configs, paths), `gpu_topology` (the NVML probe's script and parser)
+- reading: `facts` (`prefetch` runs many facts in one remote command, `get` answers each once a run;
+  `RemoteFacts` reads the same facts over a plain connection), the facts by what they read
+  (`gpu_facts`, `host_facts`, `state_facts`), `discovery` (what the plan needs: live GPUs, NVML
+  topology, model configs, paths), `gpu_topology` (the NVML probe's script and parser)
 - changing: `operations` (files, directories, the service account, units, the environment, secrets:
-  commands only where the host differs), `model_sync`, `hub` (downloads), `envbuild` (the versioned
-  environment), `host_packages` (which OS packages the runtime needs)
+  commands only where the host differs), `model_sync` (with `model_source`, the workstation side,
+  and `model_sync_rules`, the host side), `hub` (downloads), `envbuild` (the versioned environment),
+  `host_packages` (which OS packages the runtime needs)
 - reaching: `remote` (every command vllm-fleet sends itself, with the host's sudo/su/doas), `lock` (one
   deploy at a time), `ssh_lost` (a dropped connection fails its host with a message)
 - checking: `verify` + `host_probe` (runs on the host: health, models, a completion, the journal)

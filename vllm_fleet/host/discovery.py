@@ -22,9 +22,10 @@ from vllm_fleet.commands import bundle
 from vllm_fleet.catalog import GIB, ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
 from vllm_fleet.environment import current_link
-from vllm_fleet.host.facts import (GpuTopology, HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, NvidiaGpus,
-                                   PathsPresent, query)
-from vllm_fleet.host.model_sync import ModelSyncError, local_manifest
+from vllm_fleet.host.facts import query
+from vllm_fleet.host.gpu_facts import GpuTopology, NvidiaGpus
+from vllm_fleet.host.host_facts import HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, PathsPresent
+from vllm_fleet.host.model_source import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
 # What discovery reads is a core value (the fleet prepares hosts from it without reaching one).
 from vllm_fleet.prepared import Discovered  # noqa: F401

@@ -4,64 +4,36 @@ from, a directory that is vllm-fleet's own.
 `files.sync` stats and `sha1sum`s every file on the host (two remote commands per file) and hashes
 every local file, on every run: a no-op deploy of a 140 GB model re-read 140 GB on both sides. Here:
 
-- Workstation: `local_manifest(src)` lists the model directory (relative path, size, mtime_ns,
-  sha256). A file's sha256 is computed only when it is new or its (size, mtime_ns, inode) changed; the
-  rest come from a cache file, ${VLLM_FLEET_CACHE:-~/.cache/vllm-fleet}/model-manifests/<hash>.json,
-  so a no-op run opens no file. Symlinks are followed only where they stay inside src or, when src
-  is a Hugging Face snapshot directory (<repo>/snapshots/<revision>, made of links into
-  <repo>/blobs/), inside that repo's blobs/: a synced file is readable by every user of the host, so
-  a `tokenizer.json -> ../../.ssh/id_ed25519` must not travel. Such a link, a dangling or looping
-  one, or a special file, is refused with the path and a fix. Names starting with "." (files and
-  directories, at any depth) are skipped, on both sides.
-- Host: `<dest>/.vllm-fleet-manifest.json` (0644) records what was synced: per file its size,
-  sha256 and its mtime on the host (set to the workstation file's mtime, to the nanosecond, just
-  before the file is renamed into place). The fact `ModelSyncState(dest=...)` prints that manifest
-  and a `find` listing of everything under dest (size, mtime, mode) in ONE remote command; without
-  a manifest, only dest's top-level entries (hidden ones too): enough to tell whether it is empty,
-  and cheap even for `model: /`. A host file whose size and mtime equal its manifest entry is taken
-  to hold the manifest's sha256.
-- Ownership: the sync deletes what src lacks, so it only touches a dest that holds the manifest,
-  or that does not exist or is empty (entries named *.vllm-fleet-partial aside: only vllm-fleet
-  names files so). Anything else (`model: /etc`, a directory holding other models, a home
-  directory with only dotfiles) is refused from the fact, before anything is sent or removed
-  (`ownership_problem`; the deploy asks it while planning). A first sync writes an empty manifest
-  (one that vouches for no file) before it sends or creates anything else: a first sync cut short
-  still leaves a directory the next run recognises as its own, and that run adopts what arrived.
-- `model_sync(...)` compares the three and yields only what differs. Files are uploaded to
-  `<dest>/<rel>.vllm-fleet-partial`, then one privileged command checks the size and sha256 of that
-  partial file and renames it into place, so an interrupted or short transfer never becomes the
-  real file (a leftover partial is deleted by the next run). A host file of the right size that the
-  manifest does not vouch for (a sync interrupted after some renames, the first one included; a
-  file touched on the host) is hashed ON THE HOST by a second fact (`ModelSyncHashes`), once, and
-  adopted when it matches instead of being sent again.
+- Workstation: `model_source.local_manifest(src)` lists the model directory and hashes only what
+  is new or changed since the last run (model_source: the cache, which symlinks are followed).
+- Host: the fact `ModelSyncState(dest=...)` reads dest's manifest and listing in ONE remote command
+  (model_sync_rules: what is read, and when dest is vllm-fleet's to write into and delete from).
+- `model_sync(...)` compares the three (model_sync_rules.plan_sync) and yields only what differs.
+  Files are uploaded to `<dest>/<rel>.vllm-fleet-partial`, then one privileged command checks the
+  size and sha256 of that partial file and renames it into place, so an interrupted or short
+  transfer never becomes the real file (a leftover partial is deleted by the next run). A host file
+  of the right size that the manifest does not vouch for (a sync interrupted after some renames,
+  the first one included; a file touched on the host) is hashed ON THE HOST by a second fact
+  (`ModelSyncHashes`), once, and adopted when it matches instead of being sent again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import io
-import json
-import os
 import shlex
-import stat
-import tempfile
 import time
-from dataclasses import dataclass, field
-from decimal import Decimal, InvalidOperation
-from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from pyinfra import host, logger
 from pyinfra.api import FactBase, FileUploadCommand, operation
 
 from vllm_fleet.host import facts
+from vllm_fleet.host.model_source import PARTIAL_SUFFIX, LocalManifest, human_size, local_manifest
+from vllm_fleet.host.model_sync_rules import (MANIFEST_NAME, SyncPlan, hashes_command, manifest_text,
+                                              ownership_problem, parse_state, plan_sync, state_command)
 from vllm_fleet.host.remote import AS_LOGIN_USER, login_owner, login_user
 
-MANIFEST_NAME = ".vllm-fleet-manifest.json"
-PARTIAL_SUFFIX = ".vllm-fleet-partial"
-MANIFEST_VERSION = 1
-CACHE_VERSION = 1
-HASH_BLOCK = 8 * 1024 * 1024
 PROGRESS_EVERY_S = 10.0  # an in-flight progress line per file at most this often
 _MAX_ARGS_CHARS = 32_000  # one shell argument (sh -c '...') must stay far below Linux's 128 KiB
 
@@ -70,269 +42,7 @@ _MAX_ARGS_CHARS = 32_000  # one shell argument (sh -c '...') must stay far below
 # which would write a 10 GB shard twice, on a /tmp that may be too small.
 
 
-class ModelSyncError(ValueError):
-    """A model directory cannot be synced as it is: the workstation's (model_source) or the host's
-    (model); the message says why."""
-
-
-# --- Workstation side: the manifest and its cache ---------------------------------------------------
-
-@dataclass(frozen=True)
-class LocalFile:
-    path: str  # relative, "/"-separated
-    size: int
-    mtime_ns: int
-    sha256: str
-    source: str  # the file read for uploads (a symlink's target, resolved)
-
-    @property
-    def host_mtime(self) -> str:
-        """The mtime the file gets on the host: the workstation's, to the nanosecond ("sec.nsec",
-        what `touch -d @` takes). A filesystem that keeps less makes the next run hash the file
-        on the host once and record what it keeps."""
-        sec, nsec = divmod(self.mtime_ns, 1_000_000_000)
-        return f"{sec}.{nsec:09d}"
-
-
-@dataclass
-class LocalManifest:
-    root: str
-    files: dict[str, LocalFile]
-    dirs: list[str]  # relative directories (parents before children), "" (the root) not included
-    hashed_files: int = 0  # files whose content this call read
-    hashed_bytes: int = 0
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(f.size for f in self.files.values())
-
-    def digest(self) -> str:
-        text = json.dumps([[f.path, f.size, f.mtime_ns, f.sha256] for f in self.files.values()] + self.dirs)
-        return hashlib.sha256(text.encode()).hexdigest()
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet") / "model-manifests"
-
-
-def cache_file(src: str | Path) -> Path:
-    absolute = str(Path(src).expanduser().absolute())
-    return cache_dir() / f"{hashlib.sha256(absolute.encode()).hexdigest()[:32]}.json"
-
-
-def sha256_file(path: str) -> str:
-    """The one place workstation file content is read for hashing (tests count its calls)."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _check_name(src: Path, rel: str) -> None:
-    bad = [c for c in rel if ord(c) < 32 or c == "\x7f" or 0xDC80 <= ord(c) <= 0xDCFF]
-    if bad or any(c in rel for c in '"\\'):
-        raise ModelSyncError(f"model_source {src}: the name {rel!r} has a control character, a quote, a "
-                             "backslash or bytes that are not UTF-8; fix: rename it")
-    if rel.endswith(PARTIAL_SUFFIX):
-        raise ModelSyncError(f"model_source {src}: {rel} ends in {PARTIAL_SUFFIX}, which marks an unfinished "
-                             "upload on the host; fix: rename or remove it")
-
-
-def link_roots(src: Path) -> tuple[str, ...]:
-    """The directories model_source's symlinks may lead into (resolved): src itself and, when src
-    is a Hugging Face snapshot directory (its parent is named `snapshots` and the grandparent
-    holds `blobs/`), that repository's blobs/, where every file of a snapshot really is."""
-    real = Path(os.path.realpath(src))
-    roots = [str(real)]
-    blobs = real.parent.parent / "blobs"
-    if real.parent.name == "snapshots" and blobs.is_dir():
-        roots.append(os.path.realpath(blobs))
-    return tuple(roots)
-
-
-def _inside(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == root or path.startswith(root.rstrip(os.sep) + os.sep) for root in roots)
-
-
-def _walk(src: Path) -> tuple[list[tuple[str, str, os.stat_result]], list[str]]:
-    """(files as (rel, path to read, stat of the target)), dirs), following symlinks that stay
-    inside link_roots(src), hidden skipped."""
-    files: list[tuple[str, str, os.stat_result]] = []
-    dirs: list[str] = []
-    root = src.expanduser()
-    if not root.is_dir():
-        raise ModelSyncError(f"model_source {src} is not a directory on this workstation; fix: point "
-                             "model_source at the model's directory")
-    roots = link_roots(root)
-
-    def visit(directory: str, prefix: str, ancestors: tuple[str, ...]) -> None:
-        try:
-            entries = sorted(os.scandir(directory), key=lambda e: e.name)
-        except OSError as exc:
-            raise ModelSyncError(f"model_source {src}: cannot list {directory}: {exc.strerror}; "
-                                 "fix: make it readable") from exc
-        for entry in entries:
-            if entry.name.startswith("."):
-                continue
-            rel = prefix + entry.name
-            _check_name(src, rel)
-            try:
-                st = os.stat(entry.path)  # follows symlinks
-            except OSError as exc:
-                if entry.is_symlink():
-                    raise ModelSyncError(
-                        f"model_source {src}: {rel} is a symlink to {os.readlink(entry.path)}, which "
-                        f"{'loops' if 'loop' in str(exc.strerror).lower() else 'does not exist'}; fix: "
-                        "restore its target or remove the link") from exc
-                raise ModelSyncError(f"model_source {src}: cannot stat {rel}: {exc.strerror}") from exc
-            if entry.is_symlink() and not _inside(real := os.path.realpath(entry.path), roots):
-                target = os.readlink(entry.path)
-                also = " and its Hugging Face repository's blobs/" if len(roots) > 1 else ""
-                raise ModelSyncError(
-                    f"model_source {src}: {rel} is a symlink to {target}{f' ({real})' if real != target else ''}, "
-                    f"outside model_source{also}: what the sync sends is "
-                    "readable by every user of the host, so it follows links only inside model_source (and, "
-                    "in a Hugging Face snapshot directory, into its repository's blobs/); fix: put a copy of "
-                    "the file the model needs in place of the link, or remove the link")
-            if stat.S_ISDIR(st.st_mode):
-                real = os.path.realpath(entry.path)
-                if real in ancestors:
-                    raise ModelSyncError(f"model_source {src}: {rel} is a symlink to {real}, one of its own "
-                                         "parent directories (a loop); fix: remove the link")
-                dirs.append(rel)
-                visit(entry.path, rel + "/", ancestors + (real,))
-            elif stat.S_ISREG(st.st_mode):
-                files.append((rel, os.path.realpath(entry.path) if entry.is_symlink() else entry.path, st))
-            else:
-                raise ModelSyncError(f"model_source {src}: {rel} is not a regular file or directory "
-                                     "(a socket, FIFO or device); fix: remove it from the model directory")
-
-    visit(str(root), "", (os.path.realpath(root),))
-    return files, dirs
-
-
-def _read_cache(path: Path) -> dict[str, dict]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(data, dict) or data.get("version") != CACHE_VERSION or not isinstance(data.get("files"), dict):
-        return {}
-    return data["files"]
-
-
-def _write_cache(path: Path, src: str, entries: dict[str, dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name, suffix=".tmp",
-                                     delete=False) as tmp:
-        json.dump({"version": CACHE_VERSION, "src": src, "files": entries}, tmp, sort_keys=True)
-    os.replace(tmp.name, path)
-
-
-def local_manifest(src: str | Path, log: Callable[[str], None] | None = None) -> LocalManifest:
-    """The manifest of a workstation model directory; reads only files that are new or changed
-    since the last call (by size, mtime_ns and inode, kept in the cache file)."""
-    root = Path(src).expanduser()
-    found, dirs = _walk(root)
-    cache_path = cache_file(root)
-    cached = _read_cache(cache_path)
-    entries: dict[str, dict] = {}
-    files: dict[str, LocalFile] = {}
-    hashed_files = hashed_bytes = 0
-    started = time.monotonic()
-    for rel, source, st in found:
-        key = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "source": source}
-        old = cached.get(rel)
-        if old and all(old.get(k) == v for k, v in key.items()) and isinstance(old.get("sha256"), str):
-            sha = old["sha256"]
-        else:
-            if log and st.st_size >= 64 * 1024 * 1024:
-                log(f"hashing {rel} ({_human(st.st_size)}), new or changed since the last run")
-            try:
-                sha = sha256_file(source)
-            except OSError as exc:
-                raise ModelSyncError(f"model_source {root}: cannot read {rel}: {exc.strerror}; fix: make it "
-                                     "readable") from exc
-            hashed_files += 1
-            hashed_bytes += st.st_size
-        entries[rel] = {**key, "sha256": sha}
-        files[rel] = LocalFile(rel, st.st_size, st.st_mtime_ns, sha, source)
-    if entries != cached:
-        _write_cache(cache_path, str(root.absolute()), entries)
-    if log and hashed_files:
-        elapsed = time.monotonic() - started
-        log(f"hashed {hashed_files} file(s), {_human(hashed_bytes)} in {elapsed:.1f} s; "
-            f"{len(files) - hashed_files} from the cache {cache_path}")
-    return LocalManifest(str(root), files, dirs, hashed_files, hashed_bytes)
-
-
 # --- Host side: facts -------------------------------------------------------------------------------
-
-def state_command(dest: str) -> str:
-    """One command: the host manifest (one line of JSON) and a listing of everything under dest;
-    without a manifest, of dest's top-level entries only, hidden ones included ('h'): what
-    ownership_problem needs, at the cost of one line per entry, whatever lies below them.
-    `find -H`: a dest that is a symlink is listed through (it is what the sync would write into);
-    `real` is dest with every link resolved, for ownership_problem to refuse a dest reached through one."""
-    d = shlex.quote(dest.rstrip("/") or "/")
-    m = shlex.quote(MANIFEST_NAME)
-    listing = ("-type f -printf 'f\\t%s\\t%T@\\t%m\\t%P\\n' -o -type d -printf 'd\\t-\\t-\\t%m\\t%P\\n' "
-               "-o -printf 'o\\t-\\t-\\t-\\t%P\\n'")
-    return (f"printf 'real\\t%s\\n' \"$(readlink -m {d})\"; "
-            f"if [ -d {d} ]; then find -H {d} -maxdepth 0 -printf 'exists\\t%m\\n'; "
-            f"if [ -f {d}/{m} ]; then printf 'manifest\\t'; tr -d '\\n' < {d}/{m}; echo; "
-            f"find -H {d} -mindepth 1 -name '.*' -prune -o {listing}; "
-            f"else find -H {d} -mindepth 1 -maxdepth 1 -name '.*' -printf 'h\\t-\\t-\\t-\\t%P\\n' -o {listing}; fi; "
-            f"printf 'end\\t%s\\n' $?; else echo absent; fi")
-
-
-def parse_host_manifest(text: str) -> dict[str, dict] | None:
-    try:
-        data = json.loads(text)
-        files = data["files"]
-        return {str(rel): {"size": int(e["size"]), "sha256": str(e["sha256"]), "mtime": str(e["mtime"])}
-                for rel, e in files.items()}
-    except (ValueError, KeyError, TypeError, AttributeError):
-        return None
-
-
-def parse_state(lines: list[str]) -> dict[str, Any]:
-    state: dict[str, Any] = {"exists": False, "dir_mode": None, "manifest": None, "manifest_found": False,
-                             "files": {}, "dirs": {}, "other": [], "hidden": [], "listing_ok": False}
-    for line in lines:
-        kind, _, rest = line.partition("\t")
-        if kind == "real":
-            state["real"] = rest.strip() or None
-        elif kind == "exists":
-            state["exists"] = True
-            try:
-                state["dir_mode"] = int(rest, 8)
-            except ValueError:
-                state["dir_mode"] = None
-        elif kind == "manifest":
-            state["manifest_found"] = True
-            state["manifest"] = parse_host_manifest(rest)
-        elif kind in ("f", "d", "o", "h"):
-            parts = rest.split("\t", 3)
-            if len(parts) != 4 or not parts[3]:
-                continue
-            size, mtime, mode, rel = parts
-            try:
-                if kind == "f":
-                    state["files"][rel] = {"size": int(size), "mtime": mtime, "mode": int(mode, 8)}
-                elif kind == "d":
-                    state["dirs"][rel] = {"mode": int(mode, 8)}
-                elif kind == "h":
-                    state["hidden"].append(rel)
-                else:
-                    state["other"].append(rel)
-            except ValueError:
-                continue
-        elif kind == "end":
-            state["listing_ok"] = rest.strip() == "0"
-    return state
-
 
 class ModelSyncState(FactBase):
     """What is under a synced model directory, in one command:
@@ -359,13 +69,6 @@ def state_query(dest: str) -> "facts.Query":
     return facts.query(ModelSyncState, dest=dest.rstrip("/") or "/")
 
 
-def hashes_command(dest: str, paths: list[str]) -> str:
-    d = shlex.quote(dest.rstrip("/") or "/")
-    names = " ".join(shlex.quote(p) for p in paths)
-    return (f"cd {d} && for p in {names}; do if [ -f \"$p\" ]; then "
-            f"printf '%s\\t%s\\n' \"$(sha256sum < \"$p\" | cut -d' ' -f1)\" \"$p\"; fi; done")
-
-
 class ModelSyncHashes(FactBase):
     """sha256 of some files under dest, computed on the host: {rel: sha256}. Only asked for files of
     the right size that the host manifest does not vouch for (they are read in full on the host)."""
@@ -383,162 +86,6 @@ class ModelSyncHashes(FactBase):
             if len(sha) == 64 and rel:
                 out[rel] = sha
         return out
-
-
-# --- Decisions --------------------------------------------------------------------------------------
-
-def same_mtime(a: Any, b: Any) -> bool:
-    try:
-        return Decimal(str(a)) == Decimal(str(b))
-    except (InvalidOperation, ValueError):
-        return False
-
-
-def has_manifest(state: dict[str, Any]) -> bool:
-    """dest holds vllm-fleet's manifest (a readable one, or one it cannot parse: still its file)."""
-    return state.get("manifest") is not None or bool(state.get("manifest_found"))
-
-
-def ownership_problem(state: dict[str, Any], dest: str) -> str | None:
-    """None when the sync may write into and delete from dest: dest holds vllm-fleet's manifest, or
-    does not exist, or holds nothing but partial uploads (*.vllm-fleet-partial: only vllm-fleet
-    names files so). Otherwise what dest holds, for the refusal: an /etc, a directory of other
-    models, a home directory with only dotfiles would lose their files to `delete`. Pure: from the
-    ModelSyncState fact.
-
-    A first sync marks dest before anything else (claim_command: a manifest that vouches for no
-    file), so a rerun after a first sync cut short finds the manifest and goes on: the rule needs
-    no guess about which files an earlier run left."""
-    dest = dest.rstrip("/") or "/"
-    real = state.get("real")
-    if real and real != dest:
-        # The sync writes as root: a link on the way (one the service user could have made in its
-        # own state directory, say) would carry its files and deletions anywhere, e.g. into /etc.
-        return (f"{dest} is reached through a symlink (it resolves to {real}); the sync, which writes as "
-                "root, follows none")
-    if not state.get("exists") or has_manifest(state):
-        return None
-    names = {rel.split("/", 1)[0] for kind in ("files", "dirs") for rel in state.get(kind) or {}}
-    names.update(rel.split("/", 1)[0] for kind in ("other", "hidden") for rel in state.get(kind) or [])
-    foreign = sorted(name for name in names if not name.endswith(PARTIAL_SUFFIX))
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
-        return (f"{dest} holds {len(foreign)} {'entry' if len(foreign) == 1 else 'entries'} vllm-fleet did "
-                f"not put there (it has no {MANIFEST_NAME}), e.g. {shown}")
-    if not state.get("listing_ok"):
-        return (f"{dest} has no {MANIFEST_NAME} and could not be listed (find failed), so whether it holds "
-                "files vllm-fleet did not put there cannot be told")
-    return None
-
-
-@dataclass
-class SyncPlan:
-    send: dict[str, str] = field(default_factory=dict)  # rel -> reason
-    unchanged: list[str] = field(default_factory=list)
-    adopted: list[str] = field(default_factory=list)  # right content already there (hashed on the host)
-    to_hash: list[str] = field(default_factory=list)  # ask ModelSyncHashes about these first
-    delete: list[str] = field(default_factory=list)  # rm -rf (extra files and dirs, leftover partials)
-    mkdirs: list[str] = field(default_factory=list)  # absolute, parents first
-    chmod_dirs: list[str] = field(default_factory=list)
-    chmod_files: list[str] = field(default_factory=list)
-    manifest: dict[str, dict] = field(default_factory=dict)
-    write_manifest: bool = False
-    claim: bool = False  # make dest and mark it vllm-fleet's before anything else (first sync)
-
-    @property
-    def empty(self) -> bool:
-        return not (self.claim or self.send or self.delete or self.mkdirs or self.chmod_dirs
-                    or self.chmod_files or self.write_manifest)
-
-
-def plan_sync(local: LocalManifest, state: dict[str, Any], dest: str, delete: bool = True,
-              mode: str = "0644", dir_mode: str = "0755",
-              host_hashes: dict[str, str] | None = None) -> SyncPlan:
-    """What to do so that dest holds `local`, given the ModelSyncState fact (and, once asked for in
-    plan.to_hash, the ModelSyncHashes fact). Pure: tests feed it dicts. Raises ModelSyncError when
-    dest is not vllm-fleet's to sync into (ownership_problem), before anything is planned."""
-    dest = dest.rstrip("/") or "/"
-    problem = ownership_problem(state, dest)
-    if problem:
-        raise ModelSyncError(problem)
-    plan = SyncPlan(claim=not has_manifest(state))
-    manifest = state.get("manifest") or {}
-    host_files: dict[str, dict] = state.get("files", {})
-    host_dirs: dict[str, dict] = state.get("dirs", {})
-    other = set(state.get("other", []))
-    want_files, want_dirs = local.files, set(local.dirs)
-    file_mode, wanted_dir_mode = int(mode, 8), int(dir_mode, 8)
-
-    # Paths that must go before anything is placed: leftover partial uploads (ours, always), what
-    # sits where a file or directory must be, and (delete=True) everything not in the model.
-    removals = []
-    for rel in host_files:
-        if rel.endswith(PARTIAL_SUFFIX) or rel in want_dirs or (delete and rel not in want_files):
-            removals.append(rel)
-    for rel in host_dirs:
-        if rel in want_files or (delete and rel not in want_dirs):
-            removals.append(rel)
-    for rel in other:
-        if rel in want_dirs or (delete and rel not in want_files):
-            removals.append(rel)
-    # Only the topmost of removed paths (rm -rf takes what is below).
-    removed: set[str] = set()
-    for rel in sorted(removals):
-        if not any(rel.startswith(r + "/") for r in removed):
-            removed.add(rel)
-    plan.delete = sorted(removed)
-
-    def gone(rel: str) -> bool:
-        return rel in removed or any(rel.startswith(r + "/") for r in removed)
-
-    if not plan.claim and state.get("dir_mode") is not None and state["dir_mode"] != wanted_dir_mode:
-        plan.chmod_dirs.append(dest)  # (claim_command makes dest with its mode)
-    for rel in local.dirs:
-        if rel not in host_dirs or gone(rel):
-            plan.mkdirs.append(f"{dest}/{rel}")
-        elif host_dirs[rel]["mode"] != wanted_dir_mode:
-            plan.chmod_dirs.append(f"{dest}/{rel}")
-
-    for rel, lf in want_files.items():
-        h = None if gone(rel) else host_files.get(rel)
-        m = manifest.get(rel)
-        vouched = (h is not None and m is not None and h["size"] == m["size"]
-                   and same_mtime(h["mtime"], m["mtime"]))
-        if vouched and m["sha256"] == lf.sha256 and m["size"] == lf.size:
-            plan.unchanged.append(rel)
-            plan.manifest[rel] = dict(m)
-        elif vouched:
-            plan.send[rel] = "changed on the workstation"
-        elif h is None:
-            plan.send[rel] = "new" if rel not in manifest else "missing on the host"
-        elif h["size"] != lf.size:
-            plan.send[rel] = (f"{'truncated' if h['size'] < lf.size else 'longer'} on the host "
-                              f"({h['size']} of {lf.size} bytes)")
-        elif host_hashes is None:
-            plan.to_hash.append(rel)  # the right size, but nothing vouches for its content
-            continue
-        elif host_hashes.get(rel) == lf.sha256:
-            plan.adopted.append(rel)
-            plan.manifest[rel] = {"size": lf.size, "sha256": lf.sha256, "mtime": h["mtime"]}
-        else:
-            plan.send[rel] = ("changed on the host" if m is not None else "differs on the host") + \
-                " (same size, another sha256)"
-        if rel in plan.send:
-            plan.manifest[rel] = {"size": lf.size, "sha256": lf.sha256, "mtime": lf.host_mtime}
-        elif h is not None and h["mode"] != file_mode:
-            plan.chmod_files.append(f"{dest}/{rel}")
-
-    if plan.to_hash:
-        return plan  # incomplete: ask the host for those hashes, then plan again
-    old = {rel: {"size": e["size"], "sha256": e["sha256"], "mtime": str(e["mtime"])}
-           for rel, e in manifest.items()} if state.get("manifest") is not None else None
-    plan.write_manifest = plan.manifest != old or bool(plan.send)
-    return plan
-
-
-def manifest_text(entries: dict[str, dict]) -> str:
-    return json.dumps({"version": MANIFEST_VERSION, "tool": "vllm-fleet", "files": dict(sorted(entries.items()))},
-                      sort_keys=False, separators=(",", ":")) + "\n"
 
 
 # --- Commands ---------------------------------------------------------------------------------------
@@ -661,29 +208,21 @@ class Transfer:
     def file_started(self, reader: ProgressReader) -> None:
         if self.started is None:
             self.started = time.monotonic()
-        self.log(f"{self.prefix}model sync {self.dest}: sending {reader.rel} ({_human(reader.size)}), "
+        self.log(f"{self.prefix}model sync {self.dest}: sending {reader.rel} ({human_size(reader.size)}), "
                  f"file {self.done_files + 1} of {self.files}")
 
     def file_progress(self, reader: ProgressReader, sent: int, elapsed: float) -> None:
         pct = 100 * sent / reader.size if reader.size else 100
-        self.log(f"{self.prefix}model sync {self.dest}: {reader.rel}: {_human(sent)} of "
-                 f"{_human(reader.size)} ({pct:.0f}%), {_rate(sent, elapsed)}")
+        self.log(f"{self.prefix}model sync {self.dest}: {reader.rel}: {human_size(sent)} of "
+                 f"{human_size(reader.size)} ({pct:.0f}%), {_rate(sent, elapsed)}")
 
     def file_done(self, reader: ProgressReader, elapsed: float) -> None:
         self.done_files += 1
         self.done_bytes += reader._read
         overall = time.monotonic() - (self.started or time.monotonic())
-        self.log(f"{self.prefix}model sync {self.dest}: sent {reader.rel} ({_human(reader._read)}) in "
+        self.log(f"{self.prefix}model sync {self.dest}: sent {reader.rel} ({human_size(reader._read)}) in "
                  f"{elapsed:.1f} s, {_rate(reader._read, elapsed)}; total {self.done_files}/{self.files} "
-                 f"files, {_human(self.done_bytes)} of {_human(self.total)}, {_rate(self.done_bytes, overall)}")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
+                 f"files, {human_size(self.done_bytes)} of {human_size(self.total)}, {_rate(self.done_bytes, overall)}")
 
 
 def _rate(n: int, seconds: float) -> str:
@@ -785,7 +324,7 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
         if ask:
             size = sum(files[rel]["size"] for rel in ask)
             logger.info(f"{prefix}model sync {dest}: {len(ask)} file(s) of the right size that the host manifest "
-                        f"does not vouch for: hashing them on the host ({_human(size)}) instead of sending them")
+                        f"does not vouch for: hashing them on the host ({human_size(size)}) instead of sending them")
             got = host.get_fact(ModelSyncHashes, dest=dest, paths=tuple(ask)) or {}
             for rel, sha in got.items():
                 if rel in files:
@@ -794,7 +333,7 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
         plan = plan_sync(local, state, dest, delete, mode, dir_mode, host_hashes=known)
 
     if plan.empty:
-        host.noop(f"model {dest} is up to date ({len(local.files)} files, {_human(local.total_bytes)}; "
+        host.noop(f"model {dest} is up to date ({len(local.files)} files, {human_size(local.total_bytes)}; "
                   f"manifest and sizes/mtimes match)")
         return
     send_bytes = sum(local.files[r].size for r in plan.send)
@@ -802,7 +341,7 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
     for reason in plan.send.values():
         reasons[reason.split(" (")[0]] = reasons.get(reason.split(" (")[0], 0) + 1
     logger.info(f"{prefix}model sync {dest}: send {len(plan.send)} of {len(local.files)} files "
-                f"({_human(send_bytes)}{': ' + ', '.join(f'{n} {r}' for r, n in sorted(reasons.items())) if reasons else ''}); "
+                f"({human_size(send_bytes)}{': ' + ', '.join(f'{n} {r}' for r, n in sorted(reasons.items())) if reasons else ''}); "
                 f"{len(plan.unchanged)} unchanged, {len(plan.adopted)} verified on the host, "
                 f"{len(plan.delete)} to remove")
     for rel, reason in sorted(plan.send.items()):

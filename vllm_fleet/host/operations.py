@@ -2,8 +2,8 @@
 the secret files, and the Python environment.
 
 The operations that converge what a deploy manages (`managed_file`, `managed_directory`,
-`service_account`, `systemd_service`, `secret_file`) read small facts (facts.FileState, ...) through
-`facts.get`, which the deploy fills with ONE remote command for all of them (`facts.prefetch`), and
+`service_account`, `systemd_service`, `secret_file`) read small facts (state_facts.FileState, ...)
+through `facts.get`, which the deploy fills with ONE remote command for all of them (`facts.prefetch`), and
 yield commands only where the host differs: a deploy that changes nothing sends none.
 """
 
@@ -25,7 +25,8 @@ from pyinfra.facts.server import Command
 from pyinfra.operations.util.files import generate_color_diff
 
 from vllm_fleet.host import envbuild, facts, remote
-from vllm_fleet.host.facts import DirectoryState, FileState, LinkTarget, PathsPresent, ServiceAccount, UnitState
+from vllm_fleet.host.host_facts import LinkTarget, PathsPresent
+from vllm_fleet.host.state_facts import DirectoryState, FileState, ServiceAccount, UnitState
 
 _q = shlex.quote
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from vllm_fleet.commands import bundle
 from vllm_fleet.config import HOST_DEFAULTS
 from vllm_fleet.host import discovery
-from vllm_fleet.sandbox.harness import cache_dir
+from vllm_fleet.sandbox.hosts import cache_dir
 
 TINY_MODEL = "tiny-llama"
 PREPARE_HINT = "vllm-fleet sandbox up inventory/sandbox.py"  # the command that makes both

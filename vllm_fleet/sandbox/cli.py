@@ -15,10 +15,10 @@ import sys
 import time
 
 from vllm_fleet.commands.bundle import BundleError
-from vllm_fleet.sandbox import assets, harness
+from vllm_fleet.sandbox import assets, harness, hosts, image
 
 
-def _line(status: harness.HostStatus) -> str:
+def _line(status: hosts.HostStatus) -> str:
     """One human line per host: name, address, groups, systemd state, simulated GPUs."""
     state = status.state
     if status.failed_units:
@@ -31,7 +31,7 @@ def _line(status: harness.HostStatus) -> str:
     return f"{status.name:<12} {status.address:<15} {','.join(status.groups):<16} {state:<10} {gpus}"
 
 
-def _report(statuses: list[harness.HostStatus], as_json: bool, ready_s: float | None = None) -> int:
+def _report(statuses: list[hosts.HostStatus], as_json: bool, ready_s: float | None = None) -> int:
     """Print the host lines (or one JSON object); 1 if any host is not running."""
     if as_json:
         extra = {} if ready_s is None else {"time_to_ready_s": round(ready_s, 1)}
@@ -55,9 +55,9 @@ def main(argv: list[str]) -> int:
                         help="warm: also the wheelhouse with Ray that multi-node inventories install")
     args = parser.parse_args(argv)
     try:
-        sandbox = harness.load(args.inventory)
+        sandbox = hosts.load(args.inventory)
         if args.action == "down":
-            harness.require_root()
+            image.require_root()
             harness.down(sandbox)
             if not args.json:
                 print(f"sandbox {args.inventory}: {len(sandbox.hosts)} hosts stopped, nothing left behind")
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
             assets.prepare(log=log, extras=assets.RAY_WHEELHOUSE_EXTRAS if _has_node_groups(args.inventory)
                            else assets.WHEELHOUSE_EXTRAS)
         return code
-    except (harness.SandboxError, BundleError) as e:
+    except (hosts.SandboxError, BundleError) as e:
         print(f"vllm-fleet sandbox: {e}", file=sys.stderr)
         return 2
 

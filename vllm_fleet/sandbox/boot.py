@@ -1,0 +1,171 @@
+"""Booting one sandbox host: its own files in an overlay over the base, its network namespace
+wired by a veth into the sandbox's bridge, systemd-nspawn in cgroups of its own; then waiting for
+its SSH and creating the inventory's login user.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+from vllm_fleet.sandbox import nvidia_smi, package_mirror
+from vllm_fleet.sandbox.hosts import PREFIX, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _host_dir, _run
+from vllm_fleet.sandbox.image import SUITE, host_key_path
+
+GPU_LAYOUT_PATH = "etc/vllm-fleet-sim/gpus.json"
+LOGIN_SUDOERS = "vllm-fleet-login"  # /etc/sudoers.d/ file granting the login user password-less sudo
+READY_TIMEOUT_S = 120.0
+
+
+# --- one host ---------------------------------------------------------------------------------
+
+
+def _write_file(root: Path, upper: Path, rel: str, content: str | bytes, mode: int = 0o644) -> None:
+    """Write rel into the overlay's upper dir; new parent dirs copy the base's owner and mode
+    (an upper dir's attributes replace the base's: /root must stay 0700)."""
+    target = upper / rel
+    for parent in reversed(Path(rel).parents[:-1]):
+        up, low = upper / parent, root / parent
+        if not up.exists():
+            up.mkdir()
+            if low.is_dir():
+                st = low.stat()
+                os.chown(up, st.st_uid, st.st_gid)
+                up.chmod(st.st_mode & 0o7777)
+    if isinstance(content, str):
+        content = content.encode()
+    target.write_bytes(content)
+    target.chmod(mode)
+
+
+def _prepare_upper(sandbox: Sandbox, host: SandboxHost, base: Path, upper: Path) -> None:
+    """The files that make a host itself: name, machine id, hosts, SSH keys, simulated GPUs."""
+    files = {
+        "etc/hostname": (f"{host.name}\n", 0o644),
+        "etc/machine-id": (hashlib.md5(f"{sandbox.id}/{host.name}".encode()).hexdigest() + "\n", 0o444),
+        "etc/hosts": (
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+            + "".join(f"{h.address}\t{h.name}\n" for h in sandbox.hosts),
+            0o644,
+        ),
+        "etc/ssh/ssh_host_ed25519_key": (host_key_path(host).read_text(), 0o600),
+        "etc/ssh/ssh_host_ed25519_key.pub": (Path(f"{host_key_path(host)}.pub").read_text(), 0o644),
+        "root/.ssh/authorized_keys": (Path(f"{host.ssh_key}.pub").read_text(), 0o600),
+        "etc/apt/sources.list": (package_mirror.sources_list(SUITE), 0o644),
+    }
+    if host.gpus:
+        files["usr/local/bin/nvidia-smi"] = (Path(nvidia_smi.__file__).read_text(), 0o755)
+        files[GPU_LAYOUT_PATH] = (json.dumps(list(host.gpus), indent=2) + "\n", 0o644)
+    for rel, (content, mode) in files.items():
+        _write_file(base, upper, rel, content, mode)
+    (upper / "root/.ssh").chmod(0o700)
+
+
+def _ensure_bridge(sandbox: Sandbox) -> None:
+    if _run("ip", "link", "show", sandbox.bridge, check=False).returncode == 0:
+        return
+    _run("ip", "link", "add", sandbox.bridge, "type", "bridge")
+    _run("ip", "addr", "add", f"{sandbox.gateway}/{sandbox.network.prefixlen}", "dev", sandbox.bridge)
+    _run("ip", "link", "set", sandbox.bridge, "up")
+
+
+def _setup_network(sandbox: Sandbox, host: SandboxHost) -> None:
+    """Own netns with eth0 on the bridge at the host's address; deliberately no default route."""
+    _run("ip", "netns", "add", host.netns)
+    _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", f"{host.veth}p")
+    _run("ip", "link", "set", f"{host.veth}p", "netns", host.netns)
+    _run("ip", "link", "set", host.veth, "master", sandbox.bridge, "up")
+    ns = ("ip", "-n", host.netns)
+    _run(*ns, "link", "set", f"{host.veth}p", "name", "eth0")
+    _run(*ns, "addr", "add", f"{host.address}/{sandbox.network.prefixlen}", "dev", "eth0")
+    _run(*ns, "link", "set", "eth0", "up")
+    _run(*ns, "link", "set", "lo", "up")
+
+
+def _join_cgroups(dirs: list[Path]):
+    """preexec_fn: move the about-to-exec nspawn into the host's own cgroups ("0" = this process)."""
+
+    def join() -> None:
+        for d in dirs:
+            (d / "cgroup.procs").write_text("0")
+
+    return join
+
+
+def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path, mirror: Path) -> int:
+    """Mount the overlay, wire the network, start systemd-nspawn in its own cgroups; returns its PID.
+
+    The package mirror is bind-mounted read-only: the host's only apt source (it has no route out)."""
+    hdir = _host_dir(sandbox, host)
+    upper, work, root = hdir / "upper", hdir / "work", hdir / "root"
+    for d in (upper, work, root):
+        d.mkdir(parents=True)
+    upper.chmod(0o755)
+    _prepare_upper(sandbox, host, base, upper)
+    # nspawn cannot overlay "/" itself: mount it here; the source name makes it findable in /proc/mounts.
+    _run(
+        "mount", "-t", "overlay", f"{PREFIX}-{host.name}", "-o",
+        f"lowerdir={base},upperdir={upper},workdir={work}", str(root),
+    )  # fmt: skip
+    _setup_network(sandbox, host)
+    cgroups = _cgroup_dirs(host)
+    for d in cgroups:
+        d.mkdir(parents=True, exist_ok=True)
+    log = open(hdir / "nspawn.log", "wb")
+    proc = subprocess.Popen(
+        [
+            "systemd-nspawn", "--boot", "--quiet", "--register=no", "--keep-unit", "--console=passive",
+            f"--network-namespace-path=/run/netns/{host.netns}", f"--directory={root}",
+            f"--machine={host.name}", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
+            f"--bind-ro={mirror}:{package_mirror.MOUNT_POINT}",
+        ],  # fmt: skip
+        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        start_new_session=True, preexec_fn=_join_cgroups(cgroups),
+    )  # fmt: skip
+    log.close()
+    (hdir / "nspawn.pid").write_text(f"{proc.pid}\n")
+    return proc.pid
+
+
+# --- ready for the deploy -----------------------------------------------------------------------
+
+
+def _wait_ssh(sandbox: Sandbox, host: SandboxHost, deadline: float) -> None:
+    """Poll until sshd takes the key (connection refused until it listens)."""
+    while True:
+        proc = sandbox.run(host, "true", timeout=10)
+        if proc.returncode == 0:
+            return
+        if time.monotonic() > deadline:
+            log = (_host_dir(sandbox, host) / "nspawn.log").read_text(errors="replace")[-2000:]
+            raise SandboxError(
+                f"{host.name}: no SSH after {READY_TIMEOUT_S:.0f} s: {proc.stderr.strip()}\nnspawn log:\n{log}"
+            )
+        time.sleep(0.2)
+
+
+def login_user_command(user: str, sudo: bool = True) -> str:
+    """Create the inventory's login user as production has one: its own home and SSH key, and
+    password-less sudo (or, with sudo=False, none: what a host whose admin forgot looks like)."""
+    sudoers = f"/etc/sudoers.d/{LOGIN_SUDOERS}"
+    grant = (f"printf '%s\\n' {shlex.quote(f'{user} ALL=(ALL:ALL) NOPASSWD: ALL')} > {sudoers} && "
+             f"chmod 0440 {sudoers} && visudo -cqf {sudoers}") if sudo else f"rm -f {sudoers}"
+    home = f"/home/{user}"
+    return (f"id -u {user} >/dev/null 2>&1 || useradd -m -s /bin/bash {user}; "
+            f"install -d -m 0700 -o {user} -g {user} {home}/.ssh && "
+            f"install -m 0600 -o {user} -g {user} /root/.ssh/authorized_keys {home}/.ssh/authorized_keys && "
+            f"{grant}")
+
+
+def _create_login_user(sandbox: Sandbox, host: SandboxHost) -> None:
+    if host.login_user == "root":
+        return
+    proc = sandbox.run(host, login_user_command(host.login_user), timeout=60)
+    if proc.returncode != 0:
+        raise SandboxError(f"{host.name}: could not create the login user {host.login_user}: "
+                           f"{proc.stderr.strip()}")
