@@ -14,26 +14,17 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-INVENTORY = REPO / "inventory" / "sandbox.py"
+from benchlib import SANDBOX_INVENTORY, cpu_sandbox
+
 IDLE_SETTLE_S = 5.0  # let boot-time jobs finish before measuring an idle host
-
-
-def three_hosts():
-    """The sandbox of inventory/sandbox.py reduced to its 3 cpu_hosts."""
-    from vllm_fleet.sandbox import harness
-
-    full = harness.load(INVENTORY)
-    return harness.Sandbox(full.inventory, [h for h in full.hosts if "cpu_hosts" in h.groups][:3])
 
 
 def timed_up(label: str) -> None:
     """Bring the 3 hosts up, print time to ready and PSS per idle host, always bring them down."""
     from vllm_fleet.sandbox import harness
 
-    sandbox = three_hosts()
+    sandbox = cpu_sandbox()
     start = time.monotonic()
     try:
         statuses = harness.up(sandbox, log=lambda msg: print(f"  {msg}"))
@@ -51,7 +42,7 @@ def measure_serving() -> None:
     """PSS of each running sandbox host, with the state of its vLLM unit (read-only)."""
     from vllm_fleet.sandbox import harness
 
-    sandbox = harness.load(INVENTORY)
+    sandbox = harness.load(SANDBOX_INVENTORY)
     for status, host in zip(harness.status(sandbox), sandbox.hosts):
         if not status.running:
             print(f"  {host.name}: not running")
