@@ -23,6 +23,7 @@ from converge.tool_output import ansible_counts, changed_lines, play_recap, pyin
 
 
 def run_bench(b: Bench) -> dict[str, Any]:
+    """The whole bench on b's hosts, step by step; the result (also b.result as it fills)."""
     args = b.args
     versions = tool_versions(b)
     b.env = deploy_env(b.api_key, engine_wheelhouse(b))
