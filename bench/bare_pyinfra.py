@@ -1,12 +1,13 @@
-"""The issue's reference point for bench/converge_bench.py: a bare pyinfra deploy of one unit, its env
+"""The reference point of bench/converge_bench.py: a bare pyinfra deploy of one unit, its env
 file, daemon-reload, the service's state and a curl of /v1/models, written the plain pyinfra way
 (files.put, systemd.*, server.shell; no batching, no custom facts). Not a way to deploy vllm-fleet.
 
 Per host it manages the first instance's unit and env file, byte-identical to what deploy.py wrote
 (the bench hands it vllm-fleet's own rendered files), so on a converged host it changes nothing.
 Its input: the JSON file named by VLLM_FLEET_BENCH_BARE, {host: {unit_name, port, served_model_name,
-unit and env: {src, path, owner, group, mode}}} (converge_bench.bare_spec). The key is read on the host, by root, from the root-only env file
-and handed to curl on its standard input, as the Ansible playbook does: it is in no argv and no log.
+unit and env: {src, path, owner, group, mode}}} (bench/converge/inventories.py's bare_spec). The key
+is read on the host, by root, from the root-only env file and handed to curl on its standard input,
+as the Ansible playbook does: it is in no argv and no log.
 """
 
 import json

@@ -64,18 +64,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from urllib.parse import urlsplit
 
-BENCH = Path(__file__).resolve().parent
-REPO = BENCH.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(BENCH))
+from benchlib import BENCH, REPO, SANDBOX_INVENTORY, print_json
+import gateway_standin as standin
+from vllm_fleet.sandbox import harness, hosts, image
 
-import gateway_standin as standin  # noqa: E402
-from vllm_fleet.sandbox import harness, hosts, image  # noqa: E402
-
-INVENTORY = REPO / "inventory" / "sandbox.py"
+INVENTORY = SANDBOX_INVENTORY
 CPU_GROUP = "cpu_hosts"
 STANDIN_PORT = 8800  # on each CPU host's own address; none of the fleet's ports (8000, 9000, 18000, 19000-1)
 STANDIN_LIFETIME_S = 1800  # a stand-in exits on its own after this, whatever happens to the bench
@@ -456,7 +451,7 @@ def main(argv: list[str] | None = None) -> None:
     full = hosts.load(INVENTORY)
     cpu_hosts = [h.name for h in full.hosts if CPU_GROUP in h.groups]
     fleet = load_fleet(cpu_hosts)
-    sandbox = hosts.Sandbox(full.inventory, [h for h in full.hosts if h.name in cpu_hosts])
+    sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in cpu_hosts])
     result: dict = {"target_ms": TARGET_MS, "gateway_host": fleet.gateway_host, "model": fleet.model,
                     "paths": {b: paths_text(b, fleet) for b in args.backends}, "runs": []}
     try:
@@ -495,12 +490,11 @@ def main(argv: list[str] | None = None) -> None:
         log(f"target <= {TARGET_MS:g} ms added at p50 (stand-in backends, concurrency 1, every client): "
             f"{'met' if met else 'NOT met'}")
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        print()
+        print_json(result)
 
 
 if __name__ == "__main__":
     try:
         main()
-    except (BenchError, hosts.SandboxError) as exc:
+    except (BenchError, harness.SandboxError) as exc:
         sys.exit(f"gateway bench: {exc}")

@@ -22,19 +22,16 @@ import textwrap
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from vllm_fleet.sandbox import assets, harness, hosts, image  # noqa: E402
+from benchlib import CPU_HOSTS, GROUP_DATA, REPO, SANDBOX_INVENTORY, cpu_sandbox, deploy_env, inventory_dir
+from vllm_fleet.sandbox import assets, harness, image
 
 FILES, FILE_MIB = 20, 206  # 20 x 206 MiB = 4.02 GiB, plus the tiny model's own files
-CPU_HOSTS = ["sbx-cpu1", "sbx-cpu2", "sbx-cpu3"]
 API_KEY = "sk-bench-model-sync"
 
 
 def big_model_dir() -> Path:
     """The tiny model's files plus FILES filler files, each of distinct content; made once."""
-    target = hosts.cache_dir() / "bench" / f"big-model-{FILES}x{FILE_MIB}"
+    target = harness.cache_dir() / "bench" / f"big-model-{FILES}x{FILE_MIB}"
     if (target / ".complete").exists():
         return target
     tiny, _wheelhouse = assets.prepare(log=lambda line: print(f"  {line}"))
@@ -54,14 +51,11 @@ def big_model_dir() -> Path:
 
 def inventory(tmp: Path, name: str, model_source: Path) -> Path:
     """inventory/sandbox.py's 3 CPU hosts with the instance's model taken from model_source."""
-    d = tmp / name
-    d.mkdir(parents=True, exist_ok=True)
-    if not (d / "group_data").exists():
-        (d / "group_data").symlink_to(REPO / "inventory" / "group_data")
+    d = inventory_dir(tmp, name)
     (d / "sandbox.py").write_text(textwrap.dedent(f"""
         import copy, runpy
-        _base = runpy.run_path({str(REPO / 'inventory' / 'sandbox.py')!r})
-        _group = runpy.run_path({str(REPO / 'inventory' / 'group_data' / 'sandbox.py')!r})
+        _base = runpy.run_path({str(SANDBOX_INVENTORY)!r})
+        _group = runpy.run_path({str(GROUP_DATA / 'sandbox.py')!r})
         _inst = copy.deepcopy(_group["vllm_instances"][0])
         _inst.update(model_source={str(model_source)!r}, model="/var/lib/vllm-fleet/models/" + {name!r})
         cpu_hosts = [(n, dict(d, vllm_instances=[_inst])) for n, d in _base["cpu_hosts"]]
@@ -95,10 +89,9 @@ def main() -> None:
     size = sum(p.stat().st_size for p in files)
     print(f"model directory {big}: {len(files)} files, {size / 2**30:.2f} GiB")
     tiny = assets.tiny_model_dir()
-    env = dict(os.environ, VLLM_FLEET_API_KEY=API_KEY, PYTHONUNBUFFERED="1")
-    full = hosts.load(REPO / "inventory" / "sandbox.py")
-    sandbox = hosts.Sandbox(full.inventory, [h for h in full.hosts if h.name in CPU_HOSTS])
-    tmp = hosts.cache_dir() / "bench" / "inventories"
+    env = deploy_env(API_KEY)
+    sandbox = cpu_sandbox()
+    tmp = harness.cache_dir() / "bench" / "inventories"
     inv = {"big": inventory(tmp, "big", big), "tiny": inventory(tmp, "tiny", tiny)}
     try:
         harness.up(sandbox, log=lambda line: print(f"  {line}"))

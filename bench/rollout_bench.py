@@ -37,9 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -47,14 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "bench"
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(BENCH))
+from benchlib import CPU_HOSTS, REPO, Relay, deploy_env, print_json, run_to_the_end, stop_process
+from converge.machine import Bench  # the sandbox, its hosts, temp dir, API key, inventories, cleanup
 
-import converge_bench as cb  # noqa: E402  (the sandbox, inventories and relay of the converge bench)
-
-CPU_HOSTS = ["sbx-cpu1", "sbx-cpu2", "sbx-cpu3"]
 TARGET_OVERHEAD_PCT = 10.0
 STEPS = ["transfer", "environment install", "model sync", "OS packages", "first start", "other"]
 VARIANT = {"max_num_seqs": 16}  # as tests/test_rollout_sandbox.py: every instance restarts
@@ -344,13 +337,7 @@ def stream(argv: list[str], env: dict[str, str], log, label: str, timeout: float
                 raise TimeoutError(f"{label}: over {timeout:.0f} s")
         proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
     except BaseException:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=10)
+        stop_process(proc, grace_s=10)
         raise
     finally:
         reader.join(timeout=10)
@@ -359,8 +346,8 @@ def stream(argv: list[str], env: dict[str, str], log, label: str, timeout: float
     return proc.returncode, lines, "".join(out_chunks), time.monotonic() - start
 
 
-class ByteRelay(cb.Relay):
-    """converge_bench's relay at +0 ms with --save-every: bytes readable while connections are open."""
+class ByteRelay(Relay):
+    """The relay at +0 ms with --save-every: bytes readable while connections are open."""
 
     def __init__(self, targets: dict[str, tuple[str, int]], workdir: Path, save_every: float = 0.5):
         super().__init__(0, targets, workdir, save_every=save_every)
@@ -389,8 +376,7 @@ def run_bench(b, args) -> dict[str, Any]:
 
     log = b.log
     _tiny, wheelhouse = assets.prepare(log=lambda line: log(f"  {line}"))
-    b.env = dict(os.environ, VLLM_FLEET_API_KEY=b.api_key, VLLM_FLEET_WHEELHOUSE=str(wheelhouse),
-                 PYTHONUNBUFFERED="1")
+    b.env = deploy_env(b.api_key, wheelhouse)
     result: dict[str, Any] = {"host_names": CPU_HOSTS, "versions": {"vllm_fleet": __version__,
                                                                     "pyinfra": pyinfra.__version__},
                               "api_key_in_output": b.leaks}
@@ -400,9 +386,7 @@ def run_bench(b, args) -> dict[str, Any]:
     # 1. First converge through the byte-counting relay.
     relay = ByteRelay({n: (h.address, 22) for n, h in b.hosts.items()}, b.tmp)
     b.relays.append(relay)
-    kh = b.relay_known_hosts(relay.ports, "bytes")
-    inv = b.pyinfra_inventory("inv-bytes", {n: {"hostname": "127.0.0.1", "port": p, "known_hosts": str(kh)}
-                                            for n, p in relay.ports.items()})
+    inv, _known_hosts = b.relay_inventory(relay, "bytes")
     samples: list[tuple[float, dict[str, int]]] = [(0.0, {})]
 
     def sample(t: float, raw: str) -> None:
@@ -477,16 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = sys.stderr if args.json else sys.stdout
     image.require_root()
-    bench = cb.Bench(args, out)  # the sandbox, its hosts, temp dir, API key, inventories, cleanup
-    result = cb.run_to_the_end(bench, lambda: run_bench(bench, args),
-                               lambda so_far: print(markdown_tables(so_far), file=out),
-                               "sandbox hosts stopped, relay stopped, temporary inventories removed")
+    bench = Bench(args, out)
+    result = run_to_the_end(bench, lambda: run_bench(bench, args),
+                            lambda so_far: print(markdown_tables(so_far), file=out),
+                            "sandbox hosts stopped, relay stopped, temporary inventories removed")
     print("", file=out)
     print(markdown_tables(result), file=out)
     print("API key in any captured output: " + (", ".join(result["api_key_in_output"]) or "no"), file=out)
     if args.json:
-        json.dump(result, sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        print_json(result)
     return 1 if result["api_key_in_output"] else 0
 
 

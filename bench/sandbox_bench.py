@@ -14,26 +14,17 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-INVENTORY = REPO / "inventory" / "sandbox.py"
+from benchlib import SANDBOX_INVENTORY, cpu_sandbox
+
 IDLE_SETTLE_S = 5.0  # let boot-time jobs finish before measuring an idle host
-
-
-def three_hosts():
-    """The sandbox of inventory/sandbox.py reduced to its 3 cpu_hosts."""
-    from vllm_fleet.sandbox import hosts
-
-    full = hosts.load(INVENTORY)
-    return hosts.Sandbox(full.inventory, [h for h in full.hosts if "cpu_hosts" in h.groups][:3])
 
 
 def timed_up(label: str) -> None:
     """Bring the 3 hosts up, print time to ready and PSS per idle host, always bring them down."""
     from vllm_fleet.sandbox import harness
 
-    sandbox = three_hosts()
+    sandbox = cpu_sandbox()
     start = time.monotonic()
     try:
         statuses = harness.up(sandbox, log=lambda msg: print(f"  {msg}"))
@@ -51,7 +42,7 @@ def measure_serving() -> None:
     """PSS of each running sandbox host, with the state of its vLLM unit (read-only)."""
     from vllm_fleet.sandbox import harness, hosts
 
-    sandbox = hosts.load(INVENTORY)
+    sandbox = hosts.load(SANDBOX_INVENTORY)
     for status, host in zip(harness.status(sandbox), sandbox.hosts):
         if not status.running:
             print(f"  {host.name}: not running")
@@ -75,13 +66,13 @@ def main(argv: list[str]) -> int:
         # The inventory reads VLLM_FLEET_CACHE too, so keys and known_hosts follow into the temp cache.
         tmp_cache = tempfile.mkdtemp(prefix="vllm-fleet-bench-cache.")
         os.environ["VLLM_FLEET_CACHE"] = tmp_cache
-    from vllm_fleet.sandbox import hosts, image
+    from vllm_fleet.sandbox import harness, image
 
     try:
         if not image.base_dir().is_dir():
             timed_up("from nothing (base built, target < 240 s)")
         timed_up("base cached (target < 15 s)")
-    except hosts.SandboxError as e:
+    except harness.SandboxError as e:
         print(f"sandbox bench: {e}", file=sys.stderr)
         return 2
     finally:

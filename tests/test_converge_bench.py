@@ -1,4 +1,4 @@
-"""bench/converge_bench.py's pure helpers and its delaying TCP relay (bench/latency_relay.py), offline:
+"""The converge bench's pure helpers (bench/converge/) and its delaying TCP relay (bench/latency_relay.py), offline:
 counting commands and connections from debug output, the playbook's variables, the inventories, the
 report; the relay forwarding bytes with its delay between sockets made here, in-process and as the
 process the bench starts and stops by PID. With ansible-core installed, the playbook itself runs
@@ -25,8 +25,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 
-import converge_bench as cb  # noqa: E402
+import benchlib  # noqa: E402
 import latency_relay as lr  # noqa: E402
+from converge import cli, inventories, machine, report, settings, steps, tool_output  # noqa: E402
 
 # --- counting from debug output -------------------------------------------------------------------
 
@@ -49,7 +50,7 @@ print("Running command on nothing")'"'"''
 
 def test_pyinfra_counts_commands_connections_and_the_lock_per_host():
     endpoints = {("127.0.0.1", 40001): "sbx-cpu1", ("127.0.0.1", 40002): "sbx-cpu2"}
-    counts = cb.pyinfra_counts(PYINFRA_DEBUG, endpoints)
+    counts = tool_output.pyinfra_counts(PYINFRA_DEBUG, endpoints)
     assert counts["sbx-cpu1"] == {"commands": 3, "connections": 1, "transfers": 0}  # 2 + the lock
     assert counts["sbx-cpu2"] == {"commands": 1, "connections": 1, "transfers": 0}
     assert counts["*"]["transfers"] == 1  # uploads are not named per host in pyinfra's debug line
@@ -57,7 +58,7 @@ def test_pyinfra_counts_commands_connections_and_the_lock_per_host():
 
 def test_pyinfra_counts_a_connection_without_port_as_port_22():
     log = "    [pyinfra.connectors.ssh] Connecting to: 10.213.7.11 ({'username': 'deploy', 'timeout': 10})\n"
-    assert cb.pyinfra_counts(log, {("10.213.7.11", 22): "sbx-cpu1"})["sbx-cpu1"]["connections"] == 1
+    assert tool_output.pyinfra_counts(log, {("10.213.7.11", 22): "sbx-cpu1"})["sbx-cpu1"]["connections"] == 1
 
 
 ANSIBLE_VVV = """\
@@ -76,7 +77,7 @@ TASK [Files rendered by vllm-fleet] ********************************************
 
 def test_ansible_counts_execs_transfers_and_new_connections_per_host():
     endpoints = {("127.0.0.1", 40001): "sbx-cpu1", ("127.0.0.1", 40002): "sbx-cpu2", ("10.213.7.13", 22): "sbx-cpu3"}
-    counts = cb.ansible_counts(ANSIBLE_VVV, endpoints)
+    counts = tool_output.ansible_counts(ANSIBLE_VVV, endpoints)
     assert counts["sbx-cpu1"] == {"commands": 2, "connections": 1, "transfers": 1}
     assert counts["sbx-cpu2"] == {"commands": 1, "connections": 1, "transfers": 0}
     assert counts["sbx-cpu3"] == {"commands": 1, "connections": 0, "transfers": 0}  # no Port=: 22
@@ -91,9 +92,9 @@ PLAY RECAP *********************************************************************
 sbx-cpu1                   : ok=5    changed=0    unreachable=0    failed=0    skipped=4    rescued=0    ignored=0
 sbx-cpu2                   : ok=6    changed=1    unreachable=0    failed=0    skipped=3    rescued=0    ignored=0
 """
-    assert cb.play_recap(text) == {"sbx-cpu1": {"ok": 5, "changed": 0, "unreachable": 0, "failed": 0},
+    assert tool_output.play_recap(text) == {"sbx-cpu1": {"ok": 5, "changed": 0, "unreachable": 0, "failed": 0},
                                    "sbx-cpu2": {"ok": 6, "changed": 1, "unreachable": 0, "failed": 0}}
-    assert cb.changed_lines(text) == ["changed: [sbx-cpu2] => (item=/etc/vllm-fleet/front.conf)"]
+    assert tool_output.changed_lines(text) == ["changed: [sbx-cpu2] => (item=/etc/vllm-fleet/front.conf)"]
 
 
 # --- what the playbook is given ---------------------------------------------------------------------
@@ -102,23 +103,23 @@ sbx-cpu2                   : ok=6    changed=1    unreachable=0    failed=0    s
     ("instance-unit", "vllm-tiny.service", {"unit": True, "restart": ["vllm-tiny.service"], "reload": []}),
     ("instance-config", "vllm-tiny.service", {"unit": False, "restart": ["vllm-tiny.service"], "reload": []}),
     ("instance-env", "vllm-tiny.service", {"unit": False, "restart": ["vllm-tiny.service"], "reload": []}),
-    ("front-unit", cb.FRONT_UNIT, {"unit": True, "restart": [cb.FRONT_UNIT], "reload": []}),
-    ("front-config", cb.FRONT_UNIT, {"unit": False, "restart": [], "reload": [cb.FRONT_UNIT]}),
-    ("gateway-unit", cb.GATEWAY_UNIT, {"unit": True, "restart": [cb.GATEWAY_UNIT], "reload": []}),
-    ("gateway-workers", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [cb.GATEWAY_UNIT]}),
-    ("gateway-register", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [cb.GATEWAY_UNIT]}),
-    ("gateway-key", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [cb.FRONT_UNIT]}),
-    ("gateway-models", cb.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": []}),
+    ("front-unit", settings.FRONT_UNIT, {"unit": True, "restart": [settings.FRONT_UNIT], "reload": []}),
+    ("front-config", settings.FRONT_UNIT, {"unit": False, "restart": [], "reload": [settings.FRONT_UNIT]}),
+    ("gateway-unit", settings.GATEWAY_UNIT, {"unit": True, "restart": [settings.GATEWAY_UNIT], "reload": []}),
+    ("gateway-workers", settings.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [settings.GATEWAY_UNIT]}),
+    ("gateway-register", settings.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [settings.GATEWAY_UNIT]}),
+    ("gateway-key", settings.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": [settings.FRONT_UNIT]}),
+    ("gateway-models", settings.GATEWAY_UNIT, {"unit": False, "restart": [], "reload": []}),
     ("manifest", None, {"unit": False, "restart": [], "reload": []}),
     ("other", None, {"unit": False, "restart": [], "reload": []}),
 ])
 def test_file_actions_follow_the_deploys_rules(role, unit, expected):
-    assert cb.file_actions(role, unit) == expected
+    assert inventories.file_actions(role, unit) == expected
 
 
 def test_unit_names_match_vllm_fleets():
     from vllm_fleet import gateway, render
-    assert cb.FRONT_UNIT == render.FRONT_UNIT and cb.GATEWAY_UNIT == gateway.GATEWAY_UNIT
+    assert settings.FRONT_UNIT == render.FRONT_UNIT and settings.GATEWAY_UNIT == gateway.GATEWAY_UNIT
 
 
 def _record(host="sbx-cpu1", gateway=True):
@@ -128,10 +129,10 @@ def _record(host="sbx-cpu1", gateway=True):
     files = [f("/etc/systemd/system/vllm-tiny.service", "instance-unit", "vllm-tiny.service"),
              f("/etc/vllm-fleet/tiny.yaml", "instance-config", "vllm-tiny.service", group="vllm", mode="0640"),
              f("/etc/vllm-fleet/tiny.env", "instance-env", "vllm-tiny.service", secret=True, mode="0600"),
-             f("/etc/vllm-fleet/front.conf", "front-config", cb.FRONT_UNIT, group="vllm", mode="0640"),
-             f("/etc/systemd/system/vllm-fleet-front.service", "front-unit", cb.FRONT_UNIT)]
+             f("/etc/vllm-fleet/front.conf", "front-config", settings.FRONT_UNIT, group="vllm", mode="0640"),
+             f("/etc/systemd/system/vllm-fleet-front.service", "front-unit", settings.FRONT_UNIT)]
     if gateway:
-        files.append(f("/etc/systemd/system/vllm-fleet-gateway.service", "gateway-unit", cb.GATEWAY_UNIT))
+        files.append(f("/etc/systemd/system/vllm-fleet-gateway.service", "gateway-unit", settings.GATEWAY_UNIT))
     files.append(dict(f("/etc/vllm-fleet/manifest.json", "manifest", None), owner=None, group=None))
     return {"host": host, "files": files,
             "instances": [{"name": "tiny", "unit": "vllm-tiny.service", "port": 18000, "front_port": 8000,
@@ -139,8 +140,8 @@ def _record(host="sbx-cpu1", gateway=True):
 
 
 def test_ansible_host_vars(tmp_path):
-    v = cb.ansible_host_vars(_record(), tmp_path)
-    assert v["vf_units"] == ["vllm-tiny.service", cb.FRONT_UNIT, cb.GATEWAY_UNIT]
+    v = inventories.ansible_host_vars(_record(), tmp_path)
+    assert v["vf_units"] == ["vllm-tiny.service", settings.FRONT_UNIT, settings.GATEWAY_UNIT]
     assert v["vf_instances"] == [{"name": "tiny", "unit": "vllm-tiny.service", "port": 18000,
                                   "env_file": "/etc/vllm-fleet/tiny.env", "served_model_name": "tiny-llama"}]
     env = next(f for f in v["vf_files"] if f["path"].endswith(".env"))
@@ -149,22 +150,22 @@ def test_ansible_host_vars(tmp_path):
     assert "content" not in env  # the secret stays in its 0600 file, not in the inventory
     manifest = next(f for f in v["vf_files"] if f["path"].endswith("manifest.json"))
     assert manifest["owner"] is None and manifest["group"] is None  # left alone, as the deploy does
-    assert cb.ansible_host_vars(_record(gateway=False), tmp_path)["vf_units"] == ["vllm-tiny.service", cb.FRONT_UNIT]
+    assert inventories.ansible_host_vars(_record(gateway=False), tmp_path)["vf_units"] == ["vllm-tiny.service", settings.FRONT_UNIT]
 
 
 def test_ssh_vars_and_inventory_shape():
-    v = cb.ssh_vars("127.0.0.1", 40001, "deploy", "/k/id", "/tmp/known hosts")
+    v = inventories.ssh_vars("127.0.0.1", 40001, "deploy", "/k/id", "/tmp/known hosts")
     assert v["ansible_port"] == 40001 and v["ansible_become"] is True and v["ansible_user"] == "deploy"
     assert "UserKnownHostsFile='/tmp/known hosts'" in v["ansible_ssh_common_args"]
     assert "StrictHostKeyChecking=yes" in v["ansible_ssh_common_args"]
-    inv = cb.ansible_inventory({"h": v})
+    inv = inventories.ansible_inventory({"h": v})
     assert inv["all"]["children"]["converge"]["hosts"]["h"] is v
 
 
 def test_known_hosts_line():
     pub = "ssh-ed25519 AAAAC3Nza root@sbx-cpu1\n"
-    assert cb.known_hosts_line("127.0.0.1", 40001, pub) == "[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza\n"
-    assert cb.known_hosts_line("10.213.7.11", 22, pub) == "10.213.7.11 ssh-ed25519 AAAAC3Nza\n"
+    assert inventories.known_hosts_line("127.0.0.1", 40001, pub) == "[127.0.0.1]:40001 ssh-ed25519 AAAAC3Nza\n"
+    assert inventories.known_hosts_line("10.213.7.11", 22, pub) == "10.213.7.11 ssh-ed25519 AAAAC3Nza\n"
 
 
 def test_pyinfra_inventory_source_keeps_the_gateways_addresses(tmp_path):
@@ -172,13 +173,13 @@ def test_pyinfra_inventory_source_keeps_the_gateways_addresses(tmp_path):
     base.write_text("cpu_hosts = [('a', {'ssh_hostname': '10.0.0.1', 'vllm_gateway': True}),\n"
                     "             ('b', {'ssh_hostname': '10.0.0.2', 'vllm_advertise_address': '10.9.9.9'})]\n")
     plain = tmp_path / "plain.py"
-    plain.write_text(cb.pyinfra_inventory_source(base))
+    plain.write_text(inventories.pyinfra_inventory_source(base))
     assert runpy.run_path(str(plain))["cpu_hosts"] == [("a", {"ssh_hostname": "10.0.0.1", "vllm_gateway": True}),
                                                        ("b", {"ssh_hostname": "10.0.0.2",
                                                               "vllm_advertise_address": "10.9.9.9"})]
     relayed = tmp_path / "relayed.py"
     relays = {n: {"hostname": "127.0.0.1", "port": p, "known_hosts": "/tmp/kh"} for n, p in (("a", 1), ("b", 2))}
-    relayed.write_text(cb.pyinfra_inventory_source(base, relays))
+    relayed.write_text(inventories.pyinfra_inventory_source(base, relays))
     hosts = dict(runpy.run_path(str(relayed))["cpu_hosts"])
     assert hosts["a"] == {"ssh_hostname": "127.0.0.1", "ssh_port": 1, "ssh_known_hosts_file": "/tmp/kh",
                           "vllm_gateway": True, "vllm_advertise_address": "10.0.0.1"}
@@ -188,22 +189,22 @@ def test_pyinfra_inventory_source_keeps_the_gateways_addresses(tmp_path):
 # --- the report -----------------------------------------------------------------------------------
 
 def test_summary_ratio_and_round_trips():
-    s = cb.summary([3.0, 1.0, 2.0, 5.0, 4.0])
+    s = report.summary([3.0, 1.0, 2.0, 5.0, 4.0])
     assert (s["median"], s["min"], s["max"], s["n"]) == (3.0, 1.0, 5.0, 5)
-    assert cb.ratio(s, cb.summary([6.0])) == 0.5
-    assert cb.round_trips(4.0, 6.5, 50) == pytest.approx(50.0)
+    assert report.ratio(s, report.summary([6.0])) == 0.5
+    assert report.round_trips(4.0, 6.5, 50) == pytest.approx(50.0)
 
 
 def test_markdown_table():
-    s = cb.summary([1.0, 2.0, 3.0])
-    t = cb.summary([4.0, 6.0, 8.0])
+    s = report.summary([1.0, 2.0, 3.0])
+    t = report.summary([4.0, 6.0, 8.0])
     counts = {"ours": {"a": {"commands": 40}, "b": {"commands": 30}}, "ansible": {"a": {"commands": 59}},
               "ours_relay": {"a": {"connections": 1}, "b": {"connections": 1}},
               "ansible_relay": {"a": {"connections": 1}, "b": {"connections": 1}}}
     result = {"host_names": ["a", "b"], "runs": 3, "versions": {"pyinfra": "3.10.0", "ansible_core": "2.19.14"},
               "scenario_labels": {"noop": "no-op", "missing": "not run"},
-              "scenarios": {"noop": {"ours": s, "ansible": t, "ratio": cb.ratio(s, t)}}, "counts": counts}
-    table = cb.markdown_table(result)
+              "scenarios": {"noop": {"ours": s, "ansible": t, "ratio": report.ratio(s, t)}}, "counts": counts}
+    table = report.markdown_table(result)
     lines = table.splitlines()
     assert lines[0].startswith("| 2 sandbox hosts, A B A B, 3 runs each | vllm-fleet deploy.py (pyinfra 3.10.0)")
     assert lines[1] == "|---|---|---|---|"
@@ -225,7 +226,7 @@ def test_bare_spec_takes_the_first_instances_unit_and_env_file(tmp_path):
     record = {"host": "h1", "files": files,
               "instances": [{"name": "a", "unit": "vllm-a.service", "port": 18000, "served_model_name": "tiny"},
                             {"name": "b", "unit": "vllm-b.service", "port": 18001, "served_model_name": "t2"}]}
-    spec = cb.bare_spec(record, tmp_path)
+    spec = inventories.bare_spec(record, tmp_path)
     assert spec["unit_name"] == "vllm-a.service" and spec["port"] == 18000 and spec["served_model_name"] == "tiny"
     assert spec["unit"] == {"src": str(tmp_path / "h1/etc/systemd/system/vllm-a.service"),
                             "path": "/etc/systemd/system/vllm-a.service", "owner": "root", "group": "root",
@@ -233,15 +234,15 @@ def test_bare_spec_takes_the_first_instances_unit_and_env_file(tmp_path):
     assert spec["env"]["path"] == "/etc/vllm-fleet/a.env" and spec["env"]["mode"] == "0600"
     record["files"] = files[:1]
     with pytest.raises(SystemExit, match="h1: no unit and env file rendered for instance a"):
-        cb.bare_spec(record, tmp_path)
+        inventories.bare_spec(record, tmp_path)
 
 
 def test_markdown_table_ends_with_the_bare_pyinfra_ratio():
-    s, t = cb.summary([3.0, 3.2, 3.4]), cb.summary([1.5, 1.6, 1.7])
+    s, t = report.summary([3.0, 3.2, 3.4]), report.summary([1.5, 1.6, 1.7])
     result = {"host_names": ["a"], "runs": 3, "versions": {"pyinfra": "3.10.0", "ansible_core": "2.19.14"},
-              "scenario_labels": {}, "scenarios": {}, "bare_pyinfra": {"ours": s, "bare": t, "ratio": cb.ratio(s, t)}}
-    assert cb.markdown_table(result).splitlines()[-1] == (
-        f"{cb.BARE_LABEL}: ours 3.20 s (3.00–3.40), bare pyinfra 1.60 s (1.50–1.70): **2.00×** (target ≤ 2×)")
+              "scenario_labels": {}, "scenarios": {}, "bare_pyinfra": {"ours": s, "bare": t, "ratio": report.ratio(s, t)}}
+    assert report.markdown_table(result).splitlines()[-1] == (
+        f"{settings.BARE_LABEL}: ours 3.20 s (3.00–3.40), bare pyinfra 1.60 s (1.50–1.70): **2.00×** (target ≤ 2×)")
 
 
 def test_phase_split_follows_the_markers_in_order_and_skips_missing_ones():
@@ -249,27 +250,27 @@ def test_phase_split_follows_the_markers_in_order_and_skips_missing_ones():
              (1.0, "--> Connecting to hosts...\n"), (1.5, "--> Preparing operation files...\n"),
              (2.5, "--> Beginning operation run...\n"), (2.6, "--> Starting operation: Verify instances (health)\n"),
              (3.4, "--> Results:\n")]
-    phases = cb.phase_split(lines, 3.5)
-    assert [label for label, _s in phases] == [label for label, _m in cb.PHASE_MARKERS if label != "verification of the gateway"]
+    phases = tool_output.phase_split(lines, 3.5)
+    assert [label for label, _s in phases] == [label for label, _m in tool_output.PHASE_MARKERS if label != "verification of the gateway"]
     assert dict(phases) == pytest.approx({"interpreter start-up and imports": 0.8, "config and inventory": 0.2,
-                                          "SSH connections": 0.5, cb.PHASE_MARKERS[3][0]: 1.0,
+                                          "SSH connections": 0.5, tool_output.PHASE_MARKERS[3][0]: 1.0,
                                           "operations before verification": 0.1,
-                                          cb.PHASE_MARKERS[5][0]: 0.8, "results and disconnecting": 0.1})
+                                          tool_output.PHASE_MARKERS[5][0]: 0.8, "results and disconnecting": 0.1})
     assert sum(s for _l, s in phases) == pytest.approx(3.5)
 
 
 def test_engine_defaults_and_the_real_engine_only_on_three_hosts(capsys):
-    assert cb.parse_args([]).engine == "vllm"  # the 3 CPU hosts of inventory/sandbox.py, genuine vLLM
-    assert cb.parse_args(["--hosts", "10"]).engine == "standin"
-    assert cb.parse_args(["--hosts", "3", "--engine", "standin"]).engine == "standin"
+    assert cli.parse_args([]).engine == "vllm"  # the 3 CPU hosts of inventory/sandbox.py, genuine vLLM
+    assert cli.parse_args(["--hosts", "10"]).engine == "standin"
+    assert cli.parse_args(["--hosts", "3", "--engine", "standin"]).engine == "standin"
     with pytest.raises(SystemExit):  # refused before anything starts: 10 CPU vLLMs do not fit
-        cb.parse_args(["--hosts", "10", "--engine", "vllm"])
+        cli.parse_args(["--hosts", "10", "--engine", "vllm"])
     assert "--engine vllm runs on inventory/sandbox.py's 3 CPU hosts only" in capsys.readouterr().err
 
 
 def test_fleet_inventory_gives_each_host_the_sandbox_login_and_the_gateway_to_the_first(tmp_path):
     path = tmp_path / "sandbox.py"
-    path.write_text(cb.fleet_inventory_source(10))
+    path.write_text(inventories.fleet_inventory_source(10))
     hosts = runpy.run_path(str(path))["cpu_hosts"]
     assert [name for name, _ in hosts] == [f"sbx-b{i:02d}" for i in range(1, 11)]
     assert [d["ssh_hostname"] for _, d in hosts] == [f"10.213.9.{10 + i}" for i in range(1, 11)]
@@ -362,7 +363,7 @@ class _Echo(socketserver.BaseRequestHandler):
 def test_relay_process_started_and_stopped_by_pid(tmp_path):
     with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo) as server:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        relay = cb.Relay(20, {"echo": ("127.0.0.1", server.server_address[1])}, tmp_path)
+        relay = benchlib.Relay(20, {"echo": ("127.0.0.1", server.server_address[1])}, tmp_path)
         try:
             with socket.create_connection(("127.0.0.1", relay.ports["echo"]), timeout=5) as conn:
                 conn.sendall(b"hello")
@@ -435,9 +436,9 @@ class _Models(BaseHTTPRequestHandler):
 
 
 def _ansible(tmp_path: Path, inventory: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, ANSIBLE_CONFIG=str(cb.ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_HOME=str(tmp_path / "ah"),
+    env = dict(os.environ, ANSIBLE_CONFIG=str(settings.ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_HOME=str(tmp_path / "ah"),
                ANSIBLE_LOCAL_TEMP=str(tmp_path / "ah" / "tmp"), ANSIBLE_NOCOLOR="1")
-    return subprocess.run([sys.executable, str(ANSIBLE_PLAYBOOK), "-i", str(inventory), *extra, str(cb.PLAYBOOK)],
+    return subprocess.run([sys.executable, str(ANSIBLE_PLAYBOOK), "-i", str(inventory), *extra, str(settings.PLAYBOOK)],
                           capture_output=True, text=True, env=env, timeout=300)
 
 
@@ -464,26 +465,26 @@ def test_playbook_no_op_then_one_file_changed_and_the_key_check(tmp_path):
                            "served_model_name": "tiny-llama", "env_file": str(dest / "tiny.env")}]}
         dest.mkdir()
         for f in record["files"]:
-            for target in (cb.rendered_src(files_dir, "h", f["path"]), Path(f["path"])):
+            for target in (inventories.rendered_src(files_dir, "h", f["path"]), Path(f["path"])):
                 target.parent.mkdir(parents=True, exist_ok=True)
                 target.write_text(f["content"])
                 target.chmod(int(f["mode"], 8))
         host = {"ansible_connection": "local", "ansible_become": False, "ansible_python_interpreter": sys.executable,
-                **cb.ansible_host_vars(record, files_dir)}
+                **inventories.ansible_host_vars(record, files_dir)}
         host["vf_units"] = []  # no systemd here
         inventory = tmp_path / "inv.yml"
-        inventory.write_text(json.dumps(cb.ansible_inventory({"h": host})))
+        inventory.write_text(json.dumps(inventories.ansible_inventory({"h": host})))
 
         proc = _ansible(tmp_path, inventory, "-vvv")
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        assert cb.play_recap(proc.stdout)["h"]["changed"] == 0
+        assert tool_output.play_recap(proc.stdout)["h"]["changed"] == 0
         assert key not in proc.stdout + proc.stderr
 
         (dest / "manifest.json").write_text("{edited}\n")
         (dest / "tiny.env").write_text(f"VLLM_API_KEY='{key}'\n# edited\n")
         proc = _ansible(tmp_path, inventory)
         assert proc.returncode == 0, proc.stdout[-3000:]
-        assert cb.play_recap(proc.stdout)["h"]["changed"] == 2
+        assert tool_output.play_recap(proc.stdout)["h"]["changed"] == 2
         assert (dest / "manifest.json").read_text() == "{}\n"
         assert (dest / "tiny.env").read_text() == f"# secrets\nVLLM_API_KEY='{key}'\n"
         assert key not in proc.stdout + proc.stderr
@@ -506,8 +507,8 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     import standin_engine
     from vllm_fleet.sandbox import assets
 
-    args = cb.parse_args(["--runs", "2", "--latency-ms", "0,50", *argv])
-    bench = cb.Bench(args, sys.stdout)
+    args = cli.parse_args(["--runs", "2", "--latency-ms", "0,50", *argv])
+    bench = machine.Bench(args, sys.stdout)
     names = bench.host_names
     records = {h: _record(h, gateway=h == names[0]) for h in names}
     calls: list[str] = []
@@ -526,8 +527,8 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
             self.stopped = True
 
     def fake_pyinfra(self, inventory, label, debug=False, deploy=None, extra=(), env=None):
-        calls.append(f"{'bare' if deploy == cb.BARE_DEPLOY else 'ours'}:{label}")
-        if deploy == cb.BARE_DEPLOY:  # its input: the first instance's rendered unit and env file
+        calls.append(f"{'bare' if deploy == settings.BARE_DEPLOY else 'ours'}:{label}")
+        if deploy == settings.BARE_DEPLOY:  # its input: the first instance's rendered unit and env file
             assert json.loads(Path(env["VLLM_FLEET_BENCH_BARE"]).read_text())[names[0]]["unit_name"] == "vllm-tiny.service"
         if relays and not relays[-1].stopped:
             relays[-1].count += 1
@@ -547,20 +548,20 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
 
     def fake_state(self):
         return {n: {"files": {f["path"]: hashlib.sha256(f["content"].encode()).hexdigest() for f in r["files"]},
-                    "pids": {u: "100" for u in cb.ansible_host_vars(r, self.tmp)["vf_units"]}}
+                    "pids": {u: "100" for u in inventories.ansible_host_vars(r, self.tmp)["vf_units"]}}
                 for n, r in self.records.items()}
 
     downs = []
-    monkeypatch.setattr(cb, "Relay", FakeRelay)
-    monkeypatch.setattr(cb.Bench, "run_pyinfra", fake_pyinfra)
-    monkeypatch.setattr(cb.Bench, "run_ansible", fake_ansible)
-    monkeypatch.setattr(cb.Bench, "host_state", fake_state)
-    monkeypatch.setattr(cb.Bench, "render", lambda self, inv, tag: json.loads(json.dumps(records)))
-    monkeypatch.setattr(cb.Bench, "ensure_ansible", lambda self: "2.19.14")
-    monkeypatch.setattr(cb.Bench, "relay_known_hosts", lambda self, ports, tag: tmp_path / f"kh-{tag}")
-    monkeypatch.setattr(cb.Bench, "inject_drift", lambda self: calls.append("drift"))
-    monkeypatch.setattr(cb.Bench, "remove_services", lambda self: calls.append("remove"))
-    monkeypatch.setattr(cb.Bench, "profile_pyinfra", lambda self, inv, label: calls.append("profile") or {
+    monkeypatch.setattr(machine, "Relay", FakeRelay)
+    monkeypatch.setattr(machine.Bench, "run_pyinfra", fake_pyinfra)
+    monkeypatch.setattr(machine.Bench, "run_ansible", fake_ansible)
+    monkeypatch.setattr(machine.Bench, "host_state", fake_state)
+    monkeypatch.setattr(machine.Bench, "render", lambda self, inv, tag: json.loads(json.dumps(records)))
+    monkeypatch.setattr(machine.Bench, "ensure_ansible", lambda self: "2.19.14")
+    monkeypatch.setattr(machine.Bench, "relay_known_hosts", lambda self, ports, tag: tmp_path / f"kh-{tag}")
+    monkeypatch.setattr(machine.Bench, "inject_drift", lambda self: calls.append("drift"))
+    monkeypatch.setattr(machine.Bench, "remove_services", lambda self: calls.append("remove"))
+    monkeypatch.setattr(machine.Bench, "profile_pyinfra", lambda self, inv, label: calls.append("profile") or {
         "seconds": 1.0, "cpu_s": 0.5, "phases": [("SSH connections", 0.25), ("operations before verification", 0.75)]})
     monkeypatch.setattr(assets, "prepare", lambda log: (tmp_path / "tiny", tmp_path / "wheelhouse"))
     monkeypatch.setattr(standin_engine, "build_standin_wheelhouse",
@@ -568,7 +569,7 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))  # the stand-in wheelhouse's place
     bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), down=lambda sandbox: downs.append(sandbox))
     try:
-        result = cb.run_bench(bench)
+        result = steps.run_bench(bench)
     finally:
         bench.cleanup()
     assert downs and not bench.tmp.exists() and all(r.stopped for r in relays)
@@ -589,10 +590,10 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
         firsts = [c for c in calls if c == "remove" or c.startswith(("ours:first converge", "ansible:first"))]
         assert firsts[1:] == ["remove", "ours:first converge (ours)", "remove", "ansible:first converge (Ansible)"] * 2
         scenarios.add("first_services")
-        assert result["engine"] == "standin" and cb.STANDIN_NOTE in result["notes"]
+        assert result["engine"] == "standin" and settings.STANDIN_NOTE in result["notes"]
         assert result["host_names"] == [f"sbx-b{i:02d}" for i in range(1, 11)]
     else:
-        assert result["engine"] == "vllm" and result["host_names"] == cb.CPU_HOSTS
+        assert result["engine"] == "vllm" and result["host_names"] == benchlib.CPU_HOSTS
     assert set(result["scenarios"]) == scenarios
     assert result["scenarios"]["noop"]["ratio"] == 0.5
     growth = result["latency"]["growth"]["50"]
@@ -603,11 +604,11 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     assert result["latency"]["connections"]["50"]["ansible"] == [{h: 1 for h in names}] * 2
     assert result["noop_violations"] == [] and result["api_key_in_output"] == []
     assert result["managed_files"] == {h: 7 if h == names[0] else 6 for h in names}
-    cb.print_report(result, print)
+    report.print_report(result, print)
     out = capsys.readouterr().out
     assert "| no-op through a relay, +50 ms RTT | 1.05 s (1.05–1.05) | 2.50 s (2.50–2.50) | 0.42 |" in out
     assert "API key in any captured output: no" in out
-    assert f"{cb.BARE_LABEL}: ours 1.00 s (1.00–1.00), bare pyinfra 1.00 s (1.00–1.00): **1.00×**" in out
+    assert f"{settings.BARE_LABEL}: ours 1.00 s (1.00–1.00), bare pyinfra 1.00 s (1.00–1.00): **1.00×**" in out
     assert ("SIMULATED engine" in out) == standin
     json.dumps(result)  # --json can print it
 
@@ -625,13 +626,13 @@ def test_drift_and_service_removal_commands_run_on_every_host_and_a_failure_name
                                    stderr="Failed to disable unit")
 
     bench = SimpleNamespace(sandbox=Sandbox(), records={h: _record(h) for h in ("sbx-cpu1", "sbx-cpu2")})
-    bench.on_every_host = partial(cb.Bench.on_every_host, bench)
-    cb.Bench.inject_drift(bench)
-    drift_path = next(f["path"] for f in _record()["files"] if f["role"] == cb.DRIFT_ROLE)
+    bench.on_every_host = partial(machine.Bench.on_every_host, bench)
+    machine.Bench.inject_drift(bench)
+    drift_path = next(f["path"] for f in _record()["files"] if f["role"] == settings.DRIFT_ROLE)
     assert set(sent) == {"sbx-cpu1", "sbx-cpu2"} and all(c.endswith(f">> {drift_path}") for c in sent.values())
-    cb.Bench.remove_services(bench)
+    machine.Bench.remove_services(bench)
     assert sent["sbx-cpu1"].startswith("systemctl disable --now --quiet vllm-fleet-front.service vllm-tiny.service;")
     assert "/etc/vllm-fleet/tiny.env" in sent["sbx-cpu1"] and "manifest.json" not in sent["sbx-cpu1"]
     bench.records["sbx-cpu3"] = _record("sbx-cpu3")
     with pytest.raises(SystemExit, match="sbx-cpu3: could not remove the services: Failed to disable unit"):
-        cb.Bench.remove_services(bench)
+        machine.Bench.remove_services(bench)

@@ -1,0 +1,290 @@
+"""The converge bench's run, step by step (bench/converge_bench.py's docstring says what each
+measures): the tools and the engine's wheelhouse, the first converge, the files rendered by
+vllm-fleet, Ansible's first run, then the scenarios, each tool run A B A B, the profile of our
+no-op, the commands and connections counted through a relay, and the no-op at each added latency.
+
+Each step records what it measured in the result as it ends (Bench.result), so a bench that stops
+early still reports the steps before."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from benchlib import Relay, deploy_env
+from converge.inventories import bare_spec
+from converge.machine import Bench
+from converge.report import round_trips
+from converge.settings import (ANSIBLE_SETTINGS, BARE_DEPLOY, BARE_LABEL, FILE_CHANGE_LABEL, FIRST_CONVERGE_LABEL,
+                               NOTES, STANDIN_NOTE)
+from converge.tool_output import ansible_counts, changed_lines, play_recap, pyinfra_counts
+
+
+def run_bench(b: Bench) -> dict[str, Any]:
+    """The whole bench on b's hosts, step by step; the result (also b.result as it fills)."""
+    args = b.args
+    versions = tool_versions(b)
+    b.env = deploy_env(b.api_key, engine_wheelhouse(b))
+    direct = b.pyinfra_inventory("inv-direct")
+    result = b.result = new_result(b, versions)  # what there is so far, reported if a later step fails
+
+    b.harness.up(b.sandbox, log=lambda line: b.log(f"  {line}"))
+    result["first_converge_s"] = first_converge(b, direct)
+    result["managed_files"] = render_the_managed_files(b, direct)
+    ans_direct = b.ansible_inventory("ansible-direct")
+    check_ansibles_first_run_then_warm_up(b, direct, ans_direct)
+
+    if args.engine == "standin" and not args.no_first:  # instant starts: a first converge can be repeated
+        compare(b, "first_services", FIRST_CONVERGE_LABEL, ours(b, direct, "first converge (ours)"),
+                ansible(b, ans_direct, "first converge (Ansible)"),
+                before=b.remove_services, check=b.check_converged)
+    compare(b, "noop", "no-op", ours(b, direct, "no-op (ours)"), ansible(b, ans_direct, "no-op (Ansible)"))
+    result["bare_pyinfra"] = compare_with_bare_pyinfra(b, direct)
+    result["noop_profile"] = profile_our_no_op(b, direct)
+    result["counts"] = count_commands_and_connections(b)
+    result["latency"] = latency_growth(b, measure_latency(b), result["scenarios"]["noop"])
+    if not args.no_file_change:
+        compare(b, "one_file_changed", FILE_CHANGE_LABEL, ours(b, direct, "file change (ours)"),
+                ansible(b, ans_direct, "file change (Ansible)"), before=b.inject_drift)
+    return result
+
+
+# --- before the scenarios ------------------------------------------------------------------------
+
+
+def tool_versions(b: Bench) -> dict[str, str]:
+    """vllm-fleet's, pyinfra's and ansible-core's versions (ansible-core installed when missing)."""
+    import pyinfra
+
+    from vllm_fleet import __version__
+
+    versions = {"vllm_fleet": __version__, "pyinfra": pyinfra.__version__, "ansible_core": b.ensure_ansible()}
+    b.log(f"vllm-fleet {versions['vllm_fleet']} with pyinfra {versions['pyinfra']} vs ansible-core "
+          f"{versions['ansible_core']} ({' '.join(b.ansible_cmd[-1:])})")
+    b.log("Ansible settings: " + ", ".join(f"{k}={v}" for k, v in ANSIBLE_SETTINGS.items()))
+    return versions
+
+
+def engine_wheelhouse(b: Bench) -> Path:
+    """The wheelhouse the deploy installs from: the sandbox's real one, or with --engine standin the
+    stand-in engine's, built from it (its vllm-router)."""
+    from vllm_fleet.sandbox import assets
+    from vllm_fleet.sandbox.hosts import cache_dir
+
+    _tiny, wheelhouse = assets.prepare(log=lambda line: b.log(f"  {line}"))
+    if b.args.engine == "standin":
+        import standin_engine
+
+        wheelhouse = standin_engine.build_standin_wheelhouse(cache_dir() / "bench" / "standin",
+                                                             real_wheelhouse=wheelhouse)
+        b.log(f"stand-in engine wheelhouse (SIMULATED vLLM): {wheelhouse}")
+    return wheelhouse
+
+
+def new_result(b: Bench, versions: dict[str, str]) -> dict[str, Any]:
+    args = b.args
+    return {"host_names": b.host_names, "engine": args.engine, "runs": args.runs, "versions": versions,
+            "ansible_settings": ANSIBLE_SETTINGS, "scenarios": {}, "scenario_labels": {},
+            "notes": NOTES + ([STANDIN_NOTE] if args.engine == "standin" else []),
+            "noop_violations": b.violations, "api_key_in_output": b.leaks}
+
+
+def first_converge(b: Bench, direct: Path) -> float:
+    """Our deploy.py onto the hosts from nothing (timed, not compared); its seconds."""
+    seconds, _ = b.run_pyinfra(direct, "first converge (ours)")
+    b.log(f"first converge by deploy.py ({len(b.host_names)} hosts from nothing, not compared): {seconds:.1f} s")
+    return seconds
+
+
+def render_the_managed_files(b: Bench, direct: Path) -> dict[str, int]:
+    """Every file deploy.py manages, rendered by vllm-fleet, written for the playbook and checked
+    byte for byte against the hosts (whose state is then the baseline); how many per host."""
+    b.records = b.render(direct, "direct")
+    b.write_rendered_files()
+    b.baseline = b.host_state()
+    expected = b.expected_files()
+    mismatch = [f"{n}:{p}" for n, files in expected.items() for p, digest in files.items()
+                if b.baseline[n]["files"].get(p) != digest]
+    if mismatch:
+        raise SystemExit("the rendered files differ from what deploy.py wrote on the hosts (the two tools "
+                         f"would not manage the same files): {', '.join(mismatch)}")
+    managed = {n: len(r["files"]) for n, r in b.records.items()}
+    b.log("files rendered by vllm-fleet, byte-identical to the hosts': "
+          + ", ".join(f"{n} {k}" for n, k in managed.items()))
+    return managed
+
+
+def check_ansibles_first_run_then_warm_up(b: Bench, direct: Path, ans_direct: Path) -> None:
+    """The playbook's first run over the converged hosts changes nothing (else the bench stops);
+    then one run of ours, not timed, as a warm-up."""
+    seconds, text, _ = b.run_ansible(ans_direct, "Ansible first run")
+    changed = changed_lines(text)
+    if changed or any(r["changed"] for r in play_recap(text).values()):
+        raise SystemExit("Ansible's first run over the converged hosts changed something (it must be a "
+                         "no-op):\n" + "\n".join(changed[:20]))
+    b.check_state("Ansible first run")
+    b.run_pyinfra(direct, "warm-up (ours)")
+    b.check_state("warm-up (ours)")
+    b.log(f"Ansible's first run: a no-op ({seconds:.2f} s); warm-up done")
+
+
+# --- the scenarios -------------------------------------------------------------------------------
+
+
+def ours(b: Bench, inventory: Path, label: str) -> Callable[[], float]:
+    """One timed run of our deploy.py."""
+    return lambda: b.run_pyinfra(inventory, label)[0]
+
+
+def ansible(b: Bench, inventory: Path, label: str) -> Callable[[], float]:
+    """One timed run of the playbook."""
+    return lambda: b.run_ansible(inventory, label)[0]
+
+
+def compare(b: Bench, key: str, label: str, ours_run: Callable[[], float], ansible_run: Callable[[], float],
+            **alternate_options) -> dict[str, Any]:
+    """One scenario, ours against Ansible A B A B (Bench.alternate), recorded under `key`."""
+    b.result["scenario_labels"][key] = label
+    b.result["scenarios"][key] = b.alternate(label, ours_run, ansible_run, **alternate_options)
+    return b.result["scenarios"][key]
+
+
+def compare_with_bare_pyinfra(b: Bench, direct: Path) -> dict[str, Any]:
+    """The other reference point: a bare pyinfra deploy of one unit + env file + daemon-reload + curl
+    (bench/bare_pyinfra.py) over the same hosts and files; its no-op against ours, A B A B."""
+    bare_input = b.tmp / "bare.json"
+    bare_input.write_text(json.dumps({n: bare_spec(r, b.tmp / "files") for n, r in b.records.items()}))
+    bare_env = dict(b.env, VLLM_FLEET_BENCH_BARE=str(bare_input))
+
+    def bare(label: str) -> Callable[[], float]:
+        return lambda: b.run_pyinfra(direct, label, deploy=BARE_DEPLOY, env=bare_env)[0]
+
+    bare("bare pyinfra first run")()
+    b.check_state("bare pyinfra first run")  # the same files: a no-op from the start
+    return b.alternate(BARE_LABEL, ours(b, direct, "no-op (ours)"), bare("no-op (bare pyinfra)"),
+                       names=("ours", "bare"))
+
+
+def profile_our_no_op(b: Bench, direct: Path) -> dict[str, Any]:
+    """Where our no-op's time goes: --runs more runs, the median of each phase."""
+    runs = [b.profile_pyinfra(direct, "no-op profile (ours)") for _ in range(b.args.runs)]
+    for _run in runs:
+        b.check_state("no-op profile (ours)")
+    phases = [label for label, _s in runs[0]["phases"]]
+    profile = {
+        "seconds": statistics.median(r["seconds"] for r in runs),
+        "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+        "phases": [(label, statistics.median(dict(r["phases"]).get(label, 0.0) for r in runs)) for label in phases]}
+    b.log(f"our no-op, where the time goes (median of {len(runs)} runs, {profile['seconds']:.2f} s wall, "
+          f"{profile['cpu_s']:.2f} s CPU on this machine): "
+          + "; ".join(f"{label} {seconds:.2f} s" for label, seconds in profile["phases"]))
+    return profile
+
+
+# --- through a relay -----------------------------------------------------------------------------
+
+
+def connections_since(relay: Relay, before: dict[str, int], hosts: list[str]) -> dict[str, int]:
+    after = relay.connections()
+    return {n: after.get(n, 0) - before.get(n, 0) for n in hosts}
+
+
+def count_commands_and_connections(b: Bench) -> dict[str, Any]:
+    """One no-op run of each tool with debug output, through a 0 ms relay that counts connections:
+    commands, connections and transfers per host from the output, connections from the relay."""
+    hosts = b.host_names
+    relay = b.start_relay(0)
+    tag = "relay-count"
+    inv, known_hosts = b.relay_inventory(relay, tag)
+    if b.render(inv, tag) != b.records:
+        raise SystemExit("through the relay, vllm-fleet renders other files than directly (the relay "
+                         "inventory changed the plan); not measured")
+    ans = b.ansible_inventory(f"ansible-{tag}", relay.ports, known_hosts)
+    endpoints = b.endpoints(relay.ports)
+    counts: dict[str, Any] = {}
+    before = relay.connections()
+    _s, text = b.run_pyinfra(inv, "count (ours, --debug)", debug=True)
+    b.check_state("count (ours)")
+    counts["ours"] = pyinfra_counts(text, endpoints)
+    counts["ours_relay"] = {n: {"connections": c} for n, c in connections_since(relay, before, hosts).items()}
+    before = relay.connections()
+    try:
+        _s, text, masters = b.run_ansible(ans, "count (Ansible, -vvv)", verbose=True)
+    except SystemExit as exc:  # ssh's own -v output is only for counting connections: do without it
+        b.log(f"  the -vvv run with ssh -v failed ({str(exc).splitlines()[0]}); again without ssh -v")
+        before = relay.connections()
+        _s, text, masters = b.run_ansible(ans, "count (Ansible, -vvv)", verbose=True, ssh_verbosity=0)
+    b.check_state("count (Ansible)")
+    counts["ansible"] = ansible_counts(text, endpoints)
+    counts["ansible_relay"] = {n: {"connections": c} for n, c in connections_since(relay, before, hosts).items()}
+    counts["ansible_control_masters"] = masters
+    relay.stop()
+    for tool, name in (("ours", "ours"), ("ansible", "Ansible")):
+        per = counts[tool]
+        b.log(f"{name}, no-op, per host: commands " + ", ".join(f"{h} {per.get(h, {}).get('commands', 0)}"
+                                                                for h in hosts)
+              + "; SSH connections (debug output / relay) " + ", ".join(
+                  f"{h} {per.get(h, {}).get('connections', 0)}/{counts[tool + '_relay'][h]['connections']}"
+                  for h in hosts)
+              + (f"; file transfers {sum(v.get('transfers', 0) for v in per.values())}"))
+    return counts
+
+
+def counting_connections(relay: Relay, run: Callable[[], float], hosts: list[str],
+                         runs: list[dict[str, int]]) -> Callable[[], float]:
+    """`run`, with the connections the relay saw during it appended to `runs`."""
+    def counted() -> float:
+        before = relay.connections()
+        seconds = run()
+        runs.append(connections_since(relay, before, hosts))
+        return seconds
+    return counted
+
+
+def measure_latency(b: Bench) -> dict[str, Any]:
+    """The same no-op through a relay per --latency-ms added round-trip time: each a scenario of its
+    own, with the connections of every run."""
+    latency: dict[str, Any] = {"rtt_ms": [], "ours": [], "ansible": [], "connections": {}}
+    for rtt in b.args.latency_ms:
+        relay = b.start_relay(rtt)
+        tag = f"relay-{rtt:g}ms"
+        inv, known_hosts = b.relay_inventory(relay, tag)
+        ans = b.ansible_inventory(f"ansible-{tag}", relay.ports, known_hosts)
+        conn_runs: dict[str, list[dict[str, int]]] = {"ours": [], "ansible": []}
+        key = f"noop_relay_{rtt:g}ms"
+        scenario = compare(b, key, f"no-op through a relay, +{rtt:g} ms RTT",
+                           counting_connections(relay, ours(b, inv, f"{key} (ours)"), b.host_names, conn_runs["ours"]),
+                           counting_connections(relay, ansible(b, ans, f"{key} (Ansible)"), b.host_names,
+                                                conn_runs["ansible"]))
+        relay.stop()
+        latency["rtt_ms"].append(rtt)
+        latency["ours"].append(scenario["ours"]["median"])
+        latency["ansible"].append(scenario["ansible"]["median"])
+        latency["connections"][f"{rtt:g}"] = conn_runs
+    return latency
+
+
+def latency_growth(b: Bench, latency: dict[str, Any], noop: dict[str, Any]) -> dict[str, Any]:
+    """How the no-op time grows with latency, against the 0 ms relay (the same path, no added
+    delay), or without one against the direct no-op: added seconds and the round trips in sequence
+    they amount to."""
+    if 0 in latency["rtt_ms"]:
+        i0 = latency["rtt_ms"].index(0)
+        base = {"label": "relay +0 ms", "ours": latency["ours"][i0], "ansible": latency["ansible"][i0]}
+    else:
+        base = {"label": "direct (no relay)", "ours": noop["ours"]["median"], "ansible": noop["ansible"]["median"]}
+    latency["base"] = base
+    latency["growth"] = {}
+    for i, rtt in enumerate(latency["rtt_ms"]):
+        if rtt == 0:
+            continue
+        growth = {tool: {"added_s": latency[tool][i] - base[tool],
+                         "round_trips": round_trips(base[tool], latency[tool][i], rtt)}
+                  for tool in ("ours", "ansible")}
+        latency["growth"][f"{rtt:g}"] = growth
+        b.log(f"latency: +{rtt:g} ms RTT against {base['label']}: ours {growth['ours']['added_s']:+.2f} s "
+              f"(= {growth['ours']['round_trips']:.0f} round trips in sequence), Ansible "
+              f"{growth['ansible']['added_s']:+.2f} s (= {growth['ansible']['round_trips']:.0f})")
+    return latency
