@@ -82,6 +82,8 @@ sys.path.insert(0, str(REPO))
 CPU_HOSTS = ["sbx-cpu1", "sbx-cpu2", "sbx-cpu3"]
 FRONT_UNIT = "vllm-fleet-front.service"  # vllm_fleet.render.FRONT_UNIT
 GATEWAY_UNIT = "vllm-fleet-gateway.service"  # vllm_fleet.gateway.GATEWAY_UNIT
+# vllm_fleet.deploy.DEPLOY_NAME: pyinfra's output names the deploy's operations "<it> | <operation>".
+DEPLOY_NAME = "vLLM fleet"
 DRIFT_ROLE = "front-config"  # the file edited on the hosts in the one-file-change scenario
 DRIFT_LINE = "# drift: edited on the host by bench/converge_bench.py\n"
 ANSIBLE_REQUIREMENT = "ansible-core>=2.17"
@@ -114,7 +116,7 @@ BENCH_SUBNET = "10.213.9"  # not inventory/sandbox.py's 10.213.7: both sandboxes
 
 
 def file_actions(role: str, unit_name: str | None) -> dict[str, Any]:
-    """What a change of a managed file means, by deploy.py's rules (vllm_fleet/deploy.py services and
+    """What a change of a managed file means, by deploy.py's rules (vllm_fleet/deploy/services.py and
     gateway_service): {unit: a systemd unit file (daemon-reload), restart: [units], reload: [units]}."""
     kind = role.partition("-")[2]
     actions: dict[str, Any] = {"unit": kind == "unit", "restart": [], "reload": []}
@@ -241,8 +243,8 @@ PHASE_MARKERS = (
     ("SSH connections", "--> Connecting to hosts"),
     ("deploy.py's prepare: the lock (with the root check), fact batches, plan, render", "--> Preparing operation files"),
     ("operations before verification", "--> Beginning operation run"),
-    ("verification of the instances (a 1-token completion each)", "Starting operation: Verify instances"),
-    ("verification of the gateway", "Starting operation: Verify the gateway"),
+    ("verification of the instances (a 1-token completion each)", f"Starting operation: {DEPLOY_NAME} | Verify instances"),
+    ("verification of the gateway", f"Starting operation: {DEPLOY_NAME} | Verify the gateway"),
     ("results and disconnecting", "--> Results"),
 )
 

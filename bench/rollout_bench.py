@@ -64,7 +64,8 @@ ROLLOUT_WRAPPER = ("import logging, sys; from pyinfra_cli.log import setup_loggi
 # --- pure helpers (tests/test_rollout_bench.py) -------------------------------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_OP = re.compile(r"^\s*--> Starting (?:[\w ,]+ )?operation:\s*(?P<name>.*?)\s*$")
+# The operation's own name: after the packaged deploy's, which pyinfra puts before each of its operations.
+_OP = re.compile(r"^\s*--> Starting (?:[\w ,]+ )?operation:\s*(?:" + re.escape(cb.DEPLOY_NAME) + r" \| )?(?P<name>.*?)\s*$")
 _HOST = re.compile(r"^\s*\[(?P<host>[^\]\s]+)\]\s+(?P<rest>.*?)\s*$")
 _STATUS = re.compile(r"^(Success|No changes|Error)\b")
 _PUSHED = re.compile(r"environment: wheelhouse pushed and unpacked in ([\d.]+) s")

@@ -1,4 +1,4 @@
-"""The pinned vLLM's minimums table, preflight offline and in deploy.prepare(), the config contract
+"""The pinned vLLM's minimums table, preflight offline and in the deploy's prepare(), the config contract
 (compute capability as nvidia-smi prints it, unknown max_position_embeddings). No hosts."""
 
 from __future__ import annotations
@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 
 from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
-from vllm_fleet import catalog, deploy, gpu_support
+from vllm_fleet import catalog, gpu_support
 from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
 from vllm_fleet.deploy import DeployError
+from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.host.discovery import model_info_from_config
 from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
 from vllm_fleet.plan import plan_host
@@ -120,7 +121,7 @@ def test_model_info_from_config_keeps_unknown_length_unknown_and_reads_sliding_w
     assert model_info_from_config(typed, 1).attention_layers() == (1, 1)
 
 
-# --- deploy.prepare(): refused before any change ---------------------------------------------------
+# --- the deploy's prepare(): refused before any change ---------------------------------------------------
 
 def _smi(driver: str, name="NVIDIA A100-SXM4-40GB", cap="8.0", mig="Disabled") -> list[str]:
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": name, "memory.total": "40960",
@@ -140,8 +141,8 @@ def prepare_with(monkeypatch):
         fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi_lines),
                                "GpuTopology": {"available": False, "reason": "test"},
                                "ManagedUnits": [], "PathsPresent": {}})
-        use_fake_host(monkeypatch, deploy, fake)
-        return deploy.prepare(), fake
+        use_fake_host(monkeypatch, fake)
+        return prepare(), fake
 
     return run
 

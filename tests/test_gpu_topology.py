@@ -23,7 +23,8 @@ from types import SimpleNamespace
 import pytest
 
 from planning_fixtures import A100_40G, RTX_3090, FakeHost, host_data, instance, use_fake_host
-from vllm_fleet import deploy
+from vllm_fleet.deploy import DeployError
+from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.host.facts import GpuTopology, parse_gpu_csv, topology_command
@@ -342,8 +343,8 @@ def prepare_on(monkeypatch):
         del data["gpus"]  # planned from the live GPUs, as on a real host
         fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi), "GpuTopology": topology,
                                "ManagedUnits": list(managed)})
-        use_fake_host(monkeypatch, deploy, fake)
-        return deploy.prepare(), fake
+        use_fake_host(monkeypatch, fake)
+        return prepare(), fake
 
     return run
 
@@ -381,7 +382,7 @@ def test_prepare_gpu_mismatch_is_a_located_error(fake_nvml, prepare_on):
     scenario = seed_box_scenario(procs_on_a1=[])
     del scenario["gpus"][2]  # NVML lost the A100 at 81:00.0; nvidia-smi still lists it
     result, _ = fake_nvml(scenario)
-    with pytest.raises(deploy.DeployError) as info:
+    with pytest.raises(DeployError) as info:
         prepare_on(fact(result.stdout))
     text = str(info.value)
     assert "host box, key gpus: nvidia-smi and NVML (pynvml in the vLLM environment) list different GPUs " \

@@ -9,9 +9,10 @@ import pytest
 from planning_fixtures import A100_40G, PROVISIONED, FakeHost, host_data, instance, use_fake_host
 from pyinfra.context import ctx_host
 
-from vllm_fleet import deploy
 from vllm_fleet.host import host_packages
 from vllm_fleet.deploy import DeployError
+from vllm_fleet.deploy.prepare import prepare
+from vllm_fleet.deploy.steps import package_operation
 from vllm_fleet.host.facts import GPU_QUERY, parse_gpu_csv
 
 
@@ -56,7 +57,7 @@ def test_parse_probe_ignores_noise_and_unknown_families():
 
 def _install_commands(family: str, packages: list[str], facts: dict) -> list[str]:
     """The commands pyinfra's own operation yields for a host whose package facts are `facts`."""
-    operation, arguments = deploy.package_operation(family, packages)
+    operation, arguments = package_operation(family, packages)
 
     class Host:
         def get_fact(self, cls, *args, **kwargs):
@@ -82,7 +83,7 @@ def test_apt_hosts_get_the_debian_names_without_recommends():
     assert command.endswith("install --no-install-recommends gcc python3.11-dev")
 
 
-# --- deploy.prepare(): refused before any change, or installed in step 4 ----------------------------
+# --- the deploy's prepare(): refused before any change, or installed in step 4 ----------------------------
 
 def _smi() -> list[str]:
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
@@ -102,8 +103,8 @@ def prepare_on(monkeypatch):
         fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(_smi()), "HostRuntime": runtime,
                                "GpuTopology": {"available": False, "reason": "test"},
                                "ManagedUnits": [], "PathsPresent": {}})
-        use_fake_host(monkeypatch, deploy, fake)
-        return deploy.prepare()
+        use_fake_host(monkeypatch, fake)
+        return prepare()
 
     return run
 

@@ -4,7 +4,7 @@ Run with --dry (it changes nothing on any host):
 
     VLLM_FLEET_BENCH_RENDER_DIR=DIR pyinfra -y --dry INVENTORY bench/ansible/render_files.py
 
-For each host it does deploy.py's steps 0 and 1 (vllm_fleet.deploy.prepare, which checks root access: the
+For each host it does deploy.py's steps 0 and 1 (vllm_fleet.deploy.prepare.prepare, which checks root access: the
 same facts, plan, secrets and renderer as a deploy) and writes DIR/<host>.json (0600: it holds the
 secret files' contents) with every file the deploy manages there, its owner, group (None where the
 deploy leaves them alone: the manifest) and mode, its role (what a change of it restarts or reloads),
@@ -14,15 +14,18 @@ byte-identical files.
 
 import json
 import os
+import sys
 from pathlib import Path
 
-from pyinfra import host
+from pyinfra import host, state
 
-from vllm_fleet import deploy as step
 from vllm_fleet import gateway
+from vllm_fleet.deploy import RunOptions
+from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.render import FRONT_UNIT, front_paths, instance_paths
 
-d = step.prepare()  # None: the host was refused (no root through its sudo), and says why
+# --dry (as above): no lock is taken. None: the host was refused (no root through its sudo), and says why.
+d = prepare(RunOptions.from_pyinfra_cli(sys.argv[1:], state))
 if d is not None:
     c = d.config
     roles = {}
