@@ -61,15 +61,16 @@ def test_unit_pins_device_order_and_visible_devices(converged, sandbox):
     assert "EnvironmentFiles=/etc/vllm-fleet/tiny.env" in shown and KEY_MARK not in shown
 
 
-def test_second_run_changes_nothing(converged, sandbox, deploy_env, tmp_path):
+def test_second_run_changes_nothing(converged, sandbox, deploy_env):
     """Converged again by a team's own deploy file (tests/fixtures/team_deploy.py: its operation,
-    then the packaged deploy with `_sudo=True`), over an inventory whose hosts set `_sudo = False`:
-    the deploy's every command still goes through sudo, and it changes nothing, as deploy.py."""
+    then the packaged deploy with `_sudo=True`), with `--data _sudo=False` over the inventory's
+    `_sudo`: the deploy's every command still goes through sudo, and it changes nothing, as
+    deploy.py does (the same inventory and limit as the first deploy: the same fleet)."""
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
-    inventory = variant_inventory(tmp_path, host_data={name: {"_sudo": False} for name in CPU_HOSTS})
     for name in CPU_HOSTS:
         sandbox.run(name, f"rm -f {TEAM_MARKER}", check=True)
-    result = pyinfra(deploy_env, "--debug", inventory=inventory, deploy_file="tests/fixtures/team_deploy.py")
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts", "--debug", "--data", "_sudo=False",
+                     deploy_file="tests/fixtures/team_deploy.py")
     out = result.stdout + result.stderr
     assert result.returncode == 0
     assert {name: host_state(sandbox, name) for name in CPU_HOSTS} == before
