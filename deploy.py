@@ -1,6 +1,7 @@
 """Converge every host: `pyinfra -y INVENTORY deploy.py` (add --dry to see the changes only).
 
-Steps, in order, for each host (the logic lives in vllm_fleet/deploy.py):
+Steps, in order, for each host (the packaged deploy vllm_fleet.deploy.vllm_fleet_deploy runs them;
+each step's code is in vllm_fleet/deploy/, pyinfra's output groups them under "vLLM fleet"):
   0. commands must run as root through the host's connection arguments (_sudo, _su_user, ...): a
      login user without sudo fails that host alone, with what to grant, before anything else
      (the deploy lock's own command answers it: see 1 below)
@@ -53,22 +54,11 @@ two only past ~64 KB of shell (hundreds of managed paths). tests/test_noop_comma
 these through pyinfra against a simulated converged host. A run with changes adds their commands.
 """
 
-from pyinfra import host, logger
+import sys
 
-from vllm_fleet import deploy as step
+from pyinfra import state
 
-# Bad input raises (the run stops, no host changed); a refused host (its commands do not run as
-# root through its _sudo/_su_user/..., or another deploy holds its lock) fails alone: None.
-deployment = step.prepare()
-if deployment is not None:
-    logger.info(f"{host.print_prefix}plan: {step.describe(deployment)}")
-    step.service_user(deployment)
-    step.models(deployment)
-    step.environment(deployment)
-    step.host_packages(deployment)
-    step.hub_models(deployment)
-    step.service_files(deployment)
-    step.services(deployment)
-    step.verify(deployment)
-    step.gateway_service(deployment)
-    step.release_lock(deployment)
+from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
+
+# pyinfra's CLI keeps --dry and --serial to itself: this file, which it runs, hands them on.
+vllm_fleet_deploy(options=RunOptions.from_pyinfra_cli(sys.argv[1:], state))

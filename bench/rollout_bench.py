@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import CPU_HOSTS, REPO, Relay, deploy_env, print_json, run_to_the_end, stop_process
+from converge.settings import DEPLOY_NAME
 from converge.machine import Bench  # the sandbox, its hosts, temp dir, API key, inventories, cleanup
 
 TARGET_OVERHEAD_PCT = 10.0
@@ -57,7 +58,8 @@ ROLLOUT_WRAPPER = ("import logging, sys; from pyinfra_cli.log import setup_loggi
 # --- pure helpers (tests/test_rollout_bench.py) -------------------------------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_OP = re.compile(r"^\s*--> Starting (?:[\w ,]+ )?operation:\s*(?P<name>.*?)\s*$")
+# The operation's own name: after the packaged deploy's, which pyinfra puts before each of its operations.
+_OP = re.compile(r"^\s*--> Starting (?:[\w ,]+ )?operation:\s*(?:" + re.escape(DEPLOY_NAME) + r" \| )?(?P<name>.*?)\s*$")
 _HOST = re.compile(r"^\s*\[(?P<host>[^\]\s]+)\]\s+(?P<rest>.*?)\s*$")
 _STATUS = re.compile(r"^(Success|No changes|Error)\b")
 _PUSHED = re.compile(r"environment: wheelhouse pushed and unpacked in ([\d.]+) s")

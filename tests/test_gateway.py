@@ -566,7 +566,7 @@ def test_gateway_verification_waits_for_backends_only_after_the_router_started_o
     register them by itself, so waiting the 10 s for them only lengthened the gateway host's turn."""
     from types import SimpleNamespace
 
-    from vllm_fleet import deploy
+    from vllm_fleet.deploy import gateway as gateway_step
 
     sent = []
 
@@ -574,11 +574,11 @@ def test_gateway_verification_waits_for_backends_only_after_the_router_started_o
         sent.append(command)
         return True, json.dumps({"ok": True, "not_registered": ["http://10.0.0.2:8000"]}), ""
 
-    monkeypatch.setattr(deploy, "host_probe_command", lambda mode, spec: json.dumps([mode, spec]))
-    monkeypatch.setattr(deploy.remote, "run", fake_run)
-    monkeypatch.setattr(deploy, "parse_host_probe", json.loads)
+    monkeypatch.setattr(gateway_step, "host_probe_command", lambda mode, spec: json.dumps([mode, spec]))
+    monkeypatch.setattr(gateway_step.remote, "run", fake_run)
+    monkeypatch.setattr(gateway_step, "parse_host_probe", json.loads)
     spec = {"timeout_s": 10, "urls": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"], "models": ["m"]}
-    deploy._verify_gateway(None, SimpleNamespace(name="gw", print_prefix="gw: ", data=SimpleNamespace()),
+    gateway_step.verify_gateway(None, SimpleNamespace(name="gw", print_prefix="gw: ", data=SimpleNamespace()),
                            spec, registering=lambda: registering)
     mode, probed = json.loads(sent[0])
     assert mode == "gateway" and probed["timeout_s"] == waits
@@ -591,21 +591,22 @@ def test_why_a_host_failed_reaches_rollout_per_run_not_through_host_data(monkeyp
     as knobs when it plans the fleet)."""
     from types import SimpleNamespace
 
-    from vllm_fleet import deploy
     from pyinfra.api.exceptions import OperationError
+
+    from vllm_fleet.deploy import failure_reason, gateway as gateway_step
 
     class State:  # stands in for pyinfra's State: any object a weak reference can point to
         pass
 
-    monkeypatch.setattr(deploy, "host_probe_command", lambda mode, spec: "probe")
-    monkeypatch.setattr(deploy.remote, "run", lambda host, command, **_kw: (
+    monkeypatch.setattr(gateway_step, "host_probe_command", lambda mode, spec: "probe")
+    monkeypatch.setattr(gateway_step.remote, "run", lambda host, command, **_kw: (
         True, json.dumps({"ok": False, "error": "vllm-router is not running", "unit": "gw.service"}), ""))
-    monkeypatch.setattr(deploy, "parse_host_probe", json.loads)
+    monkeypatch.setattr(gateway_step, "parse_host_probe", json.loads)
     run1, run2 = State(), State()
     data = SimpleNamespace()
     gw = SimpleNamespace(name="gw", print_prefix="gw: ", data=data, state=run1)
     with pytest.raises(OperationError, match="host gw, gateway: verification failed: vllm-router is not running"):
-        deploy._verify_gateway(run1, gw, {"timeout_s": 10})
-    assert deploy.failure_reason(run1, "gw") == "host gw, gateway: verification failed: vllm-router is not running"
-    assert deploy.failure_reason(run2, "gw") is None and deploy.failure_reason(run1, "other") is None
+        gateway_step.verify_gateway(run1, gw, {"timeout_s": 10})
+    assert failure_reason(run1, "gw") == "host gw, gateway: verification failed: vllm-router is not running"
+    assert failure_reason(run2, "gw") is None and failure_reason(run1, "other") is None
     assert vars(data) == {}

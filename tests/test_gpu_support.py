@@ -1,4 +1,4 @@
-"""The pinned vLLM's minimums table, preflight offline and in deploy.prepare(), the config contract
+"""The pinned vLLM's minimums table, preflight offline and in the deploy's prepare(), the config contract
 (compute capability as nvidia-smi prints it, unknown max_position_embeddings). No hosts."""
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def test_model_info_from_config_keeps_unknown_length_unknown_and_reads_sliding_w
     assert model_info_from_config(typed, 1).attention_layers() == (1, 1)
 
 
-# --- deploy.prepare(): refused before any change ---------------------------------------------------
+# --- the deploy's prepare(): refused before any change ---------------------------------------------------
 
 @pytest.fixture
 def prepare_with(monkeypatch):

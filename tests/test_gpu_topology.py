@@ -18,12 +18,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from planning_fixtures import A100_40G, RTX_3090, host_data, instance, prepare_on_fake_host
-from vllm_fleet import deploy
+from vllm_fleet.deploy import DeployError
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.host.gpu_facts import GpuTopology, parse_gpu_csv, topology_command
@@ -377,7 +376,7 @@ def test_prepare_gpu_mismatch_is_a_located_error(fake_nvml, prepare_on):
     scenario = seed_box_scenario(procs_on_a1=[])
     del scenario["gpus"][2]  # NVML lost the A100 at 81:00.0; nvidia-smi still lists it
     result, _ = fake_nvml(scenario)
-    with pytest.raises(deploy.DeployError) as info:
+    with pytest.raises(DeployError) as info:
         prepare_on(fact(result.stdout))
     text = str(info.value)
     assert "host box, key gpus: nvidia-smi and NVML (pynvml in the vLLM environment) list different GPUs " \

@@ -9,9 +9,9 @@ import pytest
 from planning_fixtures import A100_40G, PROVISIONED, host_data, instance, one_gpu_smi, prepare_on_fake_host
 from pyinfra.context import ctx_host
 
-from vllm_fleet import deploy
 from vllm_fleet.host import host_packages
 from vllm_fleet.deploy import DeployError
+from vllm_fleet.deploy.steps import package_operation
 from vllm_fleet.host.gpu_facts import parse_gpu_csv
 
 
@@ -56,7 +56,7 @@ def test_parse_probe_ignores_noise_and_unknown_families():
 
 def _install_commands(family: str, packages: list[str], facts: dict) -> list[str]:
     """The commands pyinfra's own operation yields for a host whose package facts are `facts`."""
-    operation, arguments = deploy.package_operation(family, packages)
+    operation, arguments = package_operation(family, packages)
 
     class Host:
         def get_fact(self, cls, *args, **kwargs):
@@ -82,7 +82,7 @@ def test_apt_hosts_get_the_debian_names_without_recommends():
     assert command.endswith("install --no-install-recommends gcc python3.11-dev")
 
 
-# --- deploy.prepare(): refused before any change, or installed in step 4 ----------------------------
+# --- the deploy's prepare(): refused before any change, or installed in step 4 ----------------------------
 
 @pytest.fixture
 def prepare_on(monkeypatch):

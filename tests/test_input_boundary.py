@@ -13,9 +13,10 @@ from pathlib import Path
 import pytest
 
 from planning_fixtures import host_data, instance, parse_errors
-from vllm_fleet import deploy, gateway, kinds
+from vllm_fleet import gateway, kinds
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.deploy import DeployError
+from vllm_fleet.deploy.prepare import read_secrets
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import Secrets, render_host
 
@@ -253,7 +254,7 @@ def _secrets(monkeypatch, tmp_path, key: str | None = None, key_file_text: str |
         data["vllm_api_key_file"] = str(path)
     if token is not None:
         monkeypatch.setenv("HF_TOKEN", token)
-    return deploy.read_secrets(parse_host("gw", data))
+    return read_secrets(parse_host("gw", data))
 
 
 @pytest.mark.parametrize("where, value, words", [

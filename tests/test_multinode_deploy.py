@@ -168,7 +168,7 @@ def test_the_probe_runs_as_the_service_user_with_the_nodes_environment():
     assert spec["nodes"] == {"gpu-a": {"address": "10.0.0.1", "gpus": 4}, "gpu-b": {"address": "10.0.0.2", "gpus": 4}}
 
 
-# --- deploy.prepare on a Ray worker, with its facts answered here --------------------------------
+# --- the deploy's prepare on a Ray worker, with its facts answered here --------------------------------
 
 def _four_a100s() -> list:
     from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
@@ -187,8 +187,9 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
     from types import SimpleNamespace
 
     from planning_fixtures import FakeHost, FakeState, use_fake_host
-    from vllm_fleet import deploy
     from test_multinode_plan import LLAMA70B
+    from vllm_fleet.deploy.layout import hub_downloads
+    from vllm_fleet.deploy.prepare import prepare
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
     head_data = node("10.0.0.1", instances=[llama()])
@@ -197,11 +198,11 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
     worker.name, worker.print_prefix = "gpu-b", "[gpu-b] "
     head = SimpleNamespace(name="gpu-a", data=SimpleNamespace(dict=lambda: head_data))
     worker.state = FakeState([head, worker])
-    use_fake_host(monkeypatch, deploy, worker)
-    d = deploy.prepare()
-    assert d.plan.ray is not None and not d.plan.ray.is_head and d.plan.instances == []
-    assert d.node_instance.name == "llama70b"
-    assert {dl.repo for _inst, dl in deploy._hub_downloads(d)} == {LLAMA70B}
+    use_fake_host(monkeypatch, worker)
+    deployment = prepare()
+    assert deployment.plan.ray is not None and not deployment.plan.ray.is_head and deployment.plan.instances == []
+    assert deployment.node_instance.name == "llama70b"
+    assert {download.repo for _inst, download in hub_downloads(deployment)} == {LLAMA70B}
     asked = [str(q) for batch in worker.batches for q in batch]
     assert any("HubModelCached" in q and LLAMA70B in q for q in asked), asked
 
@@ -209,13 +210,13 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
 # --- operation order: the same call sites on every host --------------------------------------------
 
 def _services_call_sites(monkeypatch, running: list[bool]) -> list[int]:
-    """The code lines of the operations deploy.services() adds for two instances, their units
+    """The code lines of the operations the deploy's services() adds for two instances, their units
     running as given. pyinfra's CLI order identifies an operation by its line: two hosts whose
     sequences list the same lines in another order form a cycle in its ordering DAG."""
     import sys as _sys
     from types import SimpleNamespace
 
-    from vllm_fleet import deploy
+    from vllm_fleet.deploy import services, state
 
     sites: list[int] = []
 
@@ -224,9 +225,9 @@ def _services_call_sites(monkeypatch, running: list[bool]) -> list[int]:
         return SimpleNamespace(did_change=lambda: False)
 
     for name in ("server", "systemd", "python"):
-        monkeypatch.setattr(deploy, name, SimpleNamespace(shell=op, daemon_reload=op, call=op))
-    monkeypatch.setattr(deploy, "systemd_service", op)
-    monkeypatch.setattr(deploy, "any_changed", lambda *ops: (lambda: False))
+        monkeypatch.setattr(services, name, SimpleNamespace(shell=op, daemon_reload=op, call=op))
+    monkeypatch.setattr(services, "systemd_service", op)
+    monkeypatch.setattr(state, "any_changed", lambda *ops: (lambda: False))
     states = {f"vllm-i{n}.service": r for n, r in enumerate(running)}
 
     def fact(_host, cls, **kw):
@@ -235,14 +236,13 @@ def _services_call_sites(monkeypatch, running: list[bool]) -> list[int]:
             return {"running": up, "main_pid": 7 if up else 0, "started": 100, "need_daemon_reload": False}
         return 0  # NewestMtime: older than the process
 
-    monkeypatch.setattr(deploy.facts, "get", fact)
-    monkeypatch.setattr(deploy, "host", SimpleNamespace(state=None, print_prefix="", name="h"))
+    monkeypatch.setattr(services.facts, "get", fact)
+    monkeypatch.setattr(services, "host", SimpleNamespace(state=None, print_prefix="", name="h"))
     insts = [SimpleNamespace(name=f"i{n}", unit_name=f"vllm-i{n}.service", nodes=None,
                              config=SimpleNamespace(model="/m", model_source=None)) for n in range(len(running))]
     config = parse_host("h", node("10.0.0.5"))
-    d = deploy.Deployment(config, SimpleNamespace(instances=insts, ray=None), {}, None,
-                          {"environment": None, "units": [None], **{i.name: [None, None, None] for i in insts}})
-    deploy.services(d)
+    changes = state.Changes(instance_files={i.name: state.InstanceFileChanges(None, None, None) for i in insts})
+    services.services(state.Deployment(config, SimpleNamespace(instances=insts, ray=None), {}, None, changes))
     return sites
 
 

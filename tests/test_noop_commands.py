@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from planning_fixtures import TINY_MODEL_INFO
+from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.host import (facts, gpu_facts, host_facts, model_source, model_sync as ms, model_sync_rules, operations,
                              state_facts)
 from vllm_fleet.host.facts import parse_batch, query
@@ -409,11 +410,11 @@ class SimulatedHost:
         raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")
 
 
-def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
-                check_for_changes: bool = True) -> tuple[dict, dict, object]:
-    """deploy.py through pyinfra's API (prepare, then execute, as its CLI does) on @fake hosts:
-    ({host: [commands]}, {host: [uploaded paths]}, state). check_for_changes=False is `pyinfra -y`:
-    the operations' bodies run only when executing."""
+def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_for_changes: bool = True,
+                deploy_file: Path = REPO / "deploy.py") -> tuple[dict, dict, object]:
+    """deploy.py (or another deploy file) through pyinfra's API (prepare, then execute, as its CLI
+    does) on @fake hosts: ({host: [commands]}, {host: [uploaded paths]}, state).
+    check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing."""
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all
     from pyinfra.api.operations import run_ops
@@ -423,7 +424,6 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
     from pyinfra.context import ctx_state
     from pyinfra_cli.util import load_deploy_file
 
-    from vllm_fleet import deploy
     from vllm_fleet.commands.connection import load_pyinfra_inventory
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
@@ -464,7 +464,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
         name = self.host.name.removeprefix("@fake/")
         commands.setdefault(name, []).append(command_str)
         lines: list[str] = []
-        if "vllm-fleet-exit=" in command_str:  # deploy.access_problem: `id -u` through sudo
+        if "vllm-fleet-exit=" in command_str:  # the access check: `id -u` through sudo
             lines = ["out: 0", "out: vllm-fleet-exit=0"]
         elif command_str in batches:
             queries = batches[command_str]
@@ -494,7 +494,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost],
     with ctx_state.use(state):
         connect_all(state)
         state.set_stage(StateStage.Prepare)
-        load_deploy_file(state, str(REPO / "deploy.py"))
+        load_deploy_file(state, str(deploy_file))
         state.set_stage(StateStage.Execute)
         run_ops(state)
     assert not state.failed_hosts
@@ -540,6 +540,45 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
     assert uploads == {}
     for host in state.inventory:
         assert changed_operations(state, host) == [], host.name
+
+
+def test_a_teams_deploy_file_runs_its_operation_then_the_packaged_deploy_under_its_name(
+        tmp_path, monkeypatch, model_dir):
+    """tests/fixtures/team_deploy.py as pyinfra runs a deploy file: the team's own operation first,
+    then every operation of vllm-fleet's, each named under the deploy's name (how pyinfra groups a
+    packaged deploy); converged hosts cost what they cost under deploy.py, plus the team's command;
+    and `_sudo=True` from the call reaches every command the deploy runs, at execution too (the
+    verification probes), though the inventory sets no _sudo."""
+    from pyinfra.connectors.fake import FakeConnector
+
+    from fleet_helpers import DEPLOY_NAME
+    from vllm_fleet import deploy as packaged
+
+    assert DEPLOY_NAME == packaged.DEPLOY_NAME  # what the sandbox tests look for in pyinfra's output
+    with_sudo: dict[str, list] = {}
+    run_shell_command = FakeConnector.run_shell_command
+
+    def recording(self, command, print_output=False, print_input=False, **arguments):
+        with_sudo.setdefault(self.host.name.removeprefix("@fake/"), []).append(bool(arguments.get("_sudo")))
+        return run_shell_command(self, command, print_output, print_input, **arguments)
+
+    monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds,
+                                           deploy_file=REPO / "tests" / "fixtures" / "team_deploy.py")
+    # The deploy reads its facts while pyinfra prepares the run; the team's command executes first.
+    team = "touch /tmp/team-deploy-ran"
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", team, "verify"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", team, "verify", "verify gateway"]
+    assert uploads == {}
+    # The team's command as its login user; the access check is wrapped in sudo itself (its
+    # channel runs as the login user, to read what sudo says); the rest through sudo.
+    assert with_sudo == {"box": [False, True, True, False, True], "gw": [False, True, True, False, True, True]}
+    assert "sudo" in commands["box"][0]
+    names = [", ".join(sorted(state.op_meta[op_hash].names)) for op_hash in state.get_op_order()]
+    assert names[0] == "Team: mark the hosts this deploy reached"
+    assert len(names) > 10 and all(name.startswith(f"{DEPLOY_NAME} | ") for name in names[1:]), names
+    assert f"{DEPLOY_NAME} | Verify instances (health, models, completion)" in names
 
 
 class ForeignModelDirectory(SimulatedHost):
@@ -593,11 +632,10 @@ def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monk
 
 
 def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monkeypatch):
-    """deploy.prepare() on a GPU host: the discovery batch before the plan, the managed state after
+    """The deploy's prepare() on a GPU host: the discovery batch before the plan, the managed state after
     it; every fact prepare() then reads was in one of them (a stand-in host answers each alone)."""
     from planning_fixtures import A100_40G, FakeHost, host_data, instance, use_fake_host
 
-    from vllm_fleet import deploy
     from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
@@ -615,8 +653,8 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
                            "GpuTopology": {"available": False, "reason": "test"}, "ManagedUnits": [],
                            "PathsPresent": {"/srv/tok": True},
                            "ModelConfig": {"config": TINY_CONFIG, "weights_bytes": 3000}})
-    use_fake_host(monkeypatch, deploy, fake)
-    d = deploy.prepare()
+    use_fake_host(monkeypatch, fake)
+    deployment = prepare()
     assert len(fake.batches) == 2
     discovery, managed = ({q.fact.__name__ for q in batch} for batch in fake.batches)
     assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
@@ -625,7 +663,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",
             "LinkTarget", "InstalledEnvironment", "HubModelCached"} <= managed
     files = {q.kwargs["path"] for q in fake.batches[1] if q.fact is FileState}
-    assert set(d.files) | {"/etc/vllm-fleet/hub.env"} == files  # b downloads from the hub: its token file
+    assert set(deployment.files) | {"/etc/vllm-fleet/hub.env"} == files  # b downloads from the hub: its token file
     units = {q.kwargs["unit"] for q in fake.batches[1] if q.fact is UnitState}
     assert {"vllm-a.service", "vllm-b.service", "vllm-fleet-front.service"} <= units
 
@@ -672,7 +710,7 @@ def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed
 def _prepare(monkeypatch, **data_overrides):
     from planning_fixtures import FakeHost, host_data, instance, use_fake_host
 
-    from vllm_fleet import deploy
+    from vllm_fleet.deploy import access
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
     name = data_overrides.pop("instance_name", "a")
@@ -680,8 +718,8 @@ def _prepare(monkeypatch, **data_overrides):
         instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO)]),
         vllm_target="cpu", **data_overrides)
     fake = FakeHost(data, {"ManagedUnits": [], "HubModelCached": False})
-    use_fake_host(monkeypatch, deploy, fake)
-    return deploy, fake
+    use_fake_host(monkeypatch, fake)
+    return access, fake
 
 
 def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(monkeypatch):
@@ -689,9 +727,9 @@ def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(m
     # /etc/vllm-fleet/hub.env: each step deciding from the same earlier read, one would go unseen.
     from vllm_fleet.deploy import DeployError
 
-    deploy, fake = _prepare(monkeypatch, instance_name="hub")
+    access, fake = _prepare(monkeypatch, instance_name="hub")
     with pytest.raises(DeployError) as info:
-        deploy.prepare()
+        prepare()
     text = str(info.value)
     assert "/etc/vllm-fleet/hub.env would be written by the rendered file hub.env and by the Hugging Face token" in text
     assert "host box" in text and "rename the instance" in text and "nothing was changed on any host" in text
@@ -701,36 +739,36 @@ def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(m
 def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):
     from vllm_fleet.deploy import DeployError
 
-    deploy, _fake = _prepare(monkeypatch, vllm_config_dir="/var/lib/vllm-fleet/config")
+    access, _fake = _prepare(monkeypatch, vllm_config_dir="/var/lib/vllm-fleet/config")
     with pytest.raises(DeployError, match="/var/lib/vllm-fleet/config would be written by config directory and by "
                                           "directory /var/lib/vllm-fleet/config"):
-        deploy.prepare()
+        prepare()
 
 
 def test_the_deploy_lock_is_held_before_the_first_fact_is_read(monkeypatch):
-    deploy, fake = _prepare(monkeypatch)
+    access, fake = _prepare(monkeypatch)
     order = []
-    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
-    monkeypatch.setattr(deploy.host_lock, "acquire", lambda host: order.append("lock") or "deploy lock taken")
-    monkeypatch.setattr(deploy, "access_problem", lambda: order.append("access check"))
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", lambda host: order.append("lock") or "deploy lock taken")
+    monkeypatch.setattr(access, "access_problem", lambda: order.append("access check"))
     real_get_fact = fake.get_fact
     monkeypatch.setattr(fake, "get_fact", lambda cls, **kw: order.append(cls.__name__) or real_get_fact(cls, **kw))
-    deploy.prepare()
+    prepare()
     # The lock's own command is the root check: no separate `id -u` round trip when it succeeds.
     assert order[0] == "lock" and order.count("lock") == 1 and "access check" not in order, order
 
 
 def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
-    deploy, fake = _prepare(monkeypatch)
+    access, fake = _prepare(monkeypatch)
     refused = []
 
     def busy(host):
-        raise deploy.host_lock.LockBusy("host box is being deployed by someone@else; this deploy changed nothing on it")
+        raise access.host_lock.LockBusy("host box is being deployed by someone@else; this deploy changed nothing on it")
 
-    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
-    monkeypatch.setattr(deploy.host_lock, "acquire", busy)
-    monkeypatch.setattr(deploy, "refuse_host", refused.append)
-    assert deploy.prepare() is None
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", busy)
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
     assert refused == ["host box is being deployed by someone@else; this deploy changed nothing on it"]
     assert fake.batches == [] and fake.asked == []
 
@@ -739,48 +777,48 @@ def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
 def test_a_lock_that_could_not_be_taken_is_diagnosed_by_the_access_check(monkeypatch, diagnosis):
     """sudo refused the lock's command (or it ran as another user): the host is asked why, once, and
     refused with that answer (or the lock's own words when the access check finds nothing wrong)."""
-    deploy, fake = _prepare(monkeypatch)
+    access, fake = _prepare(monkeypatch)
     refused, checks = [], []
 
     def failed(host):
-        raise deploy.host_lock.LockFailed("host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
+        raise access.host_lock.LockFailed("host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
                                           "sudo: a password is required")
 
-    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
-    monkeypatch.setattr(deploy.host_lock, "acquire", failed)
-    monkeypatch.setattr(deploy.ssh_lost, "transport_gone", lambda connector: False)
-    monkeypatch.setattr(deploy, "access_problem", lambda: checks.append(1) or diagnosis)
-    monkeypatch.setattr(deploy, "refuse_host", refused.append)
-    assert deploy.prepare() is None
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", failed)
+    monkeypatch.setattr(access.ssh_lost, "transport_gone", lambda connector: False)
+    monkeypatch.setattr(access, "access_problem", lambda: checks.append(1) or diagnosis)
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
     assert checks == [1] and fake.batches == [] and fake.asked == []
     assert refused == [diagnosis or "host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
                                     "sudo: a password is required; nothing was changed on this host"]
 
 
 def test_a_lock_lost_with_its_connection_is_reported_as_such_without_asking_the_host(monkeypatch):
-    deploy, fake = _prepare(monkeypatch)
+    access, fake = _prepare(monkeypatch)
     refused, checks = [], []
 
     def failed(host):
-        raise deploy.host_lock.LockFailed("host box: could not open the deploy lock's SSH channel: EOF")
+        raise access.host_lock.LockFailed("host box: could not open the deploy lock's SSH channel: EOF")
 
-    monkeypatch.setattr(deploy.host_lock, "lockable", lambda host: True)
-    monkeypatch.setattr(deploy.host_lock, "acquire", failed)
-    monkeypatch.setattr(deploy.ssh_lost, "transport_gone", lambda connector: True)
-    monkeypatch.setattr(deploy, "access_problem", lambda: checks.append(1))
-    monkeypatch.setattr(deploy, "refuse_host", refused.append)
-    assert deploy.prepare() is None
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", failed)
+    monkeypatch.setattr(access.ssh_lost, "transport_gone", lambda connector: True)
+    monkeypatch.setattr(access, "access_problem", lambda: checks.append(1))
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
     assert checks == [] and fake.batches == []
     assert "the SSH connection to box was lost: run the deploy again" in refused[0]
     assert "nothing was changed on this host" in refused[0]
 
 
 def test_without_an_ssh_session_the_access_check_runs_alone(monkeypatch):
-    deploy, fake = _prepare(monkeypatch)
+    access, fake = _prepare(monkeypatch)
     refused = []
-    monkeypatch.setattr(deploy, "access_problem", lambda: "host box: commands run as uid 1000 (deploy), not root")
-    monkeypatch.setattr(deploy, "refuse_host", refused.append)
-    assert deploy.prepare() is None
+    monkeypatch.setattr(access, "access_problem", lambda: "host box: commands run as uid 1000 (deploy), not root")
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
     assert refused == ["host box: commands run as uid 1000 (deploy), not root"] and fake.batches == []
 
 
@@ -797,9 +835,9 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
     from types import SimpleNamespace
 
     from planning_fixtures import host_data, instance
-    from vllm_fleet import deploy
     from vllm_fleet.config import parse_host
-    from vllm_fleet.deploy import DeployError
+    from vllm_fleet.deploy import DeployError, prepare as prepare_step, steps
+    from vllm_fleet.deploy.state import Deployment
 
     src, other = tmp_path / "m", tmp_path / "other"
 
@@ -810,13 +848,13 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
         return parse_host("box", host_data(gpus=None, instances=insts, vllm_target="cpu"))
 
     calls = []
-    monkeypatch.setattr(deploy, "model_sync", lambda **kw: calls.append(kw) or f"op{len(calls)}")
-    d = deploy.Deployment(config(src), SimpleNamespace(instances=[]), {}, None, {})
-    deploy.models(d)
+    monkeypatch.setattr(steps, "model_sync", lambda **kw: calls.append(kw) or f"op{len(calls)}")
+    deployment = Deployment(config(src), SimpleNamespace(instances=[]), {}, None)
+    steps.models(deployment)
     assert [c["dest"] for c in calls] == ["/srv/models/m"] and calls[0]["name"].startswith("Sync model a, b:")
-    assert d.changed == {"model:a": "op1", "model:b": "op1"}
-    clash = deploy.Deployment(config(other), SimpleNamespace(instances=[]), {}, None, {})
-    monkeypatch.setattr(deploy, "_hub_downloads", lambda d: [])
+    assert deployment.changes.model_syncs == {"a": "op1", "b": "op1"}
+    clash = Deployment(config(other), SimpleNamespace(instances=[]), {}, None)
+    monkeypatch.setattr(prepare_step, "hub_downloads", lambda deployment: [])
     with pytest.raises(DeployError, match=r"instances a and b sync different model_source directories .* into "
                                           r"the same host path /srv/models/m"):
-        deploy._check_one_step_per_path(clash)
+        prepare_step._check_one_step_per_path(clash)

@@ -1,5 +1,6 @@
-"""The package works when installed (not only from a checkout): templates are package data, the
-tiny-model dependencies are an extra, and rollout says clearly where deploy.py must come from."""
+"""The package works when installed (not only from a checkout): templates are package data and the
+tiny-model dependencies are an extra. (Rollout runs the packaged deploy, not the checkout's deploy.py:
+tests/test_refused_input_offline.py.)"""
 
 from __future__ import annotations
 
@@ -7,11 +8,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-import pytest
-
 from vllm_fleet import render
-from vllm_fleet.commands import rollout
-from vllm_fleet.config import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -36,17 +33,3 @@ def test_tiny_model_dependencies_are_an_extra():
         assert name not in deps
         assert any(d.startswith(name) for d in extras["sandbox"])
     assert any(d.startswith("pytest") for d in extras["test"])
-
-
-def test_rollout_without_a_checkout_says_where_deploy_py_must_come_from(monkeypatch, tmp_path):
-    monkeypatch.setattr(rollout, "REPO", tmp_path / "site-packages")
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match="deploy.py not found") as info:
-        rollout.deploy_file()
-    assert "run `vllm-fleet rollout` from a vllm-fleet checkout" in info.value.located()
-    (tmp_path / "deploy.py").write_text("")
-    assert rollout.deploy_file() == tmp_path / "deploy.py"
-
-
-def test_rollout_finds_the_checkouts_deploy_py():
-    assert rollout.deploy_file() == ROOT / "deploy.py"

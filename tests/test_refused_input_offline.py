@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from fleet_helpers import REPO
 from planning_fixtures import RTX_3090, host_data, instance
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.plan import plan_host
@@ -120,20 +121,15 @@ def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
     import vllm_fleet.host.remote
 
     monkeypatch.setattr(vllm_fleet.host.remote, "run", lambda *a, **k: (True, "{}", ""))
-    monkeypatch.setattr(pyinfra_cli.util, "load_deploy_file", load or (lambda *_a: None))
+    monkeypatch.setattr(pyinfra_cli.util, "load_func", load or (lambda *_a, **_kw: None))
     monkeypatch.setattr(pyinfra.api.operations, "run_ops", run_ops or (lambda _state: None))
     return hosts
 
 
-def _raise_like_exec_file(exc):
-    """What pyinfra_cli.util.exec_file raises for an exception from deploy.py that is no PyinfraError."""
-    from pyinfra_cli.exceptions import UnexpectedExternalError
-
-    def load(*_args):
-        try:
-            raise exc
-        except Exception as e:  # noqa: BLE001
-            raise UnexpectedExternalError(e, "deploy.py")
+def _raise(exc):
+    """A deploy that raises `exc` while it is prepared (pyinfra_cli's load_func passes it on as it is)."""
+    def load(*_args, **_kwargs):
+        raise exc
     return load
 
 
@@ -141,7 +137,7 @@ def test_rollout_refused_input_is_a_clean_exit_2(monkeypatch, tmp_path, capsys):
     """A DeployError in a batch ends rollout cleanly (exit 2, the located message), not in an AttributeError."""
     from vllm_fleet.deploy import DeployError
 
-    _stub_pyinfra(monkeypatch, FakeState(), load=_raise_like_exec_file(DeployError(DEPLOY_ERROR_TEXT)))
+    _stub_pyinfra(monkeypatch, FakeState(), load=_raise(DeployError(DEPLOY_ERROR_TEXT)))
     code = rollout_mod.main([_inventory(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 2
@@ -152,7 +148,7 @@ def test_rollout_refused_input_is_a_clean_exit_2(monkeypatch, tmp_path, capsys):
 def test_rollout_refused_input_in_json_names_every_host_untouched(monkeypatch, tmp_path, capsys):
     from vllm_fleet.deploy import DeployError
 
-    _stub_pyinfra(monkeypatch, FakeState(), load=_raise_like_exec_file(DeployError(DEPLOY_ERROR_TEXT)))
+    _stub_pyinfra(monkeypatch, FakeState(), load=_raise(DeployError(DEPLOY_ERROR_TEXT)))
     code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2")), "--json", "--batch", "1"])
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err
@@ -165,7 +161,7 @@ def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp
     """A rollout in which nothing changed reports every host unchanged, not "updated"."""
     from pyinfra.api.command import FunctionCommand, StringCommand
 
-    from vllm_fleet import deploy
+    from vllm_fleet.deploy import access, verify
 
     state = FakeState()
     hosts = _stub_pyinfra(monkeypatch, state)
@@ -174,10 +170,10 @@ def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp
         box1, box2 = hosts["box1"], hosts["box2"]
         fresh = FakeState({
             box1: [("Deploy manifest", []),
-                   ("Verify instances", [FunctionCommand(deploy._verify, (), {"checks": []})]),
-                   ("Release the deploy lock", [FunctionCommand(deploy._release_lock, (), {})])],
+                   ("Verify instances", [FunctionCommand(verify.verify_instances, (), {"checks": []})]),
+                   ("Release the deploy lock", [FunctionCommand(access._release_lock, (), {})])],
             box2: [("Deploy manifest", [StringCommand("mv /tmp/x /etc/vllm-fleet/manifest.json")]),
-                   ("Verify instances", [FunctionCommand(deploy._verify, (), {"checks": []})])],
+                   ("Verify instances", [FunctionCommand(verify.verify_instances, (), {"checks": []})])],
         })
         state.ops, state.op_meta, state.order = fresh.ops, fresh.op_meta, fresh.order
 
@@ -187,6 +183,21 @@ def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp
     assert code == 0
     assert {h["name"]: h["state"] for h in json.loads(out)["hosts"]} == {"box1": "unchanged", "box2": "updated"}
     assert set(rollout_mod.STATES) == {"untouched", "unchanged", "updated", "rolled back", "failed"}
+
+
+def test_rollout_runs_the_packaged_deploy_on_each_batch_with_its_options(monkeypatch, tmp_path, capsys):
+    """No deploy.py is read (an installed vllm-fleet needs no checkout): each batch runs
+    vllm_fleet_deploy, executed, not serial, limited to the batch's hosts."""
+    from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
+
+    loaded = []
+    _stub_pyinfra(monkeypatch, FakeState(), load=lambda state, function, **kwargs: loaded.append((function, kwargs)))
+    monkeypatch.chdir(tmp_path)  # no deploy.py here
+    code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "2"])
+    capsys.readouterr()
+    assert code == 0
+    assert loaded == [(vllm_fleet_deploy, {"options": RunOptions(dry=False, serial=False, limit=("box1", "box2"))}),
+                      (vllm_fleet_deploy, {"options": RunOptions(dry=False, serial=False, limit=("box3",))})]
 
 
 def test_rollout_state_after_a_stop_stays_untouched(monkeypatch, tmp_path, capsys):
@@ -220,7 +231,7 @@ def test_rollout_with_a_missing_model_source_exits_2_offline(tmp_path):
                                                  "served_model_name": "t", "port": 8000}}]}})]
     """))
     proc = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "rollout", str(inv)], capture_output=True,
-                          text=True, timeout=300, cwd=rollout_mod.REPO, stdin=subprocess.DEVNULL)
+                          text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "key model_source" in proc.stderr and "fix:" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
@@ -267,4 +278,4 @@ def test_pyinfra_cli_prints_a_deploy_time_config_error_without_traceback(tmp_pat
     assert issubclass(DeployError, PyinfraError)
     inventory = tmp_path / "inv.py"
     inventory.write_text(BAD_LOCAL_INVENTORY % {"tmp": tmp_path})
-    _assert_clean(_pyinfra_dry(rollout_mod.REPO, inventory))
+    _assert_clean(_pyinfra_dry(REPO, inventory))

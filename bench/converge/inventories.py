@@ -14,7 +14,7 @@ from converge.settings import BENCH_SUBNET, FRONT_UNIT, GATEWAY_UNIT
 
 
 def file_actions(role: str, unit_name: str | None) -> dict[str, Any]:
-    """What a change of a managed file means, by deploy.py's rules (vllm_fleet/deploy.py services and
+    """What a change of a managed file means, by deploy.py's rules (vllm_fleet/deploy/services.py and
     gateway_service): {unit: a systemd unit file (daemon-reload), restart: [units], reload: [units]}."""
     kind = role.partition("-")[2]
     actions: dict[str, Any] = {"unit": kind == "unit", "restart": [], "reload": []}

@@ -14,6 +14,8 @@ TOOL_NAMES = {"ours": "ours", "ansible": "Ansible", "bare": "bare pyinfra"}
 
 FRONT_UNIT = "vllm-fleet-front.service"  # vllm_fleet.render.FRONT_UNIT
 GATEWAY_UNIT = "vllm-fleet-gateway.service"  # vllm_fleet.gateway.GATEWAY_UNIT
+# vllm_fleet.deploy.DEPLOY_NAME: pyinfra's output names the deploy's operations "<it> | <operation>".
+DEPLOY_NAME = "vLLM fleet"
 DRIFT_ROLE = "front-config"  # the file edited on the hosts in the one-file-change scenario
 DRIFT_LINE = "# drift: edited on the host by bench/converge_bench.py\n"
 ANSIBLE_REQUIREMENT = "ansible-core>=2.17"

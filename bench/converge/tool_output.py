@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import re
 
+from converge.settings import DEPLOY_NAME
+
 # Where a pyinfra run's wall time goes: the lines pyinfra's CLI (and deploy.py's operations) print as
 # each phase begins, in order. A phase lasts until the next one found begins; the first, from the
 # process's start to pyinfra's first line, is the interpreter with pyinfra's imports.
@@ -15,8 +17,8 @@ PHASE_MARKERS = (
     ("SSH connections", "--> Connecting to hosts"),
     ("deploy.py's prepare: the lock (with the root check), fact batches, plan, render", "--> Preparing operation files"),
     ("operations before verification", "--> Beginning operation run"),
-    ("verification of the instances (a 1-token completion each)", "Starting operation: Verify instances"),
-    ("verification of the gateway", "Starting operation: Verify the gateway"),
+    ("verification of the instances (a 1-token completion each)", f"Starting operation: {DEPLOY_NAME} | Verify instances"),
+    ("verification of the gateway", f"Starting operation: {DEPLOY_NAME} | Verify the gateway"),
     ("results and disconnecting", "--> Results"),
 )
 

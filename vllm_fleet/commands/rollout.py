@@ -1,15 +1,16 @@
 """`vllm-fleet rollout INVENTORY`: converge hosts batch by batch, health-gated, rolling back failures.
 
-Each batch runs the very same deploy.py through pyinfra's Python API (converge + full verification,
+Each batch runs the very same packaged deploy as deploy.py (vllm_fleet.deploy.vllm_fleet_deploy)
+through pyinfra's Python API (converge + full verification,
 a real completion included). Before a host changes, its managed files and its `current` environment
 link are snapshotted on the host; a host that fails is restored from that snapshot, restarted and
 verified again (rolled back). More failed hosts than --max-fail stops the rollout: later hosts are
 untouched. pyinfra's own `--serial` takes hosts in set order, one at a time, and cannot roll back.
 
 A host ends in one of STATES: `untouched` (never reached: a later batch after a stop, or input that
-deploy.py refused before any change), `unchanged` (the deploy ran and verified, and pyinfra reports no
+the deploy refused before any change), `unchanged` (the deploy ran and verified, and pyinfra reports no
 operation that changed the host), `updated`, `rolled back` (failed, restored and verified) or `failed`.
-Input that deploy.py refuses (a DeployError: an invalid host, a missing model_source, ...) stops the
+Input that the deploy refuses (a DeployError: an invalid host, a missing model_source, ...) stops the
 rollout with pyinfra's message, exit status 2, like `pyinfra INVENTORY deploy.py` does.
 """
 
@@ -36,28 +37,12 @@ from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import RAY_UNIT, environment_spec, front_probe_address, instance_paths, manifest_path
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 
-REPO = Path(__file__).resolve().parents[2]  # vllm_fleet/commands/rollout.py -> the checkout
 STATES = ("untouched", "unchanged", "updated", "rolled back", "failed")
 EXIT_INVALID = 2
 
 
-def deploy_file() -> Path:
-    """The deploy.py that rollout runs: the checkout's (beside the package), else ./deploy.py.
-
-    deploy.py is the project's root script, not part of the installed package: an installed
-    vllm-fleet (not editable) runs rollout from a checkout (or a copy of its deploy.py) as cwd.
-    """
-    for candidate in (REPO / "deploy.py", Path.cwd() / "deploy.py"):
-        if candidate.is_file():
-            return candidate
-    raise ConfigError("deploy.py not found: vllm-fleet rollout runs the same deploy.py as "
-                      "`pyinfra INVENTORY deploy.py`, and this vllm-fleet is an installed package "
-                      f"without a checkout beside it ({REPO})",
-                      fix="run `vllm-fleet rollout` from a vllm-fleet checkout (the folder holding deploy.py)")
-
-
 class RolloutStopped(Exception):
-    """deploy.py refused the input of a batch before changing anything there: the rollout stops.
+    """The deploy refused the input of a batch before changing anything there: the rollout stops.
 
     `message` is what pyinfra's CLI prints for it; `results` are every host's state so far.
     """
@@ -179,12 +164,12 @@ def _manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def _load_error(exc: BaseException) -> tuple[BaseException, bool]:
-    """(the exception deploy.py raised, whether it is refused input rather than a bug).
+    """(the exception the deploy raised, whether it is refused input rather than a bug).
 
-    pyinfra_cli's exec_file re-raises a PyinfraError as it is and wraps anything else in an
-    UnexpectedExternalError (a click exception whose str() fails: it has no `message`); the
-    original is its `exception`. Input errors: vllm_fleet.deploy.DeployError, ConfigError(s) and
-    pyinfra's own errors (what pyinfra's CLI prints as a one-line "pyinfra error").
+    Where pyinfra_cli wrapped it in an UnexpectedExternalError (a click exception whose str() fails:
+    it has no `message`, as exec_file does for a deploy file's error), the original is its
+    `exception`. Input errors: vllm_fleet.deploy.DeployError, ConfigError(s) and pyinfra's own
+    errors (what pyinfra's CLI prints as a one-line "pyinfra error").
     """
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra_cli.exceptions import UnexpectedExternalError
@@ -211,12 +196,9 @@ def changed_operations(state, host) -> list[str]:
     """
     from pyinfra.api.command import FunctionCommand
 
-    from vllm_fleet import deploy
+    from vllm_fleet.deploy import observing_calls
 
-    observing = {deploy._release_lock, deploy._verify, deploy._verify_gateway, deploy._wait_for_cluster,
-                 deploy._verify_ray_node}
-    if not deploy.ray_worker_restarted(state, host.name):  # its check alone changed nothing
-        observing.add(deploy._join_cluster)
+    observing = observing_calls(state, host.name)
     names = []
     for op_hash in state.get_op_order():
         op_data = state.ops[host].get(op_hash)
@@ -286,7 +268,7 @@ def _roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) 
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
                     log, gateway_config=None, groups: list[tuple[str, ...]] = ()) -> None:
-    """Snapshot, drain the batch from the fleet gateway, run deploy.py on the batch through pyinfra's
+    """Snapshot, drain the batch from the fleet gateway, run the deploy on the batch through pyinfra's
     API, roll back each failed host, put the batch back into the gateway."""
     from vllm_fleet.commands.connection import connected
     from vllm_fleet.host.remote import run
@@ -327,7 +309,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                 gateway_drain.drain(gw_host, gateway_config, batch, active, configs, log, drained)
             except Exception as exc:  # noqa: BLE001 - the gateway is best effort; the rollout goes on
                 log(f"gateway on {gw_name}: could not drain ({exc}); requests may fail during restarts")
-        # deploy.py runs on every active host: only the batch's (the gateway host stays connected
+        # The deploy runs on every active host: only the batch's (the gateway host stays connected
         # for the drain, a host whose snapshot failed is skipped), then they are active again.
         outside = {h for n, h in active.items() if h is not None and n not in batch}
         state.active_hosts -= outside
@@ -344,23 +326,28 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
 
 def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results: dict[str, HostResult],
                   log, groups: list[tuple[str, ...]] = ()) -> None:
-    """deploy.py on the batch (already connected and snapshotted); roll back each failed host, and
-    every node of a multi-node instance one of whose nodes failed (the group is one unit)."""
+    """The packaged deploy on the batch (already connected and snapshotted); roll back each failed
+    host, and every node of a multi-node instance one of whose nodes failed (the group is one unit).
+
+    Its run options are the batch's: executed (not dry), every host of the batch at once (not
+    serial: a node group is in one batch and converges together), limited to the batch."""
     from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
-    from pyinfra_cli.util import load_deploy_file
+    from pyinfra_cli.util import load_func
 
-    from vllm_fleet import deploy as deploy_steps
+    from vllm_fleet.deploy import RunOptions, failure_reason, vllm_fleet_deploy
     from vllm_fleet.host.remote import run
 
     state.limit_hosts = [active[n] for n in batch]
     state.set_stage(StateStage.Prepare)
     state.current_op_file_number = 0
+    state.current_deploy_filename = None  # no deploy file: operations are ordered by their whole call stack
+    options = RunOptions(dry=False, serial=False, limit=tuple(batch))
     try:
         with _ordered_like_the_cli():
-            load_deploy_file(state, str(deploy_file()))
-    except Exception as exc:  # noqa: BLE001 - DeployError or a deploy.py bug: nothing was changed yet
+            load_func(state, vllm_fleet_deploy, options=options)
+    except Exception as exc:  # noqa: BLE001 - DeployError or a bug in the deploy: nothing was changed yet
         cause, refused = _load_error(exc)
         text = _error_text(cause)
         for n in batch:
@@ -371,7 +358,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
             raise RolloutStopped(text, list(results.values())) from None
         import traceback
 
-        log("deploy.py raised an unexpected exception (a bug; nothing was changed on "
+        log("the deploy raised an unexpected exception (a bug; nothing was changed on "
             f"{', '.join(batch)}):\n" + "".join(traceback.format_exception(cause)).rstrip())
         return
     state.set_stage(StateStage.Execute)
@@ -387,7 +374,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
             continue
         for n in nodes:
             res = results[n]
-            res.error = (deploy_steps.failure_reason(state, n) or "the deploy failed on this host (see pyinfra's "
+            res.error = (failure_reason(state, n) or "the deploy failed on this host (see pyinfra's "
                          "output above)") if n in failed else (f"its multi-node instance's node {down[0]} failed: "
                                                                "the node group is rolled back as one")
         log(f"{', '.join(nodes)}: node {', '.join(down)} of the node group failed, rolling the group back")
@@ -409,7 +396,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
             log(f"{n}: updated ({len(changes)} operation(s) changed it) and verified" if changes
                 else f"{n}: unchanged (no operation changed it) and verified")
             continue
-        res.error = (deploy_steps.failure_reason(state, n)
+        res.error = (failure_reason(state, n)
                      or "the deploy failed on this host (see pyinfra's output above)")
         log(f"{n}: failed, rolling back")
         ok, message = _roll_back(active[n], configs[n], res.before)
@@ -446,11 +433,11 @@ def make_batches(names: list[str], size: int, groups: list[tuple[str, ...]]) -> 
 
 @contextmanager
 def _ordered_like_the_cli():
-    """Order deploy.py's operations as `pyinfra INVENTORY deploy.py` does: by where the deploy code
+    """Order the deploy's operations as `pyinfra INVENTORY deploy.py` does: by where the deploy code
     calls them (pyinfra/api/operation.py solve_operation_consistency, CLI mode), not by how many
     operations each host had before (its API mode). Hosts whose steps differ then still run each
     step together: a multi-node instance's head restarts Ray before its workers rejoin
-    (deploy._ray_service); in API mode a worker's 11th operation would run beside the head's 11th."""
+    (deploy/ray.py ray_service); in API mode a worker's 11th operation would run beside the head's 11th."""
     import pyinfra
 
     before = pyinfra.is_cli
@@ -463,7 +450,6 @@ def _ordered_like_the_cli():
 
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
             order: list[str] | None = None, log=print) -> list[HostResult]:
-    deploy_file()  # found before any host is reached (an installed package needs a checkout)
     fleet = Fleet.load(inventory, limit)
     everyone = fleet.every()  # every host must parse: the gateway and the node groups are the fleet's
     groups = [g.nodes for g in fleet.node_groups()]

@@ -193,8 +193,8 @@ def get(host, fact: type, **kwargs) -> Any:
     """`host.get_fact(fact, **kwargs)`, read once per run: from `prefetch`'s batch, or by the fact's
     own command the first time. pyinfra runs an operation's body to plan it and again to execute
     it; both see what the host was when the run planned it. That holds because the deploy lock is
-    taken before the first fact is read (deploy._access_and_lock: no other deploy changes the host in
-    between) and no two of vllm-fleet's operations manage the same path or unit (deploy.prepare
+    taken before the first fact is read (deploy/access.py take_lock: no other deploy changes the host in
+    between) and no two of vllm-fleet's operations manage the same path or unit (deploy/prepare.py
     refuses a plan where two would)."""
     memo = _memo(host)
     q = Query.of(fact, **kwargs)

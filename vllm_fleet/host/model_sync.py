@@ -306,7 +306,7 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
                ">&2; exit 1")
         return
     problem = ownership_problem(state, dest)
-    if problem:  # the deploy refuses this while planning (deploy._check_synced_model_dirs); other callers
+    if problem:  # the deploy refuses this while planning (deploy/prepare.py _check_synced_model_dirs); other callers
         text = (f"host {host.name}: model sync {src} -> {dest}: {problem}; the sync deletes what {src} lacks, "
                 f"so nothing was sent or removed; fix: sync into an empty or new directory, or remove {dest}'s "
                 "contents yourself")

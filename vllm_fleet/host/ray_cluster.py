@@ -6,8 +6,8 @@ and `ray.nodes()` read; no driver is started, nothing is written in Ray's sessio
 the node's own environment. It waits up to `timeout_s` for every node of the group to be ALIVE at
 its address with the GPUs the tool declared (`ray start --num-gpus`), and prints one JSON line.
 
-Used by the deploy (before the head's vLLM starts: deploy._wait_for_cluster; in verification:
-deploy._verify_ray_node) and by `vllm-fleet status` (timeout 0: the cluster as it is now).
+Used by the deploy (before the head's vLLM starts: deploy/ray.py wait_for_cluster; in verification:
+verify_ray_node) and by `vllm-fleet status` (timeout 0: the cluster as it is now).
 """
 
 from __future__ import annotations

@@ -31,8 +31,12 @@ _PER_CALL = {"_timeout", "_stdin", "_success_exit_codes", "_get_pty", "_retries"
 
 def connection_arguments(host) -> dict[str, Any]:
     """The host's privilege and shell arguments (`_sudo`, `_su_user`, `_doas`, ...), as pyinfra's
-    facts receive them: host data over config defaults, read by pyinfra's own code."""
-    arguments, _found = pop_global_arguments(host.state, host, {})
+    facts receive them: host data over config defaults, read by pyinfra's own code. Inside an
+    operation (a python.call at execution) they are that operation's own, which include what its
+    @deploy was called with (`vllm_fleet_deploy(_sudo=True)`): the deploy's context is gone by then."""
+    arguments = getattr(host, "current_op_global_arguments", None)
+    if not arguments:
+        arguments, _found = pop_global_arguments(host.state, host, {})
     return {key: value for key, value in arguments.items()
             if key in CONNECTOR_ARGUMENT_KEYS and key not in _PER_CALL}
 

@@ -1,0 +1,56 @@
+"""Step 6: every rendered file in place (engine YAML, root-only env file, units, the front's and the
+gateway's files, the manifest), and the files of units the plan no longer has removed. Each write
+is kept in the run's Changes, by what it is, for step 7 to restart or reload what it changed."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vllm_fleet import gateway
+from vllm_fleet.host.operations import managed_file, secret_file, systemd_service
+from vllm_fleet.render import RenderedFile, front_paths, instance_paths, manifest_path, ray_paths
+
+from .layout import removed_units, upload_dir
+from .state import Deployment, FrontFileChanges, GatewayFileChanges, InstanceFileChanges
+
+
+def _put(name: str, rendered: RenderedFile, **owner: Any):
+    return managed_file(name=name, dest=rendered.path, content=rendered.content, mode=rendered.mode,
+                        **(owner or {"user": rendered.owner, "group": rendered.group}))
+
+
+def service_files(deployment: Deployment) -> None:
+    """6. Engine YAML, root-only env file, units; units of removed instances are removed."""
+    config, files, changes = deployment.config, deployment.files, deployment.changes
+    for inst in deployment.plan.instances:
+        paths = instance_paths(config, inst.name)
+        engine_config, unit, env = files[paths["config"]], files[paths["unit"]], files[paths["env"]]
+        changes.instance_files[inst.name] = InstanceFileChanges(
+            config=_put(f"Config of {inst.name}: {engine_config.path}", engine_config),
+            unit=_put(f"Unit of {inst.name}: {unit.path}", unit),
+            secrets=secret_file(name=f"Secrets of {inst.name}: {env.path}", dest=env.path, content=env.content,
+                                upload_dir=upload_dir(config)))
+    ray_unit = files.get(ray_paths(config)["unit"])
+    if ray_unit is not None:  # a node of a multi-node instance: its Ray head or worker
+        role = deployment.plan.ray
+        changes.ray_unit = _put(f"Ray {'head' if role.is_head else 'worker'} unit of {role.instance}: "
+                                f"{ray_unit.path}", ray_unit)
+    front = front_paths(config)
+    if front["unit"] in files:
+        front_config, front_unit = files[front["config"]], files[front["unit"]]
+        changes.front = FrontFileChanges(config=_put(f"Front config: {front_config.path}", front_config),
+                                         unit=_put(f"Front unit: {front_unit.path}", front_unit))
+    gateway_files = gateway.gateway_paths(config)
+    if gateway_files["unit"] in files:
+        written = {kind: _put(f"Gateway {kind}: {files[gateway_files[kind]].path}", files[gateway_files[kind]])
+                   for kind in ("unit", "workers", "register", "models")}
+        key = files[gateway_files["key"]]
+        # Before the front (re)starts: its config includes this file, and `nginx -t` checks it.
+        changes.gateway = GatewayFileChanges(
+            **written, key=secret_file(name=f"Gateway key check: {key.path}", dest=key.path, content=key.content,
+                                       upload_dir=upload_dir(config), group=key.group, mode=key.mode))
+    _put("Deploy manifest", files[manifest_path(config)], user=None, group=None)  # its owner is not checked
+    for unit, why, paths in removed_units(deployment):
+        systemd_service(name=why, unit=unit, running=False, enabled=False)
+        for path in paths:
+            changes.removed_files.append(managed_file(name=f"Remove {path}", dest=path, present=False))

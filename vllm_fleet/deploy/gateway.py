@@ -1,0 +1,82 @@
+"""Step 9, on the fleet's gateway host: vllm-router restarted, reloaded or kept running as its files
+changed, then verified (backends registered, the key required, the models served)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra import host, logger
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import python
+
+from vllm_fleet.gateway import GATEWAY_UNIT, gateway_ports
+from vllm_fleet.host import facts, remote
+from vllm_fleet.host.facts import UnitState
+from vllm_fleet.host.operations import systemd_service
+from vllm_fleet.host.verify import host_probe_command, parse_host_probe
+from vllm_fleet.render import front_probe_address, instance_paths
+
+from .state import Deployment, record_failure
+
+
+def gateway_service(deployment: Deployment) -> None:
+    """9. On the fleet's gateway host, after this host's instances are verified (a restart or reload
+    registers every backend, this host's included, so they must be serving by then): vllm-router
+    restarted when its unit or environment changed (SIGTERM lets requests in flight finish); else
+    reloaded when its workers changed (ExecReload posts the list again: no request is dropped);
+    else kept running. Then it is verified."""
+    changes = deployment.changes
+    if changes.gateway is None:
+        return
+    unit = GATEWAY_UNIT
+    restart = changes.gateway_needs_restart()
+    reload = changes.gateway_backends_changed()
+    systemd_service(name=f"Restart {unit} (its unit or environment changed)", unit=unit, running=True,
+                    restarted=True, enabled=True, _if=restart)
+    systemd_service(name=f"Reload {unit} (its backends changed; requests in flight are kept)", unit=unit,
+                    running=True, reloaded=True, enabled=True, _if=lambda: reload() and not restart())
+    systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
+                    _if=lambda: not (restart() or reload()))
+    if deployment.config.settings.vllm_verify:
+        # Only a router that this run started or reloaded is still registering its backends: worth
+        # waiting for. One that kept running has every backend it will have; one missing now was
+        # drained by a rollout (which puts it back), so waiting for it would only add seconds.
+        was_running = facts.get(host, UnitState, unit=unit)["running"]
+        python.call(name="Verify the gateway (backends registered, key required, models)",
+                    function=verify_gateway, spec=gateway_check(deployment),
+                    registering=lambda: restart() or reload() or not was_running)
+
+
+def gateway_check(deployment: Deployment) -> dict[str, Any]:
+    """What the host probe checks of the gateway (host_probe.check_gateway). The key is read on the
+    host from an instance's root-only env file, never passed."""
+    config, backends, instances = deployment.config, deployment.backends, deployment.plan.instances
+    ports = gateway_ports(config.settings)
+    return {"unit": GATEWAY_UNIT, "router_port": ports["router"], "port": ports["port"],
+            "address": front_probe_address(config.settings.vllm_bind_host),
+            "urls": sorted({backend.url for backend in backends}),
+            "models": sorted({backend.served_model_name for backend in backends}),
+            "env_file": instance_paths(config, instances[0].name)["env"] if instances else None,
+            "timeout_s": 10}
+
+
+def verify_gateway(state, host, spec: dict[str, Any], registering=lambda: True) -> None:
+    """Runs at execution, on the gateway host; `registering()`: whether vllm-router may still be
+    registering its backends (started or reloaded by this run): the probe waits for them then."""
+    spec = dict(spec, timeout_s=spec["timeout_s"] if registering() else 0)
+    _ok, stdout, stderr = remote.run(host, host_probe_command("gateway", spec))
+    result = parse_host_probe(stdout)
+    if not result:
+        raise OperationError(f"host {host.name}: the gateway probe printed no result:\n{stderr[-2000:]}")
+    if not result["ok"]:
+        text = f"host {host.name}, gateway: verification failed: {result['error']}"
+        journal = [ln for ln in result.get("journal", "").splitlines() if ln.strip()][-15:]
+        if journal:
+            text += f"\n  last journal lines of {result['unit']}:\n" + "\n".join(f"    {ln}" for ln in journal)
+        record_failure(host, text)
+        raise OperationError(text)
+    absent = result.get("not_registered") or []
+    if absent:  # e.g. drained by a rollout while their hosts converge: it puts them back
+        logger.warning(f"{host.print_prefix}gateway: not registered in vllm-router now: {', '.join(absent)}")
+    logger.info(f"{host.print_prefix}verified the gateway: {len(spec['urls']) - len(absent)} of "
+                f"{len(spec['urls'])} backend(s) registered, key required, models {', '.join(spec['models'])}")

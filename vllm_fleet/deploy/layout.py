@@ -1,0 +1,96 @@
+"""Where the deploy's things are on a host, as `prepare` (to read their state) and the steps (to
+manage them) both need them: directories, upload and token files, what a process must be younger
+than, the hub downloads, the units the plan no longer has."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyinfra import host
+
+from vllm_fleet import gateway
+from vllm_fleet.config import HostConfig, instance_of_unit
+from vllm_fleet.host import facts, hub
+from vllm_fleet.host.envbuild import current_link
+from vllm_fleet.host.facts import ManagedUnits
+from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST
+from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, front_paths, instance_paths, ray_paths
+
+from .state import Deployment
+
+
+def upload_dir(config: HostConfig) -> str:
+    """Where the login user uploads files before they are moved into place with privileges."""
+    return f"{config.settings.vllm_root}/.upload"
+
+
+def hub_token_file(config: HostConfig) -> str:
+    return f"{config.settings.vllm_config_dir}/hub.env"
+
+
+def service_directories(config: HostConfig) -> list[tuple[str, str, str]]:
+    """(operation name, path, mode) of the directories the service user writes (and the config
+    directory, root's, the service's group reads), in the order they are made."""
+    settings = config.settings
+    dirs = [("Config directory", settings.vllm_config_dir, "0750")]
+    for path in sorted({settings.vllm_state_dir, settings.vllm_hf_home, settings.vllm_cache_root,
+                        f"{settings.vllm_state_dir}/config"}):
+        # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
+        # it), so the login user can upload model files into place (model_sync); what the service
+        # writes (HF_HOME, caches, config) stays 0750 below it.
+        dirs.append((f"Directory {path}", path, "0751" if path == settings.vllm_state_dir else "0750"))
+    return dirs
+
+
+def freshness_paths(config: HostConfig, inst) -> tuple[str, ...]:
+    """What an instance's process must be younger than: its unit, engine config, env file, the
+    environment's `current` link (switched when the environment changes) and, for a model synced
+    from the workstation, the sync's manifest (renamed into place last, once every file is there)."""
+    paths = instance_paths(config, inst.name)
+    synced = (f"{inst.config.model}/{MODEL_MANIFEST}",) if inst.config.model_source else ()
+    return (paths["unit"], paths["config"], paths["env"], current_link(config.settings.vllm_root)) + synced
+
+
+def ray_freshness_paths(config: HostConfig) -> tuple[str, ...]:
+    """What a node's Ray process must be younger than: its unit and the environment's `current`
+    link (Ray starts vLLM's workers from that environment)."""
+    return ray_paths(config)["unit"], current_link(config.settings.vllm_root)
+
+
+def hub_downloads(deployment: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
+    """(instance config, download) of everything the instances load from the hub (on a Ray worker,
+    the multi-node instance's model too)."""
+    configs = [inst.config for inst in deployment.plan.instances]
+    if deployment.node_instance is not None:
+        configs.append(deployment.node_instance)
+    return [(inst, download) for inst in configs for download in hub.instance_downloads(inst.model, inst.tokenizer)]
+
+
+def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
+    """(unit, why it stops, its files) of each unit vllm-fleet wrote on this host that the plan no
+    longer has: removed instances; the front when no instance is left; the gateway when this host
+    is no longer the fleet's gateway."""
+    config = deployment.config
+    wanted = {inst.unit_name for inst in deployment.plan.instances}
+    front, gateway_files = front_paths(config), gateway.gateway_paths(config)
+    out = []
+    for unit in facts.get(host, ManagedUnits):
+        if unit in wanted:
+            continue
+        if unit == gateway.GATEWAY_UNIT:
+            if gateway_files["unit"] not in deployment.files:
+                # The unit file last: it is how the next run finds what is left (ManagedUnits).
+                out.append((unit, "Stop the gateway (this host is no longer the fleet's gateway)",
+                            [p for k, p in gateway_files.items() if k != "unit"] + [gateway_files["unit"]]))
+        elif unit == FRONT_UNIT:
+            if front["unit"] not in deployment.files:
+                out.append((unit, "Stop the front (no instance left)", [front["config"], front["unit"]]))
+        elif unit == RAY_UNIT:
+            if ray_paths(config)["unit"] not in deployment.files:
+                out.append((unit, "Stop the Ray node (this host is no node of a multi-node instance now)",
+                            [ray_paths(config)["unit"]]))
+        else:
+            name = instance_of_unit(unit) or unit
+            paths = instance_paths(config, name)
+            out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], paths["unit"]]))
+    return out

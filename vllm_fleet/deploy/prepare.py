@@ -1,0 +1,250 @@
+"""Steps 0 and 1: validate this host's data, take its lock (with the root check), read its facts,
+plan and render; every check of the input runs here, before any host is changed.
+
+What the steps read from the host is read in two remote commands (facts.prefetch), both here:
+discovery.py's `discovery_queries` before the plan (GPUs, model configs, paths, units, OS
+packages; `discover` checks them, and `vllm-fleet status` plans from the same) and
+`managed_state_queries` after it (every file, directory, unit, the service account, the model
+sync, the environment, the hub cache). The operations then compare against those answers
+(facts.get) and send commands only where the host differs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path, PurePosixPath
+
+from pyinfra import host, logger
+
+from vllm_fleet import gateway
+from vllm_fleet.commands import bundle
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, parse_host
+from vllm_fleet.gateway import key_length_problem
+from vllm_fleet.host import facts, gpu_topology
+from vllm_fleet.host import host_packages as os_packages
+from vllm_fleet.host.discovery import discover, discovery_queries
+from vllm_fleet.host.envbuild import ENV_MARKER, current_link
+from vllm_fleet.host.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
+                                   ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
+from vllm_fleet.host.model_sync import ModelSyncState, ownership_problem
+from vllm_fleet.host.model_sync import state_query as model_state_query
+from vllm_fleet.host.operations import environment_queries
+from vllm_fleet.kinds import secret_problem
+from vllm_fleet.plan import HostPlan
+from vllm_fleet.prepared import node_group_plans, prepare_host
+from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
+
+from . import access, inventory
+from .layout import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
+                     service_directories)
+from .options import RunOptions
+from .state import Deployment, fail
+
+
+def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
+    """0 and 1. Validate this host's data, check that its commands run as root and take its deploy
+    lock (one round trip: access.take_lock), read live facts, plan, render. Raises DeployError on
+    bad input; None when the host is refused (no root through its sudo, another deploy holds the
+    lock)."""
+    try:
+        config = parse_host(host.name, host.data.dict())
+    except ConfigErrors as exc:
+        fail(exc.errors)
+    if not access.take_lock(options.dry):
+        return None
+    facts.prefetch(host, discovery_queries(config))  # one remote command
+    discovered, errors = discover(host, config)
+    if errors:
+        fail(errors)
+    config, topology, interconnect = discovered.config, discovered.topology, discovered.interconnect
+    secrets = read_secrets(config)
+
+    def backends_for(plan: HostPlan) -> list[gateway.Backend] | None:
+        return inventory.fleet_backends(config, plan) if config.settings.vllm_gateway else None
+
+    try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
+        groups = node_group_plans(discovered, inventory.group_configs(config))
+        prepared = prepare_host(discovered, secrets, backends_for, node_groups=groups)
+    except ConfigErrors as exc:
+        fail(exc.errors)
+    if groups and options.serial:  # the head's steps wait on its workers' (services)
+        fail([ConfigError(f"{config.name} is a node of multi-node instance {groups[0].group.instance.name}, "
+                          "whose nodes converge together: the head waits for its workers to join Ray, "
+                          "which --serial would run only after the head", host=config.name,
+                          instance=groups[0].group.instance.name, key="nodes",
+                          fix="run without --serial, or `vllm-fleet rollout` (one batch at a time, "
+                              "a node group in one batch)")])
+    plan = prepared.plan
+    _check_wheelhouse_serves(config, plan)
+    if interconnect is not None and any(g.get("processes") for g in topology["gpus"]):
+        own = set(facts.get(host, ManagedUnits)) | {inst.unit_name for inst in plan.instances}
+        users = {i.name: i.gpu_indices for i in plan.instances}
+        for text in gpu_topology.foreign_warnings(config.name, topology, own, users):
+            logger.warning(text)
+            plan.warnings.append(text)
+    absent, family = _missing_packages(config, plan)
+    worker_of = (groups[0].group.instance if groups and groups[0].group.head != config.name else None)
+    deployment = Deployment(config, plan, prepared.files, secrets, missing_packages=absent, package_family=family,
+                            backends=prepared.backends, node_instance=worker_of)
+    _check_one_step_per_path(deployment)
+    facts.prefetch(host, managed_state_queries(deployment))  # one remote command
+    _check_synced_model_dirs(deployment)
+    return deployment
+
+
+def describe(deployment: Deployment) -> str:
+    """The plan in one line: each instance's unit, port, GPUs and parallel layout."""
+    parts = [f"{i.name}: {i.unit_name} port {i.port} GPUs {i.cuda_visible_devices or '-'} "
+             f"TP={i.tensor_parallel_size} PP={i.pipeline_parallel_size} DP={i.data_parallel_size}"
+             for i in deployment.plan.instances]
+    return "; ".join(parts) or "no instances"
+
+
+def read_secrets(config: HostConfig) -> Secrets:
+    """The API key and HF token, from the workstation's environment (or a key file), each checked as
+    a client will send it: no surrounding whitespace, byte order mark or control character, and a
+    key the gateway's nginx can hold. Neither value is ever part of a message."""
+    key_env, key_file = config.settings.vllm_api_key_env, config.settings.vllm_api_key_file
+    key, key_key, where = os.environ.get(key_env), "vllm_api_key_env", f"${key_env}"
+    if not key and key_file:
+        key_key, where = "vllm_api_key_file", f"the first line of {key_file}"
+        try:
+            lines = Path(key_file).expanduser().read_text(encoding="utf-8").splitlines()
+            key = lines[0] if lines else ""
+        except (OSError, UnicodeDecodeError) as exc:
+            fail([ConfigError(f"cannot read the API key file {key_file!r}: {exc}", host=config.name,
+                              key="vllm_api_key_file", fix="point it at a file whose first line is the key")])
+        if not key:
+            fail([ConfigError(f"the API key file {key_file!r} has no key on its first line", host=config.name,
+                              key="vllm_api_key_file", fix="write the key on the file's first line")])
+    if not key:
+        fail([ConfigError(f"no API key: ${key_env} is not set on this workstation",
+                          host=config.name, key="vllm_api_key_env",
+                          fix=f"export {key_env}=<key> (or set vllm_api_key_file)")])
+    problem = secret_problem(key) or (key_length_problem(key) if config.settings.vllm_gateway is True else None)
+    if problem:
+        fail([ConfigError(f"the API key ({where}) {problem}", host=config.name, key=key_key,
+                          fix="use a key of printable ASCII characters with nothing around it, e.g. "
+                              "`openssl rand -hex 32`")])
+    token_env = config.settings.vllm_hf_token_env
+    token = os.environ.get(token_env) or None
+    problem = secret_problem(token) if token else None
+    if problem:
+        fail([ConfigError(f"the Hugging Face token (${token_env}) {problem}", host=config.name,
+                          key="vllm_hf_token_env", fix=f"export {token_env}=<the token as the hub shows it>")])
+    return Secrets(api_key=key, hf_token=token)
+
+
+def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
+    """Everything the steps after prepare() compare with, for one remote command: the service account
+    and its directories, the synced models, the environment, the hub cache, every file and unit this
+    host gets (and those of removed instances), each instance's process start and file times."""
+    config, plan = deployment.config, deployment.plan
+    user = config.settings.vllm_service_user
+    wanted = [query(ServiceAccount, user=user, group=user)]
+    wanted += [query(DirectoryState, path=path) for _name, path, _mode in service_directories(config)]
+    wanted += [model_state_query(inst.model) for inst in deployment.model_instances() if inst.model_source]
+    wanted += environment_queries(environment_spec(config, plan), config.settings.vllm_root)
+    wanted.append(query(InstalledEnvironment, current=current_link(config.settings.vllm_root), marker=ENV_MARKER))
+    downloads = hub_downloads(deployment)
+    wanted += [query(HubModelCached, hf_home=config.settings.vllm_hf_home, model=download.repo)
+               for _inst, download in downloads]
+    if downloads:
+        wanted.append(query(FileState, path=hub_token_file(config)))
+    wanted += [query(FileState, path=path) for path in sorted(deployment.files)]
+    for inst in plan.instances:
+        wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(config, inst))]
+    for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT, RAY_UNIT):
+        wanted.append(query(UnitState, unit=unit))
+    if plan.ray is not None:
+        wanted.append(query(NewestMtime, paths=ray_freshness_paths(config)))
+    for unit, _name, paths in removed_units(deployment):
+        wanted.append(query(UnitState, unit=unit))
+        wanted += [query(FileState, path=path) for path in paths]
+    return wanted
+
+
+def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
+    """The wheelhouse holds every package this host's environment installs, for its Python: checked
+    while the run is still being planned, so a wheelhouse that lacks one host's package (vllm-router
+    on the gateway host, Ray on a node) stops the run before any host changes, not mid-install."""
+    problem = bundle.wheelhouse_problem(config.name, config.settings.vllm_wheelhouse, environment_spec(config, plan))
+    if problem:
+        fail([problem])
+
+
+def _check_one_step_per_path(deployment: Deployment) -> None:
+    """No path is written by two steps: each step decides from what the host had when the run read
+    it (facts.get), so a second writer of the same path would go unseen (e.g. an instance named
+    `hub`, whose env file would be the downloads' token file, or vllm_config_dir inside the state
+    directory). Bad input: refused before any change."""
+    config = deployment.config
+    writers: dict[str, list[str]] = {}
+    for name, path, _mode in service_directories(config):
+        writers.setdefault(path.rstrip("/") or "/", []).append(name.lower())
+    for path in deployment.files:
+        writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
+    synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
+    for inst in deployment.model_instances():
+        if inst.model_source:
+            synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
+                str(Path(inst.model_source).expanduser()), inst.name)
+    both = [(dest, by_source) for dest, by_source in synced.items() if len(by_source) > 1]
+    if both:  # one sync per directory (step 2): two sources would each undo what the other sent
+        fail([ConfigError(f"instances {' and '.join(by_source.values())} sync different model_source "
+                          f"directories ({', '.join(by_source)}) into the same host path {dest}",
+                          host=config.name, instance=list(by_source.values())[-1], key="model",
+                          fix="give each model_source a model path of its own")
+              for dest, by_source in both])
+    if hub_downloads(deployment):
+        writers.setdefault(hub_token_file(config), []).append("the Hugging Face token file of the downloads")
+    clashes = {path: who for path, who in writers.items() if len(who) > 1}
+    if clashes:
+        config_dir = config.settings.vllm_config_dir
+        fail([ConfigError(f"{path} would be written by {' and by '.join(who)}", host=config.name,
+                          key="vllm_instances" if path.startswith(config_dir + "/") else "vllm_config_dir",
+                          fix="rename the instance (any name but 'hub'), or give vllm_config_dir a directory of "
+                              "its own (not one the deploy makes below vllm_state_dir)")
+              for path, who in sorted(clashes.items())])
+
+
+def _check_synced_model_dirs(deployment: Deployment) -> None:
+    """A model path that model_source is synced to must be vllm-fleet's: its manifest is there, or
+    the directory is new or empty (model_sync.ownership_problem). The sync deletes what model_source
+    lacks, so `model: /etc`, or a directory holding other models, would lose their files: refused
+    from the batch prefetch just read, before any host changes."""
+    config = deployment.config
+    errors, seen = [], set()
+    for inst in deployment.model_instances():
+        dest = inst.model.rstrip("/") or "/"
+        if not inst.model_source or dest in seen:
+            continue
+        seen.add(dest)
+        sync_state = facts.get(host, ModelSyncState, dest=dest)
+        problem = ownership_problem(sync_state, dest) if sync_state is not None else None  # None: model_sync says so
+        if problem:
+            errors.append(ConfigError(
+                f"model path {problem}; syncing model_source {inst.model_source} there would replace or "
+                "delete them (the sync removes what model_source lacks)", host=config.name, instance=inst.name,
+                key="model", fix=f"set 'model' to an empty or new directory, e.g. under vllm_models_dir: "
+                                 f"{config.settings.vllm_models_dir.rstrip('/')}/{inst.name}; or, if {dest} is "
+                                 "meant for this model alone, remove its contents yourself"))
+    if errors:
+        fail(errors)
+
+
+def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packages.Need], str | None]:
+    """What the runtime needs from the OS and the host lacks; a refusal, before any change, when
+    vllm-fleet may not install it (vllm_install_host_packages = False) or cannot (no apt/dnf)."""
+    required = os_packages.needs(
+        config.settings.vllm_target, config.settings.vllm_python_version, config.settings.vllm_env_manager,
+        eager_only=all(inst.config.enforce_eager for inst in plan.instances),
+        has_instances=bool(plan.instances), gateway=config.settings.vllm_gateway is True)
+    if not required:
+        return [], None
+    present, family = facts.get(host, HostRuntime, python_version=config.settings.vllm_python_version)
+    absent = os_packages.missing(required, present)
+    if absent and (family is None or not config.settings.vllm_install_host_packages):
+        message, fix = os_packages.refusal(absent, family)
+        fail([ConfigError(message, host=config.name, key="vllm_install_host_packages", fix=fix)])
+    return absent, family

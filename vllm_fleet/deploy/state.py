@@ -1,0 +1,149 @@
+"""The run's state for one host: what `prepare` decided (Deployment), what each step's operations
+changed (Changes, read by the later steps when they execute), and why a host failed (for callers
+that run the deploy through pyinfra's API)."""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyinfra import logger
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.operations.util import any_changed
+
+from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
+from vllm_fleet.host import host_packages as os_packages
+from vllm_fleet.plan import HostPlan
+from vllm_fleet.render import RenderedFile, Secrets
+
+if TYPE_CHECKING:
+    from pyinfra.api.operation import OperationMeta
+
+    from vllm_fleet import gateway
+
+
+class DeployError(PyinfraError):
+    """Invalid input found while preparing: pyinfra stops the run before any host is changed."""
+
+
+def fail(errors: list[ConfigError]) -> None:
+    """Stop the whole run on bad input, every error located, before any host changes."""
+    text = "\n".join(f"error: {e.located()}" for e in errors)
+    logger.error(text)
+    raise DeployError(f"{text}\nnothing was changed on any host")
+
+
+@dataclass
+class InstanceFileChanges:
+    """The operations writing one instance's files: a change to any restarts it."""
+
+    config: "OperationMeta"
+    unit: "OperationMeta"
+    secrets: "OperationMeta"  # its root-only env file
+
+
+@dataclass
+class FrontFileChanges:
+    config: "OperationMeta"
+    unit: "OperationMeta"
+
+
+@dataclass
+class GatewayFileChanges:
+    unit: "OperationMeta"
+    workers: "OperationMeta"
+    register: "OperationMeta"
+    models: "OperationMeta"
+    key: "OperationMeta"  # the key check the front's config includes
+
+
+@dataclass
+class Changes:
+    """The operations the steps added, by what they manage. Whether one changed the host is known
+    only once it ran, so each question below is a callable that pyinfra's `_if` asks at execution.
+    A part that is None (or absent) is one this host does not have."""
+
+    environment: "OperationMeta | None" = None
+    model_syncs: dict[str, "OperationMeta"] = field(default_factory=dict)  # instance name -> its model's sync
+    instance_files: dict[str, InstanceFileChanges] = field(default_factory=dict)
+    ray_unit: "OperationMeta | None" = None
+    front: FrontFileChanges | None = None
+    gateway: GatewayFileChanges | None = None
+    removed_files: list["OperationMeta"] = field(default_factory=list)  # of units no longer planned
+
+    def unit_files(self) -> list["OperationMeta"]:
+        """Every operation writing or removing a unit file: systemd reloads after any of them."""
+        units = [files.unit for files in self.instance_files.values()]
+        units += [self.ray_unit] if self.ray_unit is not None else []
+        units += [self.front.unit] if self.front is not None else []
+        units += [self.gateway.unit] if self.gateway is not None else []
+        return units + self.removed_files
+
+    def any_unit_file_changed(self) -> Callable[[], bool]:
+        return any_changed(*self.unit_files())
+
+    def instance_changed(self, name: str) -> Callable[[], bool]:
+        """Its files, the environment, or its synced model: the instance restarts."""
+        files = self.instance_files[name]
+        model = [self.model_syncs[name]] if name in self.model_syncs else []
+        return any_changed(files.config, files.unit, files.secrets, self.environment, *model)
+
+    def ray_node_changed(self) -> Callable[[], bool]:
+        """The Ray unit or the environment it starts from: the node's Ray restarts."""
+        return any_changed(self.ray_unit, self.environment)
+
+    def front_unit_changed(self) -> Callable[[], bool]:
+        return any_changed(self.front.unit)
+
+    def front_config_changed(self) -> Callable[[], bool]:
+        """The front's config, or the gateway's key check that it includes: the front reloads."""
+        return any_changed(self.front.config, *([self.gateway.key] if self.gateway is not None else []))
+
+    def gateway_needs_restart(self) -> Callable[[], bool]:
+        """vllm-router's unit or the environment it runs from changed."""
+        return any_changed(self.gateway.unit, self.environment)
+
+    def gateway_backends_changed(self) -> Callable[[], bool]:
+        """The router's worker list or its registration script changed: it reloads."""
+        return any_changed(self.gateway.workers, self.gateway.register)
+
+
+@dataclass
+class Deployment:
+    """What `prepare` found and decided for this host, and what its steps' operations change."""
+
+    config: HostConfig
+    plan: HostPlan
+    files: dict[str, RenderedFile]
+    secrets: Secrets
+    changes: Changes = field(default_factory=Changes)  # filled as the steps add their operations
+    missing_packages: list[os_packages.Need] = field(default_factory=list)  # installed in step 4
+    package_family: str | None = None  # "debian" (apt) or "rhel" (dnf)
+    backends: "list[gateway.Backend] | None" = None  # the fleet's, on the gateway host (vllm_gateway)
+    #: On a Ray worker of a multi-node instance: that instance as its head declares it. Each node
+    #: loads its pipeline stage's weights from the same model path, so a worker gets the model too.
+    node_instance: InstanceConfig | None = None
+
+    def model_instances(self) -> list[InstanceConfig]:
+        """The instances whose model this host needs (InstanceConfig): its own, and on a Ray
+        worker the multi-node instance it serves a stage of."""
+        return [*self.config.instances, *([self.node_instance] if self.node_instance is not None else [])]
+
+
+# Why a host failed, for callers that run the deploy through pyinfra's API (`vllm-fleet rollout`):
+# pyinfra records that a host failed, not why. Keyed by the run's State, so two runs in one process
+# never mix, and dropped with it.
+_FAILURES: "weakref.WeakKeyDictionary[Any, dict[str, str]]" = weakref.WeakKeyDictionary()
+
+
+def record_failure(host, text: str) -> None:
+    """Keep what made this host fail (its refusal, a verification's failure) for failure_reason()."""
+    _FAILURES.setdefault(host.state, {})[host.name] = text
+
+
+def failure_reason(state, host_name: str) -> str | None:
+    """What the deploy said made `host_name` fail in the run of `state`; None when it said nothing
+    (pyinfra's own error, an operation's failure: pyinfra's output has it)."""
+    return _FAILURES.get(state, {}).get(host_name)

@@ -1,0 +1,55 @@
+"""Step 8: verify each instance over SSH (/health, /v1/models with the key, a 1-token completion,
+its GPU processes); on a multi-node instance's nodes, first the Ray cluster."""
+
+from __future__ import annotations
+
+from pyinfra import logger
+from pyinfra.api.exceptions import OperationError
+from pyinfra.operations import python
+
+from vllm_fleet.host import ray_cluster, remote
+from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.render import front_probe_address, instance_gpu_bus_ids, instance_paths, start_timeout_s
+
+from . import ray
+from .state import Deployment, record_failure
+
+
+def verify(deployment: Deployment) -> None:
+    """8. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
+    config, plan = deployment.config, deployment.plan
+    if not config.settings.vllm_verify:
+        return
+    if plan.ray is not None:  # first: a missing node is named, not only the instance's failure
+        python.call(name=f"Verify the Ray {'cluster' if plan.ray.is_head else 'worker'} of {plan.ray.instance}",
+                    function=ray.verify_ray_node,
+                    spec=ray.cluster_spec(deployment, ray_cluster.VERIFY_TIMEOUT_S,
+                                          only_this_node=not plan.ray.is_head))
+    checks = []
+    for inst in plan.instances:
+        timeout = config.settings.vllm_verify_timeout_s or start_timeout_s(inst)
+        checks.append(InstanceCheck(
+            name=inst.name, unit=inst.unit_name, port=inst.backend_port, front_port=inst.port,
+            front_address=front_probe_address(config.settings.vllm_bind_host),
+            served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
+            env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
+            gpu_bus_ids=instance_gpu_bus_ids(plan, inst)))
+    if checks:
+        python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks)
+
+
+def verify_instances(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
+    ok, stdout, stderr = remote.run(host, probe_command(checks))
+    results = parse_probe_output(stdout)
+    failures = [result for result in results if not result.get("ok")]
+    for result in results:
+        if result.get("ok"):
+            logger.info(f"{host.print_prefix}verified {result['name']}: health, models, a 1-token "
+                        f"completion ({result.get('seconds_to_healthy')} s to healthy)")
+    if not results:
+        raise OperationError(f"host {host.name}: the verification probe printed no result:\n"
+                             f"{stderr[-2000:]}")
+    if failures:
+        text = "\n".join(format_failure(host.name, result) for result in failures)
+        record_failure(host, text)
+        raise OperationError(text)
