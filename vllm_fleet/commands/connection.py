@@ -6,7 +6,6 @@ The same inventory loader, SSH settings (keys, known_hosts, host key checking) a
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -20,20 +19,15 @@ from pyinfra.api import Config, State  # noqa: E402
 from pyinfra.api.connect import connect_all, disconnect_all  # noqa: E402
 from pyinfra.api.exceptions import PyinfraError  # noqa: E402
 from pyinfra.context import ctx_state  # noqa: E402
-from pyinfra_cli.inventory import make_inventory  # noqa: E402
+
+from vllm_fleet.config import read_pyinfra_inventory  # noqa: E402
 
 CONNECT_TIMEOUT_S = 10  # an unreachable host is reported failed after this, never waited on longer
 
 
 def load_pyinfra_inventory(path: str | Path, cwd: str | Path | None = None):
-    workdir = Path(cwd) if cwd else Path.cwd()
-    old = os.getcwd()
-    try:
-        os.chdir(workdir)
-        with ctx_state.use(State()):
-            return make_inventory(str(Path(path).resolve()), cwd=str(workdir))
-    finally:
-        os.chdir(old)
+    """The pyinfra Inventory of an inventory file (config.read_pyinfra_inventory: one loader for both)."""
+    return read_pyinfra_inventory(path, cwd=cwd)
 
 
 @contextmanager
