@@ -1,37 +1,38 @@
 """Converge every host: `pyinfra -y INVENTORY deploy.py` (add --dry to see the changes only).
 
-Steps, in order, for each host (the packaged deploy vllm_fleet.deploy.vllm_fleet_deploy runs them;
-each step's code is in vllm_fleet/deploy/, pyinfra's output groups them under "vLLM fleet"):
-  0. commands must run as root through the host's connection arguments (_sudo, _su_user, ...): a
-     login user without sudo fails that host alone, with what to grant, before anything else
-     (the deploy lock's own command answers it: see 1 below)
-  1. the host's deploy lock (a second deploy at the same time refuses the host, changing nothing
-     on it), held from before the first fact is read, so the decisions below stay true; then
-     facts (live GPUs, the model's config.json, paths) and the plan; bad input stops the run
-     here, before any host is changed
-  2. the service user (never root) and the directories it writes; then models given as a
-     workstation directory (model_source) are synced to the host (nothing sent if unchanged)
-  3. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
+The packaged deploy vllm_fleet.deploy.vllm_fleet_deploy runs these steps on each host, in order
+(docs/deploy-steps.md describes each under the same number; the code is in vllm_fleet/deploy/, and
+pyinfra's output groups the operations under "vLLM fleet"):
+  1. prepare: commands must run as root through the host's _sudo/_su_user/... (a login user
+     without sudo fails that host alone, with what to grant); the host's deploy lock (a second
+     deploy at the same time refuses the host, changing nothing on it), held from before the
+     first fact is read, so the decisions below stay true; facts (live GPUs, the model's
+     config.json, paths), the plan and every file rendered; bad input stops the run here, before
+     any host is changed
+  2. the service user (never root) and the directories it writes
+  3. models given as a workstation directory (model_source) synced to the host (nothing sent if
+     unchanged)
+  4. the Python environment with the pinned vLLM (uv or conda; from the wheelhouse or an index),
      free space checked first, built aside, `current` switched atomically
-  4. OS packages the runtime needs and the host lacks (nginx for the front; a compiler and the Python
+  5. OS packages the runtime needs and the host lacks (nginx for the front; a compiler and the Python
      headers where Triton or inductor compile), with apt/dnf, or refused before any change
-  5. Hugging Face ids are downloaded into HF_HOME (the token goes in a root-only file, not argv)
-  6. engine YAML, root-only env file, units; the front's config and unit; units of removed
-     instances are removed
-  7. daemon-reload only if a unit changed; on the nodes of a multi-node instance, Ray (the head's
+  6. Hugging Face ids downloaded into HF_HOME (the token goes in a root-only file, not argv)
+  7. engine YAML, root-only env file, units; the front's config and unit; units of removed
+     instances removed
+  8. daemon-reload only if a unit changed; on the nodes of a multi-node instance, Ray (the head's
      unit, then each worker's, rejoining the head's cluster), and on the head vLLM starts only once
      every node is in the cluster; restart only the instances whose files or env changed (or that
      still run from before an interrupted deploy changed them); then reload the front
-  8. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion (on a
+  9. verify each instance over SSH: /health, /v1/models with the key, a 1-token completion (on a
      multi-node instance's head, first the Ray cluster: every node alive with its GPUs)
-  9. on the fleet's gateway host: vllm-router restarted or reloaded if its unit or backends
-     changed (after this host's instances serve: it registers them), then verified; then the
-     lock is released (a killed deploy releases it when its SSH session ends)
+ 10. on the fleet's gateway host: vllm-router restarted or reloaded if its unit or backends
+     changed (after this host's instances serve: it registers them), then verified
+ 11. the lock released (a killed deploy releases it when its SSH session ends)
 
 A run that changes nothing costs 4 remote commands per host, 5 on the gateway host, however many
 instances, files and model files the host has:
   1. the deploy lock: a channel on the SSH connection, held until the run ends; its command runs
-     through the host's sudo/su/doas and reports its uid, the access check      (steps 0 and 1)
+     through the host's sudo/su/doas and reports its uid, the access check           (step 1)
      (without a lock, in a dry run or over a connector without SSH, the access check is
      `id -u` through the host's sudo/su/doas, and it counts the same)
   2. the discovery facts, one command: GPUs (nvidia-smi, and NVML through the environment's
@@ -41,17 +42,17 @@ instances, files and model files the host has:
      the service user and group, each unit's systemd state with its process's start and its
      files' times, the synced models' manifests and listings, the environment, the hub cache
                                                                                         (step 1)
-  4. the verification probe, all of the host's instances at once                        (step 8)
-  5. on the gateway host only: the gateway's verification probe                         (step 9)
+  4. the verification probe, all of the host's instances at once                        (step 9)
+  5. on the gateway host only: the gateway's verification probe                        (step 10)
 Releasing the lock closes its channel (no command); a host without instances skips 4. The head of
-a multi-node instance adds one (the Ray cluster's check, step 8); a Ray worker, with no instance of
-its own, runs two in place of 4 (the check that it is in the head's cluster, step 7, and that its
-Ray unit is active, step 8). Every
-operation (vllm_fleet/host/operations.py, model_sync.py) compares with what 2 and 3 read and sends
-nothing where the host already matches; pyinfra runs an operation's body twice (to plan, then to
-execute) and both read those same answers (vllm_fleet/host/facts.py: prefetch, get). A batch splits in
-two only past ~64 KB of shell (hundreds of managed paths). tests/test_noop_commands.py counts
-these through pyinfra against a simulated converged host. A run with changes adds their commands.
+a multi-node instance adds one (the Ray cluster's check, step 9); a Ray worker, with no instance of
+its own, runs two in place of 4 (the check that it is in the head's cluster, step 8, and that its
+Ray unit is active, step 9). Every operation (vllm_fleet/host/operations.py, model_sync.py)
+compares with what 2 and 3 read and sends nothing where the host already matches; pyinfra runs an
+operation's body twice (to plan, then to execute) and both read those same answers
+(vllm_fleet/host/facts.py: prefetch, get). A batch splits in two only past ~64 KB of shell
+(hundreds of managed paths). tests/test_noop_commands.py counts these through pyinfra against a
+simulated converged host. A run with changes adds their commands.
 """
 
 import sys

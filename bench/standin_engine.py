@@ -43,7 +43,7 @@ from pathlib import Path
 
 from vllm_fleet.commands import bundle
 from vllm_fleet.sandbox import assets
-from vllm_fleet.host.envbuild import OVERRIDE_FILE_NAME, default_vllm_version
+from vllm_fleet.environment import OVERRIDE_FILE_NAME, default_vllm_version
 
 STANDIN_SOURCE = Path(__file__).resolve().parent / "gateway_standin.py"
 SIMULATED_NOTE = "SIMULATED: vllm-cpu is vllm-fleet's bench stand-in (bench/standin_engine.py), not vLLM"

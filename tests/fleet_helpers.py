@@ -173,8 +173,19 @@ def rollout(env, inventory, *args):
 def run_logged(cmd, env, timeout) -> subprocess.CompletedProcess:
     result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout,
                             stdin=subprocess.DEVNULL)
+    if result.returncode != 0:  # why it failed sits above the summary table that ends the output
+        print("\n".join(failure_lines(result.stdout + result.stderr)))
     print(result.stdout[-6000:], result.stderr[-3000:])
     return result
+
+
+def failure_lines(output: str, limit: int = 60) -> list[str]:
+    """The lines of a run's output that say what failed (pyinfra's errors, a failed verification),
+    each with the one before it (the operation), at most `limit` of them."""
+    lines = re.sub(r"\x1b\[[0-9;]*m", "", output).splitlines()
+    hits = [i for i, line in enumerate(lines) if re.search(r"error|failed|refused|Traceback", line, re.I)]
+    keep = sorted({j for i in hits for j in (i - 1, i) if j >= 0})
+    return [lines[j] for j in keep][:limit]
 
 
 def host_state(sandbox, name: str) -> dict:

@@ -138,7 +138,7 @@ class FakeHost:
     and answered with nothing, so each fact is then asked alone (facts.get) and answered here."""
 
     def __init__(self, data: dict, facts: dict):
-        self.name, self.print_prefix = "box", "[box] "
+        self.name, self.print_prefix, self.groups = "box", "[box] ", ()
         self.data = SimpleNamespace(dict=lambda: data)
         self.facts, self.asked, self.batches = {"HostRuntime": PROVISIONED, **facts}, [], []
         # No SSH client: lock.acquire says there is no session to tie the deploy lock to.

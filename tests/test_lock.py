@@ -102,7 +102,7 @@ def test_only_a_dead_process_of_this_workstation_counts_as_gone(owner):
     assert not lock.owner_is_gone(dict(owner, pid=dead.pid, workstation="another-workstation"))
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        alive = lock.this_owner()
+        alive = lock.this_owner("pyinfra -y inventory/prod.py deploy.py")
         alive.update(pid=sleeper.pid, pid_start=lock._process_start(sleeper.pid))
         assert not lock.owner_is_gone(alive)
         assert lock.owner_is_gone(dict(alive, pid_start="1"))  # same pid, another process: reused
@@ -196,3 +196,14 @@ def test_a_user_other_than_root_takes_no_lock_and_writes_nothing(tmp_path):
     assert (out.returncode, out.stdout.split()) == (5, ["NOTROOT", "uid=65534"])
     assert list(lock_dir.iterdir()) == []
     assert lock.answer_of(["Welcome to box", "LOCKED uid=0"]) == ["LOCKED", "uid=0"]  # a banner first
+
+
+def test_the_lock_names_the_command_the_deploy_was_given_without_its_secrets():
+    from types import SimpleNamespace
+
+    from vllm_fleet.deploy import RunOptions
+
+    argv = ["-y", "inventory/prod.py", "deploy.py", "--ssh-password", "pw1", "--limit", "gpu-a100-01"]
+    options = RunOptions.from_pyinfra_cli(argv, SimpleNamespace(limit_hosts=None))
+    assert options.command == "pyinfra -y inventory/prod.py deploy.py --ssh-password <hidden> --limit gpu-a100-01"
+    assert lock.this_owner(options.command)["command"] == options.command

@@ -196,7 +196,7 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
     worker = FakeHost(node("10.0.0.2"), {"NvidiaGpus": _four_a100s(), "GpuTopology": {"available": False, "reason": "test"},
                                          "ManagedUnits": [], "PathsPresent": {}, "InterfaceAddresses": ["10.0.0.2"]})
     worker.name, worker.print_prefix = "gpu-b", "[gpu-b] "
-    head = SimpleNamespace(name="gpu-a", data=SimpleNamespace(dict=lambda: head_data))
+    head = SimpleNamespace(name="gpu-a", data=SimpleNamespace(dict=lambda: head_data), groups=())
     worker.state = FakeState([head, worker])
     use_fake_host(monkeypatch, worker)
     deployment = prepare()

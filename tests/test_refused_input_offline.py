@@ -196,8 +196,11 @@ def test_rollout_runs_the_packaged_deploy_on_each_batch_with_its_options(monkeyp
     code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "2"])
     capsys.readouterr()
     assert code == 0
-    assert loaded == [(vllm_fleet_deploy, {"options": RunOptions(dry=False, serial=False, limit=("box1", "box2"))}),
-                      (vllm_fleet_deploy, {"options": RunOptions(dry=False, serial=False, limit=("box3",))})]
+    assert loaded == [
+        (vllm_fleet_deploy, {"options": RunOptions(dry=False, serial=False, limit=("box1", "box2"),
+                                                   command="vllm-fleet rollout, batch box1 box2")}),
+        (vllm_fleet_deploy, {"options": RunOptions(dry=False, serial=False, limit=("box3",),
+                                                   command="vllm-fleet rollout, batch box3")})]
 
 
 def test_rollout_state_after_a_stop_stays_untouched(monkeypatch, tmp_path, capsys):

@@ -94,3 +94,25 @@ def test_discovery_names_the_sandbox_command_only_when_the_sandbox_said_so(tmp_p
     discovery.add_maker_of_local_files(assets.made_by_sandbox_up)
     assert fix_for(tmp_path / "wheelhouse").endswith(f"; or make this one: {assets.PREPARE_HINT}")
     assert assets.PREPARE_HINT not in fix_for(tmp_path.parent / "elsewhere")
+
+
+def test_a_verification_waits_for_the_restart_systemd_owes_a_dead_process(monkeypatch):
+    """The engine killed while ExecStartPost= waits for /health leaves its unit activating with no
+    main process until that wait sees it gone; then the start fails and Restart= brings a new one.
+    A verification that begins in between waits for the new process, like one that begins in the
+    RestartSec pause, so that restart is not taken for one during its checks."""
+    from vllm_fleet.host import host_probe
+
+    states = iter([
+        {"ActiveState": "activating", "SubState": "start-post", "MainPID": "0"},    # killed in start-post
+        {"ActiveState": "activating", "SubState": "auto-restart", "MainPID": "0"},  # RestartSec
+        {"ActiveState": "activating", "SubState": "start-post", "MainPID": "4242"},  # the new process
+    ])
+    seen = []
+    monkeypatch.setattr(host_probe, "show", lambda unit, *props: seen.append(next(states)) or seen[-1])
+    monkeypatch.setattr(host_probe.time, "sleep", lambda seconds: None)
+    host_probe.settle_pending_restart({"unit": "vllm-tiny.service", "timeout_s": 60})
+    assert [s["MainPID"] for s in seen] == ["0", "0", "4242"]
+    # A start that is merely under way (its process alive), or a unit serving, is judged at once.
+    assert not host_probe.restart_pending({"ActiveState": "activating", "SubState": "start-post", "MainPID": "7"})
+    assert not host_probe.restart_pending({"ActiveState": "active", "SubState": "running", "MainPID": "7"})

@@ -30,7 +30,6 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from vllm_fleet.catalog import gpu_model_facts
 from vllm_fleet.config import ConfigError, GpuSpec
 
 

@@ -21,8 +21,8 @@ from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
 from vllm_fleet.environment import EnvSpec, env_dir
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
-from vllm_fleet.templating import (FRONT_UNIT, TEMPLATES, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
-                                   front_paths, jinja_environment, nginx_string)
+from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
+                                   front_paths, jinja_environment)
 
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
 NGINX = "/usr/sbin/nginx"

@@ -17,8 +17,6 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, Callable, Mapping
 
 from vllm_fleet import kinds
-# Re-exported: other modules import them from here (or from config).
-from vllm_fleet.kinds import ENV_NAME_RE, INDEX_URL_RE, INTERFACE_RE, VERSION_RE  # noqa: F401
 
 
 class ConfigError(Exception):

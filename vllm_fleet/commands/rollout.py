@@ -343,7 +343,8 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     state.set_stage(StateStage.Prepare)
     state.current_op_file_number = 0
     state.current_deploy_filename = None  # no deploy file: operations are ordered by their whole call stack
-    options = RunOptions(dry=False, serial=False, limit=tuple(batch))
+    options = RunOptions(dry=False, serial=False, limit=tuple(batch),
+                         command=f"vllm-fleet rollout, batch {' '.join(batch)}")
     try:
         with _ordered_like_the_cli():
             load_func(state, vllm_fleet_deploy, options=options)

@@ -31,7 +31,8 @@ from vllm_fleet.config.instance_parsers import OWNED_ENV, OWNED_ENV_FIX, OWNED_E
 from vllm_fleet.config.inventory import inventory_rows, load_inventory, read_pyinfra_inventory, split_names
 # The error types and the shared constants of every input check live in settings (Settings raises
 # them too); they are importable from here as well, beside the schema that reports them.
-from vllm_fleet.settings import (ENV_MANAGERS, ENV_NAME_RE, GIB_BYTES, INDEX_URL_RE, KNOBS, PLACEMENTS,
+from vllm_fleet.kinds import ENV_NAME_RE, INDEX_URL_RE
+from vllm_fleet.settings import (ENV_MANAGERS, GIB_BYTES, KNOBS, PLACEMENTS,
                                  RAY_OBJECT_STORE_MIN_BYTES, TARGETS, Checker, ConfigError, ConfigErrors, Settings,
                                  did_you_mean)
 

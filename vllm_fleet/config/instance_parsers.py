@@ -10,7 +10,8 @@ from typing import Any
 
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import ModelInfo
-from vllm_fleet.settings import ENV_NAME_RE, Checker
+from vllm_fleet.kinds import ENV_NAME_RE
+from vllm_fleet.settings import Checker
 
 
 # engine_args that have a first-class instance key (the planner must see them), or that must not

@@ -7,10 +7,11 @@ file, beside its other operations, with pyinfra's global arguments:
     from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
     vllm_fleet_deploy(_sudo=True)
 
-The steps, by module: prepare.py (validation, the lock through access.py, facts, plan, render;
-the inventory around this host through inventory.py), steps.py (service user, models, environment,
+The steps, by module: prepare.py (validation, the lock through access.py, facts, plan, render,
+with the run's Fleet for the hosts around this one), steps.py (service user, models, environment,
 OS packages, hub downloads), files.py, services.py (with ray.py), verify.py, gateway.py. state.py
-holds the run's state: what prepare decided and what each step's operations changed.
+holds the run's state: what prepare decided, what each step's operations changed, and the run's
+Fleet (vllm_fleet/fleet.py: every inventory host parsed once).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Steps 0 and 1's lock: this host's commands run as root, and its deploy lock is held from before
-the first fact is read until the run ends. A refused host fails alone; the others go on."""
+"""Step 1's access check and lock, released in step 11: this host's commands run as root, and its
+deploy lock is held from before the first fact is read until the run ends. A refused host fails alone; the others go on."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _login_user() -> str:
 
 
 def access_problem() -> str | None:
-    """0. Can this host's commands run as root (with its `_sudo`/`_su_user`/`_doas` arguments)?
+    """1. Can this host's commands run as root (with its `_sudo`/`_su_user`/`_doas` arguments)?
 
     One command, before any fact or change, and only where the deploy lock cannot answer it (the
     lock's own command reports its uid: take_lock), or to say why the lock's command failed.
@@ -55,10 +55,11 @@ def refuse_host(problem: str) -> None:
         raise DeployError(problem) from None
 
 
-def take_lock(dry: bool) -> bool:
+def take_lock(dry: bool, command: str) -> bool:
     """Check that this host's commands run as root and hold its deploy lock from before the first
     fact is read until the run ends. False when the host is refused (nothing was changed on it): no
-    root through its _sudo/_su_user/..., or another deploy holds the lock.
+    root through its _sudo/_su_user/..., or another deploy holds the lock. `command`: what started
+    the run (RunOptions.command), recorded beside the lock for whoever it refuses.
 
     The lock's own command answers both in one round trip: it runs wrapped like any fact and reports
     its uid (vllm_fleet/host/lock.py). Only when it fails is the host asked why (access_problem), so a
@@ -76,10 +77,10 @@ def take_lock(dry: bool) -> bool:
             refuse_host(problem)
             return False
         if not dry:
-            logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")  # says there is no lock
+            logger.info(f"{host.print_prefix}{host_lock.acquire(host, host_lock.this_owner(command))}")  # no lock
         return True
     try:
-        logger.info(f"{host.print_prefix}{host_lock.acquire(host)}")
+        logger.info(f"{host.print_prefix}{host_lock.acquire(host, host_lock.this_owner(command))}")
     except host_lock.LockBusy as exc:
         refuse_host(str(exc))
         return False
@@ -98,5 +99,5 @@ def _release_lock(state, host) -> None:  # at execution
 
 
 def release_lock(deployment: Deployment) -> None:
-    """Release it early; a run that stops before this step releases it when its SSH session ends."""
+    """11. Release it early; a run that stops before this step releases it when its SSH session ends."""
     python.call(name="Release the deploy lock", function=_release_lock)

@@ -1,6 +1,6 @@
-"""Step 6: every rendered file in place (engine YAML, root-only env file, units, the front's and the
+"""Step 7: every rendered file in place (engine YAML, root-only env file, units, the front's and the
 gateway's files, the manifest), and the files of units the plan no longer has removed. Each write
-is kept in the run's Changes, by what it is, for step 7 to restart or reload what it changed."""
+is kept in the run's Changes, by what it is, for step 8 to restart or reload what it changed."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def _put(name: str, rendered: RenderedFile, **owner: Any):
 
 
 def service_files(deployment: Deployment) -> None:
-    """6. Engine YAML, root-only env file, units; units of removed instances are removed."""
+    """7. Engine YAML, root-only env file, units; units of removed instances are removed."""
     config, files, changes = deployment.config, deployment.files, deployment.changes
     for inst in deployment.plan.instances:
         paths = instance_paths(config, inst.name)

@@ -1,4 +1,4 @@
-"""Step 9, on the fleet's gateway host: vllm-router restarted, reloaded or kept running as its files
+"""Step 10, on the fleet's gateway host: vllm-router restarted, reloaded or kept running as its files
 changed, then verified (backends registered, the key required, the models served)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pyinfra.operations import python
 
 from vllm_fleet.gateway import GATEWAY_UNIT, gateway_ports
 from vllm_fleet.host import facts, remote
-from vllm_fleet.host.facts import UnitState
+from vllm_fleet.host.state_facts import UnitState
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.host.verify import host_probe_command, parse_host_probe
 from vllm_fleet.render import front_probe_address, instance_paths
@@ -20,7 +20,7 @@ from .state import Deployment, record_failure
 
 
 def gateway_service(deployment: Deployment) -> None:
-    """9. On the fleet's gateway host, after this host's instances are verified (a restart or reload
+    """10. On the fleet's gateway host, after this host's instances are verified (a restart or reload
     registers every backend, this host's included, so they must be serving by then): vllm-router
     restarted when its unit or environment changed (SIGTERM lets requests in flight finish); else
     reloaded when its workers changed (ExecReload posts the list again: no request is dropped);

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from vllm_fleet.host.lock import redacted
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -18,17 +20,21 @@ class RunOptions:
     serial: pyinfra runs the whole deploy on one host, then the next (`--serial`): the nodes of a
     multi-node instance, which converge together, are refused.
     limit: the hosts this run converges, by name (None: every inventory host). The deploy plans
-    the whole inventory whatever it is (a gateway's backends, a node's group)."""
+    the whole inventory whatever it is (a gateway's backends, a node's group).
+    command: what started the run, as the deploy lock shows it to a deploy it refuses (no secret:
+    from_pyinfra_cli hides them)."""
 
     dry: bool = False
     serial: bool = False
     limit: tuple[str, ...] | None = None
+    command: str = "a vllm-fleet deploy"
 
     @classmethod
     def from_pyinfra_cli(cls, arguments: Sequence[str], state) -> "RunOptions":
         """The options of `pyinfra [ARGUMENTS] INVENTORY deploy.py` (its arguments as the root
         deploy.py received them: `sys.argv[1:]`), the limit from pyinfra's `state`."""
-        return cls(dry="--dry" in arguments, serial="--serial" in arguments, limit=limit_of(state))
+        return cls(dry="--dry" in arguments, serial="--serial" in arguments, limit=limit_of(state),
+                   command=" ".join(["pyinfra", *redacted(list(arguments))])[:300])
 
 
 def limit_of(state) -> tuple[str, ...] | None:

@@ -1,4 +1,4 @@
-"""Steps 0 and 1: validate this host's data, take its lock (with the root check), read its facts,
+"""Step 1: validate this host's data, take its lock (with the root check), read its facts,
 plan and render; every check of the input runs here, before any host is changed.
 
 What the steps read from the host is read in two remote commands (facts.prefetch), both here:
@@ -18,31 +18,33 @@ from pyinfra import host, logger
 
 from vllm_fleet import gateway
 from vllm_fleet.commands import bundle
-from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, parse_host
+from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, config_dir_clashes, parse_host,
+                               synced_model_clashes)
 from vllm_fleet.gateway import key_length_problem
 from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.host.discovery import discover, discovery_queries
-from vllm_fleet.host.envbuild import ENV_MARKER, current_link
-from vllm_fleet.host.facts import (DirectoryState, FileState, HostRuntime, HubModelCached, InstalledEnvironment,
-                                   ManagedUnits, NewestMtime, ServiceAccount, UnitState, query)
+from vllm_fleet.environment import ENV_MARKER, current_link
+from vllm_fleet.host.facts import query
+from vllm_fleet.host.host_facts import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits
 from vllm_fleet.host.model_sync import ModelSyncState, ownership_problem
 from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.host.operations import environment_queries
+from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.kinds import secret_problem
 from vllm_fleet.plan import HostPlan
-from vllm_fleet.prepared import node_group_plans, prepare_host
+from vllm_fleet.fleet import GatewayUnplanned
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
 
-from . import access, inventory
+from . import access
 from .layout import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
                      service_directories)
 from .options import RunOptions
-from .state import Deployment, fail
+from .state import Deployment, fail, run_fleet
 
 
 def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
-    """0 and 1. Validate this host's data, check that its commands run as root and take its deploy
+    """1. Validate this host's data, check that its commands run as root and take its deploy
     lock (one round trip: access.take_lock), read live facts, plan, render. Raises DeployError on
     bad input; None when the host is refused (no root through its sudo, another deploy holds the
     lock)."""
@@ -50,7 +52,7 @@ def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
         config = parse_host(host.name, host.data.dict())
     except ConfigErrors as exc:
         fail(exc.errors)
-    if not access.take_lock(options.dry):
+    if not access.take_lock(options.dry, options.command):
         return None
     facts.prefetch(host, discovery_queries(config))  # one remote command
     discovered, errors = discover(host, config)
@@ -59,14 +61,15 @@ def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
     config, topology, interconnect = discovered.config, discovered.topology, discovered.interconnect
     secrets = read_secrets(config)
 
-    def backends_for(plan: HostPlan) -> list[gateway.Backend] | None:
-        return inventory.fleet_backends(config, plan) if config.settings.vllm_gateway else None
-
     try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
-        groups = node_group_plans(discovered, inventory.group_configs(config))
-        prepared = prepare_host(discovered, secrets, backends_for, node_groups=groups)
+        prepared = run_fleet(host.state).prepare(discovered, secrets)
+    except GatewayUnplanned as exc:
+        logger.error(f"{host.print_prefix}this host is the fleet's gateway: it plans every inventory host "
+                     "(from its declared data) to know its backends, and these cannot be planned:")
+        fail(exc.errors)
     except ConfigErrors as exc:
         fail(exc.errors)
+    groups = prepared.node_groups or []
     if groups and options.serial:  # the head's steps wait on its workers' (services)
         fail([ConfigError(f"{config.name} is a node of multi-node instance {groups[0].group.instance.name}, "
                           "whose nodes converge together: the head waits for its workers to join Ray, "
@@ -184,19 +187,13 @@ def _check_one_step_per_path(deployment: Deployment) -> None:
         writers.setdefault(path.rstrip("/") or "/", []).append(name.lower())
     for path in deployment.files:
         writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
-    synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
-    for inst in deployment.model_instances():
-        if inst.model_source:
-            synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
-                str(Path(inst.model_source).expanduser()), inst.name)
-    both = [(dest, by_source) for dest, by_source in synced.items() if len(by_source) > 1]
-    if both:  # one sync per directory (step 2): two sources would each undo what the other sent
-        fail([ConfigError(f"instances {' and '.join(by_source.values())} sync different model_source "
-                          f"directories ({', '.join(by_source)}) into the same host path {dest}",
-                          host=config.name, instance=list(by_source.values())[-1], key="model",
-                          fix="give each model_source a model path of its own")
-              for dest, by_source in both])
-    if hub_downloads(deployment):
+    # The rules of the input first (config.host), each with its own message; what is left is a
+    # backstop for any two writers of one path.
+    instances, downloads = deployment.model_instances(), bool(hub_downloads(deployment))
+    errors = synced_model_clashes(config, instances) + config_dir_clashes(config, instances, hub_downloads=downloads)
+    if errors:
+        fail(errors)
+    if downloads:
         writers.setdefault(hub_token_file(config), []).append("the Hugging Face token file of the downloads")
     clashes = {path: who for path, who in writers.items() if len(who) > 1}
     if clashes:

@@ -1,4 +1,4 @@
-"""Step 7 and 8 on the nodes of a multi-node instance: this host's Ray node (the head restarted
+"""Steps 8 and 9 on the nodes of a multi-node instance: this host's Ray node (the head restarted
 before its workers rejoin), the wait for every node before the head's vLLM starts, and the
 cluster's verification."""
 
@@ -13,8 +13,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python, server
 
 from vllm_fleet.host import facts, ray_cluster, remote
-from vllm_fleet.host.envbuild import current_link
-from vllm_fleet.host.facts import NewestMtime, UnitState
+from vllm_fleet.environment import current_link
+from vllm_fleet.host.state_facts import NewestMtime, UnitState
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.render import RAY_UNIT
 

@@ -1,4 +1,4 @@
-"""Step 7: daemon-reload only if a unit changed; a multi-node instance's Ray nodes (ray.py); restart
+"""Step 8: daemon-reload only if a unit changed; a multi-node instance's Ray nodes (ray.py); restart
 only the instances whose files, environment or model changed; then the front."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pyinfra.operations import python, server, systemd
 
 from vllm_fleet import gateway
 from vllm_fleet.host import facts, ray_cluster
-from vllm_fleet.host.facts import NewestMtime, UnitState
+from vllm_fleet.host.state_facts import NewestMtime, UnitState
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT
 
@@ -18,7 +18,7 @@ from .state import Deployment
 
 
 def services(deployment: Deployment) -> None:
-    """7. daemon-reload only if a unit changed; restart an instance only if its files or env changed.
+    """8. daemon-reload only if a unit changed; restart an instance only if its files or env changed.
 
     "Changed" includes a change an interrupted deploy made without restarting: a process older than
     its files (or a unit systemd has not reloaded) is restarted (or reloaded) by the next run.

@@ -14,6 +14,7 @@ from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations.util import any_changed
 
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
+from vllm_fleet.fleet import Fleet
 from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.render import RenderedFile, Secrets
@@ -119,7 +120,7 @@ class Deployment:
     files: dict[str, RenderedFile]
     secrets: Secrets
     changes: Changes = field(default_factory=Changes)  # filled as the steps add their operations
-    missing_packages: list[os_packages.Need] = field(default_factory=list)  # installed in step 4
+    missing_packages: list[os_packages.Need] = field(default_factory=list)  # installed in step 5
     package_family: str | None = None  # "debian" (apt) or "rhel" (dnf)
     backends: "list[gateway.Backend] | None" = None  # the fleet's, on the gateway host (vllm_gateway)
     #: On a Ray worker of a multi-node instance: that instance as its head declares it. Each node
@@ -147,3 +148,16 @@ def failure_reason(state, host_name: str) -> str | None:
     """What the deploy said made `host_name` fail in the run of `state`; None when it said nothing
     (pyinfra's own error, an operation's failure: pyinfra's output has it)."""
     return _FAILURES.get(state, {}).get(host_name)
+
+
+# The run's inventory as one Fleet, parsed once per run (keyed by its State) whatever the number of
+# hosts: a node learns its multi-node group from it, the gateway host its backends.
+_FLEETS: "weakref.WeakKeyDictionary[Any, Fleet]" = weakref.WeakKeyDictionary()
+
+
+def run_fleet(state) -> Fleet:
+    """Every host of the run's inventory (`state.inventory`, whatever --limit keeps), parsed once."""
+    fleet = _FLEETS.get(state)
+    if fleet is None:
+        fleet = _FLEETS[state] = Fleet.from_pyinfra(state.inventory)
+    return fleet

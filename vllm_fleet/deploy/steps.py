@@ -1,4 +1,4 @@
-"""Steps 2 to 5: the service user and its directories, the synced models, the Python environment,
+"""Steps 2 to 6: the service user and its directories, the synced models, the Python environment,
 the OS packages the runtime lacks, the hub downloads."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from pyinfra.operations import apt, dnf, python, server
 
 from vllm_fleet.catalog import GIB
 from vllm_fleet.host import facts, hub, remote
-from vllm_fleet.host.envbuild import ENV_MARKER, PYTORCH_CPU_INDEX, current_link, env_dir
-from vllm_fleet.host.facts import HubModelCached, InstalledEnvironment
+from vllm_fleet.environment import ENV_MARKER, current_link, env_dir
+from vllm_fleet.host.envbuild import PYTORCH_CPU_INDEX
+from vllm_fleet.host.host_facts import HubModelCached, InstalledEnvironment
 from vllm_fleet.host.model_sync import model_sync
 from vllm_fleet.host.operations import managed_directory, secret_file, service_account, vllm_environment
 from vllm_fleet.render import environment_spec
@@ -40,8 +41,8 @@ def service_user(deployment: Deployment) -> None:
 
 
 def models(deployment: Deployment) -> None:
-    """2. Model directories from the workstation (model_source) are synced to the host path; an
-    instance whose model files changed is restarted (step 7)."""
+    """3. Model directories from the workstation (model_source) are synced to the host path; an
+    instance whose model files changed is restarted (step 8)."""
     by_dest: dict[str, list] = {}
     for inst in deployment.model_instances():
         if inst.model_source:
@@ -60,7 +61,7 @@ def models(deployment: Deployment) -> None:
 
 
 def environment(deployment: Deployment) -> None:
-    """3. The versioned Python environment with the pinned vLLM (uv venv or conda prefix, from the
+    """4. The versioned Python environment with the pinned vLLM (uv venv or conda prefix, from the
     wheelhouse or package indexes; only a complete env becomes `current`, switched atomically)."""
     settings = deployment.config.settings
     spec = environment_spec(deployment.config, deployment.plan)
@@ -80,7 +81,7 @@ def environment(deployment: Deployment) -> None:
 
 
 def host_packages(deployment: Deployment) -> None:
-    """4a. OS packages the runtime needs and the host lacks (host_packages.py says which and why):
+    """5. OS packages the runtime needs and the host lacks (host_packages.py says which and why):
     nginx for the front; a compiler and the Python headers where Triton or inductor compile.
 
     Only missing ones are installed, so a host whose image already has them (an air-gapped site
@@ -111,7 +112,7 @@ def package_operation(family: str, packages: list[str]):
 
 
 def hub_models(deployment: Deployment) -> None:
-    """5. Everything an instance loads from the Hugging Face hub is downloaded before it starts.
+    """6. Everything an instance loads from the Hugging Face hub is downloaded before it starts.
 
     Only what vLLM loads (config, tokenizer, the weights in the format it will use; a GGUF
     instance's tokenizer repo too), so instances always start with HF_HUB_OFFLINE=1 and serve with

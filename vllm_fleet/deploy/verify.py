@@ -1,4 +1,4 @@
-"""Step 8: verify each instance over SSH (/health, /v1/models with the key, a 1-token completion,
+"""Step 9: verify each instance over SSH (/health, /v1/models with the key, a 1-token completion,
 its GPU processes); on a multi-node instance's nodes, first the Ray cluster."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .state import Deployment, record_failure
 
 
 def verify(deployment: Deployment) -> None:
-    """8. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
+    """9. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
     config, plan = deployment.config, deployment.plan
     if not config.settings.vllm_verify:
         return

@@ -49,9 +49,8 @@ from urllib.parse import urlsplit
 
 # The environment as a value lives in the core (vllm_fleet/environment.py): the plan and render use
 # it without reaching a host; this module builds it on one.
-from vllm_fleet.environment import (DEFAULT_ROOT, DEFAULT_VLLM_VERSIONS, ENV_MANAGERS, ENV_MARKER,  # noqa: F401
-                                    GGUF_PLUGIN, OVERRIDE_FILE_NAME, TARGETS, EnvSpec, current_link,
-                                    default_vllm_version, env_dir, envs_root, override_text, previous_link)
+from vllm_fleet.environment import (DEFAULT_ROOT, ENV_MARKER, OVERRIDE_FILE_NAME, EnvSpec, current_link, env_dir,
+                                    envs_root, override_text, previous_link)
 
 # The OS's own CA bundle file, where each family keeps it (Debian/Ubuntu, RHEL/Fedora, SUSE,
 # Alpine and others): the bootstrap pip on a host is pointed at the first one there.

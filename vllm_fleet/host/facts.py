@@ -19,11 +19,6 @@ from pyinfra.api import FactBase
 
 from vllm_fleet.host.state_facts import PreludeFact
 
-# Importable from here for vllm_fleet.deploy, which imports them from this module.
-from vllm_fleet.host.host_facts import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits  # noqa: F401
-from vllm_fleet.host.state_facts import (DirectoryState, FileState, NewestMtime, ServiceAccount,  # noqa: F401
-                                         UnitState)
-
 
 # --- Many facts in one command, and a memo per run -------------------------------------------------
 

@@ -189,12 +189,21 @@ def restarted_since(spec, restarts0, since, pid0=None):
     return None
 
 
+def restart_pending(props):
+    """Whether systemd will start a new process of the unit without being asked: it waits out
+    RestartSec (SubState auto-restart), or it is still activating though its main process is gone
+    (killed while ExecStartPost= waited for /health: that start fails once the wait sees it, and
+    Restart= follows)."""
+    return props["SubState"] == "auto-restart" or (props["ActiveState"] == "activating"
+                                                   and props["MainPID"] in ("", "0"))
+
+
 def settle_pending_restart(spec):
-    """A unit whose process died is restarted by systemd once RestartSec has passed (SubState
-    auto-restart meanwhile): a verification that starts in that pause waits for the new start to
-    begin, so it judges the new process, and that restart is not taken for one during the checks."""
+    """A unit whose process died is restarted by systemd (restart_pending): a verification that
+    starts before that restart waits for the new start to begin, so it judges the new process, and
+    that restart is not taken for one during the checks."""
     deadline = time.time() + min(int(spec["timeout_s"]), 300)
-    while show(spec["unit"], "SubState")["SubState"] == "auto-restart" and time.time() < deadline:
+    while restart_pending(show(spec["unit"], "SubState", "ActiveState", "MainPID")) and time.time() < deadline:
         time.sleep(1)
 
 

@@ -25,7 +25,6 @@ import os
 import re
 import shlex
 import socket
-import sys
 import time
 from typing import Any
 
@@ -48,15 +47,13 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
-def this_owner(command: str | None = None) -> dict[str, Any]:
-    """Who is deploying: written on the host beside the lock, shown to anyone the lock refuses."""
+def this_owner(command: str) -> dict[str, Any]:
+    """Who is deploying: written on the host beside the lock, shown to anyone the lock refuses.
+    `command`: what started the deploy (its caller's words, without secrets: `redacted`)."""
     pid = os.getpid()
-    # `python -m pyinfra ...` has argv[0] = .../pyinfra/__main__.py: name the module instead.
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    program = spec.name.removesuffix(".__main__") if spec and spec.name else os.path.basename(sys.argv[0])
     return {"workstation": socket.gethostname(), "user": getpass.getuser(), "pid": pid,
             "pid_start": _process_start(pid), "since": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-            "command": command or " ".join([program, *redacted(sys.argv[1:])])[:300]}
+            "command": command[:300]}
 
 
 _SECRET_OPTION = re.compile(r"password|secret|token|key-password|^--data$|^-d$", re.I)
@@ -195,7 +192,7 @@ def _said(channel) -> str:
         return ""
 
 
-def acquire(host, owner: dict[str, Any] | None = None) -> str:
+def acquire(host, owner: dict[str, Any]) -> str:
     """Take the deploy lock of a connected pyinfra host; raises LockBusy naming the holder, and
     LockFailed when the lock's command could not take it as root (see the module's docstring).
 
@@ -204,7 +201,6 @@ def acquire(host, owner: dict[str, Any] | None = None) -> str:
     """
     if not lockable(host):
         return f"no deploy lock (connector {type(host.connector).__name__} has no SSH session)"
-    owner = owner or this_owner()
     release(host)  # a channel left from an earlier run in this process (its connection is gone)
     broken = ""
     for attempt in (1, 2):

@@ -4,7 +4,7 @@ comparing, the layer split that suits it) and over the nodes of a multi-node ins
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from vllm_fleet.config import GpuSpec
 from vllm_fleet.plan.memory import (MemoryModel, balanced_partition, evaluate_layout, even_partition,
