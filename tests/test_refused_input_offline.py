@@ -211,7 +211,7 @@ def test_rollout_state_after_a_stop_stays_untouched(monkeypatch, tmp_path, capsy
         state.failed_hosts = {hosts["box1"]}
 
     monkeypatch.setattr("pyinfra.api.operations.run_ops", run_ops)
-    monkeypatch.setattr(rollout_mod, "_roll_back", lambda *_a: (True, "restored and verified"))
+    monkeypatch.setattr(rollout_mod.rollback, "roll_back", lambda *_a: (True, "restored and verified"))
     code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2")), "--json"])
     out, _err = capsys.readouterr()
     assert code == 1

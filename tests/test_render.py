@@ -130,7 +130,7 @@ def test_a_rollback_verifies_the_same_gpus_as_the_deploy():
     from it ask the probe for them, as the deploy's own verification does."""
     import json
 
-    from vllm_fleet.commands.rollout import _checks_from_manifest
+    from vllm_fleet.commands.rollback import checks_from_manifest
     from vllm_fleet.render import instance_gpu_bus_ids
 
     data = host_data(placement="single-instance")
@@ -142,7 +142,7 @@ def test_a_rollback_verifies_the_same_gpus_as_the_deploy():
     inst = plan.instances[0]
     assert manifest["instances"][inst.name]["gpu_bus_ids"] == instance_gpu_bus_ids(plan, inst)
     assert len(instance_gpu_bus_ids(plan, inst)) == len(inst.gpu_indices) == 3
-    [check] = _checks_from_manifest(host, manifest)
+    [check] = checks_from_manifest(host, manifest)
     assert check.gpu_bus_ids == instance_gpu_bus_ids(plan, inst) and check.as_spec()["gpus"] is True
 
 

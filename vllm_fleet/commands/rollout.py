@@ -27,15 +27,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.commands import bundle, gateway_drain
+from vllm_fleet.commands import bundle, gateway_drain, rollback
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
-from vllm_fleet.environment import current_link
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
-from vllm_fleet.host.host_facts import MANAGED_UNIT_FILES
 from vllm_fleet.plan import plan_fleet, plan_host
-from vllm_fleet.render import RAY_UNIT, environment_spec, front_probe_address, instance_paths, manifest_path
-from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.render import environment_spec, manifest_path
 
 STATES = ("untouched", "unchanged", "updated", "rolled back", "failed")
 EXIT_INVALID = 2
@@ -81,48 +78,6 @@ def parse_batch(text: str, total: int) -> int:
     return size
 
 
-def _snapshot_command(config) -> str:
-    """Copy the managed files and the `current` link target aside, root-only, on the host."""
-    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
-    conf = shlex.quote(config.settings.vllm_config_dir)
-    cur = shlex.quote(current_link(config.settings.vllm_root))
-    # `cd /`: coreutils 9.1's `cp -a --parents` fails on absolute sources from any other cwd.
-    return (f"set -e; cd /; rm -rf {snap}.new; install -d -m 0700 {snap}.new/files; "
-            f"for f in $({MANAGED_UNIT_FILES}) $(ls -d {conf}/*.yaml {conf}/*.env {conf}/front.conf {conf}/manifest.json 2>/dev/null); "
-            f"do cp -a --parents \"$f\" {snap}.new/files/; done; "
-            f"(readlink {cur} || true) > {snap}.new/current; "
-            f"({MANAGED_UNIT_FILES} || true) | xargs -r -n1 basename > {snap}.new/units; "
-            f"rm -rf {snap} && mv {snap}.new {snap}; cat {conf}/manifest.json 2>/dev/null || echo '{{}}'")
-
-
-def _restore_command(config, restart: bool = True) -> str:
-    """Put the snapshot back: files, `current`, units; stop instances the snapshot did not have.
-    `restart`: then restart the snapshot's units (_restart_command); a node group's rollback
-    restarts them later, once every node has its files back."""
-    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
-    conf = shlex.quote(config.settings.vllm_config_dir)
-    envs = shlex.quote(str(Path(current_link(config.settings.vllm_root)).parent))
-    return (f"set -e; test -d {snap}; "
-            f"for u in $({MANAGED_UNIT_FILES} | xargs -r -n1 basename); do "
-            f"grep -qx \"$u\" {snap}/units || systemctl disable --now \"$u\" || true; done; "
-            f"rm -f $({MANAGED_UNIT_FILES}) {conf}/*.yaml {conf}/*.env {conf}/front.conf {conf}/manifest.json; "
-            # File by file: copying the tree onto / would also copy its directories' modes onto /.
-            f"(cd {snap}/files && find . -type f | while read -r f; do cp -p \"$f\" \"/${{f#./}}\"; done); "
-            f"if [ -s {snap}/current ]; then ln -sfn \"$(cat {snap}/current)\" {envs}/.current.tmp && "
-            f"mv -T {envs}/.current.tmp {envs}/current; fi; "
-            f"systemctl daemon-reload" + (f"; {_restart_command(config)}" if restart else ""))
-
-
-def _restart_command(config) -> str:
-    """Restart the snapshot's units. A node's Ray unit first and blocking (its old processes gone,
-    the new one started), so a worker restarted after its head joins the new head, never the old."""
-    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
-    return (f"set -e; if grep -qx {RAY_UNIT} {snap}/units; then systemctl reset-failed {RAY_UNIT} 2>/dev/null; "
-            f"systemctl enable {RAY_UNIT} && systemctl restart {RAY_UNIT}; fi; "
-            f"for u in $(grep -vx {RAY_UNIT} {snap}/units || true); do systemctl reset-failed \"$u\" 2>/dev/null; "
-            f"systemctl enable \"$u\" && systemctl restart --no-block \"$u\"; done")
-
-
 def _check_wheelhouses(configs: dict[str, Any], everyone: list) -> None:
     """Every host's wheelhouse serves its environment, checked before the first batch: a later
     batch's host (the gateway's, a node's) that its wheelhouse cannot serve is refused before the
@@ -144,23 +99,6 @@ def _check_wheelhouses(configs: dict[str, Any], everyone: list) -> None:
                                                           environment_spec(config, plans[name]))] if problem]
     if problems:
         raise ConfigErrors(problems)
-
-
-def _checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck]:
-    return [InstanceCheck(name=name, unit=info["unit"], port=info.get("backend_port") or info["port"],
-                          front_port=info["port"] if info.get("backend_port") else None,
-                          front_address=front_probe_address((manifest.get("front") or {}).get("bind", "0.0.0.0")),
-                          served_model_name=info["served_model_name"],
-                          max_model_len=info.get("max_model_len") or None,
-                          env_file=instance_paths(config, name)["env"],
-                          timeout_s=int(info.get("start_timeout_s", 600)),
-                          gpu_bus_ids=list(info.get("gpu_bus_ids") or []))
-            for name, info in manifest.get("instances", {}).items()]
-
-
-def _manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
-    return {"environment": (manifest.get("environment") or {}).get("prefix"),
-            "config_hash": {n: i.get("config_hash") for n, i in manifest.get("instances", {}).items()}}
 
 
 def _load_error(exc: BaseException) -> tuple[BaseException, bool]:
@@ -214,58 +152,6 @@ def changed_operations(state, host) -> list[str]:
     return names
 
 
-def _roll_back(host, config, before: dict[str, Any], restore: bool = True) -> tuple[bool, str]:
-    """Restore the host's snapshot and restart its units (`restore`: False when that is done
-    already), then verify the instances it had."""
-    from vllm_fleet.host.remote import run
-
-    if restore:
-        ok, _out, err = run(host, _restore_command(config), timeout=300)
-        if not ok:
-            return False, f"restore failed: {err.strip()[-500:]}"
-    checks = _checks_from_manifest(config, before)
-    if not checks:
-        return True, "restored (no instance before)"
-    ok, out, err = run(host, probe_command(checks), timeout=max(c.timeout_s for c in checks) + 120)
-    results = parse_probe_output(out)
-    failed = [r for r in results if not r.get("ok")]
-    if not results or failed:
-        return False, "\n".join(format_failure(host.name, r) for r in failed) or err[-500:]
-    return True, "restored and verified"
-
-
-def _roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) -> tuple[bool, str]:
-    """Roll a node group back as one (hosts in group order, the head first): every node's files
-    first, nothing restarted; then the head's units (Ray, then its vLLM, which waits for its
-    placement group until the workers are back), then each worker's Ray, joining the restarted head;
-    then the cluster (every node the snapshots had, alive with its GPUs) and the head's instances
-    are verified."""
-    from vllm_fleet.host import ray_cluster
-    from vllm_fleet.host.remote import run
-
-    for host, config in zip(hosts, configs):
-        ok, _out, err = run(host, _restore_command(config, restart=False), timeout=300)
-        if not ok:
-            return False, f"restore failed on {host.name}: {err.strip()[-500:]}"
-    for host, config in zip(hosts, configs):
-        ok, _out, err = run(host, _restart_command(config), timeout=300)
-        if not ok:
-            return False, f"restart failed on {host.name}: {err.strip()[-500:]}"
-    head, head_config, head_before = hosts[0], configs[0], befores[0]
-    rays = [b.get("ray") for b in befores]
-    if all(rays):  # the group existed before this rollout: its cluster is back
-        spec = ray_cluster.group_spec(
-            instance=rays[0]["instance"], head=rays[0]["head"], head_address=rays[0]["head_address"],
-            nodes={host.name: {"address": r["address"], "gpus": len(r["gpus"])} for host, r in zip(hosts, rays)},
-            config=head_config, env_prefix=current_link(head_config.settings.vllm_root),
-            timeout_s=ray_cluster.JOIN_TIMEOUT_S)
-        res = ray_cluster.check(head, spec)
-        if not res["ok"]:
-            return False, ray_cluster.failure_text(head.name, spec, res)
-    ok, message = _roll_back(head, head_config, head_before, restore=False)
-    return ok, message + (" (the Ray cluster of every node verified)" if all(rays) else "")
-
-
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
                     log, gateway_config=None, groups: list[tuple[str, ...]] = ()) -> None:
     """Snapshot, drain the batch from the fleet gateway, run the deploy on the batch through pyinfra's
@@ -282,7 +168,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
             if active[name] is None:
                 res.state, res.error, res.finished = "failed", "unreachable over SSH", time.time()
                 continue
-            ok, out, err = run(active[name], _snapshot_command(configs[name]), timeout=120)
+            ok, out, err = run(active[name], rollback.snapshot_command(configs[name]), timeout=120)
             if not ok:
                 res.state, res.error = "failed", f"snapshot failed: {err.strip()[-300:]}"
                 continue
@@ -379,7 +265,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
                          "output above)") if n in failed else (f"its multi-node instance's node {down[0]} failed: "
                                                                "the node group is rolled back as one")
         log(f"{', '.join(nodes)}: node {', '.join(down)} of the node group failed, rolling the group back")
-        ok, message = _roll_back_group([active[n] for n in nodes], [configs[n] for n in nodes],
+        ok, message = rollback.roll_back_group([active[n] for n in nodes], [configs[n] for n in nodes],
                                        [results[n].before for n in nodes])
         for n in nodes:
             res = results[n]
@@ -400,7 +286,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
         res.error = (failure_reason(state, n)
                      or "the deploy failed on this host (see pyinfra's output above)")
         log(f"{n}: failed, rolling back")
-        ok, message = _roll_back(active[n], configs[n], res.before)
+        ok, message = rollback.roll_back(active[n], configs[n], res.before)
         res.state = "rolled back" if ok else "failed"
         res.error += f"; rollback: {message}"
         res.after = res.before
@@ -494,7 +380,7 @@ def print_table(results: list[HostResult]) -> None:
     colour = {"updated": "green", "unchanged": "green", "rolled back": "yellow", "failed": "red",
               "untouched": "dim"}
     for res in results:
-        before, after = _manifest_summary(res.before), _manifest_summary(res.after)
+        before, after = rollback.manifest_summary(res.before), rollback.manifest_summary(res.after)
         instances = sorted(set(before["config_hash"]) | set(after["config_hash"])) or ["-"]
         for inst in instances:
             table.add_row(res.name, inst,
