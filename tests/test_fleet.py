@@ -86,7 +86,7 @@ def test_the_gateway_backends_are_the_whole_fleets_whatever_the_limit():
 
 
 def test_the_gateway_stops_on_a_host_that_does_not_parse_or_cannot_be_planned():
-    with pytest.raises(ConfigErrors) as info:  # deploy._fleet_backends: the broken host's own errors
+    with pytest.raises(ConfigErrors) as info:  # the deploy on the gateway host: the broken host's own errors
         Fleet.from_rows(gateway_rows(third=BROKEN), ["h1"]).gateway_backends()
     assert "host h3, instance bad" in str(info.value) and not isinstance(info.value, GatewayUnplanned)
     too_big = host_data(ssh_hostname="10.0.0.3", gpus=[{"name": "Tesla T4", "memory_mib": 15360}],
@@ -98,8 +98,8 @@ def test_the_gateway_stops_on_a_host_that_does_not_parse_or_cannot_be_planned():
 
 
 def test_the_preparing_host_brings_its_own_config_and_live_plan():
-    """deploy._fleet_backends: this host as discovery filled it in and planned from its live GPUs,
-    the others from their declared data."""
+    """The deploy on the gateway host: this host as discovery filled it in and planned from its live
+    GPUs, the others from their declared data."""
     fleet = Fleet.from_rows(gateway_rows(), ["h1"])
     own = fleet.configs["h1"]
     own = replace(own, settings=replace(own.settings, vllm_advertise_address="10.9.9.1"))
@@ -109,7 +109,7 @@ def test_the_preparing_host_brings_its_own_config_and_live_plan():
 
 
 def test_a_possible_node_is_refused_while_another_hosts_data_does_not_parse():
-    """deploy._group_configs: that host may be its head."""
+    """The deploy on a host that may be a node: the host that does not parse may be its head."""
     rows = node_rows()[1:] + [("gpu-x", BROKEN, [])]
     fleet = Fleet.from_rows(rows)
     with pytest.raises(ConfigErrors) as info:
@@ -167,11 +167,28 @@ def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
 
 
 def test_the_deploys_pyinfra_inventory_makes_the_same_fleet():
-    """deploy._inventory_configs: every host of the run's State, parsed once."""
+    """The deploy's Fleet (deploy.state.run_fleet): every host of the run's State, parsed once, and
+    the same Fleet for every host of that run."""
+    import gc
+    import weakref
     from types import SimpleNamespace
+
+    from vllm_fleet.deploy.state import run_fleet
 
     hosts = [SimpleNamespace(name=name, data=SimpleNamespace(dict=lambda data=data: data), groups=groups)
              for name, data, groups in gateway_rows(third=BROKEN)]
     fleet = Fleet.from_pyinfra(hosts)
     assert fleet.names == ("h1", "h2", "h3") and set(fleet.configs) == {"h1", "h2"} and set(fleet.errors) == {"h3"}
     assert Fleet.from_pyinfra(hosts, ["spare"]).matched == ("h3",)
+    class RunState:  # what run_fleet reads of pyinfra's State (weakly referenced, as a State is)
+        inventory = hosts
+
+    def one_run():  # the run's State lives only in here
+        state = RunState()
+        first = run_fleet(state)
+        return weakref.ref(state), run_fleet(state) is first, first.names, set(first.errors)
+
+    run_state, same, names, broken = one_run()
+    assert same and names == fleet.names and broken == {"h3"}
+    gc.collect()
+    assert run_state() is None  # the run's cache does not keep a finished run alive

@@ -56,9 +56,17 @@ def test_the_deploy_steps_have_one_numbering_in_deploy_py_the_docs_and_the_code(
     docstring = ast.get_docstring(ast.parse((root / "deploy.py").read_text()))
     steps = docstring.split("\n\n")[1]  # the numbered list, before the cost of a run
     assert [int(n) for n in re.findall(r"^\s*(\d+)\. ", steps, re.M)] == list(range(1, len(called) + 1))
-    for module in ("prepare", "steps", "files", "services", "verify", "gateway", "access"):
+    # Each step module's first line names the steps it holds ("Step 7", "Steps 2 to 6", "Step 1's
+    # ... step 11"), and each step function's docstring starts with its number.
+    owned: dict[str, list[int]] = {}
+    for number, name in enumerate(called, 1):
+        owned.setdefault(name.split(".")[0], []).append(number)
+        module_name, function_name = name.split(".")
+        function_doc = getattr(getattr(deploy_package, module_name), function_name).__doc__
+        assert function_doc.startswith(f"{number}. "), (name, function_doc[:40])
+    owned["access"].insert(0, 1)  # its lock is taken inside step 1 (prepare)
+    owned["ray"] = [8, 9]  # its operations run within services (8) and verify (9)
+    for module, numbers in owned.items():
         first_line = (root / "vllm_fleet" / "deploy" / f"{module}.py").read_text().split("\n", 1)[0]
-        numbers = [int(n) for n in re.findall(r"\d+", first_line.split(":")[0])]
-        owned = [i + 1 for i, name in enumerate(called) if name.startswith(f"{module}.")]
-        owned += [1] if module == "access" else []  # its lock is taken inside step 1 (prepare)
-        assert numbers and set(numbers) <= set(owned), (module, first_line, owned)
+        named = [int(n) for n in re.findall(r"\d+", first_line.split(":")[0])]
+        assert named == ([min(numbers), max(numbers)] if len(numbers) > 1 else numbers), (module, first_line)

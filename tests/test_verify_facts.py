@@ -105,6 +105,7 @@ def test_a_verification_waits_for_the_restart_systemd_owes_a_dead_process(monkey
 
     states = iter([
         {"ActiveState": "activating", "SubState": "start-post", "MainPID": "0"},    # killed in start-post
+        {"ActiveState": "deactivating", "SubState": "stop-sigterm", "MainPID": "0"},  # the rest stopped
         {"ActiveState": "activating", "SubState": "auto-restart", "MainPID": "0"},  # RestartSec
         {"ActiveState": "activating", "SubState": "start-post", "MainPID": "4242"},  # the new process
     ])
@@ -112,7 +113,10 @@ def test_a_verification_waits_for_the_restart_systemd_owes_a_dead_process(monkey
     monkeypatch.setattr(host_probe, "show", lambda unit, *props: seen.append(next(states)) or seen[-1])
     monkeypatch.setattr(host_probe.time, "sleep", lambda seconds: None)
     host_probe.settle_pending_restart({"unit": "vllm-tiny.service", "timeout_s": 60})
-    assert [s["MainPID"] for s in seen] == ["0", "0", "4242"]
+    assert [s["MainPID"] for s in seen] == ["0", "0", "0", "4242"]
     # A start that is merely under way (its process alive), or a unit serving, is judged at once.
     assert not host_probe.restart_pending({"ActiveState": "activating", "SubState": "start-post", "MainPID": "7"})
     assert not host_probe.restart_pending({"ActiveState": "active", "SubState": "running", "MainPID": "7"})
+    # Stopped on purpose, or failed once its restarts ran out: nothing will come, nothing to wait for.
+    assert not host_probe.restart_pending({"ActiveState": "inactive", "SubState": "dead", "MainPID": "0"})
+    assert not host_probe.restart_pending({"ActiveState": "failed", "SubState": "failed", "MainPID": "0"})

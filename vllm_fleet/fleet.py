@@ -98,7 +98,9 @@ class Fleet:
             try:
                 configs[name] = parse_host(name, data)
             except ConfigErrors as exc:
-                errors[name] = exc
+                # Kept as a value, without its traceback: its frames would keep their callers' locals
+                # (the deploy's run State, which caches this Fleet) alive.
+                errors[name] = exc.with_traceback(None)
         matched = [name for name, _data, groups in rows
                    if not limit or name in limit or set(limit) & set(groups)]
         if not matched:

@@ -10,7 +10,7 @@ notes. Sources:
   stable build from release 2.11 (pytorch/pytorch#177975 "Move cuda stable 12.8->13.0"), and 2.14
   "keeps CUDA 13.0 as Stable" (pytorch/pytorch#190355). The installed wheel agrees:
   `torch.version.cuda` is "13.0" and `torch.cuda.get_arch_list()` runs from sm_75 to sm_120
-  (bench/vllm_fidelity.py prepares that environment).
+  (bench/vllm_fidelity_env.py prepares that environment).
 * The CUDA 13.0 build's architectures start at Turing: "13.0.0 | Turing(7.5), Ampere(8.0, 8.6),
   Hopper(9.0), Blackwell(10.0, 12.0+PTX)" (pytorch/pytorch#172352, PyTorch CUDA support matrix);
   vLLM's own kernels agree: vllm-project/vllm `CMakeLists.txt` (stored version at commit

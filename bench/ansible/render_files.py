@@ -4,7 +4,7 @@ Run with --dry (it changes nothing on any host):
 
     VLLM_FLEET_BENCH_RENDER_DIR=DIR pyinfra -y --dry INVENTORY bench/ansible/render_files.py
 
-For each host it does deploy.py's steps 0 and 1 (vllm_fleet.deploy.prepare.prepare, which checks root access: the
+For each host it does deploy.py's step 1 (vllm_fleet.deploy.prepare.prepare, which checks root access: the
 same facts, plan, secrets and renderer as a deploy) and writes DIR/<host>.json (0600: it holds the
 secret files' contents) with every file the deploy manages there, its owner, group (None where the
 deploy leaves them alone: the manifest) and mode, its role (what a change of it restarts or reloads),

@@ -71,16 +71,17 @@ def take_lock(dry: bool, command: str) -> bool:
     that ran between the reading and the lock would be undone by decisions made before it. A dry
     run executes nothing: it takes no lock and never waits for one.
     """
+    owner = host_lock.this_owner(command)
     if dry or not host_lock.lockable(host):
         problem = access_problem()
         if problem:
             refuse_host(problem)
             return False
         if not dry:
-            logger.info(f"{host.print_prefix}{host_lock.acquire(host, host_lock.this_owner(command))}")  # no lock
+            logger.info(f"{host.print_prefix}{host_lock.acquire(host, owner)}")  # it says there is no lock
         return True
     try:
-        logger.info(f"{host.print_prefix}{host_lock.acquire(host, host_lock.this_owner(command))}")
+        logger.info(f"{host.print_prefix}{host_lock.acquire(host, owner)}")
     except host_lock.LockBusy as exc:
         refuse_host(str(exc))
         return False

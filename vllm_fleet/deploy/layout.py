@@ -10,8 +10,8 @@ from pyinfra import host
 
 from vllm_fleet import gateway
 from vllm_fleet.config import HostConfig, instance_of_unit
-from vllm_fleet.host import facts, hub
 from vllm_fleet.environment import current_link
+from vllm_fleet.host import facts, hub
 from vllm_fleet.host.host_facts import ManagedUnits
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, front_paths, instance_paths, ray_paths

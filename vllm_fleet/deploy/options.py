@@ -34,7 +34,7 @@ class RunOptions:
         """The options of `pyinfra [ARGUMENTS] INVENTORY deploy.py` (its arguments as the root
         deploy.py received them: `sys.argv[1:]`), the limit from pyinfra's `state`."""
         return cls(dry="--dry" in arguments, serial="--serial" in arguments, limit=limit_of(state),
-                   command=" ".join(["pyinfra", *redacted(list(arguments))])[:300])
+                   command=" ".join(["pyinfra", *redacted(list(arguments))]))
 
 
 def limit_of(state) -> tuple[str, ...] | None:

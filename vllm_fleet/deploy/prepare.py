@@ -20,11 +20,12 @@ from vllm_fleet import gateway
 from vllm_fleet.commands import bundle
 from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, config_dir_clashes, parse_host,
                                synced_model_clashes)
+from vllm_fleet.environment import ENV_MARKER, current_link
+from vllm_fleet.fleet import GatewayUnplanned
 from vllm_fleet.gateway import key_length_problem
 from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.host.discovery import discover, discovery_queries
-from vllm_fleet.environment import ENV_MARKER, current_link
 from vllm_fleet.host.facts import query
 from vllm_fleet.host.host_facts import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits
 from vllm_fleet.host.model_sync import ModelSyncState, ownership_problem
@@ -33,7 +34,6 @@ from vllm_fleet.host.operations import environment_queries
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.kinds import secret_problem
 from vllm_fleet.plan import HostPlan
-from vllm_fleet.fleet import GatewayUnplanned
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
 
 from . import access
@@ -178,9 +178,11 @@ def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
 
 def _check_one_step_per_path(deployment: Deployment) -> None:
     """No path is written by two steps: each step decides from what the host had when the run read
-    it (facts.get), so a second writer of the same path would go unseen (e.g. an instance named
-    `hub`, whose env file would be the downloads' token file, or vllm_config_dir inside the state
-    directory). Bad input: refused before any change."""
+    it (facts.get), so a second writer of the same path would go unseen. The known cases are the
+    input's rules (config.host: an instance named `hub` whose env file would be the downloads' token
+    file, a vllm_config_dir the service user writes, two model_source directories synced into one
+    path), each with its own message; any other pair of writers is refused here all the same.
+    Bad input: refused before any change."""
     config = deployment.config
     writers: dict[str, list[str]] = {}
     for name, path, _mode in service_directories(config):

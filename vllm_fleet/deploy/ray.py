@@ -12,10 +12,10 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python, server
 
-from vllm_fleet.host import facts, ray_cluster, remote
 from vllm_fleet.environment import current_link
-from vllm_fleet.host.state_facts import NewestMtime, UnitState
+from vllm_fleet.host import facts, ray_cluster, remote
 from vllm_fleet.host.operations import systemd_service
+from vllm_fleet.host.state_facts import NewestMtime, UnitState
 from vllm_fleet.render import RAY_UNIT
 
 from .layout import ray_freshness_paths

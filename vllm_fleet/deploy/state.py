@@ -13,7 +13,7 @@ from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
+from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig, inventory_rows
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.plan import HostPlan
@@ -159,5 +159,7 @@ def run_fleet(state) -> Fleet:
     """Every host of the run's inventory (`state.inventory`, whatever --limit keeps), parsed once."""
     fleet = _FLEETS.get(state)
     if fleet is None:
-        fleet = _FLEETS[state] = Fleet.from_pyinfra(state.inventory)
+        # From the rows, not Fleet.from_pyinfra: a Fleet that kept the Inventory (which holds its
+        # State) would keep this cache's key alive.
+        fleet = _FLEETS[state] = Fleet.from_rows(inventory_rows(state.inventory))
     return fleet

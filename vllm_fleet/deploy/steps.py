@@ -13,8 +13,8 @@ from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, dnf, python, server
 
 from vllm_fleet.catalog import GIB
-from vllm_fleet.host import facts, hub, remote
 from vllm_fleet.environment import ENV_MARKER, current_link, env_dir
+from vllm_fleet.host import facts, hub, remote
 from vllm_fleet.host.envbuild import PYTORCH_CPU_INDEX
 from vllm_fleet.host.host_facts import HubModelCached, InstalledEnvironment
 from vllm_fleet.host.model_sync import model_sync

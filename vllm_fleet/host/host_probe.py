@@ -191,10 +191,11 @@ def restarted_since(spec, restarts0, since, pid0=None):
 
 def restart_pending(props):
     """Whether systemd will start a new process of the unit without being asked: it waits out
-    RestartSec (SubState auto-restart), or it is still activating though its main process is gone
-    (killed while ExecStartPost= waited for /health: that start fails once the wait sees it, and
-    Restart= follows)."""
-    return props["SubState"] == "auto-restart" or (props["ActiveState"] == "activating"
+    RestartSec (SubState auto-restart); or its main process is gone while the unit is still
+    activating (killed while ExecStartPost= waited for /health: that start fails once the wait sees
+    it) or deactivating (what was left of the process group being stopped): Restart= follows both.
+    A unit stopped on purpose ends inactive, and one whose restarts ran out failed: neither waits."""
+    return props["SubState"] == "auto-restart" or (props["ActiveState"] in ("activating", "deactivating")
                                                    and props["MainPID"] in ("", "0"))
 
 
