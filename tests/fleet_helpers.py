@@ -179,10 +179,15 @@ def run_logged(cmd, env, timeout) -> subprocess.CompletedProcess:
     return result
 
 
+def plain(text: str) -> str:
+    """pyinfra's output without its colours (host prefixes are styled)."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
 def failure_lines(output: str, limit: int = 60) -> list[str]:
     """The lines of a run's output that say what failed (pyinfra's errors, a failed verification),
     each with the one before it (the operation), at most `limit` of them."""
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", output).splitlines()
+    lines = plain(output).splitlines()
     hits = [i for i, line in enumerate(lines) if re.search(r"error|failed|refused|Traceback", line, re.I)]
     keep = sorted({j for i in hits for j in (i - 1, i) if j >= 0})
     return [lines[j] for j in keep][:limit]

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from fleet_helpers import (API_KEY, DEPLOY_NAME, KEY_MARK, KILL_POINTS, CPU_HOSTS, chat, host_state, pyinfra,
+from fleet_helpers import (API_KEY, DEPLOY_NAME, KEY_MARK, KILL_POINTS, CPU_HOSTS, chat, host_state, plain, pyinfra,
                            variant_inventory)
 
 TEAM_MARKER = "/tmp/team-deploy-ran"  # what tests/fixtures/team_deploy.py's own operation touches
@@ -40,7 +40,7 @@ def test_first_deploy_serves_on_every_cpu_host(converged, sandbox):
 
 
 def test_every_kill_point_of_the_fault_test_is_printed_by_a_first_deploy(converged):
-    out = re.sub(r"\x1b\[[0-9;]*m", "", converged.stdout + converged.stderr)
+    out = plain(converged.stdout + converged.stderr)
     missing = [step for step, marker in KILL_POINTS.items() if marker not in out]
     assert not missing, f"the fault test would wait for steps the deploy never prints: {missing}"
 
@@ -79,10 +79,10 @@ def test_second_run_changes_nothing(converged, sandbox, deploy_env):
     # The team's operation ran on every host, as its login user; the deploy's operations are
     # grouped under the deploy's name in pyinfra's output.
     assert all(sandbox.run(name, f"stat -c %U {TEAM_MARKER}").stdout.strip() == "deploy" for name in CPU_HOSTS)
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", out)
-    assert "Starting operation: Team: mark the hosts this deploy reached" in plain
-    assert f"Starting operation: {DEPLOY_NAME} | Verify instances" in plain
-    assert f"Starting operation: {DEPLOY_NAME} | Verify the gateway" in plain
+    uncoloured = plain(out)
+    assert "Starting operation: Team: mark the hosts this deploy reached" in uncoloured
+    assert f"Starting operation: {DEPLOY_NAME} | Verify instances" in uncoloured
+    assert f"Starting operation: {DEPLOY_NAME} | Verify the gateway" in uncoloured
     # What deploy.py's docstring counts, on real hosts through the CLI (`-y`: no planning pass): the
     # deploy lock's channel (its command is the root check), two fact batches, the verification
     # probe, and on the gateway host (sbx-cpu1) the gateway's probe. Nothing per file or model file.

@@ -32,7 +32,7 @@ import time
 import pytest
 
 from figures import report
-from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, DEPLOY_NAME, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, wait_for_journal, host_state, pyinfra, variant_inventory, vllm_fleet
+from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, DEPLOY_NAME, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, wait_for_journal, host_state, plain, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.host import lock
 
 HOST = "sbx-cpu1"
@@ -85,11 +85,6 @@ def finish(proc: subprocess.Popen, seen: list[str], timeout: float = 600) -> str
     text = plain("".join(seen) + (out or ""))
     print(text[-6000:])
     return text
-
-
-def plain(text: str) -> str:
-    """pyinfra's output without its colours (host prefixes are styled)."""
-    return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
 def serving_config(sandbox) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import textwrap
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -20,7 +19,7 @@ import pytest
 
 from bad_inputs import CORPUS
 from figures import report
-from fleet_helpers import REPO, pyinfra
+from fleet_helpers import REPO, plain, pyinfra
 from planning_fixtures import SEED_GEMMA
 
 BOX = "sbx-mixed"
@@ -101,7 +100,7 @@ def test_bad_input_stops_pyinfra_before_any_change(index, corpus_runs):
         return
     key, instance = LIVE_GPUS_SPEAK_FIRST.get(label, (key, instance))
     for result in filter(None, (corpus_runs["dry"][index], corpus_runs["applied"].get(index))):
-        out = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+        out = plain(result.stdout + result.stderr)
         assert result.returncode != 0
         assert located(key, instance) in out, out[-3000:]
         assert "nothing was changed on any host" in out
@@ -138,7 +137,7 @@ def test_a_wheelhouse_that_cannot_serve_the_gateway_host_changes_no_host(sandbox
     assert bundle.load(lacking) is not None  # a complete wheelhouse, only without the router
     before = fingerprint(sandbox)
     result = pyinfra({**deploy_env, "VLLM_FLEET_WHEELHOUSE": str(lacking)}, "--limit", "cpu_hosts", timeout=300)
-    out = re.sub(r"\x1b\[[0-9;]*m", "", result.stdout + result.stderr)
+    out = plain(result.stdout + result.stderr)
     assert result.returncode != 0
     assert "host sbx-cpu1, key vllm_wheelhouse" in out and f"lacks {router}" in out, out[-3000:]
     assert f"--extra {router}" in out and "vllm-fleet bundle --target cpu" in out

@@ -1,5 +1,6 @@
 """Step 1's access check and lock, released in step 11: this host's commands run as root, and its
-deploy lock is held from before the first fact is read until the run ends. A refused host fails alone; the others go on."""
+deploy lock is held from before the first fact is read until the run ends. A refused host fails
+alone; the others go on."""
 
 from __future__ import annotations
 
