@@ -30,6 +30,7 @@ import json
 import math
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
@@ -232,17 +233,24 @@ def request_body(model: str = MODEL) -> str:
     return json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1})
 
 
-def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, body: str, headers: dict,
+#: Targets spoken to over HTTPS, with the context that checks their certificates (measure(tls=...)).
+TLS_TARGETS: dict[tuple[str, int], ssl.SSLContext] = {}
+
+
+def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, body: str, headers,
                out: list[float], errors: list[str], served: dict[str, int], timeout: float) -> None:
-    """n completions, rotating over targets, each on this thread's kept-open connection to it."""
+    """n completions, rotating over targets, each on this thread's kept-open connection to it.
+    `headers`: a dict, or a function of the target giving its dict (a key per path)."""
     for i in range(n):
         target = targets[i % len(targets)]
         conn = conns.get(target)
         if conn is None:
-            conn = conns[target] = http.client.HTTPConnection(*target, timeout=timeout)
+            context = TLS_TARGETS.get(target)
+            conn = conns[target] = (http.client.HTTPSConnection(*target, timeout=timeout, context=context)
+                                    if context else http.client.HTTPConnection(*target, timeout=timeout))
         started = time.perf_counter()
         try:
-            conn.request("POST", "/v1/completions", body, headers)
+            conn.request("POST", "/v1/completions", body, headers(target) if callable(headers) else headers)
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -260,8 +268,8 @@ def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, body: str, h
 
 
 def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency: int, total: int,
-            block: int = BLOCK, model: str = MODEL, api_key: str = API_KEY, timeout: float = 60.0
-            ) -> dict:
+            block: int = BLOCK, model: str = MODEL, api_key: str = API_KEY, timeout: float = 60.0,
+            gateway_key: str | None = None) -> dict:
     """`concurrency` threads, each alternating blocks of `block` direct and gateway requests (A B A B;
     half the threads start with each kind), about `total` requests of each kind in all. Each thread
     keeps its connections open. Latency in ms, from sending the request to the body's last byte.
@@ -273,7 +281,11 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
     minus the direct block's, so slow drift in the hosts' load cancels out."""
     rounds = max(1, total // (block * concurrency))
     body = request_body(model)
-    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    plain = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
+    other = dict(plain, Authorization=f"Bearer {gateway_key}") if gateway_key else plain
+
+    def headers(target):  # the gateway path may take a key of its own (a client's, at a front)
+        return other if target == gateway else plain
     samples: dict[str, list[float]] = {"direct": [], "gateway": []}
     served: dict[str, dict[str, int]] = {"direct": {}, "gateway": {}}
     pairs: list[float] = []

@@ -112,6 +112,10 @@ vllm_service_user = "vllm"  # vLLM never runs as root
 vllm_bind_host = "0.0.0.0"  # the address the front listens on for every instance
 vllm_backend_port_offset = 10000  # vLLM's own loopback port = the instance's port + this
 vllm_limit_nofile = 65536  # LimitNOFILE of the units
+# On a stop or restart (a deploy's), vLLM takes no new request and lets those in flight finish for up
+# to this long before it aborts them (--shutdown-timeout; vLLM's own default, 0, aborts at once). The
+# units' TimeoutStopSec is this plus 60 s. A restart waits that long only while requests run.
+vllm_shutdown_timeout_s = 30
 # OS packages the runtime needs (vllm_fleet/host/host_packages.py says why, with the sources): nginx for
 # the front; CUDA: a C compiler and the Python headers (Triton builds a stub at the first kernel
 # launch); CPU: libnuma, plus g++ and the Python headers unless every instance runs enforce-eager.
@@ -129,8 +133,8 @@ vllm_advertise_address = None
 # environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --extra vllm-router==X`)
 # with every instance of the fleet that serves a model as a backend, read from each host's plan:
 # requests go only to instances serving the `model` they name, round-robin among them. The host
-# needs no instances of its own. Clients use http://<address>:<vllm_gateway_port>/v1 with the fleet's
-# API key (vllm_api_key_env), checked by the front's nginx there; GET /v1/models lists each served
+# needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
+# API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
 # name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
 # (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
 vllm_gateway = False
@@ -144,6 +148,23 @@ vllm_gateway_failure_threshold = 2
 # the requests they already have finish, waited for up to this long; they are put back once
 # verified. The only healthy backend of a model is not drained (nothing else could serve it).
 vllm_gateway_drain_timeout_s = 60
+
+# --- TLS on every listener clients reach (each front's instance ports, the gateway) ---------------
+# True: HTTPS only (TLS 1.2+); a plain-HTTP request there gets 400 and nothing is served. The host's
+# certificate comes from a fleet CA that the first deploy creates on the workstation in
+# <vllm_workstation_dir>/tls (the CA key 0600, never on a host); it names the host, its addresses
+# and localhost, and a later deploy issues it again 30 days before it ends. `vllm-fleet tls ca
+# INVENTORY` prints the CA certificate clients trust. The gateway checks its backends' certificates,
+# and so do the verification and status. Or give your own: all three of the files below (PEM, on the
+# workstation; the key is pushed root:<service user> 0640 and never shown).
+vllm_tls = False
+vllm_tls_cert_file = None  # the host's certificate (chain)
+vllm_tls_key_file = None  # its private key
+vllm_tls_ca_file = None  # the CA that signed it
+# The workstation's own files: the fleet CA (tls/), the hosts' certificates, and the seed of each
+# host's own key (the key vLLM holds; clients never see it). Outside the repository; share it between
+# the workstations that deploy one fleet, or the other's deploy re-keys every host (a restart each).
+vllm_workstation_dir = "~/.local/share/vllm-fleet"
 
 # --- Multi-node instances (Ray; an instance's "nodes") --------------------------------------------
 # The interface of the nodes' private network, e.g. "eth1". vLLM's security guide: inter-node traffic
@@ -163,9 +184,23 @@ vllm_ray_object_store_gib = 2.0
 # --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
 vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key
 vllm_api_key_file = None  # or a file on the workstation holding it (first line)
+# The API's clients, each with its own key (fleet-wide: every host of a fleet with a gateway gives the
+# same). {}: one client, "fleet-key", with the key above. Otherwise the key above is not used and
+# each front and the gateway accept exactly these keys:
+#   vllm_api_clients = {
+#       "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 60},
+#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+#   }
+# key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
+# names it may use (others get 403 and never reach vLLM; GET /v1/models lists only these); absent:
+# every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's limit_req: the minute's
+# requests at once, then one each 60/N s; counted per front and at the gateway). vLLM holds only the
+# host's own key, so adding, rotating or revoking a client reloads nginx, never restarts vLLM. Each
+# request is logged as one JSON line with the client's name (journalctl -t vllm_fleet_access).
+vllm_api_clients = {}
 # A key or token is refused (before any host changes) when it has whitespace around it, a byte order
-# mark, a control or a non-ASCII character; on the gateway host the key's nginx pattern must fit in
-# one nginx parameter (4095 bytes: up to 4081 letters and digits).
+# mark, a control or a non-ASCII character, or when its nginx pattern would not fit in one nginx
+# parameter (4095 bytes: up to 4081 letters and digits).
 vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
 
 # --- Planner ------------------------------------------------------------------------------------

@@ -182,7 +182,12 @@ BENIGN_KNOBS = {
 #: Every other knob annotated str, str | None or list[str]. Those read only at deploy time on the
 #: workstation (vllm_wheelhouse, vllm_api_key_file, the variables' names) are in too: what no text of
 #: theirs may do is change a rendered file.
-TEXT_KNOBS = [knob for knob in KNOBS if knob not in KNOBS_OF_RECORDS and text_kind(TYPES[knob])]
+#: Your own certificate's three files come together with vllm_tls or not at all (tests/test_team_service.py:
+#: test_own_certificate_files_come_as_three_with_vllm_tls): no one of them alone is valid, and no text of theirs
+#: reaches a rendered file (the workstation reads them at deploy time).
+TLS_FILE_KNOBS = {"vllm_tls_cert_file", "vllm_tls_key_file", "vllm_tls_ca_file"}
+TEXT_KNOBS = [knob for knob in KNOBS
+              if knob not in KNOBS_OF_RECORDS | TLS_FILE_KNOBS and text_kind(TYPES[knob])]
 KNOB_CHOICES = {f.name: f.metadata.get("choices") for f in dataclasses.fields(Settings)}
 
 

@@ -181,20 +181,20 @@ def test_key_pattern_matches_exactly_bearer_key(key):
         assert not regex.search(wrong), wrong
 
 
-def test_key_file_is_secret_0640_root_service_user_and_quotes_the_hostile_key():
+def test_keys_file_is_secret_0640_root_service_user_and_quotes_the_hostile_key():
     files = gateway_render()
-    key = files["/etc/vllm-fleet/gateway-key.conf"]
+    key = files["/etc/vllm-fleet/front-keys.conf"]
     assert (key.mode, key.owner, key.group, key.secret) == ("0640", "root", "vllm", True)
-    assert key_pattern(API_KEY) in key.content
-    assert "default 0;" in key.content
+    assert f"{key_pattern(API_KEY)} fleet-key;" in key.content
+    assert 'default "";' in key.content
     front = files["/etc/vllm-fleet/front.conf"].content
-    assert 'include "/etc/vllm-fleet/gateway-key.conf";' in front and KEY_MARK not in front
+    assert 'include "/etc/vllm-fleet/front-keys.conf";' in front and KEY_MARK not in front
 
 
-def test_without_secrets_the_key_file_is_a_placeholder_that_refuses_everything():
-    key = gateway_render(secrets=None)["/etc/vllm-fleet/gateway-key.conf"]
+def test_without_secrets_the_keys_file_is_a_placeholder_that_refuses_everything():
+    key = gateway_render(secrets=None)["/etc/vllm-fleet/front-keys.conf"]
     assert key.secret is False and "~" not in key.content.split("{", 1)[1]
-    assert "default 0;" in key.content
+    assert 'default "";' in key.content
 
 
 def test_control_characters_in_the_key_are_refused():
@@ -210,8 +210,9 @@ def test_front_has_the_gateway_server_block_checking_the_key_before_v1():
     assert "listen 0.0.0.0:9000;" in block
     assert "server 127.0.0.1:19000;" in block
     models = block.split("location = /v1/models {", 1)[1].split("location /v1/ {", 1)[0]
-    assert "if ($vllm_fleet_gateway_key != 1)" in models and "return 401" in models
-    assert 'alias "/etc/vllm-fleet/gateway-models.json";' in models
+    assert 'if ($vllm_fleet_client = "")' in models and "return 401" in models
+    assert "alias $vllm_fleet_models_file;" in models
+    assert 'default "/etc/vllm-fleet/gateway-models.json";' in block
     v1 = block.split("location /v1/ {", 1)[1].split("location = /health", 1)[0]
     assert v1.index("return 401") < v1.index("proxy_pass http://vllm_fleet_gateway/v1/;")
     assert "proxy_buffering off;" in v1 and "proxy_read_timeout 3600s;" in v1
@@ -536,15 +537,21 @@ def test_render_writes_the_gateway_files_on_the_gateway_host_only(tmp_path):
     assert {f.path for f in gateway_files(hosts[0], [], "/env")} == set(gateway_paths(hosts[0]).values())
 
 
-def test_a_backend_with_another_key_source_than_the_gateway_is_an_error():
+def test_a_backend_with_other_clients_than_the_gateway_is_an_error():
     hosts, _plan = fleet()
     other = parse_host("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2", "vllm_api_key_env": "OTHER_KEY",
                               "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]})
     with pytest.raises(ConfigErrors) as info:
         check_fleet([hosts[0], other, hosts[2]])
     text = str(info.value)
-    assert "host h2, key vllm_api_key_env" in text and "answer 401" in text
-    check_fleet(hosts)  # the same key source everywhere: fine
+    assert "host h2, key vllm_api_key_env" in text and "fleet-key from $OTHER_KEY" in text
+    limited = parse_host("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2",
+                                "vllm_api_clients": {"ci": {"key_env": "CI_KEY"}},
+                                "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]})
+    with pytest.raises(ConfigErrors) as info:
+        check_fleet([hosts[0], limited, hosts[2]])
+    assert "host h2, key vllm_api_clients" in str(info.value) and "ci from $CI_KEY" in str(info.value)
+    check_fleet(hosts)  # the same clients everywhere: fine
 
 
 def test_the_unit_does_not_change_with_the_backends_so_a_new_backend_reloads_instead_of_restarting():

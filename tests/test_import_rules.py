@@ -23,6 +23,7 @@ CORE = frozenset({
     "vllm_fleet",  # the package itself: __version__
     "vllm_fleet.catalog",
     "vllm_fleet.config",
+    "vllm_fleet.config.clients",
     "vllm_fleet.config.fleet_checks",
     "vllm_fleet.config.gpus",
     "vllm_fleet.config.host",
@@ -51,8 +52,9 @@ CORE = frozenset({
     "vllm_fleet.templating",
     "vllm_fleet.vllm_flags",
 })
-# Top-level modules that are not core: they drive pyinfra and the commands.
-OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy"})
+# Top-level modules that are not core: they drive pyinfra and the commands, or keep the workstation's
+# own keys and certificates (files there: host_keys, tls).
+OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy", "vllm_fleet.host_keys", "vllm_fleet.tls"})
 OUTWARD = ("vllm_fleet.host", "vllm_fleet.commands", "vllm_fleet.sandbox")
 
 

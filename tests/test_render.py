@@ -7,6 +7,7 @@ import yaml
 
 from planning_fixtures import host_data, instance
 from vllm_fleet.config import parse_host
+from vllm_fleet.gateway import key_pattern
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import Secrets, render_host
 
@@ -14,7 +15,10 @@ API_KEY = "sk-test-3f9a1c77e2"
 HF_TOKEN = "hf_testtoken_9b8c7d"
 
 
-def rendered(data=None, secrets=Secrets(API_KEY, HF_TOKEN)):
+HOST_KEY = "vf-host-" + "ab" * 32  # letters and digits: the same in the nginx pattern
+
+
+def rendered(data=None, secrets=Secrets(API_KEY, HF_TOKEN, host_key=HOST_KEY)):
     host = parse_host("box", data or host_data(placement="single-instance"))
     return {f.path: f for f in render_host(host, plan_host(host), secrets)}
 
@@ -48,16 +52,22 @@ def test_yaml_holds_the_engine_arguments():
     assert args["tokenizer"] == "google/gemma-3-12b-it"
 
 
-def test_secrets_only_in_the_root_only_env_file():
+def test_secrets_only_in_the_root_only_env_file_and_the_fronts_keys_file():
+    """vLLM holds the host's own key (its root-only env file); the clients' keys are only in the
+    front's keys file (0640 root:vllm, for nginx), which holds the host's key too (what it sends vLLM)."""
     files = rendered()
     for path, f in files.items():
         # The HF token is for downloads only (hub.env): the serving process starts offline.
         assert HF_TOKEN not in f.content, path
-        has_secret = API_KEY in f.content
         if path.endswith(".env"):
-            assert has_secret and f.mode == "0600" and f.owner == "root" and f.secret
+            assert HOST_KEY in f.content and API_KEY not in f.content
+            assert f.mode == "0600" and f.owner == "root" and f.secret
+        elif path == "/etc/vllm-fleet/front-keys.conf":
+            assert HOST_KEY in f.content and key_pattern(API_KEY) in f.content
+            assert f.mode == "0640" and f.owner == "root" and f.group == "vllm" and f.secret
         else:
-            assert not has_secret, path
+            assert HOST_KEY not in f.content and API_KEY not in f.content, path
+            assert key_pattern(API_KEY) not in f.content, path
 
 
 def test_render_without_secrets_uses_placeholders():
@@ -86,9 +96,12 @@ def test_rendering_is_deterministic_and_hash_tracks_changes():
     a = json.loads(first)["instances"]["gemma"]["config_hash"]
     b = json.loads(changed["/etc/vllm-fleet/manifest.json"].content)["instances"]["gemma"]["config_hash"]
     assert a != b
-    other_key = rendered(secrets=Secrets("sk-other", HF_TOKEN))["/etc/vllm-fleet/manifest.json"].content
+    # vLLM's key (the host's own) changes the instance's hash (it restarts); a client's key does not.
+    other_key = rendered(secrets=Secrets(API_KEY, HF_TOKEN, host_key="vf-host-other"))["/etc/vllm-fleet/manifest.json"].content
     assert json.loads(other_key)["instances"]["gemma"]["config_hash"] != a
-    assert "sk-other" not in other_key
+    assert "vf-host-other" not in other_key
+    other_client = rendered(secrets=Secrets("sk-other", HF_TOKEN, host_key=HOST_KEY))["/etc/vllm-fleet/manifest.json"].content
+    assert json.loads(other_client)["instances"]["gemma"]["config_hash"] == a
 
 
 def test_units_start_offline_because_the_deploy_fetched_everything_first():
@@ -112,13 +125,14 @@ def test_prepare_host_plans_and_renders_what_the_deploy_and_status_both_use():
     from vllm_fleet.render import Secrets, render_host
 
     config = parse_host("box", host_data(placement="split"))
-    prepared = prepare_host(Discovered(config, None, None, None), Secrets("sk-prepared-1"))
+    secrets = Secrets("sk-prepared-1", host_key="vf-host-prepared-1")
+    prepared = prepare_host(Discovered(config, None, None, None), secrets)
     plan = plan_host(config)
     assert [i.name for i in prepared.plan.instances] == [i.name for i in plan.instances]
-    assert prepared.files == {f.path: f for f in render_host(config, plan, Secrets("sk-prepared-1"))}
+    assert prepared.files == {f.path: f for f in render_host(config, plan, secrets)}
     inst = prepared.plan.instances[0]
     assert prepared.instance_file(inst.name, "unit").path.endswith(inst.unit_name)
-    assert "sk-prepared-1" in prepared.instance_file(inst.name, "env").content
+    assert "vf-host-prepared-1" in prepared.instance_file(inst.name, "env").content
     assert prepared.manifest.path == "/etc/vllm-fleet/manifest.json"
     seen = []
     prepare_host(Discovered(config, None, None, None), backends_for=lambda p: seen.append(p.name) or None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import typing
 import io
 import tokenize
 from pathlib import Path
@@ -148,8 +149,10 @@ def test_a_wrong_type_names_the_knob_and_the_expected_type(knob, value, message)
 
 @pytest.mark.parametrize("knob", KNOBS)
 def test_every_knob_refuses_a_value_of_no_type_it_takes(knob):
-    """A dict is no knob's type: each knob reports it once, naming what it takes, with a fix."""
-    errs = problems({knob: {"x": 1}})
+    """A dict is no knob's type (a list none of the dict knobs'): each knob reports it once, naming
+    what it takes, with a fix."""
+    wrong = ["x"] if typing.get_origin(TYPES[knob]) is dict else {"x": 1}
+    errs = problems({knob: wrong})
     assert [e.key for e in errs] == [knob] and errs[0].fix
     rule = dataclasses.fields(Settings)[KNOBS.index(knob)].metadata
     if "choices" in rule:
@@ -157,7 +160,8 @@ def test_every_knob_refuses_a_value_of_no_type_it_takes(knob):
     elif "must" in rule:
         assert errs[0].message.startswith(f"must be {rule['must']}, got ")
     else:
-        assert errs[0].message.startswith(f"expected {rule.get('kind') or describe(TYPES[knob])}, got dict")
+        assert errs[0].message.startswith(f"expected {rule.get('kind') or describe(TYPES[knob])}, "
+                                          f"got {type(wrong).__name__}")
 
 
 def test_all_problems_are_reported_together():

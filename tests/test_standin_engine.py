@@ -108,7 +108,7 @@ def _render(tmp_path: Path, backend_port: int, **extra) -> dict[str, str]:
     inst.pop("tokenizer")
     host = parse_host("box", host_data(gpus=[], instances=[inst], vllm_target="cpu",
                                        vllm_backend_port_offset=backend_port - 8000))
-    return {Path(f.path).suffix: f.content for f in render_host(host, plan_host(host), Secrets(KEY))}
+    return {Path(f.path).suffix: f.content for f in render_host(host, plan_host(host), Secrets(KEY, host_key=KEY))}
 
 
 def test_its_config_parser_reads_the_rendered_yaml_as_pyyaml_does(env, tmp_path):

@@ -160,7 +160,7 @@ def test_failed_unit_shows_result_restarts_and_the_journals_reason(undeclared, c
     assert "vllm serve: error: unrecognized arguments: --no-such-flag 1" in failure["journal"]
     assert len(failure["journal"]) <= status.JOURNAL_TAIL
     assert report["front"] == {"unit": FRONT_UNIT, "state": "active/running", "active": True,
-                               "bind": config.settings.vllm_bind_host}
+                               "bind": config.settings.vllm_bind_host, "tls": False, "requests_last_hour": {}}
     json.loads(json.dumps({"hosts": [report]}))  # what --json prints
     status.print_table([report])
     out = capsys.readouterr().out

@@ -20,7 +20,7 @@ import pytest
 
 from vllm_fleet.config import load_inventory, parse_host
 from vllm_fleet.plan import plan_host
-from vllm_fleet.render import STOP_TIMEOUT_S, render_host, start_timeout_s, unit_lifecycle
+from vllm_fleet.render import STOP_MARGIN_S, render_host, start_timeout_s, unit_lifecycle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,7 +82,9 @@ def test_unit_lifecycle_is_sized_to_the_load_time(which, request):
     assert one(unit, "Service", "Type") == "exec"
     assert one(unit, "Service", "Restart") == "always"  # vLLM exits 0 when its engine dies
     assert int(one(unit, "Service", "TimeoutStartSec")) == timeout == life["start_timeout_s"]
-    assert int(one(unit, "Service", "TimeoutStopSec")) == STOP_TIMEOUT_S
+    # vLLM lets the requests in flight finish for --shutdown-timeout; systemd waits that and a margin.
+    stop = int(one(unit, "Service", "TimeoutStopSec"))
+    assert inst.engine_args["shutdown-timeout"] == 30 and stop == 30 + STOP_MARGIN_S == life["stop_timeout_s"]
     assert one(unit, "Service", "KillMode") == "mixed"
     assert one(unit, "Service", "EnvironmentFile") == f"/etc/vllm-fleet/{inst.name}.env"
     assert one(unit, "Service", "ProtectSystem") == "strict" and one(unit, "Service", "NoNewPrivileges") == "yes"
@@ -93,8 +95,8 @@ def test_unit_lifecycle_is_sized_to_the_load_time(which, request):
     assert burst == 3 and 10 <= restart <= 60
     # `burst` failing cycles (load until the timeout, stop, pause) and the refused attempt after
     # them fall inside one interval, so a load that hangs every time ends in start-limit-hit too.
-    assert interval > burst * (timeout + STOP_TIMEOUT_S + restart)
-    assert interval <= burst * (timeout + STOP_TIMEOUT_S + restart) + 120  # and not much more
+    assert interval > burst * (timeout + stop + restart)
+    assert interval <= burst * (timeout + stop + restart) + 120  # and not much more
     argv = health_wait_argv(unit)
     assert argv[0] == "/usr/bin/python3"
     assert int(argv[4]) == inst.backend_port != inst.port  # vLLM itself, not the front
@@ -102,18 +104,19 @@ def test_unit_lifecycle_is_sized_to_the_load_time(which, request):
 
 
 def test_tiny_and_70b_numbers(tiny, llama70b):
-    """The numbers the two units get (start timeout = 300 s + 20 s per GiB of weights)."""
+    """The numbers the two units get (start timeout = 300 s + 20 s per GiB of weights; stop timeout =
+    the 30 s vLLM lets requests finish + 60 s)."""
     t_inst, t_unit = tiny
     l_inst, l_unit = llama70b
     assert one(t_unit, "Service", "TimeoutStartSec") == "300"
     assert one(t_unit, "Service", "RestartSec") == "15"
-    assert one(t_unit, "Unit", "StartLimitIntervalSec") == str(3 * (300 + 60 + 15) + 60)
+    assert one(t_unit, "Unit", "StartLimitIntervalSec") == str(3 * (300 + 90 + 15) + 60)
     weights = l_inst.config.model_info.weights_gib
     assert weights > 120  # 70B parameters in 16-bit
     timeout = int(300 + 20 * weights)
     assert one(l_unit, "Service", "TimeoutStartSec") == str(timeout)
     assert one(l_unit, "Service", "RestartSec") == "60"
-    assert one(l_unit, "Unit", "StartLimitIntervalSec") == str(3 * (timeout + 60 + 60) + 60)
+    assert one(l_unit, "Unit", "StartLimitIntervalSec") == str(3 * (timeout + 90 + 60) + 60)
 
 
 # --- the health wait, run as the unit runs it -------------------------------------------------------

@@ -9,6 +9,7 @@
     vllm-fleet rollout INVENTORY [--batch N|N%] [--max-fail N] [--json]
                                                           batch by batch, verified, failures rolled back
     vllm-fleet unlock INVENTORY --limit HOST              break the deploy lock of a deploy that is gone
+    vllm-fleet tls ca INVENTORY [--json]                  the CA certificate clients trust (vllm_tls)
 
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
 """
@@ -154,6 +155,29 @@ def cmd_render(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_tls_ca(args: argparse.Namespace) -> int:
+    """The CA file(s) clients trust for the fleet's HTTPS listeners: the fleet CA's certificate, created
+    on this workstation when missing (so it can be handed out before the first deploy), or the
+    vllm_tls_ca_file of hosts with their own certificates."""
+    from vllm_fleet import tls  # the workstation's files: only this command needs them
+
+    hosts = [h for h in Fleet.load(args.inventory, split_names(args.limit)).hosts() if h.settings.vllm_tls is True]
+    if not hosts:
+        raise ConfigErrors([ConfigError("no host of the inventory sets vllm_tls = True", key="vllm_tls",
+                                        fix="vllm_tls = True in the group data of the hosts clients reach")])
+    paths: dict[str, list[str]] = {}
+    for host in hosts:
+        if not host.settings.vllm_tls_ca_file:
+            tls.ensure_ca(tls.ca_dir(host))
+        paths.setdefault(str(tls.ca_certificate_path(host)), []).append(host.name)
+    if args.json:
+        print(json.dumps({"ca_files": [{"path": p, "hosts": h} for p, h in paths.items()]}, indent=2))
+    else:
+        for path in paths:
+            print(path)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -167,6 +191,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", required=True, help="directory; files go to OUT/<host>/<path>")
     r.add_argument("--limit", action="append")
     r.set_defaults(func=cmd_render)
+    t = sub.add_parser("tls", help="the fleet's TLS: `tls ca INVENTORY` prints the CA certificate clients trust")
+    t.add_argument("what", choices=["ca"])
+    t.add_argument("inventory")
+    t.add_argument("--json", action="store_true", help="machine-readable output")
+    t.add_argument("--limit", action="append")
+    t.set_defaults(func=cmd_tls_ca)
     for name in DELEGATED:
         sub.add_parser(name, help=f"see `vllm-fleet {name} --help`")
     return parser

@@ -3,10 +3,12 @@
 vllm-router (PyPI `vllm-router`, a Rust binary wheel) in IGW mode routes each request to the
 backends serving the `model` it names, round-robin among them, and drops a backend whose /health
 fails. It checks no client key and its admin API (/workers) has no authentication, so it listens on
-127.0.0.1 only, behind the host's front (nginx, render.front_files), which checks the fleet's API key
+127.0.0.1 only, behind the host's front (nginx, render.front_files), which checks the client's key
 and passes only /v1/... and GET /health. Its backends are every planned instance of the fleet that
-serves a model, reached at their own host's front (http://<advertise address>:<port>, which passes
-/v1/ and GET /health; each vLLM checks the same key again).
+serves a model, reached at their own host's front (http(s)://<advertise address>:<port>, which checks
+the client again, its models there included, and passes /v1/ and GET /health). With vllm_tls on a
+backend's host the router speaks HTTPS to it and checks its certificate against the CAs of
+<vllm_config_dir>/trust.pem (SSL_CERT_FILE in the router's unit).
 
 On the gateway host (config key vllm_gateway; at most one per fleet, config.check_fleet):
 
@@ -14,9 +16,9 @@ On the gateway host (config key vllm_gateway; at most one per fleet, config.chec
     <vllm_config_dir>/gateway-workers.json    the backends, posted to the router after each start
     <vllm_config_dir>/gateway-register.py     the script that posts them (stdlib only)
     <vllm_config_dir>/gateway-models.json     GET /v1/models as OpenAI clients expect it (nginx serves it)
-    <vllm_config_dir>/gateway-key.conf        the key check, an nginx map (secret, 0640)
-    <vllm_config_dir>/front.conf              + the gateway's server block (render.front_files), which
-                                              includes gateway-key.conf
+    <vllm_config_dir>/gateway-models-<client>.json   the same for a client limited to some models
+    <vllm_config_dir>/front.conf              + the gateway's server block (render.front_files), whose
+                                              client check is the front's (front-keys.conf)
 
 Example:
 
@@ -37,8 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
+from vllm_fleet.config.clients import ApiClient
 from vllm_fleet.plan import FleetPlan
-from vllm_fleet.templating import UNIT_DIR, RenderedFile, Secrets, front_paths, jinja_environment, nginx_string
+from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment, nginx_string
 
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
 GATEWAY_PACKAGE = "vllm-router"
@@ -48,14 +51,6 @@ GATEWAY_PACKAGE = "vllm-router"
 ROUTER_POLICY = "round_robin"
 REGISTER_TIMEOUT_S = 60  # ExecStartPost: vllm-router answers /health ~1 s after its start
 STOP_TIMEOUT_S = 30  # SIGTERM lets the requests in flight finish (~2 s measured), then SIGKILL
-# What the key file holds where no key is known (vllm-fleet render has no secrets).
-KEY_PLACEHOLDER = ("placeholder: the deploy writes the fleet's key here; until then every request "
-                   "gets 401")
-# The gateway's answer to a missing or wrong key, in OpenAI's error shape (its clients parse that).
-UNAUTHORIZED = json.dumps({"error": {"message": "invalid or missing API key: send the header "
-                                                "Authorization: Bearer <the fleet API key>",
-                                     "type": "invalid_request_error", "param": None,
-                                     "code": "invalid_api_key"}})
 
 
 @dataclass(frozen=True)
@@ -65,7 +60,7 @@ class Backend:
     host: str
     instance: str
     served_model_name: str
-    url: str  # the instance's front on its host: http://<advertise address>:<port>
+    url: str  # the instance's front on its host: http(s)://<advertise address>:<port>
     max_model_len: int
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,11 +80,12 @@ def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Bac
     by_name = {c.name: c for c in configs}
     out = []
     for host_plan in fleet_plan.hosts:
-        address = url_host(by_name[host_plan.name].settings.vllm_advertise_address)
+        settings = by_name[host_plan.name].settings
+        address, scheme = url_host(settings.vllm_advertise_address), "https" if settings.vllm_tls is True else "http"
         for inst in host_plan.instances:
             out.append(Backend(host=host_plan.name, instance=inst.name,
                                served_model_name=inst.config.served_model_name,
-                               url=f"http://{address}:{inst.port}", max_model_len=inst.max_model_len))
+                               url=f"{scheme}://{address}:{inst.port}", max_model_len=inst.max_model_len))
     return out
 
 
@@ -102,8 +98,12 @@ def find_gateway(configs: list[HostConfig]) -> HostConfig | None:
 def gateway_paths(config: HostConfig) -> dict[str, str]:
     config_dir = config.settings.vllm_config_dir
     return {"unit": f"{UNIT_DIR}/{GATEWAY_UNIT}", "workers": f"{config_dir}/gateway-workers.json",
-            "register": f"{config_dir}/gateway-register.py", "models": f"{config_dir}/gateway-models.json",
-            "key": f"{config_dir}/gateway-key.conf"}
+            "register": f"{config_dir}/gateway-register.py", "models": f"{config_dir}/gateway-models.json"}
+
+
+def client_models_path(config: HostConfig, client: str) -> str:
+    """GET /v1/models for a client limited to some models."""
+    return f"{config.settings.vllm_config_dir}/gateway-models-{client}.json"
 
 
 def gateway_packages(config: HostConfig) -> list[str]:
@@ -118,7 +118,8 @@ def router_url(config: HostConfig) -> str:
 
 def gateway_url(config: HostConfig) -> str:
     """What clients use: the gateway host's address and the gateway port, with /v1."""
-    return f"http://{url_host(config.settings.vllm_advertise_address)}:{config.settings.vllm_gateway_port}/v1"
+    scheme = "https" if config.settings.vllm_tls is True else "http"
+    return f"{scheme}://{url_host(config.settings.vllm_advertise_address)}:{config.settings.vllm_gateway_port}/v1"
 
 
 def workers_json(backends: list[Backend]) -> str:
@@ -129,11 +130,13 @@ def workers_json(backends: list[Backend]) -> str:
     return json.dumps(workers, indent=2) + "\n"
 
 
-def models_json(backends: list[Backend]) -> str:
-    """GET /v1/models as OpenAI clients parse it: each served name once, sorted. max_model_len: the
-    smallest among the name's backends (what any of them accepts)."""
+def models_json(backends: list[Backend], client: ApiClient | None = None) -> str:
+    """GET /v1/models as OpenAI clients parse it: each served name once (those `client` may use), sorted.
+    max_model_len: the smallest among the name's backends (what any of them accepts)."""
     lengths: dict[str, int] = {}
     for b in backends:
+        if client is not None and not client.may_use(b.served_model_name):
+            continue
         lengths[b.served_model_name] = min(lengths.get(b.served_model_name, b.max_model_len), b.max_model_len)
     data = [{"id": name, "object": "model", "created": 0, "owned_by": "vllm-fleet",
              "max_model_len": lengths[name]} for name in sorted(lengths)]
@@ -147,27 +150,27 @@ def register_command(config: HostConfig, env_prefix: str) -> str:
             f"{REGISTER_TIMEOUT_S}")
 
 
-def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str,
-                  secrets: Secrets | None = None) -> list[RenderedFile]:
-    """Every file of the gateway host's gateway: unit, workers list, registration script, models
-    list and the key check. `secrets=None` renders a placeholder key check (vllm-fleet render).
-    The server block clients reach is in the front's nginx config (render.front_files with
-    gateway=nginx_context(config)), which includes the key file: a changed key file takes a front
-    reload; a changed workers list a `systemctl reload` of GATEWAY_UNIT; the models list none (nginx
-    reads it per request)."""
+def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str) -> list[RenderedFile]:
+    """Every file of the gateway host's gateway: unit, workers list, registration script, and the
+    models lists (all, and one per client limited to some models). The server block clients reach is
+    in the front's nginx config (render.front_files with gateway=nginx_context(config)), whose
+    client check is the front's: a changed key takes a front reload; a changed workers list a
+    `systemctl reload` of GATEWAY_UNIT; a models list none (nginx reads it per request)."""
     paths = gateway_paths(config)
     jenv = jinja_environment()
     unit = jenv.get_template("gateway.service.j2").render(
         host=config, version=config.settings.vllm_gateway_version, ports=gateway_ports(config.settings),
         bind=config.settings.vllm_bind_host, backends=backends, paths=paths, env_prefix=env_prefix,
         policy=ROUTER_POLICY, register_command=register_command(config, env_prefix),
-        start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S)
+        start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S,
+        trust_file=front_paths(config)["tls_trust"] if any(b.url.startswith("https:") for b in backends) else None)
     script = jenv.get_template("gateway-register.py.j2").render(host=config, unit=GATEWAY_UNIT)
     return [RenderedFile(paths["unit"], unit),
             RenderedFile(paths["workers"], workers_json(backends)),
             RenderedFile(paths["register"], script),
             RenderedFile(paths["models"], models_json(backends)),
-            key_file(config, secrets)]
+            *[RenderedFile(client_models_path(config, c.name), models_json(backends, c))
+              for c in config.api_clients if c.models is not None]]
 
 
 # --- the client side, in the host's front (render.front_files) -------------------------------------
@@ -203,26 +206,13 @@ def key_pattern(api_key: str) -> str:
     return nginx_string("~^" + nginx_regex_literal("Bearer " + api_key) + "$")
 
 
-def key_file(config: HostConfig, secrets: Secrets | None) -> RenderedFile:
-    """The nginx include that checks the fleet's key: 0640 root:<service user> (nginx runs as that
-    user). Without secrets (vllm-fleet render), a placeholder that refuses every request; with
-    secrets but no key, the same (the gateway never opens without one)."""
-    pattern = key_pattern(secrets.api_key) if secrets and secrets.api_key else None
-    content = jinja_environment().get_template("gateway-key.nginx.conf.j2").render(
-        host=config, front_config=front_paths(config)["config"], pattern=pattern,
-        note=KEY_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
-    return RenderedFile(gateway_paths(config)["key"], content, mode="0640",
-                        group=config.settings.vllm_service_user, secret=secrets is not None)
-
-
-def nginx_context(config: HostConfig) -> dict[str, Any]:
+def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[str, Any]:
     """What templates/front.nginx.conf.j2 needs for the gateway's server block."""
     ports = gateway_ports(config.settings)
-    paths = gateway_paths(config)
     return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
-            "key_file": paths["key"], "models_file": paths["models"],
-            # `return 401 <this>`: one quoted token, ending in nginx's \n escape (a line break).
-            "unauthorized": nginx_string(UNAUTHORIZED)[:-1] + '\\n"'}
+            "models_file": gateway_paths(config)["models"],
+            "client_models_files": [(c.name, client_models_path(config, c.name)) for c in clients
+                                    if c.models is not None]}
 
 
 def gateway_manifest(config: HostConfig, backends: list[Backend]) -> dict[str, Any]:

@@ -18,11 +18,12 @@ from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
+from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT
 from vllm_fleet.environment import EnvSpec, env_dir
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
 from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
-                                   front_paths, jinja_environment)
+                                   front_paths, jinja_environment, nginx_string)
 
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
 NGINX = "/usr/sbin/nginx"
@@ -72,7 +73,9 @@ def start_timeout_s(plan: InstancePlan) -> int:
 
 # The unit's lifecycle (templates/vllm.service.j2): how a start, a hang and a crash loop end.
 START_LIMIT_BURST = 3  # starts (the first one included) within the interval below; the next is refused
-STOP_TIMEOUT_S = 60  # TimeoutStopSec: SIGTERM to vLLM, SIGKILL to the whole unit after this
+# TimeoutStopSec: SIGTERM to vLLM, SIGKILL to the whole unit after vllm_shutdown_timeout_s (the requests
+# in flight finish) and this much more (the engine's own exit).
+STOP_MARGIN_S = 60
 HEALTH_WAIT_MARGIN_S = 15  # the ExecStartPost health wait ends this long before TimeoutStartSec
 
 
@@ -89,9 +92,11 @@ def unit_lifecycle(plan: InstancePlan) -> dict[str, int]:
     """
     timeout = start_timeout_s(plan)
     restart = max(10, min(60, timeout // 20))  # let a dead engine's GPU memory and port go first
-    cycle = timeout + STOP_TIMEOUT_S + restart
+    stop = int(plan.engine_args.get("shutdown-timeout") or 0) + STOP_MARGIN_S
+    cycle = timeout + stop + restart
     return {"start_timeout_s": timeout, "health_wait_s": timeout - HEALTH_WAIT_MARGIN_S,
-            "health_port": plan.backend_port, "restart_sec": restart, "stop_timeout_s": STOP_TIMEOUT_S,
+            "health_port": plan.backend_port, "restart_sec": restart, "stop_timeout_s": stop,
+            "shutdown_timeout_s": int(plan.engine_args.get("shutdown-timeout") or 0),
             "start_limit_burst": START_LIMIT_BURST,
             "start_limit_interval_s": START_LIMIT_BURST * cycle + 60}
 
@@ -249,22 +254,79 @@ def front_probe_address(bind: str) -> str:
     return bind
 
 
-def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None) -> list[RenderedFile]:
+def _openai_error(message: str, kind: str, code: str) -> str:
+    """An OpenAI-shaped error body as one nginx `return` token (ending in nginx's \\n escape).
+    `message` may hold nginx variables ($vllm_fleet_client): `return` text interpolates them."""
+    body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
+    return nginx_string(body)[:-1] + '\\n"'
+
+
+FRONT_ANSWERS = {
+    "unauthorized": _openai_error("invalid or missing API key: send the header Authorization: Bearer <your key>",
+                                  "invalid_request_error", "invalid_api_key"),
+    "forbidden": _openai_error("client $vllm_fleet_client may not use model $vllm_fleet_model: it is not among "
+                               "the client's models (vllm_api_clients)", "permission_error", "model_not_allowed"),
+    "too_many": _openai_error("client $vllm_fleet_client is over its requests_per_minute: retry after "
+                              "$vllm_fleet_retry_after s", "rate_limit_error", "rate_limit_exceeded"),
+    "plain_http": _openai_error("this port speaks HTTPS only: use https:// (and trust the fleet CA: "
+                                "vllm-fleet tls ca INVENTORY)", "invalid_request_error", "https_required"),
+}
+KEYS_PLACEHOLDER = ("placeholder: the deploy writes the clients' keys here; until then every request "
+                    "gets 401")
+CERT_PLACEHOLDER = "# placeholder: the deploy writes the host's TLS certificate (chain) here\n"
+
+
+def front_keys_file(host: HostConfig, secrets: Secrets | None) -> RenderedFile:
+    """The nginx include that names the client of each request by its key, and holds the host's own
+    key the front sends vLLM: 0640 root:<service user> (nginx runs as that user). Without secrets
+    (vllm-fleet render), a placeholder that refuses every request."""
+    keys = secrets.keys_by_client(FLEET_KEY_CLIENT) if secrets else {}
+    patterns = [(name, gw.key_pattern(keys[name])) for name in sorted(keys)]
+    if secrets and secrets.host_key:
+        patterns.append((HOST_CLIENT, gw.key_pattern(secrets.host_key)))
+    authorization = nginx_string(f"Bearer {secrets.host_key}" if secrets and secrets.host_key else "")
+    content = jinja_environment().get_template("front-keys.nginx.conf.j2").render(
+        host=host, front_config=front_paths(host)["config"], clients=patterns, host_authorization=authorization,
+        note=KEYS_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
+    return RenderedFile(front_paths(host)["keys"], content, mode="0640", group=host.settings.vllm_service_user,
+                        secret=secrets is not None)
+
+
+def front_tls_files(host: HostConfig, secrets: Secrets | None) -> list[RenderedFile]:
+    """With vllm_tls: the front's certificate chain, its key (0640 root:<service user>, secret) and the
+    CAs the host trusts. Without secrets (vllm-fleet render), placeholders."""
+    if host.settings.vllm_tls is not True:
+        return []
+    paths, user = front_paths(host), host.settings.vllm_service_user
+    tls = secrets.tls if secrets else None
+    return [RenderedFile(paths["tls_cert"], tls.cert_pem if tls else CERT_PLACEHOLDER),
+            RenderedFile(paths["tls_key"], tls.key_pem if tls else "# placeholder: the host's TLS key\n",
+                         mode="0640", group=user, secret=secrets is not None),
+            RenderedFile(paths["tls_trust"], tls.trust_pem if tls else "# placeholder: the CAs the host trusts\n")]
+
+
+def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None,
+                secrets: Secrets | None = None) -> list[RenderedFile]:
     """nginx config + unit of the host's front: <vllm_bind_host>:<port> -> 127.0.0.1:<backend_port>,
-    /v1/ and /health only. `gateway` (gateway.nginx_context, on the fleet's gateway host): the
-    gateway's server block goes into the same config. No instances and no gateway, no front."""
+    /v1/ and /health only, for the clients of host.api_clients (front_keys_file holds their keys),
+    over HTTPS with vllm_tls (front_tls_files). `gateway` (gateway.nginx_context, on the fleet's
+    gateway host): the gateway's server block goes into the same config. No instances and no
+    gateway, no front."""
     if not plan.instances and not gateway:
         return []
     paths = front_paths(host)
     jenv = jinja_environment()
     runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
+    tls = {"cert": paths["tls_cert"], "key": paths["tls_key"]} if host.settings.vllm_tls is True else None
     config = jenv.get_template("front.nginx.conf.j2").render(
         host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host.settings.vllm_bind_host),
-        runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway)
+        runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway, keys_file=paths["keys"],
+        clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
+        host_client=HOST_CLIENT, tls=tls, **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)
     return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_service_user),
-            RenderedFile(paths["unit"], unit)]
+            RenderedFile(paths["unit"], unit), front_keys_file(host, secrets), *front_tls_files(host, secrets)]
 
 
 def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint: str) -> str:
@@ -317,13 +379,15 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     files.extend(ray)
     if ray:
         manifest["ray"] = {**plan.ray.as_dict(), "unit": RAY_UNIT, "config_hash": config_hash(ray, prefix, "")}
-    front = front_files(host, plan, gw.nginx_context(host) if is_gateway else None)
+    front = front_files(host, plan, gw.nginx_context(host, host.api_clients) if is_gateway else None, secrets)
     files.extend(front)
     if front:
         manifest["front"] = {"unit": FRONT_UNIT, "bind": host.settings.vllm_bind_host,
+                             "tls": host.settings.vllm_tls is True,
+                             "clients": [c.name for c in host.api_clients],
                              "config_hash": config_hash(front, NGINX, "")}
     if is_gateway:
-        gateway = gw.gateway_files(host, backends, prefix, secrets)
+        gateway = gw.gateway_files(host, backends, prefix)
         files.extend(gateway)
         manifest["gateway"] = {**gw.gateway_manifest(host, backends),
                                "config_hash": config_hash(gateway, prefix, fingerprint)}

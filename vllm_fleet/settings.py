@@ -149,8 +149,8 @@ def knob(default: Any, doc: str, **rule: Any) -> Any:
     + shallow: only the container's type is checked here (and not echoed); its entries where parsed
     """
     meta = {"doc": doc, **rule}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -248,6 +248,9 @@ class Settings:
     vllm_backend_port_offset: int = knob(
         10000, "vLLM's own loopback port = the instance's port + this", **_POSITIVE)
     vllm_limit_nofile: int = knob(65536, "LimitNOFILE of the units", **_POSITIVE)
+    vllm_shutdown_timeout_s: int = knob(
+        30, "On a stop or restart, how long vLLM lets the requests in flight finish (--shutdown-timeout)",
+        low=0, high=3600, must="a number of seconds from 0 to 3600")
     vllm_install_host_packages: bool = knob(
         True, "Install missing OS packages the runtime needs (False: refuse the host, naming them)", **_BOOL)
 
@@ -272,6 +275,24 @@ class Settings:
     vllm_gateway_drain_timeout_s: int = knob(
         60, "rollout: how long a batch's backends may finish their requests before it converges", **_POSITIVE)
 
+    # --- TLS on the listeners clients reach (vllm_fleet/tls.py)
+    vllm_tls: bool = knob(
+        False, "Serve the front's instance ports and the gateway over HTTPS only (TLS 1.2+)", **_BOOL)
+    vllm_tls_cert_file: str | None = knob(
+        None, "Your own certificate (chain, PEM, on the workstation); None: the fleet CA issues one",
+        fix="vllm_tls_cert_file = '~/certs/gpu-a100-01.pem' (with vllm_tls_key_file and vllm_tls_ca_file), "
+            "or None")
+    vllm_tls_key_file: str | None = knob(
+        None, "Its private key (PEM, on the workstation; pushed root-only, never shown)",
+        fix="vllm_tls_key_file = '~/certs/gpu-a100-01.key', or None")
+    vllm_tls_ca_file: str | None = knob(
+        None, "The CA that signed vllm_tls_cert_file (PEM, on the workstation): what checks it",
+        fix="vllm_tls_ca_file = '~/certs/ca.pem', or None")
+    vllm_workstation_dir: str = knob(
+        "~/.local/share/vllm-fleet", "Where the workstation keeps the fleet CA, the hosts' certificates and "
+        "the seed of the hosts' own keys (0700; share it between the workstations that deploy one fleet)",
+        fix="vllm_workstation_dir = '~/.local/share/vllm-fleet' (outside the repository)")
+
     # --- Multi-node instances (Ray)
     vllm_private_interface: str | None = knob(
         None, "The interface of the nodes' private network (NCCL/Gloo/Ray); None refuses multi-node",
@@ -295,6 +316,11 @@ class Settings:
     vllm_api_key_file: str | None = knob(
         None, "Or a file on the workstation whose first line is the API key",
         fix="vllm_api_key_file = '<a file on this workstation whose first line is the key>', or None")
+    vllm_api_clients: dict[str, dict[str, Any]] = knob(
+        {}, "The API's clients, each with its own key, models and limit (config/clients.py); {}: one key",
+        kind="a dict of clients", shallow=True,
+        fix='vllm_api_clients = {"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen7b"], '
+            '"requests_per_minute": 60}}')
     vllm_hf_token_env: str = knob(
         "HF_TOKEN", "The workstation's environment variable holding a Hugging Face token, if any",
         **_ENV_NAME, fix="vllm_hf_token_env = 'HF_TOKEN' (the variable's name; the token itself stays "
@@ -392,8 +418,8 @@ def _matches(value: Any, kind: Any, shallow: bool = False) -> bool:
     if origin is list:
         return isinstance(value, (list, tuple)) and (shallow or all(_matches(v, args[0]) for v in value))
     if origin is dict:
-        return isinstance(value, dict) and all(_matches(k, args[0]) and _matches(v, args[1])
-                                               for k, v in value.items())
+        return isinstance(value, dict) and (shallow or all(_matches(k, args[0]) and _matches(v, args[1])
+                                                           for k, v in value.items()))
     return isinstance(value, kind)
 
 

@@ -29,24 +29,39 @@ FRONT_UNIT = "vllm-fleet-front.service"
 
 @dataclass(frozen=True)
 class Secrets:
-    """Secret values, read on the workstation at deploy time; never in host data or the repo."""
+    """Secret values, read on the workstation at deploy time; never in host data or the repo.
+
+    api_key: the fleet key (vllm_api_key_env) of a fleet without vllm_api_clients; client_keys: each
+    configured client's key, by client name; host_key: the host's own key (host_keys.host_key), the
+    only one vLLM holds; tls: the host's certificate, key and trusted CAs (vllm_tls)."""
 
     api_key: str | None = None
     hf_token: str | None = None
+    client_keys: tuple[tuple[str, str], ...] = ()
+    host_key: str | None = None
+    tls: Any = None  # tls.HostTls
 
     def pairs(self, placeholders: bool) -> list[tuple[str, str]]:
         """(name, value) for an instance's env file. `placeholders`: for `vllm-fleet render`, which
-        must show where secrets go without knowing them. The HF token is not among them: the deploy
-        downloads everything an instance loads beforehand (hub.env, root-only, for downloads only)
-        and units start with HF_HUB_OFFLINE=1, so the serving process never needs it, and a rotated
-        token restarts nothing."""
+        must show where secrets go without knowing them. vLLM holds the host's own key (the front
+        checks the clients' keys and passes requests on with it). The HF token is not among them: the
+        deploy downloads everything an instance loads beforehand (hub.env, root-only, for downloads
+        only) and units start with HF_HUB_OFFLINE=1, so the serving process never needs it, and a
+        rotated token restarts nothing."""
         if placeholders:
             return [("VLLM_API_KEY", "<secret: filled in at deploy time>")]
-        return [("VLLM_API_KEY", self.api_key)] if self.api_key else []
+        return [("VLLM_API_KEY", self.host_key)] if self.host_key else []
+
+    def keys_by_client(self, fleet_key_client: str) -> dict[str, str]:
+        """Every client's key by client name: the configured clients', else the fleet key's."""
+        if self.client_keys:
+            return dict(self.client_keys)
+        return {fleet_key_client: self.api_key} if self.api_key else {}
 
     def fingerprint(self) -> str:
-        """A digest that changes when the key changes (so the unit restarts), revealing nothing."""
-        material = json.dumps([self.api_key]).encode()
+        """A digest that changes when vLLM's key changes (so the unit restarts), revealing nothing.
+        Clients' keys are not in it: the front checks them, and a change reloads it only."""
+        material = json.dumps([self.host_key]).encode()
         return hashlib.sha256(b"vllm-fleet-secrets\0" + material).hexdigest()[:16]
 
 
@@ -61,7 +76,12 @@ class RenderedFile:
 
 
 def front_paths(host: HostConfig) -> dict[str, str]:
-    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{host.settings.vllm_config_dir}/front.conf"}
+    """The front's unit and config, the keys file the config includes, and (vllm_tls) its certificate
+    chain, key and the CAs the host trusts (its own checks; on the gateway host, the backends)."""
+    config_dir = host.settings.vllm_config_dir
+    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{config_dir}/front.conf",
+            "keys": f"{config_dir}/front-keys.conf", "tls_cert": f"{config_dir}/front-cert.pem",
+            "tls_key": f"{config_dir}/front-key.pem", "tls_trust": f"{config_dir}/trust.pem"}
 
 
 # --- EnvironmentFile quoting: ONE rule, used by the writer (here) and the reader (host_probe.py's

@@ -12,7 +12,7 @@ from typing import Any
 from vllm_fleet.environment import current_link
 from vllm_fleet.host.host_facts import MANAGED_UNIT_FILES
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
-from vllm_fleet.render import RAY_UNIT, front_probe_address, instance_paths
+from vllm_fleet.render import RAY_UNIT, front_paths, front_probe_address, instance_paths
 
 
 def snapshot_command(config) -> str:
@@ -61,6 +61,7 @@ def checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck
     return [InstanceCheck(name=name, unit=info["unit"], port=info.get("backend_port") or info["port"],
                           front_port=info["port"] if info.get("backend_port") else None,
                           front_address=front_probe_address((manifest.get("front") or {}).get("bind", "0.0.0.0")),
+                          front_ca=front_paths(config)["tls_trust"] if (manifest.get("front") or {}).get("tls") else None,
                           served_model_name=info["served_model_name"],
                           max_model_len=info.get("max_model_len") or None,
                           env_file=instance_paths(config, name)["env"],

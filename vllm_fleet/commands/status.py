@@ -262,6 +262,9 @@ def print_table(report: list[dict[str, Any]]) -> None:
                           "-", "-", "-", "-", "-", "-")
             if front.get("failure"):
                 notes.extend(failure_lines(host["name"], f"front ({front['unit']})", front["failure"]))
+            if front.get("requests_last_hour"):
+                notes.append(f"{host['name']} front, requests in the last hour by client: "
+                             + requests_words(front["requests_last_hour"]))
         for gpu in host.get("gpus", []):
             console.print(f"{host['name']} GPU {gpu['index']} {gpu['name']}: {gpu['memory_used_mib']}/"
                           f"{gpu['memory_total_mib']} MiB, {gpu['utilization_pct']}% busy", highlight=False)
@@ -270,6 +273,12 @@ def print_table(report: list[dict[str, Any]]) -> None:
     console.print(table)
     for line in notes:
         console.print(line, highlight=False, markup=False)
+
+
+def requests_words(counts: dict[str, dict[str, int]]) -> str:
+    """{"ci": {"2xx": 12, "4xx": 1}} -> "ci 2xx 12, 4xx 1"; a request with no known key is "(no key)"."""
+    return "; ".join(f"{client or '(no key)'} " + ", ".join(f"{k} {n}" for k, n in sorted(by_class.items()))
+                     for client, by_class in sorted(counts.items()))
 
 
 def print_gateways(gateways: list[dict[str, Any]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_fleet import kinds
+from vllm_fleet.config.clients import FLEET_KEY_CLIENT
 from vllm_fleet.config.host import HostConfig
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
 from vllm_fleet.settings import ConfigError, ConfigErrors, did_you_mean
@@ -187,19 +188,25 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                     host=host.name, key="vllm_advertise_address",
                     fix="vllm_advertise_address = '10.0.0.11' (the address the gateway host connects to), "
                         "or set ssh_hostname"))
-        # vllm-router passes the client's key on: every backend must expect the gateway's key.
-        key_source = (gateways[0].settings.vllm_api_key_env, gateways[0].settings.vllm_api_key_file)
+        # vllm-router passes the client's key on: every backend must accept the gateway's clients.
+        clients = gateways[0].api_clients
         for host in hosts:
-            if host.instances and (host.settings.vllm_api_key_env, host.settings.vllm_api_key_file) != key_source:
+            if host.instances and host.api_clients != clients:
                 errors.append(ConfigError(
-                    f"this host's API key comes from {host.settings.vllm_api_key_env!r} / "
-                    f"{host.settings.vllm_api_key_file!r}, the gateway's ({gateways[0].name}) from "
-                    f"{key_source[0]!r} / {key_source[1]!r}: the gateway passes the client's key on, so "
-                    "its backends would answer 401", host=host.name, key="vllm_api_key_env",
-                    fix="give every host of a fleet with a gateway the same vllm_api_key_env and "
-                        "vllm_api_key_file (group data)"))
+                    f"this host's API clients ({_clients_words(host.api_clients)}) differ from the "
+                    f"gateway's ({gateways[0].name}: {_clients_words(clients)}): the gateway passes each "
+                    "client's key on, so its backends must accept the same clients with the same models "
+                    "and limits", host=host.name,
+                    key="vllm_api_clients" if (host.api_clients[0].name != FLEET_KEY_CLIENT
+                                               or clients[0].name != FLEET_KEY_CLIENT) else "vllm_api_key_env",
+                    fix="set vllm_api_clients (or vllm_api_key_env and vllm_api_key_file) once, in the "
+                        "group data every host of the fleet reads"))
     if errors:
         raise ConfigErrors(errors)
+
+
+def _clients_words(clients) -> str:
+    return ", ".join(f"{c.name} from {c.source()}" for c in clients) or "none"
 
 
 def _check_served_names(hosts: list[HostConfig]) -> list[ConfigError]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from vllm_fleet import kinds
+from vllm_fleet.config.clients import ApiClient, parse_api_clients
 from vllm_fleet.config.gpus import GpuSpec, parse_gpus
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig, parse_instance
 from vllm_fleet.settings import KNOBS, Checker, ConfigError, ConfigErrors, Settings
@@ -45,6 +46,8 @@ class HostConfig:
     member_of: tuple[InstanceConfig, ...] = ()
     #: The port the deploy's SSH connection reaches (pyinfra's ssh_port): no listener may take it.
     ssh_port: int = 22
+    #: Who may call the API (vllm_api_clients; without it the one client of vllm_api_key_env), by name.
+    api_clients: tuple[ApiClient, ...] = ()
 
 
 def _check_text(check: Checker, data: dict[str, Any]) -> None:
@@ -113,9 +116,12 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
             member_of.append(parsed)  # the head's instance, seen through shared group data
         elif parsed:
             instances.append(parsed)
+    api_clients = parse_api_clients(check, settings.vllm_api_clients, settings.vllm_api_key_env,
+                                    settings.vllm_api_key_file)
     _check_unique(check, instances)
     _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
     _check_gateway(check, settings, instances)
+    _check_tls(check, settings)
     _check_model_directories(check, settings, instances)
     if settings.vllm_target == "cpu":
         _check_cpu_host(check, instances)
@@ -127,7 +133,8 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     ssh_port = data.get("ssh_port", 22)
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
                       placement=settings.placement, settings=settings, member_of=tuple(member_of),
-                      ssh_port=ssh_port if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) else 22)
+                      ssh_port=ssh_port if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) else 22,
+                      api_clients=api_clients)
 
 
 def _advertise_address(name: str, data: dict[str, Any], settings: Settings) -> str:
@@ -249,6 +256,21 @@ def gateway_ports(settings: Settings) -> dict[str, int]:
     router and would clash with any other one on the host)."""
     router = settings.vllm_gateway_port + settings.vllm_backend_port_offset
     return {"port": settings.vllm_gateway_port, "router": router, "metrics": router + 1}
+
+
+def _check_tls(check: Checker, settings: Settings) -> None:
+    """Your own certificate comes whole: the chain, its key and the CA that checks it (the gateway and
+    the verification check every certificate)."""
+    own = {knob: getattr(settings, knob) for knob in ("vllm_tls_cert_file", "vllm_tls_key_file", "vllm_tls_ca_file")}
+    given = [knob for knob, value in own.items() if value]
+    if given and len(given) < len(own):
+        missing = [knob for knob in own if knob not in given]
+        check.error(f"{', '.join(given)} given without {', '.join(missing)}", key=missing[0],
+                    fix="give all three (certificate, key, the CA that signed it), or none: the fleet CA "
+                        "then issues the host's certificate")
+    if given and settings.vllm_tls is not True:
+        check.error(f"{given[0]} is set but vllm_tls is not True", key="vllm_tls",
+                    fix="vllm_tls = True (or remove the certificate knobs)")
 
 
 def _check_gateway(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:

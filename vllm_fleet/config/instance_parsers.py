@@ -36,6 +36,7 @@ _ENGINE_ARGS_PLANNED = {
     "nnodes": "multi-node instances join their node group's Ray ('nodes')",
     "node-rank": "multi-node instances join their node group's Ray ('nodes')",
     "headless": "every instance serves its API behind the host's front",
+    "shutdown-timeout": "vllm_shutdown_timeout_s sets it (the unit's stop timeout leaves room for it)",
     "uds": "vLLM listens on 127.0.0.1:<port + vllm_backend_port_offset>, where the front reaches it",
     "grpc": "only the HTTP API goes through the front; a second listener would bypass it",
     "grpc-port": "only the HTTP API goes through the front; a second listener would bypass it",

@@ -19,6 +19,11 @@ def _put(name: str, rendered: RenderedFile, **owner: Any):
                         **(owner or {"user": rendered.owner, "group": rendered.group}))
 
 
+def _put_secret(rendered: RenderedFile, what: str, config):
+    return secret_file(name=f"Front {what}: {rendered.path} (secret)", dest=rendered.path, content=rendered.content,
+                       upload_dir=upload_dir(config), group=rendered.group, mode=rendered.mode)
+
+
 def service_files(deployment: Deployment) -> None:
     """7. Engine YAML, root-only env file, units; units of removed instances are removed."""
     config, files, changes = deployment.config, deployment.files, deployment.changes
@@ -38,17 +43,24 @@ def service_files(deployment: Deployment) -> None:
     front = front_paths(config)
     if front["unit"] in files:
         front_config, front_unit = files[front["config"]], files[front["unit"]]
+        # Before the front (re)starts: its config includes these, and `nginx -t` checks them.
+        includes = [_put_secret(files[front[kind]], what, config) if files[front[kind]].secret
+                    else _put(f"Front {what}: {files[front[kind]].path}", files[front[kind]])
+                    for kind, what in (("keys", "API keys"), ("tls_cert", "TLS certificate"),
+                                       ("tls_key", "TLS key"), ("tls_trust", "trusted CAs"))
+                    if front[kind] in files]
         changes.front = FrontFileChanges(config=_put(f"Front config: {front_config.path}", front_config),
-                                         unit=_put(f"Front unit: {front_unit.path}", front_unit))
+                                         unit=_put(f"Front unit: {front_unit.path}", front_unit),
+                                         includes=includes)
     gateway_files = gateway.gateway_paths(config)
     if gateway_files["unit"] in files:
         written = {kind: _put(f"Gateway {kind}: {files[gateway_files[kind]].path}", files[gateway_files[kind]])
                    for kind in ("unit", "workers", "register", "models")}
-        key = files[gateway_files["key"]]
-        # Before the front (re)starts: its config includes this file, and `nginx -t` checks it.
-        changes.gateway = GatewayFileChanges(
-            **written, key=secret_file(name=f"Gateway key check: {key.path}", dest=key.path, content=key.content,
-                                       upload_dir=upload_dir(config), group=key.group, mode=key.mode))
+        for client in config.api_clients:
+            path = gateway.client_models_path(config, client.name)
+            if path in files:
+                _put(f"Gateway models of client {client.name}: {path}", files[path])
+        changes.gateway = GatewayFileChanges(**written)
     _put("Deploy manifest", files[manifest_path(config)], user=None, group=None)  # its owner is not checked
     for unit, why, paths in removed_units(deployment):
         systemd_service(name=why, unit=unit, running=False, enabled=False)

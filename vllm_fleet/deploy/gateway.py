@@ -14,7 +14,7 @@ from vllm_fleet.host import facts, remote
 from vllm_fleet.host.state_facts import UnitState
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.host.verify import host_probe_command, parse_host_probe
-from vllm_fleet.render import front_probe_address, instance_paths
+from vllm_fleet.render import front_paths, front_probe_address, instance_paths
 
 from .state import Deployment, record_failure
 
@@ -54,6 +54,7 @@ def gateway_check(deployment: Deployment) -> dict[str, Any]:
     ports = gateway_ports(config.settings)
     return {"unit": GATEWAY_UNIT, "router_port": ports["router"], "port": ports["port"],
             "address": front_probe_address(config.settings.vllm_bind_host),
+            "ca": front_paths(config)["tls_trust"] if config.settings.vllm_tls is True else None,
             "urls": sorted({backend.url for backend in backends}),
             "models": sorted({backend.served_model_name for backend in backends}),
             "env_file": instance_paths(config, instances[0].name)["env"] if instances else None,

@@ -84,7 +84,8 @@ def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
                             [p for k, p in gateway_files.items() if k != "unit"] + [gateway_files["unit"]]))
         elif unit == FRONT_UNIT:
             if front["unit"] not in deployment.files:
-                out.append((unit, "Stop the front (no instance left)", [front["config"], front["unit"]]))
+                out.append((unit, "Stop the front (no instance left)",
+                            [p for k, p in front.items() if k != "unit"] + [front["unit"]]))
         elif unit == RAY_UNIT:
             if ray_paths(config)["unit"] not in deployment.files:
                 out.append((unit, "Stop the Ray node (this host is no node of a multi-node instance now)",

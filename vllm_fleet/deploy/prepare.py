@@ -16,8 +16,9 @@ from pathlib import Path, PurePosixPath
 
 from pyinfra import host, logger
 
-from vllm_fleet import gateway
+from vllm_fleet import gateway, host_keys, tls
 from vllm_fleet.commands import bundle
+from vllm_fleet.config.clients import FLEET_KEY_CLIENT
 from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, config_dir_clashes, parse_host,
                                synced_model_clashes)
 from vllm_fleet.environment import ENV_MARKER, current_link
@@ -59,7 +60,11 @@ def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
     if errors:
         fail(errors)
     config, topology, interconnect = discovered.config, discovered.topology, discovered.interconnect
-    secrets = read_secrets(config)
+    try:  # the gateway checks its backends' certificates: it trusts their CAs
+        trusted = run_fleet(host.state).every(config) if config.settings.vllm_gateway is True else []
+    except ConfigErrors as exc:
+        fail(exc.errors)
+    secrets = read_secrets(config, trusted, getattr(host.data, "ssh_hostname", None))
 
     try:  # the plan and every file, by the one function status uses too (vllm_fleet/prepared.py)
         prepared = run_fleet(host.state).prepare(discovered, secrets)
@@ -103,39 +108,73 @@ def describe(deployment: Deployment) -> str:
     return "; ".join(parts) or "no instances"
 
 
-def read_secrets(config: HostConfig) -> Secrets:
-    """The API key and HF token, from the workstation's environment (or a key file), each checked as
-    a client will send it: no surrounding whitespace, byte order mark or control character, and a
-    key the gateway's nginx can hold. Neither value is ever part of a message."""
-    key_env, key_file = config.settings.vllm_api_key_env, config.settings.vllm_api_key_file
-    key, key_key, where = os.environ.get(key_env), "vllm_api_key_env", f"${key_env}"
-    if not key and key_file:
-        key_key, where = "vllm_api_key_file", f"the first line of {key_file}"
+def _read_key(config: HostConfig, what: str, env: str | None, file: str | None, env_knob: str,
+              file_knob: str) -> tuple[str, str, str]:
+    """(key, the knob it came from, where in words) from the workstation's environment, else a file's
+    first line. Never part of a message."""
+    key, knob, where = (os.environ.get(env) if env else None), env_knob, f"${env}"
+    if not key and file:
+        knob, where = file_knob, f"the first line of {file}"
         try:
-            lines = Path(key_file).expanduser().read_text(encoding="utf-8").splitlines()
+            lines = Path(file).expanduser().read_text(encoding="utf-8").splitlines()
             key = lines[0] if lines else ""
         except (OSError, UnicodeDecodeError) as exc:
-            fail([ConfigError(f"cannot read the API key file {key_file!r}: {exc}", host=config.name,
-                              key="vllm_api_key_file", fix="point it at a file whose first line is the key")])
+            fail([ConfigError(f"cannot read {what}'s key file {file!r}: {exc}", host=config.name,
+                              key=file_knob, fix="point it at a file whose first line is the key")])
         if not key:
-            fail([ConfigError(f"the API key file {key_file!r} has no key on its first line", host=config.name,
-                              key="vllm_api_key_file", fix="write the key on the file's first line")])
+            fail([ConfigError(f"{what}'s key file {file!r} has no key on its first line", host=config.name,
+                              key=file_knob, fix="write the key on the file's first line")])
     if not key:
-        fail([ConfigError(f"no API key: ${key_env} is not set on this workstation",
-                          host=config.name, key="vllm_api_key_env",
-                          fix=f"export {key_env}=<key> (or set vllm_api_key_file)")])
-    problem = secret_problem(key) or (key_length_problem(key) if config.settings.vllm_gateway is True else None)
+        fail([ConfigError(f"no API key for {what}: ${env} is not set on this workstation",
+                          host=config.name, key=env_knob, fix=f"export {env}=<key> (or set {file_knob})")])
+    problem = secret_problem(key) or key_length_problem(key)
     if problem:
-        fail([ConfigError(f"the API key ({where}) {problem}", host=config.name, key=key_key,
+        fail([ConfigError(f"{what}'s API key ({where}) {problem}", host=config.name, key=knob,
                           fix="use a key of printable ASCII characters with nothing around it, e.g. "
                               "`openssl rand -hex 32`")])
+    return key, knob, where
+
+
+def read_secrets(config: HostConfig, fleet_configs: list[HostConfig] | None = None,
+                 ssh_hostname: str | None = None) -> Secrets:
+    """Every client's API key (vllm_api_clients, else the fleet key), the HF token, the host's own key
+    (host_keys) and, with vllm_tls, its certificate (tls.host_tls; `fleet_configs`: the hosts whose
+    CAs it trusts; `ssh_hostname`: an address it names too). Each key is checked as a client will send it: no surrounding whitespace, byte
+    order mark or control character, one the front's nginx can hold, and no two clients alike.
+    No value is ever part of a message."""
+    api_key, client_keys = None, []
+    clients = config.api_clients
+    if len(clients) == 1 and clients[0].name == FLEET_KEY_CLIENT:
+        api_key = _read_key(config, "the fleet", config.settings.vllm_api_key_env, config.settings.vllm_api_key_file,
+                            "vllm_api_key_env", "vllm_api_key_file")[0]
+    else:
+        owners: dict[str, str] = {}
+        for client in clients:
+            base = f"vllm_api_clients.{client.name}"
+            key = _read_key(config, f"client {client.name}", client.key_env, client.key_file,
+                            f"{base}.key_env", f"{base}.key_file")[0]
+            if key in owners:
+                fail([ConfigError(f"clients {owners[key]} and {client.name} have the same API key: the front "
+                                  "could not tell them apart", host=config.name, key=f"{base}.key_env",
+                                  fix="give each client a key of its own (`openssl rand -hex 32`)")])
+            owners[key] = client.name
+            client_keys.append((client.name, key))
     token_env = config.settings.vllm_hf_token_env
     token = os.environ.get(token_env) or None
     problem = secret_problem(token) if token else None
     if problem:
         fail([ConfigError(f"the Hugging Face token (${token_env}) {problem}", host=config.name,
                           key="vllm_hf_token_env", fix=f"export {token_env}=<the token as the hub shows it>")])
-    return Secrets(api_key=key, hf_token=token)
+    try:
+        own_key = host_keys.host_key(config)
+        material = tls.host_tls(config, fleet_configs or [], ssh_hostname)
+    except ConfigErrors as exc:
+        fail(exc.errors)
+    except (OSError, ValueError) as exc:
+        fail([ConfigError(f"cannot use the workstation's keys in {config.settings.vllm_workstation_dir}: {exc}",
+                          host=config.name, key="vllm_workstation_dir",
+                          fix="make it a directory this user can write (0700), or restore its files")])
+    return Secrets(api_key=api_key, hf_token=token, client_keys=tuple(client_keys), host_key=own_key, tls=material)
 
 
 def managed_state_queries(deployment: Deployment) -> list[facts.Query]:

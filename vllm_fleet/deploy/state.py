@@ -49,6 +49,7 @@ class InstanceFileChanges:
 class FrontFileChanges:
     config: "OperationMeta"
     unit: "OperationMeta"
+    includes: list["OperationMeta"]  # what the config reads: the keys file, the TLS certificate and key
 
 
 @dataclass
@@ -57,7 +58,6 @@ class GatewayFileChanges:
     workers: "OperationMeta"
     register: "OperationMeta"
     models: "OperationMeta"
-    key: "OperationMeta"  # the key check the front's config includes
 
 
 @dataclass
@@ -99,8 +99,8 @@ class Changes:
         return any_changed(self.front.unit)
 
     def front_config_changed(self) -> Callable[[], bool]:
-        """The front's config, or the gateway's key check that it includes: the front reloads."""
-        return any_changed(self.front.config, *([self.gateway.key] if self.gateway is not None else []))
+        """The front's config, or a file it reads (keys, certificate): the front reloads."""
+        return any_changed(self.front.config, *self.front.includes)
 
     def gateway_needs_restart(self) -> Callable[[], bool]:
         """vllm-router's unit or the environment it runs from changed."""

@@ -9,7 +9,8 @@ from pyinfra.operations import python
 
 from vllm_fleet.host import ray_cluster, remote
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
-from vllm_fleet.render import front_probe_address, instance_gpu_bus_ids, instance_paths, start_timeout_s
+from vllm_fleet.render import (front_paths, front_probe_address, instance_gpu_bus_ids, instance_paths,
+                               start_timeout_s)
 
 from . import ray
 from .state import Deployment, record_failure
@@ -31,6 +32,7 @@ def verify(deployment: Deployment) -> None:
         checks.append(InstanceCheck(
             name=inst.name, unit=inst.unit_name, port=inst.backend_port, front_port=inst.port,
             front_address=front_probe_address(config.settings.vllm_bind_host),
+            front_ca=front_paths(config)["tls_trust"] if config.settings.vllm_tls is True else None,
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=instance_gpu_bus_ids(plan, inst)))

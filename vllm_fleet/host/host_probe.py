@@ -87,15 +87,30 @@ def api_key(env_file):
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def call(port, path, key=None, body=None, timeout=30, address="127.0.0.1", method=None):
+_TLS = {}
+
+
+def _tls_opener(ca):
+    """An opener speaking HTTPS that trusts only the CAs in `ca` and checks the certificate's names."""
+    if ca not in _TLS:
+        import ssl
+        context = ssl.create_default_context(cafile=ca)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        _TLS[ca] = urllib.request.build_opener(urllib.request.ProxyHandler({}),
+                                               urllib.request.HTTPSHandler(context=context))
+    return _TLS[ca]
+
+
+def call(port, path, key=None, body=None, timeout=30, address="127.0.0.1", method=None, ca=None):
+    """One request; `ca`: over HTTPS, checked against the CA file `ca`."""
     host = f"[{address}]" if ":" in address else address
-    req = urllib.request.Request(f"http://{host}:{port}{path}",
+    req = urllib.request.Request(f"{'https' if ca else 'http'}://{host}:{port}{path}",
                                  data=json.dumps(body).encode() if body is not None else None,
                                  headers={"Content-Type": "application/json"}, method=method)
     if key:
         req.add_header("Authorization", "Bearer " + key)
     try:
-        with _OPENER.open(req, timeout=timeout) as resp:
+        with (_tls_opener(ca) if ca else _OPENER).open(req, timeout=timeout) as resp:
             return resp.status, resp.read().decode(errors="replace")
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode(errors="replace")
@@ -110,8 +125,8 @@ def show(unit, *props):
     return {p: values.get(p, "") for p in props}
 
 
-def served_models(port, key, address="127.0.0.1"):
-    status, body = call(port, "/v1/models", key, address=address)
+def served_models(port, key, address="127.0.0.1", ca=None):
+    status, body = call(port, "/v1/models", key, address=address, ca=ca)
     if status != 200:
         return status, {}, body
     return status, {m["id"]: m for m in json.loads(body).get("data", [])}, body
@@ -310,18 +325,29 @@ def check_serving(spec, res):
 
 def check_front(spec, key, res):
     """What clients meet at the front: /v1 with the key, nothing but /v1/ and /health without it."""
-    front, address = spec["front_port"], spec.get("front_address") or "127.0.0.1"
-    status, _models, body = served_models(front, key, address)
+    front, address, ca = spec["front_port"], spec.get("front_address") or "127.0.0.1", spec.get("front_ca")
+    status, _models, body = served_models(front, key, address, ca)
     res["checks"]["front_models"] = status == 200
     if status != 200:
-        res["error"] = (f"the front on {address}:{front} answered {status} for /v1/models with the key "
-                        f"(is vllm-fleet-front.service running?): {body[:200]}")
+        res["error"] = (f"the front on {address}:{front} answered {status} for /v1/models with the host's key "
+                        f"{'over HTTPS ' if ca else ''}(is vllm-fleet-front.service running?): {body[:200]}")
         return False
-    status = call(front, "/invocations", body={}, address=address)[0]  # vLLM answers it WITHOUT a key
+    status = call(front, "/v1/models", address=address, ca=ca)[0]
+    res["checks"]["front_key_required"] = status == 401
+    if status != 401:
+        res["error"] = f"the front on {address}:{front} answered {status} for /v1/models without a key (expected 401)"
+        return False
+    status = call(front, "/invocations", body={}, address=address, ca=ca)[0]  # vLLM answers it WITHOUT a key
     res["checks"]["front_guards"] = status == 404
     if status != 404:
         res["error"] = f"the front passed /invocations on port {front} (answered {status}, expected 404)"
         return False
+    if ca:  # HTTPS only: plain HTTP there is answered 400, never served
+        status, body = call(front, "/v1/models", key, address=address)
+        res["checks"]["front_https_only"] = status == 400
+        if status != 400:
+            res["error"] = f"the front on {address}:{front} answered plain HTTP with {status} (expected 400): {body[:200]}"
+            return False
     return True
 
 
@@ -348,15 +374,15 @@ def check_gateway(spec):
     if status != 200:
         res["error"] = f"vllm-router on 127.0.0.1:{spec['router_port']} answered {status}: {body[:200]}"
         return _gateway_failed(spec, res)
-    address, port = spec["address"], spec["port"]
-    status = call(port, "/v1/models", address=address)[0]
+    address, port, ca = spec["address"], spec["port"], spec.get("ca")
+    status = call(port, "/v1/models", address=address, ca=ca)[0]
     res["checks"]["key_required"] = status == 401
     if status != 401:
         res["error"] = f"the gateway on {address}:{port} answered {status} for /v1/models without the key"
         return _gateway_failed(spec, res)
     key = api_key(spec["env_file"]) if spec.get("env_file") else None
     if key:
-        status, models, body = served_models(port, key, address)
+        status, models, body = served_models(port, key, address, ca)
         res["checks"]["models"] = sorted(models) == sorted(spec["models"])
         if not res["checks"]["models"]:
             res["error"] = (f"the gateway's /v1/models answered {status} with {sorted(models)}, "
@@ -474,11 +500,30 @@ def unit_failure(unit, props, lines=200):
             "journal": journal(unit, lines).splitlines()}
 
 
+def requests_by_client(since="-1h"):
+    """The front's access log (one JSON line per request, journald tag vllm_fleet_access) counted by
+    client and status class: {client: {"2xx": n, "4xx": n, ...}}; "" is a request with no known key."""
+    out = subprocess.run(["journalctl", "-t", "vllm_fleet_access", "--since", since, "-o", "cat", "--no-pager"],
+                         capture_output=True, text=True).stdout
+    counts = {}
+    for line in out.splitlines():
+        try:
+            entry = json.loads(line)
+            klass = f"{int(entry['status']) // 100}xx"
+        except (ValueError, KeyError, TypeError):
+            continue
+        per = counts.setdefault(str(entry.get("client", "")), {})
+        per[klass] = per.get(klass, 0) + 1
+    return counts
+
+
 def front_status(front):
-    """State of the host's front unit (nginx) from the manifest's "front" entry (or the plan's)."""
+    """State of the host's front unit (nginx) from the manifest's "front" entry (or the plan's), and
+    its requests of the last hour by client."""
     props = show(front["unit"], "ActiveState", "SubState", "Result", "NRestarts")
     entry = {"unit": front["unit"], "state": f"{props['ActiveState']}/{props['SubState']}",
-             "active": props["ActiveState"] == "active", "bind": front.get("bind")}
+             "active": props["ActiveState"] == "active", "bind": front.get("bind"),
+             "tls": bool(front.get("tls")), "requests_last_hour": requests_by_client()}
     failure = unit_failure(front["unit"], props, lines=40)
     if failure:
         entry["failure"] = failure

@@ -84,10 +84,11 @@ class InstanceCheck:
     gpu_bus_ids: list[str] = field(default_factory=list)
     front_port: int | None = None  # where clients connect, through the host's front (None: no front)
     front_address: str = "127.0.0.1"  # where the host itself reaches the front
+    front_ca: str | None = None  # the front speaks HTTPS (vllm_tls): the host's file of trusted CAs
 
     def as_spec(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "port": self.port, "front_port": self.front_port,
-                "front_address": self.front_address,
+                "front_address": self.front_address, "front_ca": self.front_ca,
                 "served_model_name": self.served_model_name, "max_model_len": self.max_model_len,
                 "env_file": self.env_file, "timeout_s": self.timeout_s,
                 "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids}

@@ -33,6 +33,10 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
             "served-model-name": [inst.served_model_name],
             "host": BACKEND_HOST,
             "port": plan.backend_port,
+            # On SIGTERM (a deploy's restart, a stop) vLLM stops taking requests and lets those in
+            # flight finish for this long before it aborts them (its default, 0, aborts at once);
+            # the unit's TimeoutStopSec leaves room for it (render.unit_lifecycle).
+            "shutdown-timeout": host_config.settings.vllm_shutdown_timeout_s,
         }
         if inst.tokenizer:
             args["tokenizer"] = inst.tokenizer

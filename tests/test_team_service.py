@@ -1,0 +1,161 @@
+"""The team service offline: the clients' schema, the front's client checks as rendered, the fleet CA
+and its host certificates, the host's own key. (On real hosts: tests/test_team_service_sandbox.py.)"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import stat
+
+import pytest
+from cryptography import x509
+
+from planning_fixtures import host_data
+from vllm_fleet import host_keys, tls
+from vllm_fleet.config import ConfigErrors, parse_host
+from vllm_fleet.gateway import key_pattern
+from vllm_fleet.plan import plan_host
+from vllm_fleet.render import Secrets, render_host
+
+CLIENTS = {"ci": {"key_env": "CI_KEY", "requests_per_minute": 6},
+           "research": {"key_file": "~/research.key", "models": ["gemma3-12b-q4"]},
+           "other": {"key_env": "OTHER_KEY", "models": ["not-served"]}}
+KEYS = (("ci", "sk-ci-1"), ("other", "sk-other-1"), ("research", "sk-research-1"))
+HOST_KEY = "vf-host-" + "cd" * 32
+
+
+def errors_of(data: dict) -> list:
+    with pytest.raises(ConfigErrors) as info:
+        parse_host("box", host_data(**data))
+    return info.value.errors
+
+
+def files_of(secrets=Secrets(client_keys=KEYS, host_key=HOST_KEY), **data) -> dict:
+    host = parse_host("box", host_data(placement="single-instance", vllm_api_clients=CLIENTS, **data))
+    return {f.path: f for f in render_host(host, plan_host(host), secrets)}
+
+
+# --- vllm_api_clients ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("clients, key, words", [
+    ({"ci": {}}, "vllm_api_clients.ci", "exactly one of key_env or key_file"),
+    ({"ci": {"key_env": "A", "key_file": "/k"}}, "vllm_api_clients.ci", "exactly one"),
+    ({"ci": {"key_env": "sk-live-123"}}, "vllm_api_clients.ci.key_env", "not shown"),
+    ({"ci": {"key_env": "A", "requests_per_minute": 0}}, "vllm_api_clients.ci.requests_per_minute", "1 to"),
+    ({"ci": {"key_env": "A", "requests_per_minute": True}}, "vllm_api_clients.ci.requests_per_minute", "whole"),
+    ({"ci": {"key_env": "A", "models": "qwen"}}, "vllm_api_clients.ci.models", "list"),
+    ({"ci": {"key_env": "A", "models": ["bad name"]}}, "vllm_api_clients.ci.models", "served model name"),
+    ({"ci": {"key_env": "A", "rpm": 3}}, "vllm_api_clients.ci.rpm", "requests_per_minute"),
+    ({"c i": {"key_env": "A"}}, "vllm_api_clients.c i", "not a name"),
+    ({"vllm-fleet": {"key_env": "A"}}, "vllm_api_clients.vllm-fleet", "vllm-fleet's own"),
+    ({"fleet-key": {"key_env": "A"}}, "vllm_api_clients.fleet-key", "vllm-fleet's own"),
+    ({"ci": "A"}, "vllm_api_clients.ci", "expected a dict"),
+])
+def test_a_bad_client_is_refused_naming_its_key_with_a_fix(clients, key, words):
+    errors = errors_of({"vllm_api_clients": clients})
+    assert any(e.key == key and words in (e.message + str(e.fix)) and e.fix for e in errors), errors
+    assert all("sk-live-123" not in e.located() for e in errors)
+
+
+def test_without_clients_the_fleet_key_is_the_one_client():
+    host = parse_host("box", host_data())
+    assert [(c.name, c.key_env, c.models) for c in host.api_clients] == [("fleet-key", "VLLM_FLEET_API_KEY", None)]
+
+
+def test_own_certificate_files_come_as_three_with_vllm_tls():
+    errors = errors_of({"vllm_tls": True, "vllm_tls_cert_file": "/c.pem"})
+    assert {e.key for e in errors} == {"vllm_tls_key_file"}
+    errors = errors_of({"vllm_tls_cert_file": "/c.pem", "vllm_tls_key_file": "/k.pem", "vllm_tls_ca_file": "/ca.pem"})
+    assert [e.key for e in errors] == ["vllm_tls"]
+    parse_host("box", host_data(vllm_tls=True, vllm_tls_cert_file="/c.pem", vllm_tls_key_file="/k.pem",
+                                vllm_tls_ca_file="/ca.pem"))
+
+
+# --- the front as rendered -----------------------------------------------------------------------
+
+def test_clients_keys_only_in_the_secret_keys_file_and_vllm_gets_the_hosts_key():
+    files = files_of()
+    keys = files["/etc/vllm-fleet/front-keys.conf"]
+    assert keys.secret and (keys.mode, keys.group) == ("0640", "vllm")
+    for name, key in KEYS:
+        assert f"{key_pattern(key)} {name};" in keys.content
+    assert f"{key_pattern(HOST_KEY)} vllm-fleet;" in keys.content
+    assert f'default "Bearer {HOST_KEY}";' in keys.content
+    for path, f in files.items():
+        if path != keys.path:
+            assert not any(key in f.content for _name, key in KEYS), path
+    assert f"VLLM_API_KEY='{HOST_KEY}'" in files["/etc/vllm-fleet/gemma.env"].content
+
+
+def test_the_front_checks_the_client_then_its_model_then_its_limit_before_vllm():
+    front = files_of()["/etc/vllm-fleet/front.conf"].content
+    allowed = front.split("map $vllm_fleet_client $vllm_fleet_allowed_18000 {", 1)[1].split("}", 1)[0]
+    assert "research 1;" in allowed and "vllm-fleet 1;" in allowed and "default 0;" in allowed
+    assert "other" not in allowed and "ci 1;" in allowed
+    assert "limit_req_zone $vllm_fleet_limited_1 zone=vllm_fleet_client_1:1m rate=6r/m;" in front
+    v1 = front.split("location /v1/ {", 1)[1].split("location = /health", 1)[0]
+    order = [v1.index(text) for text in ('if ($vllm_fleet_client = "")', "return 401",
+                                         "if ($vllm_fleet_allowed_18000 = 0)", "return 403",
+                                         "limit_req zone=vllm_fleet_client_1 burst=5 nodelay;",
+                                         "proxy_pass http://backend_18000/v1/;")]
+    assert order == sorted(order)
+    assert "proxy_set_header Authorization $vllm_fleet_vllm_authorization;" in v1
+    assert "ci 10;" in front.split("$vllm_fleet_retry_after {", 1)[1]  # 60 s / 6
+    assert "access_log syslog:server=unix:/dev/log,tag=vllm_fleet_access" in front
+    assert "listen 0.0.0.0:8000;" in front and "ssl_certificate" not in front
+
+
+def test_with_tls_every_listener_is_https_only_and_the_key_is_secret():
+    host = parse_host("box", host_data(placement="single-instance", vllm_tls=True))
+    files = {f.path: f for f in render_host(host, plan_host(host), None)}
+    front = files["/etc/vllm-fleet/front.conf"].content
+    assert "listen 0.0.0.0:8000 ssl;" in front and "ssl_protocols TLSv1.2 TLSv1.3;" in front
+    assert "error_page 497 = @vllm_fleet_plain_http;" in front
+    key = files["/etc/vllm-fleet/front-key.pem"]
+    assert "placeholder" in key.content and (key.mode, key.group) == ("0640", "vllm")
+    material = tls.HostTls("CERT\n", "-----BEGIN PRIVATE KEY-----\n", "CA\n")
+    files = {f.path: f for f in render_host(host, plan_host(host), Secrets("k", host_key=HOST_KEY, tls=material))}
+    assert files["/etc/vllm-fleet/front-key.pem"].secret
+    assert files["/etc/vllm-fleet/front-cert.pem"].content == "CERT\n"
+    assert files["/etc/vllm-fleet/trust.pem"].content == "CA\n"
+
+
+def test_the_shutdown_timeout_reaches_vllm_and_the_stop_timeout_leaves_room():
+    files = files_of(vllm_shutdown_timeout_s=45)
+    assert "shutdown-timeout: 45\n" in files["/etc/vllm-fleet/gemma.yaml"].content
+    assert "TimeoutStopSec=105\n" in files["/etc/systemd/system/vllm-gemma.service"].content
+    errors = errors_of({"instances": [dict(host_data()["vllm_instances"][0],
+                                           engine_args={"shutdown-timeout": 5})]})
+    assert any("vllm_shutdown_timeout_s" in e.message for e in errors)
+
+
+# --- the workstation's CA and keys ---------------------------------------------------------------
+
+def test_the_fleet_ca_issues_once_and_reissues_when_names_change_or_the_end_nears(tmp_path, monkeypatch):
+    cert, key = tls.issue_host_certificate(tmp_path, "h1", ["h1", "localhost"], ["10.0.0.1", "127.0.0.1"])
+    assert stat.S_IMODE(os.stat(tmp_path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(tmp_path / "ca.key").st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "hosts" / "h1.key").st_mode) == 0o600
+    leaf = x509.load_pem_x509_certificate(cert.encode())
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sorted(names.get_values_for_type(x509.DNSName)) == ["h1", "localhost"]
+    assert cert.endswith((tmp_path / "ca.pem").read_text())  # the chain ends in the CA
+    assert tls.issue_host_certificate(tmp_path, "h1", ["h1", "localhost"], ["10.0.0.1", "127.0.0.1"]) == (cert, key)
+    moved = tls.issue_host_certificate(tmp_path, "h1", ["h1", "localhost"], ["10.0.0.2", "127.0.0.1"])
+    assert moved[0] != cert
+    later = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(days=tls.HOST_DAYS - tls.RENEW_DAYS + 1)
+    monkeypatch.setattr(tls, "_now", lambda: later)
+    assert tls.issue_host_certificate(tmp_path, "h1", ["h1", "localhost"], ["10.0.0.2", "127.0.0.1"])[0] != moved[0]
+
+
+def test_a_hosts_names_hold_its_addresses_and_loopback():
+    host = parse_host("gpu-a", host_data(vllm_advertise_address="10.0.0.7", vllm_bind_host="10.0.0.7"))
+    dns, ips = tls.host_names(host, "gpu-a.example.org")
+    assert dns == ["gpu-a", "gpu-a.example.org", "localhost"] and ips == ["10.0.0.7", "127.0.0.1", "::1"]
+
+
+def test_the_hosts_key_is_stable_per_host_and_its_seed_private(tmp_path):
+    one = parse_host("a", host_data(vllm_workstation_dir=str(tmp_path)))
+    two = parse_host("b", host_data(vllm_workstation_dir=str(tmp_path)))
+    assert host_keys.host_key(one) == host_keys.host_key(one) != host_keys.host_key(two)
+    assert stat.S_IMODE(os.stat(tmp_path / "host-key-seed").st_mode) == 0o600

@@ -1,0 +1,202 @@
+"""The fleet as a team shares it, on the sandbox's CPU hosts with the genuine vLLM: HTTPS on every
+listener clients reach (the fleet CA's certificates), a key per client with its models and limit,
+JSON access logs, a client revoked without a vLLM restart, and a streamed completion that a deploy's
+restart lets finish. The official `openai` client trusts only the file `vllm-fleet tls ca` prints.
+
+Three clients: "alice" (every model), "limited" (6 requests a minute), "other" (only a model the
+fleet does not serve). sbx-cpu1 is the gateway; every host serves tiny-llama. Traffic goes only to
+the sandbox hosts.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from fleet_helpers import CPU_HOSTS, pyinfra, variant_inventory, vllm_fleet
+
+GATEWAY = f"https://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
+INSTANCE = f"https://{CPU_HOSTS['sbx-cpu2']}:8000/v1"
+KEYS = {"ALICE_KEY": "sk-alice-7f3a", "LIMITED_KEY": "sk-limited-91c2", "OTHER_KEY": "sk-other-44d0"}
+CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
+           "limited": {"key_env": "LIMITED_KEY", "requests_per_minute": 6},
+           "other": {"key_env": "OTHER_KEY", "models": ["not-served-here"]}}
+
+
+def _inventory(tmp_path, clients=CLIENTS, cpu2_instance=None) -> str:
+    data = {"vllm_tls": True, "vllm_api_clients": clients}
+    return variant_inventory(tmp_path, host_data={h: data for h in CPU_HOSTS},
+                             instance={"sbx-cpu2": cpu2_instance} if cpu2_instance else None)
+
+
+def _client(base: str, key: str, ca: str) -> openai.OpenAI:
+    # verify=ca: only the fleet CA's file is trusted; trust_env=False: no proxy from this machine.
+    return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120,
+                         http_client=openai.DefaultHttpx2Client(verify=ca, trust_env=False))
+
+
+def _main_pids(sandbox) -> dict[str, str]:
+    return {h: sandbox.run(h, "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
+            for h in CPU_HOSTS}
+
+
+@pytest.fixture(scope="module")
+def team(sandbox, deploy_env, tmp_path_factory):
+    env = dict(deploy_env, **KEYS)
+    inventory = _inventory(tmp_path_factory.mktemp("team"))
+    result = pyinfra(env, "--limit", "cpu_hosts", inventory=inventory)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "verified the gateway: 3 of 3 backend(s) registered" in out
+    for key in KEYS.values():  # no client key in what a deploy prints
+        assert key not in out
+    ca = vllm_fleet(env, "tls", "ca", inventory).stdout.strip()
+    assert ca.endswith("/tls/ca.pem")
+    return {"env": env, "inventory": inventory, "ca": ca}
+
+
+@pytest.mark.parametrize("base", [GATEWAY, INSTANCE], ids=["gateway", "instance"])
+def test_openai_client_over_https_models_chat_and_stream(team, base):
+    client = _client(base, KEYS["ALICE_KEY"], team["ca"])
+    assert [m.id for m in client.models.list()] == ["tiny-llama"]
+    reply = client.chat.completions.create(model="tiny-llama", max_tokens=4,
+                                           messages=[{"role": "user", "content": "hi"}])
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    chunks = list(client.chat.completions.create(model="tiny-llama", max_tokens=4, stream=True,
+                                                 messages=[{"role": "user", "content": "hi"}]))
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("length", "stop")
+
+
+@pytest.mark.parametrize("base", [GATEWAY, INSTANCE], ids=["gateway", "instance"])
+def test_no_key_401_wrong_model_403_over_the_limit_429(team, base):
+    ca = team["ca"]
+    with pytest.raises(openai.AuthenticationError):
+        _client(base, "sk-nobody", ca).models.list()
+    with pytest.raises(openai.PermissionDeniedError) as denied:
+        _client(base, KEYS["OTHER_KEY"], ca).chat.completions.create(
+            model="tiny-llama", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    assert denied.value.body["code"] == "model_not_allowed" and "other" in denied.value.body["message"]
+    limited, passed, start = _client(base, KEYS["LIMITED_KEY"], ca), 0, time.monotonic()
+    with pytest.raises(openai.RateLimitError) as over:
+        for _ in range(30):
+            limited.models.list()
+            passed += 1
+    # nginx's limit_req: the minute's 6 at once, then one more each 10 s that has passed.
+    assert 6 <= passed <= 6 + int((time.monotonic() - start) // 10)
+    assert over.value.response.headers["retry-after"] == "10"
+
+
+def test_the_gateway_lists_a_client_only_its_models(team):
+    assert [m.id for m in _client(GATEWAY, KEYS["OTHER_KEY"], team["ca"]).models.list()] == []
+
+
+@pytest.mark.parametrize("port", [8000, 9000])
+def test_plain_http_to_a_tls_port_is_not_served(team, port):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(f"http://{CPU_HOSTS['sbx-cpu1']}:{port}/v1/models",
+                                     headers={"Authorization": f"Bearer {KEYS['ALICE_KEY']}"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        opener.open(request, timeout=10)
+    assert refused.value.code == 400 and b"HTTPS only" in refused.value.read()
+
+
+def test_a_certificate_from_another_ca_is_refused(team, tmp_path):
+    from vllm_fleet import tls
+
+    other = tls.ensure_ca(tmp_path / "other-ca")
+    with pytest.raises(openai.APIConnectionError):
+        _client(GATEWAY, KEYS["ALICE_KEY"], str(other)).models.list()
+
+
+def test_access_log_names_the_client_never_the_key(team, sandbox):
+    since = int(time.time()) - 1
+    _client(INSTANCE, KEYS["ALICE_KEY"], team["ca"]).models.list()
+    deadline, lines = time.monotonic() + 10, []
+    while time.monotonic() < deadline and not lines:
+        text = sandbox.run("sbx-cpu2", f"journalctl -t vllm_fleet_access --since @{since} -o cat").stdout
+        lines = [json.loads(ln) for ln in text.splitlines() if ln.startswith("{")]
+        time.sleep(0.5)
+    mine = [ln for ln in lines if ln["client"] == "alice" and ln["path"] == "/v1/models"]
+    assert mine and mine[-1]["status"] == 200 and mine[-1]["model"] == "tiny-llama"
+    assert {"time", "method", "duration_s", "bytes_sent"} <= set(mine[-1])
+    everything = sandbox.run("sbx-cpu2", "journalctl -u vllm-fleet-front.service -o cat").stdout
+    assert not any(key in everything for key in KEYS.values())
+
+
+def test_status_counts_each_clients_requests_of_the_last_hour(team):
+    """After the tests above: alice's answered requests and limited's 429s on sbx-cpu2's front."""
+    report = json.loads(vllm_fleet(team["env"], "status", team["inventory"], "--json", "--limit", "sbx-cpu2").stdout)
+    front = report["hosts"][0]["front"]
+    assert front["tls"] is True
+    counts = front["requests_last_hour"]
+    assert counts["alice"]["2xx"] >= 3 and counts["limited"]["4xx"] >= 1 and counts["other"]["4xx"] >= 1
+    assert not any(key in json.dumps(report) for key in KEYS.values())
+
+
+def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(team, sandbox, tmp_path):
+    """Streams run back to back through sbx-cpu2's front while a deploy changes its engine args and so
+    restarts vLLM: the one in flight when systemd stops vLLM finishes (--shutdown-timeout), all 400
+    tokens, no reset. Streams started once the stop began may be refused (the instance is going
+    away); none that started before it may be cut."""
+    client = _client(INSTANCE, KEYS["ALICE_KEY"], team["ca"])
+    done, results = threading.Event(), []
+
+    def stream_loop():
+        while not done.is_set():
+            started, tokens, finish, error = time.time(), 0, None, None
+            try:
+                # vLLM may send several tokens in one chunk: the count is the usage it reports last.
+                for chunk in client.completions.create(model="tiny-llama", prompt="hi", max_tokens=400,
+                                                       stream=True, stream_options={"include_usage": True},
+                                                       extra_body={"ignore_eos": True}):
+                    if chunk.choices:
+                        finish = chunk.choices[0].finish_reason or finish
+                    if chunk.usage:
+                        tokens = chunk.usage.completion_tokens
+            except openai.APIError as exc:
+                error = repr(exc)
+                time.sleep(0.5)
+            results.append({"started": started, "ended": time.time(), "tokens": tokens, "finish": finish,
+                            "error": error})
+
+    before = sandbox.run("sbx-cpu2", "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
+    worker = threading.Thread(target=stream_loop, daemon=True)
+    worker.start()
+    try:
+        inventory = _inventory(tmp_path, cpu2_instance={"max_num_seqs": 8})
+        result = pyinfra(team["env"], "--limit", "sbx-cpu2", inventory=inventory)
+    finally:
+        done.set()
+        worker.join(timeout=180)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    after = sandbox.run("sbx-cpu2", "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
+    assert after != before, "the deploy did not restart vLLM"
+    stop = sandbox.run("sbx-cpu2", "journalctl -u vllm-tiny.service -o short-unix --no-pager | "
+                                   "grep 'Stopping vllm-tiny.service' | tail -1").stdout.split()
+    assert stop, "no stop of vllm-tiny.service in the journal"
+    stopped_at = float(stop[0])
+    before_stop = [r for r in results if r["started"] < stopped_at]
+    assert all(r["error"] is None and r["tokens"] == 400 and r["finish"] == "length" for r in before_stop), before_stop
+    assert any(r["ended"] > stopped_at for r in before_stop), (
+        f"no stream was in flight when vLLM was stopped at {stopped_at}: {results}")
+
+
+def test_revoking_a_client_makes_its_key_401_and_restarts_no_vllm(team, sandbox, tmp_path):
+    pids = _main_pids(sandbox)
+    remaining = {name: spec for name, spec in CLIENTS.items() if name != "other"}
+    inventory = _inventory(tmp_path, clients=remaining, cpu2_instance={"max_num_seqs": 8})
+    result = pyinfra(team["env"], "--limit", "cpu_hosts", inventory=inventory)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "Reload vllm-fleet-front.service" in out
+    assert _main_pids(sandbox) == pids
+    for base in (GATEWAY, INSTANCE):
+        with pytest.raises(openai.AuthenticationError):
+            _client(base, KEYS["OTHER_KEY"], team["ca"]).models.list()
+        assert [m.id for m in _client(base, KEYS["ALICE_KEY"], team["ca"]).models.list()] == ["tiny-llama"]
