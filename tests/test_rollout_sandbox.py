@@ -135,8 +135,8 @@ def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_pat
         assert inst["vllm_version"].startswith("0.32")
         assert inst["drift"] == []
     assert KEY_MARK not in result.stdout + result.stderr
-    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=60/TimeoutStopSec=61/' /etc/systemd/system/vllm-tiny.service")
+    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=90/TimeoutStopSec=91/' /etc/systemd/system/vllm-tiny.service")
     drifted = json.loads(vllm_fleet(deploy_env, "status", inventory, "--json").stdout)
     inst = {h["name"]: h for h in drifted["hosts"]}["sbx-cpu3"]["instances"]["tiny"]
     assert inst["drift"] == ["unit differs from the plan"]
-    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=61/TimeoutStopSec=60/' /etc/systemd/system/vllm-tiny.service")
+    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=91/TimeoutStopSec=90/' /etc/systemd/system/vllm-tiny.service")
