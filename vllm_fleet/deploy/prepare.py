@@ -109,9 +109,9 @@ def describe(deployment: Deployment) -> str:
 
 
 def _read_key(config: HostConfig, what: str, env: str | None, file: str | None, env_knob: str,
-              file_knob: str) -> tuple[str, str, str]:
-    """(key, the knob it came from, where in words) from the workstation's environment, else a file's
-    first line. Never part of a message."""
+              file_knob: str) -> str:
+    """A key from the workstation's environment, else a file's first line, checked. Never part of
+    a message."""
     key, knob, where = (os.environ.get(env) if env else None), env_knob, f"${env}"
     if not key and file:
         knob, where = file_knob, f"the first line of {file}"
@@ -132,27 +132,27 @@ def _read_key(config: HostConfig, what: str, env: str | None, file: str | None, 
         fail([ConfigError(f"{what}'s API key ({where}) {problem}", host=config.name, key=knob,
                           fix="use a key of printable ASCII characters with nothing around it, e.g. "
                               "`openssl rand -hex 32`")])
-    return key, knob, where
+    return key
 
 
 def read_secrets(config: HostConfig, fleet_configs: list[HostConfig] | None = None,
                  ssh_hostname: str | None = None) -> Secrets:
     """Every client's API key (vllm_api_clients, else the fleet key), the HF token, the host's own key
     (host_keys) and, with vllm_tls, its certificate (tls.host_tls; `fleet_configs`: the hosts whose
-    CAs it trusts; `ssh_hostname`: an address it names too). Each key is checked as a client will send it: no surrounding whitespace, byte
-    order mark or control character, one the front's nginx can hold, and no two clients alike.
-    No value is ever part of a message."""
+    CAs it trusts; `ssh_hostname`: an address it names too). Each key is checked as a client will
+    send it: no surrounding whitespace, byte order mark or control character, one the front's nginx
+    can hold, and no two clients alike. No value is ever part of a message."""
     api_key, client_keys = None, []
     clients = config.api_clients
     if len(clients) == 1 and clients[0].name == FLEET_KEY_CLIENT:
         api_key = _read_key(config, "the fleet", config.settings.vllm_api_key_env, config.settings.vllm_api_key_file,
-                            "vllm_api_key_env", "vllm_api_key_file")[0]
+                            "vllm_api_key_env", "vllm_api_key_file")
     else:
         owners: dict[str, str] = {}
         for client in clients:
             base = f"vllm_api_clients.{client.name}"
             key = _read_key(config, f"client {client.name}", client.key_env, client.key_file,
-                            f"{base}.key_env", f"{base}.key_file")[0]
+                            f"{base}.key_env", f"{base}.key_file")
             if key in owners:
                 fail([ConfigError(f"clients {owners[key]} and {client.name} have the same API key: the front "
                                   "could not tell them apart", host=config.name, key=f"{base}.key_env",
