@@ -148,6 +148,14 @@ vllm_gateway_failure_threshold = 2
 # the requests they already have finish, waited for up to this long; they are put back once
 # verified. The only healthy backend of a model is not drained (nothing else could serve it).
 vllm_gateway_drain_timeout_s = 60
+# How vllm-router picks one of the instances that serve a request's model (every model: IGW mode):
+# "round_robin", "random", "power_of_two" (the less loaded of two), "consistent_hash" (a client's
+# X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache) or
+# "cache_aware" (vllm-router's own default; it keys chat requests on that header too). round_robin:
+# it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
+# (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
+# every other one, so clients that do not send it all land on one instance (docs/gateway.md).
+vllm_gateway_policy = "round_robin"
 
 # --- TLS on every listener clients reach (each front's instance ports, the gateway) ---------------
 # True: HTTPS only (TLS 1.2+); a plain-HTTP request there gets 400 and nothing is served. The host's
@@ -165,6 +173,28 @@ vllm_tls_ca_file = None  # the CA that signed it
 # host's own key (the key vLLM holds; clients never see it). Outside the repository; share it between
 # the workstations that deploy one fleet, or the other's deploy re-keys every host (a restart each).
 vllm_workstation_dir = "~/.local/share/vllm-fleet"
+
+# --- Monitoring: Prometheus, its targets and alerts (docs/monitoring.md) -------------------------
+# True: this host's metrics are scraped by the fleet's Prometheus, through its front only: vLLM's own
+# /metrics on each instance port, and on <vllm_bind_host>:<vllm_metrics_port> /metrics/node (Debian's
+# prometheus-node-exporter, installed by the deploy), /metrics/gpu (per GPU: NVML through vLLM's
+# vendored pynvml, else nvidia-smi), /metrics/front (nginx's counters, the model storage, the TLS
+# certificate's end) and, on the gateway host, /metrics/router (vllm-router). Each needs the metrics
+# token (vllm_metrics_token_env, below) as its bearer token: 401 without it. What answers behind the
+# front listens on 127.0.0.1 at the ports after vllm_metrics_port (+1 the host exporter, +2 nginx's
+# counters, +3 the node exporter, +4 Prometheus), not at 9100/9090: exporters the host runs keep theirs.
+vllm_metrics = False
+vllm_metrics_port = 9410  # the front's metrics listener; it and the 4 after it: no instance's ports
+# True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
+# as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its
+# front at <vllm_metrics_port>/prometheus/ (metrics token), scraping every vllm_metrics host of the
+# inventory from the targets `vllm-fleet render` also writes (a host added or removed changes only
+# those files: Prometheus rereads them, no restart), with the fleet's alert rules.
+vllm_monitoring = False
+vllm_monitoring_scrape_interval_s = 15
+vllm_monitoring_retention_days = 15  # samples older than this are dropped
+vllm_monitoring_retention_gib = 10.0  # and beyond this size, the oldest first
+vllm_monitoring_down_for_s = 120  # an instance, exporter or gateway backend down this long: alert
 
 # --- Multi-node instances (Ray; an instance's "nodes") --------------------------------------------
 # The interface of the nodes' private network, e.g. "eth1". vLLM's security guide: inter-node traffic
@@ -201,6 +231,9 @@ vllm_api_clients = {}
 # A key or token is refused (before any host changes) when it has whitespace around it, a byte order
 # mark, a control or a non-ASCII character, or when its nginx pattern would not fit in one nginx
 # parameter (4095 bytes: up to 4081 letters and digits).
+# The metrics token: Prometheus' bearer token for every /metrics the fronts pass on (never an API
+# key: a client key there gets 401, the metrics token on /v1/ gets 401). Required with vllm_metrics.
+vllm_metrics_token_env = "VLLM_FLEET_METRICS_TOKEN"
 vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
 
 # --- Planner ------------------------------------------------------------------------------------

@@ -29,12 +29,13 @@ from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backe
                                 gateway_files, gateway_paths, key_pattern)
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import Secrets, environment_prefix, environment_spec, render_host
+from vllm_fleet.settings import GATEWAY_POLICIES
 from vllm_fleet.templating import jinja_environment
 
 ROOT = Path(__file__).resolve().parent.parent
 GATEWAY_KNOBS = {"vllm_gateway": False, "vllm_gateway_port": 9000, "vllm_gateway_version": "0.1.17",
                  "vllm_gateway_health_interval_s": 2, "vllm_gateway_failure_threshold": 2,
-                 "vllm_advertise_address": None}
+                 "vllm_advertise_address": None, "vllm_gateway_policy": "round_robin"}
 
 
 def cpu_instance(name: str, served: str, port: int = 8000, max_len: int = 2048) -> dict:
@@ -131,6 +132,23 @@ def test_unit_follows_the_health_knobs_and_the_gateway_port():
                           vllm_gateway_failure_threshold=3)[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
     assert "--port 19100 " in unit and "--prometheus-port 19101" in unit
     assert "--health-check-interval-secs 5 --health-failure-threshold 3" in unit
+
+
+@pytest.mark.parametrize("policy", GATEWAY_POLICIES)
+def test_the_policy_knob_reaches_the_units_exec_start(policy):
+    unit = gateway_render(vllm_gateway_policy=policy)[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f" --policy {policy} " in exec_start and exec_start.count("--policy") == 1
+
+
+def test_a_policy_vllm_router_lacks_or_the_gateway_cannot_serve_is_refused_with_a_did_you_mean():
+    error = next(e for e in parse_errors({"vllm_target": "cpu", "vllm_gateway_policy": "cache-aware"}, "gw")
+                 if e.key == "vllm_gateway_policy")
+    assert error.host == "gw" and "'cache-aware' is not one of round_robin, cache_aware" in error.message
+    assert error.fix == "did you mean 'cache_aware'?"
+    for value in ("kv_aware", "sticky_least_loaded", None):
+        assert any(e.key == "vllm_gateway_policy" for e in parse_errors(
+            {"vllm_target": "cpu", "vllm_gateway_policy": value}, "gw")), value
 
 
 def test_vllm_router_is_in_the_gateway_hosts_versioned_environment_and_a_new_version_is_a_new_one():

@@ -414,3 +414,17 @@ def test_mismatch_helper_accepts_the_same_gpus():
     topo["gpus"][1], topo["gpus"][2] = topo["gpus"][2], topo["gpus"][1]
     assert "list different GPUs (3 vs 3)" in gpu_topology.mismatch(topo, live)
     assert gpu_topology.mismatch(topo, [GpuSpec(0, "x", 1, pci_bus_id=RTX)]) is not None
+
+
+def test_the_vendored_pynvml_may_look_itself_up_while_it_loads(fake_nvml, tmp_path):
+    """nvidia-ml-py (vLLM's vendored copy too) makes its NVMLError_* classes with
+    sys.modules[__name__] as it loads: the probe's by-path load must register the module first."""
+    vendored = tmp_path / "vllm" / "third_party"
+    vendored.mkdir(parents=True)
+    (tmp_path / "vllm" / "__init__.py").write_text("raise RuntimeError('vllm/__init__ must not run')\n")
+    (vendored / "__init__.py").write_text("")
+    (vendored / "pynvml.py").write_text("import sys\n_SELF = sys.modules[__name__]\n" + FAKE_PYNVML)
+    (tmp_path / "pynvml.py").write_text("raise ImportError('the fallback must not be needed')\n")
+    result, _calls = fake_nvml(seed_box_scenario())
+    topo = fact(result.stdout)
+    assert topo["available"] is True and topo["nvml_module"] == "vllm.third_party.pynvml", topo

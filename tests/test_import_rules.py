@@ -36,6 +36,12 @@ CORE = frozenset({
     "vllm_fleet.gateway",
     "vllm_fleet.gpu_support",
     "vllm_fleet.kinds",
+    "vllm_fleet.monitoring",
+    "vllm_fleet.monitoring.files",
+    "vllm_fleet.monitoring.host_exporter",  # runs on the hosts, shipped as text: the stdlib alone
+    "vllm_fleet.monitoring.metric_names",
+    "vllm_fleet.monitoring.rules",
+    "vllm_fleet.monitoring.targets",
     "vllm_fleet.plan",
     "vllm_fleet.plan.engine_args",
     "vllm_fleet.plan.fleet",

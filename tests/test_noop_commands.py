@@ -366,7 +366,7 @@ class SimulatedHost:
             return self.unit_names()
         if name == "HostRuntime":
             return ["cc 1", "cxx 1", f"python{kw['python_version']}-headers 1", "libnuma 1", "nginx 1",
-                    "family debian"]
+                    "node_exporter 1", "prometheus 1", "family debian"]
         if name == "ModelConfig":
             return [json.dumps(TINY_CONFIG), "3000 total"]
         if name == "PathsPresent":
@@ -411,10 +411,11 @@ class SimulatedHost:
 
 
 def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_for_changes: bool = True,
-                deploy_file: Path = REPO / "deploy.py") -> tuple[dict, dict, object]:
+                deploy_file: Path = REPO / "deploy.py", host_data: dict | None = None) -> tuple[dict, dict, object]:
     """deploy.py (or another deploy file) through pyinfra's API (prepare, then execute, as its CLI
     does) on @fake hosts: ({host: [commands]}, {host: [uploaded paths]}, state).
-    check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing."""
+    check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing.
+    `host_data`: host name -> more host data."""
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all
     from pyinfra.api.operations import run_ops
@@ -427,6 +428,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
     from vllm_fleet.commands.connection import load_pyinfra_inventory
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
+    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "mt-test-77a1")
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
     inventory_file = tmp_path / "inv.py"
     hosts = []
@@ -436,7 +438,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
             inst["model_source"] = str(world.model_source)
         data = {"ssh_hostname": f"10.0.0.{len(hosts) + 1}", "vllm_target": "cpu", "vllm_wheelhouse": None,
                 "vllm_api_key_env": "VLLM_FLEET_API_KEY", "vllm_instances": [inst], "fake_delay": 0,
-                "fake_delay_jitter": 0, "vllm_gateway": name == "gw"}
+                "fake_delay_jitter": 0, "vllm_gateway": name == "gw", **(host_data or {}).get(name, {})}
         hosts.append((f"@fake/{name}", data))
     inventory_file.write_text(f"hosts = {hosts!r}\n")
 
@@ -535,6 +537,23 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
     commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
     # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none).
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
+    assert uploads == {}
+    for host in state.inventory:
+        assert changed_operations(state, host) == [], host.name
+
+
+def test_a_converged_monitored_fleet_costs_no_command_more(tmp_path, monkeypatch):
+    """vllm_metrics on both hosts and the fleet's Prometheus on one: their exporters, units, targets
+    and token are read in the same two batches, so a converged host costs what it did."""
+    from vllm_fleet.commands.rollout import changed_operations
+    from vllm_fleet.monitoring.files import MONITORING_UNITS
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    data = {"gw": {"vllm_metrics": True, "vllm_monitoring": True}, "box": {"vllm_metrics": True}}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
+    assert set(MONITORING_UNITS) <= set(worlds["gw"].unit_names())
     assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
     assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
     assert uploads == {}

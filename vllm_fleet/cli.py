@@ -22,11 +22,15 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import Backend, gateway_manifest
 from vllm_fleet.plan import FleetPlan
-from vllm_fleet.render import render_host
+from vllm_fleet.monitoring.targets import JOBS, ScrapeTarget, file_sd, scrape_jobs
+from vllm_fleet.render import RenderedFile, render_host
+from vllm_fleet.settings import Settings
 
 EXIT_INVALID = 2
 
@@ -138,20 +142,51 @@ def render_target(out: Path, host: str, path: str) -> Path:
     return target
 
 
+#: Where `render` writes the fleet's scrape targets for a Prometheus of one's own: no host name holds '@'.
+PROMETHEUS_OUT = "@prometheus"
+
+
+SCRAPE_INTERVAL_S = Settings.defaults()["vllm_monitoring_scrape_interval_s"]
+
+
+def prometheus_fragment(targets: list[ScrapeTarget]) -> dict[str, str]:
+    """The scrape targets as files for a Prometheus vllm-fleet does not run: targets/<job>.json and a
+    scrape_configs fragment expecting them in /etc/prometheus/vllm-fleet/, with the metrics token in
+    /etc/prometheus/vllm-fleet/metrics-token and the fleet CA (vllm-fleet tls ca) beside it. None
+    without a vllm_metrics host."""
+    if not targets:
+        return {}
+    base = "/etc/prometheus/vllm-fleet"
+    https = any(t.scheme == "https" for t in targets)
+    jobs = scrape_jobs(targets_dir=f"{base}/targets", token_file=f"{base}/metrics-token",
+                       ca_file=f"{base}/ca.pem" if https else None, interval_s=SCRAPE_INTERVAL_S)
+    fragment = ("# vllm-fleet's scrape jobs, for a Prometheus of your own: add them under scrape_configs:, put\n"
+                f"# targets/*.json in {base}/targets/, the metrics token in {base}/metrics-token"
+                + (f" and `vllm-fleet tls ca`'s file as {base}/ca.pem" if https else "") + ".\n"
+                + yaml.safe_dump({"scrape_configs": jobs}, sort_keys=False, default_flow_style=False))
+    return {"scrape-configs.yml": fragment, **{f"targets/{job}.json": file_sd(targets, job) for job in JOBS}}
+
+
 def cmd_render(args: argparse.Namespace) -> int:
     fleet = Fleet.load(args.inventory, split_names(args.limit))
     hosts = fleet.hosts()
     plan = fleet.plan()
     backends, _gateways = fleet_gateways(fleet)
+    targets = fleet.monitoring_targets()  # the whole inventory's, whatever --limit keeps
     out = Path(args.out)
     rendered = [(render_target(out, host.name, f.path), f) for host, host_plan in zip(hosts, plan.hosts)
-                for f in render_host(host, host_plan, backends=backends)]
+                for f in render_host(host, host_plan, backends=backends, targets=targets)]
+    rendered += [(out / PROMETHEUS_OUT / name, RenderedFile(name, text))
+                 for name, text in prometheus_fragment(targets).items()]
     for target, f in rendered:  # every path checked above, before the first file is written
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(f.content)
     count = len(rendered)
     print(f"rendered {count} files for {len(hosts)} host(s) under {out}/<host>/ "
           "(secret values are placeholders)")
+    if targets:
+        print(f"scrape targets for your own Prometheus: {out}/{PROMETHEUS_OUT}/ "
+              f"({len(targets)} targets; {PROMETHEUS_OUT}/scrape-configs.yml says where they go)")
     return 0
 
 

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping
 from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, inventory_rows,
                                node_groups, parse_host, read_pyinfra_inventory)
 from vllm_fleet.gateway import Backend, find_gateway, fleet_backends
+from vllm_fleet.monitoring.targets import ScrapeTarget, fleet_targets
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import Discovered, PreparedHost, node_group_plans, prepare_host
 from vllm_fleet.render import Secrets
@@ -168,6 +169,17 @@ class Fleet:
         ConfigErrors: a host's data does not parse; GatewayUnplanned: a host cannot be planned."""
         if own is None and not self.declared_gateways:
             return []
+        configs, fleet_plan = self._planned_fleet(own, own_plan)
+        return fleet_backends(configs, fleet_plan)
+
+    def monitoring_targets(self, own: HostConfig | None = None, own_plan: HostPlan | None = None) -> list[ScrapeTarget]:
+        """Every scrape target of every inventory host (monitoring.targets), planned as the gateway's
+        backends are (gateway_backends: the same planner, own and own_plan, errors)."""
+        configs, fleet_plan = self._planned_fleet(own, own_plan)
+        return fleet_targets(configs, fleet_plan)
+
+    def _planned_fleet(self, own: HostConfig | None, own_plan: HostPlan | None) -> tuple[list[HostConfig], FleetPlan]:
+        """Every inventory host planned (plan_fleet), `own` as its live facts made it."""
         configs = self.every(own)
         live = ({own.name: own_plan.gpus} if own is not None and own_plan is not None
                 and own_plan.gpu_source == "live" else None)
@@ -177,7 +189,7 @@ class Fleet:
         except ConfigErrors as exc:
             raise GatewayUnplanned(exc.errors) from None
         plans = [own_plan if own_plan is not None and p.name == own.name else p for p in fleet.hosts]
-        return fleet_backends(configs, FleetPlan(plans))
+        return configs, FleetPlan(plans)
 
     # --- one host, prepared --------------------------------------------------------------------------
 
@@ -204,8 +216,11 @@ class Fleet:
         def backends_for(plan: HostPlan) -> list[Backend] | None:
             return self.gateway_backends(own, plan) if own.settings.vllm_gateway else None
 
+        def targets_for(plan: HostPlan) -> list[ScrapeTarget] | None:
+            return self.monitoring_targets(own, plan) if own.settings.vllm_monitoring else None
+
         groups = node_group_plans(found, self.node_group_configs(own))
-        return prepare_host(found, secrets, backends_for, node_groups=groups)
+        return prepare_host(found, secrets, backends_for, node_groups=groups, targets_for=targets_for)
 
     def prepare_for_drift(self, found: Discovered) -> PreparedHost:
         """The host's files as `vllm-fleet status` compares them: as `prepare` makes them, with
@@ -214,7 +229,8 @@ class Fleet:
         own = found.config
         groups = node_group_plans(found, dict(self.configs) or {own.name: own})
         return prepare_host(found, backends_for=lambda plan: [] if own.settings.vllm_gateway else None,
-                            node_groups=groups)
+                            node_groups=groups,
+                            targets_for=lambda plan: [] if own.settings.vllm_monitoring else None)
 
 
 def load_fleet(path: str | Path, *, limit: list[str] | None = None,

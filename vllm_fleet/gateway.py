@@ -1,10 +1,11 @@
 """The fleet gateway: one authenticated endpoint for every instance of the fleet. Pure: no I/O.
 
 vllm-router (PyPI `vllm-router`, a Rust binary wheel) in IGW mode routes each request to the
-backends serving the `model` it names, round-robin among them, and drops a backend whose /health
-fails. It checks no client key and its admin API (/workers) has no authentication, so it listens on
-127.0.0.1 only, behind the host's front (nginx, render.front_files), which checks the client's key
-and passes only /v1/... and GET /health. Its backends are every planned instance of the fleet that
+backends serving the `model` it names, picking one of them by the host's vllm_gateway_policy
+(settings.GATEWAY_POLICIES), and drops a backend whose /health fails. It checks no client key and
+its admin API (/workers) has no authentication, so it listens on 127.0.0.1 only, behind the host's
+front (nginx, render.front_files), which checks the client's key and passes only /v1/... and GET
+/health. Its backends are every planned instance of the fleet that
 serves a model, reached at their own host's front (http(s)://<advertise address>:<port>, which checks
 the client again, its models there included, and passes /v1/ and GET /health). With vllm_tls on a
 backend's host the router speaks HTTPS to it and checks its certificate against the CAs of
@@ -45,10 +46,6 @@ from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_env
 
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
 GATEWAY_PACKAGE = "vllm-router"
-# round_robin, not vllm-router's default cache_aware: that one first asks a backend to tokenize each
-# prompt (an extra request through its front) and keeps equal prompts on one backend, so the
-# instances of a model would not share the load.
-ROUTER_POLICY = "round_robin"
 REGISTER_TIMEOUT_S = 60  # ExecStartPost: vllm-router answers /health ~1 s after its start
 STOP_TIMEOUT_S = 30  # SIGTERM lets the requests in flight finish (~2 s measured), then SIGKILL
 
@@ -161,7 +158,7 @@ def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str) 
     unit = jenv.get_template("gateway.service.j2").render(
         host=config, version=config.settings.vllm_gateway_version, ports=gateway_ports(config.settings),
         bind=config.settings.vllm_bind_host, backends=backends, paths=paths, env_prefix=env_prefix,
-        policy=ROUTER_POLICY, register_command=register_command(config, env_prefix),
+        policy=config.settings.vllm_gateway_policy, register_command=register_command(config, env_prefix),
         start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S,
         trust_file=front_paths(config)["tls_trust"] if any(b.url.startswith("https:") for b in backends) else None)
     script = jenv.get_template("gateway-register.py.j2").render(host=config, unit=GATEWAY_UNIT)

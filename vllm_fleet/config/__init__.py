@@ -23,7 +23,8 @@ from vllm_fleet.config.fleet_checks import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_
 from vllm_fleet.config.gpus import GpuSpec
 from vllm_fleet.config.host import (HUB_TOKEN_FILE, MANAGED_DIRECTORY_KNOBS, RESERVED_GATEWAY_NAME,
                                     RESERVED_INSTANCE_NAME, RESERVED_RAY_NAME, HostConfig, config_dir_clashes,
-                                    gateway_ports, parse_host, service_user_directories, synced_model_clashes)
+                                    gateway_ports, monitoring_ports, parse_host, service_user_directories,
+                                    synced_model_clashes)
 from vllm_fleet.config.instance import (DTYPES, HOST_DEFAULTS, INSTANCE_FIELDS, INSTANCE_KEYS, INSTANCE_UNIT_PREFIX,
                                         INSTANCE_UNIT_SUFFIX, MIN_START_TIMEOUT_S, REQUIRED, REQUIRED_INSTANCE_KEYS,
                                         HostKnob, InstanceConfig, instance_field, instance_of_unit, instance_unit)
@@ -50,7 +51,7 @@ __all__ = [
     "instance_of_unit", "instance_unit",
     # host
     "HUB_TOKEN_FILE", "MANAGED_DIRECTORY_KNOBS", "RESERVED_GATEWAY_NAME", "RESERVED_INSTANCE_NAME",
-    "RESERVED_RAY_NAME", "HostConfig", "config_dir_clashes", "gateway_ports", "parse_host",
+    "RESERVED_RAY_NAME", "HostConfig", "config_dir_clashes", "gateway_ports", "monitoring_ports", "parse_host",
     "service_user_directories", "synced_model_clashes",
     # fleet_checks
     "RAY_HEAD_PORTS", "RAY_NODE_PORTS", "RAY_WORKER_PORTS", "NodeGroup", "check_fleet", "node_group_of",

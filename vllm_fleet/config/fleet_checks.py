@@ -201,8 +201,29 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                                                or clients[0].name != FLEET_KEY_CLIENT) else "vllm_api_key_env",
                     fix="set vllm_api_clients (or vllm_api_key_env and vllm_api_key_file) once, in the "
                         "group data every host of the fleet reads"))
+    errors += _check_monitoring(hosts)
     if errors:
         raise ConfigErrors(errors)
+
+
+def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
+    """At most one Prometheus in the fleet; it scrapes the fronts that speak HTTPS only if it checks
+    their certificates, with the CAs its own host trusts (vllm_tls there)."""
+    errors = []
+    monitors = [h for h in hosts if h.settings.vllm_monitoring is True]
+    for other in monitors[1:]:
+        errors.append(ConfigError(
+            f"hosts {monitors[0].name} and {other.name} both set vllm_monitoring = True: a fleet has one "
+            "Prometheus", host=other.name, key="vllm_monitoring",
+            fix=f"keep vllm_monitoring = True on one of them (e.g. {monitors[0].name}) and remove it from the other"))
+    if monitors and monitors[0].settings.vllm_tls is not True:
+        over_tls = [h.name for h in hosts if h.settings.vllm_metrics is True and h.settings.vllm_tls is True]
+        if over_tls:
+            errors.append(ConfigError(
+                f"the monitoring host would scrape {', '.join(over_tls)} over HTTPS without the CAs to check "
+                "their certificates (vllm_tls is off on it)", host=monitors[0].name, key="vllm_tls",
+                fix="vllm_tls = True on the monitoring host too (set it once in the fleet's group data)"))
+    return errors
 
 
 def _clients_words(clients) -> str:

@@ -121,6 +121,7 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     _check_unique(check, instances)
     _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
     _check_gateway(check, settings, instances)
+    _check_monitoring_ports(check, settings, instances)
     _check_tls(check, settings)
     _check_model_directories(check, settings, instances)
     if settings.vllm_target == "cpu":
@@ -300,6 +301,56 @@ def _check_gateway_ports(check: Checker, settings: Settings, instances: list[Ins
             check.error(f"{what[kind]} is {why}", key="vllm_gateway_port",
                         fix="pick a vllm_gateway_port whose port, port + vllm_backend_port_offset and the "
                             "port after that no instance of this host uses")
+
+
+# --- Monitoring (vllm_fleet/monitoring/ renders it) ------------------------------------------------
+
+def monitoring_ports(settings: Settings) -> dict[str, int]:
+    """A vllm_metrics host's ports: `metrics` (the front's metrics listener on vllm_bind_host, which
+    checks the metrics token), then on 127.0.0.1 only, the ports after it: `exporter` (the host
+    exporter), `stub_status` (the front's own counters), `node_exporter`, and on the monitoring host
+    `prometheus`. Not the exporters' usual 9100 and 9090: a node exporter or Prometheus the host
+    already runs keeps its port."""
+    port = settings.vllm_metrics_port
+    ports = {"metrics": port, "exporter": port + 1, "stub_status": port + 2, "node_exporter": port + 3}
+    if settings.vllm_monitoring is True:
+        ports["prometheus"] = port + 4
+    return ports
+
+
+def _check_monitoring_ports(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """With vllm_metrics, the monitoring ports are none of the host's instance ports, engine ports or
+    gateway ports: two listeners on one port, one fails."""
+    if settings.vllm_monitoring is True and settings.vllm_metrics is not True:
+        check.error("vllm_monitoring = True but vllm_metrics is not True: Prometheus is reached through the "
+                    "front's metrics listener, which vllm_metrics opens", key="vllm_metrics",
+                    fix="vllm_metrics = True on the monitoring host (and on every host it should scrape)")
+    if settings.vllm_metrics is not True:
+        return
+    if any(Settings.problem(k, getattr(settings, k)) for k in
+           ("vllm_metrics_port", "vllm_backend_port_offset", "vllm_gateway_port")):
+        return  # reported as the knob's own error
+    offset = settings.vllm_backend_port_offset
+    taken: dict[int, str] = {}
+    for inst in instances:
+        taken.setdefault(inst.port, f"the port of instance {inst.name}")
+        taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} (127.0.0.1:{inst.port + offset})")
+    if settings.vllm_gateway is True:
+        for kind, number in gateway_ports(settings).items():
+            taken.setdefault(number, f"the gateway's {kind} port")
+    ports = monitoring_ports(settings)
+    what = {"metrics": f"vllm_metrics_port {ports['metrics']}",
+            "exporter": f"the host exporter's port {ports['exporter']} (vllm_metrics_port + 1)",
+            "stub_status": f"the front's status port {ports['stub_status']} (vllm_metrics_port + 2)",
+            "node_exporter": f"the node exporter's port {ports['node_exporter']} (vllm_metrics_port + 3)",
+            "prometheus": f"Prometheus' port {ports.get('prometheus')} (vllm_metrics_port + 4)"}
+    for kind, number in ports.items():
+        if number > 65535 or number in taken:
+            why = "above 65535" if number > 65535 else taken[number]
+            check.error(f"{what[kind]} is {why}", key="vllm_metrics_port",
+                        fix=f"pick a vllm_metrics_port whose port and the {len(ports) - 1} after it no instance or "
+                            f"gateway of this host uses, at most {65535 - len(ports) + 1}")
+        taken.setdefault(number, what[kind])
 
 
 # --- Rules the deploy applies to what one host holds (a Ray worker holds its group's instance too) -

@@ -8,10 +8,12 @@ from typing import Any
 
 from vllm_fleet import gateway
 from vllm_fleet.host.operations import managed_file, secret_file, systemd_service
+from vllm_fleet.monitoring.files import metrics_paths, monitoring_paths
+from vllm_fleet.monitoring.targets import JOBS
 from vllm_fleet.render import RenderedFile, front_paths, instance_paths, manifest_path, ray_paths
 
 from .layout import removed_units, upload_dir
-from .state import Deployment, FrontFileChanges, GatewayFileChanges, InstanceFileChanges
+from .state import Deployment, FrontFileChanges, GatewayFileChanges, InstanceFileChanges, MonitoringFileChanges
 
 
 def _put(name: str, rendered: RenderedFile, **owner: Any):
@@ -22,6 +24,33 @@ def _put(name: str, rendered: RenderedFile, **owner: Any):
 def _put_secret(rendered: RenderedFile, what: str, config):
     return secret_file(name=f"Front {what}: {rendered.path} (secret)", dest=rendered.path, content=rendered.content,
                        upload_dir=upload_dir(config), group=rendered.group, mode=rendered.mode)
+
+
+def monitoring_files(deployment: Deployment) -> None:
+    """A vllm_metrics host's exporters; on the monitoring host, Prometheus' unit, config, rules, token
+    and every job's targets (a changed target list is reread by Prometheus: no operation depends on it)."""
+    config, files = deployment.config, deployment.files
+    paths = metrics_paths(config)
+    if paths["exporter_unit"] not in files:
+        return
+    written = {kind: _put(f"Monitoring {kind.replace('_', ' ')}: {files[paths[kind]].path}", files[paths[kind]])
+               for kind in ("exporter", "exporter_unit", "node_exporter_unit")}
+    changes = MonitoringFileChanges(**written)
+    prometheus = monitoring_paths(config)
+    if prometheus["unit"] in files:
+        token = files[prometheus["token"]]
+        changes.prometheus_config = [
+            _put("Prometheus config: " + files[prometheus["config"]].path, files[prometheus["config"]]),
+            *([_put(f"Prometheus trusted CAs: {prometheus['trust']}", files[prometheus["trust"]])]
+              if prometheus["trust"] in files else []),
+            _put("Prometheus alert rules: " + files[prometheus["rules"]].path, files[prometheus["rules"]]),
+            secret_file(name=f"Prometheus metrics token: {token.path} (secret)", dest=token.path, content=token.content,
+                        upload_dir=upload_dir(config), group=token.group, mode=token.mode)
+            if token.secret else _put(f"Prometheus metrics token: {token.path}", token)]
+        for job in JOBS:
+            _put(f"Prometheus targets of job {job}: {prometheus[f'targets_{job}']}", files[prometheus[f"targets_{job}"]])
+        changes.prometheus_unit = _put(f"Prometheus unit: {files[prometheus['unit']].path}", files[prometheus["unit"]])
+    deployment.changes.monitoring = changes
 
 
 def service_files(deployment: Deployment) -> None:
@@ -61,6 +90,7 @@ def service_files(deployment: Deployment) -> None:
             if path in files:
                 _put(f"Gateway models of client {client.name}: {path}", files[path])
         changes.gateway = GatewayFileChanges(**written)
+    monitoring_files(deployment)
     _put("Deploy manifest", files[manifest_path(config)], user=None, group=None)  # its owner is not checked
     for unit, why, paths in removed_units(deployment):
         systemd_service(name=why, unit=unit, running=False, enabled=False)

@@ -14,6 +14,7 @@ from vllm_fleet.environment import current_link
 from vllm_fleet.host import facts, hub
 from vllm_fleet.host.host_facts import ManagedUnits
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST
+from vllm_fleet.monitoring.files import MONITORING_UNITS, PROMETHEUS_UNIT, monitoring_unit_files
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, front_paths, instance_paths, ray_paths
 
 from .state import Deployment
@@ -69,7 +70,7 @@ def hub_downloads(deployment: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
 def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
     """(unit, why it stops, its files) of each unit vllm-fleet wrote on this host that the plan no
     longer has: removed instances; the front when no instance is left; the gateway when this host
-    is no longer the fleet's gateway."""
+    is no longer the fleet's gateway; the exporters and Prometheus when monitoring is turned off."""
     config = deployment.config
     wanted = {inst.unit_name for inst in deployment.plan.instances}
     front, gateway_files = front_paths(config), gateway.gateway_paths(config)
@@ -86,6 +87,11 @@ def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
             if front["unit"] not in deployment.files:
                 out.append((unit, "Stop the front (no instance left)",
                             [p for k, p in front.items() if k != "unit"] + [front["unit"]]))
+        elif unit in MONITORING_UNITS:
+            paths = monitoring_unit_files(config)[unit]
+            if paths[-1] not in deployment.files:
+                knob = "vllm_monitoring" if unit == PROMETHEUS_UNIT else "vllm_metrics"
+                out.append((unit, f"Stop {unit} ({knob} is off on this host)", paths))
         elif unit == RAY_UNIT:
             if ray_paths(config)["unit"] not in deployment.files:
                 out.append((unit, "Stop the Ray node (this host is no node of a multi-node instance now)",

@@ -34,6 +34,7 @@ from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.host.operations import environment_queries
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.kinds import secret_problem
+from vllm_fleet.monitoring.files import MONITORING_UNITS
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
 
@@ -165,6 +166,7 @@ def read_secrets(config: HostConfig, fleet_configs: list[HostConfig] | None = No
     if problem:
         fail([ConfigError(f"the Hugging Face token (${token_env}) {problem}", host=config.name,
                           key="vllm_hf_token_env", fix=f"export {token_env}=<the token as the hub shows it>")])
+    metrics_token = _read_metrics_token(config, [api_key, *(key for _name, key in client_keys)])
     try:
         own_key = host_keys.host_key(config)
         material = tls.host_tls(config, fleet_configs or [], ssh_hostname)
@@ -174,7 +176,32 @@ def read_secrets(config: HostConfig, fleet_configs: list[HostConfig] | None = No
         fail([ConfigError(f"cannot use the workstation's keys in {config.settings.vllm_workstation_dir}: {exc}",
                           host=config.name, key="vllm_workstation_dir",
                           fix="make it a directory this user can write (0700), or restore its files")])
-    return Secrets(api_key=api_key, hf_token=token, client_keys=tuple(client_keys), host_key=own_key, tls=material)
+    return Secrets(api_key=api_key, hf_token=token, client_keys=tuple(client_keys), host_key=own_key, tls=material,
+                   metrics_token=metrics_token)
+
+
+def _read_metrics_token(config: HostConfig, api_keys: list[str | None]) -> str | None:
+    """The metrics token (vllm_metrics_token_env) of a vllm_metrics or vllm_monitoring host, checked as
+    an API key is; it may be no API key (a client's key must not read metrics, nor the token reach
+    vLLM). None where neither knob is on. Never part of a message."""
+    settings = config.settings
+    if settings.vllm_metrics is not True and settings.vllm_monitoring is not True:
+        return None
+    env = settings.vllm_metrics_token_env
+    token = os.environ.get(env)
+    fix = f"export {env}=$(openssl rand -hex 32) on this workstation (the same for every deploy of the fleet)"
+    if not token:
+        fail([ConfigError(f"no metrics token: ${env} is not set on this workstation (vllm_metrics needs one: "
+                          "Prometheus sends it for /metrics)", host=config.name, key="vllm_metrics_token_env", fix=fix)])
+    problem = secret_problem(token) or key_length_problem(token)
+    if problem:
+        fail([ConfigError(f"the metrics token (${env}) {problem}", host=config.name, key="vllm_metrics_token_env",
+                          fix=fix)])
+    if token in api_keys:
+        fail([ConfigError(f"the metrics token (${env}) is also an API key: whoever has that key could read "
+                          "every metric, and Prometheus would hold a client's key", host=config.name,
+                          key="vllm_metrics_token_env", fix=f"give the token a value of its own: {fix}")])
+    return token
 
 
 def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
@@ -196,7 +223,7 @@ def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
     wanted += [query(FileState, path=path) for path in sorted(deployment.files)]
     for inst in plan.instances:
         wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(config, inst))]
-    for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT, RAY_UNIT):
+    for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT, RAY_UNIT, *MONITORING_UNITS):
         wanted.append(query(UnitState, unit=unit))
     if plan.ray is not None:
         wanted.append(query(NewestMtime, paths=ray_freshness_paths(config)))
@@ -277,7 +304,8 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
     required = os_packages.needs(
         config.settings.vllm_target, config.settings.vllm_python_version, config.settings.vllm_env_manager,
         eager_only=all(inst.config.enforce_eager for inst in plan.instances),
-        has_instances=bool(plan.instances), gateway=config.settings.vllm_gateway is True)
+        has_instances=bool(plan.instances), gateway=config.settings.vllm_gateway is True,
+        metrics=config.settings.vllm_metrics is True, monitoring=config.settings.vllm_monitoring is True)
     if not required:
         return [], None
     present, family = facts.get(host, HostRuntime, python_version=config.settings.vllm_python_version)

@@ -1,5 +1,6 @@
 """Step 8: daemon-reload only if a unit changed; a multi-node instance's Ray nodes (ray.py); restart
-only the instances whose files, environment or model changed; then the front."""
+only the instances whose files, environment or model changed; then the front; then the exporters and
+Prometheus (vllm_metrics, vllm_monitoring)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from vllm_fleet import gateway
 from vllm_fleet.host import facts, ray_cluster
 from vllm_fleet.host.state_facts import NewestMtime, UnitState
 from vllm_fleet.host.operations import systemd_service
+from vllm_fleet.monitoring.files import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT
 
 from . import ray
@@ -29,8 +31,11 @@ def services(deployment: Deployment) -> None:
               for inst in plan.instances}
     pending_reload = [name for name, unit_state in units.items() if unit_state["need_daemon_reload"]]
     # The front's, the gateway's and Ray's units too: a run stopped between writing them and daemon-reload.
+    monitoring = changes.monitoring
     pending_reload += [unit for unit, written in ((FRONT_UNIT, changes.front), (gateway.GATEWAY_UNIT, changes.gateway),
-                                                  (RAY_UNIT, changes.ray_unit))
+                                                  (RAY_UNIT, changes.ray_unit),
+                                                  (EXPORTER_UNIT, monitoring), (NODE_EXPORTER_UNIT, monitoring),
+                                                  (PROMETHEUS_UNIT, monitoring and monitoring.prometheus_unit))
                        if written is not None and facts.get(host, UnitState, unit=unit)["need_daemon_reload"]]
     if changes.unit_files() or pending_reload:
         if pending_reload:
@@ -106,3 +111,29 @@ def services(deployment: Deployment) -> None:
                         _if=lambda: config_changed() and not unit_changed())
         systemd_service(name=f"Ensure {FRONT_UNIT} is enabled and running", unit=FRONT_UNIT,
                         running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
+    _monitoring_services(deployment)
+
+
+def _monitoring_services(deployment: Deployment) -> None:
+    """The exporters of a vllm_metrics host restarted when their script or unit changed, else kept
+    running; Prometheus on the monitoring host restarted when its unit changed, reloaded when its
+    config, rules or token did (SIGHUP: no sample is lost), else kept running. A changed target list
+    needs neither: Prometheus rereads it."""
+    changes = deployment.changes
+    if changes.monitoring is None:
+        return
+    for unit, changed in ((NODE_EXPORTER_UNIT, changes.node_exporter_changed()),
+                          (EXPORTER_UNIT, changes.exporter_changed())):
+        systemd_service(name=f"Restart {unit} (its unit or script changed)", unit=unit, running=True,
+                        restarted=True, enabled=True, _if=changed)
+        systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
+                        _if=lambda changed=changed: not changed())
+    if changes.monitoring.prometheus_unit is None:
+        return
+    unit, restart, reload = PROMETHEUS_UNIT, changes.prometheus_unit_changed(), changes.prometheus_config_changed()
+    systemd_service(name=f"Restart {unit} (its unit changed)", unit=unit, running=True, restarted=True,
+                    enabled=True, _if=restart)
+    systemd_service(name=f"Reload {unit} (its config, rules or token changed)", unit=unit, running=True,
+                    reloaded=True, enabled=True, _if=lambda: reload() and not restart())
+    systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
+                    _if=lambda: not (restart() or reload()))

@@ -61,6 +61,18 @@ class GatewayFileChanges:
 
 
 @dataclass
+class MonitoringFileChanges:
+    """The operations writing a vllm_metrics host's exporters and, on the monitoring host, Prometheus'
+    files (None where it has no Prometheus)."""
+
+    exporter: "OperationMeta"  # the exporter's script
+    exporter_unit: "OperationMeta"
+    node_exporter_unit: "OperationMeta"
+    prometheus_unit: "OperationMeta | None" = None
+    prometheus_config: list["OperationMeta"] = field(default_factory=list)  # prometheus.yml, rules, token
+
+
+@dataclass
 class Changes:
     """The operations the steps added, by what they manage. Whether one changed the host is known
     only once it ran, so each question below is a callable that pyinfra's `_if` asks at execution.
@@ -72,6 +84,7 @@ class Changes:
     ray_unit: "OperationMeta | None" = None
     front: FrontFileChanges | None = None
     gateway: GatewayFileChanges | None = None
+    monitoring: MonitoringFileChanges | None = None
     removed_files: list["OperationMeta"] = field(default_factory=list)  # of units no longer planned
 
     def unit_files(self) -> list["OperationMeta"]:
@@ -80,6 +93,9 @@ class Changes:
         units += [self.ray_unit] if self.ray_unit is not None else []
         units += [self.front.unit] if self.front is not None else []
         units += [self.gateway.unit] if self.gateway is not None else []
+        if self.monitoring is not None:
+            units += [self.monitoring.exporter_unit, self.monitoring.node_exporter_unit]
+            units += [self.monitoring.prometheus_unit] if self.monitoring.prometheus_unit is not None else []
         return units + self.removed_files
 
     def any_unit_file_changed(self) -> Callable[[], bool]:
@@ -101,6 +117,20 @@ class Changes:
     def front_config_changed(self) -> Callable[[], bool]:
         """The front's config, or a file it reads (keys, certificate): the front reloads."""
         return any_changed(self.front.config, *self.front.includes)
+
+    def exporter_changed(self) -> Callable[[], bool]:
+        """The host exporter's script or unit: it restarts."""
+        return any_changed(self.monitoring.exporter, self.monitoring.exporter_unit)
+
+    def node_exporter_changed(self) -> Callable[[], bool]:
+        return any_changed(self.monitoring.node_exporter_unit)
+
+    def prometheus_unit_changed(self) -> Callable[[], bool]:
+        return any_changed(self.monitoring.prometheus_unit)
+
+    def prometheus_config_changed(self) -> Callable[[], bool]:
+        """prometheus.yml, the rules or the token: Prometheus reloads (the targets need nothing)."""
+        return any_changed(*self.monitoring.prometheus_config)
 
     def gateway_needs_restart(self) -> Callable[[], bool]:
         """vllm-router's unit or the environment it runs from changed."""

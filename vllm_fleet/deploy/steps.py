@@ -19,6 +19,7 @@ from vllm_fleet.host.envbuild import PYTORCH_CPU_INDEX
 from vllm_fleet.host.host_facts import HubModelCached, InstalledEnvironment
 from vllm_fleet.host.model_sync import model_sync
 from vllm_fleet.host.operations import managed_directory, secret_file, service_account, vllm_environment
+from vllm_fleet.monitoring.files import STOCK_UNITS
 from vllm_fleet.render import environment_spec
 
 from .layout import hub_downloads, hub_token_file, service_directories, upload_dir
@@ -90,6 +91,12 @@ def host_packages(deployment: Deployment) -> None:
     if not deployment.missing_packages:
         return
     packages = [need.package(deployment.package_family) for need in deployment.missing_packages]
+    stock = [STOCK_UNITS[need.key] for need in deployment.missing_packages if need.key in STOCK_UNITS]
+    if stock:
+        # Before the install: the packages' own units would start listening on every interface,
+        # without the metrics token (vllm-fleet runs its own units on 127.0.0.1 instead).
+        server.shell(name=f"Mask {', '.join(stock)} (vllm-fleet runs its own, behind the front)",
+                     commands=[f"systemctl mask {' '.join(stock)}"])
     operation, arguments = package_operation(deployment.package_family, packages)
     operation(name="OS packages " + ", ".join(f"{p} ({n.what})" for p, n in zip(packages, deployment.missing_packages)),
               **arguments)

@@ -174,7 +174,14 @@ def import_nvml():
             try:
                 file_spec = importlib.util.spec_from_file_location("vllm_fleet_vendored_pynvml", path)
                 module = importlib.util.module_from_spec(file_spec)
-                file_spec.loader.exec_module(module)
+                # pynvml looks itself up in sys.modules while it loads (its NVMLError_* classes are
+                # made with sys.modules[__name__]): unregistered, it fails with a KeyError.
+                sys.modules[file_spec.name] = module
+                try:
+                    file_spec.loader.exec_module(module)
+                except BaseException:
+                    del sys.modules[file_spec.name]
+                    raise
                 return module, "vllm.third_party.pynvml"
             except Exception as exc:
                 tried.append(f"vllm.third_party.pynvml ({path}): {type(exc).__name__}: {exc}")

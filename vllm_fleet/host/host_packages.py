@@ -18,6 +18,8 @@ What needs what (read from the sources, not guessed):
   cmake/cpu_extension.cmake: `find_library(NUMA_LIB numa)`), so `import vllm._C` fails without
   libnuma.so.1.
 - **nginx, the front** (the only listener clients reach; see render.front_files).
+- **With vllm_metrics, Prometheus' node exporter; on the monitoring host, Prometheus** (Debian's
+  packages; vllm_fleet/monitoring/files.py runs each as a unit of its own, on 127.0.0.1).
 
 With conda, the environment's own Python ships its headers, so only the compilers come from the OS.
 """
@@ -56,15 +58,22 @@ INDUCTOR = ("vLLM's CPU backend compiles the model with torch.compile's inductor
 
 
 NGINX = Need("nginx", "nginx", "the front: the only listener clients reach", "nginx", "nginx")
+# RHEL has neither in its own repositories: these are EPEL's names.
+NODE_EXPORTER = Need("node_exporter", "Prometheus' node exporter", "the host's metrics (vllm_metrics)",
+                     "prometheus-node-exporter", "golang-github-prometheus-node-exporter")
+PROMETHEUS = Need("prometheus", "Prometheus", "the fleet's monitoring (vllm_monitoring)", "prometheus",
+                  "golang-github-prometheus")
 
 
 def needs(target: str, python_version: str, env_manager: str, *, eager_only: bool,
-          has_instances: bool, gateway: bool = False) -> list[Need]:
-    """What a host of this target needs, in install order: nothing for a host without instances,
-    nginx only for the fleet's gateway without instances (no vLLM runs there)."""
+          has_instances: bool, gateway: bool = False, metrics: bool = False, monitoring: bool = False) -> list[Need]:
+    """What a host of this target needs, in install order: without instances, nginx only for the
+    fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics and
+    Prometheus for vllm_monitoring."""
+    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS] * monitoring
     if not has_instances:
-        return [NGINX] if gateway else []
-    out = [NGINX]
+        return ([NGINX] if gateway or metrics else []) + watched
+    out = [NGINX, *watched]
     compiler_why = ""
     if target == "cuda":
         compiler_why = TRITON
@@ -84,7 +93,8 @@ def every_debian_package(python_version: str) -> tuple[str, ...]:
     """All Debian packages `needs` can ask for: what an air-gapped mirror (or the sandbox's) holds."""
     names: dict[str, None] = {}
     for target in ("cuda", "cpu"):
-        for need in needs(target, python_version, "uv", eager_only=False, has_instances=True):
+        for need in needs(target, python_version, "uv", eager_only=False, has_instances=True, metrics=True,
+                          monitoring=True):
             names[need.debian] = None
     return tuple(names)
 
@@ -103,6 +113,8 @@ def probe_command(python_version: str) -> str:
         "libnuma": "ldconfig -p 2>/dev/null | grep -q 'libnuma\\.so\\.1 ' || test -e /usr/lib64/libnuma.so.1"
                    " || test -e /usr/lib/x86_64-linux-gnu/libnuma.so.1 || test -e /usr/lib/aarch64-linux-gnu/libnuma.so.1",
         "nginx": "test -x /usr/sbin/nginx",
+        "node_exporter": "test -x /usr/bin/prometheus-node-exporter",
+        "prometheus": "test -x /usr/bin/prometheus && test -x /usr/bin/promtool",
     }
     parts = [f"if {check} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"
              for key, check in checks.items()]

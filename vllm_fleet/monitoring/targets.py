@@ -1,0 +1,126 @@
+"""Every scrape target of the fleet, from the same plans as the deploy, and the Prometheus config
+that reads them. Pure: no I/O.
+
+A host with vllm_metrics is scraped through its front only (nginx checks the metrics token):
+
+    job          where                                         what answers behind the front
+    vllm         <address>:<instance port>/metrics             that instance's vLLM
+    node         <address>:<vllm_metrics_port>/metrics/node    prometheus-node-exporter (127.0.0.1)
+    front        <address>:<vllm_metrics_port>/metrics/front   the host exporter: nginx's counters, storage, TLS
+    gpu          <address>:<vllm_metrics_port>/metrics/gpu     the host exporter: every GPU (hosts with GPUs)
+    vllm-router  <address>:<vllm_metrics_port>/metrics/router  vllm-router (the gateway host)
+
+Each job's targets are one Prometheus file_sd list (JSON); a target's labels say which host (the
+inventory name), which instance and which served model it is, and carry its scheme and path
+(`__scheme__`, `__metrics_path__`), so prometheus.yml names only the files. A host added or removed
+changes those files alone, which Prometheus rereads by itself: no reload, no restart.
+
+Example:
+
+    fleet = Fleet.load("inventory/prod.py")
+    targets = fleet_targets(fleet.hosts(), fleet.plan())
+    print(file_sd(targets, "vllm"))
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import yaml
+
+from vllm_fleet.config import HostConfig, monitoring_ports
+from vllm_fleet.plan import FleetPlan, HostPlan
+
+#: Jobs in the order prometheus.yml lists them.
+JOBS = ("vllm", "vllm-router", "front", "node", "gpu")
+#: Where each host-level job is on the front's metrics listener.
+METRICS_PATHS = {"node": "/metrics/node", "front": "/metrics/front", "gpu": "/metrics/gpu",
+                 "vllm-router": "/metrics/router"}
+#: Prometheus' own path: it serves under /prometheus/ (so the front can pass that prefix on).
+PROMETHEUS_PREFIX = "/prometheus"
+
+
+@dataclass(frozen=True)
+class ScrapeTarget:
+    """One target: a job, the address Prometheus dials, and the labels its series get."""
+
+    job: str
+    address: str  # host:port (IPv6 in brackets)
+    scheme: str  # http or https (vllm_tls)
+    path: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    def file_sd_entry(self) -> dict:
+        return {"targets": [self.address],
+                "labels": {"__scheme__": self.scheme, "__metrics_path__": self.path, **self.labels}}
+
+
+def _address(config: HostConfig, port: int) -> str:
+    address = config.settings.vllm_advertise_address or config.name
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
+def host_targets(config: HostConfig, plan: HostPlan) -> list[ScrapeTarget]:
+    """The targets of one host: none without vllm_metrics. Its GPUs only where the plan has GPUs."""
+    settings = config.settings
+    if settings.vllm_metrics is not True:
+        return []
+    scheme = "https" if settings.vllm_tls is True else "http"
+    host = {"host": config.name}
+    out = [ScrapeTarget("vllm", _address(config, inst.port), scheme, "/metrics",
+                        {**host, "vllm_instance": inst.name, "served_model": inst.config.served_model_name})
+           for inst in plan.instances]
+    metrics = _address(config, monitoring_ports(settings)["metrics"])
+    jobs = ["node", "front"]
+    if plan.gpus:
+        jobs.append("gpu")
+    if settings.vllm_gateway is True:
+        jobs.append("vllm-router")
+    out += [ScrapeTarget(job, metrics, scheme, METRICS_PATHS[job], dict(host)) for job in jobs]
+    return out
+
+
+def fleet_targets(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[ScrapeTarget]:
+    """Every host's targets, in inventory order."""
+    by_name = {c.name: c for c in configs}
+    return [t for p in fleet_plan.hosts if p.name in by_name for t in host_targets(by_name[p.name], p)]
+
+
+def file_sd(targets: list[ScrapeTarget], job: str) -> str:
+    """One job's file_sd list (Prometheus' JSON form), in a stable order."""
+    entries = [t.file_sd_entry() for t in targets if t.job == job]
+    return json.dumps(entries, indent=2, sort_keys=True) + "\n"
+
+
+def scrape_jobs(*, targets_dir: str, token_file: str, ca_file: str | None, interval_s: int) -> list[dict]:
+    """One scrape job per file_sd list, each with the metrics token (read from `token_file`: never in
+    the config) and, with TLS, the CAs that check the fronts' certificates (`ca_file`)."""
+    # A scrape may take at most the interval (Prometheus refuses a longer timeout).
+    timeout = f"{min(10, interval_s)}s"
+    jobs = []
+    for job in JOBS:
+        scrape = {"job_name": job, "scrape_timeout": timeout,
+                  "authorization": {"type": "Bearer", "credentials_file": token_file},
+                  "file_sd_configs": [{"files": [f"{targets_dir}/{job}.json"]}]}
+        if ca_file:
+            scrape["tls_config"] = {"ca_file": ca_file}
+        jobs.append(scrape)
+    return jobs
+
+
+def prometheus_config(monitor: HostConfig, *, targets_dir: str, rules_file: str, token_file: str,
+                      ca_file: str | None) -> str:
+    """prometheus.yml of the monitoring host: Prometheus itself, then scrape_jobs."""
+    settings = monitor.settings
+    interval = f"{settings.vllm_monitoring_scrape_interval_s}s"
+    own = monitoring_ports(settings)["prometheus"]
+    jobs = [{"job_name": "prometheus", "metrics_path": f"{PROMETHEUS_PREFIX}/metrics",
+             "static_configs": [{"targets": [f"127.0.0.1:{own}"], "labels": {"host": monitor.name}}]}]
+    jobs += scrape_jobs(targets_dir=targets_dir, token_file=token_file, ca_file=ca_file,
+                        interval_s=settings.vllm_monitoring_scrape_interval_s)
+    config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
+              "rule_files": [rules_file], "scrape_configs": jobs}
+    header = (f"# Managed by vllm-fleet: the fleet's Prometheus on {monitor.name}. Targets: {targets_dir}/<job>.json\n"
+              "# (rewritten by each deploy; Prometheus rereads them by itself).\n")
+    return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)
