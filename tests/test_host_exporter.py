@@ -566,3 +566,56 @@ def test_stub_status_and_label_escaping():
     assert Scrape(out.text()).get("vllm_fleet_storage_size_bytes")[0][0] == {"path": 'a\\b"c\nd'}
     assert host_exporter.unit_from_cgroup("0::/system.slice/vllm-gemma.service\n") == "vllm-gemma.service"
     assert host_exporter.unit_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+
+
+def test_a_scrape_stuck_in_nvml_makes_the_next_one_answer_503_at_once(tmp_path, run_exporter):
+    """NVML calls have no timeout: while one scrape of /gpu is stuck in the driver, the next one is
+    refused at once instead of piling another thread onto it; /front still answers."""
+    gate = tmp_path / "nvml-may-answer"
+    stuck = FAKE_NVML.replace(
+        "def nvmlDeviceGetUtilizationRates(h): return",
+        "def nvmlDeviceGetUtilizationRates(h):\n"
+        f"        while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
+        "        return")
+    exporter = run_exporter("--vllm-env", str(vllm_env(tmp_path, stuck)), env={"FAKE_NVML_PID": str(os.getpid())})
+    first: dict = {}
+    waiting = threading.Thread(target=lambda: first.update(answer=fetch(exporter.base + "/gpu", timeout=30)))
+    waiting.start()
+    time.sleep(1.0)  # the first scrape is in the fake NVML now
+    started = time.monotonic()
+    status, body, _headers = fetch(exporter.base + "/gpu")
+    assert status == 503 and "still running" in body
+    assert time.monotonic() - started < 2
+    assert fetch(exporter.base + "/front")[0] == 200
+    gate.write_text("")
+    waiting.join(timeout=30)
+    assert first["answer"][0] == 200
+    assert fetch(exporter.base + "/gpu")[0] == 200  # the route is free again
+
+
+def test_a_filesystem_that_does_not_answer_is_left_out_and_not_asked_again_meanwhile(monkeypatch):
+    release = threading.Event()
+    calls = []
+
+    def hanging_statvfs(path):
+        calls.append(path)
+        release.wait(10)
+        raise OSError("gone")
+
+    monkeypatch.setattr(host_exporter.os, "statvfs", hanging_statvfs)
+    started = time.monotonic()
+    assert host_exporter.statvfs_within("/srv/nfs", 0.2) is None
+    assert host_exporter.statvfs_within("/srv/nfs", 0.2) is None  # still hanging: not asked again
+    assert time.monotonic() - started < 2 and calls == ["/srv/nfs"]
+    release.set()
+    deadline = time.monotonic() + 5
+    while "/srv/nfs" in host_exporter._statvfs_pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert "/srv/nfs" not in host_exporter._statvfs_pending
+
+
+def test_a_process_name_with_a_comma_keeps_every_gpus_processes():
+    rows = host_exporter._csv_rows("00000000:01:00.0, 4242, python3, -m vllm, 812\n00000000:02:00.0, 7, x, 3\n",
+                                   host_exporter.NVIDIA_SMI_APP_FIELDS, "process_name")
+    assert [(r["pid"], r["process_name"], r["used_memory"]) for r in rows] == [
+        ("4242", "python3, -m vllm", "812"), ("7", "x", "3")]

@@ -1,6 +1,6 @@
 """Monitoring offline: the scrape targets from the plans, prometheus.yml, the front's metrics routes
 and token, the exporters' and Prometheus' files, and the input they refuse. (On real hosts, with
-Prometheus itself: tests/test_monitoring_sandbox.py.)"""
+Prometheus itself: tests/test_team_monitoring_sandbox.py.)"""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_the_exporters_listen_on_loopback_and_are_given_the_hosts_paths():
     files, paths = _files(host), metrics_paths(host)
     exporter = files[paths["exporter_unit"]].content
     assert "--listen 127.0.0.1:9411 --front-status http://127.0.0.1:9412/stub_status" in exporter
-    assert "--storage /opt/models" in exporter or "--storage" in exporter
+    assert f"--storage {host.settings.vllm_hf_home} --storage {host.settings.vllm_models_dir} " in exporter
     assert "--tls-cert /etc/vllm-fleet/front-cert.pem" in exporter and "--vllm-env /opt/vllm-fleet/envs/" in exporter
     assert "User=vllm" in exporter
     node = files[paths["node_exporter_unit"]].content
@@ -166,6 +166,32 @@ def test_a_metrics_port_on_an_instance_port_is_refused(port, what):
     errors = parse_errors(host_data(vllm_metrics=True, vllm_metrics_port=port))
     assert [(e.host, e.key) for e in errors] == [("box", "vllm_metrics_port")]
     assert errors[0].message == f"{what} is the port of instance gemma", errors
+
+
+def test_the_metrics_ports_clash_with_the_gateways_and_the_ports_below_1024_are_refused():
+    errors = parse_errors(host_data(vllm_metrics=True, vllm_gateway=True, vllm_gateway_port=9411))
+    assert [(e.key, e.message) for e in errors] == [
+        ("vllm_metrics_port", "the host exporter's port 9411 (vllm_metrics_port + 1) is vllm_gateway_port")]
+    low = parse_errors(host_data(vllm_metrics=True, vllm_metrics_port=80))
+    assert [e.key for e in low] == ["vllm_metrics_port"] and "from 1024" in low[0].message
+
+
+def test_every_monitored_host_reads_the_token_from_one_variable():
+    text = fleet_error_text([("a", host_data(vllm_monitoring=True, **METRICS)),
+                             ("b", host_data(vllm_metrics_token_env="OTHER_TOKEN", **METRICS,
+                                             instances=[{"name": "g2", "model": "google/gemma-3-12b-it-qat-q4_0-gguf",
+                                                         "served_model_name": "gemma3-12b-q4", "port": 8001}]))])
+    assert "host b, key vllm_metrics_token_env" in text and "$OTHER_TOKEN" in text and "one token" in text
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1", "::1", "127.3.0.9"])
+def test_a_monitored_host_at_loopback_is_refused_it_would_be_the_monitor_itself(address):
+    text = fleet_error_text([("mon", host_data(vllm_monitoring=True, **METRICS)),
+                             ("b", host_data(vllm_advertise_address=address, **METRICS,
+                                             instances=[{"name": "g2", "model": "google/gemma-3-12b-it-qat-q4_0-gguf",
+                                                         "served_model_name": "gemma3-12b-q4", "port": 8001}]))])
+    assert "host b, key vllm_advertise_address" in text and "Prometheus would scrape this host" in text
+    assert "on the monitoring host mon that is itself" in text
 
 
 def test_two_monitoring_hosts_and_a_monitor_that_cannot_check_tls_are_refused():

@@ -561,6 +561,23 @@ def test_a_converged_monitored_fleet_costs_no_command_more(tmp_path, monkeypatch
         assert changed_operations(state, host) == [], host.name
 
 
+@pytest.mark.parametrize("changed, action", [
+    ("/etc/vllm-fleet-prometheus/rules.yml", "reload"),
+    ("/etc/vllm-fleet-prometheus/targets/vllm.json", None),  # Prometheus rereads a target list itself
+    ("/etc/systemd/system/vllm-fleet-prometheus.service", "restart")])
+def test_prometheus_is_reloaded_for_its_rules_restarted_for_its_unit_and_left_alone_for_its_targets(
+        tmp_path, monkeypatch, changed, action):
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    worlds["gw"].changed_files = {changed}
+    data = {"gw": {"vllm_metrics": True, "vllm_monitoring": True}, "box": {"vllm_metrics": True}}
+    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
+    assert uploads == {"gw": [changed]}
+    unit = "vllm-fleet-prometheus.service"
+    touching = [c for c in _kinds(commands["gw"]) if c.startswith("systemctl ") and unit in c]
+    assert touching == ([] if action is None else [f"systemctl {action} {unit}"]), touching
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+
+
 def test_a_teams_deploy_file_runs_its_operation_then_the_packaged_deploy_under_its_name(
         tmp_path, monkeypatch, model_dir):
     """tests/fixtures/team_deploy.py as pyinfra runs a deploy file: the team's own operation first,
@@ -723,6 +740,25 @@ def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed
         "verify", "verify gateway"]
     assert uploads == {}
 
+
+
+def test_monitoring_turned_off_stops_the_exporters_and_keeps_the_instances(tmp_path, monkeypatch):
+    """A host whose vllm_metrics is turned off: its exporters stop and their files go (the unit
+    file last); its instance is not taken for a removed one."""
+    worlds = {"gw": SimulatedHost()}
+    worlds["gw"].leftovers = {"/etc/systemd/system/vllm-fleet-exporter.service",
+                              "/etc/vllm-fleet/host-exporter.py",
+                              "/etc/systemd/system/vllm-fleet-node-exporter.service"}
+    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert _kinds(commands["gw"]) == [
+        "access check", "facts", "facts",
+        "systemctl stop vllm-fleet-exporter.service", "systemctl disable vllm-fleet-exporter.service",
+        "rm -f /etc/vllm-fleet/host-exporter.py", "rm -f /etc/systemd/system/vllm-fleet-exporter.service",
+        "systemctl stop vllm-fleet-node-exporter.service", "systemctl disable vllm-fleet-node-exporter.service",
+        "rm -f /etc/systemd/system/vllm-fleet-node-exporter.service",
+        "systemctl daemon-reload",
+        "verify", "verify gateway"]
+    assert uploads == {}
 
 # --- what the memo relies on: one step per path, and the lock before the first read ---------------
 

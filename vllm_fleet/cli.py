@@ -30,7 +30,6 @@ from vllm_fleet.gateway import Backend, gateway_manifest
 from vllm_fleet.plan import FleetPlan
 from vllm_fleet.monitoring.targets import JOBS, ScrapeTarget, file_sd, scrape_jobs
 from vllm_fleet.render import RenderedFile, render_host
-from vllm_fleet.settings import Settings
 
 EXIT_INVALID = 2
 
@@ -146,9 +145,6 @@ def render_target(out: Path, host: str, path: str) -> Path:
 PROMETHEUS_OUT = "@prometheus"
 
 
-SCRAPE_INTERVAL_S = Settings.defaults()["vllm_monitoring_scrape_interval_s"]
-
-
 def prometheus_fragment(targets: list[ScrapeTarget]) -> dict[str, str]:
     """The scrape targets as files for a Prometheus vllm-fleet does not run: targets/<job>.json and a
     scrape_configs fragment expecting them in /etc/prometheus/vllm-fleet/, with the metrics token in
@@ -159,7 +155,7 @@ def prometheus_fragment(targets: list[ScrapeTarget]) -> dict[str, str]:
     base = "/etc/prometheus/vllm-fleet"
     https = any(t.scheme == "https" for t in targets)
     jobs = scrape_jobs(targets_dir=f"{base}/targets", token_file=f"{base}/metrics-token",
-                       ca_file=f"{base}/ca.pem" if https else None, interval_s=SCRAPE_INTERVAL_S)
+                       ca_file=f"{base}/ca.pem" if https else None, interval_s=None)
     fragment = ("# vllm-fleet's scrape jobs, for a Prometheus of your own: add them under scrape_configs:, put\n"
                 f"# targets/*.json in {base}/targets/, the metrics token in {base}/metrics-token"
                 + (f" and `vllm-fleet tls ca`'s file as {base}/ca.pem" if https else "") + ".\n"

@@ -260,7 +260,7 @@ def _openai_error(message: str, kind: str, code: str) -> str:
     """An OpenAI-shaped error body as one nginx `return` token (ending in nginx's \\n escape).
     `message` may hold nginx variables ($vllm_fleet_client): `return` text interpolates them."""
     body = json.dumps({"error": {"message": message, "type": kind, "param": None, "code": code}})
-    return nginx_string(body)[:-1] + '\\n"'
+    return nginx_string(body, newline=True)
 
 
 FRONT_ANSWERS = {
@@ -271,7 +271,7 @@ FRONT_ANSWERS = {
     "too_many": _openai_error("client $vllm_fleet_client is over its requests_per_minute: retry after "
                               "$vllm_fleet_retry_after s", "rate_limit_error", "rate_limit_exceeded"),
     "metrics_unauthorized": nginx_string('{"error": "the metrics token is required: send the header '
-                                         'Authorization: Bearer <token> (vllm_metrics_token_env)"}')[:-1] + '\\n"',
+                                         'Authorization: Bearer <token> (vllm_metrics_token_env)"}', newline=True),
     "plain_http": _openai_error("this port speaks HTTPS only: use https:// (and trust the fleet CA: "
                                 "vllm-fleet tls ca INVENTORY)", "invalid_request_error", "https_required"),
 }

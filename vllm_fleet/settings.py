@@ -310,7 +310,9 @@ class Settings:
         False, "Expose this host's metrics to the fleet's Prometheus (vLLM, front, node exporter, GPUs)", **_BOOL)
     vllm_metrics_port: int = knob(
         9410, "The front's metrics listener: <vllm_bind_host>:this/metrics/<node|gpu|front|router>",
-        low=1, high=65535, must="a port number (1-65535)")
+        low=1024, high=65531,
+        must="a port number from 1024 to 65531 (the 4 ports after it are the exporters', on 127.0.0.1, "
+             "where their non-root users cannot bind a port below 1024)")
     vllm_monitoring: bool = knob(
         False, "True on the one host that runs the fleet's Prometheus (Debian's prometheus package)",
         **_BOOL, fix="vllm_monitoring = True on the one host that runs the fleet's Prometheus")
@@ -318,10 +320,11 @@ class Settings:
         15, "Seconds between two scrapes of every target", low=1, high=3600,
         must="a number of seconds from 1 to 3600")
     vllm_monitoring_retention_days: int = knob(
-        15, "Prometheus keeps samples this many days", **_POSITIVE)
+        15, "Prometheus keeps samples this many days", low=1, high=36500,
+        must="a number of days from 1 to 36500")
     vllm_monitoring_retention_gib: float = knob(
-        10.0, "and at most this many GiB of them (the oldest go first)", above=0,
-        must="a number of GiB above 0")
+        10.0, "and at most this many GiB of them (the oldest go first)", low=0.01,
+        must="a number of GiB, at least 0.01")
     vllm_monitoring_down_for_s: int = knob(
         120, "How long a target is down before its alert fires", low=0, high=86400,
         must="a number of seconds from 0 to 86400")

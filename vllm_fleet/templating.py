@@ -113,11 +113,12 @@ def _systemd_line(text: Any) -> str:
     return text
 
 
-def nginx_string(text: str) -> str:
+def nginx_string(text: str, newline: bool = False) -> str:
     """One nginx config token holding exactly `text`: double-quoted, with '\\' and '"' escaped
     (ngx_conf_file.c unescapes \\\\, \\" and \\' and keeps any other backslash; '$' in a map's key is
-    not a variable, and nothing else is special inside quotes)."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    not a variable, and nothing else is special inside quotes). `newline`: ended by nginx's own \\n
+    escape (a `return` body that ends its line)."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + ("\\n" if newline else "") + '"'
 
 
 def _nginx_quote(text: Any) -> str:

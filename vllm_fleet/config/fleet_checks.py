@@ -3,11 +3,12 @@ served name, Ray's ports, and the gateway against every host it reaches."""
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 
 from vllm_fleet import kinds
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
-from vllm_fleet.config.host import HostConfig
+from vllm_fleet.config.host import HostConfig, monitoring_ports
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
 from vllm_fleet.settings import ConfigError, ConfigErrors, did_you_mean
 
@@ -208,9 +209,36 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
 
 def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
     """At most one Prometheus in the fleet; it scrapes the fronts that speak HTTPS only if it checks
-    their certificates, with the CAs its own host trusts (vllm_tls there)."""
+    their certificates, with the CAs its own host trusts (vllm_tls there); every other host it
+    scrapes at an address another host can connect to (not loopback: that would be the monitoring
+    host itself, filed under the other's name). Every monitored host expects the token of one
+    variable: the token Prometheus sends is read once."""
     errors = []
+    watched = [h for h in hosts if h.settings.vllm_metrics is True or h.settings.vllm_monitoring is True]
+    names = {h.settings.vllm_metrics_token_env for h in watched}
+    if len(names) > 1:
+        first = watched[0].settings.vllm_metrics_token_env
+        for host in watched:
+            if host.settings.vllm_metrics_token_env != first:
+                errors.append(ConfigError(
+                    f"this host reads its metrics token from ${host.settings.vllm_metrics_token_env}, host "
+                    f"{watched[0].name} from ${first}: Prometheus sends one token to every host",
+                    host=host.name, key="vllm_metrics_token_env",
+                    fix="set vllm_metrics_token_env once, in the group data every monitored host reads"))
     monitors = [h for h in hosts if h.settings.vllm_monitoring is True]
+    for host in hosts if monitors else []:
+        if host.settings.vllm_metrics is not True or host is monitors[0]:
+            continue
+        address = host.settings.vllm_advertise_address
+        problem = kinds.connect_address_problem(address)
+        if not problem and kinds.ip_literal(address) and ipaddress.ip_address(address).is_loopback:
+            problem = f"{address!r} is loopback: on the monitoring host {monitors[0].name} that is itself"
+        if problem:
+            errors.append(ConfigError(
+                f"the fleet's Prometheus would scrape this host at {address!r}: {problem}", host=host.name,
+                key="vllm_advertise_address",
+                fix="vllm_advertise_address = '10.0.0.11' (the address the monitoring host connects to), "
+                    "or set ssh_hostname"))
     for other in monitors[1:]:
         errors.append(ConfigError(
             f"hosts {monitors[0].name} and {other.name} both set vllm_monitoring = True: a fleet has one "
@@ -285,6 +313,9 @@ def _check_ray_ports(hosts: list[HostConfig]) -> list[ConfigError]:
             if host.settings.vllm_gateway is True:
                 port = host.settings.vllm_gateway_port
                 listeners.append((port, f"vllm_gateway_port {port}", None, "vllm_gateway_port"))
+            if host.settings.vllm_metrics is True:  # the metrics listener and the exporters behind it
+                listeners += [(port, f"the monitoring port {port} ({kind})", None, "vllm_metrics_port")
+                              for kind, port in monitoring_ports(host.settings).items()]
             for port, what, instance, key in listeners:
                 why = taken.get(port) or ("in the range Ray's worker processes listen in "
                                           f"({RAY_WORKER_PORTS.start}-{RAY_WORKER_PORTS.stop - 1})"

@@ -336,8 +336,10 @@ def _check_monitoring_ports(check: Checker, settings: Settings, instances: list[
         taken.setdefault(inst.port, f"the port of instance {inst.name}")
         taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} (127.0.0.1:{inst.port + offset})")
     if settings.vllm_gateway is True:
+        names = {"port": "vllm_gateway_port", "router": "the gateway's router port",
+                 "metrics": "the gateway's metrics port"}
         for kind, number in gateway_ports(settings).items():
-            taken.setdefault(number, f"the gateway's {kind} port")
+            taken.setdefault(number, names[kind])
     ports = monitoring_ports(settings)
     what = {"metrics": f"vllm_metrics_port {ports['metrics']}",
             "exporter": f"the host exporter's port {ports['exporter']} (vllm_metrics_port + 1)",

@@ -24,6 +24,7 @@ reload Prometheus (SIGHUP); a target list changes nothing else (Prometheus rerea
 
 from __future__ import annotations
 
+import math
 from importlib import resources
 
 from vllm_fleet.config import HostConfig, monitoring_ports
@@ -122,7 +123,7 @@ def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_to
         host=config, ports=monitoring_ports(settings), bind=settings.vllm_bind_host, prefix=PROMETHEUS_PREFIX,
         targets_dir=paths["targets_dir"], config_file=paths["config"], binary=PROMETHEUS, promtool=PROMTOOL,
         state_dir_name=PROMETHEUS_STATE, retention_days=settings.vllm_monitoring_retention_days,
-        retention_mib=int(settings.vllm_monitoring_retention_gib * 1024))
+        retention_mib=math.ceil(settings.vllm_monitoring_retention_gib * 1024))
     config_text = prometheus_config(config, targets_dir=paths["targets_dir"], rules_file=paths["rules"],
                                     token_file=paths["token"], ca_file=ca_file)
     rules_text = rules.alert_rules(settings.vllm_monitoring_down_for_s, tls=ca_file is not None)

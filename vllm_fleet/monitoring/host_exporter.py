@@ -10,7 +10,11 @@ It listens only where --listen says (the deploy gives it 127.0.0.1) and checks n
 on the host passes /metrics/gpu and /metrics/front to it after checking the metrics token. Routes:
 `GET /gpu` and `GET /front` (HEAD too); anything else is 404. Every scrape reads the values afresh;
 every subprocess and HTTP read it makes shares one deadline (SCRAPE_TIMEOUT_S), and a source that
-fails gives its `_up 0` series, never an error page. Errors go to stderr, each distinct one once.
+fails gives its `_up 0` series, never an error page. NVML's calls and statvfs have no timeout of
+their own: a filesystem that does not answer within STATVFS_TIMEOUT_S is left out (and not asked
+again while its call hangs), and a route whose earlier scrape is still running (an NVML call stuck
+in the driver) answers 503 at once, so stuck scrapes never pile up. Errors go to stderr, each
+distinct one once.
 
 /gpu. Every GPU series carries gpu="<index in PCI bus order>" (what CUDA_DEVICE_ORDER=PCI_BUS_ID
 numbers), gpu_name and simulated="true"|"false". A GPU is simulated when its UUID starts with
@@ -64,6 +68,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 #: The most one scrape waits for all its subprocesses and HTTP reads together.
 SCRAPE_TIMEOUT_S = 5.0
+STATVFS_TIMEOUT_S = 2.0  # per path: a filesystem that takes longer is reported as absent
 #: A subprocess still gets this long when the deadline is nearly spent (a fast one answers in time).
 MIN_STEP_TIMEOUT_S = 0.5
 MIB = 1024 * 1024
@@ -549,17 +554,18 @@ def run_nvidia_smi(binary, args, deadline):
     return stdout.decode(errors="replace")
 
 
-def _csv_rows(text, fields):
-    """Rows of `--format=csv,noheader,nounits`, as dicts. A GPU name may hold ", ": the name is the
-    one column that takes what is left over."""
+def _csv_rows(text, fields, joined):
+    """Rows of `--format=csv,noheader,nounits`, as dicts. A GPU name or a process name may hold
+    ", " (nvidia-smi quotes nothing): `joined`, the one such column of a query, takes what is left
+    over."""
     rows = []
     for line in text.splitlines():
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(", ")]
         extra = len(cells) - len(fields)
-        if extra > 0 and "name" in fields:
-            at = fields.index("name")
+        if extra > 0:
+            at = fields.index(joined)
             cells[at:at + extra + 1] = [", ".join(cells[at:at + extra + 1])]
         if len(cells) != len(fields):
             raise RuntimeError(f"nvidia-smi printed {len(cells)} columns, not {len(fields)}: {line!r}")
@@ -602,7 +608,7 @@ def read_nvidia_smi(binary, deadline):
     text = run_nvidia_smi(binary, [f"--query-gpu={','.join(NVIDIA_SMI_FIELDS)}",
                                    "--format=csv,noheader,nounits"], deadline)
     gpus = []
-    for row in _csv_rows(text, NVIDIA_SMI_FIELDS):
+    for row in _csv_rows(text, NVIDIA_SMI_FIELDS, "name"):
         utilization = _number(row["utilization.gpu"])
         gpu = {"nvidia_smi_index": _number(row["index"]), "bus_id": normalize_bus_id(row["pci.bus_id"]),
                "name": row["name"], "uuid": row["uuid"],
@@ -630,7 +636,7 @@ def read_nvidia_smi(binary, deadline):
     try:
         apps = run_nvidia_smi(binary, [f"--query-compute-apps={','.join(NVIDIA_SMI_APP_FIELDS)}",
                                        "--format=csv,noheader,nounits"], deadline)
-        for row in _csv_rows(apps, NVIDIA_SMI_APP_FIELDS):
+        for row in _csv_rows(apps, NVIDIA_SMI_APP_FIELDS, "process_name"):
             gpu = by_bus.get(normalize_bus_id(row["gpu_bus_id"]))
             used, pid = _number(row["used_memory"], MIB), _number(row["pid"])
             if gpu is not None and used is not None and pid is not None:
@@ -738,10 +744,9 @@ def scrape_front(config):
             out.add("vllm_fleet_front_connections_handled_total", status["handled"])
             out.add("vllm_fleet_front_http_requests_total", status["requests"])
     for path in config.storage:
-        try:
-            fs = os.statvfs(path)
-        except OSError:
-            continue  # not there (yet): no series
+        fs = statvfs_within(path, STATVFS_TIMEOUT_S)
+        if fs is None:
+            continue  # not there (yet), or not answering: no series
         out.add("vllm_fleet_storage_avail_bytes", fs.f_bavail * fs.f_frsize, {"path": path})
         out.add("vllm_fleet_storage_size_bytes", fs.f_blocks * fs.f_frsize, {"path": path})
     if config.tls_cert:
@@ -751,10 +756,42 @@ def scrape_front(config):
     return out.text()
 
 
+_statvfs_pending = set()
+_statvfs_lock = threading.Lock()
+
+
+def statvfs_within(path, timeout):
+    """os.statvfs(path), or None when the path is missing or its filesystem does not answer within
+    `timeout` (a hung NFS mount blocks statvfs for good). A call still hanging from an earlier
+    scrape is not joined by another: the path is skipped until it returns."""
+    with _statvfs_lock:
+        if path in _statvfs_pending:
+            return None
+        _statvfs_pending.add(path)
+    found = {}
+
+    def run():
+        try:
+            found["fs"] = os.statvfs(path)
+        except OSError:
+            pass
+        finally:
+            with _statvfs_lock:
+                _statvfs_pending.discard(path)
+
+    worker = threading.Thread(target=run, name=f"statvfs {path}", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if worker.is_alive():
+        log_once(f"storage {path}: its filesystem did not answer within {timeout} s")
+    return found.get("fs")
+
+
 # --- the server -------------------------------------------------------------------------------
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "vllm-fleet-host-exporter"
+    timeout = 10  # a client that sends no request in this long is dropped
 
     def _answer(self, with_body):
         route = self.path.split("?", 1)[0]
@@ -765,12 +802,20 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_error(404, "only /gpu and /front")
             return
+        # One scrape of a route at a time: an NVML call has no timeout of its own, so one stuck in
+        # the driver must not be joined by another at every scrape interval.
+        busy = self.server.busy[route]
+        if not busy.acquire(blocking=False):
+            self.send_error(503, f"an earlier scrape of {route} is still running")
+            return
         try:
             body = make().encode()
         except Exception as exc:  # a bug, not a failing source: say so, keep serving
             log_once(f"{route}: {type(exc).__name__}: {exc}")
             self.send_error(500)
             return
+        finally:
+            busy.release()
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
@@ -820,6 +865,7 @@ def make_server(config):
     server = Server((host, port), Handler)
     server.config = config
     server.nvml = Nvml(config.vllm_env)
+    server.busy = {"/gpu": threading.Lock(), "/front": threading.Lock()}
     return server
 
 

@@ -93,16 +93,17 @@ def file_sd(targets: list[ScrapeTarget], job: str) -> str:
     return json.dumps(entries, indent=2, sort_keys=True) + "\n"
 
 
-def scrape_jobs(*, targets_dir: str, token_file: str, ca_file: str | None, interval_s: int) -> list[dict]:
+def scrape_jobs(*, targets_dir: str, token_file: str, ca_file: str | None, interval_s: int | None) -> list[dict]:
     """One scrape job per file_sd list, each with the metrics token (read from `token_file`: never in
-    the config) and, with TLS, the CAs that check the fronts' certificates (`ca_file`)."""
-    # A scrape may take at most the interval (Prometheus refuses a longer timeout).
-    timeout = f"{min(10, interval_s)}s"
+    the config) and, with TLS, the CAs that check the fronts' certificates (`ca_file`). `interval_s`:
+    the scrape interval, which bounds each scrape's timeout (None: Prometheus' own global timeout)."""
     jobs = []
     for job in JOBS:
-        scrape = {"job_name": job, "scrape_timeout": timeout,
-                  "authorization": {"type": "Bearer", "credentials_file": token_file},
-                  "file_sd_configs": [{"files": [f"{targets_dir}/{job}.json"]}]}
+        scrape: dict = {"job_name": job}
+        if interval_s is not None:  # a scrape may take at most the interval (Prometheus refuses more)
+            scrape["scrape_timeout"] = f"{min(10, interval_s)}s"
+        scrape.update({"authorization": {"type": "Bearer", "credentials_file": token_file},
+                       "file_sd_configs": [{"files": [f"{targets_dir}/{job}.json"]}]})
         if ca_file:
             scrape["tls_config"] = {"ca_file": ca_file}
         jobs.append(scrape)

@@ -1,6 +1,7 @@
-"""The fleet monitored, on the sandbox with the genuine vLLM: vllm_metrics on every host, the fleet's
-Prometheus (Debian's package) on sbx-cpu1, HTTPS and a client key as a team runs it. sbx-mixed
-(SIMULATED GPUs: a stand-in nvidia-smi, no instance) shows the GPU series.
+"""The team's fleet monitored, on the sandbox with the genuine vLLM: vllm_metrics on every host, the
+fleet's Prometheus (Debian's package) on sbx-cpu1, with the team service's HTTPS and clients
+(test_team_service_sandbox.py's, which runs next and so converges from here: it turns monitoring
+off). sbx-mixed (SIMULATED GPUs: a stand-in nvidia-smi, no instance) shows the GPU series.
 
 Prometheus' own HTTP API, asked on sbx-cpu1, must list every target up; the metrics every rule and
 the dashboard use must be among those the live vLLM, node exporter, vllm-router and host exporter
@@ -11,6 +12,7 @@ goes only to the sandbox hosts.
 from __future__ import annotations
 
 import json
+import re
 import runpy
 import ssl
 import time
@@ -26,10 +28,15 @@ from vllm_fleet.monitoring.files import PROMETHEUS_UNIT
 from vllm_fleet.monitoring.rules import alert_rules
 
 GPU_HOST, GPU_HOST_ADDRESS, GPUS = "sbx-mixed", "10.213.7.21", 3
-KEYS = {"ALICE_KEY": "sk-alice-mon-5d1e", "VLLM_FLEET_METRICS_TOKEN": "mt-prometheus-9b2c"}
+# The team service's clients and keys (test_team_service_sandbox.py), and the metrics token.
+KEYS = {"ALICE_KEY": "sk-alice-7f3a", "LIMITED_KEY": "sk-limited-91c2", "OTHER_KEY": "sk-other-44d0",
+        "VLLM_FLEET_METRICS_TOKEN": "mt-prometheus-9b2c"}
+CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
+           "limited": {"key_env": "LIMITED_KEY", "requests_per_minute": 6},
+           "other": {"key_env": "OTHER_KEY", "models": ["not-served-here"]}}
 METRICS_PORT = 9410
 PROMETHEUS = f"http://127.0.0.1:{METRICS_PORT + 4}/prometheus/api/v1"  # asked on sbx-cpu1 itself
-MONITORED = {"vllm_tls": True, "vllm_api_clients": {"alice": {"key_env": "ALICE_KEY"}}, "vllm_metrics": True,
+MONITORED = {"vllm_tls": True, "vllm_api_clients": CLIENTS, "vllm_metrics": True,
              "vllm_monitoring_scrape_interval_s": 2, "vllm_monitoring_down_for_s": 6}
 
 
@@ -184,9 +191,12 @@ def test_every_metric_the_rules_and_the_dashboard_use_is_exposed_live(monitored)
     assert not any(missing.values()), missing
 
 
-def test_prometheus_runs_as_its_user_on_loopback_only(monitored, sandbox):
+def test_prometheus_runs_as_its_user_and_only_the_front_listens_off_loopback(monitored, sandbox):
     user = sandbox.run("sbx-cpu1", f"systemctl show -p User --value {PROMETHEUS_UNIT}", check=True).stdout.strip()
     assert user == "prometheus"
-    listening = sandbox.run("sbx-cpu1", "ss -Hltnp", check=True).stdout
-    ours = [line for line in listening.splitlines() if "prometheus" in line]
-    assert ours and all("127.0.0.1:" in line for line in ours), listening
+    for host in ("sbx-cpu1", "sbx-cpu2", GPU_HOST):  # the monitor, a monitored host, one without vLLM
+        listening = sandbox.run(host, "ss -Hltnp", check=True).stdout.splitlines()
+        programs = {name for line in listening for name in re.findall(r'\(\("([^"]+)"', line)}
+        assert {"prometheus-node", "python3"} <= programs, listening  # the node exporter, the host exporter
+        outside = [line for line in listening if not re.search(r"\s(127\.0\.0\.1|\[::1\]):\d+\s", line)]
+        assert all('"nginx"' in line or '"sshd"' in line for line in outside), (host, outside)
