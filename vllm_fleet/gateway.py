@@ -5,9 +5,9 @@ backends serving the `model` it names, picking one of them by the host's vllm_ga
 (settings.GATEWAY_POLICIES), and drops a backend whose /health fails. It checks no client key and
 its admin API (/workers) has no authentication, so it listens on 127.0.0.1 only, behind the host's
 front (nginx, render.front_files), which checks the client's key and passes only /v1/... and GET
-/health. Its backends are every planned instance of the fleet that
-serves a model, reached at their own host's front (http(s)://<advertise address>:<port>, which checks
-the client again, its models there included, and passes /v1/ and GET /health). With vllm_tls on a
+/health. Its backends are every planned instance of the fleet that serves a model, reached at their
+own host's front (http(s)://<advertise address>:<port>, which checks the client again, its models
+there included, and passes /v1/ and GET /health). With vllm_tls on a
 backend's host the router speaks HTTPS to it and checks its certificate against the CAs of
 <vllm_config_dir>/trust.pem (SSL_CERT_FILE in the router's unit).
 
