@@ -69,7 +69,7 @@ class MonitoringFileChanges:
     exporter_unit: "OperationMeta"
     node_exporter_unit: "OperationMeta"
     prometheus_unit: "OperationMeta | None" = None
-    prometheus_config: list["OperationMeta"] = field(default_factory=list)  # prometheus.yml, rules, token
+    prometheus_config: list["OperationMeta"] = field(default_factory=list)  # prometheus.yml, CAs, rules, token
 
 
 @dataclass
