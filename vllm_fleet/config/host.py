@@ -281,15 +281,21 @@ def _check_gateway(check: Checker, settings: Settings, instances: list[InstanceC
         _check_gateway_ports(check, settings, instances)
 
 
-def _check_gateway_ports(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
-    """The gateway's port, its router's and its metrics' are none of the host's instance ports (the
-    front's) nor engine ports (vLLM's, port + offset): two listeners on one port, one fails."""
-    offset = settings.vllm_backend_port_offset
+def _instance_ports(instances: list[InstanceConfig], offset: int) -> dict[int, str]:
+    """Every port the host's instances listen on, in words: each front port, each engine port."""
     taken: dict[int, str] = {}
     for inst in instances:
         taken.setdefault(inst.port, f"the port of instance {inst.name}")
         taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} "
                                              f"(127.0.0.1:{inst.port + offset})")
+    return taken
+
+
+def _check_gateway_ports(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
+    """The gateway's port, its router's and its metrics' are none of the host's instance ports (the
+    front's) nor engine ports (vLLM's, port + offset): two listeners on one port, one fails."""
+    offset = settings.vllm_backend_port_offset
+    taken = _instance_ports(instances, offset)
     ports = gateway_ports(settings)
     what = {"port": f"vllm_gateway_port {ports['port']}",
             "router": f"the gateway's router port {ports['router']} (vllm_gateway_port + "
@@ -331,10 +337,7 @@ def _check_monitoring_ports(check: Checker, settings: Settings, instances: list[
            ("vllm_metrics_port", "vllm_backend_port_offset", "vllm_gateway_port")):
         return  # reported as the knob's own error
     offset = settings.vllm_backend_port_offset
-    taken: dict[int, str] = {}
-    for inst in instances:
-        taken.setdefault(inst.port, f"the port of instance {inst.name}")
-        taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} (127.0.0.1:{inst.port + offset})")
+    taken = _instance_ports(instances, offset)
     if settings.vllm_gateway is True:
         names = {"port": "vllm_gateway_port", "router": "the gateway's router port",
                  "metrics": "the gateway's metrics port"}
