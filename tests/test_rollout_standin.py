@@ -32,9 +32,9 @@ def test_failure_on_host_2_rolls_back_and_stops(converged, sandbox, standin_env,
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
     sums = "sha256sum /etc/systemd/system/vllm-tiny.service /etc/vllm-fleet/tiny.yaml /etc/vllm-fleet/tiny.env"
     host2_files = sandbox.run("sbx-cpu2", sums).stdout
-    # Host 1's change rewrites only its front's config (reloaded, no vLLM restart: the test is about
-    # host 2); host 2's engine fails its start (the stand-in's injected fault, as an engine refusing
-    # its arguments would).
+    # Host 1's change moves only its front to one address (the front restarts, vLLM does not: the
+    # test is about host 2); host 2's engine fails its start (the stand-in's injected fault, as an
+    # engine refusing its arguments would).
     inventory = variant_inventory(tmp_path, every={"max_num_seqs": 16},
                                   host_data={"sbx-cpu1": {"vllm_bind_host": CPU_HOSTS["sbx-cpu1"]}},
                                   cpu2={"env": {**SANDBOX_ENV, STANDIN_FAIL: "rollback-test"}})
@@ -42,6 +42,8 @@ def test_failure_on_host_2_rolls_back_and_stops(converged, sandbox, standin_env,
     assert result.returncode != 0
     assert KEY_MARK not in result.stdout + result.stderr  # the JSON report and the log, journal included
     assert hosts["sbx-cpu1"]["state"] == "updated"
+    listening = sandbox.run("sbx-cpu1", "ss -Hltn 'sport = :8000'").stdout.split()
+    assert f"{CPU_HOSTS['sbx-cpu1']}:8000" in listening and "0.0.0.0:8000" not in listening, listening
     assert hosts["sbx-cpu2"]["state"] == "rolled back"
     assert "SIMULATED start failure" in hosts["sbx-cpu2"]["error"]  # the unit's journal, in the report
     assert hosts["sbx-cpu3"]["state"] == "untouched"

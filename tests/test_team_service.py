@@ -105,6 +105,19 @@ def test_the_front_checks_the_client_then_its_model_then_its_limit_before_vllm()
     assert "listen 0.0.0.0:8000;" in front and "ssl_certificate" not in front
 
 
+def test_a_changed_bind_address_changes_the_fronts_unit_so_the_deploy_restarts_it():
+    """nginx cannot take a listen address moved on a reload (the old socket holds the port): the
+    address is in the unit, whose change restarts the front; a changed key list only reloads it."""
+    wildcard = files_of()
+    one_address = files_of(vllm_bind_host="10.0.0.5")
+    unit = "/etc/systemd/system/vllm-fleet-front.service"
+    assert "listen 10.0.0.5:8000;" in one_address["/etc/vllm-fleet/front.conf"].content
+    assert wildcard[unit].content != one_address[unit].content
+    assert "Description=vllm-fleet front (nginx) of the vLLM instances on 10.0.0.5\n" in one_address[unit].content
+    fewer_clients = files_of(Secrets(client_keys=KEYS[:1], host_key=HOST_KEY))
+    assert fewer_clients[unit].content == wildcard[unit].content
+
+
 def test_with_tls_every_listener_is_https_only_and_the_key_is_secret():
     host = parse_host("box", host_data(placement="single-instance", vllm_tls=True))
     files = {f.path: f for f in render_host(host, plan_host(host), None)}

@@ -346,7 +346,8 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
         host_client=HOST_CLIENT, tls=tls, metrics=metrics, **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
-        host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX)
+        host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
+        bind=nginx_address(host.settings.vllm_bind_host))
     return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_service_user),
             RenderedFile(paths["unit"], unit), front_keys_file(host, secrets), *front_tls_files(host, secrets)]
 
