@@ -14,6 +14,10 @@ import select
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -67,6 +71,40 @@ def stop_process(proc: subprocess.Popen, grace_s: float = 5) -> None:
         proc.wait(timeout=grace_s)
 
 
+@dataclass
+class Measured:
+    """A finished process as a bench measures it: exit status, output, wall seconds, the CPU
+    seconds it and the children it waited for used (user + system), and its peak resident memory
+    (the largest of it and those children: getrusage's ru_maxrss)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    seconds: float
+    cpu_s: float
+    peak_rss_mib: float
+
+
+def run_measured(argv: list[str], timeout: float, **popen) -> Measured:
+    """Run argv to its end (SIGKILL past `timeout`) and measure it with wait4, which reports the
+    resources of that one child, where RUSAGE_CHILDREN would add up every child the bench ever had."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        start = time.monotonic()
+        proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, **popen)
+        killer = threading.Timer(timeout, lambda: os.kill(proc.pid, signal.SIGKILL))
+        killer.start()
+        try:
+            _pid, status, usage = os.wait4(proc.pid, 0)
+        finally:
+            killer.cancel()
+        seconds = time.monotonic() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        out.seek(0)
+        err.seek(0)
+        return Measured(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
+                        seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+
+
 class Relay:
     """bench/latency_relay.py as a process of its own, started here and stopped by its PID."""
 
@@ -105,16 +143,21 @@ def _interrupt(signum, frame) -> None:
 
 def run_to_the_end(bench, run: Callable[[], dict[str, Any]],
                    report_so_far: Callable[[dict[str, Any]], None], stopped: str) -> dict[str, Any]:
-    """`run()` the bench. SIGTERM (a CI timeout) ends it like Ctrl-C; however it ends, what it had
+    """`run()` the bench. SIGTERM (a CI timeout) ends it like Ctrl-C; a sandbox host that does not
+    come up ends it with the harness's message (the host and its nspawn log); however it ends, what it had
     measured is reported (`report_so_far`, when bench.result holds something) and everything it
     started is stopped (bench.cleanup), then `stopped` says so, on bench.out."""
+    from vllm_fleet.sandbox.hosts import SandboxError
+
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         return run()
-    except BaseException:
+    except BaseException as exc:
         if bench.result:
             print("\nthe bench stopped early; what it measured so far:", file=bench.out)
             report_so_far(bench.result)
+        if isinstance(exc, SandboxError):  # a host that did not come up: its name and log, no traceback
+            raise SystemExit(f"the sandbox could not start: {exc}") from None
         raise
     finally:
         bench.cleanup()

@@ -551,7 +551,20 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
                     "pids": {u: "100" for u in inventories.ansible_host_vars(r, self.tmp)["vf_units"]}}
                 for n, r in self.records.items()}
 
+    def fake_fleet_command(self, argv, label):
+        calls.append(f"fleet:{' '.join(argv[:1] + argv[2:])}")
+        self.last_usage = {"cpu_s": 0.8, "peak_rss_mib": 150.0}
+        if argv[0] == "rollout":  # each host 2 s after the previous one, in inventory order
+            now = time.time()
+            hosts = [{"name": n, "state": "updated", "started": now + 2 * i, "finished": now + 2 * i + 1.5}
+                     for i, n in enumerate(names)]
+            return 2.0 * len(names), json.dumps({"hosts": hosts})
+        return 0.5, json.dumps({"hosts": [{"host": n} for n in names]})
+
     downs = []
+    monkeypatch.setattr(machine.Bench, "run_fleet_command", fake_fleet_command)
+    monkeypatch.setattr(steps, "start_up_seconds", lambda b: {n: 1.0 for n in names})
+    monkeypatch.setattr(machine.Bench, "report_leftovers", lambda self: calls.append("leftovers checked"))
     monkeypatch.setattr(machine, "Relay", FakeRelay)
     monkeypatch.setattr(machine.Bench, "run_pyinfra", fake_pyinfra)
     monkeypatch.setattr(machine.Bench, "run_ansible", fake_ansible)
@@ -561,18 +574,23 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     monkeypatch.setattr(machine.Bench, "relay_known_hosts", lambda self, ports, tag: tmp_path / f"kh-{tag}")
     monkeypatch.setattr(machine.Bench, "inject_drift", lambda self: calls.append("drift"))
     monkeypatch.setattr(machine.Bench, "remove_services", lambda self: calls.append("remove"))
+    monkeypatch.setattr(machine.Bench, "cprofile_pyinfra", lambda self, inv, label: calls.append("cprofile") or [
+        {"function": "arguments.py:395(pop_global_arguments)", "where": "pyinfra/api/arguments.py", "calls": 1408,
+         "own_s": 0.24, "cumulative_s": 3.0}])
     monkeypatch.setattr(machine.Bench, "profile_pyinfra", lambda self, inv, label: calls.append("profile") or {
         "seconds": 1.0, "cpu_s": 0.5, "phases": [("SSH connections", 0.25), ("operations before verification", 0.75)]})
     monkeypatch.setattr(assets, "prepare", lambda log: (tmp_path / "tiny", tmp_path / "wheelhouse"))
     monkeypatch.setattr(standin_engine, "build_standin_wheelhouse",
                         lambda dest, real_wheelhouse: calls.append(f"standin:{real_wheelhouse}") or tmp_path / "si")
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))  # the stand-in wheelhouse's place
-    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), down=lambda sandbox: downs.append(sandbox))
+    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), down=lambda sandbox: downs.append(sandbox),
+                                    host_pss_kib=lambda sandbox, host: 60 * 1024)
     try:
         result = steps.run_bench(bench)
     finally:
         bench.cleanup()
     assert downs and not bench.tmp.exists() and all(r.stopped for r in relays)
+    assert calls[-1] == "leftovers checked"  # after the hosts' teardown
     standin = argv != []
     first = ["up", "ours:first converge (ours)", "ansible:Ansible first run", "ours:warm-up (ours)"]
     if standin:  # built from the real wheelhouse (its vllm-router), before the hosts start
@@ -585,6 +603,7 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     assert result["bare_pyinfra"]["ratio"] == 1.0
     assert calls.count("drift") == 4  # before each run of the file-change scenario
     assert calls.count("profile") == 2 and result["noop_profile"]["phases"][0] == ("SSH connections", 0.25)
+    assert calls.count("cprofile") == 1 and result["noop_profile"]["top"][0]["calls"] == 1408
     scenarios = {"noop", "noop_relay_0ms", "noop_relay_50ms", "one_file_changed"}
     if standin:  # services removed before each run, A B A B
         firsts = [c for c in calls if c == "remove" or c.startswith(("ours:first converge", "ansible:first"))]
@@ -604,8 +623,22 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     assert result["latency"]["connections"]["50"]["ansible"] == [{h: 1 for h in names}] * 2
     assert result["noop_violations"] == [] and result["api_key_in_output"] == []
     assert result["managed_files"] == {h: 7 if h == names[0] else 6 for h in names}
+    assert result["host_cost"]["pss_mib"] == 60 and result["host_cost"]["hosts"] == len(names)
+    assert result["status"]["median"] == 0.5 and result["status"]["peak_rss_mib"] == 150.0
+    assert [c for c in calls if c.startswith("fleet:status")] == ["fleet:status --json"] * 2
+    rollouts = [c for c in calls if c.startswith("fleet:rollout")]
+    if standin:  # to the change and back, each --runs times; 10 hosts in batches of 2 (25 %, rounded down)
+        assert rollouts == ["fleet:rollout --batch 25% --json"] * 4
+        rollout = result["rollout"]
+        assert [b["hosts"] for b in rollout["rollouts"][0]["batches"]] == [2] * 5
+        # each batch spans 2 hosts x 2 s (the last: to the run's end), the slowest start-up is 1 s
+        assert rollout["span_per_batch_s"] == pytest.approx(4.0) and rollout["overhead_per_batch_s"] == pytest.approx(3.0)
+    else:
+        assert rollouts == [] and "rollout" not in result
     report.print_report(result, print)
     out = capsys.readouterr().out
+    assert f"`vllm-fleet status` of {len(names)} hosts: 0.50 s (target ≤ 3 s): met" in out
+    assert "the workstation's peak RSS over our runs: 0.15 GiB (target ≤ 1 GiB): met" in out
     assert "| no-op through a relay, +50 ms RTT | 1.05 s (1.05–1.05) | 2.50 s (2.50–2.50) | 0.42 |" in out
     assert "API key in any captured output: no" in out
     assert f"{settings.BARE_LABEL}: ours 1.00 s (1.00–1.00), bare pyinfra 1.00 s (1.00–1.00): **1.00×**" in out

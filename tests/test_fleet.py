@@ -4,6 +4,8 @@ prepared as the deploy and `vllm-fleet status` prepare it. No host is reached.""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import json
 from contextlib import contextmanager
 from dataclasses import replace
@@ -144,7 +146,7 @@ def test_prepare_plans_a_node_with_its_group():
 
 def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
     """Once for the hosts' data and the connections both: the fleet's pyinfra Inventory is what
-    `connected` gets, and neither loader runs a second time."""
+    `connected` gets, and neither loader runs a second time; each host's data is parsed once."""
     from vllm_fleet.commands import connection, status
 
     (tmp_path / "inv.py").write_text("hosts = [('cpu1', {'vllm_target': 'cpu'}), ('cpu2', {'vllm_target': 'cpu'})]\n")
@@ -157,13 +159,51 @@ def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
     @contextmanager
     def unreachable(inventory, names, **_kw):
         given.append(inventory)
-        yield None, {n: None for n in names}
+        yield SimpleNamespace(pool=SimpleNamespace(map=lambda fn, items: [fn(i) for i in items])), {n: None for n in names}
 
     monkeypatch.setattr(connection, "connected", unreachable)
+    parsed = []
+    real_parse = fleet_module.parse_host
+    monkeypatch.setattr(fleet_module, "parse_host", lambda name, data: parsed.append(name) or real_parse(name, data))
     monkeypatch.chdir(tmp_path)
     report, gateways, ray = status.collect("inv.py", ["cpu2"])
     assert [h["name"] for h in report] == ["cpu2"] and not report[0]["reachable"]
     assert len(reads) == 1 and given == [reads[0]] and (gateways, ray) == ([], [])
+    assert parsed == ["cpu1", "cpu2"]  # each host once (a node's group needs the others)
+
+
+def test_status_probes_every_host_at_once_and_reports_them_in_inventory_order(tmp_path, monkeypatch):
+    """Each host's probe waits on the network: status runs them side by side in pyinfra's greenlet
+    pool, so a fleet costs about one host's time, not the sum; the report keeps the inventory's order."""
+    from contextlib import contextmanager
+
+    import gevent
+    from gevent.pool import Pool
+
+    from vllm_fleet.commands import connection, status
+
+    names = [f"cpu{i}" for i in range(1, 7)]
+    (tmp_path / "inv.py").write_text("hosts = " + repr([(n, {"vllm_target": "cpu"}) for n in names]) + "\n")
+
+    @contextmanager
+    def reachable(inventory, hosts, **_kw):
+        yield SimpleNamespace(pool=Pool(len(hosts))), {n: SimpleNamespace(name=n) for n in hosts}
+
+    running, most = [0], [0]
+
+    def probe(name, host, config, fleet):
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        gevent.sleep(0.05 * (7 - int(name[-1])))  # the first host answers last
+        running[0] -= 1
+        return {"name": name}
+
+    monkeypatch.setattr(connection, "connected", reachable)
+    monkeypatch.setattr(status, "host_status", probe)
+    monkeypatch.chdir(tmp_path)
+    report, _gateways, _ray = status.collect("inv.py", None)
+    assert [h["name"] for h in report] == names
+    assert most[0] == len(names)
 
 
 def test_the_deploys_pyinfra_inventory_makes_the_same_fleet():
@@ -192,3 +232,165 @@ def test_the_deploys_pyinfra_inventory_makes_the_same_fleet():
     assert same and names == fleet.names and broken == {"h3"}
     gc.collect()
     assert run_state() is None  # the run's cache does not keep a finished run alive
+
+
+# --- parsed once: a host's data parsed again only where it changed -----------------------------------
+
+@pytest.mark.parametrize("inventory", ["prod.py", "multinode.py", "sandbox.py"])
+def test_a_knob_at_its_default_parses_as_a_knob_left_out(inventory):
+    """What lets the deploy take its own host's config from the run's Fleet (Fleet.parsed_config):
+    inside the deploy, pyinfra puts the deploy's data_defaults (every knob's default) under the
+    inventory's values, and that data parses as the data read outside it, errors and all."""
+    from fleet_helpers import REPO
+    from vllm_fleet.config import inventory_rows, parse_host, read_pyinfra_inventory
+    from vllm_fleet.deploy import vllm_fleet_deploy
+    from vllm_fleet.settings import Settings
+
+    assert vllm_fleet_deploy._inner.deploy_data == Settings.defaults()
+    rows = inventory_rows(read_pyinfra_inventory(REPO / "inventory" / inventory, cwd=REPO))
+    for name, data, _groups in rows:
+        assert parse_host(name, {**Settings.defaults(), **data}) == parse_host(name, data), name
+    # An unknown knob, a wrong type and a bad instance; a control character (checked first, alone).
+    for broken in ({**rows[0][1], **BROKEN, "vllm_gpu_memory_utilisation": 0.9, "vllm_root": 5},
+                   {**rows[0][1], "vllm_root": "/srv/\nx"}):
+        errors = []
+        for data in (broken, {**Settings.defaults(), **broken}):
+            with pytest.raises(ConfigErrors) as info:
+                parse_host("box", data)
+            errors.append([e.located() for e in info.value.errors])
+        assert errors[0] == errors[1] and errors[0]
+
+
+def test_a_fleet_read_again_parses_only_the_hosts_whose_data_changed(monkeypatch):
+    parsed = []
+    real_parse = fleet_module.parse_host
+    monkeypatch.setattr(fleet_module, "parse_host", lambda name, data: parsed.append(name) or real_parse(name, data))
+    before = Fleet.from_rows(gateway_rows(third=BROKEN), ["h2"])
+    assert parsed == ["h1", "h2", "h3"]
+    parsed.clear()
+    rows = gateway_rows(third=BROKEN)
+    rows[1] = ("h2", {**rows[1][1], "vllm_verify": False}, rows[1][2])
+    again = Fleet.from_rows(rows, parsed=before)
+    assert parsed == ["h2"]  # h1 unchanged, h3 unchanged and still broken: their parse is kept
+    assert again.configs["h1"] is before.configs["h1"] and again.errors["h3"] is before.errors["h3"]
+    assert again.configs["h2"].settings.vllm_verify is False and again.matched == ("h1", "h2", "h3")
+    # The deploy's own host: its data with the deploy's data defaults under it is the data parsed.
+    from vllm_fleet.settings import Settings
+
+    assert again.parsed_config("h1", {**Settings.defaults(), **rows[0][1]}) is again.configs["h1"]
+    assert again.parsed_config("h1", {**rows[0][1], "vllm_verify": False}) is None  # changed since
+    assert again.parsed_config("h3", rows[2][1]) is None  # broken: its caller parses it, for its errors
+
+
+def test_the_deploy_parses_its_own_host_once_with_the_fleet_and_again_only_if_its_data_changed(monkeypatch):
+    """deploy.state.host_config: the run's Fleet's parse of the current host; a host whose data
+    a deploy file changed before the deploy ran (host.data.x = ...) is parsed from what it is now."""
+    from types import SimpleNamespace
+
+    from vllm_fleet.deploy import state as state_module
+    from vllm_fleet.settings import Settings
+
+    parsed = []
+    real_parse = fleet_module.parse_host
+
+    def counting(name, data):
+        parsed.append(name)
+        return real_parse(name, data)
+
+    monkeypatch.setattr(fleet_module, "parse_host", counting)
+    monkeypatch.setattr(state_module, "parse_host", counting)
+    rows = gateway_rows()
+    inventory = [SimpleNamespace(name=name, data=SimpleNamespace(dict=lambda data=data: data), groups=groups)
+                 for name, data, groups in rows]
+
+    class RunState:
+        pass
+
+    state = RunState()
+    state.inventory = inventory
+
+    def in_its_deploy(name, **changed):  # host.data as the deploy reads it: the deploy's data defaults under it
+        data = {**Settings.defaults(), **{n: d for n, d, _g in rows}[name], **changed}
+        return SimpleNamespace(name=name, state=state, data=SimpleNamespace(dict=lambda: data))
+
+    configs = [state_module.host_config(in_its_deploy(name)) for name, _d, _g in rows]
+    assert parsed == ["h1", "h2", "h3"] and configs == [state_module.run_fleet(state).configs[n] for n in parsed]
+    parsed.clear()
+    assert state_module.host_config(in_its_deploy("h2", vllm_verify=False)).settings.vllm_verify is False
+    assert parsed == ["h2"]
+
+
+def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, capsys):
+    """Every host is parsed before the first batch; each batch's run (a State of its own over the
+    inventory read again, as pyinfra's Hosts keep one run's state) keeps that parse for the run's
+    Fleet and for each host's own config, rather than parsing the whole fleet once a batch."""
+    from types import SimpleNamespace
+
+    import vllm_fleet.commands.connection as connection  # first: it patches gevent before pyinfra_cli
+
+    import pyinfra.api.operations
+    import pyinfra_cli.util
+
+    from test_refused_input_offline import FakeState, _inventory
+    from vllm_fleet.commands import rollout
+    from vllm_fleet.config import read_pyinfra_inventory
+    from vllm_fleet.deploy import state as state_module
+    from vllm_fleet.host import remote
+    from vllm_fleet.settings import Settings
+
+    parsed = []
+    real_parse = fleet_module.parse_host
+
+    def counting(name, data):
+        parsed.append(name)
+        return real_parse(name, data)
+
+    monkeypatch.setattr(fleet_module, "parse_host", counting)
+    monkeypatch.setattr(state_module, "parse_host", counting)
+    reads = []
+
+    @contextmanager
+    def connected(inventory, names, **_kw):  # as connection.connected does: the file read for each batch
+        state = FakeState()
+        state.inventory = read_pyinfra_inventory(inventory)
+        reads.append(names)
+        yield state, {h.name: h for h in state.inventory if h.name in names}
+
+    def deploy(state, _function, options):  # what the deploy asks of the run on each host of its batch
+        for name in options.limit:
+            data = {**Settings.defaults(), **state.inventory.get_host(name).data.dict()}
+            state_module.host_config(SimpleNamespace(name=name, state=state, data=SimpleNamespace(dict=lambda: data)))
+        state_module.run_fleet(state).every()
+
+    monkeypatch.setattr(connection, "connected", connected)
+    monkeypatch.setattr(remote, "run", lambda *_a, **_k: (True, "{}", ""))
+    monkeypatch.setattr(pyinfra_cli.util, "load_func", deploy)
+    monkeypatch.setattr(pyinfra.api.operations, "run_ops", lambda _state: None)
+    code = rollout.main([_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "1"])
+    capsys.readouterr()
+    assert code == 0 and reads == [["box1"], ["box2"], ["box3"]]
+    assert parsed == ["box1", "box2", "box3"]
+
+
+def test_unlock_reads_the_inventory_once_and_names_a_host_whose_data_does_not_parse(tmp_path, monkeypatch, capsys):
+    from vllm_fleet.commands import connection, unlock
+
+    (tmp_path / "inv.py").write_text("hosts = [('cpu1', {'vllm_target': 'cpu'}), ('bad', {'vllm_target': 'gpu'})]\n")
+    reads = []
+    real = unlock.read_pyinfra_inventory
+    monkeypatch.setattr(unlock, "read_pyinfra_inventory", lambda *a, **k: reads.append(real(*a, **k)) or reads[-1])
+    monkeypatch.setattr(connection, "load_pyinfra_inventory", lambda *a, **k: pytest.fail("read again"))
+    given = []
+
+    @contextmanager
+    def unreachable(inventory, names, **_kw):
+        given.append((inventory, names))
+        yield None, {n: None for n in names}
+
+    monkeypatch.setattr(connection, "connected", unreachable)
+    monkeypatch.chdir(tmp_path)
+    assert unlock.main(["inv.py", "--limit", "bad"]) == 1
+    assert len(reads) == 1 and given == [(reads[0], ["bad"])]
+    assert "bad: unreachable over SSH" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--limit nobody matches no host in 'inv.py'"):
+        unlock.main(["inv.py", "--limit", "nobody"])

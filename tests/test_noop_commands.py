@@ -544,6 +544,56 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
         assert changed_operations(state, host) == [], host.name
 
 
+def _counting_parses(monkeypatch) -> tuple[list[str], list[int]]:
+    """(the host names parse_host was called for, one entry per Fleet built from rows), as they happen."""
+    from vllm_fleet import fleet as fleet_module
+    from vllm_fleet.deploy import state as state_module
+
+    parsed: list[str] = []
+    fleets: list[int] = []
+    parse_host, from_rows = fleet_module.parse_host, fleet_module.Fleet.from_rows.__func__
+
+    def counting_parse(name, data):
+        parsed.append(name.removeprefix("@fake/"))
+        return parse_host(name, data)
+
+    def counting_from_rows(cls, *args, **kwargs):
+        fleets.append(1)
+        return from_rows(cls, *args, **kwargs)
+
+    monkeypatch.setattr(fleet_module, "parse_host", counting_parse)
+    monkeypatch.setattr(state_module, "parse_host", counting_parse)
+    monkeypatch.setattr(fleet_module.Fleet, "from_rows", classmethod(counting_from_rows))
+    return parsed, fleets
+
+
+def test_a_runs_fleet_is_parsed_once_however_many_hosts_run_the_deploy(tmp_path, monkeypatch):
+    """pyinfra runs the deploy once per host; every host's data is parsed once per run (the run's
+    Fleet, deploy/state.py run_fleet), each host's own config taken from that parse, not parsed a
+    second time by its own deploy."""
+    parsed, fleets = _counting_parses(monkeypatch)
+    worlds = {"gw": SimulatedHost(), **{f"box{i}": SimulatedHost() for i in range(1, 6)}}
+    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert sorted(parsed) == sorted(worlds) and len(fleets) == 1
+    for name in set(worlds) - {"gw"}:
+        assert _kinds(commands[name]) == ["access check", "facts", "facts", "verify"], name
+
+
+def test_a_host_whose_data_a_deploy_file_changed_is_planned_from_what_it_is_now(tmp_path, monkeypatch):
+    """A deploy file of one's own may set host.data before the packaged deploy runs: that host is
+    parsed again from its data as it is then (here without verification: no probe), the others not."""
+    parsed, _fleets = _counting_parses(monkeypatch)
+    deploy_file = tmp_path / "own_deploy.py"
+    deploy_file.write_text("from pyinfra import host\n\nfrom vllm_fleet.deploy import vllm_fleet_deploy\n\n"
+                           "if host.name == '@fake/box':\n    host.data.vllm_verify = False\n"
+                           "vllm_fleet_deploy()\n")
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(), "other": SimulatedHost()}
+    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file)
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts"]
+    assert _kinds(commands["other"]) == ["access check", "facts", "facts", "verify"]
+    assert sorted(set(parsed)) == ["box", "gw", "other"] and parsed.count("gw") == parsed.count("other") == 1
+
+
 def test_a_converged_monitored_fleet_costs_no_command_more(tmp_path, monkeypatch):
     """vllm_metrics on both hosts and the fleet's Prometheus on one: their exporters, units, targets
     and token are read in the same two batches, so a converged host costs what it did."""

@@ -70,6 +70,9 @@ class FakeState:
     """What _converge_batch reads of pyinfra's State after run_ops."""
 
     def __init__(self, ops_by_host=None):
+        from gevent.pool import Pool
+
+        self.pool = Pool(4)  # pyinfra's greenlet pool, which the batch's snapshots run in
         self.ops, self.op_meta, self.order = {}, {}, []
         self.failed_hosts: set = set()
         self.active_hosts: set = set(ops_by_host or {})

@@ -125,6 +125,7 @@ def test_down_leaves_nothing_behind(tmp_path: Path, sandbox: hosts.Sandbox) -> N
     finally:
         harness.down(small)
     host = small.hosts[0]
+    assert teardown.leftovers(small) == []
     assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert not Path(f"/proc/{pid}").exists(), "systemd-nspawn still there (running or unreaped)"
     assert not teardown._nspawn_pids(host)
@@ -170,3 +171,29 @@ def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: h
     assert host.netns not in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
     assert small.bridge not in links and host.veth not in links and not small.state_dir.exists()
+
+
+def test_a_sigint_while_hosts_boot_leaves_nothing_behind(tmp_path: Path, sandbox: hosts.Sandbox) -> None:
+    """`vllm-fleet sandbox up` interrupted (Ctrl-C) once its first host's nspawn runs: it stops what
+    it started and exits; teardown.leftovers finds no process, namespace, veth, mount, cgroup,
+    bridge or state of it."""
+    small = _one_host_sandbox(tmp_path, sandbox, "sbx-sigint", "10.213.253.11", "siginttest.py")
+    pid_file = small.state_dir / "sbx-sigint" / "nspawn.pid"
+    proc = subprocess.Popen([sys.executable, "-m", "vllm_fleet.sandbox.cli", "up", str(small.inventory),
+                             "--no-assets"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not pid_file.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert pid_file.exists(), f"the host never started booting: {proc.communicate()[0][-2000:]}"
+        proc.send_signal(signal.SIGINT)
+        output = proc.communicate(timeout=120)[0]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        left = teardown.leftovers(small)
+        harness.down(small)
+    assert proc.returncode != 0, output[-2000:]
+    assert left == [], left
+

@@ -29,12 +29,13 @@ from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, inventory_rows,
-                               node_groups, parse_host, read_pyinfra_inventory)
+                               limited_rows, node_groups, parse_host, read_pyinfra_inventory)
 from vllm_fleet.gateway import Backend, find_gateway, fleet_backends
 from vllm_fleet.monitoring.targets import ScrapeTarget, fleet_targets
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import Discovered, PreparedHost, node_group_plans, prepare_host
 from vllm_fleet.render import Secrets
+from vllm_fleet.settings import Settings
 
 #: One host as the inventory gives it: (name, its data with group_data merged in, its groups).
 Row = tuple[str, dict[str, Any], list[str]]
@@ -62,6 +63,9 @@ class Fleet:
     #: The pyinfra Inventory it was read from, when it was (`load`, `from_pyinfra`): the commands
     #: that connect to the hosts reuse it rather than read the file again.
     pyinfra_inventory: Any = field(default=None, compare=False, repr=False)
+    #: Each host's data as it was parsed, every knob's default filled in (_as_parsed): what
+    #: `parsed_config` and `from_rows(parsed=...)` compare a host's data with to reuse its parse.
+    parsed_data: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False, repr=False)
 
     # --- building ------------------------------------------------------------------------------------
 
@@ -89,31 +93,45 @@ class Fleet:
 
     @classmethod
     def from_rows(cls, rows: Iterable[Row], limit: list[str] | None = None, *,
-                  inventory: str = "the inventory", pyinfra_inventory: Any = None) -> Fleet:
+                  inventory: str = "the inventory", pyinfra_inventory: Any = None,
+                  parsed: Fleet | None = None) -> Fleet:
         """Parse every host of `rows` once; `limit` keeps hosts or groups by name, as pyinfra's
-        --limit does (a limit that matches nothing is an error: pyinfra itself only warns)."""
+        --limit does (a limit that matches nothing is an error: pyinfra itself only warns).
+        `parsed`: a fleet read before from the same inventory (rollout's, for each batch's run):
+        a host whose data has not changed since keeps its config or errors, not parsed again."""
         rows = list(rows)
         configs: dict[str, HostConfig] = {}
         errors: dict[str, ConfigErrors] = {}
+        parsed_data: dict[str, Mapping[str, Any]] = {}
         for name, data, _groups in rows:
+            parsed_data[name] = _as_parsed(data)
+            if parsed is not None and parsed.parsed_data.get(name) == parsed_data[name]:
+                if name in parsed.configs:
+                    configs[name] = parsed.configs[name]
+                else:
+                    errors[name] = parsed.errors[name]
+                continue
             try:
                 configs[name] = parse_host(name, data)
             except ConfigErrors as exc:
                 # Kept as a value, without its traceback: its frames would keep their callers' locals
                 # (the deploy's run State, which caches this Fleet) alive.
                 errors[name] = exc.with_traceback(None)
-        matched = [name for name, _data, groups in rows
-                   if not limit or name in limit or set(limit) & set(groups)]
-        if not matched:
-            what = f"--limit {','.join(limit)}" if limit else "the inventory"
-            raise ConfigError(f"{what} matches no host in {inventory!r}",
-                              fix="check the host or group names (vllm-fleet plan INVENTORY lists them)")
+        matched = [name for name, _data, _groups in limited_rows(rows, limit, inventory)]
         wanted = _with_node_group_peers(matched, rows)
         return cls(inventory=inventory, names=tuple(name for name, _d, _g in rows),
                    configs=MappingProxyType(configs), errors=MappingProxyType(errors), matched=tuple(matched),
                    selected=tuple(name for name, _d, _g in rows if name in wanted),
                    declared_gateways=tuple(name for name, data, _g in rows if data.get("vllm_gateway") is True),
-                   pyinfra_inventory=pyinfra_inventory)
+                   pyinfra_inventory=pyinfra_inventory, parsed_data=MappingProxyType(parsed_data))
+
+    def parsed_config(self, name: str, data: Mapping[str, Any]) -> HostConfig | None:
+        """Host `name`'s config when this fleet parsed it from `data` (the deploy's own host: its
+        data inside the deploy, pyinfra's deploy data defaults included); None when the data differs
+        (changed since, or another host's) or did not parse: the caller parses it itself."""
+        if name not in self.configs or self.parsed_data.get(name) != _as_parsed(data):
+            return None
+        return self.configs[name]
 
     # --- the hosts of the run ------------------------------------------------------------------------
 
@@ -239,6 +257,14 @@ def load_fleet(path: str | Path, *, limit: list[str] | None = None,
     groups (a multi-node instance is planned and checked with every one of its nodes).
     Raises ConfigErrors with all problems."""
     return Fleet.load(path, limit, cwd=cwd).hosts()
+
+
+def _as_parsed(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A host's data with every knob's default under its own values: what parse_host makes of it
+    either way (a knob at its default reads as one left out), and what the deploy's host.data holds
+    (the packaged deploy's data_defaults are these defaults), so the data read outside the deploy
+    and inside it compare equal."""
+    return {**Settings.defaults(), **data}
 
 
 def _with_node_group_peers(names: list[str], rows: list[Row]) -> set[str]:

@@ -27,6 +27,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "both tools (the default for other --hosts)")
     parser.add_argument("--no-file-change", action="store_true", help="skip the one-file-change scenario")
     parser.add_argument("--no-first", action="store_true", help="skip the services' first converge (stand-in)")
+    parser.add_argument("--no-rollout", action="store_true", help="skip the rollout in batches (stand-in)")
     parser.add_argument("--ansible-playbook", help="an ansible-playbook to use instead of this Python's")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout, progress on stderr")
     args = parser.parse_args(argv)

@@ -9,7 +9,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from benchlib import SANDBOX_INVENTORY
+from benchlib import GROUP_DATA, SANDBOX_INVENTORY
 from converge.settings import BENCH_SUBNET, FRONT_UNIT, GATEWAY_UNIT
 
 
@@ -90,16 +90,22 @@ def known_hosts_line(address: str, port: int, public_key: str) -> str:
     return f"{name} {keytype} {key}\n"
 
 
-def pyinfra_inventory_source(base: Path, relays: dict[str, dict[str, Any]] | None = None) -> str:
+def pyinfra_inventory_source(base: Path, relays: dict[str, dict[str, Any]] | None = None,
+                             instance_changes: dict[str, Any] | None = None) -> str:
     """A pyinfra inventory with the cpu_hosts of `base` (inventory/sandbox.py). `relays`: {host:
     {hostname, port, known_hosts}} reached through a relay instead; such a host keeps its
     address for the gateway (vllm_advertise_address, else the gateway's backends would follow
-    ssh_hostname to the relay and the rendered files would change)."""
+    ssh_hostname to the relay and the rendered files would change). `instance_changes`: set on
+    every host's instance (the sandbox group data's), e.g. {"max_num_seqs": 16} for a rollout."""
     return textwrap.dedent(f"""\
         # Written by bench/converge_bench.py (removed when it ends).
-        import runpy
+        import copy, importlib.util, runpy
         _base = runpy.run_path({str(base)!r})
         _relays = {dict(relays or {})!r}
+        _instance_changes = {dict(instance_changes or {})!r}
+        _spec = importlib.util.spec_from_file_location("g", {str(GROUP_DATA / "sandbox.py")!r})
+        _group = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_group)
 
 
         def _host(name, data):
@@ -109,6 +115,8 @@ def pyinfra_inventory_source(base: Path, relays: dict[str, dict[str, Any]] | Non
                 data["vllm_advertise_address"] = data.get("vllm_advertise_address") or data["ssh_hostname"]
                 data.update(ssh_hostname=relay["hostname"], ssh_port=relay["port"],
                             ssh_known_hosts_file=relay["known_hosts"])
+            if _instance_changes:
+                data["vllm_instances"] = [dict(copy.deepcopy(_group.vllm_instances[0]), **_instance_changes)]
             return name, data
 
 

@@ -23,10 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
-from benchlib import REPO, SANDBOX_INVENTORY, Relay, cpu_sandbox, inventory_dir
+from benchlib import REPO, SANDBOX_INVENTORY, Relay, cpu_sandbox, inventory_dir, run_measured
 from converge.inventories import (ansible_host_vars, ansible_inventory, fleet_inventory_source, known_hosts_line,
                                   pyinfra_inventory_source, rendered_src, ssh_vars)
-from converge.report import fmt_summary, ratio, summary
+from converge.report import fmt_summary, ratio, summary, usage_summary
 from converge.settings import (ANSIBLE_DIR, ANSIBLE_REQUIREMENT, DRIFT_LINE, DRIFT_ROLE, PLAYBOOK, RENDER_DEPLOY,
                                TOOL_NAMES)
 from converge.tool_output import phase_split, play_recap
@@ -60,6 +60,7 @@ class Bench:
         self.leaks: list[str] = []
         self.violations: list[str] = []
         self.control_dirs = 0
+        self.last_usage: dict[str, float] = {}  # the CPU seconds and peak RSS of the last tool run
         self.result: dict[str, Any] | None = None
 
     def log(self, line: str) -> None:
@@ -95,17 +96,30 @@ class Bench:
             self.log(f"  WARNING: the API key appears in the output of {label}")
 
     def run_pyinfra(self, inventory: Path, label: str, debug: bool = False, deploy: Path | None = None,
-                    extra: tuple[str, ...] = (), env: dict[str, str] | None = None) -> tuple[float, str]:
-        argv = [sys.executable, "-m", "pyinfra", "-y", *extra, *(["--debug"] if debug else []), str(inventory),
+                    extra: tuple[str, ...] = (), env: dict[str, str] | None = None,
+                    runner: tuple[str, ...] = ()) -> tuple[float, str]:
+        argv = [sys.executable, *runner, "-m", "pyinfra", "-y", *extra, *(["--debug"] if debug else []), str(inventory),
                 str(deploy or "deploy.py")]
-        start = time.monotonic()
-        proc = subprocess.run(argv, cwd=REPO, env=env or self.env, capture_output=True, text=True, timeout=3600)
-        seconds = time.monotonic() - start
+        proc = run_measured(argv, timeout=3600, cwd=REPO, env=env or self.env)
+        self.last_usage = {"cpu_s": proc.cpu_s, "peak_rss_mib": proc.peak_rss_mib}
         text = proc.stdout + proc.stderr
         self.check_output(label, text)
         if proc.returncode != 0:
             raise SystemExit(f"{label} failed (exit {proc.returncode}):\n{text[-4000:]}")
-        return seconds, text
+        return proc.seconds, text
+
+    def cprofile_pyinfra(self, inventory: Path, label: str, top: int = 15) -> list[dict[str, Any]]:
+        """One no-op run under cProfile: the `top` functions by the time spent in them (their own,
+        not their callees'), with their call counts and cumulative time."""
+        import pstats
+
+        out = self.tmp / "noop.prof"
+        self.run_pyinfra(inventory, label, runner=("-m", "cProfile", "-o", str(out)))
+        stats = pstats.Stats(str(out))
+        rows = sorted(stats.stats.items(), key=lambda item: -item[1][2])[:top]
+        return [{"function": f"{Path(path).name}:{line}({name})" if path != "~" else name,
+                 "where": _short_path(path), "calls": calls, "own_s": own, "cumulative_s": cumulative}
+                for (path, line, name), (_prim, calls, own, cumulative, _callers) in rows]
 
     def profile_pyinfra(self, inventory: Path, label: str) -> dict[str, Any]:
         """One no-op run with its output read as it comes: the wall time per phase (phase_split) and
@@ -137,12 +151,12 @@ class Bench:
         if ssh_verbosity is None:
             ssh_verbosity = 1 if verbose else 0
         env = self.ansible_env(control_dir, ssh_verbosity)
-        start = time.monotonic()
         try:
-            proc = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+            proc = run_measured(argv, timeout=1800, cwd=REPO, env=env)
         finally:
-            seconds = time.monotonic() - start
             masters = close_masters(control_dir)
+        seconds = proc.seconds
+        self.last_usage = {"cpu_s": proc.cpu_s, "peak_rss_mib": proc.peak_rss_mib}
         text = proc.stdout + proc.stderr
         self.check_output(label, text)
         recap = play_recap(text)
@@ -242,10 +256,20 @@ class Bench:
 
     # --- inventories ---
 
-    def pyinfra_inventory(self, name: str, relays: dict[str, dict[str, Any]] | None = None) -> Path:
+    def pyinfra_inventory(self, name: str, relays: dict[str, dict[str, Any]] | None = None,
+                          instance_changes: dict[str, Any] | None = None) -> Path:
         path = inventory_dir(self.tmp, name) / "sandbox.py"  # the group's name: group_data/sandbox.py applies
-        path.write_text(pyinfra_inventory_source(self.base_inventory, relays))
+        path.write_text(pyinfra_inventory_source(self.base_inventory, relays, instance_changes))
         return path
+
+    def run_fleet_command(self, argv: list[str], label: str) -> tuple[float, str]:
+        """One `vllm-fleet ...` run (this Python's), measured like the tools' runs; (seconds, stdout)."""
+        proc = run_measured([sys.executable, "-m", "vllm_fleet.cli", *argv], timeout=3600, cwd=REPO, env=self.env)
+        self.last_usage = {"cpu_s": proc.cpu_s, "peak_rss_mib": proc.peak_rss_mib}
+        self.check_output(label, proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            raise SystemExit(f"{label} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")
+        return proc.seconds, proc.stdout
 
     def endpoints(self, ports: dict[str, int] | None) -> dict[tuple[str, int], str]:
         if ports is None:
@@ -319,16 +343,19 @@ class Bench:
         baseline: nothing changed). `names`: the two tools' keys in the result (the second is the
         reference the ratio divides by)."""
         times: dict[str, list[float]] = {name: [] for name in names}
+        usage: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         for i in range(self.args.runs):
             for tool, fn in zip(names, (ours, theirs)):
                 if before:
                     before()
+                self.last_usage = {}
                 seconds = fn()
                 times[tool].append(seconds)
+                usage[tool].append(self.last_usage)
                 (check or self.check_state)(f"{label}, {tool} run {i + 1}")
             self.log(f"  {label}: run {i + 1}/{self.args.runs}: "
                      + ", ".join(f"{TOOL_NAMES[t]} {times[t][-1]:.2f} s" for t in names))
-        result = {tool: summary(times[tool]) for tool in names}
+        result = {tool: dict(summary(times[tool]), **usage_summary(usage[tool])) for tool in names}
         result["ratio"] = ratio(result[names[0]], result[names[1]])
         self.log(f"{label}: " + ", ".join(f"{TOOL_NAMES[t]} {fmt_summary(result[t])}" for t in names)
                  + f", {TOOL_NAMES[names[0]]}/{TOOL_NAMES[names[1]]} {result['ratio']:.2f}")
@@ -346,8 +373,27 @@ class Bench:
             close_masters(d)
         try:
             self.harness.down(self.sandbox)
+            self.report_leftovers()
         finally:
             shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def report_leftovers(self) -> None:
+        """Say what the sandbox's teardown left on this machine (teardown.leftovers), checked, not assumed."""
+        from vllm_fleet.sandbox import teardown
+
+        left = teardown.leftovers(self.sandbox)
+        self.log(f"after the teardown of {len(self.sandbox.hosts)} hosts: " + (
+            "no nspawn process, host process, network namespace, veth, mount, cgroup, bridge or state left"
+            if not left else "LEFT BEHIND: " + "; ".join(left)))
+
+
+def _short_path(path: str) -> str:
+    """A profiled function's file, from its package on (vllm_fleet/..., pyinfra/..., gevent/...)."""
+    for root in ("site-packages", "lib", REPO.name):  # the innermost first: a venv lies in the repository
+        parts = Path(path).parts
+        if root in parts:
+            return "/".join(parts[len(parts) - parts[::-1].index(root):]) or path
+    return path
 
 
 def close_masters(control_dir: Path) -> int:

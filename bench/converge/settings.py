@@ -42,4 +42,8 @@ STANDIN_NOTE = (
 FIRST_CONVERGE_LABEL = ("first converge of the services (instance and front units and files removed "
                         "before each run; environment, model, users and gateway already there)")
 FILE_CHANGE_LABEL = "one file changed on every host (front's nginx config: rewritten, nginx reloaded)"
+ROLLOUT_CHANGE = {"max_num_seqs": 24}  # in the engine's config: every instance restarts
+ROLLOUT_LABEL = ("`vllm-fleet rollout --batch 25%` of a change that restarts every instance, then back "
+                 "(gateway draining each batch)")
+STATUS_LABEL = "`vllm-fleet status` of every host (SSH, units, health, gateway)"
 BENCH_SUBNET = "10.213.9"  # not inventory/sandbox.py's 10.213.7: both sandboxes may exist at once

@@ -9,16 +9,20 @@ early still reports the steps before."""
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
 from benchlib import Relay, deploy_env
 from converge.inventories import bare_spec
 from converge.machine import Bench
-from converge.report import round_trips
+from converge.report import fmt_summary, round_trips, summary, usage_summary
 from converge.settings import (ANSIBLE_SETTINGS, BARE_DEPLOY, BARE_LABEL, FILE_CHANGE_LABEL, FIRST_CONVERGE_LABEL,
-                               NOTES, STANDIN_NOTE)
+                               NOTES, ROLLOUT_CHANGE, ROLLOUT_LABEL, STANDIN_NOTE, STATUS_LABEL)
 from converge.tool_output import ansible_counts, changed_lines, play_recap, pyinfra_counts
 
 
@@ -32,6 +36,7 @@ def run_bench(b: Bench) -> dict[str, Any]:
 
     b.harness.up(b.sandbox, log=lambda line: b.log(f"  {line}"))
     result["first_converge_s"] = first_converge(b, direct)
+    result["host_cost"] = host_cost(b)
     result["managed_files"] = render_the_managed_files(b, direct)
     ans_direct = b.ansible_inventory("ansible-direct")
     check_ansibles_first_run_then_warm_up(b, direct, ans_direct)
@@ -48,6 +53,9 @@ def run_bench(b: Bench) -> dict[str, Any]:
     if not args.no_file_change:
         compare(b, "one_file_changed", FILE_CHANGE_LABEL, ours(b, direct, "file change (ours)"),
                 ansible(b, ans_direct, "file change (Ansible)"), before=b.inject_drift)
+    if args.engine == "standin" and not args.no_rollout:  # instant starts: the overhead shows
+        result["rollout"] = rollout_in_batches(b, direct)
+    result["status"] = status_of_the_fleet(b, direct)
     return result
 
 
@@ -96,6 +104,24 @@ def first_converge(b: Bench, direct: Path) -> float:
     seconds, _ = b.run_pyinfra(direct, "first converge (ours)")
     b.log(f"first converge by deploy.py ({len(b.host_names)} hosts from nothing, not compared): {seconds:.1f} s")
     return seconds
+
+
+def host_cost(b: Bench) -> dict[str, Any]:
+    """What one converged host costs this machine: memory (PSS of every process in its cgroup) and
+    disk (its overlay's upper layer: what it wrote over the shared base), median over the hosts."""
+    from vllm_fleet.sandbox.hosts import _host_dir
+
+    pss = [b.harness.host_pss_kib(b.sandbox, h) / 1024 for h in b.sandbox.hosts]
+    disk = []
+    for h in b.sandbox.hosts:
+        du = subprocess.run(["du", "-sxm", str(_host_dir(b.sandbox, h) / "upper")], capture_output=True, text=True)
+        disk.append(float(du.stdout.split()[0]) if du.returncode == 0 else float("nan"))
+    cost = {"hosts": len(pss), "pss_mib": statistics.median(pss), "disk_mib": statistics.median(disk),
+            "pss_mib_total": sum(pss), "disk_mib_total": sum(disk)}
+    b.log(f"one converged host costs {cost['pss_mib']:.0f} MiB of memory (PSS) and {cost['disk_mib']:.0f} MiB of "
+          f"disk (median of {cost['hosts']}); all of them {cost['pss_mib_total'] / 1024:.1f} GiB and "
+          f"{cost['disk_mib_total'] / 1024:.1f} GiB")
+    return cost
 
 
 def render_the_managed_files(b: Bench, direct: Path) -> dict[str, int]:
@@ -180,6 +206,10 @@ def profile_our_no_op(b: Bench, direct: Path) -> dict[str, Any]:
     b.log(f"our no-op, where the time goes (median of {len(runs)} runs, {profile['seconds']:.2f} s wall, "
           f"{profile['cpu_s']:.2f} s CPU on this machine): "
           + "; ".join(f"{label} {seconds:.2f} s" for label, seconds in profile["phases"]))
+    profile["top"] = b.cprofile_pyinfra(direct, "no-op under cProfile (ours)")
+    b.check_state("no-op under cProfile (ours)")
+    b.log("our no-op under cProfile, the functions that took the most time of their own: " + "; ".join(
+        f"{row['function']} {row['own_s']:.2f} s ({row['calls']} calls)" for row in profile["top"][:8]))
     return profile
 
 
@@ -288,3 +318,95 @@ def latency_growth(b: Bench, latency: dict[str, Any], noop: dict[str, Any]) -> d
               f"(= {growth['ours']['round_trips']:.0f} round trips in sequence), Ansible "
               f"{growth['ansible']['added_s']:+.2f} s (= {growth['ansible']['round_trips']:.0f})")
     return latency
+
+
+# --- operating the fleet: rollout and status ------------------------------------------------------
+
+
+def start_up_seconds(b: Bench) -> dict[str, float]:
+    """Each host's instance start-up in its latest start: systemd's ActiveEnterTimestampMonotonic -
+    InactiveExitTimestampMonotonic of its unit (the start job ends once the engine answers /health)."""
+    def one(name: str) -> tuple[str, float]:
+        unit = b.records[name]["instances"][0]["unit"]
+        proc = b.sandbox.run(name, "systemctl show -p InactiveExitTimestampMonotonic -p "
+                                   f"ActiveEnterTimestampMonotonic {shlex.quote(unit)}", timeout=60)
+        values = dict(line.split("=", 1) for line in proc.stdout.splitlines() if "=" in line)
+        try:
+            seconds = (int(values["ActiveEnterTimestampMonotonic"])
+                       - int(values["InactiveExitTimestampMonotonic"])) / 1e6
+        except (KeyError, ValueError):
+            raise SystemExit(f"{name}: could not read {unit}'s start timestamps: "
+                             f"{proc.stdout.strip()} {proc.stderr.strip()}") from None
+        return name, seconds
+    with ThreadPoolExecutor(len(b.records)) as pool:
+        return dict(pool.map(one, sorted(b.records)))
+
+
+def batch_figures(hosts: list[dict[str, Any]], batch_size: int, run_end: float,
+                  start_up: dict[str, float]) -> list[dict[str, Any]]:
+    """Per batch of a rollout's --json report (its hosts in rollout order): its span (its first
+    host's start to the next batch's, the last batch's to the run's end: snapshots, drain, deploy,
+    verification, the gateway's restore), the slowest instance start-up in it, and the overhead:
+    the span less that start-up, in seconds and as a share of the span."""
+    batches = [hosts[i:i + batch_size] for i in range(0, len(hosts), batch_size)]
+    starts = [min(h["started"] for h in batch) for batch in batches] + [run_end]
+    figures = []
+    for i, batch in enumerate(batches):
+        span = starts[i + 1] - starts[i]
+        slowest = max(start_up[h["name"]] for h in batch)
+        figures.append({"hosts": len(batch), "span_s": span, "slowest_start_up_s": slowest,
+                        "overhead_s": span - slowest, "overhead_pct": 100 * (span - slowest) / span})
+    return figures
+
+
+def rollout_in_batches(b: Bench, direct: Path) -> dict[str, Any]:
+    """`vllm-fleet rollout --batch 25%` of a change that restarts every instance (ROLLOUT_CHANGE),
+    then back: --runs of each, every host checked converged afterwards; per run its time, CPU and
+    peak RSS, per batch batch_figures."""
+    from vllm_fleet.commands.rollout import parse_batch
+
+    variant = b.pyinfra_inventory("inv-rollout", instance_changes=ROLLOUT_CHANGE)
+    size = parse_batch("25%", len(b.host_names))
+    runs: list[dict[str, Any]] = []
+    for i in range(b.args.runs):
+        for inventory, what in ((variant, f"to {ROLLOUT_CHANGE}"), (direct, "back")):
+            label = f"rollout {what} (run {i + 1})"
+            started = time.time()
+            seconds, out = b.run_fleet_command(["rollout", str(inventory), "--batch", "25%", "--json"], label)
+            report = json.loads(out)["hosts"]
+            not_updated = [h["name"] for h in report if h["state"] != "updated"]
+            if not_updated:
+                raise SystemExit(f"{label}: not updated: {', '.join(not_updated)}")
+            batches = batch_figures(report, size, started + seconds, start_up_seconds(b))
+            runs.append({"seconds": seconds, **b.last_usage, "batches": batches})
+            b.log(f"  {label}: {seconds:.1f} s, {len(batches)} batches, overhead per batch "
+                  + ", ".join(f"{x['overhead_s']:.1f} s ({x['overhead_pct']:.0f} %)" for x in batches))
+    b.records = b.render(direct, "after-rollout")  # the same files as before: the baseline again
+    b.baseline = b.host_state()  # every unit restarted: new MainPIDs
+    overheads = [x["overhead_s"] for r in runs for x in r["batches"]]
+    spans = [x["span_s"] for r in runs for x in r["batches"]]
+    result = {"label": ROLLOUT_LABEL, "batch_size": size, "rollouts": runs,
+              **summary([r["seconds"] for r in runs]), **usage_summary(runs),
+              "overhead_per_batch_s": statistics.median(overheads),
+              "span_per_batch_s": statistics.median(spans),
+              "start_up_s": statistics.median(x["slowest_start_up_s"] for r in runs for x in r["batches"])}
+    b.log(f"{ROLLOUT_LABEL}: {fmt_summary(result)}; per batch (median) {result['span_per_batch_s']:.1f} s, "
+          f"of which {result['overhead_per_batch_s']:.1f} s overhead beyond the slowest start-up "
+          f"({result['start_up_s']:.1f} s, the stand-in's)")
+    return result
+
+
+def status_of_the_fleet(b: Bench, direct: Path) -> dict[str, Any]:
+    """`vllm-fleet status --json` over every host, --runs times; each run must find every host and
+    instance healthy (exit 0)."""
+    times, usage = [], []
+    for i in range(b.args.runs):
+        seconds, out = b.run_fleet_command(["status", str(direct), "--json"], f"status (run {i + 1})")
+        hosts = json.loads(out)["hosts"]
+        if sorted(h["host"] for h in hosts) != sorted(b.host_names):
+            raise SystemExit(f"status (run {i + 1}) reported {len(hosts)} hosts of {len(b.host_names)}")
+        times.append(seconds)
+        usage.append(b.last_usage)
+    result = {"label": STATUS_LABEL, **summary(times), **usage_summary(usage)}
+    b.log(f"{STATUS_LABEL}: {fmt_summary(result)}")
+    return result

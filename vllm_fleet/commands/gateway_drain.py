@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+from gevent.pool import Pool
+
 from vllm_fleet import gateway
 from vllm_fleet.host import remote
 from vllm_fleet.config import HostConfig
@@ -76,18 +78,22 @@ def drain(gw_host, gw_config: HostConfig, batch: list[str], hosts: dict[str, Any
                                                  "remove": [w["url"] for w in leaving]})
     if result["errors"]:
         log(f"gateway: {'; '.join(result['errors'])}")
-    # One deadline for the whole batch (the hosts are waited for one after the other).
+    # One deadline for the whole batch, whose hosts are waited for side by side (greenlets: the
+    # waits are on the network), not one after the other.
     deadline = time.monotonic() + int(gw_config.settings.vllm_gateway_drain_timeout_s)
-    for name, host_ports in ports.items():
-        if hosts.get(name) is None:
-            continue
+
+    def wait_idle(name: str) -> None:
         left_s = max(1, int(deadline - time.monotonic()))
-        idle = _probe(hosts[name], "wait-idle", {"ports": host_ports, "timeout_s": left_s},
+        idle = _probe(hosts[name], "wait-idle", {"ports": ports[name], "timeout_s": left_s},
                       timeout=left_s + 60)
         busy = sum(idle["in_flight"].values())
         log(f"{name}: drained from the gateway in {idle['seconds']} s"
             + (f" ({busy} request(s) still in flight when the drain time ran out)" if busy else
                " (no request in flight)"))
+
+    waiting = [name for name in ports if hosts.get(name) is not None]
+    if waiting:
+        Pool(len(waiting)).map(wait_idle, waiting)
     return done
 
 

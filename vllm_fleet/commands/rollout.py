@@ -153,26 +153,34 @@ def changed_operations(state, host) -> list[str]:
 
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
-                    log, gateway_config=None, groups: list[tuple[str, ...]] = ()) -> None:
+                    log, gateway_config=None, groups: list[tuple[str, ...]] = (), fleet: Fleet | None = None) -> None:
     """Snapshot, drain the batch from the fleet gateway, run the deploy on the batch through pyinfra's
-    API, roll back each failed host, put the batch back into the gateway."""
+    API, roll back each failed host, put the batch back into the gateway. `fleet`: the rollout's, whose
+    parse of each host the batch's deploy keeps where the host's data is unchanged."""
     from vllm_fleet.commands.connection import connected
     from vllm_fleet.host.remote import run
 
     gw_name = gateway_config.name if gateway_config is not None else None
     reach = names + ([gw_name] if gw_name and gw_name not in names else [])
+    # The inventory file is read again for each batch, not the rollout's Inventory reused: pyinfra's
+    # Host objects keep one run's state (the operation order of pyinfra/api/state.py get_op_order
+    # among it), so each batch's run needs Hosts of its own. What is parsed is not parsed again
+    # (fleet, state.reuse_parsed_fleet).
+    def snapshot(name: str) -> None:
+        res = results[name]
+        res.started = time.time()
+        if active[name] is None:
+            res.state, res.error, res.finished = "failed", "unreachable over SSH", time.time()
+            return
+        ok, out, err = run(active[name], rollback.snapshot_command(configs[name]), timeout=120)
+        if not ok:
+            res.state, res.error = "failed", f"snapshot failed: {err.strip()[-300:]}"
+            return
+        res.before = json.loads(out.strip() or "{}")
+
     with connected(inventory, reach) as (state, active):
-        for name in names:
-            res = results[name]
-            res.started = time.time()
-            if active[name] is None:
-                res.state, res.error, res.finished = "failed", "unreachable over SSH", time.time()
-                continue
-            ok, out, err = run(active[name], rollback.snapshot_command(configs[name]), timeout=120)
-            if not ok:
-                res.state, res.error = "failed", f"snapshot failed: {err.strip()[-300:]}"
-                continue
-            res.before = json.loads(out.strip() or "{}")
+        # The batch's hosts at once, in pyinfra's greenlet pool: a batch of 12 costs one round trip.
+        state.pool.map(snapshot, names)
         batch = [n for n in names if active[n] is not None and results[n].state == "untouched"]
         for group in groups:  # a node group converges whole or not at all
             out = [n for n in group if n in names and n not in batch]
@@ -200,7 +208,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
         outside = {h for n, h in active.items() if h is not None and n not in batch}
         state.active_hosts -= outside
         try:
-            _deploy_batch(state, batch, active, configs, results, log, groups)
+            _deploy_batch(state, batch, active, configs, results, log, groups, fleet)
         finally:
             state.active_hosts |= outside - set(state.failed_hosts)
             try:
@@ -211,7 +219,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
 
 
 def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results: dict[str, HostResult],
-                  log, groups: list[tuple[str, ...]] = ()) -> None:
+                  log, groups: list[tuple[str, ...]] = (), fleet: Fleet | None = None) -> None:
     """The packaged deploy on the batch (already connected and snapshotted); roll back each failed
     host, and every node of a multi-node instance one of whose nodes failed (the group is one unit).
 
@@ -223,8 +231,11 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     from pyinfra_cli.util import load_func
 
     from vllm_fleet.deploy import RunOptions, failure_reason, vllm_fleet_deploy
+    from vllm_fleet.deploy.state import reuse_parsed_fleet
     from vllm_fleet.host.remote import run
 
+    if fleet is not None:  # every host was parsed before the first batch: not again for each batch
+        reuse_parsed_fleet(state, fleet)
     state.limit_hosts = [active[n] for n in batch]
     state.set_stage(StateStage.Prepare)
     state.current_op_file_number = 0
@@ -358,7 +369,7 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
     done = 0
     for number, group in enumerate(batches, 1):
         log(f"batch {number}: {', '.join(group)}")
-        _converge_batch(inventory, group, configs, results, log, gateway_config, groups)
+        _converge_batch(inventory, group, configs, results, log, gateway_config, groups, fleet)
         done += len(group)
         failures = [r for r in results.values() if r.state in ("failed", "rolled back")]
         if len(failures) > max_fail:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vllm_fleet.config import load_inventory, split_names
+from vllm_fleet.config import inventory_rows, limited_rows, read_pyinfra_inventory, split_names
 from vllm_fleet.host.lock import OWNER_FILE, break_command, describe, parse_busy
 from vllm_fleet.host.remote import run
 
@@ -28,9 +28,13 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     from vllm_fleet.commands.connection import connected  # patches gevent: only once a run reaches hosts
 
-    names = [name for name, _d, _g in load_inventory(args.inventory, limit=split_names(args.limit))]
+    # Read once, for the names and the connections both; a host is named from the inventory, never
+    # validated: one whose data does not parse can still have its lock broken.
+    inventory = read_pyinfra_inventory(args.inventory)
+    names = [name for name, _d, _g in limited_rows(inventory_rows(inventory), split_names(args.limit),
+                                                   args.inventory)]
     failed = 0
-    with connected(args.inventory, names) as (_state, active):
+    with connected(inventory, names) as (_state, active):
         for name in names:
             if active[name] is None:
                 print(f"{name}: unreachable over SSH; nothing done", file=sys.stderr)

@@ -47,12 +47,16 @@ def inventory_rows(inventory) -> list[tuple[str, dict[str, Any], list[str]]]:
 
 
 def load_inventory(path: str | Path, *, limit: list[str] | None = None, cwd: str | Path | None = None):
-    """Load a pyinfra inventory file (read_pyinfra_inventory) as inventory_rows.
+    """Load a pyinfra inventory file (read_pyinfra_inventory) as inventory_rows, `limit` applied
+    (limited_rows)."""
+    return limited_rows(inventory_rows(read_pyinfra_inventory(path, cwd=cwd)), limit, path)
 
-    `limit` keeps hosts or groups by name; a limit that matches nothing is an error (pyinfra itself
-    only warns and exits 0).
-    """
-    hosts = [(name, data, groups) for name, data, groups in inventory_rows(read_pyinfra_inventory(path, cwd=cwd))
+
+def limited_rows(rows: list[tuple[str, dict[str, Any], list[str]]], limit: list[str] | None,
+                 path: str | Path) -> list[tuple[str, dict[str, Any], list[str]]]:
+    """The rows `limit` keeps, by host or group name; a limit that matches nothing is an error
+    (pyinfra itself only warns and exits 0). `path`: the inventory file, as the message names it."""
+    hosts = [(name, data, groups) for name, data, groups in rows
              if not limit or name in limit or set(limit) & set(groups)]
     if not hosts:
         what = f"--limit {','.join(limit)}" if limit else "the inventory"

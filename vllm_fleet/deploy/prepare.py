@@ -19,8 +19,7 @@ from pyinfra import host, logger
 from vllm_fleet import gateway, host_keys, tls
 from vllm_fleet.commands import bundle
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
-from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, config_dir_clashes, parse_host,
-                               synced_model_clashes)
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
 from vllm_fleet.environment import ENV_MARKER, current_link
 from vllm_fleet.fleet import GatewayUnplanned
 from vllm_fleet.gateway import key_length_problem
@@ -42,7 +41,7 @@ from . import access
 from .layout import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
                      service_directories)
 from .options import RunOptions
-from .state import Deployment, fail, run_fleet
+from .state import Deployment, fail, host_config, run_fleet
 
 
 def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
@@ -51,7 +50,7 @@ def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
     bad input; None when the host is refused (no root through its sudo, another deploy holds the
     lock)."""
     try:
-        config = parse_host(host.name, host.data.dict())
+        config = host_config(host)  # parsed once per run with every other host (state.run_fleet)
     except ConfigErrors as exc:
         fail(exc.errors)
     if not access.take_lock(options.dry, options.command):

@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pyinfra import logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations.util import any_changed
 
-from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig, inventory_rows
+from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig, inventory_rows, parse_host
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.plan import HostPlan
@@ -181,8 +181,12 @@ def failure_reason(state, host_name: str) -> str | None:
 
 
 # The run's inventory as one Fleet, parsed once per run (keyed by its State) whatever the number of
-# hosts: a node learns its multi-node group from it, the gateway host its backends.
+# hosts: each host takes its own config from it (host_config), a node learns its multi-node group
+# from it, the gateway host its backends. pyinfra runs the deploy once per host: anything fleet-wide
+# computed there is computed once per run here, not once per host.
 _FLEETS: "weakref.WeakKeyDictionary[Any, Fleet]" = weakref.WeakKeyDictionary()
+# A fleet its caller read already from the same inventory (reuse_parsed_fleet), by the run's State.
+_PARSED_BEFORE: "weakref.WeakKeyDictionary[Any, Fleet]" = weakref.WeakKeyDictionary()
 
 
 def run_fleet(state) -> Fleet:
@@ -191,5 +195,25 @@ def run_fleet(state) -> Fleet:
     if fleet is None:
         # From the rows, not Fleet.from_pyinfra: a Fleet that kept the Inventory (which holds its
         # State) would keep this cache's key alive.
-        fleet = _FLEETS[state] = Fleet.from_rows(inventory_rows(state.inventory))
+        fleet = _FLEETS[state] = Fleet.from_rows(inventory_rows(state.inventory),
+                                                 parsed=_PARSED_BEFORE.get(state))
     return fleet
+
+
+def reuse_parsed_fleet(state, fleet: Fleet) -> None:
+    """Let the run of `state` keep `fleet`'s parse of every host whose data has not changed since
+    `fleet` read it: `vllm-fleet rollout` runs the deploy batch by batch, each batch a run of its own
+    over the inventory read again, and would otherwise parse every host of the fleet once a batch."""
+    # Without its Inventory: an Inventory a run used holds that run's State (pyinfra's State sets
+    # inventory.state), and a value that kept its key alive would never leave this cache.
+    _PARSED_BEFORE[state] = replace(fleet, pyinfra_inventory=None)
+
+
+def host_config(host) -> HostConfig:
+    """The current host's config, from its data as the deploy reads it (host.data). The run's Fleet
+    parsed every host's data already: that parse, unless this host's data changed since (a deploy
+    file of one's own that sets host.data before this deploy) or did not parse, where it is parsed
+    here, its errors its own. ConfigErrors."""
+    data = host.data.dict()
+    config = run_fleet(host.state).parsed_config(host.name, data)
+    return config if config is not None else parse_host(host.name, data)

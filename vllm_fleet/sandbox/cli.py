@@ -15,7 +15,7 @@ import sys
 import time
 
 from vllm_fleet.commands.bundle import BundleError
-from vllm_fleet.sandbox import assets, harness, hosts, image
+from vllm_fleet.sandbox import assets, harness, hosts, image, teardown
 
 
 def _line(status: hosts.HostStatus) -> str:
@@ -59,11 +59,16 @@ def main(argv: list[str]) -> int:
         if args.action == "down":
             image.require_root()
             harness.down(sandbox)
-            if not args.json:
-                print(f"sandbox {args.inventory}: {len(sandbox.hosts)} hosts stopped, nothing left behind")
+            left = teardown.leftovers(sandbox)  # checked, not assumed
+            if args.json:
+                print(json.dumps({"down": [h.name for h in sandbox.hosts], "left_behind": left}))
+            elif left:
+                print(f"sandbox {args.inventory}: {len(sandbox.hosts)} hosts stopped, but left behind: "
+                      + "; ".join(left), file=sys.stderr)
             else:
-                print(json.dumps({"down": [h.name for h in sandbox.hosts]}))
-            return 0
+                print(f"sandbox {args.inventory}: {len(sandbox.hosts)} hosts stopped, nothing left behind "
+                      "(no nspawn or host process, network namespace, veth, mount, cgroup, bridge or state)")
+            return 1 if left else 0
         if args.action == "status":
             return _report(harness.status(sandbox), args.json)
         log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print

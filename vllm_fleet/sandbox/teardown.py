@@ -33,8 +33,10 @@ def _reap(pid: int) -> None:
         pass
 
 
-def _nspawn_pids(host: SandboxHost) -> list[int]:
-    """systemd-nspawn processes booting this host's machine name (finds ones a crash left behind)."""
+def _nspawn_pids(*hosts: SandboxHost) -> list[int]:
+    """systemd-nspawn processes booting these hosts' machine names (finds ones a crash left behind);
+    /proc is read once for all of them."""
+    machines = {f"--machine={host.name}".encode() for host in hosts}
     pids = []
     for proc in Path("/proc").iterdir():
         if proc.name.isdigit() and _is_nspawn(int(proc.name)):
@@ -42,7 +44,7 @@ def _nspawn_pids(host: SandboxHost) -> list[int]:
                 argv = (proc / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"--machine={host.name}".encode() in argv:
+            if machines.intersection(argv):
                 pids.append(int(proc.name))
     return pids
 
@@ -162,3 +164,29 @@ def _remove_parent_cgroups() -> None:
         if fstype in ("cgroup", "cgroup2") and parent.is_dir():
             if not any(p.is_dir() for p in parent.iterdir()):
                 parent.rmdir()
+
+
+def leftovers(sandbox: Sandbox) -> list[str]:
+    """What of the sandbox is still on this machine, each named (empty after a complete `down`):
+    nspawn processes of its hosts, processes in their cgroups, their network namespaces, veths,
+    overlay mounts and cgroups, its bridge and its state directory."""
+    found = [f"systemd-nspawn process {pid}" for pid in _nspawn_pids(*sandbox.hosts)]
+    netns = set(_run("ip", "netns", "list", check=False).stdout.split())
+    links = _run("ip", "-o", "link", "show", check=False).stdout
+    link_names = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ":" in line}
+    mounts = [line.split()[:2] for line in Path("/proc/mounts").read_text().splitlines()]
+    state = str(sandbox.state_dir)
+    for host in sandbox.hosts:
+        found += [f"{host.name}: network namespace {host.netns}"] if host.netns in netns else []
+        found += [f"{host.name}: veth {host.veth}"] if host.veth in link_names else []
+        for cgroup in _cgroup_dirs(host):
+            if cgroup.is_dir():
+                procs = [p for f in cgroup.rglob("cgroup.procs") for p in f.read_text().split()]
+                found.append(f"{host.name}: cgroup {cgroup}" + (f" with processes {', '.join(procs)}" if procs else ""))
+    found += [f"overlay mount {where}" for source, where in mounts
+              if source.startswith(f"{PREFIX}-") and where.startswith(state)]
+    found += [f"mount {where}" for source, where in mounts
+              if where.startswith(state + "/") and not source.startswith(f"{PREFIX}-")]
+    found += [f"bridge {sandbox.bridge}"] if sandbox.bridge in link_names else []
+    found += [f"state directory {state}"] if sandbox.state_dir.exists() else []
+    return found
