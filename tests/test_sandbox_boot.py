@@ -1,4 +1,5 @@
-"""The sandbox harness's own rules, without booting a host: the waves hosts boot in, and the error a
+"""The sandbox harness's own rules, without booting a host: the waves hosts boot in, the inotify limit
+they need, and the error a
 host that never answers SSH gives (what the sandbox modules rely on at any size)."""
 
 from __future__ import annotations
@@ -45,3 +46,37 @@ def test_a_host_whose_ssh_never_answers_is_named_with_its_nspawn_log(tmp_path: P
     assert message.startswith("sbx-silent: no SSH after 120 s: ssh: connect to host 10.213.254.11 port 22")
     assert "nspawn log:\nFailed to mount overlay: No space left on device" in message
     assert "Traceback" not in message
+
+
+def test_the_inotify_limit_is_raised_for_the_hosts_and_restored_when_they_go_down(tmp_path, monkeypatch):
+    """At the kernel's default of 128 inotify instances the 20th systemd host never starts its
+    sshd: the limit is raised to what the hosts need beside what is in use, then put back, unless
+    another sandbox still runs."""
+    from vllm_fleet.sandbox import boot
+
+    monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
+    limit = tmp_path / "max_user_instances"
+    limit.write_text("128\n")
+    monkeypatch.setattr(boot, "INOTIFY_LIMIT", limit)
+    monkeypatch.setattr(boot, "_inotify_instances_in_use", lambda: 40)
+    fifty = hosts.Sandbox(tmp_path / "fifty.py", [
+        hosts.SandboxHost(f"sbx-b{i:02d}", f"10.213.9.{10 + i}", (), "root", "deploy", Path("/k"), Path("/kh"), None)
+        for i in range(1, 51)])
+    said = []
+    boot.ensure_inotify_instances(fifty, said.append)
+    assert limit.read_text() == f"{40 + 50 * boot.INOTIFY_INSTANCES_PER_HOST + 32}\n"
+    assert said == [f"raised fs.inotify.max_user_instances from 128 to {limit.read_text().strip()} for 50 hosts "
+                    "(each host's systemd holds about 7); restored when they go down"]
+    boot.restore_inotify_instances(fifty)
+    assert limit.read_text() == "128\n"
+
+    boot.ensure_inotify_instances(fifty, said.append)
+    other = fifty.state_dir.parent / "another-sandbox"
+    other.mkdir()
+    boot.restore_inotify_instances(fifty)  # the other sandbox's hosts still need it
+    assert limit.read_text() != "128\n"
+
+    three = hosts.Sandbox(tmp_path / "three.py", fifty.hosts[:3])
+    limit.write_text("128\n")
+    boot.ensure_inotify_instances(three, said.append)  # 40 + 24 + 32 fit: left alone
+    assert limit.read_text() == "128\n" and len(said) == 2

@@ -22,6 +22,51 @@ LOGIN_SUDOERS = "vllm-fleet-login"  # /etc/sudoers.d/ file granting the login us
 READY_TIMEOUT_S = 120.0
 
 
+# Each booted host's systemd (PID 1, journald, logind, udev...) holds inotify instances, all counted
+# against root's fs.inotify.max_user_instances: at the kernel's default (128) the 20th host's path
+# units fail and its sshd never starts. Measured: about 7 a host; 8 leaves room.
+INOTIFY_INSTANCES_PER_HOST = 8
+INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
+RAISED_LIMIT_FILE = "inotify-max-user-instances"  # in the sandbox's state dir: the value to restore
+
+
+def _inotify_instances_in_use() -> int:
+    """inotify instances open on this machine (every process's, the hosts' included)."""
+    count = 0
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        try:
+            count += sum(1 for fd in fd_dir.iterdir() if os.readlink(fd) == "anon_inode:inotify")
+        except OSError:
+            continue  # exited meanwhile, or not ours to read
+    return count
+
+
+def ensure_inotify_instances(sandbox: Sandbox, log=print) -> None:
+    """Raise fs.inotify.max_user_instances to what the sandbox's hosts need on top of what this
+    machine uses (never lowered); the previous value is kept in the state dir and restored by
+    restore_inotify_instances when the sandbox goes down."""
+    limit = int(INOTIFY_LIMIT.read_text())
+    needed = _inotify_instances_in_use() + INOTIFY_INSTANCES_PER_HOST * len(sandbox.hosts) + 32
+    if needed <= limit:
+        return
+    sandbox.state_dir.mkdir(parents=True, exist_ok=True)
+    (sandbox.state_dir / RAISED_LIMIT_FILE).write_text(f"{limit}\n")
+    INOTIFY_LIMIT.write_text(f"{needed}\n")
+    log(f"raised fs.inotify.max_user_instances from {limit} to {needed} for {len(sandbox.hosts)} hosts "
+        f"(each host's systemd holds about {INOTIFY_INSTANCES_PER_HOST - 1}); restored when they go down")
+
+
+def restore_inotify_instances(sandbox: Sandbox) -> None:
+    """Put back the limit ensure_inotify_instances raised, unless another sandbox still runs."""
+    saved = sandbox.state_dir / RAISED_LIMIT_FILE
+    if not saved.exists():
+        return
+    others = [d for d in sandbox.state_dir.parent.iterdir() if d != sandbox.state_dir and d.is_dir()]
+    if not others:
+        INOTIFY_LIMIT.write_text(saved.read_text())
+    saved.unlink()
+
+
 # --- one host ---------------------------------------------------------------------------------
 
 
