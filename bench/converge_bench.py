@@ -37,9 +37,10 @@ gateway stay), and after it every file must be as rendered and every unit runnin
    relay, commands counted from the debug output (pyinfra --debug; ansible -vvv), connections from
    the debug output and from the relay's own count of TCP connections.
 
-Ansible: pipelining on, ControlPersist 60 s (ansible-core's default ssh_args), forks 10, no fact
-gathering, interpreter /usr/bin/python3; its SSH control masters are closed after every run (by
-PID), so each run starts without a connection, as pyinfra's does. ansible-core is installed into
+Ansible: pipelining on, ControlPersist 60 s (ansible-core's default ssh_args), forks as pyinfra's
+parallel (CPUs x 20, at most the hosts; at least 10), no fact gathering, interpreter
+/usr/bin/python3; its SSH control masters are closed after every run (by PID), so each run starts
+without a connection, as pyinfra's does. ansible-core is installed into
 this Python's environment when missing (`python -m pip install 'ansible-core>=2.17'`).
 
 Prints median, min-max and ratio ours/Ansible per scenario, commands and connections per host, how

@@ -559,7 +559,7 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
             hosts = [{"name": n, "state": "updated", "started": now + 2 * i, "finished": now + 2 * i + 1.5}
                      for i, n in enumerate(names)]
             return 2.0 * len(names), json.dumps({"hosts": hosts})
-        return 0.5, json.dumps({"hosts": [{"host": n} for n in names]})
+        return 0.5, json.dumps({"hosts": [{"name": n} for n in names]})
 
     downs = []
     monkeypatch.setattr(machine.Bench, "run_fleet_command", fake_fleet_command)

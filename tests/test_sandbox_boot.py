@@ -1,6 +1,5 @@
 """The sandbox harness's own rules, without booting a host: the waves hosts boot in, the inotify limit
-they need, and the error a
-host that never answers SSH gives (what the sandbox modules rely on at any size)."""
+they need, and the error a host that never answers SSH gives (what the sandbox relies on at any size)."""
 
 from __future__ import annotations
 

@@ -86,9 +86,15 @@ class Bench:
         home = self.tmp / "ansible-home"
         env = {k: v for k, v in self.env.items() if k != "VLLM_FLEET_API_KEY"}  # the playbook needs no key
         env.update(ANSIBLE_CONFIG=str(ANSIBLE_DIR / "ansible.cfg"), ANSIBLE_HOME=str(home),
+                   ANSIBLE_FORKS=str(self.ansible_forks()),
                    ANSIBLE_LOCAL_TEMP=str(home / "tmp"), ANSIBLE_SSH_CONTROL_PATH_DIR=str(control_dir),
                    ANSIBLE_SSH_VERBOSITY=str(ssh_verbosity), ANSIBLE_NOCOLOR="1", PYTHONUNBUFFERED="1")
         return env
+
+    def ansible_forks(self) -> int:
+        """As many hosts at once as pyinfra takes (its default parallel: CPUs x 20, at most the
+        hosts), at least ansible.cfg's 10: neither tool waits on the other's smaller pool."""
+        return max(10, min((os.cpu_count() or 1) * 20, len(self.host_names)))
 
     def check_output(self, label: str, text: str) -> None:
         if self.api_key in text:

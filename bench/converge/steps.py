@@ -71,7 +71,8 @@ def tool_versions(b: Bench) -> dict[str, str]:
     versions = {"vllm_fleet": __version__, "pyinfra": pyinfra.__version__, "ansible_core": b.ensure_ansible()}
     b.log(f"vllm-fleet {versions['vllm_fleet']} with pyinfra {versions['pyinfra']} vs ansible-core "
           f"{versions['ansible_core']} ({' '.join(b.ansible_cmd[-1:])})")
-    b.log("Ansible settings: " + ", ".join(f"{k}={v}" for k, v in ANSIBLE_SETTINGS.items()))
+    b.log("Ansible settings: " + ", ".join(f"{k}={v}" for k, v in ANSIBLE_SETTINGS.items())
+          + f" (here {b.ansible_forks()})")
     return versions
 
 
@@ -403,7 +404,7 @@ def status_of_the_fleet(b: Bench, direct: Path) -> dict[str, Any]:
     for i in range(b.args.runs):
         seconds, out = b.run_fleet_command(["status", str(direct), "--json"], f"status (run {i + 1})")
         hosts = json.loads(out)["hosts"]
-        if sorted(h["host"] for h in hosts) != sorted(b.host_names):
+        if sorted(h["name"] for h in hosts) != sorted(b.host_names):
             raise SystemExit(f"status (run {i + 1}) reported {len(hosts)} hosts of {len(b.host_names)}")
         times.append(seconds)
         usage.append(b.last_usage)

@@ -22,7 +22,7 @@ from pyinfra.api import deploy
 from vllm_fleet.host import ssh_lost
 from vllm_fleet.settings import Settings
 
-from . import access, files, gateway, prepare, ray, services, steps, verify
+from . import access, files, gateway, operation_order, prepare, ray, services, steps, verify
 from .options import RunOptions
 from .state import Deployment, DeployError, failure_reason
 
@@ -30,6 +30,7 @@ __all__ = ["DEPLOY_NAME", "Deployment", "DeployError", "RunOptions", "failure_re
            "vllm_fleet_deploy"]
 
 ssh_lost.install()  # a connection that drops fails its host with a message, not the whole run
+operation_order.install()  # pyinfra's order of operations, without reading source files per operation
 
 DEPLOY_NAME = "vLLM fleet"
 
