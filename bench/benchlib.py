@@ -83,13 +83,21 @@ class Measured:
     seconds: float
     cpu_s: float
     peak_rss_mib: float
+    machine_cpu_s: float = 0.0  # every CPU's busy time meanwhile: the sandbox hosts' work included
+
+
+def machine_busy_s() -> float:
+    """This machine's CPU time spent not idle since boot (/proc/stat's first line), in seconds."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
 
 
 def run_measured(argv: list[str], timeout: float, **popen) -> Measured:
     """Run argv to its end (SIGKILL past `timeout`) and measure it with wait4, which reports the
     resources of that one child, where RUSAGE_CHILDREN would add up every child the bench ever had."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        start = time.monotonic()
+        start, busy = time.monotonic(), machine_busy_s()
         proc = subprocess.Popen(argv, stdout=out, stderr=err, stdin=subprocess.DEVNULL, **popen)
         killer = threading.Timer(timeout, lambda: os.kill(proc.pid, signal.SIGKILL))
         killer.start()
@@ -102,7 +110,7 @@ def run_measured(argv: list[str], timeout: float, **popen) -> Measured:
         out.seek(0)
         err.seek(0)
         return Measured(proc.returncode, out.read().decode(errors="replace"), err.read().decode(errors="replace"),
-                        seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+                        seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, machine_busy_s() - busy)
 
 
 class Relay:

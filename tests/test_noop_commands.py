@@ -411,13 +411,17 @@ class SimulatedHost:
 
 
 def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_for_changes: bool = True,
-                deploy_file: Path = REPO / "deploy.py", host_data: dict | None = None) -> tuple[dict, dict, object]:
+                deploy_file: Path = REPO / "deploy.py", host_data: dict | None = None,
+                wrap_response=None, allow_failures: bool = False) -> tuple[dict, dict, object]:
     """deploy.py (or another deploy file) through pyinfra's API (prepare, then execute, as its CLI
-    does) on @fake hosts: ({host: [commands]}, {host: [uploaded paths]}, state).
+    does) on @fake hosts: ({host: [commands]}, {host: [uploaded paths]}, state). `wrap_response`:
+    a function (connector, command, answer) -> answer changing what the simulated hosts answer;
+    `allow_failures`: a host may fail (else none may).
     check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing.
     `host_data`: host name -> more host data."""
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all
+    from pyinfra.api.exceptions import PyinfraError
     from pyinfra.api.operations import run_ops
     from pyinfra.api.state import StateStage
     from pyinfra.connectors.fake import FakeConnector
@@ -478,8 +482,13 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
         elif command_str.startswith("python3 -c "):  # the host probe: verification
             argv = shlex.split(command_str)
             mode, spec = argv[3], json.loads(argv[4])
-            result = ([{"name": c["name"], "ok": True, "seconds_to_healthy": 1} for c in spec] if mode == "verify"
-                      else {"ok": True, "unit": spec["unit"], "not_registered": []})
+            verified = ([{"name": c["name"], "ok": True, "seconds_to_healthy": 1}
+                         for c in (spec["instances"] if mode == "verify-with-gateway" else spec)]
+                        if mode in ("verify", "verify-with-gateway") else None)
+            gateway = ({"ok": True, "unit": (spec["gateway"] if mode == "verify-with-gateway" else spec)["unit"],
+                        "not_registered": []} if mode in ("gateway", "verify-with-gateway") else None)
+            result = {"verify": verified, "gateway": gateway,
+                      "verify-with-gateway": {"instances": verified, "gateway": gateway}}[mode]
             lines = [RESULT_PREFIX + json.dumps(result)]
         return True, CommandOutput([OutputLine("stdout", line) for line in lines])
 
@@ -489,7 +498,9 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
 
     monkeypatch.setattr(prepared, "render_host", render_and_keep)
     monkeypatch.setattr(facts, "batch_command", recorded_batch)
-    monkeypatch.setattr(FakeConnector, "_lookup_response", respond)
+    answering = respond if wrap_response is None else (
+        lambda self, command_str: wrap_response(self, command_str, respond(self, command_str)))
+    monkeypatch.setattr(FakeConnector, "_lookup_response", answering)
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
     monkeypatch.chdir(REPO)
     state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config(), check_for_changes=check_for_changes)
@@ -498,8 +509,12 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
         state.set_stage(StateStage.Prepare)
         load_deploy_file(state, str(deploy_file))
         state.set_stage(StateStage.Execute)
-        run_ops(state)
-    assert not state.failed_hosts
+        try:
+            run_ops(state)
+        except PyinfraError:  # "No hosts remaining!": the last host still running failed
+            if not allow_failures:
+                raise
+    assert allow_failures or not state.failed_hosts
     return commands, uploads, state
 
 
@@ -512,7 +527,8 @@ def _kinds(commands: list[str]) -> list[str]:
         elif "##vllm-fleet-fact " in command:
             out.append("facts")
         elif command.startswith("python3 -c "):
-            out.append({"verify": "verify", "gateway": "verify gateway"}[shlex.split(command)[3]])
+            out.append({"verify": "verify", "gateway": "verify gateway",
+                        "verify-with-gateway": "verify with gateway"}[shlex.split(command)[3]])
         else:
             out.append(command)
     return out
@@ -536,9 +552,10 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
     commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
-    # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none).
+    # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none); the
+    # gateway host's router kept running, so its check rides with the instances' verification.
     assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
     assert uploads == {}
     for host in state.inventory:
         assert changed_operations(state, host) == [], host.name
@@ -605,7 +622,7 @@ def test_a_converged_monitored_fleet_costs_no_command_more(tmp_path, monkeypatch
     commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
     assert set(MONITORING_UNITS) <= set(worlds["gw"].unit_names())
     assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
     assert uploads == {}
     for host in state.inventory:
         assert changed_operations(state, host) == [], host.name
@@ -626,6 +643,41 @@ def test_prometheus_is_reloaded_for_its_rules_restarted_for_its_unit_and_left_al
     touching = [c for c in _kinds(commands["gw"]) if c.startswith("systemctl ") and unit in c]
     assert touching == ([] if action is None else [f"systemctl {action} {unit}"]), touching
     assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+
+
+def test_a_gateway_whose_backends_changed_is_verified_after_its_reload_in_a_command_of_its_own(
+        tmp_path, monkeypatch):
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    worlds["gw"].changed_files = {"/etc/vllm-fleet/gateway-workers.json"}
+    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    gw = _kinds(commands["gw"])
+    assert gw[-3:] == ["verify", "systemctl reload vllm-fleet-gateway.service", "verify gateway"], gw
+
+
+def test_a_gateway_that_fails_its_check_with_the_instances_fails_its_own_verification(tmp_path, monkeypatch):
+    """The combined probe's gateway result is the gateway verification's: a failure there fails the
+    host at "Verify the gateway", with the probe's reason, and sends no second probe."""
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    from vllm_fleet.deploy import failure_reason
+
+    def gateway_down(connector, command_str, answer):
+        ok, output = answer
+        if "verify-with-gateway" not in command_str:
+            return answer
+        result = json.loads(output.stdout.removeprefix(RESULT_PREFIX))
+        result["gateway"] = {"ok": False, "unit": "vllm-fleet-gateway.service", "error": "router answers 503",
+                             "journal": "router: no workers"}
+        return ok, CommandOutput([OutputLine("stdout", RESULT_PREFIX + json.dumps(result))])
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    commands, _uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, wrap_response=gateway_down,
+                                            allow_failures=True)
+    assert "@fake/gw" in {h.name for h in state.failed_hosts}
+    assert _kinds(commands["gw"])[-1] == "verify with gateway"  # no second probe after it
+    text = failure_reason(state, "@fake/gw")
+    assert text.startswith("host @fake/gw, gateway: verification failed: router answers 503"), text
+    assert "router: no workers" in text
 
 
 def test_a_teams_deploy_file_runs_its_operation_then_the_packaged_deploy_under_its_name(
@@ -655,11 +707,11 @@ def test_a_teams_deploy_file_runs_its_operation_then_the_packaged_deploy_under_i
     # The deploy reads its facts while pyinfra prepares the run; the team's command executes first.
     team = "touch /tmp/team-deploy-ran"
     assert _kinds(commands["box"]) == ["access check", "facts", "facts", team, "verify"]
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", team, "verify", "verify gateway"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", team, "verify with gateway"]
     assert uploads == {}
     # The team's command as its login user; the access check is wrapped in sudo itself (its
     # channel runs as the login user, to read what sudo says); the rest through sudo.
-    assert with_sudo == {"box": [False, True, True, False, True], "gw": [False, True, True, False, True, True]}
+    assert with_sudo == {"box": [False, True, True, False, True], "gw": [False, True, True, False, True]}
     assert "sudo" in commands["box"][0]
     names = [", ".join(sorted(state.op_meta[op_hash].names)) for op_hash in state.get_op_order()]
     assert names[0] == "Team: mark the hosts this deploy reached"
@@ -701,7 +753,7 @@ def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monk
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
     worlds["box"].changed_files = {"/etc/vllm-fleet/box.yaml"}
     commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds)
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify", "verify gateway"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
     box = _kinds(commands["box"])
     assert box[:3] == ["access check", "facts", "facts"] and box[-1] == "verify"
     changes = box[3:-1]
@@ -787,7 +839,7 @@ def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed
         # The unit file last: a run stopped halfway still finds the instance (and its key) next time.
         "rm -f /etc/vllm-fleet/old.yaml", "rm -f /etc/vllm-fleet/old.env", "rm -f /etc/systemd/system/vllm-old.service",
         "systemctl daemon-reload",  # a unit went away
-        "verify", "verify gateway"]
+        "verify with gateway"]
     assert uploads == {}
 
 
@@ -807,7 +859,7 @@ def test_monitoring_turned_off_stops_the_exporters_and_keeps_the_instances(tmp_p
         "systemctl stop vllm-fleet-node-exporter.service", "systemctl disable vllm-fleet-node-exporter.service",
         "rm -f /etc/systemd/system/vllm-fleet-node-exporter.service",
         "systemctl daemon-reload",
-        "verify", "verify gateway"]
+        "verify with gateway"]
     assert uploads == {}
 
 # --- what the memo relies on: one step per path, and the lock before the first read ---------------

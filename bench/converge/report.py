@@ -19,8 +19,11 @@ def usage_summary(usage: list[dict[str, float]]) -> dict[str, Any]:
     measured = [u for u in usage if u]
     if not measured:
         return {}
-    return {"cpu_s": statistics.median(u["cpu_s"] for u in measured),
-            "peak_rss_mib": max(u["peak_rss_mib"] for u in measured)}
+    figures = {"cpu_s": statistics.median(u["cpu_s"] for u in measured),
+               "peak_rss_mib": max(u["peak_rss_mib"] for u in measured)}
+    if all("machine_cpu_s" in u for u in measured):  # the sandbox hosts share this machine's CPUs
+        figures["machine_cpu_s"] = statistics.median(u["machine_cpu_s"] for u in measured)
+    return figures
 
 
 def ratio(ours: dict[str, Any], theirs: dict[str, Any]) -> float:
@@ -35,7 +38,10 @@ def round_trips(base_s: float, slow_s: float, rtt_ms: float) -> float:
 def fmt_summary(s: dict[str, Any]) -> str:
     text = f"{s['median']:.2f} s ({s['min']:.2f}–{s['max']:.2f})"
     if "cpu_s" in s:
-        text += f"; CPU {s['cpu_s']:.1f} s, peak RSS {s['peak_rss_mib']:.0f} MiB"
+        text += f"; CPU {s['cpu_s']:.1f} s"
+        if "machine_cpu_s" in s:
+            text += f" (the machine's, hosts included: {s['machine_cpu_s']:.1f} s)"
+        text += f", peak RSS {s['peak_rss_mib']:.0f} MiB"
     return text
 
 

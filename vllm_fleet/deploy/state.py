@@ -156,6 +156,9 @@ class Deployment:
     #: On a Ray worker of a multi-node instance: that instance as its head declares it. Each node
     #: loads its pipeline stage's weights from the same model path, so a worker gets the model too.
     node_instance: InstanceConfig | None = None
+    #: On the gateway host: the gateway's check, when the instances' verification made it (its
+    #: "result"), for the gateway's own verification (deploy/gateway.py checked_with_the_instances).
+    gateway_outcome: dict[str, Any] = field(default_factory=dict)
 
     def model_instances(self) -> list[InstanceConfig]:
         """The instances whose model this host needs (InstanceConfig): its own, and on a Ray

@@ -3,16 +3,20 @@ its GPU processes); on a multi-node instance's nodes, first the Ray cluster."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from pyinfra import logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
 from vllm_fleet.host import ray_cluster, remote
-from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.host.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
+                                   parse_probe_output, probe_command, with_diagnosis)
 from vllm_fleet.render import (front_paths, front_probe_address, instance_gpu_bus_ids, instance_paths,
                                start_timeout_s)
 
-from . import ray
+from . import gateway, ray
 from .state import Deployment, record_failure
 
 
@@ -37,12 +41,25 @@ def verify(deployment: Deployment) -> None:
             env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=instance_gpu_bus_ids(plan, inst)))
     if checks:
-        python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks)
+        python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks,
+                    **gateway.checked_with_the_instances(deployment))
 
 
-def verify_instances(state, host, checks: list[InstanceCheck]) -> None:  # runs at execution, per host
-    ok, stdout, stderr = remote.run(host, probe_command(checks))
-    results = parse_probe_output(stdout)
+def verify_instances(state, host, checks: list[InstanceCheck], gateway_spec: dict[str, Any] | None = None,
+                     with_gateway: Callable[[], bool] = lambda: False,
+                     gateway_outcome: dict[str, Any] | None = None) -> None:  # runs at execution, per host
+    """The instances' probe. On the gateway host, when `with_gateway()` (its router neither restarts
+    nor reloads in this run), the same remote command checks the gateway too: its result waits in
+    `gateway_outcome` for the gateway's own verification, which then sends nothing."""
+    if gateway_spec is not None and gateway_outcome is not None and with_gateway():
+        payload = {"instances": [c.as_spec() for c in checks], "gateway": dict(gateway_spec, timeout_s=0)}
+        ok, stdout, stderr = remote.run(host, host_probe_command("verify-with-gateway", payload))
+        both = parse_host_probe(stdout) or {}
+        results = with_diagnosis(both.get("instances") or [])
+        gateway_outcome["result"] = both.get("gateway")
+    else:
+        ok, stdout, stderr = remote.run(host, probe_command(checks))
+        results = parse_probe_output(stdout)
     failures = [result for result in results if not result.get("ok")]
     for result in results:
         if result.get("ok"):

@@ -582,10 +582,17 @@ def status(spec):
             "front": front_status(front) if front else None}
 
 
+def verify_with_gateway(spec):
+    """The instances' verification, then the gateway's (no wait: its router kept running), in one
+    remote command: what the gateway host's deploy runs when nothing restarts or reloads the router."""
+    return {"instances": verify(spec["instances"]), "gateway": check_gateway(spec["gateway"])}
+
+
 def main(argv):
     mode, payload = argv[1], json.loads(argv[2])
     modes = {"verify": verify, "status": status, "gateway": check_gateway, "gateway-status": gateway_status,
-             "gateway-workers": gateway_workers, "wait-idle": wait_idle}
+             "gateway-workers": gateway_workers, "wait-idle": wait_idle,
+             "verify-with-gateway": verify_with_gateway}
     if mode not in modes:
         sys.exit(f"host_probe: unknown mode {mode!r} (known: {', '.join(modes)})")
     result = modes[mode](payload)

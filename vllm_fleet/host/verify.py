@@ -120,7 +120,11 @@ def probe_command(checks: list[InstanceCheck]) -> str:
 
 
 def parse_probe_output(text: str) -> list[dict[str, Any]]:
-    results = parse_host_probe(text) or []
+    return with_diagnosis(parse_host_probe(text) or [])
+
+
+def with_diagnosis(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The instances' results, each failed one with the diagnosis of its journal and error."""
     for res in results:
         if not res.get("ok"):
             res["diagnosis"] = diagnose(res.get("journal", "") + "\n" + res.get("error", ""))
