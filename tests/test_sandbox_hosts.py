@@ -153,7 +153,7 @@ def _host_processes(host) -> set[int]:
 
 
 def test_down_kills_what_a_killed_nspawn_left_running(tmp_path: Path, sandbox: hosts.Sandbox) -> None:
-    """A systemd-nspawn SIGKILLed (its halt ran past the timeout: a vLLM slow to stop) leaves the
+    """A systemd-nspawn SIGKILLed before down() (a crash of the harness, or a kill by hand) leaves the
     container's init and everything it runs alive, reparented to PID 1. down() kills them by the
     host's own cgroup and removes the rest; nothing of the host is left."""
     small = _one_host_sandbox(tmp_path, sandbox, "sbx-orphan", "10.213.252.11", "orphantest.py")

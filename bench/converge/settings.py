@@ -20,7 +20,8 @@ DRIFT_ROLE = "front-config"  # the file edited on the hosts in the one-file-chan
 DRIFT_LINE = "# drift: edited on the host by bench/converge_bench.py\n"
 ANSIBLE_REQUIREMENT = "ansible-core>=2.17"
 ANSIBLE_SETTINGS = {"pipelining": True, "ssh_args": "-C -o ControlMaster=auto -o ControlPersist=60s",
-                    "forks": "as pyinfra's parallel: min(CPUs x 20, hosts), at least 10", "gathering": "explicit (no facts)", "interpreter_python": "/usr/bin/python3",
+                    "forks": "as pyinfra's parallel: min(CPUs x 20, hosts), at least 10",
+                    "gathering": "explicit (no facts)", "interpreter_python": "/usr/bin/python3",
                     "control_masters": "closed after every run: each run starts without a connection"}
 NOTES = [
     "deploy.py's no-op does more than the playbook: the deploy lock (whose command is also the root check), facts (GPUs, model, "

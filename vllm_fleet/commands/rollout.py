@@ -153,7 +153,8 @@ def changed_operations(state, host) -> list[str]:
 
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
-                    log, gateway_config=None, groups: list[tuple[str, ...]] = (), fleet: Fleet | None = None) -> None:
+                    log, gateway_config=None, groups: list[tuple[str, ...]] = (),
+                    fleet: Fleet | None = None) -> None:
     """Snapshot, drain the batch from the fleet gateway, run the deploy on the batch through pyinfra's
     API, roll back each failed host, put the batch back into the gateway. `fleet`: the rollout's, whose
     parse of each host the batch's deploy keeps where the host's data is unchanged."""
@@ -162,10 +163,6 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
 
     gw_name = gateway_config.name if gateway_config is not None else None
     reach = names + ([gw_name] if gw_name and gw_name not in names else [])
-    # The inventory file is read again for each batch, not the rollout's Inventory reused: pyinfra's
-    # Host objects keep one run's state (the operation order of pyinfra/api/state.py get_op_order
-    # among it), so each batch's run needs Hosts of its own. What is parsed is not parsed again
-    # (fleet, state.reuse_parsed_fleet).
     def snapshot(name: str) -> None:
         res = results[name]
         res.started = time.time()
@@ -178,6 +175,10 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
             return
         res.before = json.loads(out.strip() or "{}")
 
+    # The inventory file is read again for each batch, not the rollout's Inventory reused: pyinfra's
+    # Host objects keep one run's state (the operation order of pyinfra/api/state.py get_op_order
+    # among it), so each batch's run needs Hosts of its own. What is parsed is not parsed again
+    # (fleet, state.reuse_parsed_fleet).
     with connected(inventory, reach) as (state, active):
         # The batch's hosts at once, in pyinfra's greenlet pool: a batch of 12 costs one round trip.
         state.pool.map(snapshot, names)

@@ -10,6 +10,7 @@ import json
 import os
 import shlex
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -180,12 +181,15 @@ def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path, mirror: Path) -> 
 # --- ready for the deploy -----------------------------------------------------------------------
 
 
-def _wait_ssh(sandbox: Sandbox, host: SandboxHost, deadline: float) -> None:
-    """Poll until sshd takes the key (connection refused until it listens)."""
+def _wait_ssh(sandbox: Sandbox, host: SandboxHost, deadline: float, stop: threading.Event | None = None) -> None:
+    """Poll until sshd takes the key (connection refused until it listens), or `stop` is set (the
+    boot was interrupted, or another host failed)."""
     while True:
         proc = sandbox.run(host, "true", timeout=10)
         if proc.returncode == 0:
             return
+        if stop is not None and stop.is_set():
+            raise SandboxError(f"{host.name}: no longer waited for (the sandbox's start was stopped)")
         if time.monotonic() > deadline:
             log = (_host_dir(sandbox, host) / "nspawn.log").read_text(errors="replace")[-2000:]
             raise SandboxError(

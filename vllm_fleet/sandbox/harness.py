@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -82,9 +83,9 @@ def prepare_machine(log=print) -> tuple[Path, Path]:
 
 
 def boot_waves(hosts: list[SandboxHost], per_core: int = BOOT_WAVE_PER_CORE) -> list[list[SandboxHost]]:
-    """The hosts in the groups `up` boots one after the other: `per_core` hosts per CPU core at once.
-    Fifty systemd boots at once on two cores outlast any fixed deadline (each boot's first seconds
-    are CPU-bound); in waves, every host gets READY_TIMEOUT_S from its own wave's start."""
+    """The hosts in the groups `up` boots one after the other: `per_core` hosts per CPU core at once,
+    each wave given READY_TIMEOUT_S from its own start, so the deadline covers one wave's boots
+    sharing the cores, whatever the sandbox's size."""
     size = max(1, per_core * (os.cpu_count() or 1))
     return [hosts[i:i + size] for i in range(0, len(hosts), size)]
 
@@ -98,18 +99,23 @@ def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
     ensure_keys(sandbox)
     ensure_inotify_instances(sandbox, log)
     _ensure_bridge(sandbox)
+    stop = threading.Event()  # set on Ctrl-C or a failure: the other hosts' SSH waits end at once
     try:
         with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
-            waves = boot_waves(sandbox.hosts)
-            for number, wave in enumerate(waves, start=1):
-                if len(waves) > 1:
-                    log(f"booting hosts {wave[0].name}..{wave[-1].name} (wave {number} of {len(waves)})")
-                for host in wave:
-                    boot_host(sandbox, host, base, mirror)
-                deadline = time.monotonic() + READY_TIMEOUT_S
-                list(pool.map(lambda h: _wait_ssh(sandbox, h, deadline), wave))
-            list(pool.map(lambda h: _create_login_user(sandbox, h), sandbox.hosts))
-            return list(pool.map(lambda h: probe(sandbox, h, wait=True), sandbox.hosts))
+            try:
+                waves = boot_waves(sandbox.hosts)
+                for number, wave in enumerate(waves, start=1):
+                    if len(waves) > 1:
+                        log(f"booting hosts {wave[0].name}..{wave[-1].name} (wave {number} of {len(waves)})")
+                    for host in wave:
+                        boot_host(sandbox, host, base, mirror)
+                    deadline = time.monotonic() + READY_TIMEOUT_S
+                    list(pool.map(lambda h: _wait_ssh(sandbox, h, deadline, stop), wave))
+                list(pool.map(lambda h: _create_login_user(sandbox, h), sandbox.hosts))
+                return list(pool.map(lambda h: probe(sandbox, h, wait=True), sandbox.hosts))
+            except BaseException:
+                stop.set()
+                raise
     except BaseException:
         down(sandbox)  # never leave half a sandbox running (also on KeyboardInterrupt)
         raise
@@ -122,7 +128,7 @@ def status(sandbox: Sandbox) -> list[HostStatus]:
 
 
 def down(sandbox: Sandbox) -> None:
-    """Stop every host (orderly halt, SIGKILL after a timeout) and remove all the sandbox made."""
+    """Stop every host (killed: teardown._stop_pids) and remove all the sandbox made."""
     pids = set(_nspawn_pids(*sandbox.hosts))
     for host in sandbox.hosts:
         pid = _pid_of(sandbox, host)
