@@ -29,8 +29,8 @@ pyinfra's output groups the operations under "vLLM fleet"):
      changed (after this host's instances serve: it registers them), then verified
  11. the lock released (a killed deploy releases it when its SSH session ends)
 
-A run that changes nothing costs 4 remote commands per host, 5 on the gateway host, however many
-instances, files and model files the host has:
+A run that changes nothing costs 4 remote commands per host, the gateway host's included, however
+many instances, files and model files the host has:
   1. the deploy lock: a channel on the SSH connection, held until the run ends; its command runs
      through the host's sudo/su/doas and reports its uid, the access check           (step 1)
      (without a lock, in a dry run or over a connector without SSH, the access check is
@@ -42,9 +42,10 @@ instances, files and model files the host has:
      the service user and group, each unit's systemd state with its process's start and its
      files' times, the synced models' manifests and listings, the environment, the hub cache
                                                                                         (step 1)
-  4. the verification probe, all of the host's instances at once                        (step 9)
-  5. on the gateway host only: the gateway's verification probe                        (step 10)
-Releasing the lock closes its channel (no command); a host without instances skips 4. The head of
+  4. the verification probe, all of the host's instances at once; on the gateway host, when its
+     router neither restarts nor reloads, the gateway's check in the same command     (steps 9, 10)
+Releasing the lock closes its channel (no command); a host without instances skips 4 (a gateway
+host without instances checks its gateway in a command of its own). The head of
 a multi-node instance adds one (the Ray cluster's check, step 9); a Ray worker, with no instance of
 its own, runs two in place of 4 (the check that it is in the head's cluster, step 8, and that its
 Ray unit is active, step 9). Every operation (vllm_fleet/host/operations.py, model_sync.py)
