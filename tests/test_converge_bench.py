@@ -583,7 +583,8 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
     monkeypatch.setattr(standin_engine, "build_standin_wheelhouse",
                         lambda dest, real_wheelhouse: calls.append(f"standin:{real_wheelhouse}") or tmp_path / "si")
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))  # the stand-in wheelhouse's place
-    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"), down=lambda sandbox: downs.append(sandbox),
+    bench.harness = SimpleNamespace(up=lambda sandbox, log: calls.append("up"),
+                                    down=lambda sandbox: downs.append(sandbox),
                                     host_pss_kib=lambda sandbox, host: 60 * 1024)
     try:
         result = steps.run_bench(bench)
@@ -632,7 +633,8 @@ def test_run_bench_flow_with_fake_tools(monkeypatch, tmp_path, capsys, argv):
         rollout = result["rollout"]
         assert [b["hosts"] for b in rollout["rollouts"][0]["batches"]] == [2] * 5
         # each batch spans 2 hosts x 2 s (the last: to the run's end), the slowest start-up is 1 s
-        assert rollout["span_per_batch_s"] == pytest.approx(4.0) and rollout["overhead_per_batch_s"] == pytest.approx(3.0)
+        assert rollout["span_per_batch_s"] == pytest.approx(4.0)
+        assert rollout["overhead_per_batch_s"] == pytest.approx(3.0)
     else:
         assert rollouts == [] and "rollout" not in result
     report.print_report(result, print)

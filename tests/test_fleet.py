@@ -4,11 +4,10 @@ prepared as the deploy and `vllm-fleet status` prepare it. No host is reached.""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import json
 from contextlib import contextmanager
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -159,7 +158,8 @@ def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
     @contextmanager
     def unreachable(inventory, names, **_kw):
         given.append(inventory)
-        yield SimpleNamespace(pool=SimpleNamespace(map=lambda fn, items: [fn(i) for i in items])), {n: None for n in names}
+        in_order = SimpleNamespace(map=lambda fn, items: [fn(i) for i in items])
+        yield SimpleNamespace(pool=in_order), {n: None for n in names}
 
     monkeypatch.setattr(connection, "connected", unreachable)
     parsed = []
@@ -280,6 +280,22 @@ def test_a_fleet_read_again_parses_only_the_hosts_whose_data_changed(monkeypatch
     assert again.parsed_config("h1", {**Settings.defaults(), **rows[0][1]}) is again.configs["h1"]
     assert again.parsed_config("h1", {**rows[0][1], "vllm_verify": False}) is None  # changed since
     assert again.parsed_config("h3", rows[2][1]) is None  # broken: its caller parses it, for its errors
+
+
+def test_data_changed_in_place_or_only_in_its_type_is_parsed_again():
+    """A deploy file may edit host.data's lists in place, after the Fleet read them: that host's parse
+    is not reused (it would silently keep the old config); nor is it where True became 1."""
+    rows = gateway_rows()
+    fleet = Fleet.from_rows(rows)
+    name, data, _groups = rows[1]
+    assert fleet.parsed_config(name, data) is fleet.configs[name]
+    data["vllm_instances"][0]["port"] = "not-a-port"  # in place: the Fleet's own copy, were it kept
+    assert fleet.parsed_config(name, data) is None
+    with pytest.raises(ConfigErrors):
+        fleet_module.parse_host(name, data)
+    flag = dict(rows[0][1], vllm_verify=True)
+    flagged = Fleet.from_rows([(rows[0][0], flag, rows[0][2])])
+    assert flagged.parsed_config(rows[0][0], dict(flag, vllm_verify=1)) is None
 
 
 def test_the_deploy_parses_its_own_host_once_with_the_fleet_and_again_only_if_its_data_changed(monkeypatch):

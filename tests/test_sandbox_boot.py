@@ -21,7 +21,7 @@ def test_hosts_boot_in_waves_of_a_few_per_core_in_inventory_order(monkeypatch) -
     waves = harness.boot_waves(fifty, per_core=8)
     assert [len(w) for w in waves] == [16, 16, 16, 2]
     assert [h for w in waves for h in w] == fifty
-    assert harness.boot_waves(fifty[:5]) == [fifty[:5]]  # the test sandbox: one wave, as before
+    assert harness.boot_waves(fifty[:5]) == [fifty[:5]]  # the test sandbox's 5 hosts boot together
 
 
 def test_a_host_whose_ssh_never_answers_is_named_with_its_nspawn_log(tmp_path: Path, monkeypatch) -> None:
@@ -54,33 +54,42 @@ def test_a_host_whose_ssh_never_answers_is_named_with_its_nspawn_log(tmp_path: P
 
 def test_the_inotify_limit_is_raised_for_the_hosts_and_restored_when_they_go_down(tmp_path, monkeypatch):
     """At the kernel's default of 128 inotify instances the 20th systemd host never starts its
-    sshd: the limit is raised to what the hosts need beside what is in use, then put back, unless
-    another sandbox still runs."""
+    sshd: the limit is raised to what the hosts need beside what is in use, then lowered again,
+    never below what is in use then (another sandbox may run, from any cache), and left alone when
+    someone else changed it meanwhile."""
     from vllm_fleet.sandbox import boot
 
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
     limit = tmp_path / "max_user_instances"
     limit.write_text("128\n")
+    in_use = [40]
     monkeypatch.setattr(boot, "INOTIFY_LIMIT", limit)
-    monkeypatch.setattr(boot, "_inotify_instances_in_use", lambda: 40)
+    monkeypatch.setattr(boot, "_inotify_instances_in_use", lambda: in_use[0])
     fifty = hosts.Sandbox(tmp_path / "fifty.py", [
         hosts.SandboxHost(f"sbx-b{i:02d}", f"10.213.9.{10 + i}", (), "root", "deploy", Path("/k"), Path("/kh"), None)
         for i in range(1, 51)])
     said = []
     boot.ensure_inotify_instances(fifty, said.append)
-    assert limit.read_text() == f"{40 + 50 * boot.INOTIFY_INSTANCES_PER_HOST + 32}\n"
-    assert said == [f"raised fs.inotify.max_user_instances from 128 to {limit.read_text().strip()} for 50 hosts "
+    raised = 40 + 50 * boot.INOTIFY_INSTANCES_PER_HOST + boot.INOTIFY_MARGIN
+    assert limit.read_text() == f"{raised}\n"
+    assert said == [f"raised fs.inotify.max_user_instances from 128 to {raised} for 50 hosts "
                     "(each host's systemd holds about 7); restored when they go down"]
     boot.restore_inotify_instances(fifty)
     assert limit.read_text() == "128\n"
 
     boot.ensure_inotify_instances(fifty, said.append)
-    other = fifty.state_dir.parent / "another-sandbox"
-    other.mkdir()
-    boot.restore_inotify_instances(fifty)  # the other sandbox's hosts still need it
-    assert limit.read_text() != "128\n"
+    in_use[0] = 300  # another sandbox's hosts still hold theirs
+    boot.restore_inotify_instances(fifty)
+    assert limit.read_text() == f"{300 + boot.INOTIFY_MARGIN}\n"
+
+    limit.write_text("128\n")
+    in_use[0] = 40
+    boot.ensure_inotify_instances(fifty, said.append)
+    limit.write_text("100000\n")  # set by someone else since
+    boot.restore_inotify_instances(fifty)
+    assert limit.read_text() == "100000\n"
 
     three = hosts.Sandbox(tmp_path / "three.py", fifty.hosts[:3])
     limit.write_text("128\n")
     boot.ensure_inotify_instances(three, said.append)  # 40 + 24 + 32 fit: left alone
-    assert limit.read_text() == "128\n" and len(said) == 2
+    assert limit.read_text() == "128\n" and len(said) == 3

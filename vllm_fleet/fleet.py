@@ -63,9 +63,9 @@ class Fleet:
     #: The pyinfra Inventory it was read from, when it was (`load`, `from_pyinfra`): the commands
     #: that connect to the hosts reuse it rather than read the file again.
     pyinfra_inventory: Any = field(default=None, compare=False, repr=False)
-    #: Each host's data as it was parsed, every knob's default filled in (_as_parsed): what
+    #: Each host's data as it was parsed, every knob's default filled in (_parsed_form): what
     #: `parsed_config` and `from_rows(parsed=...)` compare a host's data with to reuse its parse.
-    parsed_data: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, compare=False, repr=False)
+    parsed_data: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     # --- building ------------------------------------------------------------------------------------
 
@@ -102,9 +102,9 @@ class Fleet:
         rows = list(rows)
         configs: dict[str, HostConfig] = {}
         errors: dict[str, ConfigErrors] = {}
-        parsed_data: dict[str, Mapping[str, Any]] = {}
+        parsed_data: dict[str, str] = {}
         for name, data, _groups in rows:
-            parsed_data[name] = _as_parsed(data)
+            parsed_data[name] = _parsed_form(data)
             if parsed is not None and parsed.parsed_data.get(name) == parsed_data[name]:
                 if name in parsed.configs:
                     configs[name] = parsed.configs[name]
@@ -129,7 +129,7 @@ class Fleet:
         """Host `name`'s config when this fleet parsed it from `data` (the deploy's own host: its
         data inside the deploy, pyinfra's deploy data defaults included); None when the data differs
         (changed since, or another host's) or did not parse: the caller parses it itself."""
-        if name not in self.configs or self.parsed_data.get(name) != _as_parsed(data):
+        if name not in self.configs or self.parsed_data.get(name) != _parsed_form(data):
             return None
         return self.configs[name]
 
@@ -259,12 +259,13 @@ def load_fleet(path: str | Path, *, limit: list[str] | None = None,
     return Fleet.load(path, limit, cwd=cwd).hosts()
 
 
-def _as_parsed(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A host's data with every knob's default under its own values: what parse_host makes of it
-    either way (a knob at its default reads as one left out), and what the deploy's host.data holds
-    (the packaged deploy's data_defaults are these defaults), so the data read outside the deploy
-    and inside it compare equal."""
-    return {**Settings.defaults(), **data}
+def _parsed_form(data: Mapping[str, Any]) -> str:
+    """What a host's parse is reused by: its data with every knob's default under its own values
+    (what parse_host makes of it either way, and what the deploy's host.data holds: the packaged
+    deploy's data_defaults are these defaults), as text. Text, so that data changed in place later
+    (a deploy file editing host.data's lists) is a difference, and True is not 1; data that prints
+    differently each time (an object without a repr of its own) is parsed again, never reused."""
+    return repr({**Settings.defaults(), **data})
 
 
 def _with_node_group_peers(names: list[str], rows: list[Row]) -> set[str]:

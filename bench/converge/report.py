@@ -98,7 +98,8 @@ def targets(result: dict[str, Any]) -> list[str]:
     lines = []
 
     def check(text: str, value: float, limit: float, unit: str = "") -> None:
-        lines.append(f"{text}: {value:.2f}{unit} (target ≤ {limit:g}{unit}): {'met' if value <= limit else 'MISSED'}")
+        shown = f"{value:g}" if float(value).is_integer() else f"{value:.2f}"
+        lines.append(f"{text}: {shown}{unit} (target ≤ {limit:g}{unit}): {'met' if value <= limit else 'MISSED'}")
 
     hosts = len(result["host_names"])
     slow = next((s for k, s in result.get("scenarios", {}).items() if k == "noop_relay_50ms"), None)

@@ -362,8 +362,8 @@ def batch_figures(hosts: list[dict[str, Any]], batch_size: int, run_end: float,
 
 def rollout_in_batches(b: Bench, direct: Path) -> dict[str, Any]:
     """`vllm-fleet rollout --batch 25%` of a change that restarts every instance (ROLLOUT_CHANGE),
-    then back: --runs of each, every host checked converged afterwards; per run its time, CPU and
-    peak RSS, per batch batch_figures."""
+    then back: --runs of each, every host reported updated by each, and every managed file as
+    before once back; per run its time, CPU and peak RSS, per batch batch_figures."""
     from vllm_fleet.commands.rollout import parse_batch
 
     variant = b.pyinfra_inventory("inv-rollout", instance_changes=ROLLOUT_CHANGE)
@@ -382,8 +382,15 @@ def rollout_in_batches(b: Bench, direct: Path) -> dict[str, Any]:
             runs.append({"seconds": seconds, **b.last_usage, "batches": batches})
             b.log(f"  {label}: {seconds:.1f} s, {len(batches)} batches, overhead per batch "
                   + ", ".join(f"{x['overhead_s']:.1f} s ({x['overhead_pct']:.0f} %)" for x in batches))
-    b.records = b.render(direct, "after-rollout")  # the same files as before: the baseline again
-    b.baseline = b.host_state()  # every unit restarted: new MainPIDs
+    # Rolled back to the inventory's own config: every managed file as before the rollouts (only
+    # the units' MainPIDs are new), which becomes the baseline of what follows.
+    before, now = b.baseline, b.host_state()
+    differ = [f"{n}: {p}" for n in before for p, digest in before[n]["files"].items()
+              if now[n]["files"].get(p) != digest]
+    if differ:
+        b.violations.append("after the rollouts back: files not as before: " + ", ".join(differ))
+        b.log(f"  WARNING: after the rollouts back, files not as before: {', '.join(differ[:10])}")
+    b.baseline = now
     overheads = [x["overhead_s"] for r in runs for x in r["batches"]]
     spans = [x["span_s"] for r in runs for x in r["batches"]]
     result = {"label": ROLLOUT_LABEL, "batch_size": size, "rollouts": runs,

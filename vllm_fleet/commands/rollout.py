@@ -163,23 +163,23 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
 
     gw_name = gateway_config.name if gateway_config is not None else None
     reach = names + ([gw_name] if gw_name and gw_name not in names else [])
-    def snapshot(name: str) -> None:
-        res = results[name]
-        res.started = time.time()
-        if active[name] is None:
-            res.state, res.error, res.finished = "failed", "unreachable over SSH", time.time()
-            return
-        ok, out, err = run(active[name], rollback.snapshot_command(configs[name]), timeout=120)
-        if not ok:
-            res.state, res.error = "failed", f"snapshot failed: {err.strip()[-300:]}"
-            return
-        res.before = json.loads(out.strip() or "{}")
-
     # The inventory file is read again for each batch, not the rollout's Inventory reused: pyinfra's
     # Host objects keep one run's state (the operation order of pyinfra/api/state.py get_op_order
     # among it), so each batch's run needs Hosts of its own. What is parsed is not parsed again
     # (fleet, state.reuse_parsed_fleet).
     with connected(inventory, reach) as (state, active):
+        def snapshot(name: str) -> None:
+            res = results[name]
+            res.started = time.time()
+            if active[name] is None:
+                res.state, res.error, res.finished = "failed", "unreachable over SSH", time.time()
+                return
+            ok, out, err = run(active[name], rollback.snapshot_command(configs[name]), timeout=120)
+            if not ok:
+                res.state, res.error = "failed", f"snapshot failed: {err.strip()[-300:]}"
+                return
+            res.before = json.loads(out.strip() or "{}")
+
         # The batch's hosts at once, in pyinfra's greenlet pool: a batch of 12 costs one round trip.
         state.pool.map(snapshot, names)
         batch = [n for n in names if active[n] is not None and results[n].state == "untouched"]

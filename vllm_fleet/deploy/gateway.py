@@ -3,6 +3,7 @@ changed, then verified (backends registered, the key required, the models served
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pyinfra import host, logger
@@ -31,6 +32,7 @@ def gateway_service(deployment: Deployment) -> None:
     unit = GATEWAY_UNIT
     restart = changes.gateway_needs_restart()
     reload = changes.gateway_backends_changed()
+    untouched = router_untouched(deployment)
     systemd_service(name=f"Restart {unit} (its unit or environment changed)", unit=unit, running=True,
                     restarted=True, enabled=True, _if=restart)
     systemd_service(name=f"Reload {unit} (its backends changed; requests in flight are kept)", unit=unit,
@@ -38,14 +40,21 @@ def gateway_service(deployment: Deployment) -> None:
     systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
                     _if=lambda: not (restart() or reload()))
     if deployment.config.settings.vllm_verify:
-        # Only a router that this run started or reloaded is still registering its backends: worth
-        # waiting for. One that kept running has every backend it will have; one missing now was
-        # drained by a rollout (which puts it back), so waiting for it would only add seconds.
-        was_running = facts.get(host, UnitState, unit=unit)["running"]
         python.call(name="Verify the gateway (backends registered, key required, models)",
                     function=verify_gateway, spec=gateway_check(deployment),
-                    registering=lambda: restart() or reload() or not was_running,
-                    outcome=deployment.gateway_outcome)
+                    registering=lambda: not untouched(), outcome=deployment.gateway_outcome)
+
+
+def router_untouched(deployment: Deployment) -> Callable[[], bool]:
+    """At execution: whether vllm-router kept running through this run, neither restarted nor
+    reloaded. Only a router this run started or reloaded is still registering its backends, worth
+    waiting for; one that kept running has every backend it will have (one missing now was drained
+    by a rollout, which puts it back), and can be checked with the instances
+    (checked_with_the_instances)."""
+    changes = deployment.changes
+    restart, reload = changes.gateway_needs_restart(), changes.gateway_backends_changed()
+    was_running = facts.get(host, UnitState, unit=GATEWAY_UNIT)["running"]
+    return lambda: was_running and not (restart() or reload())
 
 
 def checked_with_the_instances(deployment: Deployment) -> dict[str, Any]:
@@ -53,13 +62,10 @@ def checked_with_the_instances(deployment: Deployment) -> dict[str, Any]:
     remote command (deploy/verify.py verify_instances): when the router kept running and this run
     neither restarts nor reloads it, nothing happens to it between the two checks, and a converged
     gateway host costs one remote command fewer. Elsewhere, nothing."""
-    changes = deployment.changes
-    if changes.gateway is None or not deployment.config.settings.vllm_verify:
+    if deployment.changes.gateway is None or not deployment.config.settings.vllm_verify:
         return {}
-    restart, reload = changes.gateway_needs_restart(), changes.gateway_backends_changed()
-    was_running = facts.get(host, UnitState, unit=GATEWAY_UNIT)["running"]
     return {"gateway_spec": gateway_check(deployment), "gateway_outcome": deployment.gateway_outcome,
-            "with_gateway": lambda: was_running and not (restart() or reload())}
+            "with_gateway": router_untouched(deployment)}
 
 
 def gateway_check(deployment: Deployment) -> dict[str, Any]:

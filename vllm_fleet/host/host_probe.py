@@ -585,7 +585,12 @@ def status(spec):
 def verify_with_gateway(spec):
     """The instances' verification, then the gateway's (no wait: its router kept running), in one
     remote command: what the gateway host's deploy runs when nothing restarts or reloads the router."""
-    return {"instances": verify(spec["instances"]), "gateway": check_gateway(spec["gateway"])}
+    instances = verify(spec["instances"])
+    try:
+        gateway = check_gateway(spec["gateway"])
+    except Exception as exc:  # the gateway's own failure, reported as its verification's, not the instances'
+        gateway = {"ok": False, "unit": spec["gateway"].get("unit"), "error": f"the gateway check failed: {exc!r}"}
+    return {"instances": instances, "gateway": gateway}
 
 
 def main(argv):

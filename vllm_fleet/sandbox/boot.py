@@ -25,10 +25,12 @@ READY_TIMEOUT_S = 120.0
 
 # Each booted host's systemd (PID 1, journald, logind, udev...) holds inotify instances, all counted
 # against root's fs.inotify.max_user_instances: at the kernel's default (128) the 20th host's path
-# units fail and its sshd never starts. Measured: about 7 a host; 8 leaves room.
-INOTIFY_INSTANCES_PER_HOST = 8
+# units fail and its sshd never starts.
+INOTIFY_INSTANCES_MEASURED = 7  # a booted host's, counted on 50 stand-in hosts
+INOTIFY_INSTANCES_PER_HOST = INOTIFY_INSTANCES_MEASURED + 1  # what the limit is raised by: room to spare
+INOTIFY_MARGIN = 32  # beyond the hosts and what is in use: the workstation's own new watchers
 INOTIFY_LIMIT = Path("/proc/sys/fs/inotify/max_user_instances")
-RAISED_LIMIT_FILE = "inotify-max-user-instances"  # in the sandbox's state dir: the value to restore
+RAISED_LIMIT_FILE = "inotify-max-user-instances"  # in the sandbox's state dir: "<before> <raised to>"
 
 
 def _inotify_instances_in_use() -> int:
@@ -47,24 +49,26 @@ def ensure_inotify_instances(sandbox: Sandbox, log=print) -> None:
     machine uses (never lowered); the previous value is kept in the state dir and restored by
     restore_inotify_instances when the sandbox goes down."""
     limit = int(INOTIFY_LIMIT.read_text())
-    needed = _inotify_instances_in_use() + INOTIFY_INSTANCES_PER_HOST * len(sandbox.hosts) + 32
+    needed = _inotify_instances_in_use() + INOTIFY_INSTANCES_PER_HOST * len(sandbox.hosts) + INOTIFY_MARGIN
     if needed <= limit:
         return
     sandbox.state_dir.mkdir(parents=True, exist_ok=True)
-    (sandbox.state_dir / RAISED_LIMIT_FILE).write_text(f"{limit}\n")
+    (sandbox.state_dir / RAISED_LIMIT_FILE).write_text(f"{limit} {needed}\n")
     INOTIFY_LIMIT.write_text(f"{needed}\n")
     log(f"raised fs.inotify.max_user_instances from {limit} to {needed} for {len(sandbox.hosts)} hosts "
-        f"(each host's systemd holds about {INOTIFY_INSTANCES_PER_HOST - 1}); restored when they go down")
+        f"(each host's systemd holds about {INOTIFY_INSTANCES_MEASURED}); restored when they go down")
 
 
 def restore_inotify_instances(sandbox: Sandbox) -> None:
-    """Put back the limit ensure_inotify_instances raised, unless another sandbox still runs."""
+    """Lower the limit ensure_inotify_instances raised back toward its old value, once this
+    sandbox's hosts are gone: never below what is in use then (another sandbox, of any cache, may
+    still run), and not at all when someone else changed it since."""
     saved = sandbox.state_dir / RAISED_LIMIT_FILE
     if not saved.exists():
         return
-    others = [d for d in sandbox.state_dir.parent.iterdir() if d != sandbox.state_dir and d.is_dir()]
-    if not others:
-        INOTIFY_LIMIT.write_text(saved.read_text())
+    before, raised_to = (int(v) for v in saved.read_text().split())
+    if int(INOTIFY_LIMIT.read_text()) == raised_to:
+        INOTIFY_LIMIT.write_text(f"{max(before, _inotify_instances_in_use() + INOTIFY_MARGIN)}\n")
     saved.unlink()
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 from vllm_fleet.sandbox.hosts import PREFIX, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _host_dir, _run
 
 
-
 def _is_nspawn(pid: int) -> bool:
     """True while pid is a live systemd-nspawn (guards against a recycled PID from a stale file)."""
     try:
@@ -175,10 +174,8 @@ def leftovers(sandbox: Sandbox) -> list[str]:
             if cgroup.is_dir():
                 procs = [p for f in cgroup.rglob("cgroup.procs") for p in f.read_text().split()]
                 found.append(f"{host.name}: cgroup {cgroup}" + (f" with processes {', '.join(procs)}" if procs else ""))
-    found += [f"overlay mount {where}" for source, where in mounts
-              if source.startswith(f"{PREFIX}-") and where.startswith(state)]
-    found += [f"mount {where}" for source, where in mounts
-              if where.startswith(state + "/") and not source.startswith(f"{PREFIX}-")]
+    found += [f"{'overlay ' if source.startswith(f'{PREFIX}-') else ''}mount {where}" for source, where in mounts
+              if where.startswith(state + "/")]
     found += [f"bridge {sandbox.bridge}"] if sandbox.bridge in link_names else []
     found += [f"state directory {state}"] if sandbox.state_dir.exists() else []
     return found
