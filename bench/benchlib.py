@@ -85,6 +85,10 @@ class Measured:
     peak_rss_mib: float
     machine_cpu_s: float = 0.0  # every CPU's busy time meanwhile: the sandbox hosts' work included
 
+    def usage(self) -> dict[str, float]:
+        """What a bench records of the run beside its time (converge.report.usage_summary reads it)."""
+        return {"cpu_s": self.cpu_s, "peak_rss_mib": self.peak_rss_mib, "machine_cpu_s": self.machine_cpu_s}
+
 
 def machine_busy_s() -> float:
     """This machine's CPU time spent not idle since boot (/proc/stat's first line), in seconds."""

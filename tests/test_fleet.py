@@ -37,6 +37,24 @@ def node_rows() -> list:
             ("gpu-c", node("10.0.0.3"), [])]
 
 
+@pytest.fixture
+def parsed(monkeypatch) -> list[str]:
+    """The names of the hosts parse_host parsed, in order, wherever the fleet or the deploy's state
+    call it (each test says how many times a host may be parsed)."""
+    from vllm_fleet.deploy import state as state_module
+
+    names: list[str] = []
+    real_parse = fleet_module.parse_host
+
+    def counting(name, data):
+        names.append(name)
+        return real_parse(name, data)
+
+    monkeypatch.setattr(fleet_module, "parse_host", counting)
+    monkeypatch.setattr(state_module, "parse_host", counting)
+    return names
+
+
 def test_every_host_is_parsed_once_and_a_broken_one_keeps_its_errors():
     fleet = Fleet.from_rows(gateway_rows(third=BROKEN), limit=["h2"])
     assert set(fleet.configs) == {"h1", "h2"} and set(fleet.errors) == {"h3"}
@@ -143,7 +161,7 @@ def test_prepare_plans_a_node_with_its_group():
     assert prepared.plan.ray.head_address == "10.0.0.1:6379"
 
 
-def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
+def test_status_reads_the_inventory_once(tmp_path, monkeypatch, parsed):
     """Once for the hosts' data and the connections both: the fleet's pyinfra Inventory is what
     `connected` gets, and neither loader runs a second time; each host's data is parsed once."""
     from vllm_fleet.commands import connection, status
@@ -162,9 +180,6 @@ def test_status_reads_the_inventory_once(tmp_path, monkeypatch):
         yield SimpleNamespace(pool=in_order), {n: None for n in names}
 
     monkeypatch.setattr(connection, "connected", unreachable)
-    parsed = []
-    real_parse = fleet_module.parse_host
-    monkeypatch.setattr(fleet_module, "parse_host", lambda name, data: parsed.append(name) or real_parse(name, data))
     monkeypatch.chdir(tmp_path)
     report, gateways, ray = status.collect("inv.py", ["cpu2"])
     assert [h["name"] for h in report] == ["cpu2"] and not report[0]["reachable"]
@@ -211,8 +226,6 @@ def test_the_deploys_pyinfra_inventory_makes_the_same_fleet():
     the same Fleet for every host of that run."""
     import gc
     import weakref
-    from types import SimpleNamespace
-
     from vllm_fleet.deploy.state import run_fleet
 
     hosts = [SimpleNamespace(name=name, data=SimpleNamespace(dict=lambda data=data: data), groups=groups)
@@ -261,10 +274,7 @@ def test_a_knob_at_its_default_parses_as_a_knob_left_out(inventory):
         assert errors[0] == errors[1] and errors[0]
 
 
-def test_a_fleet_read_again_parses_only_the_hosts_whose_data_changed(monkeypatch):
-    parsed = []
-    real_parse = fleet_module.parse_host
-    monkeypatch.setattr(fleet_module, "parse_host", lambda name, data: parsed.append(name) or real_parse(name, data))
+def test_a_fleet_read_again_parses_only_the_hosts_whose_data_changed(parsed):
     before = Fleet.from_rows(gateway_rows(third=BROKEN), ["h2"])
     assert parsed == ["h1", "h2", "h3"]
     parsed.clear()
@@ -298,23 +308,12 @@ def test_data_changed_in_place_or_only_in_its_type_is_parsed_again():
     assert flagged.parsed_config(rows[0][0], dict(flag, vllm_verify=1)) is None
 
 
-def test_the_deploy_parses_its_own_host_once_with_the_fleet_and_again_only_if_its_data_changed(monkeypatch):
+def test_the_deploy_parses_its_own_host_once_with_the_fleet_and_again_only_if_its_data_changed(parsed):
     """deploy.state.host_config: the run's Fleet's parse of the current host; a host whose data
     a deploy file changed before the deploy ran (host.data.x = ...) is parsed from what it is now."""
-    from types import SimpleNamespace
-
     from vllm_fleet.deploy import state as state_module
     from vllm_fleet.settings import Settings
 
-    parsed = []
-    real_parse = fleet_module.parse_host
-
-    def counting(name, data):
-        parsed.append(name)
-        return real_parse(name, data)
-
-    monkeypatch.setattr(fleet_module, "parse_host", counting)
-    monkeypatch.setattr(state_module, "parse_host", counting)
     rows = gateway_rows()
     inventory = [SimpleNamespace(name=name, data=SimpleNamespace(dict=lambda data=data: data), groups=groups)
                  for name, data, groups in rows]
@@ -336,12 +335,10 @@ def test_the_deploy_parses_its_own_host_once_with_the_fleet_and_again_only_if_it
     assert parsed == ["h2"]
 
 
-def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, capsys):
+def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, capsys, parsed):
     """Every host is parsed before the first batch; each batch's run (a State of its own over the
     inventory read again, as pyinfra's Hosts keep one run's state) keeps that parse for the run's
     Fleet and for each host's own config, rather than parsing the whole fleet once a batch."""
-    from types import SimpleNamespace
-
     import vllm_fleet.commands.connection as connection  # first: it patches gevent before pyinfra_cli
 
     import pyinfra.api.operations
@@ -354,15 +351,6 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     from vllm_fleet.host import remote
     from vllm_fleet.settings import Settings
 
-    parsed = []
-    real_parse = fleet_module.parse_host
-
-    def counting(name, data):
-        parsed.append(name)
-        return real_parse(name, data)
-
-    monkeypatch.setattr(fleet_module, "parse_host", counting)
-    monkeypatch.setattr(state_module, "parse_host", counting)
     reads = []
 
     @contextmanager

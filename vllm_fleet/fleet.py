@@ -63,7 +63,7 @@ class Fleet:
     #: The pyinfra Inventory it was read from, when it was (`load`, `from_pyinfra`): the commands
     #: that connect to the hosts reuse it rather than read the file again.
     pyinfra_inventory: Any = field(default=None, compare=False, repr=False)
-    #: Each host's data as it was parsed, every knob's default filled in (_parsed_form): what
+    #: Each host's data as it was parsed, as text, every knob's default filled in (_parsed_form): what
     #: `parsed_config` and `from_rows(parsed=...)` compare a host's data with to reuse its parse.
     parsed_data: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 

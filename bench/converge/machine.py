@@ -107,7 +107,7 @@ class Bench:
         argv = [sys.executable, *runner, "-m", "pyinfra", "-y", *extra, *(["--debug"] if debug else []), str(inventory),
                 str(deploy or "deploy.py")]
         proc = run_measured(argv, timeout=3600, cwd=REPO, env=env or self.env)
-        self.last_usage = {"cpu_s": proc.cpu_s, "peak_rss_mib": proc.peak_rss_mib, "machine_cpu_s": proc.machine_cpu_s}
+        self.last_usage = proc.usage()
         text = proc.stdout + proc.stderr
         self.check_output(label, text)
         if proc.returncode != 0:
@@ -162,7 +162,7 @@ class Bench:
         finally:
             masters = close_masters(control_dir)
         seconds = proc.seconds
-        self.last_usage = {"cpu_s": proc.cpu_s, "peak_rss_mib": proc.peak_rss_mib, "machine_cpu_s": proc.machine_cpu_s}
+        self.last_usage = proc.usage()
         text = proc.stdout + proc.stderr
         self.check_output(label, text)
         recap = play_recap(text)
@@ -271,7 +271,7 @@ class Bench:
     def run_fleet_command(self, argv: list[str], label: str) -> tuple[float, str]:
         """One `vllm-fleet ...` run (this Python's), measured like the tools' runs; (seconds, stdout)."""
         proc = run_measured([sys.executable, "-m", "vllm_fleet.cli", *argv], timeout=3600, cwd=REPO, env=self.env)
-        self.last_usage = {"cpu_s": proc.cpu_s, "peak_rss_mib": proc.peak_rss_mib, "machine_cpu_s": proc.machine_cpu_s}
+        self.last_usage = proc.usage()
         self.check_output(label, proc.stdout + proc.stderr)
         if proc.returncode != 0:
             raise SystemExit(f"{label} failed (exit {proc.returncode}):\n{(proc.stdout + proc.stderr)[-4000:]}")

@@ -51,7 +51,7 @@ def verify_instances(state, host, checks: list[InstanceCheck], gateway_spec: dic
     """The instances' probe. On the gateway host, when `with_gateway()` (its router neither restarts
     nor reloads in this run), the same remote command checks the gateway too: its result waits in
     `gateway_outcome` for the gateway's own verification, which then sends nothing."""
-    if gateway_spec is not None and gateway_outcome is not None and with_gateway():
+    if gateway_spec is not None and with_gateway():  # (checked_with_the_instances gives the outcome too)
         payload = {"instances": [c.as_spec() for c in checks], "gateway": dict(gateway_spec, timeout_s=0)}
         ok, stdout, stderr = remote.run(host, host_probe_command("verify-with-gateway", payload))
         both = parse_host_probe(stdout) or {}
