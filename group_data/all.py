@@ -148,6 +148,12 @@ vllm_gateway_failure_threshold = 2
 # the requests they already have finish, waited for up to this long; they are put back once
 # verified. The only healthy backend of a model is not drained (nothing else could serve it).
 vllm_gateway_drain_timeout_s = 60
+# In a fleet with a gateway, the instance ports take /v1/ requests only from the gateway host (its
+# vllm_advertise_address, which must then be an IP address: the fronts let that address in) and from
+# the host's own checks; anyone else gets 403 naming the gateway's URL. So a client's
+# requests_per_minute is counted once, at the gateway, not once more by every front it could reach.
+# True: clients may use this host's instance ports directly too (each front then counts on its own).
+vllm_direct_access = False
 # How vllm-router picks one of the instances that serve a request's model (every model: IGW mode):
 # "round_robin", "random", "power_of_two" (the less loaded of two), "consistent_hash" (a client's
 # X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache) or

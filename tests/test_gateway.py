@@ -23,6 +23,7 @@ import pytest
 
 from fleet_helpers import API_KEY, KEY_MARK
 from planning_fixtures import free_port, parse_errors, run_cli
+from vllm_fleet.config.clients import client_id
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.fleet import load_fleet
 from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends,
@@ -203,7 +204,7 @@ def test_keys_file_is_secret_0640_root_service_user_and_quotes_the_hostile_key()
     files = gateway_render()
     key = files["/etc/vllm-fleet/front-keys.conf"]
     assert (key.mode, key.owner, key.group, key.secret) == ("0640", "root", "vllm", True)
-    assert f"{key_pattern(API_KEY)} fleet-key;" in key.content
+    assert f"{key_pattern(API_KEY)} {client_id('fleet-key')};" in key.content
     assert 'default "";' in key.content
     front = files["/etc/vllm-fleet/front.conf"].content
     assert 'include "/etc/vllm-fleet/front-keys.conf";' in front and KEY_MARK not in front
@@ -228,7 +229,7 @@ def test_front_has_the_gateway_server_block_checking_the_key_before_v1():
     assert "listen 0.0.0.0:9000;" in block
     assert "server 127.0.0.1:19000;" in block
     models = block.split("location = /v1/models {", 1)[1].split("location /v1/ {", 1)[0]
-    assert 'if ($vllm_fleet_client = "")' in models and "return 401" in models
+    assert 'if ($vllm_fleet_client_id = "")' in models and "return 401" in models
     assert "alias $vllm_fleet_models_file;" in models
     assert 'default "/etc/vllm-fleet/gateway-models.json";' in block
     v1 = block.split("location /v1/ {", 1)[1].split("location = /health", 1)[0]

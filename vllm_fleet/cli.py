@@ -171,7 +171,8 @@ def cmd_render(args: argparse.Namespace) -> int:
     targets = fleet.monitoring_targets()  # the whole inventory's, whatever --limit keeps
     out = Path(args.out)
     rendered = [(render_target(out, host.name, f.path), f) for host, host_plan in zip(hosts, plan.hosts)
-                for f in render_host(host, host_plan, backends=backends, targets=targets)]
+                for f in render_host(host, host_plan, backends=backends, targets=targets,
+                                     gateway_access=fleet.gateway_access())]
     rendered += [(out / PROMETHEUS_OUT / name, RenderedFile(name, text))
                  for name, text in prometheus_fragment(targets).items()]
     for target, f in rendered:  # every path checked above, before the first file is written

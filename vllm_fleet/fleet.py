@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 
 from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, inventory_rows,
                                limited_rows, node_groups, parse_host, read_pyinfra_inventory)
-from vllm_fleet.gateway import Backend, find_gateway, fleet_backends
+from vllm_fleet.gateway import Backend, GatewayAccess, find_gateway, fleet_backends, gateway_access
 from vllm_fleet.monitoring.targets import ScrapeTarget, fleet_targets
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import Discovered, PreparedHost, node_group_plans, prepare_host
@@ -179,6 +179,14 @@ class Fleet:
             return None
         return find_gateway(self.every())
 
+    def gateway_access(self) -> GatewayAccess | None:
+        """What every front must know of the fleet's gateway (where its requests come from, its URL),
+        read from the gateway host's data alone; None without a gateway. ConfigErrors: the
+        gateway host's data does not parse."""
+        if not self.declared_gateways:
+            return None
+        return gateway_access(self.configs_of(self.declared_gateways[:1])[0])
+
     def gateway_backends(self, own: HostConfig | None = None, own_plan: HostPlan | None = None) -> list[Backend]:
         """Every instance of every inventory host, planned by the same planner as the deploy
         (plan_fleet), whether or not the host is in the limit: the gateway's backends ([] for a
@@ -238,7 +246,8 @@ class Fleet:
             return self.monitoring_targets(own, plan) if own.settings.vllm_monitoring else None
 
         groups = node_group_plans(found, self.node_group_configs(own))
-        return prepare_host(found, secrets, backends_for, node_groups=groups, targets_for=targets_for)
+        return prepare_host(found, secrets, backends_for, node_groups=groups, targets_for=targets_for,
+                            gateway_access=self.gateway_access())
 
     def prepare_for_drift(self, found: Discovered) -> PreparedHost:
         """The host's files as `vllm-fleet status` compares them: as `prepare` makes them, with
@@ -248,7 +257,8 @@ class Fleet:
         groups = node_group_plans(found, dict(self.configs) or {own.name: own})
         return prepare_host(found, backends_for=lambda plan: [] if own.settings.vllm_gateway else None,
                             node_groups=groups,
-                            targets_for=lambda plan: [] if own.settings.vllm_monitoring else None)
+                            targets_for=lambda plan: [] if own.settings.vllm_monitoring else None,
+                            gateway_access=self.gateway_access())
 
 
 def load_fleet(path: str | Path, *, limit: list[str] | None = None,

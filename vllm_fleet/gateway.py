@@ -39,6 +39,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from vllm_fleet import kinds
 from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
 from vllm_fleet.config.clients import ApiClient
 from vllm_fleet.plan import FleetPlan
@@ -63,6 +64,22 @@ class Backend:
     def as_dict(self) -> dict[str, Any]:
         return {"host": self.host, "instance": self.instance, "model": self.served_model_name,
                 "url": self.url}
+
+
+@dataclass(frozen=True)
+class GatewayAccess:
+    """What each backend's front knows of the fleet's gateway: the addresses its requests come from
+    (the gateway host's vllm_advertise_address: check_fleet makes it an IP address when some front
+    takes /v1/ from the gateway only) and the URL its clients use."""
+
+    sources: tuple[str, ...]
+    url: str
+
+
+def gateway_access(config: HostConfig) -> GatewayAccess:
+    """The gateway host's GatewayAccess."""
+    address = config.settings.vllm_advertise_address
+    return GatewayAccess(sources=(address,) if kinds.ip_literal(address) else (), url=gateway_url(config))
 
 
 def url_host(address: str) -> str:
@@ -208,7 +225,7 @@ def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[st
     ports = gateway_ports(config.settings)
     return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
             "models_file": gateway_paths(config)["models"],
-            "client_models_files": [(c.name, client_models_path(config, c.name)) for c in clients
+            "client_models_files": [(c.id, client_models_path(config, c.name)) for c in clients
                                     if c.models is not None]}
 
 

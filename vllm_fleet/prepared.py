@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, node_group_of
-from vllm_fleet.gateway import Backend
+from vllm_fleet.gateway import Backend, GatewayAccess
 from vllm_fleet.monitoring.targets import ScrapeTarget
 from vllm_fleet.plan import HostPlan, Interconnect, NodeGroupPlan, plan_host, plan_node_group
 from vllm_fleet.render import RenderedFile, Secrets, instance_paths, manifest_path, render_host
@@ -57,16 +57,18 @@ class PreparedHost:
 def prepare_host(found: Discovered, secrets: Secrets | None = None,
                  backends_for: Callable[[HostPlan], list[Backend] | None] | None = None,
                  node_groups: list[NodeGroupPlan] | None = None,
-                 targets_for: Callable[[HostPlan], list[ScrapeTarget] | None] | None = None) -> PreparedHost:
+                 targets_for: Callable[[HostPlan], list[ScrapeTarget] | None] | None = None,
+                 gateway_access: GatewayAccess | None = None) -> PreparedHost:
     """Plan the host from what discovery found (ConfigErrors when it cannot be planned), then render
     every file. `backends_for(plan)`: the fleet's gateway backends, on the gateway host (they need
     this host's plan); `secrets`: None renders placeholders (status compares no secret file);
     `node_groups`: the multi-node instance this host is a node of, planned (plan_node_group), or
-    None when it is in none; `targets_for(plan)`: the fleet's scrape targets, on the monitoring host."""
+    None when it is in none; `targets_for(plan)`: the fleet's scrape targets, on the monitoring host;
+    `gateway_access`: the fleet's gateway, when it has one (the fronts take /v1/ from it only)."""
     plan = plan_host(found.config, found.live, found.interconnect, node_groups=node_groups)
     backends = backends_for(plan) if backends_for else None
     targets = targets_for(plan) if targets_for else None
-    files = {f.path: f for f in render_host(found.config, plan, secrets, backends, targets)}
+    files = {f.path: f for f in render_host(found.config, plan, secrets, backends, targets, gateway_access)}
     return PreparedHost(found.config, plan, files, backends, node_groups)
 
 

@@ -18,7 +18,7 @@ from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, instance_unit, monitoring_ports
-from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT
+from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT, client_id
 from vllm_fleet.environment import EnvSpec, env_dir
 from vllm_fleet.monitoring import files as monitoring_files
 from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
@@ -285,10 +285,10 @@ def front_keys_file(host: HostConfig, secrets: Secrets | None) -> RenderedFile:
     key the front sends vLLM: 0640 root:<service user> (nginx runs as that user). Without secrets
     (vllm-fleet render), a placeholder that refuses every request."""
     keys = secrets.keys_by_client(FLEET_KEY_CLIENT) if secrets else {}
-    patterns = [(name, gw.key_pattern(keys[name])) for name in sorted(keys)]
+    patterns = [(client_id(name), gw.key_pattern(keys[name])) for name in sorted(keys)]
     metrics_token = secrets.metrics_token if secrets else None
     if secrets and secrets.host_key:
-        patterns.append((HOST_CLIENT, gw.key_pattern(secrets.host_key)))
+        patterns.append((client_id(HOST_CLIENT), gw.key_pattern(secrets.host_key)))
     authorization = nginx_string(f"Bearer {secrets.host_key}" if secrets and secrets.host_key else "")
     content = jinja_environment().get_template("front-keys.nginx.conf.j2").render(
         host=host, front_config=front_paths(host)["config"], clients=patterns, host_authorization=authorization,
@@ -325,14 +325,27 @@ def front_metrics_context(host: HostConfig) -> dict[str, Any] | None:
             "router": gateway_ports(host.settings)["metrics"] if host.settings.vllm_gateway is True else None}
 
 
+def front_gateway_access(host: HostConfig, access: gw.GatewayAccess | None) -> dict[str, Any] | None:
+    """Where an instance port takes /v1/ requests from, in a fleet with a gateway (`access`) and
+    without vllm_direct_access: the gateway host, and this host's own checks (loopback, and the
+    bind address the host probes itself at). None: from every client."""
+    if access is None or host.settings.vllm_direct_access is True:
+        return None
+    own = () if host.settings.vllm_bind_host in ("0.0.0.0", "::") else (host.settings.vllm_bind_host,)
+    allowed = tuple(dict.fromkeys(("127.0.0.1", "::1", *own, *access.sources)))
+    return {"url": access.url, "allowed": allowed}
+
+
 def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None,
-                secrets: Secrets | None = None) -> list[RenderedFile]:
+                secrets: Secrets | None = None, gateway_access: gw.GatewayAccess | None = None,
+                ) -> list[RenderedFile]:
     """nginx config + unit of the host's front: <vllm_bind_host>:<port> -> 127.0.0.1:<backend_port>,
     /v1/ and /health only, for the clients of host.api_clients (front_keys_file holds their keys),
     over HTTPS with vllm_tls (front_tls_files). `gateway` (gateway.nginx_context, on the fleet's
-    gateway host): the gateway's server block goes into the same config. With vllm_metrics,
-    /metrics on each instance port and the metrics listener (front_metrics_context). No instances,
-    no gateway and no metrics, no front."""
+    gateway host): the gateway's server block goes into the same config. `gateway_access`: the
+    fleet's gateway, whose requests alone an instance port takes (front_gateway_access). With
+    vllm_metrics, /metrics on each instance port and the metrics listener (front_metrics_context).
+    No instances, no gateway and no metrics, no front."""
     metrics = front_metrics_context(host)
     if not plan.instances and not gateway and not metrics:
         return []
@@ -340,11 +353,17 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
     jenv = jinja_environment()
     runtime_dir = f"/run/{FRONT_RUNTIME_DIR}"
     tls = {"cert": paths["tls_cert"], "key": paths["tls_key"]} if host.settings.vllm_tls is True else None
+    access = front_gateway_access(host, gateway_access)
+    gateway_only = _openai_error(
+        f"this port takes requests from the fleet's gateway only: use {access['url']}", "permission_error",
+        "gateway_only") if access else None
+    names = [(c.id, c.name) for c in host.api_clients] + [(client_id(HOST_CLIENT), HOST_CLIENT)]
     config = jenv.get_template("front.nginx.conf.j2").render(
         host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host.settings.vllm_bind_host),
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway, keys_file=paths["keys"],
         clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
-        host_client=HOST_CLIENT, tls=tls, metrics=metrics, **FRONT_ANSWERS)
+        client_names=names, host_client=HOST_CLIENT, host_client_id=client_id(HOST_CLIENT), tls=tls,
+        metrics=metrics, gateway_access=access, gateway_only=gateway_only, **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
         bind=nginx_address(host.settings.vllm_bind_host))
@@ -363,11 +382,14 @@ def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint:
 
 
 def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None,
-                backends: list | None = None, targets: list[ScrapeTarget] | None = None) -> list[RenderedFile]:
+                backends: list | None = None, targets: list[ScrapeTarget] | None = None,
+                gateway_access: gw.GatewayAccess | None = None) -> list[RenderedFile]:
     """Every file the host gets. `secrets=None` renders placeholders (for CI diffs). On the fleet's
     gateway host (vllm_gateway) `backends` is required: gateway.fleet_backends over every host's
     plan (without them the gateway's files would silently lose every backend); on its monitoring
-    host (vllm_monitoring) `targets`, likewise: monitoring.targets.fleet_targets."""
+    host (vllm_monitoring) `targets`, likewise: monitoring.targets.fleet_targets. In a fleet with
+    a gateway, `gateway_access` (gateway.gateway_access of the gateway host) on every host: the
+    instance ports take /v1/ from it only (front_files)."""
     is_gateway = host.settings.vllm_gateway is True
     if is_gateway and backends is None:
         raise ValueError(f"host {host.name} is the fleet's gateway (vllm_gateway): render_host needs "
@@ -375,6 +397,8 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     if host.settings.vllm_monitoring is True and targets is None:
         raise ValueError(f"host {host.name} is the fleet's monitoring host (vllm_monitoring): render_host needs "
                          "targets=monitoring.targets.fleet_targets(configs, fleet_plan) of the whole fleet")
+    if is_gateway and gateway_access is None:  # its own front knows it is the gateway
+        gateway_access = gw.gateway_access(host)
     spec = environment_spec(host, plan)
     prefix = environment_prefix(host, spec)
     fingerprint = (secrets or Secrets()).fingerprint() if secrets else "placeholders"
@@ -406,7 +430,8 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
     files.extend(ray)
     if ray:
         manifest["ray"] = {**plan.ray.as_dict(), "unit": RAY_UNIT, "config_hash": config_hash(ray, prefix, "")}
-    front = front_files(host, plan, gw.nginx_context(host, host.api_clients) if is_gateway else None, secrets)
+    front = front_files(host, plan, gw.nginx_context(host, host.api_clients) if is_gateway else None, secrets,
+                        gateway_access)
     files.extend(front)
     if front:
         manifest["front"] = {"unit": FRONT_UNIT, "bind": host.settings.vllm_bind_host,

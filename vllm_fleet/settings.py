@@ -282,6 +282,10 @@ class Settings:
         2, "Failed health checks in a row that take a backend out of the gateway", **_POSITIVE)
     vllm_gateway_drain_timeout_s: int = knob(
         60, "rollout: how long a batch's backends may finish their requests before it converges", **_POSITIVE)
+    vllm_direct_access: bool = knob(
+        False, "In a fleet with a gateway: True lets clients use this host's instance ports directly too "
+        "(each front then counts a client's requests_per_minute on its own); False: only the gateway and "
+        "the host's own checks", **_BOOL)
     vllm_gateway_policy: str = knob(
         "round_robin", "How vllm-router picks among the instances that serve a request's model "
         "(round_robin: it needs nothing from the clients; consistent_hash keeps conversations on one "

@@ -14,6 +14,7 @@ vllm_api_key_env / vllm_api_key_file as before.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +27,10 @@ FLEET_KEY_CLIENT = "fleet-key"
 #: verification and status use on the host. No configured client may take this name.
 HOST_CLIENT = "vllm-fleet"
 RESERVED_CLIENT_NAMES = (FLEET_KEY_CLIENT, HOST_CLIENT)
+#: Words nginx reads as keywords where a name could stand (a map's `default`, `hostnames`, `include`,
+#: `volatile`). The fronts never use a client's name as a map key (client_id), but a name that is a
+#: keyword of the tool it passes through means two things: it is refused, in any case.
+NGINX_KEYWORDS = ("default", "hostnames", "include", "volatile")
 CLIENT_KEYS = ("key_env", "key_file", "models", "requests_per_minute")
 #: nginx's limit_req counts requests per minute in whole requests; more than this is no limit at all.
 MAX_REQUESTS_PER_MINUTE = 60_000
@@ -41,6 +46,11 @@ class ApiClient:
     key_file: str | None = None
     models: tuple[str, ...] | None = None
     requests_per_minute: int | None = None
+
+    @property
+    def id(self) -> str:
+        """The client as the fronts' nginx maps know it (client_id)."""
+        return client_id(self.name)
 
     def may_use(self, served_model_name: str) -> bool:
         return self.models is None or served_model_name in self.models
@@ -59,6 +69,15 @@ class ApiClient:
                 "requests_per_minute": self.requests_per_minute}
 
 
+def client_id(name: str) -> str:
+    """What the fronts' nginx maps key a client by: "c" and 16 hex digits of a hash of its name.
+    nginx matches a map's plain keys case-insensitively and reads some words there as keywords
+    (`default`, `include`), so a name used as a key could share another client's permissions or
+    break the config; an id of lower-case hex is always one literal key of its own. The name
+    itself reaches nginx only as a quoted value (what the access log and error answers print)."""
+    return "c" + hashlib.sha256(b"vllm-fleet client\0" + name.encode()).hexdigest()[:16]
+
+
 def fleet_key_client(key_env: str, key_file: str | None) -> ApiClient:
     return ApiClient(FLEET_KEY_CLIENT, key_env=key_env, key_file=key_file)
 
@@ -73,16 +92,19 @@ def parse_api_clients(check: Checker, raw: Any, key_env: str, key_file: str | No
                     fix=f"vllm_api_clients = {EXAMPLE}")
         return ()
     clients = []
+    folded: dict[str, str] = {}  # a name in lower case -> the client that has it
     for name, spec in raw.items():
         key = f"vllm_api_clients.{name}" if kinds.printable(name) else "vllm_api_clients (a key)"
-        if kinds.name_problem(name):
-            check.error(f"client name {name!r} is not a name: letters, digits, '-' and '_', at most 64",
-                        key=key, fix="name the client like 'ci' or 'research-team'")
+        problem = client_name_problem(name)
+        if problem:
+            check.error(problem, key=key, fix="name the client like 'ci' or 'research-team'")
             continue
-        if name in RESERVED_CLIENT_NAMES:
-            check.error(f"client name {name!r} is vllm-fleet's own ({'the fleet key without clients' if name == FLEET_KEY_CLIENT else 'the host key of verification and status'})",
-                        key=key, fix="name the client otherwise")
+        if name.lower() in folded:
+            check.error(f"clients {folded[name.lower()]!r} and {name!r} differ only in case: logs, status and "
+                        "nginx would take them for one client", key=key,
+                        fix=f"give one of them another name, or merge them into {folded[name.lower()]!r}")
             continue
+        folded[name.lower()] = name
         client = _parse_client(check, key, name, spec)
         if client is not None:
             clients.append(client)
@@ -90,6 +112,22 @@ def parse_api_clients(check: Checker, raw: Any, key_env: str, key_file: str | No
         check.error("vllm_api_clients names no client", key="vllm_api_clients",
                     fix=f"vllm_api_clients = {EXAMPLE}, or leave it unset for the one key of vllm_api_key_env")
     return tuple(sorted(clients, key=lambda c: c.name))
+
+
+def client_name_problem(name: Any) -> str | None:
+    """A client's name: letters, digits, '-' and '_', not vllm-fleet's own clients' nor a keyword of
+    nginx, in any case (a name differing from one only in case is refused too)."""
+    if kinds.name_problem(name):
+        return f"client name {name!r} is not a name: letters, digits, '-' and '_', at most 64"
+    lowered = name.lower()
+    for reserved in RESERVED_CLIENT_NAMES:
+        if lowered == reserved:
+            role = "the fleet key without clients" if reserved == FLEET_KEY_CLIENT else "the host key of verification and status"
+            same = "" if name == reserved else f" (written {name!r})"
+            return f"client name {reserved!r}{same} is vllm-fleet's own: {role}"
+    if lowered in NGINX_KEYWORDS:
+        return f"client name {name!r} is a keyword of nginx's config ({lowered}), which the fronts' checks pass through"
+    return None
 
 
 def _parse_client(check: Checker, key: str, name: str, spec: Any) -> ApiClient | None:

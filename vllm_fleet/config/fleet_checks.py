@@ -189,6 +189,7 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> 
                     host=host.name, key="vllm_advertise_address",
                     fix="vllm_advertise_address = '10.0.0.11' (the address the gateway host connects to), "
                         "or set ssh_hostname"))
+        errors += _check_gateway_links(gateways[0], hosts)
         # vllm-router passes the client's key on: every backend must accept the gateway's clients.
         clients = gateways[0].api_clients
         for host in hosts:
@@ -244,6 +245,13 @@ def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
             f"hosts {monitors[0].name} and {other.name} both set vllm_monitoring = True: a fleet has one "
             "Prometheus", host=other.name, key="vllm_monitoring",
             fix=f"keep vllm_monitoring = True on one of them (e.g. {monitors[0].name}) and remove it from the other"))
+    if monitors and monitors[0].settings.vllm_tls is True:
+        for host in hosts:
+            if host.settings.vllm_metrics is True and host.settings.vllm_tls is not True:
+                errors.append(ConfigError(
+                    f"the monitoring host {monitors[0].name} speaks HTTPS, but would scrape this host over plain "
+                    "HTTP: the metrics token would cross the network in clear text", host=host.name, key="vllm_tls",
+                    fix="vllm_tls = True on every monitored host (set it once in the fleet's group data)"))
     if monitors and monitors[0].settings.vllm_tls is not True:
         over_tls = [h.name for h in hosts if h.settings.vllm_metrics is True and h.settings.vllm_tls is True]
         if over_tls:
@@ -251,6 +259,36 @@ def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
                 f"the monitoring host would scrape {', '.join(over_tls)} over HTTPS without the CAs to check "
                 "their certificates (vllm_tls is off on it)", host=monitors[0].name, key="vllm_tls",
                 fix="vllm_tls = True on the monitoring host too (set it once in the fleet's group data)"))
+    return errors
+
+
+def _check_gateway_links(gateway: HostConfig, hosts: list[HostConfig]) -> list[ConfigError]:
+    """The gateway and its backends speak one scheme: a TLS gateway passing its clients' keys on to a
+    plain-HTTP backend would send them in clear text over the fleet's network, and a plain gateway
+    has no CAs to check a TLS backend with. Where a backend's front takes /v1/ from the gateway only
+    (vllm_direct_access off), it lets in the gateway host's vllm_advertise_address, which must then
+    be an IP address (nginx's geo takes no host name)."""
+    errors = []
+    tls = gateway.settings.vllm_tls is True
+    for host in hosts:
+        if not host.instances:
+            continue
+        if (host.settings.vllm_tls is True) != tls:
+            errors.append(ConfigError(
+                f"the gateway ({gateway.name}) speaks {'HTTPS' if tls else 'plain HTTP'} to its clients, this "
+                f"backend {'HTTPS' if host.settings.vllm_tls is True else 'plain HTTP'}: the gateway would pass "
+                "the clients' keys on " + ("in clear text" if tls else "without the CAs to check this host's certificate"),
+                host=host.name, key="vllm_tls",
+                fix=f"vllm_tls = {tls} on every host of the fleet (set it once in the group data)"))
+    address = gateway.settings.vllm_advertise_address
+    closed = [h.name for h in hosts if h.instances and h.settings.vllm_direct_access is not True]
+    if closed and not kinds.ip_literal(address):
+        errors.append(ConfigError(
+            f"the instance ports of {', '.join(closed[:3])}{' ...' if len(closed) > 3 else ''} take requests from "
+            f"the gateway only, by its address, but the gateway's vllm_advertise_address {address!r} is no IP "
+            "address", host=gateway.name, key="vllm_advertise_address",
+            fix="vllm_advertise_address = '10.0.0.11' on the gateway host (its address on the backends' network), "
+                "or vllm_direct_access = True on the backends (each front then counts a client's limit on its own)"))
     return errors
 
 
