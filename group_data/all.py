@@ -97,14 +97,28 @@ vllm_extra_packages = []  # more pip requirements for the environment, e.g. ["ra
 
 # --- Files and the service -----------------------------------------------------------------------
 # Each directory is an absolute, normalised path that is no system directory (/, /etc, /usr,
-# /var/lib, /home, ...: kinds.SYSTEM_DIRECTORIES) and contains none: the deploy creates, chowns
-# and chmods it.
+# /var/lib, ...: kinds.SYSTEM_DIRECTORIES), contains none, and is inside no tree whose files root
+# reads or runs (/etc, /usr, /boot, /lib*, /bin, /sbin, /root, /home, /run, /var/spool, /var/log,
+# /var/lib/dpkg, /var/lib/apt, /var/lib/systemd, ...: kinds.ROOT_READ_TREES); vllm_config_dir, root's
+# own, may also be a directory of its own directly below /etc. The service user owns its directories
+# (state, HF_HOME, cache); root owns vllm_root and vllm_config_dir, and neither pair lies inside the
+# other. At deploy time, a directory that exists already must be the service user's (or an empty one
+# of root's), and every directory above it root's and writable by no one else: the deploy refuses the
+# host otherwise, before any change.
 vllm_config_dir = "/etc/vllm-fleet"  # <name>.yaml engine config, <name>.env secrets, manifest.json
 vllm_state_dir = "/var/lib/vllm-fleet"  # the service user's home
 vllm_hf_home = "/var/lib/vllm-fleet/hf"  # HF_HOME (TRANSFORMERS_CACHE is ignored by transformers)
 vllm_cache_root = "/var/lib/vllm-fleet/cache"  # VLLM_CACHE_ROOT (compiled graphs and kernels)
 vllm_models_dir = "/var/lib/vllm-fleet/models"  # where model_source directories are synced to
-vllm_service_user = "vllm"  # vLLM never runs as root
+# The users the deploy creates, one per service, so that each process reads only its own secrets:
+# code a model runs inside vLLM (trust_remote_code, custom ops) cannot read the clients' keys, the
+# metrics token or the TLS key, which only the front's user reads. Never root, nor an account the OS,
+# a package or a person already has: an existing user of that name that the deploy did not create is
+# refused, before any change.
+vllm_service_user = "vllm"  # vLLM and Ray
+vllm_front_user = "vllm-front"  # the front (nginx): the keys file and the TLS key
+vllm_gateway_user = "vllm-router"  # the gateway's vllm-router
+vllm_exporter_user = "vllm-exporter"  # the host exporter (vllm_metrics)
 # Clients reach each instance at <vllm_bind_host>:<port> through the host's front (nginx from the OS
 # packages, unit vllm-fleet-front.service), which passes only /v1/... (vLLM checks the API key there)
 # and /health. vLLM itself listens on 127.0.0.1:<port + vllm_backend_port_offset>: its other routes

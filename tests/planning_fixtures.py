@@ -140,7 +140,9 @@ class FakeHost:
     def __init__(self, data: dict, facts: dict):
         self.name, self.print_prefix, self.groups = "box", "[box] ", ()
         self.data = SimpleNamespace(dict=lambda: data)
-        self.facts, self.asked, self.batches = {"HostRuntime": PROVISIONED, **facts}, [], []
+        # No account of the services' users and no directory of theirs yet (a first deploy creates them).
+        self.facts, self.asked, self.batches = ({"HostRuntime": PROVISIONED, "ServiceAccount": {"user": None, "group": None},
+                                                 "PathOwners": {}, **facts}, [], [])
         # No SSH client: lock.acquire says there is no session to tie the deploy lock to.
         self.connector = SimpleNamespace()
         self.state = FakeState([self])  # an inventory of this host alone

@@ -191,6 +191,12 @@ TEXT_KNOBS = [knob for knob in KNOBS
 KNOB_CHOICES = {f.name: f.metadata.get("choices") for f in dataclasses.fields(Settings)}
 
 
+#: The addresses an instance port of the gateway's fleet always lets in (the host's own checks): a bind
+#: or gateway address equal to one of them adds no entry of its own to the front's list, a
+#: configuration of its own (render.front_gateway_access).
+ALWAYS_LET_IN = {"vllm_bind_host": {"127.0.0.1", "::1"}, "vllm_advertise_address": {"127.0.0.1", "::1"}}
+
+
 def knob_field(knob: str, kind: str) -> Field:
     """A text knob on one of the hosts: its benign value is the host's own, else BENIGN_KNOBS' or
     the default. Another valid choice, or the value of another of the host's knobs (a directory the
@@ -200,6 +206,7 @@ def knob_field(knob: str, kind: str) -> Field:
     choices = KNOB_CHOICES[knob] or ()
     others = {v for k, v in {**Settings.defaults(), **base_data(kind)}.items() if k != knob and isinstance(v, str)}
     listed = text_kind(TYPES[knob]) == "list"
+    others |= ALWAYS_LET_IN.get(knob, set())
     return Field(knob, (kind,), benign, lambda n, d, t: (n, {**d, knob: [t] if listed else t}),
                  blames=prefix(knob), other_value=lambda text: text in choices or text in others,
                  near=tuple(c for c in choices if isinstance(c, str)))

@@ -209,10 +209,23 @@ def test_synced_model_clashes_names_both_instances_and_the_path():
                            "into the same host path /srv/models/m")
 
 
-def test_config_dir_clashes_with_a_service_directory_and_the_hub_token_file():
-    clash = parse_host("box", host_data(vllm_config_dir="/var/lib/vllm-fleet/config"))
-    [err] = config_dir_clashes(clash, clash.instances, hub_downloads=False)
-    assert (err.key, err.instance) == ("vllm_config_dir", None) and "not one the deploy makes" in err.fix
+@pytest.mark.parametrize("data, key, words", [
+    ({"vllm_config_dir": "/var/lib/vllm-fleet/config"}, "vllm_config_dir", "is <vllm_state_dir>/config"),
+    ({"vllm_config_dir": "/var/lib/vllm-fleet"}, "vllm_config_dir", "is vllm_state_dir"),
+    ({"vllm_root": "/var/lib/vllm-fleet/opt"}, "vllm_root", "is inside vllm_state_dir"),
+    ({"vllm_config_dir": "/srv/cache/etc", "vllm_cache_root": "/srv/cache"}, "vllm_config_dir",
+     "is inside vllm_cache_root"),
+    ({"vllm_hf_home": "/opt/vllm-fleet/hf"}, "vllm_hf_home", "is inside vllm_root"),
+])
+def test_roots_directories_and_the_service_users_are_never_one_inside_the_other(data, key, words):
+    """Root runs python from vllm_root and reads vllm_config_dir: inside a directory the service user
+    owns, that user could rename them and put its own in their place."""
+    errors = parse_errors(host_data(**data))
+    assert [(e.key, e.instance) for e in errors] == [(key, None)], errors
+    assert words in errors[0].message and errors[0].fix
+
+
+def test_config_dir_clashes_with_the_hub_token_file():
     hub = parse_host("box", host_data(instances=[instance(name="hub")]))
     assert config_dir_clashes(hub, hub.instances, hub_downloads=False) == []
     [err] = config_dir_clashes(hub, hub.instances, hub_downloads=True)

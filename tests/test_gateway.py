@@ -119,7 +119,7 @@ def test_unit_runs_vllm_router_on_loopback_as_the_service_user_without_secrets()
                           "--prometheus-host 127.0.0.1 --prometheus-port 19001")
     assert (f"ExecStartPost={prefix}/bin/python -I /etc/vllm-fleet/gateway-register.py "
             "http://127.0.0.1:19000 /etc/vllm-fleet/gateway-workers.json 60") in unit
-    for line in ("User=vllm", "Group=vllm", "Restart=on-failure", "NoNewPrivileges=yes",
+    for line in ("User=vllm-router", "Group=vllm-router", "Restart=on-failure", "NoNewPrivileges=yes",
                  "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "RestrictSUIDSGID=yes"):
         assert line in unit.splitlines()
     assert "0.0.0.0" not in exec_start
@@ -202,16 +202,16 @@ def test_key_pattern_matches_exactly_bearer_key(key):
 
 def test_keys_file_is_secret_0640_root_service_user_and_quotes_the_hostile_key():
     files = gateway_render()
-    key = files["/etc/vllm-fleet/front-keys.conf"]
-    assert (key.mode, key.owner, key.group, key.secret) == ("0640", "root", "vllm", True)
+    key = files["/etc/vllm-fleet/front-secrets/keys.conf"]
+    assert (key.mode, key.owner, key.group, key.secret) == ("0640", "root", "vllm-front", True)
     assert f"{key_pattern(API_KEY)} {client_id('fleet-key')};" in key.content
     assert 'default "";' in key.content
     front = files["/etc/vllm-fleet/front.conf"].content
-    assert 'include "/etc/vllm-fleet/front-keys.conf";' in front and KEY_MARK not in front
+    assert 'include "/etc/vllm-fleet/front-secrets/keys.conf";' in front and KEY_MARK not in front
 
 
 def test_without_secrets_the_keys_file_is_a_placeholder_that_refuses_everything():
-    key = gateway_render(secrets=None)["/etc/vllm-fleet/front-keys.conf"]
+    key = gateway_render(secrets=None)["/etc/vllm-fleet/front-secrets/keys.conf"]
     assert key.secret is False and "~" not in key.content.split("{", 1)[1]
     assert 'default "";' in key.content
 

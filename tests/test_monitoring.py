@@ -39,7 +39,7 @@ def test_a_host_without_vllm_metrics_has_no_target_and_no_monitoring_file():
     files = _files(host)
     assert metrics_paths(host)["exporter_unit"] not in files
     assert "location = /metrics" not in files["/etc/vllm-fleet/front.conf"].content
-    assert "$vllm_fleet_metrics_ok" not in files["/etc/vllm-fleet/front-keys.conf"].content
+    assert "$vllm_fleet_metrics_ok" not in files["/etc/vllm-fleet/front-secrets/keys.conf"].content
 
 
 def test_targets_name_the_host_instance_and_model_and_go_through_the_front():
@@ -84,7 +84,7 @@ def test_the_monitoring_host_renders_every_hosts_targets_and_no_secret_but_the_t
     token = files[paths["token"]]
     assert token.secret and token.mode == "0640" and token.group == "prometheus" and token.content == TOKEN + "\n"
     assert all(TOKEN not in f.content for path, f in files.items() if path not in (paths["token"],
-                                                                                    "/etc/vllm-fleet/front-keys.conf"))
+                                                                                    "/etc/vllm-fleet/front-secrets/keys.conf"))
     unit = files[paths["unit"]].content
     assert "--web.listen-address=127.0.0.1:9414" in unit and "User=prometheus" in unit
     assert "--storage.tsdb.retention.time=15d --storage.tsdb.retention.size=10240MB" in unit
@@ -114,7 +114,7 @@ def test_render_without_the_fleets_targets_on_the_monitoring_host_is_refused():
 def test_the_front_passes_metrics_only_with_the_token():
     host = _host(vllm_gateway=True, **METRICS)
     files = _files(host, backends=[])
-    conf, keys = files["/etc/vllm-fleet/front.conf"].content, files["/etc/vllm-fleet/front-keys.conf"].content
+    conf, keys = files["/etc/vllm-fleet/front.conf"].content, files["/etc/vllm-fleet/front-secrets/keys.conf"].content
     assert 'map $http_authorization $vllm_fleet_metrics_ok {\n    default 0;\n    "~^Bearer\\\\ mt\\\\-abab' in keys
     assert "location = /metrics {" in conf and "proxy_pass http://backend_18000/metrics;" in conf
     for path, upstream in (("/metrics/node", "127.0.0.1:9413/metrics"), ("/metrics/gpu", "127.0.0.1:9411/gpu"),
@@ -129,7 +129,7 @@ def test_the_front_passes_metrics_only_with_the_token():
 
 def test_a_render_without_secrets_refuses_every_metrics_request():
     host = _host(**METRICS)
-    keys = _files(host, secrets=None)["/etc/vllm-fleet/front-keys.conf"].content
+    keys = _files(host, secrets=None)["/etc/vllm-fleet/front-secrets/keys.conf"].content
     block = keys.split("$vllm_fleet_metrics_ok {")[1].split("}")[0]
     assert "default 0;" in block and " 1;" not in block
 
@@ -137,7 +137,7 @@ def test_a_render_without_secrets_refuses_every_metrics_request():
 def test_a_changed_token_changes_the_front_keys_file_only():
     host = _host(**METRICS)
     before, after = _files(host), _files(host, secrets=Secrets("sk-k", host_key="hk-1", metrics_token="mt-other-1"))
-    assert {p for p in before if before[p].content != after[p].content} == {"/etc/vllm-fleet/front-keys.conf"}
+    assert {p for p in before if before[p].content != after[p].content} == {"/etc/vllm-fleet/front-secrets/keys.conf"}
 
 
 def test_the_exporters_listen_on_loopback_and_are_given_the_hosts_paths():
@@ -147,7 +147,7 @@ def test_the_exporters_listen_on_loopback_and_are_given_the_hosts_paths():
     assert "--listen 127.0.0.1:9411 --front-status http://127.0.0.1:9412/stub_status" in exporter
     assert f"--storage {host.settings.vllm_hf_home} --storage {host.settings.vllm_models_dir} " in exporter
     assert "--tls-cert /etc/vllm-fleet/front-cert.pem" in exporter and "--vllm-env /opt/vllm-fleet/envs/" in exporter
-    assert "User=vllm" in exporter
+    assert "User=vllm-exporter" in exporter
     node = files[paths["node_exporter_unit"]].content
     assert "--web.listen-address=127.0.0.1:9413" in node and "User=prometheus" in node
     assert files[paths["exporter"]].content.startswith(("#!", '"""'))

@@ -17,6 +17,7 @@ import hashlib
 import json
 import os
 import shlex
+import posixpath
 import shutil
 import subprocess
 from pathlib import Path
@@ -24,12 +25,15 @@ from pathlib import Path
 import pytest
 
 from planning_fixtures import TINY_MODEL_INFO
+from vllm_fleet import kinds
 from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.host import (facts, gpu_facts, host_facts, model_source, model_sync as ms, model_sync_rules, operations,
-                             state_facts)
+                             ownership, state_facts)
 from vllm_fleet.host.facts import parse_batch, query
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.host.host_probe import RESULT_PREFIX
+from vllm_fleet.config import service_user_directories
+from vllm_fleet.templating import front_secrets_dir
 
 REPO = Path(__file__).resolve().parent.parent
 SHELLS = [path for path in map(shutil.which, ("dash", "bash")) if path]  # Debian's sh, and bash
@@ -283,16 +287,58 @@ def test_managed_directory(monkeypatch):
 
 def test_service_account(monkeypatch):
     args = dict(user="vllm", group="vllm", home="/var/lib/vllm-fleet", shell="/usr/sbin/nologin")
-    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "home": "/var/lib/vllm-fleet",
-                      "shell": "/usr/sbin/nologin", "group": "vllm"}, "group": {"name": "vllm", "gid": 999}}
+    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "comment": operations.ACCOUNT_COMMENT,
+                      "home": "/var/lib/vllm-fleet", "shell": "/usr/sbin/nologin", "group": "vllm"},
+             "group": {"name": "vllm", "gid": 999, "members": []}}
     assert _op(monkeypatch, operations.service_account, {"ServiceAccount": there}, **args)[0] == []
     assert _op(monkeypatch, operations.service_account, {"ServiceAccount": {"user": None, "group": None}},
                **args)[0] == [
         "getent group vllm >/dev/null || groupadd -r vllm",
-        "getent passwd vllm >/dev/null || useradd -d /var/lib/vllm-fleet -s /usr/sbin/nologin -g vllm -r -M vllm"]
+        "useradd -d /var/lib/vllm-fleet -s /usr/sbin/nologin -g vllm -c 'vllm-fleet service user' -r -M vllm"]
     moved = {"user": dict(there["user"], home="/home/vllm", group="users"), "group": there["group"]}
     assert _op(monkeypatch, operations.service_account, {"ServiceAccount": moved}, **args)[0] == [
         "usermod -d /var/lib/vllm-fleet -g vllm vllm"]
+    # The vLLM user an earlier deploy made without the comment gets it (account_problem let it through).
+    unmarked = {"user": dict(there["user"], comment=""), "group": there["group"]}
+    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": unmarked}, **args)[0] == [
+        "usermod -c 'vllm-fleet service user' vllm"]
+
+
+def _account(name="vllm", comment=operations.ACCOUNT_COMMENT, uid=999, home="/var/lib/vllm-fleet",
+             shell="/usr/sbin/nologin", members=()):
+    return {"user": {"name": name, "uid": uid, "gid": uid, "comment": comment, "home": home, "shell": shell,
+                     "group": name}, "group": {"name": name, "gid": uid, "members": list(members)}}
+
+
+@pytest.mark.parametrize("found, words", [
+    (_account("nobody", comment="nobody", uid=65534, home="/nonexistent"), "uid 65534"),  # the OS's
+    (_account("deploy", comment="Deploy,,,", uid=1000, home="/home/deploy", shell="/bin/bash"), "not created by"),
+    (_account("prometheus", comment="Prometheus daemon", uid=105, home="/var/lib/prometheus"), "another daemon"),
+    # No comment, but not what an earlier deploy made: a login shell, another home, a person's uid.
+    (_account(comment="", shell="/bin/bash"), "not created by"),
+    (_account(comment="", home="/home/vllm"), "not created by"),
+    (_account(comment="", uid=1001), "not created by"),
+    (_account(comment="\x1b]0;x\x07"), "(not shown)"),  # a terminal's escape is never printed
+    ({"user": None, "group": {"name": "vllm", "gid": 50, "members": ["alice"]}}, "'alice'"),
+])
+def test_an_account_vllm_fleet_did_not_create_is_never_taken_over(found, words):
+    """A person's, another daemon's or the OS's account (or a group with members) would share its files,
+    processes and logins with the service, and the service's secrets with its owner."""
+    user = found["user"]["name"] if found["user"] else "vllm"
+    problem = ownership.account_problem(found, user, user, legacy_home="/var/lib/vllm-fleet")
+    assert problem and words in problem and kinds.printable(problem), problem
+
+
+@pytest.mark.parametrize("found", [
+    {"user": None, "group": None},
+    {"user": None, "group": {"name": "vllm", "gid": 50, "members": []}},
+    _account(),
+    _account(comment=""),  # the vLLM user an earlier deploy made: a system user of the state dir, no shell
+])
+def test_an_account_of_vllm_fleets_own_or_none_is_fine(found):
+    assert ownership.account_problem(found, "vllm", "vllm", legacy_home="/var/lib/vllm-fleet") is None
+    if found["user"] and found["user"]["comment"] == "":  # only the vLLM user's earlier form
+        assert ownership.account_problem(found, "vllm", "vllm") is not None
 
 
 def test_systemd_service_follows_pyinfras_rules(monkeypatch):
@@ -377,13 +423,26 @@ class SimulatedHost:
             return [env_name, json.dumps({"spec": {"target": "cpu", "vllm_version": "0"}})]
         if name == "HubModelCached":
             return ["complete"]
-        if name == "ServiceAccount":
-            return [f"passwd {kw['user']}:x:999:999::{c.settings.vllm_state_dir}:/usr/sbin/nologin",
+        if name == "ServiceAccount":  # every service's user, as the deploy made it
+            home = c.settings.vllm_state_dir if kw["user"] == c.settings.vllm_service_user else "/nonexistent"
+            return [f"passwd {kw['user']}:x:999:999:{operations.ACCOUNT_COMMENT}:{home}:/usr/sbin/nologin",
                     f"primary {kw['group']}", f"group {kw['group']}:x:999:"]
+        if name == "PathOwners":  # every managed directory there, its own, below root's
+            service = set(service_user_directories(c.settings))
+            lines = []
+            for path in kw["paths"]:
+                while True:
+                    lines.append(f"755 {c.settings.vllm_service_user if path in service else 'root'} - {path}")
+                    if path == "/":
+                        break
+                    path = posixpath.dirname(path)
+            return lines
         if name == "DirectoryState":
             user = c.settings.vllm_service_user
             if kw["path"] == c.settings.vllm_config_dir:
-                return [f"dir 750 root {user}"]
+                return ["dir 755 root root"]
+            if kw["path"] == front_secrets_dir(c):
+                return [f"dir 750 root {c.settings.vllm_front_user}"]
             return [f"dir {751 if kw['path'] == c.settings.vllm_state_dir else 750} {user} {user}"]
         if name == "FileState":
             if kw["path"] in self.leftovers:
@@ -901,8 +960,8 @@ def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):
     with pytest.raises(DeployError) as info:
         prepare()
     text = str(info.value)
-    assert ("host box, key vllm_config_dir: vllm_config_dir /var/lib/vllm-fleet/config is also a directory the "
-            "service user writes") in text
+    assert ("host box, key vllm_config_dir: vllm_config_dir /var/lib/vllm-fleet/config (root's) is "
+            "<vllm_state_dir>/config (VLLM_CONFIG_ROOT)") in text
     assert "give vllm_config_dir a directory of its own" in text and "nothing was changed on any host" in text
 
 

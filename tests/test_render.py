@@ -54,7 +54,8 @@ def test_yaml_holds_the_engine_arguments():
 
 def test_secrets_only_in_the_root_only_env_file_and_the_fronts_keys_file():
     """vLLM holds the host's own key (its root-only env file); the clients' keys are only in the
-    front's keys file (0640 root:vllm, for nginx), which holds the host's key too (what it sends vLLM)."""
+    front's keys file (0640 root:vllm-front, for nginx alone), which holds the host's key too (what it
+    sends vLLM); vLLM's unit and Ray's do not even see the front's secrets."""
     files = rendered()
     for path, f in files.items():
         # The HF token is for downloads only (hub.env): the serving process starts offline.
@@ -62,12 +63,15 @@ def test_secrets_only_in_the_root_only_env_file_and_the_fronts_keys_file():
         if path.endswith(".env"):
             assert HOST_KEY in f.content and API_KEY not in f.content
             assert f.mode == "0600" and f.owner == "root" and f.secret
-        elif path == "/etc/vllm-fleet/front-keys.conf":
+        elif path == "/etc/vllm-fleet/front-secrets/keys.conf":
             assert HOST_KEY in f.content and key_pattern(API_KEY) in f.content
-            assert f.mode == "0640" and f.owner == "root" and f.group == "vllm" and f.secret
+            assert f.mode == "0640" and f.owner == "root" and f.group == "vllm-front" and f.secret
         else:
             assert HOST_KEY not in f.content and API_KEY not in f.content, path
             assert key_pattern(API_KEY) not in f.content, path
+        if path.endswith(".service") and "User=vllm\n" in f.content:  # a unit that runs vLLM's code
+            assert ("InaccessiblePaths=-/etc/vllm-fleet/front-secrets -/etc/vllm-fleet-prometheus\n"
+                    in f.content), path
 
 
 def test_render_without_secrets_uses_placeholders():

@@ -91,8 +91,8 @@ def test_own_certificate_files_come_as_three_with_vllm_tls():
 
 def test_clients_keys_only_in_the_secret_keys_file_and_vllm_gets_the_hosts_key():
     files = files_of()
-    keys = files["/etc/vllm-fleet/front-keys.conf"]
-    assert keys.secret and (keys.mode, keys.group) == ("0640", "vllm")
+    keys = files["/etc/vllm-fleet/front-secrets/keys.conf"]
+    assert keys.secret and (keys.mode, keys.group) == ("0640", "vllm-front")
     for name, key in KEYS:
         assert f"{key_pattern(key)} {client_id(name)};" in keys.content
     assert f"{key_pattern(HOST_KEY)} {client_id('vllm-fleet')};" in keys.content
@@ -143,11 +143,11 @@ def test_with_tls_every_listener_is_https_only_and_the_key_is_secret():
     front = files["/etc/vllm-fleet/front.conf"].content
     assert "listen 0.0.0.0:8000 ssl;" in front and "ssl_protocols TLSv1.2 TLSv1.3;" in front
     assert "error_page 497 = @vllm_fleet_plain_http;" in front
-    key = files["/etc/vllm-fleet/front-key.pem"]
-    assert "placeholder" in key.content and (key.mode, key.group) == ("0640", "vllm")
+    key = files["/etc/vllm-fleet/front-secrets/tls-key.pem"]
+    assert "placeholder" in key.content and (key.mode, key.group) == ("0640", "vllm-front")
     material = tls.HostTls("CERT\n", "-----BEGIN PRIVATE KEY-----\n", "CA\n")
     files = {f.path: f for f in render_host(host, plan_host(host), Secrets("k", host_key=HOST_KEY, tls=material))}
-    assert files["/etc/vllm-fleet/front-key.pem"].secret
+    assert files["/etc/vllm-fleet/front-secrets/tls-key.pem"].secret
     assert files["/etc/vllm-fleet/front-cert.pem"].content == "CERT\n"
     assert files["/etc/vllm-fleet/trust.pem"].content == "CA\n"
 
@@ -179,7 +179,7 @@ def test_no_client_name_is_a_map_key_nginx_could_fold_or_read_as_a_keyword():
     secrets = Secrets(client_keys=(("Ci-Team", "sk-a-1"), ("Research", "sk-c-1"), ("ci-team2", "sk-b-1")),
                       host_key=HOST_KEY)
     files = {f.path: f for f in render_host(host, plan_host(host), secrets, backends=[])}
-    front, keys = files["/etc/vllm-fleet/front.conf"].content, files["/etc/vllm-fleet/front-keys.conf"].content
+    front, keys = files["/etc/vllm-fleet/front.conf"].content, files["/etc/vllm-fleet/front-secrets/keys.conf"].content
     map_keys = _map_keys(front) + _map_keys(keys)
     assert map_keys, "no map found"
     for key in map_keys:

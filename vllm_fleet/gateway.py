@@ -46,6 +46,7 @@ from vllm_fleet.plan import FleetPlan
 from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment, nginx_string
 
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
+GATEWAY_RUNTIME_DIR = "vllm-fleet-gateway"  # /run/<this>: the router's working directory and HOME
 GATEWAY_PACKAGE = "vllm-router"
 REGISTER_TIMEOUT_S = 60  # ExecStartPost: vllm-router answers /health ~1 s after its start
 STOP_TIMEOUT_S = 30  # SIGTERM lets the requests in flight finish (~2 s measured), then SIGKILL
@@ -176,7 +177,7 @@ def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str) 
         host=config, version=config.settings.vllm_gateway_version, ports=gateway_ports(config.settings),
         bind=config.settings.vllm_bind_host, backends=backends, paths=paths, env_prefix=env_prefix,
         policy=config.settings.vllm_gateway_policy, register_command=register_command(config, env_prefix),
-        start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S,
+        start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S, runtime_dir_name=GATEWAY_RUNTIME_DIR,
         trust_file=front_paths(config)["tls_trust"] if any(b.url.startswith("https:") for b in backends) else None)
     script = jenv.get_template("gateway-register.py.j2").render(host=config, unit=GATEWAY_UNIT)
     return [RenderedFile(paths["unit"], unit),

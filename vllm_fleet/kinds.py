@@ -100,11 +100,30 @@ def served_name_problem(text: Any) -> str | None:
             "or '$' (letters, digits and . _ : / @ + = % , -), not starting with '-'")
 
 
+#: Accounts the OS or a common package already runs something as (Debian's base-passwd, systemd's,
+#: and the daemons a GPU server often has): a service user of vllm-fleet is one the deploy creates for
+#: it alone, so these are refused before a host is reached (the deploy refuses any other existing
+#: account that it did not create: host.operations.account_problem).
+SYSTEM_ACCOUNTS = frozenset((
+    "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
+    "www-data", "backup", "list", "irc", "gnats", "nobody", "nogroup", "_apt", "messagebus", "sshd", "polkitd",
+    "systemd-network", "systemd-resolve", "systemd-timesync", "systemd-coredump", "systemd-journal",
+    "systemd-oom", "tss", "uuidd", "tcpdump", "syslog", "avahi", "dnsmasq", "ntp", "chrony", "_chrony",
+    "postfix", "nginx", "prometheus", "nvidia-persistenced", "docker", "lxd", "admin", "ubuntu", "debian",
+    "adm", "sudo", "wheel", "staff", "users", "disk", "kmem", "shadow", "utmp", "video", "render", "audio",
+))
+
+
 def user_problem(text: Any) -> str | None:
+    """A user vllm-fleet runs a service as: a user name that is not root and no account the OS or a
+    common package already runs something as (SYSTEM_ACCOUNTS)."""
     if not (isinstance(text, str) and USER_RE.fullmatch(text)):
         return f"{text!r} is not a valid user name"
     if text == "root":
         return "root is not allowed: vLLM runs as a non-root user"
+    if text in SYSTEM_ACCOUNTS:
+        return (f"{text!r} is an account of the OS or of another package: what runs as it (and what it may "
+                "read) would be vLLM's too")
     return None
 
 
@@ -168,9 +187,28 @@ def host_path_problem(text: Any) -> str | None:
     return None
 
 
-def managed_path_problem(text: Any) -> str | None:
+#: Trees whose files root itself reads, runs or obeys: the OS's programs and libraries, its
+#: configuration (/etc: what systemd, cron, sudo, PAM, apt and sshd read), root's and the users' homes,
+#: the package managers' and systemd's state, spools root's daemons act on, the kernel's and
+#: runtime files. No directory the deploy makes may be inside one: the service user would own what
+#: root then obeys (a unit drop-in, a cron job, a program on root's PATH, a package's maintainer
+#: script). vllm_config_dir (root's own, never the service user's) alone may be a directory of its own
+#: directly below /etc (ROOT_CONFIG_PARENT), as /etc/vllm-fleet is.
+ROOT_READ_TREES = (
+    "/etc", "/usr", "/boot", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/root", "/home",
+    "/proc", "/sys", "/dev", "/run", "/snap", "/var/spool", "/var/mail", "/var/log", "/var/backups",
+    "/var/lib/dpkg", "/var/lib/apt", "/var/cache/apt", "/var/cache/debconf", "/var/lib/ucf",
+    "/var/lib/systemd", "/var/lib/polkit-1", "/var/lib/sudo", "/var/lib/dbus", "/var/lib/pam",
+    "/var/lib/nginx", "/var/lib/prometheus", "/var/lib/snapd", "/var/lib/rpm", "/var/lib/dnf",
+    "/var/lib/yum", "/var/cache/dnf", "/var/cache/yum",
+)
+ROOT_CONFIG_PARENT = "/etc"
+
+
+def managed_path_problem(text: Any, *, config_dir: bool = False) -> str | None:
     """A directory vllm-fleet creates and owns on the host (chown, chmod, deletes within it): a host
-    path that is no system directory and contains none."""
+    path that is no system directory, contains none, and is inside no tree root reads
+    (ROOT_READ_TREES; `config_dir`: root's own vllm_config_dir may also be directly below /etc)."""
     problem = host_path_problem(text)
     if problem:
         return problem
@@ -179,7 +217,18 @@ def managed_path_problem(text: Any) -> str | None:
     inside = next((d for d in SYSTEM_DIRECTORIES if d != "/" and d.startswith(text + "/")), None)
     if inside:
         return f"{text!r} contains the system directory {inside}: the deploy would chown and chmod it"
+    if config_dir and posixpath.dirname(text) == ROOT_CONFIG_PARENT:
+        return None
+    tree = next((t for t in ROOT_READ_TREES if within(text, t)), None)
+    if tree:
+        return (f"{text!r} is inside {tree}, whose files root reads or runs: a directory of vllm-fleet's there "
+                "could hand root's configuration or programs to the service user")
     return None
+
+
+def config_dir_problem(text: Any) -> str | None:
+    """vllm_config_dir: a managed directory, or one of its own directly below /etc."""
+    return managed_path_problem(text, config_dir=True)
 
 
 def within(path: str, parent: str) -> bool:

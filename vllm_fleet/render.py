@@ -25,7 +25,7 @@ from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
 from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
-                                   front_paths, jinja_environment, nginx_string)
+                                   front_paths, front_secrets_dir, jinja_environment, nginx_string)
 
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
 NGINX = "/usr/sbin/nginx"
@@ -159,6 +159,12 @@ def service_environment(host: HostConfig, plan: InstancePlan, ray: RayNode | Non
     return list(env.items())
 
 
+def other_services_secrets(host: HostConfig) -> list[str]:
+    """What the units that run vLLM's code (vLLM's, Ray's) must not see: the directories of the other
+    services' secrets (the front's, Prometheus')."""
+    return [front_secrets_dir(host), monitoring_files.monitoring_paths(host)["dir"]]
+
+
 def ray_paths(host: HostConfig) -> dict[str, str]:
     """The Ray unit, Ray's root temp dir (session dirs, logs, the raylet's and object store's unix
     sockets) and its spill dir: under the state dir, not /tmp, since PrivateTmp gives each unit its
@@ -214,7 +220,7 @@ def ray_files(host: HostConfig, plan: HostPlan, env_prefix: str) -> list[Rendere
     writable = sorted({host.settings.vllm_state_dir, host.settings.vllm_hf_home, host.settings.vllm_cache_root})
     unit = jinja_environment().get_template("ray.service.j2").render(
         host=host, role=ray, environment=list(env.items()), command=ray_command(host, ray, env_prefix),
-        stop_timeout_s=RAY_STOP_TIMEOUT_S, writable_paths=writable)
+        stop_timeout_s=RAY_STOP_TIMEOUT_S, writable_paths=writable, hidden_paths=other_services_secrets(host))
     return [RenderedFile(ray_paths(host)["unit"], unit)]
 
 
@@ -233,7 +239,8 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
         host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan, ray),
         ray_unit=RAY_UNIT if ray else None,
         env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
-        lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)))
+        lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)),
+        hidden_paths=other_services_secrets(host))
     env_file = jenv.get_template("vllm.env.j2").render(
         plan=plan, secrets=(secrets or Secrets()).pairs(placeholders=secrets is None))
     user = host.settings.vllm_service_user
@@ -282,8 +289,8 @@ CERT_PLACEHOLDER = "# placeholder: the deploy writes the host's TLS certificate 
 
 def front_keys_file(host: HostConfig, secrets: Secrets | None) -> RenderedFile:
     """The nginx include that names the client of each request by its key, and holds the host's own
-    key the front sends vLLM: 0640 root:<service user> (nginx runs as that user). Without secrets
-    (vllm-fleet render), a placeholder that refuses every request."""
+    key the front sends vLLM: 0640 root:<front user> (nginx runs as that user; no other service's
+    user reads it). Without secrets (vllm-fleet render), a placeholder that refuses every request."""
     keys = secrets.keys_by_client(FLEET_KEY_CLIENT) if secrets else {}
     patterns = [(client_id(name), gw.key_pattern(keys[name])) for name in sorted(keys)]
     metrics_token = secrets.metrics_token if secrets else None
@@ -295,16 +302,16 @@ def front_keys_file(host: HostConfig, secrets: Secrets | None) -> RenderedFile:
         metrics=host.settings.vllm_metrics is True,
         metrics_pattern=gw.key_pattern(metrics_token) if metrics_token else None,
         note=KEYS_PLACEHOLDER if secrets is None else "no API key was given: every request gets 401")
-    return RenderedFile(front_paths(host)["keys"], content, mode="0640", group=host.settings.vllm_service_user,
+    return RenderedFile(front_paths(host)["keys"], content, mode="0640", group=host.settings.vllm_front_user,
                         secret=secrets is not None)
 
 
 def front_tls_files(host: HostConfig, secrets: Secrets | None) -> list[RenderedFile]:
-    """With vllm_tls: the front's certificate chain, its key (0640 root:<service user>, secret) and the
+    """With vllm_tls: the front's certificate chain, its key (0640 root:<front user>, secret) and the
     CAs the host trusts. Without secrets (vllm-fleet render), placeholders."""
     if host.settings.vllm_tls is not True:
         return []
-    paths, user = front_paths(host), host.settings.vllm_service_user
+    paths, user = front_paths(host), host.settings.vllm_front_user
     tls = secrets.tls if secrets else None
     return [RenderedFile(paths["tls_cert"], tls.cert_pem if tls else CERT_PLACEHOLDER),
             RenderedFile(paths["tls_key"], tls.key_pem if tls else "# placeholder: the host's TLS key\n",
@@ -366,8 +373,9 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         metrics=metrics, gateway_access=access, gateway_only=gateway_only, **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
+        secrets_dir=front_secrets_dir(host),
         bind=nginx_address(host.settings.vllm_bind_host))
-    return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_service_user),
+    return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_front_user),
             RenderedFile(paths["unit"], unit), front_keys_file(host, secrets), *front_tls_files(host, secrets)]
 
 

@@ -238,7 +238,8 @@ class Settings:
 
     # --- Files and the service
     vllm_config_dir: str = knob(
-        "/etc/vllm-fleet", "<name>.yaml engine configs, <name>.env secrets, manifest.json", **_PATH)
+        "/etc/vllm-fleet", "<name>.yaml engine configs, <name>.env secrets, manifest.json",
+        check=kinds.config_dir_problem)
     vllm_state_dir: str = knob("/var/lib/vllm-fleet", "The service user's home", **_PATH)
     vllm_hf_home: str = knob("/var/lib/vllm-fleet/hf", "HF_HOME", **_PATH)
     vllm_cache_root: str = knob(
@@ -246,8 +247,15 @@ class Settings:
     vllm_models_dir: str = knob(
         "/var/lib/vllm-fleet/models", "Where model_source directories are synced to", **_PATH)
     vllm_service_user: str = knob(
-        "vllm", "The user vLLM runs as (never root)",
+        "vllm", "The user vLLM and Ray run as (never root; created by the deploy, for them alone)",
         check=kinds.user_problem)
+    vllm_front_user: str = knob(
+        "vllm-front", "The user the front (nginx) runs as: it alone reads the clients' keys and the TLS key",
+        check=kinds.user_problem)
+    vllm_gateway_user: str = knob(
+        "vllm-router", "The user the gateway's vllm-router runs as", check=kinds.user_problem)
+    vllm_exporter_user: str = knob(
+        "vllm-exporter", "The user the host exporter (vllm_metrics) runs as", check=kinds.user_problem)
     vllm_bind_host: str = knob(
         "0.0.0.0", "The address the host's front (nginx) listens on for every instance",
         check=kinds.listen_address_problem,

@@ -77,13 +77,22 @@ class RenderedFile:
     secret: bool = False  # content holds secret values: never print or diff it
 
 
+def front_secrets_dir(host: HostConfig) -> str:
+    """The directory of the front's secrets (the keys file, the TLS key): root's, 0750, group the
+    front's user, so no other service's user (vLLM's above all) can even look inside, and the vLLM
+    and Ray units make it inaccessible besides (a directory, not its files: a file replaced by the
+    next deploy would come back into view)."""
+    return f"{host.settings.vllm_config_dir}/front-secrets"
+
+
 def front_paths(host: HostConfig) -> dict[str, str]:
     """The front's unit and config, the keys file the config includes, and (vllm_tls) its certificate
-    chain, key and the CAs the host trusts (its own checks; on the gateway host, the backends)."""
-    config_dir = host.settings.vllm_config_dir
+    chain, key and the CAs the host trusts (its own checks; on the gateway host, the backends). The
+    keys file and the TLS key are in front_secrets_dir."""
+    config_dir, secrets = host.settings.vllm_config_dir, front_secrets_dir(host)
     return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{config_dir}/front.conf",
-            "keys": f"{config_dir}/front-keys.conf", "tls_cert": f"{config_dir}/front-cert.pem",
-            "tls_key": f"{config_dir}/front-key.pem", "tls_trust": f"{config_dir}/trust.pem"}
+            "keys": f"{secrets}/keys.conf", "tls_cert": f"{config_dir}/front-cert.pem",
+            "tls_key": f"{secrets}/tls-key.pem", "tls_trust": f"{config_dir}/trust.pem"}
 
 
 # --- EnvironmentFile quoting: ONE rule, used by the writer (here) and the reader (host_probe.py's

@@ -124,6 +124,8 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     _check_monitoring_ports(check, settings, instances)
     _check_tls(check, settings)
     _check_model_directories(check, settings, instances)
+    _check_directory_owners(check, settings)
+    _check_accounts(check, settings, data.get("ssh_user"))
     if settings.vllm_target == "cpu":
         _check_cpu_host(check, instances)
     if not Settings.problem("vllm_backend_port_offset", settings.vllm_backend_port_offset):
@@ -174,6 +176,59 @@ def _check_model_directories(check: Checker, settings: Settings, instances: list
                             f"and it contains instance {other.name}'s model directory {other.model}",
                             instance=inst.name, key="model",
                             fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
+
+
+#: The directories root owns (the environments root runs python from; its configuration) and those the
+#: service user owns and writes: neither kind may be inside the other.
+ROOT_DIRECTORY_KNOBS = ("vllm_root", "vllm_config_dir")
+SERVICE_DIRECTORY_KNOBS = ("vllm_state_dir", "vllm_hf_home", "vllm_cache_root")
+
+
+def _check_directory_owners(check: Checker, settings: Settings) -> None:
+    """A directory root owns (vllm_root: the environments root runs python from; vllm_config_dir: root's
+    configuration and the instances' secrets) is none of the directories the service user owns, nor
+    inside one (the service user could rename it and put its own in its place: root would run its
+    python, or read its config), and none the service user owns is inside root's."""
+    if any(Settings.problem(knob, settings[knob]) for knob in ROOT_DIRECTORY_KNOBS + SERVICE_DIRECTORY_KNOBS):
+        return  # reported by Settings
+    service = {settings[knob]: knob for knob in SERVICE_DIRECTORY_KNOBS}
+    service.setdefault(f"{settings.vllm_state_dir}/config", "<vllm_state_dir>/config (VLLM_CONFIG_ROOT)")
+    for root_knob in ROOT_DIRECTORY_KNOBS:
+        root_dir = settings[root_knob]
+        # The directory it is before any that holds it: "is <vllm_state_dir>/config", not "is inside".
+        for service_dir, service_knob in sorted(service.items(), key=lambda item: item[0] != root_dir):
+            if kinds.within(root_dir, service_dir):
+                where = "is" if root_dir == service_dir else "is inside"
+                check.error(f"{root_knob} {root_dir} (root's) {where} {service_knob} {service_dir}, which the service "
+                            f"user {settings.vllm_service_user} owns and writes: it could replace what root runs or "
+                            "reads there", key=root_knob,
+                            fix=f"give {root_knob} a directory of its own, outside the service user's (e.g. "
+                                f"{HOST_DEFAULTS[root_knob]!r})")
+                break
+            if kinds.within(service_dir, root_dir):
+                check.error(f"{service_knob} {service_dir} (the service user's) is inside {root_knob} {root_dir}, "
+                            "root's", key=service_knob if service_knob in SERVICE_DIRECTORY_KNOBS else "vllm_state_dir",
+                            fix=f"give it a directory outside {root_knob} (e.g. {HOST_DEFAULTS['vllm_state_dir']!r})")
+
+
+ACCOUNT_KNOBS = ("vllm_service_user", "vllm_front_user", "vllm_gateway_user", "vllm_exporter_user")
+
+
+def _check_accounts(check: Checker, settings: Settings, ssh_user: Any) -> None:
+    """Each service runs as a user of its own (so each reads only its own secrets), and none is the
+    login user the deploy connects as (a person's account, with sudo)."""
+    seen: dict[str, str] = {}
+    for knob in ACCOUNT_KNOBS:
+        user = settings[knob]
+        if Settings.problem(knob, user):
+            continue  # reported by Settings
+        if user in seen:
+            check.error(f"{knob} {user!r} is also {seen[user]}: each service runs as a user of its own, so "
+                        "that each reads only its own secrets", key=knob, fix=f"{knob} = {HOST_DEFAULTS[knob]!r}")
+        elif isinstance(ssh_user, str) and user == ssh_user:
+            check.error(f"{knob} {user!r} is the login user the deploy connects as (ssh_user): a person's "
+                        "account, with sudo, would run the service", key=knob, fix=f"{knob} = {HOST_DEFAULTS[knob]!r}")
+        seen.setdefault(user, knob)
 
 
 def _check_cpu_host(check: Checker, instances: list[InstanceConfig]) -> None:
@@ -390,17 +445,10 @@ def service_user_directories(settings: Settings) -> list[str]:
 def config_dir_clashes(config: HostConfig, instances: Sequence[InstanceConfig], *,
                        hub_downloads: bool) -> list[ConfigError]:
     """vllm_config_dir holds root's files (engine configs, each instance's secrets in <name>.env, the
-    downloads' token in HUB_TOKEN_FILE): it is none of the directories the service user writes,
-    and no instance's env file is the token file. `hub_downloads`: whether the host downloads
-    anything from the hub (the token file exists only then)."""
+    downloads' token in HUB_TOKEN_FILE): no instance's env file is the token file (that it is none
+    of the service user's directories is a rule of the host data: parse_host). `hub_downloads`:
+    whether the host downloads anything from the hub (the token file exists only then)."""
     settings, errors = config.settings, []
-    for path in service_user_directories(settings):
-        if path == settings.vllm_config_dir:
-            errors.append(ConfigError(
-                f"vllm_config_dir {path} is also a directory the service user writes (vllm_state_dir, "
-                "vllm_hf_home, vllm_cache_root or <vllm_state_dir>/config): root's configuration and the "
-                "instances' secrets would be the service's to change", host=config.name, key="vllm_config_dir",
-                fix="give vllm_config_dir a directory of its own (not one the deploy makes below vllm_state_dir)"))
     for inst in instances:
         if hub_downloads and f"{inst.name}.env" == HUB_TOKEN_FILE:
             errors.append(ConfigError(

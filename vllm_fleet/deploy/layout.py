@@ -4,18 +4,20 @@ than, the hub downloads, the units the plan no longer has."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from pyinfra import host
 
 from vllm_fleet import gateway
-from vllm_fleet.config import HostConfig, instance_of_unit
+from vllm_fleet.config import HostConfig, instance_of_unit, service_user_directories
 from vllm_fleet.environment import current_link
 from vllm_fleet.host import facts, hub
 from vllm_fleet.host.host_facts import ManagedUnits
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST
 from vllm_fleet.monitoring.files import MONITORING_UNITS, PROMETHEUS_UNIT, monitoring_unit_files
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, front_paths, instance_paths, ray_paths
+from vllm_fleet.monitoring.files import metrics_paths
+from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, front_paths, front_secrets_dir, instance_paths, ray_paths
 
 from .state import Deployment
 
@@ -29,18 +31,65 @@ def hub_token_file(config: HostConfig) -> str:
     return f"{config.settings.vllm_config_dir}/hub.env"
 
 
-def service_directories(config: HostConfig) -> list[tuple[str, str, str]]:
-    """(operation name, path, mode) of the directories the service user writes (and the config
-    directory, root's, the service's group reads), in the order they are made."""
+@dataclass(frozen=True)
+class ManagedDirectory:
+    """A directory the deploy makes and keeps, with its owner and mode."""
+
+    name: str  # the operation's name
+    path: str
+    mode: str
+    user: str
+    group: str
+
+
+def service_directories(deployment: Deployment) -> list[ManagedDirectory]:
+    """The directories of the host's services, in the order they are made: the config directory
+    (root's; each service's files in it carry their own group and mode, so every service's user may
+    pass through it), the front's secrets (root's, its user's group alone: front_secrets_dir) and
+    those the service user writes (its home, HF_HOME, vLLM's cache and config)."""
+    config = deployment.config
     settings = config.settings
-    dirs = [("Config directory", settings.vllm_config_dir, "0750")]
-    for path in sorted({settings.vllm_state_dir, settings.vllm_hf_home, settings.vllm_cache_root,
-                        f"{settings.vllm_state_dir}/config"}):
+    user = settings.vllm_service_user
+    dirs = [ManagedDirectory("Config directory", settings.vllm_config_dir, "0755", "root", "root")]
+    if front_paths(config)["unit"] in deployment.files:
+        dirs.append(ManagedDirectory("Front secrets directory", front_secrets_dir(config), "0750", "root",
+                                     settings.vllm_front_user))
+    for path in service_user_directories(settings):
         # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
         # it), so the login user can upload model files into place (model_sync); what the service
         # writes (HF_HOME, caches, config) stays 0750 below it.
-        dirs.append((f"Directory {path}", path, "0751" if path == settings.vllm_state_dir else "0750"))
+        dirs.append(ManagedDirectory(f"Directory {path}", path, "0751" if path == settings.vllm_state_dir else "0750",
+                                     user, user))
     return dirs
+
+
+@dataclass(frozen=True)
+class ServiceAccount:
+    """A user the deploy creates for one service (with a group of the same name)."""
+
+    role: str  # what runs as it, in words
+    user: str
+    home: str
+
+
+def service_accounts(deployment: Deployment) -> list[ServiceAccount]:
+    """The users of the services this host runs: vLLM's and Ray's always (its home is the state
+    directory), the front's, the gateway's and the host exporter's where the host runs them."""
+    config, files = deployment.config, deployment.files
+    settings = config.settings
+    accounts = [ServiceAccount("vLLM and Ray", settings.vllm_service_user, settings.vllm_state_dir)]
+    for unit_path, role, user in ((front_paths(config)["unit"], "the front (nginx)", settings.vllm_front_user),
+                                  (gateway.gateway_paths(config)["unit"], "the gateway (vllm-router)",
+                                   settings.vllm_gateway_user),
+                                  (metrics_paths(config)["exporter_unit"], "the host exporter",
+                                   settings.vllm_exporter_user)):
+        if unit_path in files:
+            accounts.append(ServiceAccount(role, user, NO_HOME))
+    return accounts
+
+
+#: The home of a service user that needs none (what Debian's adduser gives such users).
+NO_HOME = "/nonexistent"
 
 
 def freshness_paths(config: HostConfig, inst) -> tuple[str, ...]:

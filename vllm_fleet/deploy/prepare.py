@@ -20,6 +20,8 @@ from vllm_fleet import gateway, host_keys, tls
 from vllm_fleet.commands import bundle
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
+from vllm_fleet.config.host import ACCOUNT_KNOBS
+from vllm_fleet.config.instance import HOST_DEFAULTS
 from vllm_fleet.environment import ENV_MARKER, current_link
 from vllm_fleet.fleet import GatewayUnplanned
 from vllm_fleet.gateway import key_length_problem
@@ -29,9 +31,10 @@ from vllm_fleet.host.discovery import discover, discovery_queries
 from vllm_fleet.host.facts import query
 from vllm_fleet.host.host_facts import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits
 from vllm_fleet.host.model_sync import ModelSyncState, ownership_problem
+from vllm_fleet.host.ownership import account_problem, directory_problem
 from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.host.operations import environment_queries
-from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
+from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
 from vllm_fleet.kinds import secret_problem
 from vllm_fleet.monitoring.files import MONITORING_UNITS
 from vllm_fleet.plan import HostPlan
@@ -39,7 +42,7 @@ from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
 
 from . import access
 from .layout import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
-                     service_directories)
+                     service_accounts, service_directories)
 from .options import RunOptions
 from .state import Deployment, fail, host_config, run_fleet
 
@@ -97,7 +100,57 @@ def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
     _check_one_step_per_path(deployment)
     facts.prefetch(host, managed_state_queries(deployment))  # one remote command
     _check_synced_model_dirs(deployment)
+    _check_accounts(deployment)
+    _check_directories(deployment)
     return deployment
+
+
+def owned_paths(deployment: Deployment) -> tuple[str, ...]:
+    """The directories whose owners _check_directories reads: every managed one, and vllm_root."""
+    return tuple(sorted({d.path for d in service_directories(deployment)} | {deployment.config.settings.vllm_root}))
+
+
+def _check_directories(deployment: Deployment) -> None:
+    """Every directory the deploy makes is new or already its own, below directories only root can
+    change (ownership.directory_problem). Bad input: refused from the batch prefetch just read,
+    before any host changes."""
+    config = deployment.config
+    settings = config.settings
+    owners = facts.get(host, PathOwners, paths=owned_paths(deployment)) or {}
+    wanted = [(d.path, d.user) for d in service_directories(deployment)] + [(settings.vllm_root, "root")]
+    knobs = {settings[k]: k for k in ("vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home",
+                                      "vllm_cache_root")}
+    errors = []
+    for path, owner in wanted:
+        problem = directory_problem(owners, path, owner)
+        if problem:
+            knob = knobs.get(path) or ("vllm_config_dir" if path.startswith(settings.vllm_config_dir + "/")
+                                       else "vllm_state_dir")
+            errors.append(ConfigError(problem, host=config.name, key=knob,
+                                      fix=f"give {knob} a directory of its own (e.g. {HOST_DEFAULTS[knob]!r}): new, or "
+                                          f"{owner}'s already, below directories only root may change"))
+    if errors:
+        fail(errors)
+
+
+def _check_accounts(deployment: Deployment) -> None:
+    """Every user the host's services run as is one the deploy created, or none exists yet
+    (operations.account_problem): an existing account of a person, another daemon or the OS is never
+    taken over. Bad input: refused from the batch prefetch just read, before any host changes."""
+    config = deployment.config
+    errors = []
+    for account in service_accounts(deployment):
+        found = facts.get(host, ServiceAccount, user=account.user, group=account.user) or {"user": None, "group": None}
+        legacy = config.settings.vllm_state_dir if account.user == config.settings.vllm_service_user else None
+        problem = account_problem(found, account.user, account.user, legacy_home=legacy)
+        if problem:
+            knob = next(k for k in ACCOUNT_KNOBS if config.settings[k] == account.user)
+            errors.append(ConfigError(
+                f"{problem}; it would run {account.role}", host=config.name, key=knob,
+                fix=f"{knob} = '<a name no account of this host has>' (the deploy creates it), or remove that "
+                    "account if it is a leftover"))
+    if errors:
+        fail(errors)
 
 
 def describe(deployment: Deployment) -> str:
@@ -208,9 +261,9 @@ def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
     and its directories, the synced models, the environment, the hub cache, every file and unit this
     host gets (and those of removed instances), each instance's process start and file times."""
     config, plan = deployment.config, deployment.plan
-    user = config.settings.vllm_service_user
-    wanted = [query(ServiceAccount, user=user, group=user)]
-    wanted += [query(DirectoryState, path=path) for _name, path, _mode in service_directories(config)]
+    wanted = [query(ServiceAccount, user=account.user, group=account.user) for account in service_accounts(deployment)]
+    wanted += [query(DirectoryState, path=directory.path) for directory in service_directories(deployment)]
+    wanted.append(query(PathOwners, paths=owned_paths(deployment)))
     wanted += [model_state_query(inst.model) for inst in deployment.model_instances() if inst.model_source]
     wanted += environment_queries(environment_spec(config, plan), config.settings.vllm_root)
     wanted.append(query(InstalledEnvironment, current=current_link(config.settings.vllm_root), marker=ENV_MARKER))
@@ -250,8 +303,8 @@ def _check_one_step_per_path(deployment: Deployment) -> None:
     Bad input: refused before any change."""
     config = deployment.config
     writers: dict[str, list[str]] = {}
-    for name, path, _mode in service_directories(config):
-        writers.setdefault(path.rstrip("/") or "/", []).append(name.lower())
+    for directory in service_directories(deployment):
+        writers.setdefault(directory.path.rstrip("/") or "/", []).append(directory.name.lower())
     for path in deployment.files:
         writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
     # The rules of the input first (config.host), each with its own message; what is left is a

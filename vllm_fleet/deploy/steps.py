@@ -22,23 +22,24 @@ from vllm_fleet.host.operations import managed_directory, secret_file, service_a
 from vllm_fleet.monitoring.files import STOCK_UNITS
 from vllm_fleet.render import environment_spec
 
-from .layout import hub_downloads, hub_token_file, service_directories, upload_dir
+from .layout import hub_downloads, hub_token_file, service_accounts, service_directories, upload_dir
 from .state import Deployment
 
 STOCK_NGINX_UNIT = "nginx.service"  # Debian's own, started by the package: stopped when we install nginx
 
 
 def service_user(deployment: Deployment) -> None:
-    """2. The non-root service user and the directories it writes (state, HF_HOME, vLLM cache);
-    before the model sync, which uploads below the state dir."""
-    config = deployment.config
-    user = config.settings.vllm_service_user
-    # Its home is the state directory, made (and owned by it) just below.
-    service_account(name=f"Service user {user}", user=user, group=user, home=config.settings.vllm_state_dir,
-                    shell="/usr/sbin/nologin")
-    for name, path, mode in service_directories(config):
-        owner = "root" if path == config.settings.vllm_config_dir else user
-        managed_directory(name=name, path=path, user=owner, group=user, mode=mode)
+    """2. The non-root users of the host's services (vLLM's and Ray's; the front's, the gateway's and
+    the host exporter's where it runs them: each reads only its own secrets) and the directories
+    (the config directory, the front's secrets, what the service user writes: state, HF_HOME, vLLM
+    cache); before the model sync, which uploads below the state dir."""
+    for account in service_accounts(deployment):
+        # The service user's home is the state directory, made (and owned by it) just below.
+        service_account(name=f"Service user {account.user} ({account.role})", user=account.user,
+                        group=account.user, home=account.home, shell="/usr/sbin/nologin")
+    for directory in service_directories(deployment):
+        managed_directory(name=directory.name, path=directory.path, user=directory.user, group=directory.group,
+                          mode=directory.mode)
 
 
 def models(deployment: Deployment) -> None:

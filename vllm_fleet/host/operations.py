@@ -25,6 +25,7 @@ from pyinfra.facts.server import Command
 from pyinfra.operations.util.files import generate_color_diff
 
 from vllm_fleet.host import envbuild, facts, remote
+from vllm_fleet.host.ownership import ACCOUNT_COMMENT
 from vllm_fleet.host.host_facts import LinkTarget, PathsPresent
 from vllm_fleet.host.state_facts import DirectoryState, FileState, ServiceAccount, UnitState
 
@@ -174,9 +175,11 @@ def managed_directory(path: str, user: str | None = None, group: str | None = No
 @operation()
 def service_account(user: str, group: str, home: str, shell: str = "/usr/sbin/nologin"):
     """
-    A system group and a system user whose primary group it is (as ``server.group`` and
-    ``server.user`` with ``system=True``, no home created: the caller manages that directory), from
-    the ServiceAccount fact (getent).
+    A system group and a system user whose primary group it is, marked as vllm-fleet's
+    (ACCOUNT_COMMENT) (as ``server.group`` and ``server.user`` with ``system=True``, no home
+    created: the caller manages that directory), from the ServiceAccount fact (getent). The caller
+    has checked that an existing one is vllm-fleet's (account_problem): it is never taken from a
+    person, another daemon or the OS.
 
     + user: the user's name
     + group: its primary group (created when missing)
@@ -190,15 +193,15 @@ def service_account(user: str, group: str, home: str, shell: str = "/usr/sbin/no
         service_account(name="Service user vllm", user="vllm", group="vllm", home="/var/lib/vllm-fleet")
     """
     found = facts.get(host, ServiceAccount, user=user, group=group) or {"user": None, "group": None}
-    # Checked again when the command runs: a package install may add the same name meanwhile.
+    # Checked again when the command runs: a package install may add the same name meanwhile, and
+    # an account made meanwhile is not taken over (useradd then fails this host).
     if found["group"] is None:
         yield f"getent group {_q(group)} >/dev/null || groupadd -r {_q(group)}"
     existing = found["user"]
     if existing is None:
-        yield (f"getent passwd {_q(user)} >/dev/null || "
-               f"useradd -d {_q(home)} -s {_q(shell)} -g {_q(group)} -r -M {_q(user)}")
+        yield (f"useradd -d {_q(home)} -s {_q(shell)} -g {_q(group)} -c {_q(ACCOUNT_COMMENT)} -r -M {_q(user)}")
         return
-    changes = []
+    changes = [f"-c {_q(ACCOUNT_COMMENT)}"] if existing.get("comment") != ACCOUNT_COMMENT else []
     if existing["home"] != home:
         changes.append(f"-d {_q(home)}")
     if existing["shell"] != shell:

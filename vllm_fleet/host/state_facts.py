@@ -92,8 +92,8 @@ class DirectoryState(PreludeFact):
 
 class ServiceAccount(PreludeFact):
     """A user and a group, from the host's name service (getent):
-    {"user": {"name", "uid", "gid", "home", "shell", "group" (primary group's name)} or None,
-     "group": {"name", "gid"} or None}."""
+    {"user": {"name", "uid", "gid", "comment", "home", "shell", "group" (primary group's name)} or None,
+     "group": {"name", "gid", "members" (the names listed in the group entry)} or None}."""
 
     prelude = ('vf_account() { p=$(getent passwd "$1") && echo "passwd $p" && echo "primary $(id -gn "$1")"; '
                'g=$(getent group "$2") && echo "group $g"; return 0; }')
@@ -115,11 +115,13 @@ class ServiceAccount(PreludeFact):
             fields = rest.split(":")
             if kind == "passwd" and len(fields) >= 7 and fields[2].isdigit() and fields[3].isdigit():
                 out["user"] = {"name": fields[0], "uid": int(fields[2]), "gid": int(fields[3]),
-                               "home": fields[5], "shell": fields[6]}
+                               "comment": fields[4], "home": fields[5], "shell": fields[6]}
             elif kind == "primary":
                 primary = rest.strip()
             elif kind == "group" and len(fields) >= 3 and fields[2].isdigit():
-                out["group"] = {"name": fields[0], "gid": int(fields[2])}
+                members = fields[3].strip() if len(fields) >= 4 else ""
+                out["group"] = {"name": fields[0], "gid": int(fields[2]),
+                                "members": [m for m in members.split(",") if m]}
         if out["user"] is not None:
             out["user"]["group"] = primary
         return out
@@ -182,3 +184,34 @@ class NewestMtime(PreludeFact):
     def process(self, output):
         values = [line.strip() for line in output if line.strip().isdigit()]
         return int(values[-1]) if values else 0
+
+
+class PathOwners(PreludeFact):
+    """Who owns each managed directory and every directory above it, as a process there would meet
+    them (symbolic links followed): {path: {"mode": 0o755, "user": "root", "empty": bool}} for every
+    one of them that exists (a path absent from the answer does not exist). `empty`: it holds no
+    entry (read for the managed directories themselves)."""
+
+    prelude = ('vf_owners() { for d in "$@"; do p=$d; while :; do '
+               'if [ -e "$p" ]; then s=$(stat -L -c \'%a %U\' -- "$p") && '
+               'if [ "$p" = "$d" ] && [ -d "$p" ] && [ -z "$(find "$p" -mindepth 1 -maxdepth 1 -print -quit 2>/dev/null)" ]; '
+               'then echo "$s empty $p"; else echo "$s - $p"; fi; fi; '
+               '[ "$p" = / ] && break; p=$(dirname -- "$p"); done; done; }')
+
+    def call(self, paths: tuple[str, ...]) -> str:
+        return "vf_owners " + " ".join(shlex.quote(p) for p in paths)
+
+    def command(self, paths: tuple[str, ...]) -> str:
+        return f"{self.prelude}\n{self.call(paths)}"
+
+    def default(self):
+        return {}
+
+    def process(self, output):
+        out: dict[str, dict[str, Any]] = {}
+        for line in output:
+            parts = line.split(" ", 3)
+            if len(parts) == 4 and _mode(parts[0]) is not None:
+                seen = out.setdefault(parts[3], {"mode": _mode(parts[0]), "user": parts[1], "empty": False})
+                seen["empty"] = seen["empty"] or parts[2] == "empty"
+        return out
