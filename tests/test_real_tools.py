@@ -734,7 +734,6 @@ def test_a_client_name_of_64_characters_renders_a_front_nginx_accepts(tmp_path):
     ({"vllm_gateway_drain_timeout_s": 10 ** 400}, "vllm_gateway_drain_timeout_s", None),  # a float's range
     ({"vllm_monitoring_retention_gib": 1e300}, "vllm_monitoring_retention_gib", None),  # Prometheus: int64 bytes
     ({"vllm_ray_object_store_gib": 1e300}, "vllm_ray_object_store_gib", None),  # Ray: int64 bytes
-    ({"vllm_backend_port_offset": 10 ** 30}, "vllm_backend_port_offset", None),
     ({"start_timeout_s": MAX_START_TIMEOUT_S + 1}, "start_timeout_s", "a"),  # systemd: unparsable time spans
 ], ids=lambda value: str(value)[:40])
 def test_values_the_tools_refuse_are_refused_at_plan_time(tmp_path, data, key, instance):
@@ -772,14 +771,26 @@ def test_the_ssh_port_as_a_monitoring_port_is_refused_at_plan_time():
         assert error.fix == "vllm_metrics_port = 9410" or ssh_port == 9410
 
 
-def test_rays_port_as_the_gateways_router_or_a_monitoring_port_is_refused_at_plan_time():
+def test_rays_port_as_the_gateways_router_or_its_metrics_port_is_refused_at_plan_time():
     from test_multinode_plan import llama, node
 
-    for ray_port, words in ((19000, "the gateway's router port"), (19001, "the gateway's metrics port"),
-                            (9411, "the monitoring port 9411 (exporter)")):
+    for ray_port, words in ((19000, "the gateway's router port"), (19001, "the gateway's metrics port")):
         head = node("10.0.0.1", instances=[llama()], vllm_gateway=True, vllm_metrics=True, vllm_ray_port=ray_port)
         with pytest.raises(ConfigErrors) as info:
             Fleet.from_rows([("gpu-a", head, []), ("gpu-b", node("10.0.0.2", vllm_ray_port=ray_port), [])]).hosts()
         errors = [e for e in info.value.errors if e.key == "vllm_ray_port"]
         assert errors and errors[0].host == "gpu-a" and errors[0].instance == "llama70b", info.value
         assert f"vllm_ray_port {ray_port} is {words}" in errors[0].message and errors[0].fix
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("uvicorn-log-level", "INFO", "is not one of vLLM's choices for --uvicorn-log-level"),
+    ("uvicorn-log-level", True, "takes a value"),
+])
+def test_engine_args_vllms_parser_refuses_are_refused_at_plan_time(flag, value, words):
+    """The replayed parser refuses them (test_the_replayed_vllm_parser_says_what_argparse_says)."""
+    check = Checker("box")
+    assert parse_engine_args(check, {flag: value}, "a") == {}
+    [error] = check.errors
+    assert (error.host, error.instance, error.key) == ("box", "a", f"engine_args.{flag}") and words in error.message
+    assert tools.vllm_parse_problem(yaml.safe_dump({"model": "m", flag: value}))

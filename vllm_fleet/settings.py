@@ -278,8 +278,7 @@ class Settings:
         fix="vllm_bind_host = '0.0.0.0' (every IPv4 interface), '::' (every interface) or one "
             "address of the host")
     vllm_backend_port_offset: int = knob(
-        10000, "vLLM's own loopback port = the instance's port + this", low=1, high=65535 - 1024,
-        must="a whole number from 1 to 64511 (an instance's port is at least 1024; port + this at most 65535)")
+        10000, "vLLM's own loopback port = the instance's port + this", **_POSITIVE)
     vllm_limit_nofile: int = knob(
         65536, "LimitNOFILE of the units", low=1, high=LINUX_NR_OPEN_MAX,
         must=f"a whole number from 1 to {LINUX_NR_OPEN_MAX} (the most open files Linux lets a process have)")

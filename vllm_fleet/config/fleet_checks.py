@@ -131,7 +131,12 @@ def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
         return [ConfigError(f"vllm_ray_port {port} is this host's SSH port", host=head.name,
                             instance=group.instance.name, key="vllm_ray_port",
                             fix=f"vllm_ray_port = {HOST_DEFAULTS['vllm_ray_port']}")]
-    taken = host_ports(head.settings, head.instances)
+    # The gateway's port and the monitoring ports are _check_ray_ports' (it names them as the listener's).
+    reported = {head.settings.vllm_gateway_port} if head.settings.vllm_gateway is True else set()
+    if head.settings.vllm_metrics is True:
+        reported |= set(monitoring_ports(head.settings).values())
+    taken = {number: what for number, what in host_ports(head.settings, head.instances).items()
+             if number not in reported}
     if port in taken:
         return [ConfigError(
             f"vllm_ray_port {port} is {taken[port]}", host=head.name, instance=group.instance.name,
