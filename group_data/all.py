@@ -125,7 +125,7 @@ vllm_exporter_user = "vllm-exporter"  # the host exporter (vllm_metrics)
 # (/invocations, /tokenize, /pause, ... answer WITHOUT the key) are reachable from the host only.
 vllm_bind_host = "0.0.0.0"  # the address the front listens on for every instance
 vllm_backend_port_offset = 10000  # vLLM's own loopback port = the instance's port + this
-vllm_limit_nofile = 65536  # LimitNOFILE of the units
+vllm_limit_nofile = 65536  # LimitNOFILE of the units (at most 2147483584: Linux's most open files)
 # On a stop or restart (a deploy's), vLLM takes no new request and lets those in flight finish for up
 # to this long before it aborts them (--shutdown-timeout; vLLM's own default, 0, aborts at once). The
 # units' TimeoutStopSec is this plus 60 s. A restart waits that long only while requests run.
@@ -156,12 +156,12 @@ vllm_gateway_port = 9000  # clients -> <vllm_bind_host>:this; must be none of th
 vllm_gateway_version = "0.1.17"  # pinned vllm-router
 # A backend whose /health fails this many times in a row, checked every this many seconds, gets no
 # more requests until it answers again (vllm-router's own defaults, 3 x 60 s, keep a dead one ~3 min).
-vllm_gateway_health_interval_s = 2
-vllm_gateway_failure_threshold = 2
+vllm_gateway_health_interval_s = 2  # 1 to 86400
+vllm_gateway_failure_threshold = 2  # 1 to 4294967295 (vllm-router reads it as a u32)
 # `vllm-fleet rollout`: before a batch converges, its backends leave the gateway (no new request) and
 # the requests they already have finish, waited for up to this long; they are put back once
 # verified. The only healthy backend of a model is not drained (nothing else could serve it).
-vllm_gateway_drain_timeout_s = 60
+vllm_gateway_drain_timeout_s = 60  # 1 to 86400
 # In a fleet with a gateway, the instance ports take /v1/ requests only from the gateway host (its
 # vllm_advertise_address, which must then be an IP address: the fronts let that address in) and from
 # the host's own checks; anyone else gets 403 naming the gateway's URL. So a client's

@@ -28,7 +28,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: no quote, backslash or '$' (it appears in JSON, nginx's config and shell commands), and no '-'
 #: first (vLLM's parser would read the name as a flag).
 SERVED_NAME_RE = re.compile(r"[A-Za-z0-9._:/@+=%,][A-Za-z0-9._:/@+=%,-]{0,199}")
-USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
+USER_RE = re.compile(r"[a-z_][a-z0-9_-]{0,30}")
 #: A Linux interface name (IFNAMSIZ: at most 15 characters), as NCCL_SOCKET_IFNAME takes it.
 INTERFACE_RE = re.compile(r"[A-Za-z0-9_.-]{1,15}")
 ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -152,6 +152,10 @@ def listen_address_problem(text: Any) -> str | None:
         return f"{text!r} is not an IP address"
     if "%" in text:
         return f"{text!r} has an IPv6 scope id, which nginx's listen and systemd's IPAddressAllow= cannot take"
+    address = ipaddress.ip_address(text)
+    if address.version == 6 and address.ipv4_mapped:
+        return (f"{text!r} is an IPv4 address written as IPv6, on which nginx cannot listen (its IPv6 "
+                f"listeners take IPv6 only): write {str(address.ipv4_mapped)!r}")
     return None
 
 

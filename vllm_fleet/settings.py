@@ -99,6 +99,14 @@ ENV_MANAGERS = ("uv", "conda")
 #: Ray refuses a smaller object store (ray/_private/ray_constants.py OBJECT_STORE_MINIMUM_MEMORY_BYTES).
 RAY_OBJECT_STORE_MIN_BYTES = 75 * 1024 * 1024
 GIB_BYTES = 1 << 30
+#: The most GiB whose bytes an int64 holds (Prometheus' retention size, Ray's object store).
+INT64_GIB_MAX = (2 ** 63 - 1) // GIB_BYTES - 1
+#: The most open files Linux lets one process have on a 64-bit host (fs.nr_open's ceiling, INT_MAX
+#: rounded down to a multiple of 64: fs/file.c sysctl_nr_open_max); systemd raises fs.nr_open to it at
+#: boot. A larger LimitNOFILE= fails the unit's start; one past 2**63 systemd cannot parse.
+LINUX_NR_OPEN_MAX = 2 ** 31 - 64
+#: vllm-router's --health-failure-threshold is a u32 (its Rust router refuses a larger one).
+ROUTER_U32_MAX = 2 ** 32 - 1
 #: The vLLM releases whose rules vllm-fleet knows (GPU support, flags, the API key's protection),
 #: per package: (lowest, first unsupported). vLLM before 0.22 lets a request past its API key
 #: through the Host header (GHSA-94f4-hr76-p5j6); the GPU rules are derived from 0.33.
@@ -163,6 +171,23 @@ def knob(default: Any, doc: str, **rule: Any) -> Any:
 
 
 _PATH = {"check": kinds.managed_path_problem}
+#: The monitoring host's Prometheus files are in the directory beside vllm_config_dir named after it
+#: with this suffix (monitoring/files.py), so the config directory's own name leaves room for it.
+PROMETHEUS_DIR_SUFFIX = "-prometheus"
+
+
+def _config_dir_problem(text: str) -> str | None:
+    problem = kinds.config_dir_problem(text)
+    if problem:
+        return problem
+    name = text.rsplit("/", 1)[-1].encode("utf-8", "surrogatepass")
+    if len(name) + len(PROMETHEUS_DIR_SUFFIX) > kinds.NAME_MAX_BYTES:
+        return (f"{text[:60]!r}... ends in a name of {len(name)} bytes: the directory beside it for the monitoring "
+                f"host's Prometheus files (<name>{PROMETHEUS_DIR_SUFFIX}) would have more than the "
+                f"{kinds.NAME_MAX_BYTES} bytes Linux takes for a name")
+    return None
+
+
 _VERSION = {"check": kinds.version_problem}
 _POSITIVE = {"low": 1, "must": "a positive integer"}
 _BOOL = {"must": "True or False"}
@@ -239,7 +264,7 @@ class Settings:
     # --- Files and the service
     vllm_config_dir: str = knob(
         "/etc/vllm-fleet", "<name>.yaml engine configs, <name>.env secrets, manifest.json",
-        check=kinds.config_dir_problem)
+        check=_config_dir_problem)
     vllm_state_dir: str = knob("/var/lib/vllm-fleet", "The service user's home", **_PATH)
     vllm_hf_home: str = knob("/var/lib/vllm-fleet/hf", "HF_HOME", **_PATH)
     vllm_cache_root: str = knob(
@@ -263,7 +288,9 @@ class Settings:
             "address of the host")
     vllm_backend_port_offset: int = knob(
         10000, "vLLM's own loopback port = the instance's port + this", **_POSITIVE)
-    vllm_limit_nofile: int = knob(65536, "LimitNOFILE of the units", **_POSITIVE)
+    vllm_limit_nofile: int = knob(
+        65536, "LimitNOFILE of the units", low=1, high=LINUX_NR_OPEN_MAX,
+        must=f"a whole number from 1 to {LINUX_NR_OPEN_MAX} (the most open files Linux lets a process have)")
     vllm_shutdown_timeout_s: int = knob(
         30, "On a stop or restart, how long vLLM lets the requests in flight finish (--shutdown-timeout)",
         low=0, high=3600, must="a number of seconds from 0 to 3600")
@@ -285,11 +312,15 @@ class Settings:
     vllm_gateway_version: str = knob(
         "0.1.17", "The vllm-router pinned", **_VERSION)
     vllm_gateway_health_interval_s: int = knob(
-        2, "Seconds between the gateway's health checks of each backend", **_POSITIVE)
+        2, "Seconds between the gateway's health checks of each backend", low=1, high=86400,
+        must="a number of seconds from 1 to 86400 (a backend that fails is dropped after this times "
+             "vllm_gateway_failure_threshold)")
     vllm_gateway_failure_threshold: int = knob(
-        2, "Failed health checks in a row that take a backend out of the gateway", **_POSITIVE)
+        2, "Failed health checks in a row that take a backend out of the gateway", low=1, high=ROUTER_U32_MAX,
+        must=f"a whole number from 1 to {ROUTER_U32_MAX} (vllm-router reads it as a u32)")
     vllm_gateway_drain_timeout_s: int = knob(
-        60, "rollout: how long a batch's backends may finish their requests before it converges", **_POSITIVE)
+        60, "rollout: how long a batch's backends may finish their requests before it converges", low=1,
+        high=86400, must="a number of seconds from 1 to 86400")
     vllm_direct_access: bool = knob(
         False, "In a fleet with a gateway: True lets clients use this host's instance ports directly too "
         "(each front then counts a client's requests_per_minute on its own); False: only the gateway and "
@@ -335,8 +366,8 @@ class Settings:
         15, "Prometheus keeps samples this many days", low=1, high=36500,
         must="a number of days from 1 to 36500")
     vllm_monitoring_retention_gib: float = knob(
-        10.0, "and at most this many GiB of them (the oldest go first)", low=0.01,
-        must="a number of GiB, at least 0.01")
+        10.0, "and at most this many GiB of them (the oldest go first)", low=0.01, high=INT64_GIB_MAX,
+        must=f"a number of GiB from 0.01 to {INT64_GIB_MAX} (Prometheus counts the size in bytes in an int64)")
     vllm_monitoring_down_for_s: int = knob(
         120, "How long a target is down before its alert fires", low=0, high=86400,
         must="a number of seconds from 0 to 86400")
@@ -353,8 +384,9 @@ class Settings:
     vllm_ray_version: str = knob(
         "2.60.0", "The ray pinned on every node", **_VERSION)
     vllm_ray_object_store_gib: float = knob(
-        2.0, "Ray's object store per node, in GiB", low=RAY_OBJECT_STORE_MIN_BYTES / GIB_BYTES,
-        must="a number of GiB, at least 0.075 (Ray's minimum object store)")
+        2.0, "Ray's object store per node, in GiB", low=RAY_OBJECT_STORE_MIN_BYTES / GIB_BYTES, high=INT64_GIB_MAX,
+        must=f"a number of GiB from 0.075 (Ray's minimum object store) to {INT64_GIB_MAX} (Ray counts it in bytes "
+             "in an int64)")
 
     # --- Secrets (read on the workstation at deploy time)
     vllm_api_key_env: str = knob(

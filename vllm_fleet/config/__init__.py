@@ -23,11 +23,12 @@ from vllm_fleet.config.fleet_checks import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_
 from vllm_fleet.config.gpus import GpuSpec
 from vllm_fleet.config.host import (HUB_TOKEN_FILE, MANAGED_DIRECTORY_KNOBS, RESERVED_GATEWAY_NAME,
                                     RESERVED_INSTANCE_NAME, RESERVED_RAY_NAME, HostConfig, config_dir_clashes,
-                                    gateway_ports, monitoring_ports, parse_host, service_user_directories,
+                                    gateway_ports, host_ports, monitoring_ports, parse_host, service_user_directories,
                                     synced_model_clashes)
 from vllm_fleet.config.instance import (DTYPES, HOST_DEFAULTS, INSTANCE_FIELDS, INSTANCE_KEYS, INSTANCE_UNIT_PREFIX,
-                                        INSTANCE_UNIT_SUFFIX, MIN_START_TIMEOUT_S, REQUIRED, REQUIRED_INSTANCE_KEYS,
-                                        HostKnob, InstanceConfig, instance_field, instance_of_unit, instance_unit)
+                                        INSTANCE_UNIT_SUFFIX, MAX_START_TIMEOUT_S, MIN_START_TIMEOUT_S, REQUIRED,
+                                        REQUIRED_INSTANCE_KEYS, HostKnob, InstanceConfig, instance_field,
+                                        instance_of_unit, instance_unit)
 from vllm_fleet.config.instance_parsers import OWNED_ENV, OWNED_ENV_FIX, OWNED_ENV_PREFIXES
 from vllm_fleet.config.inventory import (inventory_rows, limited_rows, load_inventory, read_pyinfra_inventory,
                                         split_names)
@@ -48,11 +49,12 @@ __all__ = [
     "OWNED_ENV", "OWNED_ENV_FIX", "OWNED_ENV_PREFIXES",
     # instance
     "DTYPES", "HOST_DEFAULTS", "INSTANCE_FIELDS", "INSTANCE_KEYS", "INSTANCE_UNIT_PREFIX", "INSTANCE_UNIT_SUFFIX",
-    "MIN_START_TIMEOUT_S", "REQUIRED", "REQUIRED_INSTANCE_KEYS", "HostKnob", "InstanceConfig", "instance_field",
-    "instance_of_unit", "instance_unit",
+    "MAX_START_TIMEOUT_S", "MIN_START_TIMEOUT_S", "REQUIRED", "REQUIRED_INSTANCE_KEYS", "HostKnob", "InstanceConfig",
+    "instance_field", "instance_of_unit", "instance_unit",
     # host
     "HUB_TOKEN_FILE", "MANAGED_DIRECTORY_KNOBS", "RESERVED_GATEWAY_NAME", "RESERVED_INSTANCE_NAME",
-    "RESERVED_RAY_NAME", "HostConfig", "config_dir_clashes", "gateway_ports", "monitoring_ports", "parse_host",
+    "RESERVED_RAY_NAME", "HostConfig", "config_dir_clashes", "gateway_ports", "host_ports", "monitoring_ports",
+    "parse_host",
     "service_user_directories", "synced_model_clashes",
     # fleet_checks
     "RAY_HEAD_PORTS", "RAY_NODE_PORTS", "RAY_WORKER_PORTS", "NodeGroup", "check_fleet", "node_group_of",

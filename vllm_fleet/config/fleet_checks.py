@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from vllm_fleet import kinds
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
-from vllm_fleet.config.host import HostConfig, monitoring_ports
+from vllm_fleet.config.host import HostConfig, host_ports, monitoring_ports
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
 from vllm_fleet.settings import ConfigError, ConfigErrors, did_you_mean
 
@@ -124,19 +124,24 @@ def _check_group(group: NodeGroup, by_name: dict[str, HostConfig], inventory: li
 
 
 def _check_ray_port(group: NodeGroup, head: HostConfig) -> list[ConfigError]:
-    """The head's Ray port (GCS) is none of the head's instance or engine ports."""
-    port, offset = head.settings.vllm_ray_port, head.settings.vllm_backend_port_offset
-    ssh_port = head.ssh_port
+    """The head's Ray port (GCS) is none of the ports the head's listeners take: its SSH port, the
+    instance and engine ports, the gateway's (its router's included) and the monitoring ports."""
+    port, ssh_port = head.settings.vllm_ray_port, head.ssh_port
     if port == ssh_port:
         return [ConfigError(f"vllm_ray_port {port} is this host's SSH port", host=head.name,
                             instance=group.instance.name, key="vllm_ray_port",
                             fix=f"vllm_ray_port = {HOST_DEFAULTS['vllm_ray_port']}")]
-    for inst in head.instances:
-        if port in (inst.port, inst.port + offset):
-            return [ConfigError(
-                f"vllm_ray_port {port} is the port of instance {inst.name} (or its engine's)",
-                host=head.name, instance=group.instance.name, key="vllm_ray_port",
-                fix=f"pick a vllm_ray_port no instance of the head uses, e.g. {HOST_DEFAULTS['vllm_ray_port']}")]
+    # The gateway's port and the monitoring ports are _check_ray_ports' (it names them as the listener's).
+    reported = {head.settings.vllm_gateway_port} if head.settings.vllm_gateway is True else set()
+    if head.settings.vllm_metrics is True:
+        reported |= set(monitoring_ports(head.settings).values())
+    taken = {number: what for number, what in host_ports(head.settings, head.instances).items()
+             if number not in reported}
+    if port in taken:
+        return [ConfigError(
+            f"vllm_ray_port {port} is {taken[port]}", host=head.name, instance=group.instance.name,
+            key="vllm_ray_port",
+            fix=f"pick a vllm_ray_port no listener of the head uses, e.g. {HOST_DEFAULTS['vllm_ray_port']}")]
     return []
 
 

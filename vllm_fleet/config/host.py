@@ -258,6 +258,25 @@ def _check_ssh_port(check: Checker, settings: Settings, instances: list[Instance
         check.error(f"the gateway's ports {sorted(gateway_ports(settings).values())} include this host's SSH "
                     f"port {ssh_port}", key="vllm_gateway_port",
                     fix=f"vllm_gateway_port = {HOST_DEFAULTS['vllm_gateway_port']}")
+    if settings.vllm_metrics is True and not Settings.problem("vllm_metrics_port", settings.vllm_metrics_port) and \
+            ssh_port in monitoring_ports(settings).values():
+        check.error(f"the monitoring ports {sorted(monitoring_ports(settings).values())} (vllm_metrics_port and "
+                    f"the ports after it) include this host's SSH port {ssh_port}", key="vllm_metrics_port",
+                    fix=f"vllm_metrics_port = {HOST_DEFAULTS['vllm_metrics_port']}")
+
+
+def host_ports(settings: Settings, instances: Sequence[InstanceConfig]) -> dict[int, str]:
+    """Every port the host's own listeners take, in words: each instance's port and engine port, the
+    gateway's ports and the monitoring ports (where those are on)."""
+    taken = _instance_ports(list(instances), settings.vllm_backend_port_offset)
+    if settings.vllm_gateway is True:
+        for kind, number in gateway_ports(settings).items():
+            taken.setdefault(number, {"port": "vllm_gateway_port", "router": "the gateway's router port",
+                                      "metrics": "the gateway's metrics port"}[kind])
+    if settings.vllm_metrics is True:
+        for kind, number in monitoring_ports(settings).items():
+            taken.setdefault(number, f"the monitoring port {number} ({kind})")
+    return taken
 
 
 def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:

@@ -19,6 +19,9 @@ HOST_DEFAULTS: dict[str, Any] = Settings.defaults()
 
 DTYPES = ("auto", "bfloat16", "float16", "half", "float32", "float")
 MIN_START_TIMEOUT_S = 30
+#: A day: the longest start the unit waits for (TimeoutStartSec=; systemd's own limit is far above it,
+#: but a larger number in the unit's start limit interval is one systemd cannot parse).
+MAX_START_TIMEOUT_S = 86400
 
 
 def instance_unit(name: str) -> str:
@@ -145,6 +148,9 @@ def _parse_start_timeout(check: Checker, value: Any, instance: str, key: str) ->
     if value is not None and len(check.errors) == before and value < MIN_START_TIMEOUT_S:
         check.error(f"start_timeout_s {value} is too short for any vLLM to start", instance=instance, key=key,
                     fix=f"at least {MIN_START_TIMEOUT_S} s, or leave it unset (sized to the weights)")
+    elif value is not None and len(check.errors) == before and value > MAX_START_TIMEOUT_S:
+        check.error(f"start_timeout_s {value} is more than a day ({MAX_START_TIMEOUT_S} s)", instance=instance,
+                    key=key, fix=f"at most {MAX_START_TIMEOUT_S} s, or leave it unset (sized to the weights)")
     return value
 
 

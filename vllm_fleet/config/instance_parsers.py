@@ -223,6 +223,14 @@ def parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engin
             continue
         takes_value = name not in vllm_flags.SWITCH_FLAGS
         problem = kinds.flag_value_problem(value, takes_list=name in vllm_flags.LIST_FLAGS, takes_value=takes_value)
+        choices = vllm_flags.table()["flags"].get(flag_of, {}).get("choices")
+        if not problem and takes_value and value is True:
+            problem = (f"{value!r}: vLLM's config loader writes True as the bare flag, and --{name} takes a value "
+                       "(vLLM refuses it: expected one argument)")
+        elif not problem and choices and value is not None and not isinstance(value, bool):
+            outside = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if str(v) not in choices]
+            if outside:
+                problem = f"{outside[0]!r} is not one of vLLM's choices for --{name}: {', '.join(choices)}"
         if problem:
             fix = (f"give --{name} True or False" if not takes_value else
                    f"give --{name} one value (a string, number or boolean)" if name not in vllm_flags.LIST_FLAGS

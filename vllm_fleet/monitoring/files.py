@@ -29,6 +29,7 @@ from importlib import resources
 
 from vllm_fleet.config import HostConfig, monitoring_ports
 from vllm_fleet.plan import HostPlan
+from vllm_fleet.settings import PROMETHEUS_DIR_SUFFIX
 from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment
 
 from . import rules
@@ -63,7 +64,7 @@ def metrics_paths(config: HostConfig) -> dict[str, str]:
 
 
 def monitoring_paths(config: HostConfig) -> dict[str, str]:
-    base = f"{config.settings.vllm_config_dir.rstrip('/')}-prometheus"
+    base = f"{config.settings.vllm_config_dir.rstrip('/')}{PROMETHEUS_DIR_SUFFIX}"
     return {"dir": base, "targets_dir": f"{base}/targets", "config": f"{base}/prometheus.yml",
             "rules": f"{base}/rules.yml", "token": f"{base}/metrics-token", "trust": f"{base}/trust.pem",
             "unit": f"{UNIT_DIR}/{PROMETHEUS_UNIT}",

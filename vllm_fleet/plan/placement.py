@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from vllm_fleet.config import ConfigError, GpuSpec, HostConfig, InstanceConfig
+from vllm_fleet.config import ConfigError, GpuSpec, HostConfig, InstanceConfig, host_ports
 from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
 from vllm_fleet.plan.reasons import apply_layout, memory_detail, no_fit_error, two_decimals_rounded_down
@@ -287,6 +287,8 @@ class HostPlanner:
         return None, free
 
     def _check_ports(self, plans: list[InstancePlan]) -> None:
+        """The planned instances' ports, which a split counts up from the instance's own (one per GPU
+        model): each port and engine port at most 65535, and none another listener's of the host."""
         seen: dict[int, str] = {}
         for plan in plans:
             if plan.port in seen and seen[plan.port] != plan.name:
@@ -295,6 +297,24 @@ class HostPlanner:
                     host=self.host_config.name, instance=plan.name, key="port",
                     fix="give each instance on a host its own port"))
             seen[plan.port] = plan.name
+        declared = {inst.port for inst in self.host_config.instances}
+        settings = self.host_config.settings
+        offset = settings.vllm_backend_port_offset
+        others = host_ports(settings, ())  # the gateway's and the monitoring ports
+        fix = ("a split instance takes the ports after its own, one per GPU model: give the instance a port "
+               "whose next ones (and their engine ports, + vllm_backend_port_offset) are free and at most 65535")
+        for plan in plans:
+            if plan.port in declared:
+                continue  # the instance's own port: config checked it and its engine port
+            for number, what in ((plan.port, f"its port {plan.port}"),
+                                 (plan.port + offset, f"its engine port {plan.port + offset} (port + "
+                                                      f"vllm_backend_port_offset)")):
+                clash = ("above 65535" if number > 65535 else others.get(number)
+                         or next((f"the port of instance {p.name}" for p in plans
+                                  if p.name != plan.name and number in (p.port, p.port + offset)), None))
+                if clash:
+                    self.errors.append(ConfigError(f"{what} is {clash}", host=self.host_config.name,
+                                                   instance=plan.name, key="port", fix=fix))
 
 
 def _group_by_gpu_model(gpus: list[GpuSpec]) -> list[list[GpuSpec]]:
