@@ -1,16 +1,21 @@
 """The fleet as a team shares it, on the sandbox's CPU hosts with the genuine vLLM: HTTPS on every
 listener clients reach (the fleet CA's certificates), a key per client with its models and limit,
 JSON access logs, a client revoked without a vLLM restart, and a streamed completion that a deploy's
-restart lets finish. The official `openai` client trusts only the file `vllm-fleet tls ca` prints.
+restart lets finish; each service's secrets out of vLLM's reach. The official `openai` client trusts
+only the file `vllm-fleet tls ca` prints.
 
-Three clients: "alice" (every model), "limited" (6 requests a minute), "other" (only a model the
-fleet does not serve). sbx-cpu1 is the gateway; every host serves tiny-llama. Traffic goes only to
-the sandbox hosts.
+Three clients: "alice" (every model), "limited" (6 requests a minute), "OnlyB" (only tiny-b; a name in
+mixed case, which nginx would fold were it a map key). sbx-cpu1 is the gateway and serves tiny-llama
+with sbx-cpu2; sbx-cpu3 serves the same model as tiny-b. sbx-cpu1 and sbx-cpu3 take /v1/ from the
+gateway host only (the fleet's default); sbx-cpu2 opens its port to every client (vllm_direct_access),
+where the instance-port tests reach it. Traffic goes only to the sandbox hosts.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -23,22 +28,49 @@ from fleet_helpers import CPU_HOSTS, pyinfra, variant_inventory, vllm_fleet
 
 GATEWAY = f"https://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
 INSTANCE = f"https://{CPU_HOSTS['sbx-cpu2']}:8000/v1"
-KEYS = {"ALICE_KEY": "sk-alice-7f3a", "LIMITED_KEY": "sk-limited-91c2", "OTHER_KEY": "sk-other-44d0"}
+CLOSED = f"https://{CPU_HOSTS['sbx-cpu3']}:8000/v1"  # tiny-b, from the gateway host only
+KEYS = {"ALICE_KEY": "sk-alice-7f3a19d0c4e8", "LIMITED_KEY": "sk-limited-91c2b7e05a3f",
+        "ONLYB_KEY": "sk-onlyb-44d0e6a1f92c"}
 CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
            "limited": {"key_env": "LIMITED_KEY", "requests_per_minute": 6},
-           "other": {"key_env": "OTHER_KEY", "models": ["not-served-here"]}}
+           "OnlyB": {"key_env": "ONLYB_KEY", "models": ["tiny-b"]}}
 
 
 def _inventory(tmp_path, clients=CLIENTS, cpu2_instance=None) -> str:
-    data = {"vllm_tls": True, "vllm_api_clients": clients}
-    return variant_inventory(tmp_path, host_data={h: data for h in CPU_HOSTS},
-                             instance={"sbx-cpu2": cpu2_instance} if cpu2_instance else None)
+    data = {"vllm_tls": True, "vllm_api_clients": clients, "vllm_direct_access": False}
+    return variant_inventory(tmp_path, host_data={h: dict(data, vllm_direct_access=h == "sbx-cpu2") for h in CPU_HOSTS},
+                             instance={"sbx-cpu3": {"served_model_name": "tiny-b"}, "sbx-cpu2": cpu2_instance or {}})
 
 
 def _client(base: str, key: str, ca: str) -> openai.OpenAI:
     # verify=ca: only the fleet CA's file is trusted; trust_env=False: no proxy from this machine.
     return openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120,
                          http_client=openai.DefaultHttpx2Client(verify=ca, trust_env=False))
+
+
+def _from_gateway_host(sandbox, ca: str, url: str, key: str, model: str | None = None) -> tuple[int, dict]:
+    """A request from inside the gateway host's network namespace (its address: what the closed
+    instance ports let in), by this machine's Python: GET url, or a 1-token chat for `model`. The
+    key goes in on stdin, never on a command line. (status, JSON body)."""
+    script = """
+import json, ssl, sys, urllib.error, urllib.request
+p = json.load(sys.stdin)
+body = json.dumps({"model": p["model"], "max_tokens": 1, "messages": [{"role": "user", "content": "hi"}]}).encode()
+req = urllib.request.Request(p["url"], data=body if p["model"] else None,
+                             headers={"Authorization": "Bearer " + p["key"], "Content-Type": "application/json"})
+ctx = ssl.create_default_context(cafile=p["ca"])
+try:
+    with urllib.request.urlopen(req, timeout=60, context=ctx) as resp:
+        print(json.dumps([resp.status, json.load(resp)]))
+except urllib.error.HTTPError as exc:
+    print(json.dumps([exc.code, json.load(exc)]))
+"""
+    done = subprocess.run(["ip", "netns", "exec", sandbox.host("sbx-cpu1").netns, sys.executable, "-I", "-c", script],
+                          input=json.dumps({"url": url, "key": key, "model": model, "ca": ca}),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    status, body = json.loads(done.stdout)
+    return status, body
 
 
 def _main_pids(sandbox) -> dict[str, str]:
@@ -64,7 +96,7 @@ def team(sandbox, deploy_env, tmp_path_factory):
 @pytest.mark.parametrize("base", [GATEWAY, INSTANCE], ids=["gateway", "instance"])
 def test_openai_client_over_https_models_chat_and_stream(team, base):
     client = _client(base, KEYS["ALICE_KEY"], team["ca"])
-    assert [m.id for m in client.models.list()] == ["tiny-llama"]
+    assert "tiny-llama" in [m.id for m in client.models.list()]
     reply = client.chat.completions.create(model="tiny-llama", max_tokens=4,
                                            messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].finish_reason in ("length", "stop")
@@ -79,9 +111,10 @@ def test_no_key_401_wrong_model_403_over_the_limit_429(team, base):
     with pytest.raises(openai.AuthenticationError):
         _client(base, "sk-nobody", ca).models.list()
     with pytest.raises(openai.PermissionDeniedError) as denied:
-        _client(base, KEYS["OTHER_KEY"], ca).chat.completions.create(
+        _client(base, KEYS["ONLYB_KEY"], ca).chat.completions.create(
             model="tiny-llama", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
-    assert denied.value.body["code"] == "model_not_allowed" and "other" in denied.value.body["message"]
+    # The client by its name as written (never folded onto another's), refused before vLLM.
+    assert denied.value.body["code"] == "model_not_allowed" and "client OnlyB " in denied.value.body["message"]
     limited, passed, start = _client(base, KEYS["LIMITED_KEY"], ca), 0, time.monotonic()
     with pytest.raises(openai.RateLimitError) as over:
         for _ in range(30):
@@ -92,8 +125,48 @@ def test_no_key_401_wrong_model_403_over_the_limit_429(team, base):
     assert over.value.response.headers["retry-after"] == "10"
 
 
-def test_the_gateway_lists_a_client_only_its_models(team):
-    assert [m.id for m in _client(GATEWAY, KEYS["OTHER_KEY"], team["ca"]).models.list()] == []
+def test_the_gateway_lists_a_client_only_its_models_and_routes_it_there(team):
+    client = _client(GATEWAY, KEYS["ONLYB_KEY"], team["ca"])
+    assert [m.id for m in client.models.list()] == ["tiny-b"]
+    reply = client.chat.completions.create(model="tiny-b", max_tokens=1, messages=[{"role": "user", "content": "hi"}])
+    assert reply.model == "tiny-b"
+    assert sorted(m.id for m in _client(GATEWAY, KEYS["ALICE_KEY"], team["ca"]).models.list()) == ["tiny-b", "tiny-llama"]
+
+
+def test_a_closed_instance_port_takes_v1_from_the_gateway_host_only(team, sandbox):
+    """sbx-cpu3's port takes /v1/ from the gateway host alone: from this machine, even a valid key gets 403
+    naming the gateway (so `limited`, over its limit at the gateway, cannot get its minute again
+    there), while from the gateway host the front checks the client as ever: OnlyB gets tiny-b, and
+    403 for tiny-llama on sbx-cpu1's own closed port."""
+    ca = team["ca"]
+    for key in (KEYS["ALICE_KEY"], KEYS["LIMITED_KEY"]):
+        with pytest.raises(openai.PermissionDeniedError) as denied:
+            _client(CLOSED, key, ca).models.list()
+        assert denied.value.body["code"] == "gateway_only" and GATEWAY in denied.value.body["message"]
+    status, body = _from_gateway_host(sandbox, ca, f"{CLOSED}/chat/completions", KEYS["ONLYB_KEY"], "tiny-b")
+    assert status == 200 and body["model"] == "tiny-b"
+    own = f"https://{CPU_HOSTS['sbx-cpu1']}:8000/v1/chat/completions"
+    status, body = _from_gateway_host(sandbox, ca, own, KEYS["ONLYB_KEY"], "tiny-llama")
+    assert status == 403 and body["error"]["code"] == "model_not_allowed" and "OnlyB" in body["error"]["message"]
+    status, _body = _from_gateway_host(sandbox, ca, f"{CLOSED}/models", "sk-nobody")
+    assert status == 401
+
+
+def test_vllms_user_cannot_read_the_fronts_secrets(team, sandbox):
+    """The clients' keys, the metrics token and the TLS key are the front's user's alone: vLLM's user
+    cannot read them, and inside vLLM's own unit (where a model's code runs) they are not even there."""
+    host = "sbx-cpu2"
+    for path in ("/etc/vllm-fleet/front-secrets/keys.conf", "/etc/vllm-fleet/front-secrets/tls-key.pem"):
+        assert sandbox.run(host, f"runuser -u vllm-front -- test -r {path}").returncode == 0, path
+        denied = sandbox.run(host, f"runuser -u vllm -- cat {path}")
+        assert denied.returncode != 0 and "Permission denied" in denied.stderr, (path, denied.stdout[:40])
+        assert sandbox.run(host, f"runuser -u vllm-router -- cat {path}").returncode != 0, path
+    pid = sandbox.run(host, "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
+    inside = sandbox.run(host, f"nsenter -t {pid} -m -- ls /etc/vllm-fleet/front-secrets")
+    assert inside.returncode != 0 and "Permission denied" in inside.stderr, inside
+    # Each service as its own user (ps cuts names past 8 characters unless told the width).
+    assert set(sandbox.run(host, "ps -o user:32= -C nginx").stdout.split()) == {"vllm-front"}
+    assert set(sandbox.run(host, f"ps -o user:32= -p {pid}").stdout.split()) == {"vllm"}
 
 
 @pytest.mark.parametrize("port", [8000, 9000])
@@ -135,7 +208,7 @@ def test_status_counts_each_clients_requests_of_the_last_hour(team):
     front = report["hosts"][0]["front"]
     assert front["tls"] is True
     counts = front["requests_last_hour"]
-    assert counts["alice"]["2xx"] >= 3 and counts["limited"]["4xx"] >= 1 and counts["other"]["4xx"] >= 1
+    assert counts["alice"]["2xx"] >= 3 and counts["limited"]["4xx"] >= 1 and counts["OnlyB"]["4xx"] >= 1
     assert not any(key in json.dumps(report) for key in KEYS.values())
 
 
@@ -189,7 +262,7 @@ def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(te
 
 def test_revoking_a_client_makes_its_key_401_and_restarts_no_vllm(team, sandbox, tmp_path):
     pids = _main_pids(sandbox)
-    remaining = {name: spec for name, spec in CLIENTS.items() if name != "other"}
+    remaining = {name: spec for name, spec in CLIENTS.items() if name != "OnlyB"}
     inventory = _inventory(tmp_path, clients=remaining, cpu2_instance={"max_num_seqs": 8})
     result = pyinfra(team["env"], "--limit", "cpu_hosts", inventory=inventory)
     out = result.stdout + result.stderr
@@ -198,5 +271,6 @@ def test_revoking_a_client_makes_its_key_401_and_restarts_no_vllm(team, sandbox,
     assert _main_pids(sandbox) == pids
     for base in (GATEWAY, INSTANCE):
         with pytest.raises(openai.AuthenticationError):
-            _client(base, KEYS["OTHER_KEY"], team["ca"]).models.list()
-        assert [m.id for m in _client(base, KEYS["ALICE_KEY"], team["ca"]).models.list()] == ["tiny-llama"]
+            _client(base, KEYS["ONLYB_KEY"], team["ca"]).models.list()
+    assert sorted(m.id for m in _client(GATEWAY, KEYS["ALICE_KEY"], team["ca"]).models.list()) == ["tiny-b", "tiny-llama"]
+    assert [m.id for m in _client(INSTANCE, KEYS["ALICE_KEY"], team["ca"]).models.list()] == ["tiny-llama"]

@@ -9,7 +9,8 @@ import os
 
 from vllm_fleet.sandbox import assets as _assets
 
-__all__ = ["vllm_extra_packages", "vllm_target", "vllm_wheelhouse", "vllm_instances", "vllm_api_key_env"]
+__all__ = ["vllm_extra_packages", "vllm_target", "vllm_wheelhouse", "vllm_instances", "vllm_api_key_env",
+           "vllm_direct_access"]
 
 
 vllm_target = "cpu"  # CI must not download the multi-GB CUDA stack
@@ -17,6 +18,10 @@ vllm_target = "cpu"  # CI must not download the multi-GB CUDA stack
 # VLLM_FLEET_WHEELHOUSE, when set, names another one.
 vllm_wheelhouse = os.environ.get("VLLM_FLEET_WHEELHOUSE") or str(_assets.wheelhouse_dir("cpu"))
 vllm_api_key_env = "VLLM_FLEET_API_KEY"
+# The tests reach each host's instance on its own port from this machine (what a deploy changed there,
+# its faults, its restarts). A team's fleet keeps the default, False: the instance ports then take
+# /v1/ from the gateway host only (tests/test_team_service_sandbox.py runs the fleet so).
+vllm_direct_access = True
 # VLLM_FLEET_ENGINE=standin (the tests of the tool's own mechanics): the hosts install the SIMULATED
 # stand-in engine from the wheelhouse VLLM_FLEET_WHEELHOUSE names, labelled by this package.
 vllm_extra_packages = _assets.engine_packages(os.environ)
