@@ -228,18 +228,18 @@ def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
     """
     hp = plan(host_data(gpus=[RTX_4090D], instances=[instance()]))
     (inst,) = hp.instances
-    assert inst.kv_cache_tokens == 189553
+    assert (inst.kv_cache_blocks, inst.kv_blocks_per_request) == (11847, 2629)
     assert inst.max_concurrency == pytest.approx(11847 / 2629)
     assert inst.as_dict()["max_concurrency"] == 4.51
     assert not any("KV cache holds" in w for w in inst.warnings)  # 4.5 >= vllm_min_kv_sequences 4
     assert any("1 + 5 groups of 8" in r and "window 1024" in r for r in inst.reasons)
-    assert any("takes 2629 blocks, so max concurrency 4.50" in r for r in inst.reasons)
+    assert any("takes 2629 blocks over all KV cache groups" in r for r in inst.reasons)
     assert any("2 concurrent batches (async scheduling on the V2 model runner) x max_num_batched_tokens "
                "2048 (vLLM's default for RTX 4090 D) = 4096" in r for r in inst.reasons)
     # With the hybrid manager off, vLLM stores every layer in full: the old number comes back.
     off = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"disable-hybrid-kv-cache-manager": True})])).instances[0]
-    assert off.kv_cache_tokens == 31592 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
+    assert off.kv_cache_blocks == 31592 // 16 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
     assert any("1.92 requests of max_model_len 16384" in w for w in off.warnings)
 
 
@@ -250,11 +250,11 @@ def test_tokens_in_flight_follow_vllms_concurrent_batches():
     PP leaves one batch. Each sliding group then takes cdiv(1023 + batches x 2048, 16) + 1 blocks."""
     single = plan(host_data(placement="single-instance")).instances[0]
     assert single.pipeline_parallel_size == 3
-    blocks = single.kv_cache_tokens // 16
+    blocks = single.kv_cache_blocks
     assert single.max_concurrency == pytest.approx(blocks / (1024 + 5 * 577))  # 1023 + 8192
     v1 = plan(host_data(placement="single-instance", instances=[instance(
         env={"VLLM_USE_V2_MODEL_RUNNER": "0"})])).instances[0]
-    assert v1.max_concurrency == pytest.approx((v1.kv_cache_tokens // 16) / (1024 + 5 * 449))  # 1023 + 6144
+    assert v1.max_concurrency == pytest.approx(v1.kv_cache_blocks / (1024 + 5 * 449))  # 1023 + 6144
     assert any("3 concurrent batches (no async scheduling, PP=3)" in r for r in v1.reasons)
     sync = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"async-scheduling": False})])).instances[0]
@@ -302,9 +302,9 @@ def test_full_attention_model_is_unchanged_by_the_hybrid_arithmetic():
     hp = plan(host_data(gpus=[A100_40G], instances=[instance(
         model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192)]))
     (inst,) = hp.instances
-    assert inst.kv_cache_tokens == 151879
+    assert inst.kv_cache_blocks == 151879 // 16 == 9492
     assert inst.max_concurrency == pytest.approx(9492 / 512)
-    assert inst.max_concurrency == pytest.approx(inst.kv_cache_tokens / 8192, rel=1e-3)
+    assert inst.kv_cache_tokens == 9492 * 16  # full attention, max_model_len a multiple of 16
     assert not any("hybrid KV cache" in r for r in inst.reasons)
 
 

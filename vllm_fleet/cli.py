@@ -80,7 +80,7 @@ def print_plan(plan: FleetPlan, out=None) -> None:
         console.print(f"[bold]{escape(host.name)}[/bold]  target={host.target}  "
                       f"GPUs ({host.gpu_source}): {escape(gpus)}")
         table = Table(show_lines=True)
-        for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV tokens",
+        for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV cache size",
                        "per GPU: weights / KV GiB"):
             table.add_column(column)
         for inst in host.instances:

@@ -117,7 +117,8 @@ class HostPlanner:
                        else f"max concurrency {two_decimals_rounded_down(conc)} < vllm_min_kv_sequences "
                             f"{self.min_kv_sequences}")
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: "
-                                    f"{candidate.layout.kv_tokens} KV tokens per replica — not chosen ({why})")
+                                    f"KV cache size {mem.kv_cache_size(candidate.layout):,} tokens per "
+                                    f"replica — not chosen ({why})")
         return chosen[1]
 
     def plan_instance(self, inst: InstanceConfig, gpus: list[GpuSpec], reasons: list[str],
@@ -152,9 +153,7 @@ class HostPlanner:
         plan = InstancePlan(config=inst, name=name or inst.name, layout=layout, dtype=dtype,
                             max_model_len=max_len, tensor_parallel_size=layout.tp,
                             pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
-                            kv_cache_tokens=layout.kv_tokens, warnings=warnings,
-                            max_concurrency=mem.concurrency(layout),
-                            reasons=list(reasons) + notes, alternatives=alternatives,
+                            warnings=warnings, reasons=list(reasons) + notes, alternatives=alternatives,
                             port=port if port is not None else inst.port)
         apply_layout(plan, mem, chosen, gpus, self.min_kv_sequences, self.interconnect)
         return plan
