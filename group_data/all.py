@@ -162,7 +162,7 @@ vllm_gateway_policy = "round_robin"
 # certificate comes from a fleet CA that the first deploy creates on the workstation in
 # <vllm_workstation_dir>/tls (the CA key 0600, never on a host); it names the host, its addresses
 # and localhost, and a later deploy issues it again 30 days before it ends. `vllm-fleet tls ca
-# INVENTORY` prints the CA certificate clients trust. The gateway checks its backends' certificates,
+# INVENTORY` prints the path of the CA certificate clients trust. The gateway checks its backends' certificates,
 # and so do the verification and status. Or give your own: all three of the files below (PEM, on the
 # workstation; the key is pushed root:<service user> 0640 and never shown).
 vllm_tls = False
@@ -219,7 +219,7 @@ vllm_api_key_file = None  # or a file on the workstation holding it (first line)
 # each front and the gateway accept exactly these keys:
 #   vllm_api_clients = {
 #       "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 60},
-#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
 #   }
 # key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
 # names it may use (others get 403 and never reach vLLM; GET /v1/models lists only these); absent:

@@ -3,7 +3,7 @@ often. Pure: the keys themselves are read on the workstation at deploy time (dep
 
     vllm_api_clients = {
         "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 6},
-        "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+        "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
     }
 
 Each front and the gateway accept exactly these keys (render.front_files): a client asking for a model
@@ -29,7 +29,7 @@ RESERVED_CLIENT_NAMES = (FLEET_KEY_CLIENT, HOST_CLIENT)
 CLIENT_KEYS = ("key_env", "key_file", "models", "requests_per_minute")
 #: nginx's limit_req counts requests per minute in whole requests; more than this is no limit at all.
 MAX_REQUESTS_PER_MINUTE = 60_000
-EXAMPLE = '{"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen7b"], "requests_per_minute": 60}}'
+EXAMPLE = '{"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen2.5-7b"], "requests_per_minute": 60}}'
 
 
 @dataclass(frozen=True)
@@ -115,14 +115,14 @@ def _parse_client(check: Checker, key: str, name: str, spec: Any) -> ApiClient |
     if models is not None:
         if not isinstance(models, (list, tuple)) or isinstance(models, str):
             check.error(f"models must be a list of served model names, got {type(models).__name__}",
-                        key=f"{key}.models", fix='"models": ["qwen7b"] (or leave it out: every model)')
+                        key=f"{key}.models", fix='"models": ["qwen2.5-7b"] (or leave it out: every model)')
             models = None
         else:
             for position, model in enumerate(models):
                 problem = kinds.served_name_problem(model)
                 if problem:
                     check.error(f"models[{position}]: {problem}", key=f"{key}.models",
-                                fix="a served_model_name of the fleet, e.g. 'qwen7b'")
+                                fix="a served_model_name of the fleet (not an instance's name), e.g. 'qwen2.5-7b'")
             models = tuple(dict.fromkeys(m for m in models if isinstance(m, str)))
     limit = spec.get("requests_per_minute")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)

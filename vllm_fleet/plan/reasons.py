@@ -67,13 +67,15 @@ def no_fit_error(inst: InstanceConfig, gpus: list[GpuSpec], alternatives: list[s
     if layouts and all("attention heads" in tried or "KV heads" in tried or "GPU models" in tried
                        for tried in layouts):
         key = "tensor_parallel_size"
-        valid = [tp for tp in range(1, len(gpus) + 1) if not tp_problems(info, tp)]
-        return (key, f"no tensor_parallel_size works for {inst.model} on "
-                f"{', '.join(f'{count}x{name}' for name, count in count_gpu_models(gpus))}:\n    "
+        valid = ", ".join(str(tp) for tp in range(1, len(gpus) + 1) if not tp_problems(info, tp))
+        own = inst.tensor_parallel_size
+        return (key, (f"tensor_parallel_size {own} (the instance's) does not work" if own is not None
+                      else "no tensor_parallel_size works") + f" for {inst.model} on {on}:\n    "
                 + "\n    ".join(alternatives),
-                f"use a tensor_parallel_size vLLM accepts for this model "
-                f"({', '.join(map(str, valid))}) and keep each TP group on one GPU model "
-                "(join different models with pipeline_parallel_size)")
+                f"use a tensor_parallel_size vLLM accepts for this model ({valid})"
+                + (" or leave it out (the planner picks one)" if own is not None else "")
+                + " and keep each TP group on one GPU model (join different models with "
+                "pipeline_parallel_size)")
     return (key,
             f"{inst.model} ({info.weights_gib:.1f} GiB of weights, max_model_len {max_len}) "
             f"cannot be served on {on} ({budget:.1f} GiB usable at gpu_memory_utilization "
