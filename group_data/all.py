@@ -130,9 +130,10 @@ vllm_install_host_packages = True
 vllm_advertise_address = None
 # True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
 # mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
-# environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --extra vllm-router==X`)
+# environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
+# vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
 # with every instance of the fleet that serves a model as a backend, read from each host's plan:
-# requests go only to instances serving the `model` they name, round-robin among them. The host
+# requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The host
 # needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
 # API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
 # name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>

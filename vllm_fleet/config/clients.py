@@ -9,7 +9,7 @@ often. Pure: the keys themselves are read on the workstation at deploy time (dep
 Each front and the gateway accept exactly these keys (render.front_files): a client asking for a model
 outside `models` gets 403 and its request never reaches vLLM; over `requests_per_minute` it gets 429 with
 Retry-After. Without vllm_api_clients the fleet has one client, FLEET_KEY_CLIENT, whose key comes from
-vllm_api_key_env / vllm_api_key_file as before.
+vllm_api_key_env / vllm_api_key_file.
 """
 
 from __future__ import annotations
