@@ -18,8 +18,9 @@ that environment, which:
   0's name, memory and compute capability taken from the plan; the model's config.json comes from a
   local directory written from vllm_fleet/catalog.py's facts (the hub is not reachable here);
 - builds the per-layer KV cache specs from that VllmConfig, groups them with vLLM's own
-  get_global_kv_cache_groups and computes get_max_concurrency_for_kv_cache_config with the planner's
-  number of blocks, against the planner's blocks per request and max concurrency;
+  get_global_kv_cache_groups and computes get_max_concurrency_for_kv_cache_config and
+  get_kv_cache_capacity with the planner's number of blocks, against the planner's blocks per
+  request, max concurrency (as vLLM logs it, '%.2f') and KV cache size;
 - checks every environment variable name the unit and env file set against vllm/envs.py's names, or
   the allow-list below.
 
@@ -192,15 +193,13 @@ def _model_dir(model: str) -> tuple[Path | None, str]:
 # --- the planner's side -------------------------------------------------------------------------
 
 def _planner_kv(inst: dict) -> dict:
-    """Blocks and concurrency as the plan states them (reasons) or vllm_fleet.catalog computes them."""
+    """Blocks and concurrency as the plan states them (--json, reasons) or vllm_fleet.catalog computes them."""
     from vllm_fleet import catalog
     text = " ".join(inst.get("reasons", []))
     out: dict = {"blocks": None, "blocks_per_request": None, "max_num_batched_tokens": None,
                  "concurrent_batches": None}
-    if inst.get("kv_cache_tokens"):
-        out["blocks"] = inst["kv_cache_tokens"] // catalog.KV_BLOCK_SIZE
-    if m := re.search(r"request takes (\d+) blocks", text):
-        out["blocks_per_request"] = int(m.group(1))
+    out["blocks"] = inst.get("kv_cache_blocks")
+    out["blocks_per_request"] = inst.get("kv_blocks_per_request")
     if m := re.search(r"(\d+) concurrent batches .*? x max_num_batched_tokens (\d+)", text):
         out["concurrent_batches"], out["max_num_batched_tokens"] = int(m.group(1)), int(m.group(2))
     info = catalog.lookup(inst["model"])
@@ -249,7 +248,8 @@ def collect(work: Path, only: set[str] | None) -> tuple[list[dict], list[dict]]:
                     "runtime": _runtime_of(unit), "device0": device0, "model_dir": str(model_dir) if model_dir else None,
                     "model_what": model_what, "plan": {k: inst.get(k) for k in (
                         "tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size",
-                        "pp_layer_partition", "max_model_len", "kv_cache_tokens", "max_concurrency", "nodes")},
+                        "pp_layer_partition", "max_model_len", "kv_cache_tokens", "kv_cache_blocks",
+                        "max_concurrency", "nodes")},
                     "planner_kv": _planner_kv(inst),
                 })
             ray_unit = etc / "systemd" / "system" / "vllm-fleet-ray.service"
@@ -342,13 +342,17 @@ def judge(job: dict, res: dict) -> dict:
                  if kv["planner_blocks_per_request"] else planner_c)
         ratio = exact / vllm_c if exact and vllm_c else None
         same_blocks = kv["planner_blocks_per_request"] == kv["vllm_blocks_per_request"]
-        same_c = planner_c is not None and abs(planner_c - round(vllm_c, 2)) <= 0.005
-        row["kv"] = (f"{'agree' if same_blocks and same_c else 'DIFFER'}: blocks/request planner "
+        # The digits vLLM logs ('%.2fx', update_kv_cache_capacity) and its KV cache size, exactly.
+        same_c = planner_c is not None and planner_c == float("%.2f" % vllm_c)
+        same_size = kv.get("planner_kv_cache_size") == kv.get("vllm_kv_cache_size")
+        size_text = ("" if same_size else f"; KV cache size planner {kv.get('planner_kv_cache_size')} "
+                                          f"vLLM {kv.get('vllm_kv_cache_size')}")
+        row["kv"] = (f"{'agree' if same_blocks and same_c and same_size else 'DIFFER'}: blocks/request planner "
                      f"{kv['planner_blocks_per_request']} vLLM {kv['vllm_blocks_per_request']}; concurrency "
                      f"planner {planner_c} vLLM {vllm_c:.2f} (ratio {ratio:.3f}) on {kv['planner_blocks']} blocks; "
-                     f"vLLM's groups {_groups_text(kv)}"
-                     if ratio else f"vLLM {vllm_c:.2f}, planner {planner_c}")
-        if not (same_blocks and same_c):
+                     f"vLLM's groups {_groups_text(kv)}{size_text}"
+                     if ratio else f"vLLM {vllm_c:.2f}, planner {planner_c}{size_text}")
+        if not (same_blocks and same_c and same_size):
             problems.append("KV: " + row["kv"])
     elif "skipped" in kv:
         row["kv"] = "skipped: " + kv["skipped"]

@@ -206,7 +206,7 @@ def _kv(job, result, config) -> None:
     from vllm.utils.math_utils import cdiv
     from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
     from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups
-    from vllm.v1.core.kv_cache_utils import get_max_concurrency_for_kv_cache_config
+    from vllm.v1.core.kv_cache_utils import get_kv_cache_capacity, get_max_concurrency_for_kv_cache_config
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, SlidingWindowSpec
 
     planner = job["planner_kv"]
@@ -246,6 +246,7 @@ def _kv(job, result, config) -> None:
     per_request = sum(cdiv(g.kv_cache_spec.max_memory_usage_bytes(config), g.kv_cache_spec.page_size_bytes)
                       for g in groups)
     concurrency = get_max_concurrency_for_kv_cache_config(config, kv_config)
+    size, _ = get_kv_cache_capacity(config, kv_config)  # what vLLM logs as 'GPU KV cache size'
     kinds: dict[str, int] = {}
     for g in groups:
         kind = type(g.kv_cache_spec).__name__
@@ -255,6 +256,7 @@ def _kv(job, result, config) -> None:
         "vllm_blocks_per_request": per_request, "vllm_max_concurrency": concurrency,
         "planner_blocks": planner["blocks"], "planner_blocks_per_request": planner["blocks_per_request"],
         "planner_max_concurrency": job["plan"].get("max_concurrency"),
+        "vllm_kv_cache_size": size, "planner_kv_cache_size": job["plan"].get("kv_cache_tokens"),
     }
 
 

@@ -144,9 +144,10 @@ vllm_install_host_packages = True
 vllm_advertise_address = None
 # True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
 # mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
-# environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --extra vllm-router==X`)
+# environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
+# vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
 # with every instance of the fleet that serves a model as a backend, read from each host's plan:
-# requests go only to instances serving the `model` they name, round-robin among them. The host
+# requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The host
 # needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
 # API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
 # name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
@@ -182,7 +183,7 @@ vllm_gateway_policy = "round_robin"
 # certificate comes from a fleet CA that the first deploy creates on the workstation in
 # <vllm_workstation_dir>/tls (the CA key 0600, never on a host); it names the host, its addresses
 # and localhost, and a later deploy issues it again 30 days before it ends. `vllm-fleet tls ca
-# INVENTORY` prints the CA certificate clients trust. The gateway checks its backends' certificates,
+# INVENTORY` prints the path of the CA certificate clients trust. The gateway checks its backends' certificates,
 # and so do the verification and status. Or give your own: all three of the files below (PEM, on the
 # workstation; the key is pushed root:<service user> 0640 and never shown).
 vllm_tls = False
@@ -239,7 +240,7 @@ vllm_api_key_file = None  # or a file on the workstation holding it (first line)
 # each front and the gateway accept exactly these keys:
 #   vllm_api_clients = {
 #       "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 60},
-#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
 #   }
 # key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
 # names it may use (others get 403 and never reach vLLM; GET /v1/models lists only these); absent:

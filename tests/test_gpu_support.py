@@ -59,6 +59,19 @@ def test_v100_is_refused_offline_with_the_reason_and_the_table():
     assert "GPU 0 (Tesla V100-SXM2-32GB, compute capability 7.0) is not supported by vLLM 0.33.0" in text
     assert "CUDA 13.0 build has kernels for compute capability >= 7.5" in text
     assert "vllm_fleet/gpu_support.py" in text and "fix:" in text
+    # The fix offers what the user can do: no older vLLM, since vllm_version takes 0.33.x only.
+    assert "leave GPU 0 out" in err.fix and "compute capability >= 7.5" in err.fix
+    assert "vllm_version takes >=0.33.0,<0.34 only" in err.fix and "older vllm_version" not in err.fix
+
+
+def test_an_old_declared_driver_names_the_users_version_and_no_older_vllm():
+    from vllm_fleet.config import GpuSpec
+    gpu = GpuSpec(0, "NVIDIA A100-SXM4-40GB", 40960, driver_version="550.54.15")
+    (err,) = gpu_support.preflight("box", [gpu], vllm_version="0.33.1", source="the declared 'gpus'")
+    assert "NVIDIA driver 550.54.15 is too old for vLLM 0.33.1" in err.message
+    assert "nvidia-driver-580-server" in err.fix
+    assert "vllm_version takes >=0.33.0,<0.34 only" in err.fix and "CUDA 13.0" in err.fix
+    assert "pin an older" not in err.fix
 
 
 def test_declared_old_driver_and_mig_are_refused_offline():

@@ -228,18 +228,18 @@ def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
     """
     hp = plan(host_data(gpus=[RTX_4090D], instances=[instance()]))
     (inst,) = hp.instances
-    assert inst.kv_cache_tokens == 189553
+    assert (inst.kv_cache_blocks, inst.kv_blocks_per_request) == (11847, 2629)
     assert inst.max_concurrency == pytest.approx(11847 / 2629)
     assert inst.as_dict()["max_concurrency"] == 4.51
     assert not any("KV cache holds" in w for w in inst.warnings)  # 4.5 >= vllm_min_kv_sequences 4
     assert any("1 + 5 groups of 8" in r and "window 1024" in r for r in inst.reasons)
-    assert any("takes 2629 blocks, so max concurrency 4.50" in r for r in inst.reasons)
+    assert any("takes 2629 blocks over all KV cache groups" in r for r in inst.reasons)
     assert any("2 concurrent batches (async scheduling on the V2 model runner) x max_num_batched_tokens "
                "2048 (vLLM's default for RTX 4090 D) = 4096" in r for r in inst.reasons)
     # With the hybrid manager off, vLLM stores every layer in full: the old number comes back.
     off = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"disable-hybrid-kv-cache-manager": True})])).instances[0]
-    assert off.kv_cache_tokens == 31592 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
+    assert off.kv_cache_blocks == 31592 // 16 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
     assert any("1.92 requests of max_model_len 16384" in w for w in off.warnings)
 
 
@@ -250,11 +250,11 @@ def test_tokens_in_flight_follow_vllms_concurrent_batches():
     PP leaves one batch. Each sliding group then takes cdiv(1023 + batches x 2048, 16) + 1 blocks."""
     single = plan(host_data(placement="single-instance")).instances[0]
     assert single.pipeline_parallel_size == 3
-    blocks = single.kv_cache_tokens // 16
+    blocks = single.kv_cache_blocks
     assert single.max_concurrency == pytest.approx(blocks / (1024 + 5 * 577))  # 1023 + 8192
     v1 = plan(host_data(placement="single-instance", instances=[instance(
         env={"VLLM_USE_V2_MODEL_RUNNER": "0"})])).instances[0]
-    assert v1.max_concurrency == pytest.approx((v1.kv_cache_tokens // 16) / (1024 + 5 * 449))  # 1023 + 6144
+    assert v1.max_concurrency == pytest.approx(v1.kv_cache_blocks / (1024 + 5 * 449))  # 1023 + 6144
     assert any("3 concurrent batches (no async scheduling, PP=3)" in r for r in v1.reasons)
     sync = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"async-scheduling": False})])).instances[0]
@@ -302,9 +302,9 @@ def test_full_attention_model_is_unchanged_by_the_hybrid_arithmetic():
     hp = plan(host_data(gpus=[A100_40G], instances=[instance(
         model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192)]))
     (inst,) = hp.instances
-    assert inst.kv_cache_tokens == 151879
+    assert inst.kv_cache_blocks == 151879 // 16 == 9492
     assert inst.max_concurrency == pytest.approx(9492 / 512)
-    assert inst.max_concurrency == pytest.approx(inst.kv_cache_tokens / 8192, rel=1e-3)
+    assert inst.kv_cache_tokens == 9492 * 16  # full attention, max_model_len a multiple of 16
     assert not any("hybrid KV cache" in r for r in inst.reasons)
 
 
@@ -320,3 +320,55 @@ def test_the_seed_inventory_plan_has_no_false_kv_warning():
         assert not any("KV cache holds" in w for w in inst.warnings), inst.warnings
     single = plan(host_data(placement="single-instance")).instances[0]  # PP=3 across GPU models
     assert single.pipeline_parallel_size == 3 and single.max_concurrency > 4
+
+
+# --- parallel sizes against the GPUs: the words name what the user wrote ---------------------------
+
+LLAMA_8B = dict(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192)
+
+
+def test_auto_gpus_with_a_tp_the_model_refuses_says_so_not_that_gpus_were_given():
+    """gpus 'auto' on 8 H100s, tensor_parallel_size 3: 6 of them could hold TP=3 x DP=2, but Llama-3-8B's
+    32 heads refuse TP=3; the user gave no GPUs, so no message says they did."""
+    (err,) = plan_errors(host_data(gpus=[H100_80G] * 8, instances=[instance(**LLAMA_8B, tensor_parallel_size=3)]))
+    assert err.key == "tensor_parallel_size"
+    assert ("tensor_parallel_size 3 (the instance's) does not work for meta-llama/Meta-Llama-3-8B-Instruct"
+            in err.message)
+    assert "attention heads (32) must be divisible by tensor parallel size (3)" in err.message
+    assert "given" not in err.message and "make up" not in err.message and "3 = 3" not in err.message
+    assert "(1, 2, 4)" in err.fix and "leave it out" in err.fix
+
+
+def test_pinned_gpus_that_the_tp_does_not_divide_name_the_list_and_the_valid_sizes():
+    (err,) = plan_errors(host_data(gpus=[H100_80G] * 8, instances=[instance(
+        **LLAMA_8B, gpus=[0, 1, 2, 3, 4], tensor_parallel_size=2)]))
+    assert err.key == "gpus"
+    assert "its 'gpus' lists 5 GPU(s) (0,1,2,3,4), but tensor_parallel_size 2 does not divide 5" in err.message
+    assert "2 = 2" not in err.message
+    assert "a multiple of 2 GPUs in 'gpus' (e.g. [0, 1, 2, 3])" in err.fix
+    assert "tensor_parallel_size to one that divides 5 (1, 5)" in err.fix
+
+
+def test_all_three_sizes_must_equal_the_pinned_gpus():
+    (err,) = plan_errors(host_data(gpus=[H100_80G] * 8, instances=[instance(
+        **LLAMA_8B, gpus=[0, 1, 2, 3, 4], tensor_parallel_size=2, pipeline_parallel_size=1, data_parallel_size=2)]))
+    assert ("tensor_parallel_size 2 x pipeline_parallel_size 1 x data_parallel_size 2 = 4 is not 5"
+            in err.message)
+    assert "exactly 4 GPUs in 'gpus' (e.g. [0, 1, 2, 3])" in err.fix
+
+
+def test_auto_gpus_fewer_than_the_sizes_say_what_auto_left():
+    (err,) = plan_errors(host_data(gpus=[H100_80G] * 2, instances=[instance(**LLAMA_8B, tensor_parallel_size=4)]))
+    assert err.key == "tensor_parallel_size"
+    assert "World size (4) is larger than the number of available GPUs (2)" in err.message
+    assert "gpus 'auto' leaves it the host's 2 free GPU(s) (0,1)" in err.message
+    assert "leave 4 GPUs free for it" in err.fix and "at most 2" in err.fix
+
+
+def test_unused_gpus_are_named_with_their_model_and_what_the_instances_have():
+    one = plan(host_data(gpus=[H100_80G] * 3, instances=[instance(**LLAMA_8B, gpus=[1, 2])]))
+    (text,) = one.warnings
+    assert text.startswith("GPU 0 (H100 80GB HBM3) is used by no instance") and "gemma: 1,2" in text
+    assert "GPUs 0" not in text
+    two = plan(host_data(gpus=[H100_80G] * 3, instances=[instance(**LLAMA_8B, gpus=[1])]))
+    assert two.warnings[0].startswith("GPUs 0 (H100 80GB HBM3), 2 (H100 80GB HBM3) are used by no instance")

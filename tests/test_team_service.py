@@ -73,6 +73,16 @@ def test_a_bad_client_is_refused_naming_its_key_with_a_fix(clients, key, words):
     assert all(kinds.printable(line) for e in errors for line in e.located().splitlines())
 
 
+
+def test_a_clients_models_fix_shows_a_served_name_not_an_instance_name():
+    """The examples name the example fleet's served name (qwen2.5-7b), not its instance (qwen7b)."""
+    (listed,) = errors_of({"vllm_api_clients": {"ci": {"key_env": "A", "models": "qwen"}}})
+    assert "got str" in listed.message and '"models": ["qwen2.5-7b"]' in listed.fix
+    (named,) = errors_of({"vllm_api_clients": {"ci": {"key_env": "A", "models": ["bad name"]}}})
+    assert "models[0]" in named.message
+    assert "not an instance's name" in named.fix and "'qwen2.5-7b'" in named.fix and "qwen7b" not in named.fix
+
+
 def test_without_clients_the_fleet_key_is_the_one_client():
     host = parse_host("box", host_data())
     assert [(c.name, c.key_env, c.models) for c in host.api_clients] == [("fleet-key", "VLLM_FLEET_API_KEY", None)]

@@ -3,15 +3,17 @@
     vllm-fleet plan INVENTORY [--json] [--limit HOST]     the parallel layout per host, with reasons,
                                                           and the fleet's gateway with its backends
     vllm-fleet render INVENTORY --out DIR [--limit HOST]  every file each host would get
-    vllm-fleet sandbox up|down|status INVENTORY           local systemd-nspawn test hosts
+    vllm-fleet sandbox up|down|status|warm INVENTORY      local systemd-nspawn test hosts
     vllm-fleet bundle ...                                 an offline wheelhouse for air-gapped hosts
     vllm-fleet status INVENTORY [--json]                  health, load, KV use and drift per instance
     vllm-fleet rollout INVENTORY [--batch N|N%] [--max-fail N] [--json]
                                                           batch by batch, verified, failures rolled back
     vllm-fleet unlock INVENTORY --limit HOST              break the deploy lock of a deploy that is gone
-    vllm-fleet tls ca INVENTORY [--json]                  the CA certificate clients trust (vllm_tls)
+    vllm-fleet tls ca INVENTORY [--json]                  the path of the CA certificate clients trust
+                                                          (vllm_tls)
 
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
+`vllm-fleet COMMAND --help`: what the command does, its options and examples.
 """
 
 from __future__ import annotations
@@ -40,6 +42,14 @@ DELEGATED = {
     "status": "vllm_fleet.commands.status",
     "rollout": "vllm_fleet.commands.rollout",
     "unlock": "vllm_fleet.commands.unlock",
+}
+# Their line in `vllm-fleet --help` (their modules, slow to import, load only when run).
+SUMMARIES = {
+    "sandbox": "local rehearsal hosts (systemd-nspawn containers): up, down, status, warm",
+    "bundle": "an offline wheelhouse of vLLM and everything it installs, for air-gapped hosts",
+    "status": "each host's instances now: health, version, load, KV cache use and drift (read-only)",
+    "rollout": "deploy batch by batch, each batch verified; failed hosts rolled back",
+    "unlock": "break the deploy lock of a deploy that is gone",
 }
 
 
@@ -80,7 +90,7 @@ def print_plan(plan: FleetPlan, out=None) -> None:
         console.print(f"[bold]{escape(host.name)}[/bold]  target={host.target}  "
                       f"GPUs ({host.gpu_source}): {escape(gpus)}")
         table = Table(show_lines=True)
-        for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV tokens",
+        for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV cache size",
                        "per GPU: weights / KV GiB"):
             table.add_column(column)
         for inst in host.instances:
@@ -210,27 +220,71 @@ def cmd_tls_ca(args: argparse.Namespace) -> int:
     return 0
 
 
+def _examples(*lines: tuple[str, str]) -> str:
+    """The epilog of a command's --help: each example command line with what it does."""
+    return "examples:\n" + "\n".join(f"  {command}\n      {what}" for command, what in lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vllm-fleet", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("plan", help="show the parallel layout planned for each host")
-    p.add_argument("inventory")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--limit", action="append", help="host or group names (comma-separated)")
+    raw = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet", description=__doc__.split("\n\n")[0], formatter_class=raw,
+        epilog="Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).\n"
+               "`vllm-fleet COMMAND --help` says what a command does, with its options and examples.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = sub.add_parser(
+        "plan", help="show the parallel layout planned for each host, with the reasons (offline)",
+        formatter_class=raw,
+        description="Plan every host of the inventory offline, from its declared 'gpus': which GPUs each vLLM\n"
+                    "instance gets, its tensor x pipeline x data parallel layout, what each GPU holds, its KV\n"
+                    "cache as vLLM will log it at start, the reasons and the layouts not chosen; then the\n"
+                    "gateway and its backends. Connects to no host. Invalid input: every error (host,\n"
+                    "instance, key and fix) on stderr, exit status 2.",
+        epilog=_examples(("vllm-fleet plan inventory/prod.py", "the table and reasons of every host"),
+                         ("vllm-fleet plan inventory/prod.py --limit gpu-mixed-01", "one host"),
+                         ("vllm-fleet plan inventory/prod.py --json | jq '.hosts[].instances[].max_concurrency'",
+                          "the same plan as JSON")))
+    p.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
+    p.add_argument("--json", action="store_true",
+                   help="print the plan as JSON (hosts, their instances, the gateways) instead of tables")
+    p.add_argument("--limit", action="append", metavar="NAMES",
+                   help="only these hosts or groups (comma-separated; repeatable)")
     p.set_defaults(func=cmd_plan)
-    r = sub.add_parser("render", help="write every file each host would get, for review and diffs")
-    r.add_argument("inventory")
-    r.add_argument("--out", required=True, help="directory; files go to OUT/<host>/<path>")
-    r.add_argument("--limit", action="append")
+    r = sub.add_parser(
+        "render", help="write every file each host would get, for review and diffs (offline)",
+        formatter_class=raw,
+        description="Write every file the deploy would put on each host (vLLM engine configs, systemd units,\n"
+                    "the front's nginx configuration, ...) under OUT/<host>/<path>, for review and CI diffs.\n"
+                    "Secret values are placeholders. With vllm_metrics hosts, also the scrape targets for a\n"
+                    f"Prometheus of your own under OUT/{PROMETHEUS_OUT}/. Connects to no host.",
+        epilog=_examples(("vllm-fleet render inventory/prod.py --out /tmp/rendered", "every host's files"),
+                         ("vllm-fleet render inventory/prod.py --out /tmp/new && diff -r rendered/ /tmp/new/",
+                          "what a change to the inventory changes on the hosts")))
+    r.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
+    r.add_argument("--out", required=True, metavar="DIR",
+                   help="the folder to write to: host H's file /etc/F goes to DIR/H/etc/F")
+    r.add_argument("--limit", action="append", metavar="NAMES",
+                   help="only these hosts or groups (comma-separated; repeatable)")
     r.set_defaults(func=cmd_render)
-    t = sub.add_parser("tls", help="the fleet's TLS: `tls ca INVENTORY` prints the CA certificate clients trust")
-    t.add_argument("what", choices=["ca"])
-    t.add_argument("inventory")
-    t.add_argument("--json", action="store_true", help="machine-readable output")
-    t.add_argument("--limit", action="append")
+    t = sub.add_parser(
+        "tls", help="the fleet's TLS: `tls ca INVENTORY` prints the path of the CA file clients trust",
+        formatter_class=raw,
+        description="The fleet's TLS (hosts with vllm_tls = True). `tls ca INVENTORY` prints the path of each\n"
+                    "CA certificate file clients must trust, one per line: the fleet CA's, created on this\n"
+                    "workstation in <vllm_workstation_dir>/tls/ when missing (so it can be handed out before\n"
+                    "the first deploy), or the vllm_tls_ca_file of hosts with certificates of their own.",
+        epilog=_examples(("vllm-fleet tls ca inventory/prod.py", "the path, e.g. ~/.local/share/vllm-fleet/tls/ca.pem"),
+                         ('curl --cacert "$(vllm-fleet tls ca inventory/prod.py)" https://gpu-h100-01:8001/health',
+                          "a client trusting it")))
+    t.add_argument("what", choices=["ca"], help="ca: the CA certificate file(s) clients trust")
+    t.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
+    t.add_argument("--json", action="store_true",
+                   help='print {"ca_files": [{"path": ..., "hosts": [...]}]} instead of the paths')
+    t.add_argument("--limit", action="append", metavar="NAMES",
+                   help="only these hosts or groups (comma-separated; repeatable)")
     t.set_defaults(func=cmd_tls_ca)
     for name in DELEGATED:
-        sub.add_parser(name, help=f"see `vllm-fleet {name} --help`")
+        sub.add_parser(name, help=SUMMARIES.get(name))
     return parser
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
 from vllm_fleet.config import ConfigError, GpuSpec
+from vllm_fleet.settings import SUPPORTED_VLLM
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,14 @@ RUNTIMES: dict[str, RuntimeMinimums] = {
 
 def _version_key(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def no_older_vllm(minimums: RuntimeMinimums) -> str:
+    """Why pinning another vllm_version is no way out: the releases vllm-fleet takes share one CUDA line."""
+    low, high = SUPPORTED_VLLM["vllm"]
+    return (f"vllm_version takes >={'.'.join(map(str, low))},<{'.'.join(map(str, high))} only, whose torch "
+            f"{minimums.torch} is built for CUDA {minimums.cuda}: no vLLM built for an older CUDA is "
+            "accepted")
 
 
 def minimums_for(vllm_version: str) -> RuntimeMinimums | None:
@@ -298,15 +307,14 @@ def preflight(host_name: str, gpus: Iterable[GpuSpec], instances: Iterable[Any] 
                         "'Driver Version: 580.xx.xx')"))
             elif have < need:
                 errors.append(ConfigError(
-                    f"NVIDIA driver {found} is too old for vLLM {minimums.vllm}: it runs on torch "
+                    f"NVIDIA driver {found} is too old for vLLM {vllm_version}: it runs on torch "
                     f"{minimums.torch} built for CUDA {minimums.cuda}, which needs driver >= "
                     f"{minimums.min_driver} (every GPU of the host, e.g. GPU {gpus[0].index} "
                     f"{gpus[0].name}); the instance would install and then fail at CUDA init",
                     host=host_name, key="driver_version",
                     fix=f"upgrade the NVIDIA driver to the {minimums.min_driver.split('.')[0]} branch "
                         f"or newer (e.g. apt install nvidia-driver-{minimums.min_driver.split('.')[0]}"
-                        f"-server, then reboot), or pin an older vllm_version whose CUDA build your "
-                        f"driver supports"))
+                        f"-server, then reboot); {no_older_vllm(minimums)}"))
     # 3. compute capability against the build's architectures
     if minimums is not None:
         for g in checked:
@@ -314,12 +322,13 @@ def preflight(host_name: str, gpus: Iterable[GpuSpec], instances: Iterable[Any] 
             if cap is not None and cap < minimums.min_compute_capability:
                 errors.append(ConfigError(
                     f"GPU {g.index} ({g.name}, compute capability {cap}) is not supported by vLLM "
-                    f"{minimums.vllm}: its torch {minimums.torch} CUDA {minimums.cuda} build has kernels "
+                    f"{vllm_version}: its torch {minimums.torch} CUDA {minimums.cuda} build has kernels "
                     f"for compute capability >= {minimums.min_compute_capability} only (CUDA 13 "
                     f"dropped Maxwell, Pascal and Volta; see vllm_fleet/gpu_support.py)",
                     host=host_name, key=f"gpus[{g.index}]",
-                    fix="leave this GPU out (give the instance 'gpus' without it), use a Turing or "
-                        "newer GPU, or pin an older vllm_version built for CUDA 12"))
+                    fix=f"leave GPU {g.index} out (list the instance's 'gpus' without it), or use a "
+                        f"GPU of compute capability >= {minimums.min_compute_capability} (Turing or "
+                        f"newer); {no_older_vllm(minimums)}"))
     # 4. MIG
     for g in checked:
         if mig_enabled(g.mig_mode):

@@ -407,13 +407,35 @@ def print_table(results: list[HostResult]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-fleet rollout", description=__doc__.splitlines()[0])
-    parser.add_argument("inventory")
-    parser.add_argument("--batch", default="1", help="hosts per batch: N or N%% (default 1)")
-    parser.add_argument("--max-fail", type=int, default=0, help="failed hosts tolerated (default 0)")
-    parser.add_argument("--limit", action="append", help="host or group names (comma-separated)")
-    parser.add_argument("--order", help="explicit host order (comma-separated); default: inventory order")
-    parser.add_argument("--json", action="store_true")
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet rollout", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Deploy the fleet batch by batch: each batch runs the same deploy as `pyinfra INVENTORY
+deploy.py` (the same secrets from this workstation) and is verified, a real completion
+included, before the next. Before a host changes, its managed files and its environment link
+are saved on it; a host that fails is restored from them, restarted and verified again (rolled
+back). More failed hosts than --max-fail stop the rollout: later hosts stay untouched. With a
+gateway, a batch's backends leave it first (their requests finish) and return once verified.
+Each host ends untouched, unchanged, updated, rolled back or failed.
+Exit status: 0 every host updated or unchanged, 1 otherwise, 2 input the deploy refused
+before any change.""",
+        epilog="""\
+examples:
+  vllm-fleet rollout inventory/prod.py --batch 25%
+      a quarter of the hosts at a time
+  vllm-fleet rollout inventory/prod.py --max-fail 1 --order gpu-a100-01,gpu-h100-01,gpu-mixed-01
+      one host at a time in this order, going on after one failure""")
+    parser.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
+    parser.add_argument("--batch", default="1", metavar="N|N%",
+                        help="hosts per batch: a number, or a percentage of the hosts (default 1)")
+    parser.add_argument("--max-fail", type=int, default=0, metavar="N",
+                        help="failed hosts tolerated before the rollout stops (default 0)")
+    parser.add_argument("--limit", action="append", metavar="NAMES",
+                        help="only these hosts or groups (comma-separated; repeatable)")
+    parser.add_argument("--order", metavar="HOSTS",
+                        help="the hosts' order (comma-separated inventory names; default: the inventory's)")
+    parser.add_argument("--json", action="store_true",
+                        help="print each host's state as JSON on stdout (progress goes to stderr)")
     args = parser.parse_args(argv)
     limit = split_names(args.limit)
     order = split_names([args.order] if args.order else None)

@@ -298,10 +298,28 @@ def print_gateways(gateways: list[dict[str, Any]]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-fleet status", description=__doc__.splitlines()[0])
-    parser.add_argument("inventory")
-    parser.add_argument("--json", action="store_true")
-    parser.add_argument("--limit", action="append")
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet status", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+What each host serves now, and whether it drifted from the plan. Read-only: over SSH, one
+discovery and one probe per host. Per instance: its unit's state and uptime, the vLLM version,
+the served models, /health, requests and KV cache use from its /metrics; per host: the GPUs
+and the front; for a failed or restarting unit, systemd's result, its restart count and the
+journal's last lines. Drift: a managed file on the host that differs from what the plan
+would render now. Then the gateway's backends and the Ray cluster of a multi-node instance.
+Exit status: 0 all healthy, 1 a host unreachable or an instance, front, gateway or Ray node
+unhealthy, 2 invalid input.""",
+        epilog="""\
+examples:
+  vllm-fleet status inventory/prod.py
+      a table per host
+  vllm-fleet status inventory/prod.py --limit gpu-h100-01 --json | jq '.hosts[0].instances'
+      one host, as JSON""")
+    parser.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
+    parser.add_argument("--json", action="store_true",
+                        help="print {\"hosts\": ..., \"gateways\": ..., \"ray\": ...} as JSON instead of tables")
+    parser.add_argument("--limit", action="append", metavar="NAMES",
+                        help="only these hosts or groups (comma-separated; repeatable)")
     args = parser.parse_args(argv)
     limit = split_names(args.limit)
     try:

@@ -18,13 +18,21 @@ from vllm_fleet.host.remote import run
 def main(argv: list[str]) -> int:
     """`vllm-fleet unlock INVENTORY --limit HOST`: break a deploy lock whose holder is gone."""
     parser = argparse.ArgumentParser(
-        prog="vllm-fleet unlock",
-        description="Break the deploy lock of hosts whose deploy is gone (its workstation crashed or "
-                    "lost the network). A deploy that is still running loses its lock: check first.")
-    parser.add_argument("inventory")
-    parser.add_argument("--limit", action="append", required=True,
-                        help="host or group names (comma-separated); required, so no host is unlocked "
-                             "by accident")
+        prog="vllm-fleet unlock", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Break the deploy lock of hosts whose deploy is gone (its workstation crashed or lost the
+network). A deploy or rollout holds a lock on each of its hosts while it runs, and refuses a
+host whose lock another workstation holds. Over SSH, this prints who held each host's lock and
+frees it. A deploy that is still running loses its lock: check first.
+Exit status: 0 every lock free, 1 a host unreachable or its lock not broken.""",
+        epilog="""\
+examples:
+  vllm-fleet unlock inventory/prod.py --limit gpu-h100-01
+      free one host's lock""")
+    parser.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
+    parser.add_argument("--limit", action="append", required=True, metavar="NAMES",
+                        help="host or group names (comma-separated; repeatable); required, so no host is "
+                             "unlocked by accident")
     args = parser.parse_args(argv)
     from vllm_fleet.commands.connection import connected  # patches gevent: only once a run reaches hosts
 

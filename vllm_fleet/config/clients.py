@@ -3,13 +3,13 @@ often. Pure: the keys themselves are read on the workstation at deploy time (dep
 
     vllm_api_clients = {
         "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 6},
-        "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+        "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
     }
 
 Each front and the gateway accept exactly these keys (render.front_files): a client asking for a model
 outside `models` gets 403 and its request never reaches vLLM; over `requests_per_minute` it gets 429 with
 Retry-After. Without vllm_api_clients the fleet has one client, FLEET_KEY_CLIENT, whose key comes from
-vllm_api_key_env / vllm_api_key_file as before.
+vllm_api_key_env / vllm_api_key_file.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ NGINX_KEYWORDS = ("default", "hostnames", "include", "volatile")
 CLIENT_KEYS = ("key_env", "key_file", "models", "requests_per_minute")
 #: nginx's limit_req counts requests per minute in whole requests; more than this is no limit at all.
 MAX_REQUESTS_PER_MINUTE = 60_000
-EXAMPLE = '{"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen7b"], "requests_per_minute": 60}}'
+EXAMPLE = '{"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen2.5-7b"], "requests_per_minute": 60}}'
 
 
 @dataclass(frozen=True)
@@ -153,14 +153,14 @@ def _parse_client(check: Checker, key: str, name: str, spec: Any) -> ApiClient |
     if models is not None:
         if not isinstance(models, (list, tuple)) or isinstance(models, str):
             check.error(f"models must be a list of served model names, got {type(models).__name__}",
-                        key=f"{key}.models", fix='"models": ["qwen7b"] (or leave it out: every model)')
+                        key=f"{key}.models", fix='"models": ["qwen2.5-7b"] (or leave it out: every model)')
             models = None
         else:
             for position, model in enumerate(models):
                 problem = kinds.served_name_problem(model)
                 if problem:
                     check.error(f"models[{position}]: {problem}", key=f"{key}.models",
-                                fix="a served_model_name of the fleet, e.g. 'qwen7b'")
+                                fix="a served_model_name of the fleet (not an instance's name), e.g. 'qwen2.5-7b'")
             models = tuple(dict.fromkeys(m for m in models if isinstance(m, str)))
     limit = spec.get("requests_per_minute")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)

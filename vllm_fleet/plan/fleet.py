@@ -9,7 +9,7 @@ from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, no
 from vllm_fleet.plan.engine_args import add_engine_args_and_env
 from vllm_fleet.plan.multinode import node_group_share, plan_node_group, reserved_gpu_errors
 from vllm_fleet.plan.placement import HostPlanner, cpu_instance_plans
-from vllm_fleet.plan.types import FleetPlan, HostPlan, Interconnect, NodeGroupPlan
+from vllm_fleet.plan.types import FleetPlan, HostPlan, InstancePlan, Interconnect, NodeGroupPlan
 
 
 def plan_host(host_config: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = None,
@@ -65,8 +65,18 @@ def plan_host(host_config: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = N
     add_engine_args_and_env(host_config, plans)
     host_plan = HostPlan(host_config.name, gpus, source, target, plans, unused, ray=role)
     if unused and plans:
-        host_plan.warnings.append(f"GPUs {','.join(map(str, unused))} are not used by any instance")
+        host_plan.warnings.append(unused_gpus_warning(gpus, unused, plans))
     return host_plan
+
+
+def unused_gpus_warning(gpus: tuple[GpuSpec, ...], unused: tuple[int, ...], plans: list[InstancePlan]) -> str:
+    """Which GPUs no instance uses, by index and model, and which GPUs the instances have."""
+    names = ", ".join(f"{g.index} ({g.short_name})" for g in gpus if g.index in unused)
+    taken = "; ".join(f"{plan.name}: {plan.cuda_visible_devices}" for plan in plans if plan.gpu_indices)
+    one = len(unused) == 1
+    return (f"GPU{'' if one else 's'} {names} {'is' if one else 'are'} used by no instance (the instances "
+            f"have {taken or 'none'}): give {'it' if one else 'them'} to an instance's 'gpus', or leave "
+            f"{'it' if one else 'them'} for other work")
 
 
 def _describe_gpus(gpus: tuple[GpuSpec, ...]) -> str:

@@ -59,16 +59,15 @@ def arrange_layout(mem: MemoryModel, gpus: list[GpuSpec], tp: int, pp: int, dp: 
             best = (layout.kv_tokens, layout)
     even = (best[1] if best is not None and len(by_model) == 1  # identical GPUs: the even split
             else evaluate_layout(mem, replica_groups, even_partition(info.num_hidden_layers, pp), tp, dp))
-    even_tokens = even.kv_tokens
     if best is None or best[1].kv_tokens <= 0:
-        return LayoutCandidate(even, even_tokens, "weights do not fit: " + memory_detail(even))
+        return LayoutCandidate(even, even, "weights do not fit: " + memory_detail(even))
     layout = best[1]
     if dp > 1:
         all_gpus = tuple(g for group in tp_groups[: pp * dp] for g in group)
         per_gpu = tuple(GpuUse(g.index, g.name, use.stage, use.weights_gib, use.kv_cache_gib, use.budget_gib)
                         for g, use in zip(all_gpus, list(layout.per_gpu) * dp))
         layout = replace(layout, gpus=all_gpus, per_gpu=per_gpu)
-    return LayoutCandidate(layout, even_tokens, None)
+    return LayoutCandidate(layout, even, None)
 
 
 def node_group_layout(mem: MemoryModel, stages: list[list[GpuSpec]], tp: int,
@@ -91,5 +90,5 @@ def node_group_layout(mem: MemoryModel, stages: list[list[GpuSpec]], tp: int,
         partition = balanced_partition(free, layers, mem, tp)
     layout = on_nodes(partition) if partition else even
     if partition is None or layout.kv_tokens <= 0:
-        return LayoutCandidate(even, even.kv_tokens, "weights do not fit: " + memory_detail(even))
-    return LayoutCandidate(layout, even.kv_tokens, None)
+        return LayoutCandidate(even, even, "weights do not fit: " + memory_detail(even))
+    return LayoutCandidate(layout, even, None)

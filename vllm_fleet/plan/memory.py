@@ -69,13 +69,26 @@ class MemoryModel:
                                          self.info.num_hidden_layers)
         return groups.blocks_per_request(self.max_model_len, self.max_in_flight_tokens(layout))
 
-    def concurrency(self, layout: Layout) -> float:
-        """vLLM's get_max_concurrency_for_kv_cache_config: pool blocks / blocks one max_model_len
-        request takes over all KV cache groups (vLLM logs it as 'Maximum concurrency for N tokens
-        per request')."""
+    def concurrency(self, layout: Layout, blocks: int | None = None) -> float:
+        """vLLM's get_max_concurrency_for_kv_cache_config (v1/core/kv_cache_utils.py:1061-1093):
+        pool blocks / blocks one max_model_len request takes over all KV cache groups, as the same
+        float division; `blocks`: another pool on this layout (the even split's)."""
         if not self.max_model_len:
             return 0.0
-        return (layout.kv_tokens // KV_BLOCK_SIZE) / self.blocks_per_request(layout)
+        pool = kv_blocks(layout) if blocks is None else blocks
+        return pool / self.blocks_per_request(layout)
+
+    def kv_cache_size(self, layout: Layout, blocks: int | None = None) -> int:
+        """The tokens vLLM logs as 'GPU KV cache size': get_kv_cache_capacity
+        (v1/core/kv_cache_utils.py:1120-1128), int(max concurrency x max_model_len) of the same
+        floats. Not blocks x block size: a sliding-window group's request takes fewer blocks than
+        its length, so a hybrid model's size is below its pool, and int() drops the fraction."""
+        return int(self.concurrency(layout, blocks) * self.max_model_len)
+
+
+def kv_blocks(layout: Layout) -> int:
+    """The replica's KV cache blocks (vLLM's num_blocks, its tightest stage's)."""
+    return layout.kv_tokens // KV_BLOCK_SIZE
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,6 @@ class _NodeGroupPlanner:
         plan = InstancePlan(
             config=inst, name=inst.name, layout=layout, dtype=dtype, max_model_len=max_len,
             tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=1,
-            kv_cache_tokens=layout.kv_tokens, max_concurrency=mem.concurrency(layout),
             warnings=warnings, reasons=node_group_reasons(self.group.head, ray_version, order, per_node, tp)
             + notes, port=inst.port, nodes=self.group.nodes,
             node_gpus={node: tuple(g.index for g in per_node[node]) for node in self.group.nodes})

@@ -51,7 +51,8 @@ class HostPlanner:
         return out
 
     def _check_world_size(self, inst: InstanceConfig, gpus: list[GpuSpec]) -> bool:
-        """The seed's failure, caught before any host is touched: sizes vs visible GPUs."""
+        """The seed's failure, caught before any host is touched: the parallel sizes the instance sets
+        against the GPUs it would see (its 'gpus', or what 'auto' leaves it)."""
         labels = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
         sizes = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
         given = {label: value for label, value in zip(labels, sizes) if value is not None}
@@ -60,21 +61,34 @@ class HostPlanner:
         world = 1
         for value in given.values():
             world *= value
-        devices = ",".join(str(g.index) for g in gpus)
-        formula = " x ".join(f"{label} {value}" for label, value in given.items()) + f" = {world}"
-        if world > len(gpus):
+        count, devices = len(gpus), ",".join(str(g.index) for g in gpus)
+        sizes_text = " x ".join(f"{label} {value}" for label, value in given.items())
+        if len(given) > 1:
+            sizes_text += f" = {world}"
+        named = " and ".join(given)
+        pinned = inst.gpus is not None
+        seen = (f"its 'gpus' lists {count} GPU(s) ({devices})" if pinned else
+                f"gpus 'auto' leaves it the host's {count} free GPU(s) ({devices})")
+        if world > count:
             self.error(inst, next(iter(given)),
-                       f"World size ({world}) is larger than the number of available GPUs "
-                       f"({len(gpus)}): CUDA_VISIBLE_DEVICES={devices} makes {len(gpus)} GPU(s) "
-                       f"visible but {formula}",
-                       f"list {world} GPUs in 'gpus', or lower the parallel sizes so their product "
-                       f"is {len(gpus)}")
+                       f"World size ({world}) is larger than the number of available GPUs ({count}): "
+                       f"{seen}, so CUDA_VISIBLE_DEVICES={devices}, but {sizes_text}",
+                       (f"list {world} GPUs in 'gpus'" if pinned else
+                        f"leave {world} GPUs free for it (or pin them with 'gpus')")
+                       + f", or lower {named} to a product of at most {count}")
             return False
-        if len(gpus) % world or (len(given) == 3 and world != len(gpus)):
-            self.error(inst, "gpus",
-                       f"{len(gpus)} GPUs given ({devices}) but {formula}, which does not make up "
-                       f"{len(gpus)}: vLLM needs tensor x pipeline x data parallel = the visible GPUs",
-                       f"list a multiple of {world} GPUs, or change the parallel sizes")
+        exact = len(given) == 3
+        if count % world or (exact and world != count):
+            usable = count - count % world
+            divisors = ", ".join(str(d) for d in range(1, count + 1) if count % d == 0)
+            example = f" (e.g. [{', '.join(str(g.index) for g in gpus[:usable])}])" if usable else ""
+            self.error(inst, "gpus" if pinned else next(iter(given)),
+                       f"{seen}, but {sizes_text} {'is not' if exact else 'does not divide'} {count}: "
+                       f"vLLM needs tensor x pipeline x data parallel = the GPUs it sees",
+                       f"{'list' if pinned else 'pin'} {'exactly' if exact else 'a multiple of'} {world} "
+                       f"GPUs in 'gpus'{example}, or set {named} to "
+                       + ("a product of" if exact else "one that divides" if len(given) == 1
+                          else "a product that divides") + f" {count}" + ("" if exact else f" ({divisors})"))
             return False
         return True
 
@@ -117,7 +131,8 @@ class HostPlanner:
                        else f"max concurrency {two_decimals_rounded_down(conc)} < vllm_min_kv_sequences "
                             f"{self.min_kv_sequences}")
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: "
-                                    f"{candidate.layout.kv_tokens} KV tokens per replica — not chosen ({why})")
+                                    f"KV cache size {mem.kv_cache_size(candidate.layout):,} tokens per "
+                                    f"replica — not chosen ({why})")
         return chosen[1]
 
     def plan_instance(self, inst: InstanceConfig, gpus: list[GpuSpec], reasons: list[str],
@@ -152,9 +167,7 @@ class HostPlanner:
         plan = InstancePlan(config=inst, name=name or inst.name, layout=layout, dtype=dtype,
                             max_model_len=max_len, tensor_parallel_size=layout.tp,
                             pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
-                            kv_cache_tokens=layout.kv_tokens, warnings=warnings,
-                            max_concurrency=mem.concurrency(layout),
-                            reasons=list(reasons) + notes, alternatives=alternatives,
+                            warnings=warnings, reasons=list(reasons) + notes, alternatives=alternatives,
                             port=port if port is not None else inst.port)
         apply_layout(plan, mem, chosen, gpus, self.min_kv_sequences, self.interconnect)
         return plan
@@ -235,14 +248,25 @@ class HostPlanner:
             if self.plan_instance(inst, gpus[:size], [reason], name=name, port=port, quiet=True):
                 break
         else:
-            if not quiet:
-                self.plan_instance(inst, gpus, [reason], name=name, port=port)  # records why
+            if not quiet:  # records why, on the most GPUs the instance's own parallel sizes can use
+                self.plan_instance(inst, gpus[:self._most_usable(inst, len(gpus))], [reason], name=name, port=port)
             return []
         final = self.plan_instance(inst, gpus[:size], [reason], name=name, port=port, quiet=quiet)
         if final and size < len(gpus):
             left = ",".join(str(g.index) for g in gpus[size:])
             final.warnings.append(f"GPUs {left} stay unused: no valid layout uses all {len(gpus)}")
         return [final] if final else []
+
+    @staticmethod
+    def _most_usable(inst: InstanceConfig, count: int) -> int:
+        """The most of `count` GPUs the parallel sizes the instance sets can fill (a multiple of their
+        product; all of them when it sets none, or when even one product is more than `count`)."""
+        world = 1
+        for size in (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size):
+            world *= size or 1
+        if inst.data_parallel_size is None:
+            return count - count % world or count
+        return world if world <= count else count
 
     def _split(self, inst: InstanceConfig, groups: list[list[GpuSpec]], quiet: bool) -> list[InstancePlan] | None:
         """One instance per group of identical GPUs, ports counted up from the instance's port."""

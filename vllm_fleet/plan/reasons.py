@@ -9,15 +9,24 @@ from __future__ import annotations
 import itertools
 from vllm_fleet.catalog import GIB, KV_BLOCK_SIZE, MIB
 from vllm_fleet.config import GpuSpec, InstanceConfig
-from vllm_fleet.plan.memory import MemoryModel, SchedulerDefaults, even_partition
+from vllm_fleet.plan.memory import MemoryModel, SchedulerDefaults, even_partition, kv_blocks
 from vllm_fleet.plan.rules import tp_problems
 from vllm_fleet.plan.types import (InstancePlan, Interconnect, Layout, LayoutCandidate, count_gpu_models,
-                                   gpu_model_and_memory)
+                                   gpu_model_and_memory, logged_concurrency)
 
 
 def two_decimals_rounded_down(value: float) -> str:
-    """Two decimals, rounded down: 0.999 must not read as a whole request."""
+    """Two decimals, rounded down, for a comparison with a whole number: 0.999 must not read as a
+    whole request, nor 3.999 as enough for vllm_min_kv_sequences 4. (What vLLM logs rounds to the
+    nearest: logged_concurrency.)"""
     return f"{int(value * 100) / 100:.2f}"
+
+
+def vllm_kv_log(mem: MemoryModel, layout: Layout) -> str:
+    """The line vLLM logs for this layout's KV cache (update_kv_cache_capacity,
+    v1/core/kv_cache_utils.py:1136-1154), with its thousands separators and rounding."""
+    return (f"GPU KV cache size: {mem.kv_cache_size(layout):,} tokens, Maximum concurrency for "
+            f"{mem.max_model_len:,} tokens per request: {logged_concurrency(mem.concurrency(layout))}x")
 
 
 def memory_detail(layout: Layout) -> str:
@@ -58,13 +67,15 @@ def no_fit_error(inst: InstanceConfig, gpus: list[GpuSpec], alternatives: list[s
     if layouts and all("attention heads" in tried or "KV heads" in tried or "GPU models" in tried
                        for tried in layouts):
         key = "tensor_parallel_size"
-        valid = [tp for tp in range(1, len(gpus) + 1) if not tp_problems(info, tp)]
-        return (key, f"no tensor_parallel_size works for {inst.model} on "
-                f"{', '.join(f'{count}x{name}' for name, count in count_gpu_models(gpus))}:\n    "
+        valid = ", ".join(str(tp) for tp in range(1, len(gpus) + 1) if not tp_problems(info, tp))
+        own = inst.tensor_parallel_size
+        return (key, (f"tensor_parallel_size {own} (the instance's) does not work" if own is not None
+                      else "no tensor_parallel_size works") + f" for {inst.model} on {on}:\n    "
                 + "\n    ".join(alternatives),
-                f"use a tensor_parallel_size vLLM accepts for this model "
-                f"({', '.join(map(str, valid))}) and keep each TP group on one GPU model "
-                "(join different models with pipeline_parallel_size)")
+                f"use a tensor_parallel_size vLLM accepts for this model ({valid})"
+                + (" or leave it out (the planner picks one)" if own is not None else "")
+                + " and keep each TP group on one GPU model (join different models with "
+                "pipeline_parallel_size)")
     return (key,
             f"{inst.model} ({info.weights_gib:.1f} GiB of weights, max_model_len {max_len}) "
             f"cannot be served on {on} ({budget:.1f} GiB usable at gpu_memory_utilization "
@@ -81,11 +92,14 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: LayoutCandidate, 
     where the driver (`interconnect`, when known) reports no P2P."""
     layout, inst = plan.layout, plan.config
     conc = mem.concurrency(layout)
-    plan.reasons.append(f"{layout.label}: {layout.kv_tokens} KV-cache tokens per replica "
-                        f"({layout.kv_tokens // KV_BLOCK_SIZE} blocks of {KV_BLOCK_SIZE}); a "
-                        f"{plan.max_model_len}-token request takes {mem.blocks_per_request(layout)} "
-                        f"blocks, so max concurrency {two_decimals_rounded_down(conc)} (vLLM logs it as "
-                        f"'Maximum concurrency for {plan.max_model_len:,} tokens per request')")
+    blocks, per_request = kv_blocks(layout), mem.blocks_per_request(layout)
+    plan.kv_cache_blocks, plan.kv_blocks_per_request = blocks, per_request
+    plan.max_concurrency, plan.kv_cache_tokens = conc, mem.kv_cache_size(layout)
+    plan.reasons.append(f"{layout.label}: {blocks} KV-cache blocks of {KV_BLOCK_SIZE} tokens per "
+                        f"replica; a {plan.max_model_len}-token request takes {per_request} blocks over "
+                        f"all KV cache groups, so vLLM logs '{vllm_kv_log(mem, layout)}' (max "
+                        f"concurrency = {blocks} / {per_request} blocks; the size = max concurrency x "
+                        f"{plan.max_model_len}, the fraction dropped)")
     groups = mem.groups
     if groups is not None and groups.hybrid:
         full, sliding = mem.info.attention_layers()
@@ -103,15 +117,16 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: LayoutCandidate, 
     models = {gpu_model_and_memory(g) for g in gpus}
     if layout.pp > 1:
         plan.pp_layer_partition = layout.partition
-        plan.kv_cache_tokens_even_split = chosen.even_tokens
+        even_size = mem.kv_cache_size(chosen.even)  # a candidate with a layout has its even split
+        plan.kv_cache_tokens_even_split = even_size
         if len(models) > 1:
             plan.env["VLLM_PP_LAYER_PARTITION"] = ",".join(str(layers) for layers in layout.partition)
             order = " -> ".join(f"GPU {stage[0].index} {stage[0].short_name}" for stage in
                                 [layout.gpus[i * layout.tp:(i + 1) * layout.tp] for i in range(layout.pp)])
             plan.reasons.append(
                 f"mixed GPU models are joined by pipeline parallelism only; stage order {order} and "
-                f"layer split {list(layout.partition)} weighted by free memory give "
-                f"{layout.kv_tokens} KV tokens vs {chosen.even_tokens} for the even split "
+                f"layer split {list(layout.partition)} weighted by free memory give a KV cache "
+                f"size of {plan.kv_cache_tokens:,} tokens vs {even_size:,} for the even split "
                 f"{list(even_partition(mem.info.num_hidden_layers, layout.pp))} "
                 f"(the first and last stages also hold the embedding and lm_head)")
             plan.warnings.append("vLLM assumes identical devices; the weakest GPU bounds the KV "

