@@ -83,9 +83,9 @@ def test_render_without_secrets_uses_placeholders():
 def test_yaml_and_shell_metacharacters_stay_data():
     tricky = "a: b # c ' \" $(touch /tmp/pwn) `x` %n"
     files = rendered(host_data(placement="single-instance", instances=[instance(
-        engine_args={"chat-template-content-format": tricky}, env={"MY_NOTE": tricky})]))
+        engine_args={"response-role": tricky}, env={"MY_NOTE": tricky})]))
     args = yaml.safe_load(files["/etc/vllm-fleet/gemma.yaml"].content)
-    assert args["chat-template-content-format"] == tricky
+    assert args["response-role"] == tricky
     unit = files["/etc/systemd/system/vllm-gemma.service"].content
     line = [ln for ln in unit.splitlines() if ln.startswith('Environment="MY_NOTE=')][0]
     # systemd: \" and \\ unescape inside "...", %% is a literal %.
