@@ -10,6 +10,8 @@
                                                           batch by batch, verified, failures rolled back
     vllm-fleet unlock INVENTORY --limit HOST              break the deploy lock of a deploy that is gone
     vllm-fleet tls ca INVENTORY [--json]                  the CA certificate clients trust (vllm_tls)
+    vllm-fleet model-info MODEL_DIR|HF_ID [--json]        the model_info entry of a model, from its config.json
+    vllm-fleet gpus INVENTORY [--limit HOST] [--json]     each host's `gpus` declaration, from nvidia-smi
 
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
 """
@@ -40,6 +42,8 @@ DELEGATED = {
     "status": "vllm_fleet.commands.status",
     "rollout": "vllm_fleet.commands.rollout",
     "unlock": "vllm_fleet.commands.unlock",
+    "model-info": "vllm_fleet.commands.model_info",
+    "gpus": "vllm_fleet.commands.gpus",
 }
 
 

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, ModelInfo, attention_from_config, derived_weights_gib
 from vllm_fleet.config.model_files import ModelFilesError, read_model_files
-from vllm_fleet.settings import Checker, did_you_mean
+from vllm_fleet.settings import Checker, ConfigError, did_you_mean
 
 #: The largest value each number may take: beyond what any model has (a typo, or hostile input
 #: that would make the planner build huge tables).
@@ -269,9 +269,18 @@ def parse_model_info(check: Checker, raw: Any, instance: str, key: str = "model_
                              raw.get("weights_gib"))
 
 
-def model_info_of_config(config: Any, weights_bytes: int | None = None) -> ModelInfo | None:
-    """A config.json read as model_info reads it, its weights `weights_bytes` (else derived), with
-    nothing reported: None where model_info would refuse it (discovery: a model's config.json on a host)."""
+def read_config(config: Any, weights_bytes: int | None = None, source: str = "config.json"
+                ) -> tuple[ModelInfo | None, list[ConfigError]]:
+    """A config.json read as model_info reads it, its weights `weights_bytes` (else derived): the
+    ModelInfo, or None and the errors (each naming `source` and its key) where model_info refuses it."""
+    check = Checker("-")
     if not isinstance(config, Mapping):
-        return None
-    return shape_from_config(_Reading(Checker("-"), "-", prefix="model_info.", source=""), config, weights_bytes)
+        check.error(f"{source} is not a JSON object", key="model_info", fix="give the model's config.json")
+        return None, check.errors
+    return shape_from_config(_Reading(check, "-", prefix="", source=f"{source}: "), config, weights_bytes), check.errors
+
+
+def model_info_of_config(config: Any, weights_bytes: int | None = None) -> ModelInfo | None:
+    """read_config with nothing reported: None where model_info would refuse the config (discovery:
+    a model's config.json on a host)."""
+    return read_config(config, weights_bytes)[0]
