@@ -20,6 +20,7 @@ import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 from planning_fixtures import H100_80G, REPO, host_data, instance
 from test_model_info import fixture, model_dir, planned
@@ -269,3 +270,14 @@ def test_gpus_replaying_a_real_drivers_unreadable_memory_says_what_the_deploy_wo
     assert "@local: 1 GPU from nvidia-smi; the inventory declares none" in done.stdout
     assert ("the deploy would refuse it: host @local, key gpus[0].memory.total: nvidia-smi could not read "
             "memory.total of GPU 0 (NVIDIA GB10): it printed '[N/A]'") in done.stdout
+
+
+def test_gpus_names_a_host_without_nvidia_smi_and_leaves_cpu_hosts_out(monkeypatch):
+    from vllm_fleet.commands import gpus as gpus_command
+    from vllm_fleet.host import facts
+
+    monkeypatch.setattr(facts, "get", lambda on, fact, **kwargs: None)  # what NvidiaGpus is without nvidia-smi
+    report = gpus_command.host_gpus("box", SimpleNamespace(name="box"), {})
+    assert report == {"name": "box", "error": "nvidia-smi is missing: no NVIDIA driver on this host"}
+    report = gpus_command.host_gpus("cpu-01", None, {"vllm_target": "cpu"})
+    assert report["gpus"] == [] and "CPU host" in report["note"]

@@ -199,11 +199,12 @@ def print_text(report: dict[str, Any]) -> None:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="vllm-fleet model-info", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
-        description="Print the `model_info` entry of a model outside the built-in catalog, to paste into its "
-                    "instance: read from the model's config.json in a directory on this workstation (offline), "
-                    "or from the Hugging Face hub for an id (where the hub is reachable). The weights' size "
-                    "comes from the safetensors index or files. Says when the catalog already knows the model "
-                    "and which catalog entries share its shape.")
+        description="Print the `model_info` entry of a model outside the built-in catalog, to paste into its\n"
+                    "instance: read from the model's config.json in a directory on this workstation (offline),\n"
+                    "or from the Hugging Face hub for an id (where the hub is reachable; HF_TOKEN for gated\n"
+                    "models, HF_ENDPOINT for a mirror). The weights' size comes from the safetensors index or\n"
+                    "files. Says when the catalog already knows the model and which catalog entries share\n"
+                    "its shape. Exit 0 printed, 1 the hub unreachable or failing, 2 no model there.")
     parser.add_argument("model", metavar="MODEL_DIR|CONFIG_JSON|HF_ID",
                         help="a model directory or its config.json on this workstation, or a hub id (org/name)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
