@@ -9,7 +9,9 @@ error with a did-you-mean. Secrets never go here: see "Secrets" below.
 # --- What to serve ---------------------------------------------------------------------------
 # GPUs the host has, in PCI bus order: [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]
 # (optional "compute_capability"). Used to plan offline (CI); at deploy time nvidia-smi's answer
-# wins, and a mismatch with this declaration is an error that shows both.
+# wins, and a mismatch with this declaration is an error that shows both. The names and MiB are
+# nvidia-smi's exact ones: `vllm-fleet gpus INVENTORY [--limit HOST]` prints each host's declaration
+# (or, on the host: nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader,nounits).
 gpus = None
 
 # The vLLM instances of a host: a list of dicts, each with these keys (key = what leaving it out
@@ -32,8 +34,12 @@ gpus = None
 #   dtype = "auto": one of auto, bfloat16, float16, half, float32, float
 #   engine_args = {}: other `vllm serve` flags by their long names, e.g. {'enforce-eager': True}
 #   env = {}: extra, non-secret environment variables
-#   model_info = None: the model's shape, config.json's numbers (None: the built-in catalog's)
+#   model_info = None: the model's config.json as it is, or its directory's path (None: the built-in catalog's shape)
 #   nodes = None: multi-node (Ray): inventory host names, the head first (None: this host alone)
+# model_info: for a model the built-in catalog lacks (vllm_fleet/catalog.py), paste its config.json as it
+# is ({...}, every key of it; add "weights_gib" unless it is text-only bf16/fp16/fp32) or give the model
+# directory's path on this workstation (its safetensors index gives the weights' size);
+# `vllm-fleet model-info MODEL_DIR|HF_ID` prints the entry. docs/models.md says more.
 # nodes = ["gpu-a", "gpu-b"]: one instance over several servers (a model no single server holds),
 # on Ray: TP = the GPUs of each node (all of them, or the instance's "gpus" indices on every node),
 # PP = the number of nodes, one stage per node. Inventory host names, the head first; declare the

@@ -40,6 +40,7 @@ from figures import report
 from planning_fixtures import A100_40G, RTX_4090D, TINY_MODEL_INFO, host_data, instance
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import ModelInfo, is_gguf, lookup
+from vllm_fleet.config.model_info import READ_KEYS as MODEL_INFO_KEYS
 from vllm_fleet.config import (DTYPES, INSTANCE_KEYS, ConfigError, ConfigErrors, GpuSpec, InstanceConfig,
                                check_fleet, parse_host)
 from vllm_fleet.gateway import fleet_backends
@@ -361,7 +362,8 @@ def fields() -> list[Field]:
               set_at(*instance_at, "model_info", "dtype"), instance=True, blames=prefix("model_info")),
         Field("a key of an instance's model_info", (CPU_HOST,), None, added(*instance_at, "model_info", value=1),
               instance=True, blames=prefix("model_info"),
-              other_value=lambda text: text in ModelInfo.field_names(), near=("rope_theta", "dtype ")),
+              other_value=lambda text: text in ModelInfo.field_names() or text in MODEL_INFO_KEYS,
+              near=("rope_theta", "dtype ", "architectures", "weight_gib")),
         Field("a key of an instance", (GPU_HOST, CPU_HOST), None, added(*instance_at),
               instance=True, blames=lambda key, text: key == text or key.startswith(repr(text)),
               other_value=lambda text: text in INSTANCE_KEYS, near=("comment", "nmae", "Name", "port ")),

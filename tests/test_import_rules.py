@@ -30,6 +30,8 @@ CORE = frozenset({
     "vllm_fleet.config.instance",
     "vllm_fleet.config.instance_parsers",
     "vllm_fleet.config.inventory",
+    "vllm_fleet.config.model_files",
+    "vllm_fleet.config.model_info",
     "vllm_fleet.data",
     "vllm_fleet.environment",
     "vllm_fleet.fleet",

@@ -11,6 +11,8 @@
     vllm-fleet unlock INVENTORY --limit HOST              break the deploy lock of a deploy that is gone
     vllm-fleet tls ca INVENTORY [--json]                  the path of the CA certificate clients trust
                                                           (vllm_tls)
+    vllm-fleet model-info MODEL_DIR|HF_ID [--json]        the model_info entry of a model, from its config.json
+    vllm-fleet gpus INVENTORY [--limit HOST] [--json]     each host's `gpus` declaration, from nvidia-smi
 
 Exit status: 0 success, 1 a failure on a host, 2 invalid input (nothing was touched).
 `vllm-fleet COMMAND --help`: what the command does, its options and examples.
@@ -42,6 +44,8 @@ DELEGATED = {
     "status": "vllm_fleet.commands.status",
     "rollout": "vllm_fleet.commands.rollout",
     "unlock": "vllm_fleet.commands.unlock",
+    "model-info": "vllm_fleet.commands.model_info",
+    "gpus": "vllm_fleet.commands.gpus",
 }
 # Their line in `vllm-fleet --help` (their modules, slow to import, load only when run).
 SUMMARIES = {
@@ -50,6 +54,8 @@ SUMMARIES = {
     "status": "each host's instances now: health, version, load, KV cache use and drift (read-only)",
     "rollout": "deploy batch by batch, each batch verified; failed hosts rolled back",
     "unlock": "break the deploy lock of a deploy that is gone",
+    "model-info": "the model_info entry to paste for a model the catalog lacks, from its config.json",
+    "gpus": "each host's `gpus` declaration, read from nvidia-smi, ready to paste",
 }
 
 

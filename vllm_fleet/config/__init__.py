@@ -9,7 +9,9 @@ the host, the instance and the key, and say the fix.
 By concern, each module importing only those above it:
 
 - gpus: GpuSpec, a host's declared `gpus`;
-- instance_parsers: the structured instance keys (model_info, engine_args, env, nodes);
+- model_files: a model directory on this workstation (config.json, the weights' size), read safely;
+- model_info: the instance key model_info, a model's config.json as it is (or its directory);
+- instance_parsers: the other structured instance keys (engine_args, env, nodes);
 - instance: InstanceConfig (the instance schema), one vllm_instances entry, the unit naming rule;
 - host: HostConfig and parse_host, the rules between one host's instances, the gateway's ports;
 - fleet_checks: check_fleet and the node groups of multi-node instances;

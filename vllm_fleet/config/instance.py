@@ -8,7 +8,8 @@ from typing import Any, Callable
 
 from vllm_fleet import kinds
 from vllm_fleet.catalog import ModelInfo, is_gguf, lookup
-from vllm_fleet.config.instance_parsers import parse_engine_args, parse_env, parse_model_info, parse_nodes
+from vllm_fleet.config.instance_parsers import parse_engine_args, parse_env, parse_nodes
+from vllm_fleet.config.model_info import parse_model_info
 from vllm_fleet.settings import Checker, Settings, did_you_mean
 
 
@@ -215,7 +216,8 @@ class InstanceConfig:
         {}, "other `vllm serve` flags by their long names, e.g. {'enforce-eager': True}", parse_engine_args)
     env: dict[str, str] = instance_field({}, "extra, non-secret environment variables", parse_env)
     model_info: ModelInfo | None = instance_field(
-        None, "the model's shape, config.json's numbers (None: the built-in catalog's)", parse_model_info)
+        None, "the model's config.json as it is, or its directory's path (None: the built-in catalog's shape)",
+        parse_model_info)
     nodes: tuple[str, ...] | None = instance_field(
         None, "multi-node (Ray): inventory host names, the head first (None: this host alone)", parse_nodes)
 

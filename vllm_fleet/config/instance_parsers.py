@@ -1,6 +1,7 @@
-"""The parsers of an instance's structured keys (model_info, engine_args, env, nodes) and the tables
-they judge by: which `vllm serve` flags and environment variables are vllm-fleet's to set, and why.
-InstanceConfig (vllm_fleet/config/instance.py) declares each key with its parser."""
+"""The parsers of an instance's structured keys (engine_args, env, nodes; model_info's is in
+model_info.py) and the tables they judge by: which `vllm serve` flags and environment variables are
+vllm-fleet's to set, and why. InstanceConfig (vllm_fleet/config/instance.py) declares each key with
+its parser."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import re
 from typing import Any
 
 from vllm_fleet import kinds, vllm_flags
-from vllm_fleet.catalog import ModelInfo
 from vllm_fleet.kinds import ENV_NAME_RE
 from vllm_fleet.settings import Checker
 
@@ -109,72 +109,6 @@ OWNED_ENV_FIX = {
     "NCCL_SOCKET_IFNAME": "set vllm_private_interface instead",
     "GLOO_SOCKET_IFNAME": "set vllm_private_interface instead",
 }
-
-
-def parse_model_info(check: Checker, raw: Any, instance: str, key: str = "model_info") -> ModelInfo | None:
-    if not isinstance(raw, dict):
-        check.error(f"expected a dict of the model's shape, got {type(raw).__name__}",
-                    instance=instance, key="model_info",
-                    fix="model_info = {'num_hidden_layers': 32, 'num_attention_heads': 32, ...}")
-        return None
-    names = ModelInfo.field_names()
-    check.unknown_keys(raw, names, instance=instance, prefix="model_info.")
-    required = names[:8]
-    missing = [k for k in required if k not in raw]
-    if missing:
-        check.error(f"missing {', '.join(missing)}", instance=instance, key="model_info",
-                    fix="give every field of the model's config.json shape, or drop model_info "
-                        "to use the built-in catalog")
-        return None
-    values: dict[str, Any] = {}
-    for key in names:
-        if key not in raw:
-            continue
-        value = raw[key]
-        if key == "dtype":
-            ok = check.typed(value, str, instance=instance, key=f"model_info.{key}", example="'bfloat16'")
-        elif key == "tie_word_embeddings":
-            ok = check.typed(value, bool, instance=instance, key=f"model_info.{key}", example="True")
-        elif key == "weights_gib":
-            ok = check.typed(value, (int, float), instance=instance, key=f"model_info.{key}",
-                             example="14.96")
-            ok = ok and value > 0
-        elif key in ("sliding_window", "sliding_window_pattern", "max_position_embeddings") \
-                and value is None:
-            ok = True  # explicitly unknown / none (config.json's null)
-        elif key == "layer_types":
-            ok = (isinstance(value, (list, tuple)) and bool(value)
-                  and all(t in ("sliding_attention", "full_attention") for t in value))
-            if not ok:
-                check.error(f"must be a list of 'sliding_attention' / 'full_attention', one per "
-                            f"layer, got {value!r}", instance=instance, key=f"model_info.{key}",
-                            fix="copy layer_types from the model's config.json, or give "
-                                "sliding_window_pattern instead")
-            else:
-                value = tuple(value)
-        else:
-            ok = check.typed(value, int, instance=instance, key=f"model_info.{key}", example="32")
-            ok = ok and value > 0
-        if ok:
-            values[key] = value
-        elif key not in [e.key for e in check.errors]:
-            check.error(f"must be positive, got {value!r}", instance=instance, key=f"model_info.{key}")
-    if len(values) != len([k for k in names if k in raw]):
-        return None
-    heads, kv_heads = values["num_attention_heads"], values["num_key_value_heads"]
-    if heads % kv_heads:
-        check.error(f"num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}: "
-                    "each KV head serves a whole group of query heads, so no model has this shape",
-                    instance=instance, key="model_info.num_key_value_heads",
-                    fix="copy both from the model's config.json")
-        return None
-    types = values.get("layer_types")
-    if types is not None and len(types) != values["num_hidden_layers"]:
-        check.error(f"layer_types lists {len(types)} layers but num_hidden_layers is "
-                    f"{values['num_hidden_layers']}", instance=instance, key="model_info.layer_types",
-                    fix="one entry per layer, as in the model's config.json")
-        return None
-    return ModelInfo(**values)
 
 
 def parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engine_args") -> dict[str, Any]:

@@ -19,8 +19,9 @@ from pyinfra import logger
 
 from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.commands import bundle
-from vllm_fleet.catalog import GIB, ModelInfo
+from vllm_fleet.catalog import ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
+from vllm_fleet.config.model_info import model_info_of_config
 from vllm_fleet.environment import current_link
 from vllm_fleet.host.facts import query
 from vllm_fleet.host.gpu_facts import GpuTopology, NvidiaGpus
@@ -49,25 +50,11 @@ def _maker_of(path: str) -> str | None:
 
 
 def model_info_from_config(config: dict[str, Any], weights_bytes: int) -> ModelInfo | None:
-    """A ModelInfo from a Hugging Face config.json (multimodal configs keep it in text_config).
-    No max_position_embeddings in it: None (no limit invented; vLLM derives the real one)."""
-    from vllm_fleet.catalog import attention_from_config
-    cfg = config.get("text_config", config) if "num_hidden_layers" not in config else config
-    try:
-        heads = cfg["num_attention_heads"]
-        return ModelInfo(
-            num_hidden_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads", heads),
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            hidden_size=cfg["hidden_size"], intermediate_size=cfg["intermediate_size"],
-            vocab_size=cfg["vocab_size"], weights_gib=max(weights_bytes / GIB, 1e-6),
-            dtype=str(cfg.get("torch_dtype") or config.get("torch_dtype") or "bfloat16"),
-            max_position_embeddings=cfg.get("max_position_embeddings"),  # None: vLLM decides
-            tie_word_embeddings=bool(config.get("tie_word_embeddings", cfg.get("tie_word_embeddings", False))),
-            **attention_from_config(cfg, cfg.get("model_type") or config.get("model_type")),
-        )
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
+    """A ModelInfo from a model's own config.json and its weight files' bytes, read as the instance
+    key model_info reads one (config/model_info.py: text_config, transformers' defaults, the sliding
+    window, experts); None where that refuses it. No max_position_embeddings in it: None (no limit
+    invented; vLLM derives the real one)."""
+    return model_info_of_config(config, weights_bytes or None)
 
 
 def _local_model_config(source: str) -> tuple[dict[str, Any], int] | None:

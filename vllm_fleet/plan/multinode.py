@@ -4,6 +4,7 @@ instances; each node's part (its Ray node, the GPUs reserved on it) then joins t
 
 from __future__ import annotations
 
+from vllm_fleet.catalog import unknown_model_fix
 from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, NodeGroup
 from vllm_fleet.plan.layouts import node_group_layout
 from vllm_fleet.plan.memory import MemoryModel
@@ -97,7 +98,7 @@ class _NodeGroupPlanner:
         inst, info = self.inst, self.inst.model_info
         if info is None:
             self.error("model_info", f"model {inst.model!r} is not in the built-in catalog, so its "
-                       "shape is unknown", "add model_info = {...} (the model's config.json numbers)")
+                       "shape is unknown", unknown_model_fix(inst.model))
             return None
         per_node = self.node_gpus()
         if per_node is None:

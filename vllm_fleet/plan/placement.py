@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 
+from vllm_fleet.catalog import unknown_model_fix
 from vllm_fleet.config import ConfigError, GpuSpec, HostConfig, InstanceConfig, host_ports
 from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
@@ -144,9 +145,7 @@ class HostPlanner:
             if not quiet:
                 self.error(inst, "model_info",
                            f"model {inst.model!r} is not in the built-in catalog, so its shape is unknown",
-                           "add model_info = {num_hidden_layers, num_attention_heads, num_key_value_heads, "
-                           "head_dim, hidden_size, intermediate_size, vocab_size, weights_gib}, or run the "
-                           "deploy, which reads config.json on the host")
+                           unknown_model_fix(inst.model))
             return None
         warnings: list[str] = []
         notes: list[str] = []

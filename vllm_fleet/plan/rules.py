@@ -67,7 +67,8 @@ def tp_problems(info: ModelInfo, tp: int) -> list[str]:
     kv_heads = info.num_key_value_heads
     if kv_heads % tp and tp % kv_heads:
         problems.append(f"KV heads ({kv_heads}) and tensor parallel size ({tp}) must divide one another.")
-    if info.intermediate_size % tp:
-        problems.append(f"intermediate_size ({info.intermediate_size}) must be divisible by "
+    width = "moe_intermediate_size" if info.num_experts else "intermediate_size"
+    if info.mlp_intermediate_size % tp:
+        problems.append(f"{width} ({info.mlp_intermediate_size}) must be divisible by "
                         f"tensor parallel size ({tp}).")
     return problems
