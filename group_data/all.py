@@ -219,7 +219,7 @@ vllm_api_key_file = None  # or a file on the workstation holding it (first line)
 # each front and the gateway accept exactly these keys:
 #   vllm_api_clients = {
 #       "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 60},
-#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+#       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
 #   }
 # key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
 # names it may use (others get 403 and never reach vLLM; GET /v1/models lists only these); absent:

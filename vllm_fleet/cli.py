@@ -1,5 +1,7 @@
 """The `vllm-fleet` console script: what pyinfra's own CLI does not do.
 
+    vllm-fleet check INVENTORY [--json] [--limit HOST]    every missing or unsafe secret and inconsistency,
+                                                          at once, connecting to no host; the fleet's summary
     vllm-fleet plan INVENTORY [--json] [--limit HOST]     the parallel layout per host, with reasons,
                                                           and the fleet's gateway with its backends
     vllm-fleet render INVENTORY --out DIR [--limit HOST]  every file each host would get
@@ -26,6 +28,7 @@ import yaml
 
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
+from vllm_fleet.fleet_summary import fleet_summary, summary_lines
 from vllm_fleet.gateway import Backend, gateway_manifest
 from vllm_fleet.plan import FleetPlan
 from vllm_fleet.monitoring.targets import JOBS, ScrapeTarget, file_sd, scrape_jobs
@@ -35,6 +38,7 @@ EXIT_INVALID = 2
 
 # Subcommands that own their argument parsing, in their own module's main(argv).
 DELEGATED = {
+    "check": "vllm_fleet.commands.check",
     "sandbox": "vllm_fleet.sandbox.cli",
     "bundle": "vllm_fleet.commands.bundle",
     "status": "vllm_fleet.commands.status",
@@ -120,12 +124,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fleet = Fleet.load(args.inventory, split_names(args.limit))
     plan = fleet.plan()
     _backends, gateways = fleet_gateways(fleet)
+    summary = fleet_summary([fleet.configs[name] for name in fleet.selected], list(fleet.configs.values()))
     if args.json:
-        json.dump({**plan.as_dict(), "gateways": gateways}, sys.stdout, indent=2)
+        json.dump({**plan.as_dict(), "gateways": gateways, "fleet_summary": summary}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_plan(plan)
         print_gateways(gateways)
+        print("\n".join(summary_lines(summary)))
     return 0
 
 

@@ -3,7 +3,7 @@ often. Pure: the keys themselves are read on the workstation at deploy time (dep
 
     vllm_api_clients = {
         "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 6},
-        "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen7b"]},
+        "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
     }
 
 Each front and the gateway accept exactly these keys (render.front_files): a client asking for a model
@@ -29,7 +29,7 @@ RESERVED_CLIENT_NAMES = (FLEET_KEY_CLIENT, HOST_CLIENT)
 CLIENT_KEYS = ("key_env", "key_file", "models", "requests_per_minute")
 #: nginx's limit_req counts requests per minute in whole requests; more than this is no limit at all.
 MAX_REQUESTS_PER_MINUTE = 60_000
-EXAMPLE = '{"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen7b"], "requests_per_minute": 60}}'
+EXAMPLE = '{"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen2.5-7b"], "requests_per_minute": 60}}'
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class ApiClient:
         return max(1, -(-60 // self.requests_per_minute)) if self.requests_per_minute else 1
 
     def source(self) -> str:
-        return f"${self.key_env}" if self.key_env else f"the first line of {self.key_file}"
+        return f"${self.key_env}" if self.key_env else f"the file {self.key_file}"
 
     def as_dict(self) -> dict[str, Any]:
         """As plan --json and status show it: where its key comes from, never the key."""
@@ -103,26 +103,31 @@ def _parse_client(check: Checker, key: str, name: str, spec: Any) -> ApiClient |
     if (key_env is None) == (key_file is None):
         check.error("give the client's key as exactly one of key_env or key_file", key=key,
                     fix=f'{{"key_env": "{name.upper().replace("-", "_")}_KEY"}} (a variable on the '
-                        'workstation) or {"key_file": "<a file whose first line is the key>"}')
+                        'workstation) or {"key_file": "<a file of this workstation holding the key alone>"}')
     if key_env is not None and not (isinstance(key_env, str) and kinds.ENV_NAME_RE.fullmatch(key_env)):
         # The value is not shown: it may be the key itself, written where its name belongs.
         check.error("key_env (not shown: it may be the key itself) is not the name of an environment "
                     "variable", key=f"{key}.key_env", fix="key_env = 'CI_VLLM_KEY' (the variable's name)")
-    if key_file is not None and not (isinstance(key_file, str) and key_file.strip()):
-        check.error(f"key_file must be a path on the workstation, got {key_file!r}", key=f"{key}.key_file",
-                    fix="key_file = '~/.config/vllm-fleet/ci.key'")
+    if key_file is not None:
+        # The value is not shown: it may be the key itself, written where its file's path belongs.
+        problem = (kinds.workstation_path_problem(key_file) if isinstance(key_file, str)
+                   else f"is a {type(key_file).__name__}, not a path (not shown: it may be the key itself)")
+        if problem:
+            check.error(f"key_file {problem}", key=f"{key}.key_file",
+                        fix=f"key_file = '~/.config/vllm-fleet/{name}.key' (a file of this workstation, 0600, "
+                            "holding the key alone)")
     models = spec.get("models")
     if models is not None:
         if not isinstance(models, (list, tuple)) or isinstance(models, str):
             check.error(f"models must be a list of served model names, got {type(models).__name__}",
-                        key=f"{key}.models", fix='"models": ["qwen7b"] (or leave it out: every model)')
+                        key=f"{key}.models", fix='"models": ["qwen2.5-7b"] (or leave it out: every model)')
             models = None
         else:
             for position, model in enumerate(models):
                 problem = kinds.served_name_problem(model)
                 if problem:
                     check.error(f"models[{position}]: {problem}", key=f"{key}.models",
-                                fix="a served_model_name of the fleet, e.g. 'qwen7b'")
+                                fix="a served_model_name of the fleet, e.g. 'qwen2.5-7b'")
             models = tuple(dict.fromkeys(m for m in models if isinstance(m, str)))
     limit = spec.get("requests_per_minute")
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
