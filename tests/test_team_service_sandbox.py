@@ -3,9 +3,9 @@ listener clients reach (the fleet CA's certificates), a key per client with its 
 JSON access logs, a client revoked without a vLLM restart, and a streamed completion that a deploy's
 restart lets finish. The official `openai` client trusts only the file `vllm-fleet tls ca` prints.
 
-Three clients: "alice" (every model), "limited" (6 requests a minute), "other" (only a model the
-fleet does not serve). sbx-cpu1 is the gateway; every host serves tiny-llama. Traffic goes only to
-the sandbox hosts.
+Three clients: "alice" (every model), "limited" (6 requests a minute), "other" (only OTHER_MODEL, the
+name sbx-cpu3 serves the tiny model under: never tiny-llama). sbx-cpu1 is the gateway; sbx-cpu1 and
+sbx-cpu2 serve tiny-llama. Traffic goes only to the sandbox hosts.
 """
 
 from __future__ import annotations
@@ -23,16 +23,25 @@ from fleet_helpers import CPU_HOSTS, pyinfra, variant_inventory, vllm_fleet
 
 GATEWAY = f"https://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
 INSTANCE = f"https://{CPU_HOSTS['sbx-cpu2']}:8000/v1"
-KEYS = {"ALICE_KEY": "sk-alice-7f3a", "LIMITED_KEY": "sk-limited-91c2", "OTHER_KEY": "sk-other-44d0"}
+KEYS = {"ALICE_KEY": "sk-alice-7f3a0c5e91", "LIMITED_KEY": "sk-limited-91c2b8d4e6",
+        "OTHER_KEY": "sk-other-44d0a9f3c1"}
+# A client may name only models the fleet serves (config.check_fleet): "other" is allowed the tiny
+# model under the name sbx-cpu3 serves it by, so tiny-llama stays outside its models.
+OTHER_MODEL = "tiny-llama-cpu3"
 CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
            "limited": {"key_env": "LIMITED_KEY", "requests_per_minute": 6},
-           "other": {"key_env": "OTHER_KEY", "models": ["not-served-here"]}}
+           "other": {"key_env": "OTHER_KEY", "models": [OTHER_MODEL]}}
+# What GET /v1/models lists to a client allowed every model: the gateway every served name, an
+# instance's port its own.
+EVERY_MODEL = {"gateway": ["tiny-llama", OTHER_MODEL], "instance": ["tiny-llama"]}
 
 
 def _inventory(tmp_path, clients=CLIENTS, cpu2_instance=None) -> str:
     data = {"vllm_tls": True, "vllm_api_clients": clients}
-    return variant_inventory(tmp_path, host_data={h: data for h in CPU_HOSTS},
-                             instance={"sbx-cpu2": cpu2_instance} if cpu2_instance else None)
+    instance = {"sbx-cpu3": {"served_model_name": OTHER_MODEL}}
+    if cpu2_instance:
+        instance["sbx-cpu2"] = cpu2_instance
+    return variant_inventory(tmp_path, host_data={h: data for h in CPU_HOSTS}, instance=instance)
 
 
 def _client(base: str, key: str, ca: str) -> openai.OpenAI:
@@ -61,10 +70,10 @@ def team(sandbox, deploy_env, tmp_path_factory):
     return {"env": env, "inventory": inventory, "ca": ca}
 
 
-@pytest.mark.parametrize("base", [GATEWAY, INSTANCE], ids=["gateway", "instance"])
-def test_openai_client_over_https_models_chat_and_stream(team, base):
+@pytest.mark.parametrize("base, kind", [(GATEWAY, "gateway"), (INSTANCE, "instance")], ids=["gateway", "instance"])
+def test_openai_client_over_https_models_chat_and_stream(team, base, kind):
     client = _client(base, KEYS["ALICE_KEY"], team["ca"])
-    assert [m.id for m in client.models.list()] == ["tiny-llama"]
+    assert [m.id for m in client.models.list()] == EVERY_MODEL[kind]
     reply = client.chat.completions.create(model="tiny-llama", max_tokens=4,
                                            messages=[{"role": "user", "content": "hi"}])
     assert reply.choices[0].finish_reason in ("length", "stop")
@@ -93,7 +102,7 @@ def test_no_key_401_wrong_model_403_over_the_limit_429(team, base):
 
 
 def test_the_gateway_lists_a_client_only_its_models(team):
-    assert [m.id for m in _client(GATEWAY, KEYS["OTHER_KEY"], team["ca"]).models.list()] == []
+    assert [m.id for m in _client(GATEWAY, KEYS["OTHER_KEY"], team["ca"]).models.list()] == [OTHER_MODEL]
 
 
 @pytest.mark.parametrize("port", [8000, 9000])
@@ -196,7 +205,7 @@ def test_revoking_a_client_makes_its_key_401_and_restarts_no_vllm(team, sandbox,
     assert result.returncode == 0, out[-3000:]
     assert "Reload vllm-fleet-front.service" in out
     assert _main_pids(sandbox) == pids
-    for base in (GATEWAY, INSTANCE):
+    for base, kind in ((GATEWAY, "gateway"), (INSTANCE, "instance")):
         with pytest.raises(openai.AuthenticationError):
             _client(base, KEYS["OTHER_KEY"], team["ca"]).models.list()
-        assert [m.id for m in _client(base, KEYS["ALICE_KEY"], team["ca"]).models.list()] == ["tiny-llama"]
+        assert [m.id for m in _client(base, KEYS["ALICE_KEY"], team["ca"]).models.list()] == EVERY_MODEL[kind]

@@ -4,7 +4,9 @@ With `vllm_tls = True` a host's front serves its instance ports (and, on the gat
 port) over HTTPS only. Its certificate is the user's own (`vllm_tls_cert_file` / `vllm_tls_key_file`,
 with `vllm_tls_ca_file` the CA that signed it), or one this module issues from the fleet CA: created on
 the first deploy in `<vllm_workstation_dir>/tls` (0700; the CA key 0600, never on a host), kept, and reused by
-every later deploy. `vllm-fleet tls ca INVENTORY` prints the CA certificate clients trust.
+every later deploy. `vllm-fleet tls ca INVENTORY` prints the CA certificate clients trust. Every file is
+read through workstation_files (no link, no device, bounded, the user's own, writable by no one else);
+the user's own files are parsed and matched (own_certificate), and only what parsed is pushed.
 
 A host's certificate names the host as the inventory does, its advertise and bind addresses, its SSH
 address, `localhost` and the loopback addresses (the host's own verification connects there). It is

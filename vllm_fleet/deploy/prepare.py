@@ -1,4 +1,5 @@
-"""Step 1: validate this host's data, take its lock (with the root check), read its facts,
+"""Step 1: the fleet's check on the workstation (once a run: every host's data and secrets, before
+any lock), then validate this host's data, take its lock (with the root check), read its facts,
 plan and render; every check of the input runs here, before any host is changed.
 
 What the steps read from the host is read in two remote commands (facts.prefetch), both here:
@@ -43,10 +44,10 @@ from .state import Deployment, fail, host_config, run_fleet
 
 
 def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
-    """1. Validate this host's data, check that its commands run as root and take its deploy
-    lock (one round trip: access.take_lock), read live facts, plan, render. Raises DeployError on
-    bad input; None when the host is refused (no root through its sudo, another deploy holds the
-    lock)."""
+    """1. The run's check (check_run, once), then validate this host's data, check that its commands
+    run as root and take its deploy lock (one round trip: access.take_lock), read live facts, plan,
+    render. Raises DeployError on bad input; None when the host is refused (no root through its
+    sudo, another deploy holds the lock)."""
     check_run(host.state, options)
     try:
         config = host_config(host)  # parsed once per run with every other host (state.run_fleet)
