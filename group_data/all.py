@@ -223,7 +223,7 @@ vllm_ray_object_store_gib = 2.0
 # or FIFO), of a bounded size, writable by no one else and, holding a secret, readable by no other
 # user (0600 or 0640). A key file holds the key alone, on one line. Each secret has a variable or file
 # of its own, and a value of its own (a client's key, the metrics token, the HF token).
-vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key
+vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key (a name in capitals)
 vllm_api_key_file = None  # or a file on the workstation holding it alone (a path from / or ~)
 # The API's clients, each with its own key (fleet-wide: every host of a fleet with a gateway gives the
 # same). {}: one client, "fleet-key", with the key above. Otherwise the key above is not used and

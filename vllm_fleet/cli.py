@@ -205,7 +205,10 @@ def cmd_tls_ca(args: argparse.Namespace) -> int:
     paths: dict[str, list[str]] = {}
     for host in hosts:
         if not host.settings.vllm_tls_ca_file:
-            tls.ensure_ca(tls.ca_dir(host))
+            try:
+                tls.ensure_ca(tls.ca_dir(host))
+            except (tls.UnsafeFile, OSError, ValueError) as exc:
+                raise tls.fleet_ca_error(host, exc) from None
         paths.setdefault(str(tls.ca_certificate_path(host)), []).append(host.name)
     if args.json:
         print(json.dumps({"ca_files": [{"path": p, "hosts": h} for p, h in paths.items()]}, indent=2))

@@ -160,9 +160,8 @@ class SecretReader:
                "each is handed out where its role goes (a client's key to every front, the metrics token to "
                "Prometheus and every scraped host, the Hugging Face token to the hosts that download), so this "
                "value would go with both")
-        where = "" if other[3] == config.name else f" on host {other[3]}"
-        self._add(ConfigError(f"{role} ({source}) has the same value as {other[0]} ({other[1]}, {other[2]}{where}): "
-                              f"{why}", host=config.name, key=knob,
+        self._add(ConfigError(f"{role} ({source}) has the same value as {other[0]} ({other[1]}, {other[2]} on host "
+                              f"{other[3]}): {why}", host=config.name, key=knob,
                               fix=f"give {role} a value of its own (`{NEW_KEY}`)"), config.name)
 
     def _api_key(self, config: HostConfig, role: str, env: str | None, file: str | None, env_knob: str,
@@ -274,8 +273,9 @@ class SecretReader:
                 continue
             if each.settings.vllm_tls_cert_file:
                 files = tuple(each.settings[knob] for knob in tls.OWN_FILES)
-                judge = ((lambda c=each: tls.own_certificate(c)) if each is config else (lambda c=each: tls.own_ca(c)))
-                what = ("own", files) if each is config else ("ca", files[2])
+                own = each.name == config.name
+                judge = (lambda c=each: tls.own_certificate(c)) if own else (lambda c=each: tls.own_ca(c))
+                what = ("own", files) if own else ("ca", files[2])
             else:
                 what = ("fleet ca", str(tls.ca_dir(each)))
                 judge = lambda c=each: self._fleet_ca(c)  # noqa: E731

@@ -187,6 +187,22 @@ def within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+#: The name of a workstation variable that holds a secret: capitals, digits and '_', as environment
+#: variables are named (POSIX). Keys and tokens have lowercase letters (hex from openssl, base64, the
+#: hub's hf_...), so a key pasted where its variable's name belongs is refused, not taken for a name
+#: and printed in "$<key> is not set".
+SECRET_ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+
+
+def secret_env_name_problem(text: Any) -> str | None:
+    """The name of the variable a secret is read from. The value is never part of the message: it
+    may be the secret itself."""
+    if isinstance(text, str) and SECRET_ENV_NAME_RE.fullmatch(text):
+        return None
+    return ("the value (not shown: it may be the secret itself) is not the name of an environment variable in "
+            "capitals (A-Z, digits and _, at most 128)")
+
+
 def workstation_path_problem(text: Any) -> str | None:
     """A file on the workstation that holds a secret or a certificate: a path from / or ~ (a relative
     one would name another file in each directory vllm-fleet runs from, one inside a repository

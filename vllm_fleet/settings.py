@@ -170,10 +170,7 @@ _BOOL = {"must": "True or False"}
 _GIB = {"low": 0, "must": "a number >= 0"}
 # The value is never echoed, whatever is wrong with it: it may be the secret itself, written where
 # its name belongs (`secret`).
-_ENV_NAME = {"secret": True,
-             "check": lambda name: None if kinds.ENV_NAME_RE.fullmatch(name) else
-             "the value (not shown: it may be the secret itself) is not the name of an environment "
-             "variable (letters, digits and _)"}
+_ENV_NAME = {"secret": True, "check": kinds.secret_env_name_problem}
 # A file on the workstation that holds a secret or a certificate: a path, never echoed (a key pasted
 # where its file's path belongs); whether it is a safe file to read is the workstation's to check
 # (vllm_fleet/fleet_secrets.py).

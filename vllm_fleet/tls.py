@@ -32,7 +32,8 @@ from pathlib import Path
 
 from vllm_fleet import kinds
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig
-from vllm_fleet.workstation_files import PEM_MAX_BYTES, UnsafeFile, ensure_directory, read_file, shown
+from vllm_fleet.workstation_files import (PEM_MAX_BYTES, UnsafeFile, directory_problem, ensure_directory, read_file,
+                                         shown)
 
 CA_DAYS = 3650
 HOST_DAYS = 365
@@ -83,7 +84,10 @@ def host_names(config: HostConfig, ssh_hostname: str | None = None) -> tuple[lis
 def _locked(directory: Path):
     """One deploy at a time creates or issues in the CA directory (two could race on the CA). The
     directory is the user's, 0700, writable by no one else (workstation_files.ensure_directory:
-    UnsafeFile otherwise)."""
+    UnsafeFile otherwise), and so is the directory that holds it (the workstation's)."""
+    problem = directory_problem(directory.parent)
+    if problem:
+        raise UnsafeFile(f"sits in {shown(directory.parent)}, which {problem[0]}", problem[1])
     ensure_directory(directory)
     os.chmod(directory, 0o700)
     fd = os.open(directory / ".lock", os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -372,7 +376,8 @@ def own_ca(config: HostConfig) -> str:
     return "".join(c.public_bytes(serialization.Encoding.PEM).decode("ascii") for c in cas)
 
 
-def _fleet_ca_error(config: HostConfig, exc: UnsafeFile | OSError | ValueError) -> ConfigErrors:
+def fleet_ca_error(config: HostConfig, exc: UnsafeFile | OSError | ValueError) -> ConfigErrors:
+    """What the fleet CA's directory or files could not be used for, as the error naming them."""
     if isinstance(exc, UnsafeFile):
         problem, fix = exc.problem, exc.fix
     else:
@@ -396,7 +401,7 @@ def host_tls(config: HostConfig, trusted: list[HostConfig], ssh_hostname: str | 
         try:
             cert, key = issue_host_certificate(ca_dir(config), config.name, dns, ips)
         except (UnsafeFile, OSError, ValueError) as exc:
-            raise _fleet_ca_error(config, exc) from None
+            raise fleet_ca_error(config, exc) from None
     return HostTls(cert_pem=cert, key_pem=key, trust_pem=trust_bundle([config, *trusted]))
 
 
@@ -417,5 +422,5 @@ def trust_bundle(configs: list[HostConfig]) -> str:
             ensure_ca(ca_dir(config))
             seen[str(path)] = _kept(path, private=False).decode("ascii")
         except (UnsafeFile, OSError, ValueError) as exc:
-            raise _fleet_ca_error(config, exc) from None
+            raise fleet_ca_error(config, exc) from None
     return "".join(seen.values())

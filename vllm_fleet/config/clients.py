@@ -1,5 +1,6 @@
 """The API's clients (vllm_api_clients): who may call the fleet, with which key, for which models, how
-often. Pure: the keys themselves are read on the workstation at deploy time (deploy.prepare), never here.
+often. Pure: the keys themselves are read on the workstation before any host is reached
+(vllm_fleet/fleet_secrets.py), never here.
 
     vllm_api_clients = {
         "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 6},
@@ -104,10 +105,11 @@ def _parse_client(check: Checker, key: str, name: str, spec: Any) -> ApiClient |
         check.error("give the client's key as exactly one of key_env or key_file", key=key,
                     fix=f'{{"key_env": "{name.upper().replace("-", "_")}_KEY"}} (a variable on the '
                         'workstation) or {"key_file": "<a file of this workstation holding the key alone>"}')
-    if key_env is not None and not (isinstance(key_env, str) and kinds.ENV_NAME_RE.fullmatch(key_env)):
+    if key_env is not None and kinds.secret_env_name_problem(key_env):
         # The value is not shown: it may be the key itself, written where its name belongs.
         check.error("key_env (not shown: it may be the key itself) is not the name of an environment "
-                    "variable", key=f"{key}.key_env", fix="key_env = 'CI_VLLM_KEY' (the variable's name)")
+                    "variable in capitals (A-Z, digits and _)", key=f"{key}.key_env",
+                    fix="key_env = 'CI_VLLM_KEY' (the variable's name)")
     if key_file is not None:
         # The value is not shown: it may be the key itself, written where its file's path belongs.
         problem = (kinds.workstation_path_problem(key_file) if isinstance(key_file, str)
