@@ -701,3 +701,11 @@ def test_tls_ca_refuses_a_workstation_dir_others_can_write_without_a_traceback(t
     err = capsys.readouterr().err
     assert "key vllm_workstation_dir" in err and "(mode 0777)" in err and "fix: chmod go-w" in err
     assert not (tmp_path / "workstation" / "tls").exists()
+
+
+def test_the_summary_shows_a_key_files_path_only_where_something_is(tmp_path):
+    key = _key_file(tmp_path)
+    clients = dict(FOUR_CLIENTS, alice={"key_file": str(key)}, bob={"key_file": "/X8kq2v9Zp1sLw7Ty4Rb0"})
+    _errors, summary = run_check(tmp_path, team(tmp_path, vllm_api_clients=clients))
+    sources = {c["name"]: c["key_source"] for c in summary["clients"]}
+    assert sources["alice"] == f"file {key}" and "X8kq2v9Zp1sLw7Ty4Rb0" not in json.dumps(summary)

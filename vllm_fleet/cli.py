@@ -124,7 +124,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fleet = Fleet.load(args.inventory, split_names(args.limit))
     plan = fleet.plan()
     _backends, gateways = fleet_gateways(fleet)
-    summary = fleet_summary([fleet.configs[name] for name in fleet.selected], list(fleet.configs.values()))
+    from vllm_fleet.workstation_files import shown  # a key file's path, shown only where something is
+
+    summary = fleet_summary([fleet.configs[name] for name in fleet.selected], list(fleet.configs.values()),
+                            show_path=shown)
     if args.json:
         json.dump({**plan.as_dict(), "gateways": gateways, "fleet_summary": summary}, sys.stdout, indent=2)
         sys.stdout.write("\n")

@@ -4,11 +4,14 @@ models and limits. `vllm-fleet check` and `vllm-fleet plan` print it; `plan --js
 "fleet_summary". Pure: no plan is needed (the ports and names are declared), no file is read.
 
 Every text in it passed the input boundary (config: names, served names, paths), so it is printed
-as it is; a key's source is named, never a key.
+as it is; a key's source is named, never a key. A key file's path is shown through the caller's
+`show_path` (workstation_files.shown: only when something is there, since a key pasted where its
+file's path belongs can look like a path), and not at all without one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vllm_fleet.config import HostConfig, instance_unit
@@ -21,16 +24,19 @@ def _scheme(config: HostConfig) -> str:
     return "https" if config.settings.vllm_tls is True else "http"
 
 
-def _client(client: ApiClient, hosts: list[str]) -> dict[str, Any]:
+def _client(client: ApiClient, hosts: list[str], show_path: Callable[[str], str] | None) -> dict[str, Any]:
+    path = show_path(client.key_file) if show_path and client.key_file else "(path not shown)"
     return {"name": client.name,
-            "key_source": f"${client.key_env}" if client.key_env else f"file {client.key_file}",
+            "key_source": f"${client.key_env}" if client.key_env else f"file {path}",
             "models": list(client.models) if client.models is not None else None,
             "requests_per_minute": client.requests_per_minute, "hosts": hosts}
 
 
-def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None) -> dict[str, Any]:
+def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None,
+                  show_path: Callable[[str], str] | None = None) -> dict[str, Any]:
     """The summary of `hosts` (a --limit's, or the whole inventory); `every`: every host of the
-    inventory that parses, where the gateway and the monitoring host are found whatever the limit."""
+    inventory that parses, where the gateway and the monitoring host are found whatever the limit;
+    `show_path`: how a key file's path is shown (not at all without it)."""
     every = every if every is not None else hosts
     out: dict[str, Any] = {"hosts": [], "gateway": None, "monitoring": None, "clients": []}
     for config in hosts:
@@ -60,7 +66,7 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
     for config in hosts:
         for client in config.api_clients:
             clients.setdefault(client, []).append(config.name)
-    out["clients"] = [_client(client, names) for client, names in clients.items()]
+    out["clients"] = [_client(client, names, show_path) for client, names in clients.items()]
     return out
 
 

@@ -28,6 +28,7 @@ from vllm_fleet import fleet_secrets
 from vllm_fleet.config import ConfigError, ConfigErrors, check_fleet, split_names, unused_group_data
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.fleet_summary import fleet_summary, summary_lines
+from vllm_fleet.workstation_files import shown
 
 EXIT_INVALID = 2
 
@@ -62,7 +63,7 @@ def check(inventory: str | Path, limit: list[str] | None = None, *, cwd: str | P
     errors = problems(fleet, inventory=inventory, cwd=cwd, environ=environ)
     configs = [fleet.configs[name] for name in fleet.selected if name in fleet.configs]
     every = [fleet.configs[name] for name in fleet.names if name in fleet.configs]
-    return errors, fleet_summary(configs, every)
+    return errors, fleet_summary(configs, every, show_path=shown)
 
 
 def _as_dict(error: ConfigError) -> dict:
