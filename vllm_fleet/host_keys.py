@@ -68,6 +68,10 @@ def read_seed(config: HostConfig, create: bool) -> bytes | None:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         except FileExistsError:
             pass
+        except OSError as exc:
+            raise ConfigErrors([ConfigError(f"the seed of the hosts' keys cannot be made in {shown(path.parent)} "
+                                            f"({exc.strerror})", host=config.name, key="vllm_workstation_dir",
+                                            fix="make vllm_workstation_dir a directory this user can write")]) from None
         else:
             with os.fdopen(fd, "w") as f:
                 f.write(secrets.token_hex(32) + "\n")
