@@ -45,7 +45,7 @@ from vllm_fleet.workstation_files import KEY_FILE_MAX_BYTES, PEM_MAX_BYTES, Unsa
 #: millions of years); below it are the placeholders ("test", "changeme", "sk-test").
 MIN_KEY_CHARS = 16
 #: ... and of different characters: "aaaaaaaaaaaaaaaa" is no key. 16 random hex digits have fewer than
-#: 5 different ones once in millions of draws.
+#: 5 different ones about once in 2.4 million draws.
 MIN_KEY_DISTINCT = 5
 NEW_KEY = "openssl rand -hex 32"
 
@@ -98,7 +98,7 @@ class SecretReader:
         self._errors: dict[tuple, tuple[ConfigError, list[str]]] = {}
         self._files: dict[str, tuple[str | None, str | None, str]] = {}  # path -> (key, problem, fix)
         self._roles: dict[str, tuple[str, str, str, str]] = {}  # value -> (role, source, knob, host)
-        self._checked: set[tuple] = set()  # TLS files and directories already judged
+        self._checked: dict[tuple, list[ConfigError]] = {}  # TLS files and directories judged: their problems
 
     # --- problems --------------------------------------------------------------------------------
 
@@ -188,7 +188,7 @@ class SecretReader:
         problem = key_problem(value)
         if problem:
             self._add(ConfigError(f"{role} ({source}) {problem}", host=config.name, key=knob,
-                                  fix=f"use a key of printable ASCII characters with nothing around it, e.g. `{NEW_KEY}`"),
+                                  fix=f"use a random key of printable ASCII characters with nothing around it: `{NEW_KEY}`"),
                       config.name)
             return None
         self._role(value, role, source, knob, config)
@@ -268,25 +268,23 @@ class SecretReader:
                 for error in exc.errors:
                     self._add(error, config.name)
                 return None
-        for each in [config, *trusted]:
+        for each in [config, *trusted]:  # its own files, and the CAs of the hosts it checks
             if each.settings.vllm_tls is not True:
                 continue
+            own = each.name == config.name
             if each.settings.vllm_tls_cert_file:
                 files = tuple(each.settings[knob] for knob in tls.OWN_FILES)
-                own = each.name == config.name
-                judge = (lambda c=each: tls.own_certificate(c)) if own else (lambda c=each: tls.own_ca(c))
-                what = ("own", files) if own else ("ca", files[2])
+                what, judge = (("own", files), tls.own_certificate) if own else (("ca", files[2]), tls.own_ca)
             else:
-                what = ("fleet ca", str(tls.ca_dir(each)))
-                judge = lambda c=each: self._fleet_ca(c)  # noqa: E731
-            if what in self._checked:
-                continue
-            self._checked.add(what)
-            try:
-                judge()
-            except ConfigErrors as exc:
-                for error in exc.errors:
-                    self._add(error, config.name)
+                what, judge = ("fleet ca", str(tls.ca_dir(each))), self._fleet_ca
+            if what not in self._checked:
+                try:
+                    judge(each)
+                    self._checked[what] = []
+                except ConfigErrors as exc:
+                    self._checked[what] = exc.errors
+            for error in self._checked[what]:
+                self._add(error, config.name)
         return None
 
     def _fleet_ca(self, config: HostConfig) -> None:
