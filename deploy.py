@@ -3,8 +3,10 @@
 The packaged deploy vllm_fleet.deploy.vllm_fleet_deploy runs these steps on each host, in order
 (docs/deploy-steps.md describes each under the same number; the code is in vllm_fleet/deploy/, and
 pyinfra's output groups the operations under "vLLM fleet"):
-  1. prepare: commands must run as root through the host's _sudo/_su_user/... (a login user
-     without sudo fails that host alone, with what to grant); the host's deploy lock (a second
+  1. prepare: first, once a run, what `vllm-fleet check` finds (every host's data and every secret,
+     read on the workstation: all problems at once, before any lock or command); commands must run
+     as root through the host's _sudo/_su_user/... (a login user without sudo fails that host
+     alone, with what to grant); the host's deploy lock (a second
      deploy at the same time refuses the host, changing nothing on it), held from before the
      first fact is read, so the decisions below stay true; facts (live GPUs, the model's
      config.json, paths), the plan and every file rendered; bad input stops the run here, before

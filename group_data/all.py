@@ -191,7 +191,10 @@ vllm_gateway_policy = "round_robin"
 # and localhost, and a later deploy issues it again 30 days before it ends. `vllm-fleet tls ca
 # INVENTORY` prints the path of the CA certificate clients trust. The gateway checks its backends' certificates,
 # and so do the verification and status. Or give your own: all three of the files below (PEM, on the
-# workstation; the key is pushed root:<service user> 0640 and never shown).
+# workstation, paths from / or ~; the key is pushed root:<service user> 0640 and never shown). Each is
+# read as a secret file is (see Secrets below) and parsed before any host is reached: certificates
+# only in the certificate and CA files (the certificate is pushed 0644), one unencrypted private key
+# in the key file, the key the certificate's, the certificate chaining to the CA file.
 vllm_tls = False
 vllm_tls_cert_file = None  # the host's certificate (chain)
 vllm_tls_key_file = None  # its private key
@@ -199,6 +202,8 @@ vllm_tls_ca_file = None  # the CA that signed it
 # The workstation's own files: the fleet CA (tls/), the hosts' certificates, and the seed of each
 # host's own key (the key vLLM holds; clients never see it). Outside the repository; share it between
 # the workstations that deploy one fleet, or the other's deploy re-keys every host (a restart each).
+# A path from / or ~ (empty or relative, the fleet CA's key would land wherever vllm-fleet runs); it
+# must belong to the user running vllm-fleet and be writable by no one else (made 0700 when missing).
 vllm_workstation_dir = "~/.local/share/vllm-fleet"
 
 # --- Monitoring: Prometheus, its targets and alerts (docs/monitoring.md) -------------------------
@@ -238,9 +243,15 @@ vllm_ray_version = "2.60.0"  # pinned ray, installed into every node's environme
 # messages through it (tensors between stages go over NCCL). Spills to <vllm_state_dir>/ray-spill.
 vllm_ray_object_store_gib = 2.0
 
-# --- Secrets (read on the workstation at deploy time; never written to the repo) -----------------
-vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key
-vllm_api_key_file = None  # or a file on the workstation holding it (first line)
+# --- Secrets (read on the workstation before any host is reached; never written to the repo) -----
+# `vllm-fleet check INVENTORY` reads every one of them (all hosts, all clients) and reports every
+# problem at once, connecting to no host; the deploy and rollout run the same check first. A file
+# named here is read only if it is a regular file of the user running vllm-fleet (not a link, device
+# or FIFO), of a bounded size, writable by no one else and, holding a secret, readable by no other
+# user (0600 or 0640). A key file holds the key alone, on one line. Each secret has a variable or file
+# of its own, and a value of its own (a client's key, the metrics token, the HF token).
+vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key (a name in capitals)
+vllm_api_key_file = None  # or a file on the workstation holding it alone (a path from / or ~)
 # The API's clients, each with its own key (fleet-wide: every host of a fleet with a gateway gives the
 # same). {}: one client, "fleet-key", with the key above. Otherwise the key above is not used and
 # each front and the gateway accept exactly these keys:
@@ -249,15 +260,17 @@ vllm_api_key_file = None  # or a file on the workstation holding it (first line)
 #       "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
 #   }
 # key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
-# names it may use (others get 403 and never reach vLLM; GET /v1/models lists only these); absent:
-# every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's limit_req: the minute's
+# names it may use (served_model_name, not the instance's name; one no instance of the fleet serves is
+# refused, with the served name meant; others get 403 and never reach vLLM; GET /v1/models lists only
+# these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's limit_req: the minute's
 # requests at once, then one each 60/N s; counted per front and at the gateway). vLLM holds only the
 # host's own key, so adding, rotating or revoking a client reloads nginx, never restarts vLLM. Each
 # request is logged as one JSON line with the client's name (journalctl -t vllm_fleet_access).
 vllm_api_clients = {}
 # A key or token is refused (before any host changes) when it has whitespace around it, a byte order
-# mark, a control or a non-ASCII character, or when its nginx pattern would not fit in one nginx
-# parameter (4095 bytes: up to 4081 letters and digits).
+# mark, a control or a non-ASCII character, when its nginx pattern would not fit in one nginx
+# parameter (4095 bytes: up to 4081 letters and digits), or when it is shorter than 16 characters or
+# has fewer than 5 different ones (a placeholder: `openssl rand -hex 32` makes a key).
 # The metrics token: Prometheus' bearer token for every /metrics the fronts pass on (never an API
 # key: a client key there gets 401, the metrics token on /v1/ gets 401). Required with vllm_metrics.
 vllm_metrics_token_env = "VLLM_FLEET_METRICS_TOKEN"

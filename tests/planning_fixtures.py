@@ -160,7 +160,7 @@ def prepare_on_fake_host(monkeypatch, data: dict, facts: dict) -> tuple:
     environment): what it returned, and the FakeHost (what prepare() asked)."""
     from vllm_fleet.deploy.prepare import prepare  # here: the planner's tests need no deploy
 
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
     fake = FakeHost(data, facts)
     use_fake_host(monkeypatch, fake)
     return prepare(), fake

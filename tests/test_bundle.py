@@ -120,7 +120,7 @@ def test_a_rollout_refuses_a_wheelhouse_a_later_batch_cannot_use_before_the_firs
     (tmp_path / "inv.py").write_text(f"hosts = [('c1', {host!r}), ('c2', {dict(host, vllm_gateway=True)!r})]\n")
     repo = Path(__file__).resolve().parent.parent
     done = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "rollout", str(tmp_path / "inv.py"), "--batch", "1"],
-                          cwd=repo, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "K": "k"})
+                          cwd=repo, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "K": "k-4b9e0c2d7f1a3e58"})
     assert done.returncode == 2, done.stdout + done.stderr
     router = f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}"
     assert "host c2, key vllm_wheelhouse" in done.stderr and f"lacks {router}" in done.stderr, done.stderr

@@ -344,7 +344,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     import pyinfra.api.operations
     import pyinfra_cli.util
 
-    from test_refused_input_offline import FakeState, _inventory
+    from test_refused_input_offline import ROLLOUT_KEY, FakeState, _inventory
     from vllm_fleet.commands import rollout
     from vllm_fleet.config import read_pyinfra_inventory
     from vllm_fleet.deploy import state as state_module
@@ -366,6 +366,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
             state_module.host_config(SimpleNamespace(name=name, state=state, data=SimpleNamespace(dict=lambda: data)))
         state_module.run_fleet(state).every()
 
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", ROLLOUT_KEY)
     monkeypatch.setattr(connection, "connected", connected)
     monkeypatch.setattr(remote, "run", lambda *_a, **_k: (True, "{}", ""))
     monkeypatch.setattr(pyinfra_cli.util, "load_func", deploy)

@@ -35,6 +35,7 @@ CORE = frozenset({
     "vllm_fleet.data",
     "vllm_fleet.environment",
     "vllm_fleet.fleet",
+    "vllm_fleet.fleet_summary",
     "vllm_fleet.gateway",
     "vllm_fleet.gpu_support",
     "vllm_fleet.kinds",
@@ -60,9 +61,11 @@ CORE = frozenset({
     "vllm_fleet.templating",
     "vllm_fleet.vllm_flags",
 })
-# Top-level modules that are not core: they drive pyinfra and the commands, or keep the workstation's
-# own keys and certificates (files there: host_keys, tls).
-OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy", "vllm_fleet.host_keys", "vllm_fleet.tls"})
+# Top-level modules that are not core: they drive pyinfra and the commands, or read the workstation's
+# secrets and keep its own keys and certificates (files there: fleet_secrets, workstation_files,
+# host_keys, tls).
+OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy", "vllm_fleet.fleet_secrets", "vllm_fleet.host_keys",
+                          "vllm_fleet.tls", "vllm_fleet.workstation_files"})
 OUTWARD = ("vllm_fleet.host", "vllm_fleet.commands", "vllm_fleet.sandbox")
 
 

@@ -251,51 +251,57 @@ def _secrets(monkeypatch, tmp_path, key: str | None = None, key_file_text: str |
     if key_file_text is not None:
         path = tmp_path / "key"
         path.write_text(key_file_text, encoding="utf-8")
+        path.chmod(0o600)
         data["vllm_api_key_file"] = str(path)
+    data["vllm_workstation_dir"] = str(tmp_path / "workstation")
     if token is not None:
         monkeypatch.setenv("HF_TOKEN", token)
     return read_secrets(parse_host("gw", data))
 
 
+GOOD = "sk-good-4f1c9e2a7b"  # a key the fleet takes, but for what the cases add
+
+
 @pytest.mark.parametrize("where, value, words", [
-    ("env", "sk-good ", "whitespace before or after"),
+    ("env", GOOD + " ", "whitespace before or after"),
     ("env", "   ", "empty or only whitespace"),
-    ("env", "\ufeffsk-good", "byte order mark"),
-    ("env", "sk-gööd", "outside ASCII"),
-    ("file", "\ufeffsk-good\n", "byte order mark"),
-    ("file", "sk-good \n", "whitespace before or after"),
-    ("file", " sk-good\n", "whitespace before or after"),
+    ("env", "\ufeff" + GOOD, "byte order mark"),
+    ("env", "sk-gööd-4f1c9e2a7b", "outside ASCII"),
+    ("file", "\ufeff" + GOOD + "\n", "byte order mark"),
+    ("file", GOOD + " \n", "whitespace before or after"),
+    ("file", " " + GOOD + "\n", "whitespace before or after"),
 ])
 def test_a_key_no_client_sends_is_refused_without_showing_it(monkeypatch, tmp_path, caplog, where, value, words):
     with pytest.raises(DeployError) as info:
         _secrets(monkeypatch, tmp_path, **({"key": value} if where == "env" else {"key_file_text": value}))
     text = str(info.value)
     assert words in text and "host gw, key vllm_api_key_" in text and "nothing was changed on any host" in text
-    assert "sk-g" not in text and "sk-g" not in caplog.text
+    assert "sk-g" not in text and "sk-g" not in caplog.text and "4f1c9e2a7b" not in text
 
 
 def test_a_key_too_long_for_nginx_is_refused_at_the_measured_limit(monkeypatch, tmp_path):
     """4081 letters make a 4095-byte pattern, the longest parameter nginx 1.22 reads (measured by
     tests/test_gateway_sandbox.py on the sandbox's gateway host)."""
-    longest = "k" * 4081
+    longest = ("abcdefghij" * 409)[:4081]
     assert len(gateway.key_pattern(longest)) == gateway.NGINX_MAX_PARAMETER_BYTES
     assert _secrets(monkeypatch, tmp_path, key=longest).api_key == longest
     with pytest.raises(DeployError) as info:
         _secrets(monkeypatch, tmp_path, key=longest + "k")
     assert "4082 characters long" in str(info.value) and "4095" in str(info.value)
     # Punctuation takes three bytes of the pattern each: the limit is on the pattern, not the length.
-    with pytest.raises(DeployError):
-        _secrets(monkeypatch, tmp_path, key="-" * 1400)
+    with pytest.raises(DeployError, match="4095"):
+        _secrets(monkeypatch, tmp_path, key="-.,:;" * 280)
     # Every front checks the clients' keys with that pattern, a host without the gateway too.
-    with pytest.raises(DeployError):
-        _secrets(monkeypatch, tmp_path, key="k" * 5000, gateway_host=False)
+    with pytest.raises(DeployError, match="4095"):
+        _secrets(monkeypatch, tmp_path, key="abcdefghij" * 500, gateway_host=False)
 
 
 def test_an_hf_token_with_whitespace_is_refused(monkeypatch, tmp_path):
     with pytest.raises(DeployError) as info:
-        _secrets(monkeypatch, tmp_path, key="sk-good", token="hf_abc\t")
+        _secrets(monkeypatch, tmp_path, key=GOOD, token="hf_abc\t")
     assert "Hugging Face token ($HF_TOKEN)" in str(info.value) and "hf_abc" not in str(info.value)
-    assert _secrets(monkeypatch, tmp_path, key="sk-good", token="hf_abc").hf_token == "hf_abc"
+    # The token is the hub's: no strength asked of it.
+    assert _secrets(monkeypatch, tmp_path, key=GOOD, token="hf_abc").hf_token == "hf_abc"
 
 
 # --- The writers ------------------------------------------------------------------------------------

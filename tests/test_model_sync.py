@@ -780,7 +780,7 @@ box = [("@local", {{"vllm_target": "cpu", "vllm_root": "{tmp_path}/root", "vllm_
                                         "served_model_name": "t", "port": 8000, "max_model_len": 1024}}]}})]
 """)
     repo = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, VLLM_FLEET_API_KEY="sk-test-4e1f", VLLM_FLEET_CACHE=str(tmp_path / "cache"))
+    env = dict(os.environ, VLLM_FLEET_API_KEY="sk-test-4e1f9c0b27", VLLM_FLEET_CACHE=str(tmp_path / "cache"))
 
     def deploy() -> str:
         done = subprocess.run([sys.executable, "-m", "pyinfra", "--dry", "-y", str(inventory), "deploy.py"],

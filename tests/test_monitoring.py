@@ -205,14 +205,14 @@ def test_two_monitoring_hosts_and_a_monitor_that_cannot_check_tls_are_refused():
 
 def test_the_metrics_token_is_required_checked_and_never_an_api_key(monkeypatch, tmp_path):
     host = _host(**METRICS, vllm_workstation_dir=str(tmp_path))
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-same-1")
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-same-1f2e3d4c5b")
     monkeypatch.delenv("VLLM_FLEET_METRICS_TOKEN", raising=False)
     with pytest.raises(DeployError, match=r"no metrics token: \$VLLM_FLEET_METRICS_TOKEN is not set"):
         prepare.read_secrets(host)
-    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "sk-same-1")
+    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "sk-same-1f2e3d4c5b")
     with pytest.raises(DeployError) as same:
         prepare.read_secrets(host)
-    assert "is also an API key" in str(same.value) and "sk-same-1" not in str(same.value)
+    assert "has the same value as the fleet's API key" in str(same.value) and "sk-same" not in str(same.value)
     monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", " mt-spaced ")
     with pytest.raises(DeployError) as spaced:
         prepare.read_secrets(host)

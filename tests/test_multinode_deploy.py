@@ -191,7 +191,7 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
     from vllm_fleet.deploy.layout import hub_downloads
     from vllm_fleet.deploy.prepare import prepare
 
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
     head_data = node("10.0.0.1", instances=[llama()])
     worker = FakeHost(node("10.0.0.2"), {"NvidiaGpus": _four_a100s(), "GpuTopology": {"available": False, "reason": "test"},
                                          "ManagedUnits": [], "PathsPresent": {}, "InterfaceAddresses": ["10.0.0.2"]})

@@ -491,7 +491,7 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
     from vllm_fleet.commands.connection import load_pyinfra_inventory
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
-    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "mt-test-77a1")
+    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "mt-test-77a1c0de55")
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
     inventory_file = tmp_path / "inv.py"
     hosts = []
@@ -835,14 +835,14 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
 
     from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
 
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
            "memory.total": "40960", "memory.used": "3", "uuid": "GPU-a", "compute_cap": "8.0",
            "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
     data = host_data(gpus=[A100_40G], instances=[
         instance(name="a", model="/srv/models/a", tokenizer="/srv/tok", max_model_len=1024, model_info=TINY_MODEL_INFO),
         instance(name="b", model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO,
-                 port=8100)])
+                 port=8100, served_model_name="tiny-b")])
     del data["gpus"]
     smi = [", ".join(dict(row, index=str(i), uuid=f"GPU-{i}", **{"pci.bus_id": f"00000000:4{i}:00.0"})[f]
                      for f in GPU_QUERY.split(",")) for i in (0, 1)]
@@ -928,7 +928,7 @@ def _prepare(monkeypatch, **data_overrides):
 
     from vllm_fleet.deploy import access
 
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test")
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
     name = data_overrides.pop("instance_name", "a")
     data = dict(host_data(gpus=None, instances=[
         instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO)]),

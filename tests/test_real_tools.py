@@ -121,11 +121,14 @@ def fixture_cases() -> list[Case]:
     from test_multinode_plan import llama, node
     from test_team_service import CLIENTS
 
+    # A fleet of this host alone: a client's models are the ones it serves (check_fleet refuses others).
+    clients = {name: dict(spec, models=["gemma3-12b-q4"]) if spec.get("models") else spec
+               for name, spec in CLIENTS.items()}
     monitored = host_data(placement="single-instance", vllm_advertise_address="10.0.0.5", vllm_tls=True,
                           vllm_gateway=True, vllm_metrics=True, vllm_monitoring=True)
     return [
         Case("tests: the team service's clients", [("box", host_data(placement="single-instance",
-                                                                      vllm_api_clients=CLIENTS), [])]),
+                                                                      vllm_api_clients=clients), [])]),
         Case("tests: monitoring, TLS and the gateway on one host", [("box", monitored, [])]),
         Case("tests: a multi-node instance", [("gpu-a", node("10.0.0.1", instances=[llama()]), []),
                                               ("gpu-b", node("10.0.0.2"), [])]),

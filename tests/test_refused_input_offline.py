@@ -106,7 +106,12 @@ def _inventory(tmp_path, hosts=("box1",)):
     return str(inv)
 
 
+#: The fleet key of these rollouts: the rollout reads it (with every other secret) before its first batch.
+ROLLOUT_KEY = "sk-rollout-5c0e19a7d2"
+
+
 def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", ROLLOUT_KEY)
     hosts = {}
 
     @contextmanager
@@ -237,7 +242,8 @@ def test_rollout_with_a_missing_model_source_exits_2_offline(tmp_path):
                                                  "served_model_name": "t", "port": 8000}}]}})]
     """))
     proc = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "rollout", str(inv)], capture_output=True,
-                          text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL)
+                          text=True, timeout=300, cwd=REPO, stdin=subprocess.DEVNULL,
+                          env=dict(os.environ, VLLM_FLEET_API_KEY=ROLLOUT_KEY))
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "key model_source" in proc.stderr and "fix:" in proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr

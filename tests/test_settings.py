@@ -130,7 +130,11 @@ def test_unknown_knobs_through_parse_host_are_all_reported_and_pyinfra_keys_pass
 @pytest.mark.parametrize("knob, value, message", [
     ("vllm_version", 0.33, "expected str, got float 0.33"),
     ("vllm_wheelhouse", 5, "expected str or None, got int 5"),
-    ("vllm_api_key_file", ["key.txt"], "expected str or None, got list ['key.txt']"),
+    # A knob that names a secret's source never shows its value: it may be the secret itself.
+    ("vllm_api_key_file", ["key.txt"], "expected str or None, got list (the value is not shown: it may be "
+                                       "the secret itself)"),
+    ("vllm_hf_token_env", 123456789012345678, "expected str, got int (the value is not shown: it may be "
+                                              "the secret itself)"),
     ("vllm_root", None, "expected str, got NoneType None"),
     ("vllm_gateway_port", "9000", "must be a port number (1-65535), got '9000'"),
     ("vllm_backend_port_offset", True, "must be a positive integer, got True"),

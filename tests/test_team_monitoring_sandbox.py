@@ -29,11 +29,11 @@ from vllm_fleet.monitoring.rules import alert_rules
 
 GPU_HOST, GPU_HOST_ADDRESS, GPUS = "sbx-mixed", "10.213.7.21", 3
 # The team service's clients and keys (test_team_service_sandbox.py), and the metrics token.
-KEYS = {"ALICE_KEY": "sk-alice-7f3a", "LIMITED_KEY": "sk-limited-91c2", "OTHER_KEY": "sk-other-44d0",
-        "VLLM_FLEET_METRICS_TOKEN": "mt-prometheus-9b2c"}
+KEYS = {"ALICE_KEY": "sk-alice-7f3a0c5e91", "LIMITED_KEY": "sk-limited-91c2b8d4e6",
+        "OTHER_KEY": "sk-other-44d0a9f3c1", "VLLM_FLEET_METRICS_TOKEN": "mt-prometheus-9b2c7e1f04"}
 CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
            "limited": {"key_env": "LIMITED_KEY", "requests_per_minute": 6},
-           "other": {"key_env": "OTHER_KEY", "models": ["not-served-here"]}}
+           "other": {"key_env": "OTHER_KEY", "models": ["tiny-llama"]}}
 METRICS_PORT = 9410
 PROMETHEUS = f"http://127.0.0.1:{METRICS_PORT + 4}/prometheus/api/v1"  # asked on sbx-cpu1 itself
 MONITORED = {"vllm_tls": True, "vllm_api_clients": CLIENTS, "vllm_metrics": True,

@@ -1,5 +1,7 @@
 """The `vllm-fleet` console script: what pyinfra's own CLI does not do.
 
+    vllm-fleet check INVENTORY [--json] [--limit HOST]    every missing or unsafe secret and inconsistency,
+                                                          at once, connecting to no host; the fleet's summary
     vllm-fleet plan INVENTORY [--json] [--limit HOST]     the parallel layout per host, with reasons,
                                                           and the fleet's gateway with its backends
     vllm-fleet render INVENTORY --out DIR [--limit HOST]  every file each host would get
@@ -30,6 +32,7 @@ import yaml
 
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
+from vllm_fleet.fleet_summary import fleet_summary, summary_lines
 from vllm_fleet.gateway import Backend, gateway_manifest
 from vllm_fleet.plan import FleetPlan
 from vllm_fleet.monitoring.targets import JOBS, ScrapeTarget, file_sd, scrape_jobs
@@ -39,6 +42,7 @@ EXIT_INVALID = 2
 
 # Subcommands that own their argument parsing, in their own module's main(argv).
 DELEGATED = {
+    "check": "vllm_fleet.commands.check",
     "sandbox": "vllm_fleet.sandbox.cli",
     "bundle": "vllm_fleet.commands.bundle",
     "status": "vllm_fleet.commands.status",
@@ -54,6 +58,7 @@ SUMMARIES = {
     "status": "each host's instances now: health, version, load, KV cache use and drift (read-only)",
     "rollout": "deploy batch by batch, each batch verified; failed hosts rolled back",
     "unlock": "break the deploy lock of a deploy that is gone",
+    "check": "every missing secret and inconsistency of an inventory at once, connecting to no host",
     "model-info": "the model_info entry to paste for a model the catalog lacks, from its config.json",
     "gpus": "each host's `gpus` declaration, read from nvidia-smi, ready to paste",
 }
@@ -136,12 +141,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fleet = Fleet.load(args.inventory, split_names(args.limit))
     plan = fleet.plan()
     _backends, gateways = fleet_gateways(fleet)
+    from vllm_fleet.workstation_files import shown  # a key file's path, shown only where something is
+
+    summary = fleet_summary([fleet.configs[name] for name in fleet.selected], list(fleet.configs.values()),
+                            show_path=shown)
     if args.json:
-        json.dump({**plan.as_dict(), "gateways": gateways}, sys.stdout, indent=2)
+        json.dump({**plan.as_dict(), "gateways": gateways, "fleet_summary": summary}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_plan(plan)
         print_gateways(gateways)
+        print("\n".join(summary_lines(summary)))
     return 0
 
 
@@ -216,7 +226,10 @@ def cmd_tls_ca(args: argparse.Namespace) -> int:
     paths: dict[str, list[str]] = {}
     for host in hosts:
         if not host.settings.vllm_tls_ca_file:
-            tls.ensure_ca(tls.ca_dir(host))
+            try:
+                tls.ensure_ca(tls.ca_dir(host))
+            except (tls.UnsafeFile, OSError, ValueError) as exc:
+                raise tls.fleet_ca_error(host, exc) from None
         paths.setdefault(str(tls.ca_certificate_path(host)), []).append(host.name)
     if args.json:
         print(json.dumps({"ca_files": [{"path": p, "hosts": h} for p, h in paths.items()]}, indent=2))

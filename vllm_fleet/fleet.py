@@ -149,7 +149,7 @@ class Fleet:
         with every problem of theirs, and what only the fleet can check (config.check_fleet: the
         gateway, the node groups, names served twice) against every host of the inventory."""
         hosts = self.configs_of(self.selected)
-        check_fleet(hosts, list(self.names))
+        check_fleet(hosts, list(self.names), every=list(self.configs.values()))
         return hosts
 
     def plan(self) -> FleetPlan:

@@ -240,6 +240,50 @@ def within(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+#: The name of a workstation variable that holds a secret: capitals, digits and '_', as environment
+#: variables are named (POSIX). Keys and tokens have lowercase letters (hex from openssl, base64, the
+#: hub's hf_...), so a key pasted where its variable's name belongs is refused, not taken for a name
+#: and printed in "$<key> is not set".
+SECRET_ENV_NAME_RE = re.compile(r"[A-Z_][A-Z0-9_]{0,127}")
+
+
+def secret_env_name_problem(text: Any) -> str | None:
+    """The name of the variable a secret is read from. The value is never part of the message: it
+    may be the secret itself."""
+    if isinstance(text, str) and SECRET_ENV_NAME_RE.fullmatch(text):
+        return None
+    return ("the value (not shown: it may be the secret itself) is not the name of an environment variable in "
+            "capitals (A-Z, digits and _, at most 128)")
+
+
+def workstation_path_problem(text: Any) -> str | None:
+    """A file on the workstation that holds a secret or a certificate: a path from / or ~ (a relative
+    one would name another file in each directory vllm-fleet runs from, one inside a repository
+    among them). The value is never part of the message: it may be the secret itself, pasted where
+    its file's path belongs."""
+    if not isinstance(text, str) or not text.strip():
+        return "is empty (not shown: it may be the secret itself); give the file's path"
+    if text != text.strip():
+        return "has whitespace before or after it (not shown: it may be the secret itself)"
+    if not (text.startswith("/") or text == "~" or text.startswith("~/")):
+        return ("is not a path from / or ~ (not shown: it may be the secret itself): a relative path names "
+                "another file in each directory vllm-fleet runs from")
+    return None
+
+
+def workstation_dir_problem(text: Any) -> str | None:
+    """The workstation's own directory (the fleet CA, the hosts' key seed): a path from / or ~. Empty
+    or relative, it would be the directory vllm-fleet runs from, and the fleet CA's private key would
+    be written there (into a repository, often)."""
+    if not isinstance(text, str) or not text.strip():
+        return ("is empty: the fleet CA's private key and the seed of the hosts' keys would be written into "
+                "whatever directory vllm-fleet runs from")
+    if not (text.startswith("/") or text == "~" or text.startswith("~/")) or text != text.strip():
+        return (f"{text!r} is not a path from / or ~: the fleet CA's private key and the seed of the hosts' "
+                "keys would be written below whatever directory vllm-fleet runs from")
+    return None
+
+
 def flag_name_problem(text: Any) -> str | None:
     if isinstance(text, str) and FLAG_NAME_RE.fullmatch(text):
         return None

@@ -163,6 +163,7 @@ def knob(default: Any, doc: str, **rule: Any) -> Any:
     + kind: the expected type in words, for "expected <kind>, got ..." (default: from the annotation)
     + fix: the fix shown (default: `<knob> = <default>`)
     + shallow: only the container's type is checked here (and not echoed); its entries where parsed
+    + secret: the value is never part of a message (it may be a secret written in the wrong place)
     """
     meta = {"doc": doc, **rule}
     if isinstance(default, (list, dict)):
@@ -192,10 +193,13 @@ _VERSION = {"check": kinds.version_problem}
 _POSITIVE = {"low": 1, "must": "a positive integer"}
 _BOOL = {"must": "True or False"}
 _GIB = {"low": 0, "must": "a number >= 0"}
-# The value is not echoed: it may be the secret itself, written where its name belongs.
-_ENV_NAME = {"check": lambda name: None if kinds.ENV_NAME_RE.fullmatch(name) else
-             "the value (not shown: it may be the secret itself) is not the name of an environment "
-             "variable (letters, digits and _)"}
+# The value is never echoed, whatever is wrong with it: it may be the secret itself, written where
+# its name belongs (`secret`).
+_ENV_NAME = {"secret": True, "check": kinds.secret_env_name_problem}
+# A file on the workstation that holds a secret or a certificate: a path, never echoed (a key pasted
+# where its file's path belongs); whether it is a safe file to read is the workstation's to check
+# (vllm_fleet/fleet_secrets.py).
+_WORKSTATION_FILE = {"secret": True, "check": kinds.workstation_path_problem}
 
 
 @dataclass(frozen=True)
@@ -335,18 +339,18 @@ class Settings:
         False, "Serve the front's instance ports and the gateway over HTTPS only (TLS 1.2+)", **_BOOL)
     vllm_tls_cert_file: str | None = knob(
         None, "Your own certificate (chain, PEM, on the workstation); None: the fleet CA issues one",
-        fix="vllm_tls_cert_file = '~/certs/gpu-a100-01.pem' (with vllm_tls_key_file and vllm_tls_ca_file), "
+        **_WORKSTATION_FILE, fix="vllm_tls_cert_file = '~/certs/gpu-a100-01.pem' (with vllm_tls_key_file and vllm_tls_ca_file), "
             "or None")
     vllm_tls_key_file: str | None = knob(
-        None, "Its private key (PEM, on the workstation; pushed root-only, never shown)",
+        None, "Its private key (PEM, on the workstation; pushed root-only, never shown)", **_WORKSTATION_FILE,
         fix="vllm_tls_key_file = '~/certs/gpu-a100-01.key', or None")
     vllm_tls_ca_file: str | None = knob(
         None, "The CA that signed vllm_tls_cert_file (PEM, on the workstation): what checks it",
-        fix="vllm_tls_ca_file = '~/certs/ca.pem', or None")
+        **_WORKSTATION_FILE, fix="vllm_tls_ca_file = '~/certs/ca.pem', or None")
     vllm_workstation_dir: str = knob(
         "~/.local/share/vllm-fleet", "Where the workstation keeps the fleet CA, the hosts' certificates and "
         "the seed of the hosts' own keys (0700; share it between the workstations that deploy one fleet)",
-        fix="vllm_workstation_dir = '~/.local/share/vllm-fleet' (outside the repository)")
+        check=kinds.workstation_dir_problem, fix="vllm_workstation_dir = '~/.local/share/vllm-fleet' (outside the repository)")
 
     # --- Monitoring (vllm_fleet/monitoring/)
     vllm_metrics: bool = knob(
@@ -394,12 +398,13 @@ class Settings:
         fix="vllm_api_key_env = 'VLLM_FLEET_API_KEY' (the variable's name; the key itself stays out of "
             "the inventory)")
     vllm_api_key_file: str | None = knob(
-        None, "Or a file on the workstation whose first line is the API key",
-        fix="vllm_api_key_file = '<a file on this workstation whose first line is the key>', or None")
+        None, "Or a file on the workstation that holds the API key alone, on one line", **_WORKSTATION_FILE,
+        fix="vllm_api_key_file = '~/.config/vllm-fleet/api.key' (a file of this workstation, 0600, holding "
+            "the key alone), or None")
     vllm_api_clients: dict[str, dict[str, Any]] = knob(
         {}, "The API's clients, each with its own key, models and limit (config/clients.py); {}: one key",
         kind="a dict of clients", shallow=True,
-        fix='vllm_api_clients = {"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen7b"], '
+        fix='vllm_api_clients = {"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen2.5-7b"], '
             '"requests_per_minute": 60}}')
     vllm_metrics_token_env: str = knob(
         "VLLM_FLEET_METRICS_TOKEN", "The workstation's environment variable holding the metrics token "
@@ -544,6 +549,10 @@ def _knob_problem(f: Field, value: Any) -> tuple[str, str] | None:
         return (found, fix) if found else None
     if typed and (value is None or _in_range(value, rule)):
         return None
+    if rule.get("secret"):
+        # Neither the value nor its text: it may be the secret itself.
+        return (f"expected {rule.get('kind') or describe(TYPES[key])}, got {type(value).__name__} (the value is "
+                "not shown: it may be the secret itself)"), fix
     if "must" in rule:
         return f"must be {rule['must']}, got {value!r}", fix
     if not typed:

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.commands import bundle, gateway_drain, rollback
+from vllm_fleet.commands import bundle, check, gateway_drain, rollback
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
@@ -350,6 +350,10 @@ def _ordered_like_the_cli():
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
             order: list[str] | None = None, log=print) -> list[HostResult]:
     fleet = Fleet.load(inventory, limit)
+    # What `vllm-fleet check` finds, before the first batch connects: every problem at once.
+    found = check.problems(fleet, inventory=inventory)
+    if found:
+        raise ConfigErrors(found)
     everyone = fleet.every()  # every host must parse: the gateway and the node groups are the fleet's
     groups = [g.nodes for g in fleet.node_groups()]
     # A node of a multi-node instance brings its whole group (it is updated as one): Fleet.selected.

@@ -33,7 +33,7 @@ from vllm_fleet.config.instance import (DTYPES, HOST_DEFAULTS, INSTANCE_FIELDS, 
                                         instance_of_unit, instance_unit)
 from vllm_fleet.config.instance_parsers import OWNED_ENV, OWNED_ENV_FIX, OWNED_ENV_PREFIXES
 from vllm_fleet.config.inventory import (inventory_rows, limited_rows, load_inventory, read_pyinfra_inventory,
-                                        split_names)
+                                        split_names, unused_group_data)
 # The error types and the shared constants of every input check live in settings (Settings raises
 # them too); they are importable from here as well, beside the schema that reports them.
 from vllm_fleet.kinds import ENV_NAME_RE, INDEX_URL_RE
@@ -62,5 +62,5 @@ __all__ = [
     "RAY_HEAD_PORTS", "RAY_NODE_PORTS", "RAY_WORKER_PORTS", "NodeGroup", "check_fleet", "node_group_of",
     "node_groups",
     # inventory
-    "inventory_rows", "limited_rows", "load_inventory", "read_pyinfra_inventory", "split_names",
+    "inventory_rows", "limited_rows", "load_inventory", "read_pyinfra_inventory", "split_names", "unused_group_data",
 ]

@@ -1,5 +1,6 @@
 """The API's clients (vllm_api_clients): who may call the fleet, with which key, for which models, how
-often. Pure: the keys themselves are read on the workstation at deploy time (deploy.prepare), never here.
+often. Pure: the keys themselves are read on the workstation before any host is reached
+(vllm_fleet/fleet_secrets.py), never here.
 
     vllm_api_clients = {
         "ci":       {"key_env": "CI_VLLM_KEY", "requests_per_minute": 6},
@@ -60,7 +61,7 @@ class ApiClient:
         return max(1, -(-60 // self.requests_per_minute)) if self.requests_per_minute else 1
 
     def source(self) -> str:
-        return f"${self.key_env}" if self.key_env else f"the first line of {self.key_file}"
+        return f"${self.key_env}" if self.key_env else f"the file {self.key_file}"
 
     def as_dict(self) -> dict[str, Any]:
         """As plan --json and status show it: where its key comes from, never the key."""
@@ -141,14 +142,20 @@ def _parse_client(check: Checker, key: str, name: str, spec: Any) -> ApiClient |
     if (key_env is None) == (key_file is None):
         check.error("give the client's key as exactly one of key_env or key_file", key=key,
                     fix=f'{{"key_env": "{name.upper().replace("-", "_")}_KEY"}} (a variable on the '
-                        'workstation) or {"key_file": "<a file whose first line is the key>"}')
-    if key_env is not None and not (isinstance(key_env, str) and kinds.ENV_NAME_RE.fullmatch(key_env)):
+                        'workstation) or {"key_file": "<a file of this workstation holding the key alone>"}')
+    if key_env is not None and kinds.secret_env_name_problem(key_env):
         # The value is not shown: it may be the key itself, written where its name belongs.
         check.error("key_env (not shown: it may be the key itself) is not the name of an environment "
-                    "variable", key=f"{key}.key_env", fix="key_env = 'CI_VLLM_KEY' (the variable's name)")
-    if key_file is not None and not (isinstance(key_file, str) and key_file.strip()):
-        check.error(f"key_file must be a path on the workstation, got {key_file!r}", key=f"{key}.key_file",
-                    fix="key_file = '~/.config/vllm-fleet/ci.key'")
+                    "variable in capitals (A-Z, digits and _)", key=f"{key}.key_env",
+                    fix="key_env = 'CI_VLLM_KEY' (the variable's name)")
+    if key_file is not None:
+        # The value is not shown: it may be the key itself, written where its file's path belongs.
+        problem = (kinds.workstation_path_problem(key_file) if isinstance(key_file, str)
+                   else f"is a {type(key_file).__name__}, not a path (not shown: it may be the key itself)")
+        if problem:
+            check.error(f"key_file {problem}", key=f"{key}.key_file",
+                        fix=f"key_file = '~/.config/vllm-fleet/{name}.key' (a file of this workstation, 0600, "
+                            "holding the key alone)")
     models = spec.get("models")
     if models is not None:
         if not isinstance(models, (list, tuple)) or isinstance(models, str):

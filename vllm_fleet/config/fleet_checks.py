@@ -4,6 +4,7 @@ served name, Ray's ports, and the gateway against every host it reaches."""
 from __future__ import annotations
 
 import ipaddress
+import posixpath
 from dataclasses import dataclass
 
 from vllm_fleet import kinds
@@ -169,13 +170,19 @@ def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[Con
     return errors
 
 
-def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None) -> None:
+def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
+                every: list[HostConfig] | None = None) -> None:
     """What no single host can check: at most one gateway in the fleet, and with one, an address
     the gateway can reach every host with instances at; the multi-node instances' nodes
-    (_check_node_groups). `inventory`: every host name of the inventory (default: the hosts'), for
-    a --limit that loaded only some. Raises ConfigErrors."""
-    errors: list[ConfigError] = _check_node_groups(hosts, inventory or [h.name for h in hosts])
+    (_check_node_groups); the models the clients name, served somewhere in the fleet; each secret
+    read from a source of its own. `inventory`: every host name of the inventory (default: the
+    hosts'), for a --limit that loaded only some; `every`: every host of the inventory whose data
+    parses (default: `hosts`), whose instances serve what a client may name. Raises ConfigErrors."""
+    inventory = inventory or [h.name for h in hosts]
+    errors: list[ConfigError] = _check_node_groups(hosts, inventory)
     errors += _check_served_names(hosts)
+    errors += _check_client_models(hosts, every if every is not None else hosts, inventory)
+    errors += _check_secret_sources(hosts)
     errors += _check_ray_ports(hosts)
     gateways = [h for h in hosts if h.settings.vllm_gateway is True]
     for other in gateways[1:]:
@@ -294,6 +301,97 @@ def _check_gateway_links(gateway: HostConfig, hosts: list[HostConfig]) -> list[C
             "address", host=gateway.name, key="vllm_advertise_address",
             fix="vllm_advertise_address = '10.0.0.11' on the gateway host (its address on the backends' network), "
                 "or vllm_direct_access = True on the backends (each front then counts a client's limit on its own)"))
+    return errors
+
+
+def _check_client_models(hosts: list[HostConfig], every: list[HostConfig],
+                         inventory: list[str] | tuple[str, ...]) -> list[ConfigError]:
+    """Every model a client may use (vllm_api_clients.<name>.models) is a served_model_name of an
+    instance of the fleet: a name that none serves gives the client nothing, silently (403 on every
+    port, an empty /v1/models). An instance's name given for its served name is the likely slip, so
+    the fix names that served name; else the closest served name. Checked only when every host of
+    the inventory parses (`every`): a model may be served by a host outside a --limit. Each
+    client's model once, where clients are the same on several hosts (group data)."""
+    if {h.name for h in every} < set(inventory):
+        return []
+    served: dict[str, tuple[str, str]] = {}  # served name -> (host, instance) serving it first
+    by_instance: dict[str, str] = {}  # instance name -> its served name (the first of that name)
+    for host in every:
+        for inst in host.instances:
+            served.setdefault(inst.served_model_name, (host.name, inst.name))
+            by_instance.setdefault(inst.name, inst.served_model_name)
+    errors, seen = [], set()
+    for host in hosts:
+        for client in host.api_clients:
+            for model in client.models or ():
+                if model in served or (client.name, model) in seen:
+                    continue
+                seen.add((client.name, model))
+                shown = model if kinds.printable(model) else repr(model)
+                if model in by_instance:
+                    fix = (f"did you mean '{by_instance[model]}'? {model} is the instance's name; clients "
+                           f"send its served_model_name, '{by_instance[model]}'")
+                else:
+                    guess = did_you_mean(model, sorted(served))
+                    fix = (f"did you mean '{guess}'?" if guess else
+                           f"name one the fleet serves: {', '.join(sorted(served)) or 'none (no instance yet)'}")
+                errors.append(ConfigError(
+                    f"client {client.name} may use model {shown!r}, which no instance of the fleet serves: "
+                    "the client would get 403 for it on every port and an empty /v1/models",
+                    host=host.name, key=f"vllm_api_clients.{client.name}.models", fix=fix))
+    return errors
+
+
+def secret_sources(host: HostConfig) -> list[tuple[str, str, str]]:
+    """Where the workstation reads each of this host's secrets: (role, source, knob), the source
+    "$NAME" (an environment variable) or "file PATH". Roles: each client's key (or the fleet key
+    without clients), the metrics token (vllm_metrics or vllm_monitoring), the Hugging Face token
+    (read when set), and the key of the host's own TLS certificate."""
+    settings, out = host.settings, []
+    clients = host.api_clients
+    if len(clients) == 1 and clients[0].name == FLEET_KEY_CLIENT:
+        out.append(("the fleet's API key", f"${settings.vllm_api_key_env}", "vllm_api_key_env"))
+        if settings.vllm_api_key_file:
+            out.append(("the fleet's API key", f"file {_normal_path(settings.vllm_api_key_file)}",
+                        "vllm_api_key_file"))
+    else:
+        for client in clients:
+            knob = f"vllm_api_clients.{client.name}.key_{'env' if client.key_env else 'file'}"
+            source = f"${client.key_env}" if client.key_env else f"file {_normal_path(client.key_file)}"
+            out.append((f"client {client.name}'s key", source, knob))
+    if settings.vllm_metrics is True or settings.vllm_monitoring is True:
+        out.append(("the metrics token", f"${settings.vllm_metrics_token_env}", "vllm_metrics_token_env"))
+    out.append(("the Hugging Face token", f"${settings.vllm_hf_token_env}", "vllm_hf_token_env"))
+    if settings.vllm_tls is True and settings.vllm_tls_key_file:
+        out.append(("the TLS private key", f"file {_normal_path(settings.vllm_tls_key_file)}", "vllm_tls_key_file"))
+    return out
+
+
+def _normal_path(path: str) -> str:
+    """A workstation path as two knobs are compared: '~/a/../k' and '~/k' are one file."""
+    return posixpath.normpath(path)
+
+
+def _check_secret_sources(hosts: list[HostConfig]) -> list[ConfigError]:
+    """No two secrets of the fleet come from one variable or one file: two clients reading one key
+    source would be one client to the fronts (each could act as the other, and revoking one revokes
+    both); the Hugging Face token read from a client's variable or the metrics token's would be
+    pushed to every host as that secret too, and the reverse. Reported once per pair of roles. The
+    same file under two names (a link) is the workstation's to find (fleet_secrets)."""
+    first: dict[str, tuple[str, str, str]] = {}  # source -> (role, host, knob) that reads it first
+    errors, seen = [], set()
+    for host in hosts:
+        for role, source, knob in secret_sources(host):
+            other_role, other_host, other_knob = first.setdefault(source, (role, host.name, knob))
+            if other_role == role or (source, frozenset((role, other_role))) in seen:
+                continue
+            seen.add((source, frozenset((role, other_role))))
+            where = "" if other_host == host.name else f" on host {other_host}"
+            errors.append(ConfigError(
+                f"{role} is read from {source}, and so is {other_role} ({other_knob}{where}): each secret "
+                "needs a source of its own, or the fleet would take one for the other (a key for another "
+                "client, a token pushed where the other goes)", host=host.name, key=knob,
+                fix=f"give {role} a variable or file of its own (its own value too, e.g. `openssl rand -hex 32`)"))
     return errors
 
 

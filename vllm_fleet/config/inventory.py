@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.settings import ConfigError
+from vllm_fleet import kinds
+from vllm_fleet.settings import ConfigError, did_you_mean
 
 
 def split_names(values: list[str] | None) -> list[str] | None:
@@ -63,3 +64,30 @@ def limited_rows(rows: list[tuple[str, dict[str, Any], list[str]]], limit: list[
         raise ConfigError(f"{what} matches no host in {str(path)!r}",
                           fix="check the host or group names (vllm-fleet plan INVENTORY lists them)")
     return hosts
+
+
+def unused_group_data(path: str | Path, inventory, *, cwd: str | Path | None = None) -> list[ConfigError]:
+    """The group-data files pyinfra read for a group no host of `inventory` (the loaded pyinfra
+    Inventory of file `path`) is in: pyinfra reads group_data/<group>.py from the directory it runs
+    in and from beside the inventory file, and a file whose name is no group's applies to no host,
+    silently (a gpu_servers.py for hosts in gpu_hosts). A file named after another inventory beside
+    this one (inventory/group_data/staging.py for inventory/staging.py) is that inventory's group."""
+    path = Path(path).resolve()
+    workdir = Path(cwd) if cwd else Path.cwd()
+    groups = {"all", *(group for host in inventory for group in host.groups)}
+    other_inventories = {p.stem for p in path.parent.glob("*.py")} - {path.stem}
+    folders = list(dict.fromkeys([(workdir / "group_data").resolve(), path.parent / "group_data"]))
+    errors = []
+    for folder in folders:
+        for file in sorted(folder.glob("*.py")) if folder.is_dir() else ():
+            group = file.stem
+            if group in groups or group in other_inventories:
+                continue
+            shown = str(file) if kinds.printable(str(file)) else repr(str(file))
+            guess = did_you_mean(group, sorted(groups))
+            errors.append(ConfigError(
+                f"group data {shown} is read for group {group!r}, which no host of {str(path)!r} is in: its "
+                "settings apply to no host", key="group_data",
+                fix=(f"did you mean group '{guess}'? " if guess else "")
+                + f"name the file after a group of the inventory ({', '.join(sorted(groups))}), or remove it"))
+    return errors

@@ -1,4 +1,5 @@
-"""Step 1: validate this host's data, take its lock (with the root check), read its facts,
+"""Step 1: the fleet's check on the workstation (once a run: every host's data and secrets, before
+any lock), then validate this host's data, take its lock (with the root check), read its facts,
 plan and render; every check of the input runs here, before any host is changed.
 
 What the steps read from the host is read in two remote commands (facts.prefetch), both here:
@@ -11,20 +12,19 @@ sync, the environment, the hub cache). The operations then compare against those
 
 from __future__ import annotations
 
-import os
-from pathlib import Path, PurePosixPath
+import weakref
+from pathlib import PurePosixPath
+from typing import Any
 
 from pyinfra import host, logger
 
-from vllm_fleet import gateway, host_keys, tls
-from vllm_fleet.commands import bundle
-from vllm_fleet.config.clients import FLEET_KEY_CLIENT
+from vllm_fleet import fleet_secrets, gateway
+from vllm_fleet.commands import bundle, check
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
 from vllm_fleet.config.host import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
 from vllm_fleet.environment import ENV_MARKER, current_link
 from vllm_fleet.fleet import GatewayUnplanned
-from vllm_fleet.gateway import key_length_problem
 from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.host.discovery import discover, discovery_queries
@@ -35,7 +35,6 @@ from vllm_fleet.host.ownership import account_problem, directory_problem
 from vllm_fleet.host.model_sync import state_query as model_state_query
 from vllm_fleet.host.operations import environment_queries
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
-from vllm_fleet.kinds import secret_problem
 from vllm_fleet.monitoring.files import MONITORING_UNITS
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
@@ -48,10 +47,11 @@ from .state import Deployment, fail, host_config, run_fleet
 
 
 def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
-    """1. Validate this host's data, check that its commands run as root and take its deploy
-    lock (one round trip: access.take_lock), read live facts, plan, render. Raises DeployError on
-    bad input; None when the host is refused (no root through its sudo, another deploy holds the
-    lock)."""
+    """1. The run's check (check_run, once), then validate this host's data, check that its commands
+    run as root and take its deploy lock (one round trip: access.take_lock), read live facts, plan,
+    render. Raises DeployError on bad input; None when the host is refused (no root through its
+    sudo, another deploy holds the lock)."""
+    check_run(host.state, options)
     try:
         config = host_config(host)  # parsed once per run with every other host (state.run_fleet)
     except ConfigErrors as exc:
@@ -153,6 +153,26 @@ def _check_accounts(deployment: Deployment) -> None:
         fail(errors)
 
 
+# The check of each run (by its State): made by the first host's prepare, failed by every host's.
+_CHECKED: "weakref.WeakKeyDictionary[Any, list[ConfigError]]" = weakref.WeakKeyDictionary()
+
+
+def check_run(state, options: RunOptions) -> None:
+    """What `vllm-fleet check` finds (commands/check.py `problems`: every host's data, the fleet's
+    rules, every secret of the run's hosts), once a run, on the workstation: the first host's prepare
+    runs it before any lock is taken or command sent, so one run reports every missing secret of every
+    host and changes none. pyinfra's CLI connects to the hosts before it runs deploy.py; `vllm-fleet
+    check` connects to none (it also finds the group-data files no host reads, which only the
+    inventory's file tells). DeployError with every problem."""
+    errors = _CHECKED.get(state)
+    if errors is None:
+        fleet = run_fleet(state)
+        names = [name for name in fleet.names if options.limit is None or name in options.limit]
+        errors = _CHECKED[state] = check.problems(fleet, names)
+    if errors:
+        fail(errors)
+
+
 def describe(deployment: Deployment) -> str:
     """The plan in one line: each instance's unit, port, GPUs and parallel layout."""
     parts = [f"{i.name}: {i.unit_name} port {i.port} GPUs {i.cuda_visible_devices or '-'} "
@@ -161,99 +181,16 @@ def describe(deployment: Deployment) -> str:
     return "; ".join(parts) or "no instances"
 
 
-def _read_key(config: HostConfig, what: str, env: str | None, file: str | None, env_knob: str,
-              file_knob: str) -> str:
-    """A key from the workstation's environment, else a file's first line, checked. Never part of
-    a message."""
-    key, knob, where = (os.environ.get(env) if env else None), env_knob, f"${env}"
-    if not key and file:
-        knob, where = file_knob, f"the first line of {file}"
-        try:
-            lines = Path(file).expanduser().read_text(encoding="utf-8").splitlines()
-            key = lines[0] if lines else ""
-        except (OSError, UnicodeDecodeError) as exc:
-            fail([ConfigError(f"cannot read {what}'s key file {file!r}: {exc}", host=config.name,
-                              key=file_knob, fix="point it at a file whose first line is the key")])
-        if not key:
-            fail([ConfigError(f"{what}'s key file {file!r} has no key on its first line", host=config.name,
-                              key=file_knob, fix="write the key on the file's first line")])
-    if not key:
-        fail([ConfigError(f"no API key for {what}: ${env} is not set on this workstation",
-                          host=config.name, key=env_knob, fix=f"export {env}=<key> (or set {file_knob})")])
-    problem = secret_problem(key) or key_length_problem(key)
-    if problem:
-        fail([ConfigError(f"{what}'s API key ({where}) {problem}", host=config.name, key=knob,
-                          fix="use a key of printable ASCII characters with nothing around it, e.g. "
-                              "`openssl rand -hex 32`")])
-    return key
-
-
 def read_secrets(config: HostConfig, fleet_configs: list[HostConfig] | None = None,
                  ssh_hostname: str | None = None) -> Secrets:
-    """Every client's API key (vllm_api_clients, else the fleet key), the HF token, the host's own key
-    (host_keys) and, with vllm_tls, its certificate (tls.host_tls; `fleet_configs`: the hosts whose
-    CAs it trusts; `ssh_hostname`: an address it names too). Each key is checked as a client will
-    send it: no surrounding whitespace, byte order mark or control character, one the front's nginx
-    can hold, and no two clients alike. No value is ever part of a message."""
-    api_key, client_keys = None, []
-    clients = config.api_clients
-    if len(clients) == 1 and clients[0].name == FLEET_KEY_CLIENT:
-        api_key = _read_key(config, "the fleet", config.settings.vllm_api_key_env, config.settings.vllm_api_key_file,
-                            "vllm_api_key_env", "vllm_api_key_file")
-    else:
-        owners: dict[str, str] = {}
-        for client in clients:
-            base = f"vllm_api_clients.{client.name}"
-            key = _read_key(config, f"client {client.name}", client.key_env, client.key_file,
-                            f"{base}.key_env", f"{base}.key_file")
-            if key in owners:
-                fail([ConfigError(f"clients {owners[key]} and {client.name} have the same API key: the front "
-                                  "could not tell them apart", host=config.name, key=f"{base}.key_env",
-                                  fix="give each client a key of its own (`openssl rand -hex 32`)")])
-            owners[key] = client.name
-            client_keys.append((client.name, key))
-    token_env = config.settings.vllm_hf_token_env
-    token = os.environ.get(token_env) or None
-    problem = secret_problem(token) if token else None
-    if problem:
-        fail([ConfigError(f"the Hugging Face token (${token_env}) {problem}", host=config.name,
-                          key="vllm_hf_token_env", fix=f"export {token_env}=<the token as the hub shows it>")])
-    metrics_token = _read_metrics_token(config, [api_key, *(key for _name, key in client_keys)])
+    """Every secret this host gets, read on the workstation (fleet_secrets.read_host_secrets: every
+    client's API key, or the fleet key; the HF token; the metrics token; the host's own key; with
+    vllm_tls its certificate, `fleet_configs` the hosts whose CAs it trusts and `ssh_hostname` an
+    address it names too). Every problem at once (DeployError); no value is ever part of a message."""
     try:
-        own_key = host_keys.host_key(config)
-        material = tls.host_tls(config, fleet_configs or [], ssh_hostname)
+        return fleet_secrets.read_host_secrets(config, fleet_configs or [], ssh_hostname)
     except ConfigErrors as exc:
         fail(exc.errors)
-    except (OSError, ValueError) as exc:
-        fail([ConfigError(f"cannot use the workstation's keys in {config.settings.vllm_workstation_dir}: {exc}",
-                          host=config.name, key="vllm_workstation_dir",
-                          fix="make it a directory this user can write (0700), or restore its files")])
-    return Secrets(api_key=api_key, hf_token=token, client_keys=tuple(client_keys), host_key=own_key, tls=material,
-                   metrics_token=metrics_token)
-
-
-def _read_metrics_token(config: HostConfig, api_keys: list[str | None]) -> str | None:
-    """The metrics token (vllm_metrics_token_env) of a vllm_metrics or vllm_monitoring host, checked as
-    an API key is; it may be no API key (a client's key must not read metrics, nor the token reach
-    vLLM). None where neither knob is on. Never part of a message."""
-    settings = config.settings
-    if settings.vllm_metrics is not True and settings.vllm_monitoring is not True:
-        return None
-    env = settings.vllm_metrics_token_env
-    token = os.environ.get(env)
-    fix = f"export {env}=$(openssl rand -hex 32) on this workstation (the same for every deploy of the fleet)"
-    if not token:
-        fail([ConfigError(f"no metrics token: ${env} is not set on this workstation (vllm_metrics needs one: "
-                          "Prometheus sends it for /metrics)", host=config.name, key="vllm_metrics_token_env", fix=fix)])
-    problem = secret_problem(token) or key_length_problem(token)
-    if problem:
-        fail([ConfigError(f"the metrics token (${env}) {problem}", host=config.name, key="vllm_metrics_token_env",
-                          fix=fix)])
-    if token in api_keys:
-        fail([ConfigError(f"the metrics token (${env}) is also an API key: whoever has that key could read "
-                          "every metric, and Prometheus would hold a client's key", host=config.name,
-                          key="vllm_metrics_token_env", fix=f"give the token a value of its own: {fix}")])
-    return token
 
 
 def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
