@@ -32,8 +32,8 @@ from vllm_fleet.sandbox.boot import (READY_TIMEOUT_S, _create_login_user, _ensur
                                      ensure_inotify_instances, restore_inotify_instances)
 from vllm_fleet.sandbox.hosts import HostStatus, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _run, cache_dir
 from vllm_fleet.sandbox.image import SUITE, check_machine, debian_mirror, ensure_base, ensure_keys
-from vllm_fleet.sandbox.teardown import (_nspawn_pids, _pid_of, _remove_bridge, _remove_host, _remove_parent_cgroups,
-                                         _stop_pids)
+from vllm_fleet.sandbox.teardown import (EXIT_WAIT_S, _nspawn_pids, _pid_of, _remove_bridge, _remove_host,
+                                         _remove_parent_cgroups, _stop_pids, kill_and_wait)
 
 
 # Hosts booted at once per CPU core (boot_waves): a wave's boots share the cores within one
@@ -135,17 +135,23 @@ def down(sandbox: Sandbox) -> None:
         pid = _pid_of(sandbox, host)
         pids.update([pid] if pid else [])
     _stop_pids(sorted(pids))
-    # At once: removing a host's files (its environments: tens of thousands of files each) is most
-    # of the time down() takes, and the hosts' trees are apart. One host that cannot be removed does
-    # not keep the others (or the bridge) behind; it is reported once everything else is gone.
+    # Every host's processes are killed and waited for (teardown.kill_and_wait: they die side by
+    # side, within one EXIT_WAIT_S) before any host's files go: a removal's disk traffic would slow
+    # the kernel's teardown of another host's processes. Then the hosts at once: removing a host's
+    # files (its environments: tens of thousands of files each) is most of the time down() takes,
+    # and the hosts' trees are apart. One host that cannot be removed does not keep the others (or
+    # the bridge) behind; it is reported once everything else is gone.
+    deadline = time.monotonic() + EXIT_WAIT_S
+
     def remove(host: SandboxHost) -> str | None:
         try:
-            _remove_host(sandbox, host)
+            _remove_host(sandbox, host, deadline)
         except (OSError, SandboxError) as exc:
             return f"{host.name}: {exc}"
         return None
 
     with ThreadPoolExecutor(max_workers=max(1, len(sandbox.hosts))) as pool:
+        list(pool.map(lambda host: kill_and_wait(host, deadline), sandbox.hosts))
         failed = [why for why in pool.map(remove, sandbox.hosts) if why]
     _remove_bridge(sandbox)
     _remove_parent_cgroups()
