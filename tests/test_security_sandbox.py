@@ -259,12 +259,17 @@ def test_front_is_the_only_listener_and_runs_unprivileged(fleet, sandbox):
     assert any(f":{GATEWAY_PORT} " in ln for ln in exposed), listening
     router = [ln for ln in listening.splitlines() if f":{ROUTER_PORT} " in ln or f":{ROUTER_METRICS_PORT} " in ln]
     assert len(router) == 2 and all("127.0.0.1:" in ln for ln in router), listening
-    gateway_user = sandbox.run(HOST, "ps -o user= -p $(systemctl show -p MainPID --value "
+    # Each service as a user of its own (ps shows names past 8 characters only at a given width).
+    gateway_user = sandbox.run(HOST, "ps -o user:32= -p $(systemctl show -p MainPID --value "
                                      "vllm-fleet-gateway.service)").stdout.strip()
-    assert gateway_user == "vllm"
+    assert gateway_user == "vllm-router"
     main = sandbox.run(HOST, "systemctl show -p MainPID --value vllm-fleet-front.service").stdout.strip()
-    users = sandbox.run(HOST, f"ps -o user=,args= --ppid {main} -p {main}").stdout.splitlines()
-    assert len(users) >= 2 and all(ln.split()[0] == "vllm" and "nginx" in ln for ln in users), users
-    check = sandbox.run(HOST, "sudo -u vllm /usr/sbin/nginx -t -q -e stderr -c /etc/vllm-fleet/front.conf; "
+    users = sandbox.run(HOST, f"ps -o user:32=,args= --ppid {main} -p {main}").stdout.splitlines()
+    assert len(users) >= 2 and all(ln.split()[0] == "vllm-front" and "nginx" in ln for ln in users), users
+    check = sandbox.run(HOST, "sudo -u vllm-front /usr/sbin/nginx -t -q -e stderr -c /etc/vllm-fleet/front.conf; "
                               "echo rc=$?").stdout
     assert "rc=0" in check
+    # vLLM's user cannot even read the front's config, let alone the keys file it includes.
+    check = sandbox.run(HOST, "sudo -u vllm /usr/sbin/nginx -t -q -e stderr -c /etc/vllm-fleet/front.conf; "
+                              "echo rc=$?").stdout
+    assert "rc=0" not in check

@@ -163,8 +163,12 @@ def test_vllms_user_cannot_read_the_fronts_secrets(team, sandbox):
         assert denied.returncode != 0 and "Permission denied" in denied.stderr, (path, denied.stdout[:40])
         assert sandbox.run(host, f"runuser -u vllm-router -- cat {path}").returncode != 0, path
     pid = sandbox.run(host, "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
-    inside = sandbox.run(host, f"nsenter -t {pid} -m -- ls /etc/vllm-fleet/front-secrets")
+    # Inside vLLM's unit (its mount namespace) the directory is an empty one no user may enter; root
+    # sees it empty, while outside it holds the keys file.
+    inside = sandbox.run(host, f"nsenter -t {pid} -m -- runuser -u vllm -- ls /etc/vllm-fleet/front-secrets")
     assert inside.returncode != 0 and "Permission denied" in inside.stderr, inside
+    assert sandbox.run(host, f"nsenter -t {pid} -m -- ls -A /etc/vllm-fleet/front-secrets").stdout == ""
+    assert "keys.conf" in sandbox.run(host, "ls -A /etc/vllm-fleet/front-secrets").stdout
     # Each service as its own user (ps cuts names past 8 characters unless told the width).
     assert set(sandbox.run(host, "ps -o user:32= -C nginx").stdout.split()) == {"vllm-front"}
     assert set(sandbox.run(host, f"ps -o user:32= -p {pid}").stdout.split()) == {"vllm"}

@@ -71,14 +71,17 @@ def unused_group_data(path: str | Path, inventory, *, cwd: str | Path | None = N
     Inventory of file `path`) is in: pyinfra reads group_data/<group>.py from the directory it runs
     in and from beside the inventory file, and a file whose name is no group's applies to no host,
     silently (a gpu_servers.py for hosts in gpu_hosts). A file named after another inventory beside
-    this one (inventory/group_data/staging.py for inventory/staging.py) is that inventory's group."""
+    this one (inventory/group_data/staging.py for inventory/staging.py) is that inventory's group, and
+    so is one named after an inventory beside the folder's own place, where the folder is a link to
+    a group_data shared with other inventories."""
     path = Path(path).resolve()
     workdir = Path(cwd) if cwd else Path.cwd()
     groups = {"all", *(group for host in inventory for group in host.groups)}
-    other_inventories = {p.stem for p in path.parent.glob("*.py")} - {path.stem}
     folders = list(dict.fromkeys([(workdir / "group_data").resolve(), path.parent / "group_data"]))
     errors = []
     for folder in folders:
+        neighbours = {folder.parent, folder.resolve().parent, path.parent}
+        other_inventories = {p.stem for where in neighbours for p in where.glob("*.py")} - {path.stem}
         for file in sorted(folder.glob("*.py")) if folder.is_dir() else ():
             group = file.stem
             if group in groups or group in other_inventories:
