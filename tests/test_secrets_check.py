@@ -630,6 +630,24 @@ def test_group_data_that_matches_no_group_is_named_with_the_groups_there_are(tmp
     assert [h["scheme"] for h in summary["hosts"]] == ["https", "https"]  # gpu_hosts.py did apply
 
 
+def test_group_data_linked_from_a_folder_other_inventories_share_is_theirs(tmp_path):
+    """A variant inventory elsewhere links the repository's group_data: the files there named after
+    the inventories beside that folder are those inventories' groups, not mistakes of this one's; a
+    file named after no inventory and no group still is."""
+    shared = tmp_path / "repo"
+    shared.mkdir()
+    inventory = team(shared)
+    (shared / "prod.py").write_text("hosts = []\n")
+    (shared / "group_data" / "prod.py").write_text("vllm_tls = True\n")
+    (shared / "group_data" / "gpu_servers.py").write_text("vllm_tls = True\n")
+    variant = tmp_path / "variant"
+    variant.mkdir()
+    (variant / "group_data").symlink_to(shared / "group_data")
+    (variant / "fleet.py").write_text(Path(inventory).read_text())
+    errors, _summary = run_check(variant, str(variant / "fleet.py"))
+    assert [e.key for e in errors] == ["group_data"] and "gpu_servers.py" in errors[0].message, errors
+
+
 # --- the deploy and rollout run the check first ------------------------------------------------------
 
 def test_the_deploy_reports_every_missing_secret_before_its_lock_or_any_fact(monkeypatch, tmp_path):

@@ -77,7 +77,8 @@ def unused_group_data(path: str | Path, inventory, *, cwd: str | Path | None = N
     path = Path(path).resolve()
     workdir = Path(cwd) if cwd else Path.cwd()
     groups = {"all", *(group for host in inventory for group in host.groups)}
-    folders = list(dict.fromkeys([(workdir / "group_data").resolve(), path.parent / "group_data"]))
+    # One folder once, however it is reached (the working directory's, the inventory's, a link).
+    folders = list({folder.resolve(): folder for folder in (workdir / "group_data", path.parent / "group_data")}.values())
     errors = []
     for folder in folders:
         neighbours = {folder.parent, folder.resolve().parent, path.parent}
