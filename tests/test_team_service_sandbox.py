@@ -170,7 +170,8 @@ def test_vllms_user_cannot_read_the_fronts_secrets(team, sandbox):
     assert sandbox.run(host, f"nsenter -t {pid} -m -- ls -A /etc/vllm-fleet/front-secrets").stdout == ""
     assert "keys.conf" in sandbox.run(host, "ls -A /etc/vllm-fleet/front-secrets").stdout
     # Each service as its own user (ps cuts names past 8 characters unless told the width).
-    assert set(sandbox.run(host, "ps -o user:32= -C nginx").stdout.split()) == {"vllm-front"}
+    front = sandbox.run(host, "systemctl show -p MainPID --value vllm-fleet-front.service").stdout.strip()
+    assert set(sandbox.run(host, f"ps -o user:32= -p {front} --ppid {front}").stdout.split()) == {"vllm-front"}
     assert set(sandbox.run(host, f"ps -o user:32= -p {pid}").stdout.split()) == {"vllm"}
 
 
