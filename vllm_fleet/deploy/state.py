@@ -28,7 +28,8 @@ if TYPE_CHECKING:
 
 
 class DeployError(PyinfraError):
-    """Invalid input found while preparing: pyinfra stops the run before any host is changed."""
+    """Invalid input found while preparing, or the deploy called without its run options: pyinfra
+    stops the run before any host is changed."""
 
 
 def fail(errors: list[ConfigError]) -> None:
