@@ -62,7 +62,8 @@ import sys
 
 from pyinfra import state
 
-from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
+from vllm_fleet.deploy import RunOptions, install, vllm_fleet_deploy
 
-# pyinfra's CLI keeps --dry and --serial to itself: this file, which it runs, hands them on.
+install()  # what the deploy changes in pyinfra (vllm_fleet.deploy.install says what): before it runs
+# pyinfra's CLI keeps --dry and --serial to itself: this file, which it runs, hands its command line on.
 vllm_fleet_deploy(options=RunOptions.from_pyinfra_cli(sys.argv[1:], state))

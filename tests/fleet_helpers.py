@@ -35,7 +35,7 @@ CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "
 FINGERPRINT = ("find /etc/vllm-fleet /etc/systemd/system /opt/vllm-fleet -maxdepth 2 -type f 2>/dev/null "
                "| sort | xargs -r sha256sum; systemctl show -p MainPID --value 'vllm-*' 2>/dev/null; "
                "ls /opt/vllm-fleet/envs 2>/dev/null")
-# The packaged deploy's name (vllm_fleet.deploy.DEPLOY_NAME, which tests/test_team_deploy.py checks
+# The packaged deploy's name (vllm_fleet.deploy.DEPLOY_NAME, which tests/test_noop_commands.py checks
 # against this): pyinfra's output names each of its operations "<name> | <operation>". Not imported
 # from there: that would load pyinfra into every test process at collection.
 DEPLOY_NAME = "vLLM fleet"

@@ -339,7 +339,9 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     """Every host is parsed before the first batch; each batch's run (a State of its own over the
     inventory read again, as pyinfra's Hosts keep one run's state) keeps that parse for the run's
     Fleet and for each host's own config, rather than parsing the whole fleet once a batch."""
-    import vllm_fleet.commands.connection as connection  # first: it patches gevent before pyinfra_cli
+    import vllm_fleet.commands.connection as connection
+
+    connection.install()  # first: gevent patched before pyinfra_cli is imported
 
     import pyinfra.api.operations
     import pyinfra_cli.util

@@ -619,7 +619,8 @@ def test_why_a_host_failed_reaches_rollout_per_run_not_through_host_data(monkeyp
 
     from pyinfra.api.exceptions import OperationError
 
-    from vllm_fleet.deploy import failure_reason, gateway as gateway_step
+    from vllm_fleet.deploy import gateway as gateway_step
+    from vllm_fleet.deploy.outcome import failure_reason
 
     class State:  # stands in for pyinfra's State: any object a weak reference can point to
         pass

@@ -198,11 +198,14 @@ def test_a_user_other_than_root_takes_no_lock_and_writes_nothing(tmp_path):
     assert lock.answer_of(["Welcome to box", "LOCKED uid=0"]) == ["LOCKED", "uid=0"]  # a banner first
 
 
-def test_the_lock_names_the_command_the_deploy_was_given_without_its_secrets():
+def test_the_lock_names_the_command_the_deploy_was_given_without_its_secrets(monkeypatch):
     from types import SimpleNamespace
+
+    import pyinfra
 
     from vllm_fleet.deploy import RunOptions
 
+    monkeypatch.setattr(pyinfra, "is_cli", True)  # the command line is pyinfra's
     argv = ["-y", "inventory/prod.py", "deploy.py", "--ssh-password", "pw1", "--limit", "gpu-a100-01"]
     options = RunOptions.from_pyinfra_cli(argv, SimpleNamespace(limit_hosts=None))
     assert options.command == "pyinfra -y inventory/prod.py deploy.py --ssh-password <hidden> --limit gpu-a100-01"

@@ -241,7 +241,10 @@ def _services_call_sites(monkeypatch, running: list[bool]) -> list[int]:
     insts = [SimpleNamespace(name=f"i{n}", unit_name=f"vllm-i{n}.service", nodes=None,
                              config=SimpleNamespace(model="/m", model_source=None)) for n in range(len(running))]
     config = parse_host("h", node("10.0.0.5"))
-    changes = state.Changes(instance_files={i.name: state.InstanceFileChanges(None, None, None) for i in insts})
+    changes = state.Changes()
+    for inst in insts:
+        for kind in ("config", "unit", "env"):
+            changes.notify(inst.unit_name, "instance", kind, None, instance=inst.name)
     services.services(state.Deployment(config, SimpleNamespace(instances=insts, ray=None), {}, None, changes))
     return sites
 

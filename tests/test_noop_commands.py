@@ -20,6 +20,7 @@ import shlex
 import posixpath
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -471,13 +472,18 @@ class SimulatedHost:
 
 def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_for_changes: bool = True,
                 deploy_file: Path = REPO / "deploy.py", host_data: dict | None = None,
-                wrap_response=None, allow_failures: bool = False) -> tuple[dict, dict, object]:
-    """deploy.py (or another deploy file) through pyinfra's API (prepare, then execute, as its CLI
-    does) on @fake hosts: ({host: [commands]}, {host: [uploaded paths]}, state). `wrap_response`:
-    a function (connector, command, answer) -> answer changing what the simulated hosts answer;
-    `allow_failures`: a host may fail (else none may).
+                wrap_response=None, allow_failures: bool = False,
+                cli_options: tuple[str, ...] = (), cli_mode: bool = True) -> tuple[dict, dict, object]:
+    """deploy.py (or another deploy file) as pyinfra's CLI runs it (prepare, then execute, unless
+    `cli_options` has --dry), through its API, on @fake hosts: ({host: [commands]}, {host: [uploaded
+    paths]}, state). The deploy file loads in CLI mode, with `pyinfra [cli_options] INVENTORY
+    DEPLOY_FILE` as the process's command line: what it reads pyinfra's options from.
+    `wrap_response`: a function (connector, command, answer) -> answer changing what the simulated
+    hosts answer; `allow_failures`: a host may fail (else none may).
     check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing.
-    `host_data`: host name -> more host data."""
+    `host_data`: host name -> more host data. cli_mode=False: loaded as a script of pyinfra's API
+    would, the process's command line not pyinfra's."""
+    import pyinfra
     from pyinfra.api import Config, State
     from pyinfra.api.connect import connect_all
     from pyinfra.api.exceptions import PyinfraError
@@ -563,10 +569,17 @@ def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_f
     monkeypatch.setattr(FakeConnector, "put_file", put_file)
     monkeypatch.chdir(REPO)
     state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config(), check_for_changes=check_for_changes)
+    monkeypatch.setattr(sys, "argv", ["pyinfra", *cli_options, str(inventory_file), str(deploy_file)])
     with ctx_state.use(state):
         connect_all(state)
         state.set_stage(StateStage.Prepare)
-        load_deploy_file(state, str(deploy_file))
+        before, pyinfra.is_cli = pyinfra.is_cli, cli_mode
+        try:
+            load_deploy_file(state, str(deploy_file))
+        finally:
+            pyinfra.is_cli = before
+        if "--dry" in cli_options:  # pyinfra's CLI stops here: nothing executes
+            return commands, uploads, state
         state.set_stage(StateStage.Execute)
         try:
             run_ops(state)
@@ -660,9 +673,10 @@ def test_a_host_whose_data_a_deploy_file_changed_is_planned_from_what_it_is_now(
     parsed again from its data as it is then (here without verification: no probe), the others not."""
     parsed, _fleets = _counting_parses(monkeypatch)
     deploy_file = tmp_path / "own_deploy.py"
-    deploy_file.write_text("from pyinfra import host\n\nfrom vllm_fleet.deploy import vllm_fleet_deploy\n\n"
+    deploy_file.write_text("import sys\n\nfrom pyinfra import host, state\n\n"
+                           "from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy\n\n"
                            "if host.name == '@fake/box':\n    host.data.vllm_verify = False\n"
-                           "vllm_fleet_deploy()\n")
+                           "vllm_fleet_deploy(options=RunOptions.from_pyinfra_cli(sys.argv[1:], state))\n")
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(), "other": SimulatedHost()}
     commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file)
     assert _kinds(commands["box"]) == ["access check", "facts", "facts"]
@@ -718,7 +732,7 @@ def test_a_gateway_that_fails_its_check_with_the_instances_fails_its_own_verific
     host at "Verify the gateway", with the probe's reason, and sends no second probe."""
     from pyinfra.connectors.util import CommandOutput, OutputLine
 
-    from vllm_fleet.deploy import failure_reason
+    from vllm_fleet.deploy.outcome import failure_reason
 
     def gateway_down(connector, command_str, answer):
         ok, output = answer

@@ -32,5 +32,18 @@ def test_the_order_is_pyinfras_own_at_every_operation_of_a_deploy(tmp_path, monk
     assert len(compared) > 60 and all(name and name.endswith("deploy.py") for name in compared)
 
 
-def test_the_deploy_package_puts_it_in_pyinfras_place():
+def test_the_deploy_puts_it_in_pyinfras_place_and_leaves_another_replacement_there(monkeypatch):
+    from vllm_fleet import deploy
+
+    monkeypatch.setattr(pyinfra_operation, "get_operation_order_from_stack", pyinfras_own)
+    deploy.install()
     assert pyinfra_operation.get_operation_order_from_stack is operation_order._operation_order
+    deploy.install()
+    assert operation_order.installed()
+
+    def another(state):
+        return pyinfras_own(state)
+
+    monkeypatch.setattr(pyinfra_operation, "get_operation_order_from_stack", another)
+    deploy.install()  # a test's (or another tool's) own replacement stays
+    assert pyinfra_operation.get_operation_order_from_stack is another

@@ -120,7 +120,9 @@ def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
             hosts.setdefault(n, FakeHost(n))
         yield state, {n: hosts[n] for n in names}
 
-    import vllm_fleet.commands.connection  # first: it patches gevent before pyinfra_cli is imported
+    import vllm_fleet.commands.connection
+
+    vllm_fleet.commands.connection.install()  # first: gevent patched before pyinfra_cli is imported
 
     import pyinfra.api.operations
     import pyinfra_cli.util

@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
-import vllm_fleet.commands.connection  # noqa: F401  first: it patches gevent's sockets in, as the CLI does
 from vllm_fleet import fleet_secrets, host_keys
 from vllm_fleet.commands import check as check_command
+from vllm_fleet.commands import connection
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.kinds import LINE_BREAKING
+
+connection.install()  # first: gevent's sockets in, as the commands have them, before no_connection patches them
 
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "compute_capability": 9.0}
 QWEN = {"name": "qwen7b", "model": "Qwen/Qwen2.5-7B-Instruct", "served_model_name": "qwen2.5-7b", "port": 8000}

@@ -74,9 +74,11 @@ def test_the_wrapper_sits_on_the_connector_pyinfras_registry_uses():
     """Fails when a pyinfra upgrade undoes the patch: another class for "ssh", or other signatures."""
     import inspect
 
-    import vllm_fleet.deploy  # noqa: F401 - installs the wrapper, as every deploy.py run does
     from pyinfra.api.connectors import get_execution_connector
 
+    from vllm_fleet import deploy
+
+    deploy.install()  # as deploy.py, rollout and the packaged deploy itself do
     cls = get_execution_connector("ssh")
     assert cls is SSHConnector and ssh_lost.ssh_connector() is cls
     assert ssh_lost.installed(cls)

@@ -1,7 +1,8 @@
-"""pyinfra's Python API for the `vllm-fleet` commands that reach hosts (status, rollout).
+"""pyinfra's Python API for the `vllm-fleet` commands that reach hosts (status, rollout, unlock, gpus).
 
 The same inventory loader, SSH settings (keys, known_hosts, host key checking) and connector as
-`pyinfra INVENTORY deploy.py`: nothing here opens a connection of its own.
+`pyinfra INVENTORY deploy.py`: nothing here opens a connection of its own. Importing this changes
+nothing; a command calls install() before it loads an inventory or connects.
 """
 
 from __future__ import annotations
@@ -11,18 +12,23 @@ from pathlib import Path
 from typing import Iterator
 
 import gevent.monkey
+from pyinfra.api import Config, State
+from pyinfra.api.connect import connect_all, disconnect_all
+from pyinfra.api.exceptions import PyinfraError
+from pyinfra.context import ctx_state
 
-# pyinfra connects to hosts in parallel with gevent; patch before anything opens a socket.
-gevent.monkey.patch_all()
-
-from pyinfra.api import Config, State  # noqa: E402
-from pyinfra.api.connect import connect_all, disconnect_all  # noqa: E402
-from pyinfra.api.exceptions import PyinfraError  # noqa: E402
-from pyinfra.context import ctx_state  # noqa: E402
-
-from vllm_fleet.config import read_pyinfra_inventory  # noqa: E402
+from vllm_fleet.config import read_pyinfra_inventory
 
 CONNECT_TIMEOUT_S = 10  # an unreachable host is reported failed after this, never waited on longer
+
+
+def install() -> None:
+    """gevent's patches of the standard library (sockets, threads, ...), for the whole process:
+    pyinfra reaches hosts in parallel in gevent's greenlets, which take turns only where a socket
+    or a lock is gevent's. Idempotent; as pyinfra's own CLI does (pyinfra_cli/__init__.py), and as
+    pyinfra asks of a script using its API, before anything opens a socket."""
+    if not gevent.monkey.is_module_patched("socket"):
+        gevent.monkey.patch_all()
 
 
 def load_pyinfra_inventory(path: str | Path, cwd: str | Path | None = None):

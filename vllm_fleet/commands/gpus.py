@@ -135,7 +135,10 @@ def main(argv: list[str]) -> int:
     except ConfigError as exc:
         print(f"error: {exc.located()}", file=sys.stderr)
         return 2
-    from vllm_fleet.commands.connection import connected  # patches gevent: only once a run reaches hosts
+    from vllm_fleet.commands import connection
+    from vllm_fleet.commands.connection import connected
+
+    connection.install()  # gevent: only once a run reaches hosts
 
     data = {name: host_data for name, host_data, _groups in rows}
     with connected(inventory, list(data)) as (state, active):

@@ -134,7 +134,7 @@ def changed_operations(state, host) -> list[str]:
     """
     from pyinfra.api.command import FunctionCommand
 
-    from vllm_fleet.deploy import observing_calls
+    from vllm_fleet.deploy.outcome import observing_calls
 
     observing = observing_calls(state, host.name)
     names = []
@@ -231,7 +231,8 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     from pyinfra.api.state import StateStage
     from pyinfra_cli.util import load_func
 
-    from vllm_fleet.deploy import RunOptions, failure_reason, vllm_fleet_deploy
+    from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
+    from vllm_fleet.deploy.outcome import failure_reason
     from vllm_fleet.deploy.state import reuse_parsed_fleet
     from vllm_fleet.host.remote import run
 
@@ -349,6 +350,11 @@ def _ordered_like_the_cli():
 
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
             order: list[str] | None = None, log=print) -> list[HostResult]:
+    from vllm_fleet import deploy
+    from vllm_fleet.commands import connection
+
+    connection.install()  # gevent, before pyinfra loads the inventory and connects
+    deploy.install()  # what the deploy changes in pyinfra, as the root deploy.py has it
     fleet = Fleet.load(inventory, limit)
     # What `vllm-fleet check` finds, before the first batch connects: every problem at once.
     found = check.problems(fleet, inventory=inventory)

@@ -142,8 +142,10 @@ def host_status(name: str, host, config, fleet: Fleet | None = None) -> dict[str
 
 
 def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
+    from vllm_fleet.commands import connection
     from vllm_fleet.commands.connection import connected
 
+    connection.install()  # gevent, before pyinfra loads the inventory and connects
     fleet = Fleet.load(inventory, limit)  # the inventory, read once: a broken host outside --limit is not reported
     configs = {c.name: c for c in fleet.configs_of(fleet.matched)}
     with connected(fleet.pyinfra_inventory, list(fleet.matched)) as (state, active):

@@ -34,7 +34,10 @@ examples:
                         help="host or group names (comma-separated; repeatable); required, so no host is "
                              "unlocked by accident")
     args = parser.parse_args(argv)
-    from vllm_fleet.commands.connection import connected  # patches gevent: only once a run reaches hosts
+    from vllm_fleet.commands import connection
+    from vllm_fleet.commands.connection import connected
+
+    connection.install()  # gevent: only once a run reaches hosts
 
     # Read once, for the names and the connections both; a host is named from the inventory, never
     # validated: one whose data does not parse can still have its lock broken.

@@ -13,10 +13,10 @@ from pyinfra.operations import python
 from vllm_fleet.gateway import GATEWAY_UNIT, gateway_ports
 from vllm_fleet.host import facts, remote
 from vllm_fleet.host.state_facts import UnitState
-from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.host.verify import host_probe_command, parse_host_probe
 from vllm_fleet.render import front_paths, front_probe_address, instance_paths
 
+from .handlers import run_handlers
 from .state import Deployment, record_failure
 
 
@@ -27,18 +27,12 @@ def gateway_service(deployment: Deployment) -> None:
     reloaded when its workers changed (ExecReload posts the list again: no request is dropped);
     else kept running. Then it is verified."""
     changes = deployment.changes
-    if changes.gateway is None:
+    if not changes.has(GATEWAY_UNIT):
         return
-    unit = GATEWAY_UNIT
-    restart = changes.gateway_needs_restart()
-    reload = changes.gateway_backends_changed()
     untouched = router_untouched(deployment)
-    systemd_service(name=f"Restart {unit} (its unit or environment changed)", unit=unit, running=True,
-                    restarted=True, enabled=True, _if=restart)
-    systemd_service(name=f"Reload {unit} (its backends changed; requests in flight are kept)", unit=unit,
-                    running=True, reloaded=True, enabled=True, _if=lambda: reload() and not restart())
-    systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
-                    _if=lambda: not (restart() or reload()))
+    run_handlers(GATEWAY_UNIT, changes.restarts(GATEWAY_UNIT), changes.reloads(GATEWAY_UNIT),
+                 restarted_why="its unit or environment changed",
+                 reloaded_why="its backends changed; requests in flight are kept")
     if deployment.config.settings.vllm_verify:
         python.call(name="Verify the gateway (backends registered, key required, models)",
                     function=verify_gateway, spec=gateway_check(deployment),
@@ -52,7 +46,7 @@ def router_untouched(deployment: Deployment) -> Callable[[], bool]:
     by a rollout, which puts it back), and can be checked with the instances
     (checked_with_the_instances)."""
     changes = deployment.changes
-    restart, reload = changes.gateway_needs_restart(), changes.gateway_backends_changed()
+    restart, reload = changes.restarts(GATEWAY_UNIT), changes.reloads(GATEWAY_UNIT)
     was_running = facts.get(host, UnitState, unit=GATEWAY_UNIT)["running"]
     return lambda: was_running and not (restart() or reload())
 
@@ -62,7 +56,7 @@ def checked_with_the_instances(deployment: Deployment) -> dict[str, Any]:
     remote command (deploy/verify.py verify_instances): when the router kept running and this run
     neither restarts nor reloads it, nothing happens to it between the two checks, and a converged
     gateway host costs one remote command fewer. Elsewhere, nothing."""
-    if deployment.changes.gateway is None or not deployment.config.settings.vllm_verify:
+    if not deployment.changes.has(GATEWAY_UNIT) or not deployment.config.settings.vllm_verify:
         return {}
     return {"gateway_spec": gateway_check(deployment), "gateway_outcome": deployment.gateway_outcome,
             "with_gateway": router_untouched(deployment)}

@@ -6,7 +6,8 @@ builds every frame's source context (the module lookup and the file's lines), th
 for each frame again: about 5 ms an operation, which a 50-host deploy's 1,200 operations turn into
 seconds of the workstation's CPU. The same numbers come from each frame's code and line at once:
 the same list, the same order and hashes, so pyinfra's output and `--dry` plans are unchanged
-(tests/test_operation_order.py holds the two side by side through a whole deploy).
+(tests/test_operation_order.py holds the two side by side through a whole deploy). Importing this
+changes nothing: vllm_fleet.deploy.install() calls install().
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 from types import FrameType
 
 import pyinfra
-from pyinfra.api.util import PYINFRA_INSTALL_DIR
+from pyinfra.api.util import PYINFRA_INSTALL_DIR, get_operation_order_from_stack
 
 # The module (pyinfra.api's `operation` is the decorator of the same name).
 pyinfra_operation = importlib.import_module("pyinfra.api.operation")
@@ -46,5 +47,11 @@ def _operation_order(state) -> list[int]:
 
 
 def install() -> None:
-    """Have pyinfra's operations take their order from _operation_order (once per process)."""
-    pyinfra_operation.get_operation_order_from_stack = _operation_order
+    """Have pyinfra's operations take their order from _operation_order, for the whole process.
+    Idempotent; it replaces pyinfra's own function only, never one that replaced it already."""
+    if pyinfra_operation.get_operation_order_from_stack is get_operation_order_from_stack:
+        pyinfra_operation.get_operation_order_from_stack = _operation_order
+
+
+def installed() -> bool:
+    return pyinfra_operation.get_operation_order_from_stack is _operation_order

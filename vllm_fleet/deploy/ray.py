@@ -53,7 +53,7 @@ def ray_service(deployment: Deployment) -> Callable[[], bool]:
     # A process older than its unit or environment: an earlier deploy stopped before restarting it.
     stale = (bool(unit_state["main_pid"]) and unit_state["started"] is not None
              and unit_state["started"] < facts.get(host, NewestMtime, paths=ray_freshness_paths(deployment.config)))
-    files_changed = deployment.changes.ray_node_changed()
+    files_changed = deployment.changes.restarts(unit)  # its unit or the environment (handlers.HANDLERS)
     restart = lambda: stale or files_changed()  # noqa: E731
     if role.is_head:
         # One operation, right after daemon-reload like the workers' own: pyinfra runs operations

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.operations import python, server, systemd
 
-from vllm_fleet import gateway
 from vllm_fleet.host import facts, ray_cluster
 from vllm_fleet.host.state_facts import NewestMtime, UnitState
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.monitoring.files import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT
+from vllm_fleet.render import FRONT_UNIT
 
 from . import ray
+from .handlers import run_handlers
 from .layout import freshness_paths
 from .state import Deployment
 
@@ -30,13 +30,10 @@ def services(deployment: Deployment) -> None:
     newest = {inst.name: facts.get(host, NewestMtime, paths=freshness_paths(config, inst))
               for inst in plan.instances}
     pending_reload = [name for name, unit_state in units.items() if unit_state["need_daemon_reload"]]
-    # The front's, the gateway's and Ray's units too: a run stopped between writing them and daemon-reload.
-    monitoring = changes.monitoring
-    pending_reload += [unit for unit, written in ((FRONT_UNIT, changes.front), (gateway.GATEWAY_UNIT, changes.gateway),
-                                                  (RAY_UNIT, changes.ray_unit),
-                                                  (EXPORTER_UNIT, monitoring), (NODE_EXPORTER_UNIT, monitoring),
-                                                  (PROMETHEUS_UNIT, monitoring and monitoring.prometheus_unit))
-                       if written is not None and facts.get(host, UnitState, unit=unit)["need_daemon_reload"]]
+    # The other services' units too (the front's, the gateway's, Ray's, the monitoring's): a run
+    # stopped between writing them and daemon-reload.
+    pending_reload += [unit for unit, service in changes.services.items() if service.service != "instance"
+                       and facts.get(host, UnitState, unit=unit)["need_daemon_reload"]]
     if changes.unit_files() or pending_reload:
         if pending_reload:
             logger.info(f"{host.print_prefix}systemd has not loaded the unit of {', '.join(pending_reload)} "
@@ -64,7 +61,7 @@ def services(deployment: Deployment) -> None:
         if stale:
             logger.info(f"{host.print_prefix}{inst.unit_name} runs since before its files changed (an "
                         "earlier deploy stopped before restarting it): it will be restarted")
-        files_changed = changes.instance_changed(inst.name)
+        files_changed = changes.restarts(inst.unit_name)
         on_ray = bool(inst.nodes)  # the head of a multi-node instance: Ray restarted, vLLM restarts
         changed = (lambda stale=stale, files_changed=files_changed, on_ray=on_ray:
                    stale or files_changed() or (on_ray and group_restarted()))
@@ -99,41 +96,23 @@ def services(deployment: Deployment) -> None:
                      _if=lambda changed=changed, running=running: not running and not changed(),
                      commands=[f"systemctl reset-failed {unit} 2>/dev/null; "
                                f"systemctl enable --quiet {unit} && systemctl start --no-block {unit}"])
-    if changes.front is not None:
+    if changes.has(FRONT_UNIT):
         # After the instances: on the first deploy with a front, vLLM gives up the public port
         # only when it restarts onto its loopback port.
-        unit_changed = changes.front_unit_changed()
-        config_changed = changes.front_config_changed()
-        systemd_service(name=f"Restart {FRONT_UNIT} (its unit changed)", unit=FRONT_UNIT, running=True,
-                        restarted=True, enabled=True, _if=unit_changed)
-        systemd_service(name=f"Reload {FRONT_UNIT} (its config changed; connections are kept)",
-                        unit=FRONT_UNIT, running=True, reloaded=True, enabled=True,
-                        _if=lambda: config_changed() and not unit_changed())
-        systemd_service(name=f"Ensure {FRONT_UNIT} is enabled and running", unit=FRONT_UNIT,
-                        running=True, enabled=True, _if=lambda: not (unit_changed() or config_changed()))
+        run_handlers(FRONT_UNIT, changes.restarts(FRONT_UNIT), changes.reloads(FRONT_UNIT),
+                     restarted_why="its unit changed", reloaded_why="its config changed; connections are kept")
     _monitoring_services(deployment)
 
 
 def _monitoring_services(deployment: Deployment) -> None:
-    """The exporters of a vllm_metrics host restarted when their script or unit changed, else kept
-    running; Prometheus on the monitoring host restarted when its unit changed, reloaded when its
-    config, rules or token did (SIGHUP: no sample is lost), else kept running. A changed target list
-    needs neither: Prometheus rereads it."""
+    """The exporters of a vllm_metrics host, then Prometheus on the monitoring host, each restarted,
+    reloaded or kept running as handlers.HANDLERS says of what changed."""
     changes = deployment.changes
-    if changes.monitoring is None:
+    if not changes.has(EXPORTER_UNIT):
         return
-    for unit, changed in ((NODE_EXPORTER_UNIT, changes.node_exporter_changed()),
-                          (EXPORTER_UNIT, changes.exporter_changed())):
-        systemd_service(name=f"Restart {unit} (its unit or script changed)", unit=unit, running=True,
-                        restarted=True, enabled=True, _if=changed)
-        systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
-                        _if=lambda changed=changed: not changed())
-    if changes.monitoring.prometheus_unit is None:
+    for unit in (NODE_EXPORTER_UNIT, EXPORTER_UNIT):
+        run_handlers(unit, changes.restarts(unit), changes.reloads(unit), restarted_why="its unit or script changed")
+    if not changes.has(PROMETHEUS_UNIT):
         return
-    unit, restart, reload = PROMETHEUS_UNIT, changes.prometheus_unit_changed(), changes.prometheus_config_changed()
-    systemd_service(name=f"Restart {unit} (its unit changed)", unit=unit, running=True, restarted=True,
-                    enabled=True, _if=restart)
-    systemd_service(name=f"Reload {unit} (its config, rules or token changed)", unit=unit, running=True,
-                    reloaded=True, enabled=True, _if=lambda: reload() and not restart())
-    systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
-                    _if=lambda: not (restart() or reload()))
+    run_handlers(PROMETHEUS_UNIT, changes.restarts(PROMETHEUS_UNIT), changes.reloads(PROMETHEUS_UNIT),
+                 restarted_why="its unit changed", reloaded_why="its config, rules or token changed")

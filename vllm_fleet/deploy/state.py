@@ -19,6 +19,8 @@ from vllm_fleet.host import host_packages as os_packages
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.render import RenderedFile, Secrets
 
+from . import handlers
+
 if TYPE_CHECKING:
     from pyinfra.api.operation import OperationMeta
 
@@ -26,7 +28,8 @@ if TYPE_CHECKING:
 
 
 class DeployError(PyinfraError):
-    """Invalid input found while preparing: pyinfra stops the run before any host is changed."""
+    """Invalid input found while preparing, or the deploy called without its run options: pyinfra
+    stops the run before any host is changed."""
 
 
 def fail(errors: list[ConfigError]) -> None:
@@ -37,108 +40,68 @@ def fail(errors: list[ConfigError]) -> None:
 
 
 @dataclass
-class InstanceFileChanges:
-    """The operations writing one instance's files: a change to any restarts it."""
+class ServiceChanges:
+    """What may change one service of the host: the operations notifying it, by kind of change (its
+    row of handlers.HANDLERS). `instance`: an instance's name (its model sync notifies it too)."""
 
-    config: "OperationMeta"
-    unit: "OperationMeta"
-    secrets: "OperationMeta"  # its root-only env file
-
-
-@dataclass
-class FrontFileChanges:
-    config: "OperationMeta"
-    unit: "OperationMeta"
-    includes: list["OperationMeta"]  # what the config reads: the keys file, the TLS certificate and key
-
-
-@dataclass
-class GatewayFileChanges:
-    unit: "OperationMeta"
-    workers: "OperationMeta"
-    register: "OperationMeta"
-    models: "OperationMeta"
-
-
-@dataclass
-class MonitoringFileChanges:
-    """The operations writing a vllm_metrics host's exporters and, on the monitoring host, Prometheus'
-    files (None where it has no Prometheus)."""
-
-    exporter: "OperationMeta"  # the exporter's script
-    exporter_unit: "OperationMeta"
-    node_exporter_unit: "OperationMeta"
-    prometheus_unit: "OperationMeta | None" = None
-    prometheus_config: list["OperationMeta"] = field(default_factory=list)  # prometheus.yml, CAs, rules, token
+    service: str
+    instance: str | None = None
+    by_kind: dict[str, list["OperationMeta"]] = field(default_factory=dict)
 
 
 @dataclass
 class Changes:
-    """The operations the steps added, by what they manage. Whether one changed the host is known
-    only once it ran, so each question below is a callable that pyinfra's `_if` asks at execution.
-    A part that is None (or absent) is one this host does not have."""
+    """The operations the steps added, by what they change. Whether one changed the host is known
+    only once it ran, so each question below is a callable that pyinfra's `_if` asks at execution;
+    what the answer means for a service is handlers.HANDLERS'.
+
+    environment and model_syncs (steps 4 and 3) notify every service whose row names "environment"
+    or "model"; services holds what step 7 wrote for each service, by its unit; a unit absent there
+    is one this host does not run."""
 
     environment: "OperationMeta | None" = None
     model_syncs: dict[str, "OperationMeta"] = field(default_factory=dict)  # instance name -> its model's sync
-    instance_files: dict[str, InstanceFileChanges] = field(default_factory=dict)
-    ray_unit: "OperationMeta | None" = None
-    front: FrontFileChanges | None = None
-    gateway: GatewayFileChanges | None = None
-    monitoring: MonitoringFileChanges | None = None
+    services: dict[str, ServiceChanges] = field(default_factory=dict)  # unit -> what may change it
     removed_files: list["OperationMeta"] = field(default_factory=list)  # of units no longer planned
+
+    def notify(self, unit: str, service: str, kind: str, operation: "OperationMeta", *,
+               instance: str | None = None) -> "OperationMeta":
+        """Record that `operation` (a file step 7 writes) is a change of `kind` to `unit`, the
+        HANDLERS row `service`; returns it. A kind the row does not declare is refused."""
+        handlers.action(service, kind)
+        changes = self.services.setdefault(unit, ServiceChanges(service, instance))
+        changes.by_kind.setdefault(kind, []).append(operation)
+        return operation
+
+    def has(self, unit: str) -> bool:
+        return unit in self.services
+
+    def _notifying(self, unit: str, action: str) -> list["OperationMeta"]:
+        """The operations whose change has `action` on `unit` (handlers.RESTART or RELOAD)."""
+        changes = self.services[unit]
+        row = handlers.HANDLERS[changes.service]
+        found = [op for kind, ops in changes.by_kind.items() if row[kind] == action for op in ops]
+        if row.get("environment") == action and self.environment is not None:
+            found.append(self.environment)
+        if row.get("model") == action and changes.instance in self.model_syncs:
+            found.append(self.model_syncs[changes.instance])
+        return found
+
+    def restarts(self, unit: str) -> Callable[[], bool]:
+        """Whether `unit` restarts: a change of one of its RESTART kinds."""
+        return any_changed(*self._notifying(unit, handlers.RESTART))
+
+    def reloads(self, unit: str) -> Callable[[], bool]:
+        """Whether `unit` reloads: a change of one of its RELOAD kinds, and none that restarts it."""
+        restart, reload = self.restarts(unit), any_changed(*self._notifying(unit, handlers.RELOAD))
+        return lambda: reload() and not restart()
 
     def unit_files(self) -> list["OperationMeta"]:
         """Every operation writing or removing a unit file: systemd reloads after any of them."""
-        units = [files.unit for files in self.instance_files.values()]
-        units += [self.ray_unit] if self.ray_unit is not None else []
-        units += [self.front.unit] if self.front is not None else []
-        units += [self.gateway.unit] if self.gateway is not None else []
-        if self.monitoring is not None:
-            units += [self.monitoring.exporter_unit, self.monitoring.node_exporter_unit]
-            units += [self.monitoring.prometheus_unit] if self.monitoring.prometheus_unit is not None else []
-        return units + self.removed_files
+        return [op for changes in self.services.values() for op in changes.by_kind.get("unit", [])] + self.removed_files
 
     def any_unit_file_changed(self) -> Callable[[], bool]:
         return any_changed(*self.unit_files())
-
-    def instance_changed(self, name: str) -> Callable[[], bool]:
-        """Its files, the environment, or its synced model: the instance restarts."""
-        files = self.instance_files[name]
-        model = [self.model_syncs[name]] if name in self.model_syncs else []
-        return any_changed(files.config, files.unit, files.secrets, self.environment, *model)
-
-    def ray_node_changed(self) -> Callable[[], bool]:
-        """The Ray unit or the environment it starts from: the node's Ray restarts."""
-        return any_changed(self.ray_unit, self.environment)
-
-    def front_unit_changed(self) -> Callable[[], bool]:
-        return any_changed(self.front.unit)
-
-    def front_config_changed(self) -> Callable[[], bool]:
-        """The front's config, or a file it reads (keys, certificate): the front reloads."""
-        return any_changed(self.front.config, *self.front.includes)
-
-    def exporter_changed(self) -> Callable[[], bool]:
-        """The host exporter's script or unit: it restarts."""
-        return any_changed(self.monitoring.exporter, self.monitoring.exporter_unit)
-
-    def node_exporter_changed(self) -> Callable[[], bool]:
-        return any_changed(self.monitoring.node_exporter_unit)
-
-    def prometheus_unit_changed(self) -> Callable[[], bool]:
-        return any_changed(self.monitoring.prometheus_unit)
-
-    def prometheus_config_changed(self) -> Callable[[], bool]:
-        """prometheus.yml, the rules or the token: Prometheus reloads (the targets need nothing)."""
-        return any_changed(*self.monitoring.prometheus_config)
-
-    def gateway_needs_restart(self) -> Callable[[], bool]:
-        """vllm-router's unit or the environment it runs from changed."""
-        return any_changed(self.gateway.unit, self.environment)
-
-    def gateway_backends_changed(self) -> Callable[[], bool]:
-        """The router's worker list or its registration script changed: it reloads."""
-        return any_changed(self.gateway.workers, self.gateway.register)
 
 
 @dataclass

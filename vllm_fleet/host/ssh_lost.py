@@ -6,8 +6,9 @@ is reported failed, the other hosts go on). But paramiko reports a connection th
 the run ends with "An internal exception occurred" and no host named. `install()` wraps the SSH
 connector's three ways of reaching a host so that a lost connection (EOFError, a reset or broken
 socket, an SSHException from a transport that is no longer active) becomes one ConnectionResetError
-(an OSError) that names the host and says what to do. Imported by vllm_fleet.deploy, so every run of
-deploy.py (pyinfra's CLI, `vllm-fleet rollout`) has it.
+(an OSError) that names the host and says what to do. Importing this changes nothing:
+vllm_fleet.deploy.install() calls install(), and the packaged deploy calls that as it runs, so every
+run of it (the root deploy.py, a team's own deploy file, `vllm-fleet rollout`) has it.
 """
 
 from __future__ import annotations
@@ -104,11 +105,8 @@ def installed(cls: type | None = None) -> bool:
 
 
 def install() -> None:
-    """Idempotent: wraps run_shell_command, put_file and get_file of pyinfra's SSH connector once.
-
-    Called when vllm_fleet.deploy is imported, so every run of deploy.py (pyinfra's CLI,
-    `vllm-fleet rollout`) has it.
-    """
+    """Idempotent: wraps run_shell_command, put_file and get_file of pyinfra's SSH connector once,
+    for the whole process (vllm_fleet.deploy.install)."""
     cls = ssh_connector()
     check_pyinfra(cls)
     for name in WRAPPED:
