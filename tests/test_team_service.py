@@ -293,6 +293,14 @@ def test_the_fleet_ca_issues_once_and_reissues_when_names_change_or_the_end_near
     assert tls.issue_host_certificate(tmp_path, "h1", ["h1", "localhost"], ["10.0.0.2", "127.0.0.1"])[0] != moved[0]
 
 
+def test_a_connectors_host_name_gets_a_certificate_of_its_own(tmp_path):
+    """pyinfra names a container's host @docker/<name>: its files stay in the CA's hosts/ directory."""
+    one = tls.issue_host_certificate(tmp_path, "@docker/web", ["web"], ["127.0.0.1"])
+    two = tls.issue_host_certificate(tmp_path, "@docker/db", ["db"], ["127.0.0.1"])
+    assert one != two and sorted(p.name for p in (tmp_path / "hosts").iterdir()) == [
+        "@docker%2Fdb.key", "@docker%2Fdb.pem", "@docker%2Fweb.key", "@docker%2Fweb.pem"]
+
+
 def test_a_hosts_names_hold_its_addresses_and_loopback():
     host = parse_host("gpu-a", host_data(vllm_advertise_address="10.0.0.7", vllm_bind_host="10.0.0.7"))
     dns, ips = tls.host_names(host, "gpu-a.example.org")

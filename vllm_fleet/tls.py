@@ -186,7 +186,9 @@ def issue_host_certificate(directory: Path, host: str, dns: list[str], ips: list
         ensure_directory(hosts)
         ca_pem = _kept(directory / CA_CERT, private=False)
         ca_cert = x509.load_pem_x509_certificate(ca_pem)
-        cert_path, key_path = hosts / f"{host}.pem", hosts / f"{host}.key"
+        # A connector's host name holds '/' (@docker/web): one file name still ('%' is in no host name).
+        stem = host.replace("/", "%2F")
+        cert_path, key_path = hosts / f"{stem}.pem", hosts / f"{stem}.key"
         if os.path.lexists(cert_path) and os.path.lexists(key_path):
             cert_pem = _kept(cert_path, private=False)
             if _reusable(cert_pem, ca_cert, dns, ips):
