@@ -4,6 +4,7 @@ the knobs and their errors, and `vllm-fleet plan`/`render` (no host, no root).""
 from __future__ import annotations
 
 import ast
+import http.client
 import http.server
 import json
 import os
@@ -26,7 +27,7 @@ from planning_fixtures import free_port, parse_errors, run_cli
 from vllm_fleet.config.clients import client_id
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.fleet import load_fleet
-from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends,
+from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends, gateway_access,
                                 gateway_files, gateway_paths, key_pattern)
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import Secrets, environment_prefix, environment_spec, render_host
@@ -261,7 +262,16 @@ def test_other_hosts_get_no_gateway_and_the_gateway_host_needs_the_backends():
 
 
 def nginx_binary() -> str | None:
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    """The machine's nginx, else Debian's, extracted from its package into the cache (never installed)."""
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    if found:
+        return found
+    import real_tool_checks  # tests/: fetches the package with apt-get download
+
+    try:
+        return str(real_tool_checks.nginx())
+    except Exception:  # no apt here: the test says so and skips
+        return None
 
 
 class FakeRouter(http.server.BaseHTTPRequestHandler):
@@ -345,6 +355,87 @@ def test_nginx_accepts_the_config_and_checks_the_hostile_key(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         router.shutdown()
+
+
+class FakeVllm(http.server.BaseHTTPRequestHandler):
+    """Stands in for vLLM behind an instance's front: records the Authorization it gets, answers 200."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _any(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        FakeVllm.seen.append((self.path, self.headers.get("Authorization")))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _any
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_a_backends_front_under_nginx_keys_clients_by_id_and_takes_v1_from_the_gateway_only(tmp_path):
+    """A backend's front under a real nginx: a client named in mixed case, allowed another model, is
+    403 whatever its name's case (never folded onto the host's own client, which may use everything);
+    a client may use its model; and a request from an address that is neither the gateway's nor the
+    host's own gets 403 gateway_only before its key is even looked at."""
+    nginx = nginx_binary()
+    if nginx is None:
+        pytest.skip("no nginx on this machine and none could be fetched (apt-get download nginx-core)")
+    os.chmod(tmp_path, 0o755)
+    port = free_port(headroom=10001)
+    clients = {"OnlyB": {"key_env": "B", "models": ["beta"]}, "Vllm-Fleet2": {"key_env": "V"}}
+    host = parse_host("b1", {"vllm_target": "cpu", "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc"),
+                             "vllm_api_clients": clients, "vllm_instances": [cpu_instance("a", "alpha", port=port)]})
+    gateway = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_advertise_address": "127.0.0.3"})
+    keys = {"OnlyB": "sk-onlyb-" + "1" * 16, "Vllm-Fleet2": "sk-vf2-" + "2" * 16}
+    secrets = Secrets(client_keys=tuple(sorted(keys.items())), host_key="vf-host-" + "3" * 40)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in render_host(host, plan_host(host), secrets, gateway_access=gateway_access(gateway)):
+        if f.path.startswith(str(tmp_path)):
+            Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
+    conf = str(tmp_path / "etc" / "front.conf")
+    FakeVllm.seen = []
+    vllm = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), FakeVllm)
+    threading.Thread(target=vllm.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([nginx, "-e", "stderr", "-c", conf, "-g", "daemon off; user root;"])
+    try:
+        def request(key: str, model: str, source: str = "127.0.0.1") -> tuple[int, dict]:
+            """A chat request from `source` (a loopback address of this machine's own)."""
+            body = json.dumps({"model": model}).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+            conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read() or b"{}")
+            conn.close()
+            return resp.status, answer
+
+        for _ in range(50):
+            try:
+                request("x", "alpha")
+                break
+            except OSError:
+                time.sleep(0.1)
+        status, body = request(keys["OnlyB"], "alpha")
+        assert status == 403 and body["error"]["code"] == "model_not_allowed" and "client OnlyB " in body["error"]["message"]
+        status, _ = request(keys["Vllm-Fleet2"], "alpha")  # every model: a client of its own, not the host's
+        assert status == 200
+        assert FakeVllm.seen == [("/v1/chat/completions", "Bearer " + secrets.host_key)]
+        status, body = request(keys["Vllm-Fleet2"], "alpha", source="127.0.0.2")  # neither gateway nor host
+        assert status == 403 and body["error"]["code"] == "gateway_only" and "http://127.0.0.3:9000/v1" in body["error"]["message"]
+        status, _ = request(keys["Vllm-Fleet2"], "alpha", source="127.0.0.3")  # the gateway's address
+        assert status == 200 and len(FakeVllm.seen) == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        vllm.shutdown()
 
 
 # --- the registration script ---------------------------------------------------------------------
