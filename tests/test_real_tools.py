@@ -584,7 +584,8 @@ def test_vllms_parser_takes_every_rendered_engine_yaml(corpus):
         for inst in host.config.instances:
             path = instance_paths(host.config, inst.name)["config"]
             if path in by_path:
-                results.append((f"{host.where} {path}", tools.vllm_parse_problem(by_path[path].content)))
+                results.append((f"{host.where} {path}", tools.vllm_parse_problem(
+                    by_path[path].content, host.config.settings.engine_package)))
     assert results, "no engine YAML was rendered"
     refused = tally("vLLM's parser (replayed)", results)
     assert not refused, "vLLM's parser (replayed) refused rendered engine YAMLs:\n" + "\n".join(refused)
