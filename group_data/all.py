@@ -171,8 +171,8 @@ vllm_advertise_address = None  # where the gateway reaches this host's fronts (N
 # environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
 # vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
 # with every instance of the fleet that serves a model as a backend, read from each host's plan:
-# requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The host
-# needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
+# requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The
+# host needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
 # API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
 # name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
 # (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
@@ -292,8 +292,9 @@ vllm_api_key_file = None  # or a file on the workstation holding it alone (a pat
 # key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
 # names it may use (served_model_name, not the instance's name; one no instance of the fleet serves is
 # refused, with the served name meant; others get 403 and never reach vLLM; GET /v1/models lists only
-# these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's limit_req: the minute's
-# requests at once, then one each 60/N s; counted per front and at the gateway). vLLM holds only the
+# these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's
+# limit_req: the minute's requests at once, then one each 60/N s; counted per front and at the
+# gateway). vLLM holds only the
 # host's own key, so adding, rotating or revoking a client reloads nginx, never restarts vLLM. Each
 # request is logged as one JSON line with the client's name (journalctl -t vllm_fleet_access).
 vllm_api_clients = {}  # a key per client, with its models and limit; {}: one key, the one above

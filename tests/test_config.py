@@ -12,6 +12,7 @@ from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_DECLARED, INSTANCE_FLAGS,
                                synced_model_clashes)
 from vllm_fleet.config.settings import KNOBS, Settings
 
+
 @pytest.mark.parametrize("data, key, words", [
     (host_data(instances=[instance(tensor_paralel_size=2)]), "tensor_paralel_size",
      "did you mean 'tensor_parallel_size'"),

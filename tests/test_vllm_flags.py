@@ -8,7 +8,7 @@ import pytest
 
 from planning_fixtures import host_data, instance, parse_errors
 from vllm_fleet import kinds, vllm_flags
-from vllm_fleet.config import SUPPORTED_VLLM, INSTANCE_FLAGS, parse_host
+from vllm_fleet.config import INSTANCE_FLAGS, SUPPORTED_VLLM, parse_host
 
 
 @pytest.mark.parametrize("package", vllm_flags.TABLES)

@@ -24,7 +24,8 @@ GATEWAY_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_t
 @dataclass(frozen=True)
 class GatewayKnobs:
     vllm_advertise_address: str | None = knob(
-        None, "where the gateway reaches this host's fronts (None: derived, see above)", check=kinds.connect_address_problem,
+        None, "where the gateway reaches this host's fronts (None: derived, see above)",
+        check=kinds.connect_address_problem,
         fix="vllm_advertise_address = '10.0.0.11' (where the gateway reaches this host), "
             "or None (vllm_bind_host if it is one address, else ssh_hostname)",
         notes="""
@@ -41,8 +42,8 @@ class GatewayKnobs:
         environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
         vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
         with every instance of the fleet that serves a model as a backend, read from each host's plan:
-        requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The host
-        needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
+        requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The
+        host needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
         API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
         name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
         (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.

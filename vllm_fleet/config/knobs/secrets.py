@@ -33,7 +33,8 @@ class SecretsKnobs:
         fix="vllm_api_key_file = '~/.config/vllm-fleet/api.key' (a file of this workstation, 0600, holding "
             "the key alone), or None")
     vllm_api_clients: dict[str, dict[str, Any]] = knob(
-        {}, "a key per client, with its models and limit; {}: one key, the one above", kind="a dict of clients", shallow=True,
+        {}, "a key per client, with its models and limit; {}: one key, the one above", kind="a dict of clients",
+        shallow=True,
         fix='vllm_api_clients = {"ci": {"key_env": "CI_VLLM_KEY", "models": ["qwen2.5-7b"], '
             '"requests_per_minute": 60}}',
         notes="""
@@ -47,8 +48,9 @@ class SecretsKnobs:
         key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
         names it may use (served_model_name, not the instance's name; one no instance of the fleet serves is
         refused, with the served name meant; others get 403 and never reach vLLM; GET /v1/models lists only
-        these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's limit_req: the minute's
-        requests at once, then one each 60/N s; counted per front and at the gateway). vLLM holds only the
+        these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's
+        limit_req: the minute's requests at once, then one each 60/N s; counted per front and at the
+        gateway). vLLM holds only the
         host's own key, so adding, rotating or revoking a client reloads nginx, never restarts vLLM. Each
         request is logged as one JSON line with the client's name (journalctl -t vllm_fleet_access).
         """)
