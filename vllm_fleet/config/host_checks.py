@@ -78,7 +78,7 @@ def check_instance(check: Checker, raw: dict, values: dict[str, Any], valid: set
     """The rules between an instance's keys, once each key is checked on its own; fills in the
     model's shape from the built-in catalog when model_info is not given."""
     model = values.get("model")
-    if values.get("model_source") is not None and {"model", "model_source"} <= valid:
+    if values.get("model_source") is not None and {"model", "model_source"} <= valid and isinstance(model, str):
         _check_sync_destination(check, label, model)
     nodes = values.get("nodes")
     if nodes and "data_parallel_size" in valid and (values.get("data_parallel_size") or 1) > 1:

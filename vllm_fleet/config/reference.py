@@ -11,6 +11,7 @@ tests/config/test_reference.py fails when a file is out of date.
 from __future__ import annotations
 
 import sys
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +82,7 @@ def group_data_all() -> str:
         out += ["", f"# --- {section.title} ".ljust(100, "-")]
         out += _comment(section.notes)
         out += [f"{name} = {literal(value)}" for name, value in section.pyinfra.items()]
-        for position, name in enumerate(cls.__dataclass_fields__):
+        for position, name in enumerate(f.name for f in fields(cls)):
             declared = DECLARED[name]
             if declared.notes and (position or section.notes):
                 out.append("")  # a knob explained at length stands apart from the one before
@@ -146,7 +147,7 @@ def knobs_page() -> str:
             out += [" ".join(line.strip() for line in section.notes.splitlines()), ""]
         for name, value in section.pyinfra.items():
             out += [f"pyinfra's `{name}` defaults to `{literal(value)}` here.", ""]
-        names = list(cls.__dataclass_fields__)
+        names = [f.name for f in fields(cls)]
         if not names:
             continue
         out += ["| knob | default | takes | what it is |", "|---|---|---|---|"]
