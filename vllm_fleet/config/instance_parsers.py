@@ -145,8 +145,16 @@ def parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engin
 
 def _flag_name_problem(name: str, main: str | None, expands: list[str], package: str,
                        keyed_flags: Mapping[str, str]) -> tuple[str, str] | None:
-    """(message, fix) when engine_args may not name `name`: no flag of the package's parser (a prefix
-    of some, or unknown), or a flag vllm-fleet sets itself."""
+    """(message, fix) when engine_args may not name `name`: a flag vllm-fleet sets itself (by any of
+    its names), or no flag of the package's parser (a prefix of some, or unknown)."""
+    if name in _ENGINE_ARGS_SECRET:
+        return (f"'{name}' is a secret and must not be written to the YAML config",
+                "export it on the workstation in the variable named by vllm_api_key_env (or vllm_hf_token_env); "
+                "it goes to the root-only env file")
+    if name in keyed_flags:
+        return f"'{name}' has its own instance key", f"set {keyed_flags[name]} on the instance instead"
+    if name in _ENGINE_ARGS_PLANNED:
+        return f"'{name}' is vllm-fleet's to set: {_ENGINE_ARGS_PLANNED[name]}", f"remove '{name}' from engine_args"
     if expands:
         return (f"'{name}' is no flag of vLLM's parser but the start of "
                 f"{', '.join('--' + e for e in expands[:3])}{', ...' if len(expands) > 3 else ''}, "
@@ -161,14 +169,6 @@ def _flag_name_problem(name: str, main: str | None, expands: list[str], package:
     if main != name and main in owned:
         return (f"'{name}' is another name of --{main}, which engine_args may not set",
                 f"see what --{main} says: set it as vllm-fleet asks")
-    if name in _ENGINE_ARGS_SECRET:
-        return (f"'{name}' is a secret and must not be written to the YAML config",
-                "export it on the workstation in the variable named by vllm_api_key_env (or vllm_hf_token_env); "
-                "it goes to the root-only env file")
-    if name in keyed_flags:
-        return f"'{name}' has its own instance key", f"set {keyed_flags[name]} on the instance instead"
-    if name in _ENGINE_ARGS_PLANNED:
-        return f"'{name}' is vllm-fleet's to set: {_ENGINE_ARGS_PLANNED[name]}", f"remove '{name}' from engine_args"
     return None
 
 
