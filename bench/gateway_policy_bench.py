@@ -487,7 +487,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"conversations send no {SESSION_HEADER} header")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout, progress on stderr")
     args = parser.parse_args(argv)
-    from vllm_fleet.settings import GATEWAY_POLICIES
+    from vllm_fleet.config import GATEWAY_POLICIES
 
     args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
     unknown = [p for p in args.policy_list if p not in GATEWAY_POLICIES]

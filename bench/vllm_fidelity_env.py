@@ -145,7 +145,7 @@ def prepare() -> None:
     _uv_install(initial + list(EXTRA_IMPORTS), "installing the packages vLLM imports at start")
     # A multi-node instance's `distributed-executor-backend: ray` makes ParallelConfig import Ray; the
     # nodes get the Ray vllm-fleet pins (vllm_ray_version), so this environment gets it too.
-    from vllm_fleet.settings import Settings
+    from vllm_fleet.config import Settings
     _uv_install([f"ray=={Settings.defaults()['vllm_ray_version']}"], "installing Ray (the multi-node backend)")
     # Whatever else an import asks for: its requirement from the wheel's METADATA where it is one.
     for _ in range(40):

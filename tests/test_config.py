@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import ast
-import re
-from dataclasses import MISSING, replace
-from pathlib import Path
+from dataclasses import replace
 
 import pytest
 
 from planning_fixtures import host_data, instance, parse_errors
-from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_FIELDS, INSTANCE_KEYS, REQUIRED, REQUIRED_INSTANCE_KEYS,
+from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_DECLARED, INSTANCE_FLAGS, INSTANCE_KEYS, REQUIRED_INSTANCE_KEYS,
                                Checker, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
                                synced_model_clashes)
-from vllm_fleet.settings import KNOBS
-
-ROOT = Path(__file__).resolve().parent.parent
+from vllm_fleet.config.settings import KNOBS, Settings
 
 
 @pytest.mark.parametrize("data, key, words", [
@@ -38,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
      "not a vllm serve flag name"),
     (host_data(instances=[instance(env={"HF_TOKEN": "hf_x"})]), "env.HF_TOKEN", "looks like a secret"),
     (host_data(instances=[instance(env={"TRANSFORMERS_CACHE": "/x"})]), "env.TRANSFORMERS_CACHE", "HF_HOME"),
-    (host_data(instances=[instance(dtype="bf16")]), "dtype", "not one vLLM accepts"),
+    (host_data(instances=[instance(dtype="bf16")]), "dtype", "is not one of auto, bfloat16, float16"),
     (host_data(instances=[instance(gpus=[1, 1])]), "gpus", "twice"),
     (host_data(instances=[instance(tensor_parallel_size=0)]), "tensor_parallel_size", "at least 1"),
     (host_data(instances=[instance(tensor_parallel_size=True)]), "tensor_parallel_size", "expected int"),
@@ -86,15 +81,6 @@ def test_pyinfra_keys_pass_through():
     assert host.instances[0].name == "gemma"
 
 
-def test_group_data_all_documents_every_knob_with_the_same_default():
-    tree = ast.parse((ROOT / "group_data" / "all.py").read_text())
-    documented = {node.targets[0].id: ast.literal_eval(node.value)
-                  for node in tree.body if isinstance(node, ast.Assign)}
-    ssh = {k: documented.pop(k) for k in list(documented) if k.startswith("ssh_")}
-    assert documented == HOST_DEFAULTS
-    assert ssh == {"ssh_strict_host_key_checking": "yes"}  # host keys checked unless said otherwise
-
-
 def test_environment_source_knobs_accept_good_values():
     host = parse_host("box", host_data(
         vllm_index_url="http://10.213.7.13:8099/simple", vllm_extra_index_urls=["https://download.pytorch.org/whl/cpu"],
@@ -119,45 +105,31 @@ def test_one_rule_names_an_instances_unit_and_reads_it_back():
     assert instance_of_unit(FRONT_UNIT) == "fleet-front"  # vllm-fleet's own units are told apart by name first
 
 
-# --- The instance schema: declared once (InstanceConfig), documented in group_data/all.py -----------
-
-#: group_data/all.py's line for one instance key: `#   key = default: doc` or `#   key (required): doc`.
-INSTANCE_KEY_LINE = re.compile(r"#   (\w+)(?: = (.+?)| \(required\)): (.+)")
-
-
-def documented_instance_keys() -> list[tuple[str, str | None, str]]:
-    text = (ROOT / "group_data" / "all.py").read_text()
-    return [found.groups() for line in text.splitlines() if (found := INSTANCE_KEY_LINE.fullmatch(line))]
-
-
-def test_group_data_all_lists_every_instance_key_with_the_schemas_default_and_doc():
-    documented = documented_instance_keys()
-    assert [key for key, _default, _doc in documented] == list(INSTANCE_KEYS)
-    for key, written, doc in documented:
-        meta = INSTANCE_FIELDS[key].metadata
-        assert doc == meta["doc"], key
-        default = meta["default"]
-        if default is REQUIRED:
-            assert written is None and key in REQUIRED_INSTANCE_KEYS, key
-        elif isinstance(default, HostKnob):
-            assert written == default.knob and default.knob in KNOBS, key
-        else:
-            assert ast.literal_eval(written) == meta.get("written", default), key
-
+# --- The instance schema: declared once, as the knobs are (InstanceConfig's knob() fields) ----------
 
 @pytest.mark.parametrize("key", INSTANCE_KEYS)
-def test_each_instance_key_has_a_one_line_doc_and_a_default_its_parser_reads_back(key):
-    f = INSTANCE_FIELDS[key]
-    assert f.metadata["doc"].strip() and "\n" not in f.metadata["doc"]
-    default = f.metadata["default"]
-    if default is REQUIRED:
-        assert f.default is MISSING and f.default_factory is MISSING
+def test_each_instance_key_has_a_one_line_doc_and_a_default_it_reads_back(key):
+    declared = INSTANCE_DECLARED[key]
+    assert declared.doc.strip() and "\n" not in declared.doc
+    if declared.required:
+        assert key in REQUIRED_INSTANCE_KEYS and declared.rule.get("fix")
         return
-    value = f.default if f.default_factory is MISSING else f.default_factory()
-    written = HOST_DEFAULTS[default.knob] if isinstance(default, HostKnob) else f.metadata.get("written", default)
+    written = declared.written
+    if isinstance(written, HostKnob):
+        assert written.knob in KNOBS and written.value == HOST_DEFAULTS[written.knob]
+        written = written.value
     if key != "model_info":  # left out: the catalog's shape; given as None: refused
         check = Checker("box")
-        assert f.metadata["parse"](check, written, "gemma", key) == value and not check.errors
+        assert declared.read(check, written, "gemma", Settings.from_data({})) == declared.default
+        assert not check.errors, [e.located() for e in check.errors]
+
+
+def test_the_flags_an_instance_key_sets_are_refused_in_engine_args_naming_the_key():
+    assert INSTANCE_FLAGS["max-model-len"] == "max_model_len" and INSTANCE_FLAGS["dtype"] == "dtype"
+    for flag, key in INSTANCE_FLAGS.items():
+        errs = parse_errors(host_data(instances=[instance(engine_args={flag: 1})]))
+        assert [(e.key, e.message, e.fix) for e in errs] == [
+            (f"engine_args.{flag}", f"'{flag}' has its own instance key", f"set {key} on the instance instead")]
 
 
 def test_an_instance_without_gpu_memory_utilization_takes_the_hosts_knob():

@@ -257,7 +257,7 @@ def test_a_knob_at_its_default_parses_as_a_knob_left_out(inventory):
     from fleet_helpers import REPO
     from vllm_fleet.config import inventory_rows, parse_host, read_pyinfra_inventory
     from vllm_fleet.deploy import vllm_fleet_deploy
-    from vllm_fleet.settings import Settings
+    from vllm_fleet.config import Settings
 
     assert vllm_fleet_deploy._inner.deploy_data == Settings.defaults()
     rows = inventory_rows(read_pyinfra_inventory(REPO / "inventory" / inventory, cwd=REPO))
@@ -285,7 +285,7 @@ def test_a_fleet_read_again_parses_only_the_hosts_whose_data_changed(parsed):
     assert again.configs["h1"] is before.configs["h1"] and again.errors["h3"] is before.errors["h3"]
     assert again.configs["h2"].settings.vllm_verify is False and again.matched == ("h1", "h2", "h3")
     # The deploy's own host: its data with the deploy's data defaults under it is the data parsed.
-    from vllm_fleet.settings import Settings
+    from vllm_fleet.config import Settings
 
     assert again.parsed_config("h1", {**Settings.defaults(), **rows[0][1]}) is again.configs["h1"]
     assert again.parsed_config("h1", {**rows[0][1], "vllm_verify": False}) is None  # changed since
@@ -312,7 +312,7 @@ def test_the_deploy_parses_its_own_host_once_with_the_fleet_and_again_only_if_it
     """deploy.state.host_config: the run's Fleet's parse of the current host; a host whose data
     a deploy file changed before the deploy ran (host.data.x = ...) is parsed from what it is now."""
     from vllm_fleet.deploy import state as state_module
-    from vllm_fleet.settings import Settings
+    from vllm_fleet.config import Settings
 
     rows = gateway_rows()
     inventory = [SimpleNamespace(name=name, data=SimpleNamespace(dict=lambda data=data: data), groups=groups)
@@ -351,7 +351,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     from vllm_fleet.config import read_pyinfra_inventory
     from vllm_fleet.deploy import state as state_module
     from vllm_fleet.host import remote
-    from vllm_fleet.settings import Settings
+    from vllm_fleet.config import Settings
 
     reads = []
 

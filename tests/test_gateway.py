@@ -31,7 +31,7 @@ from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backe
                                 gateway_files, gateway_paths, key_pattern)
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import Secrets, environment_prefix, environment_spec, render_host
-from vllm_fleet.settings import GATEWAY_POLICIES
+from vllm_fleet.config import GATEWAY_POLICIES
 from vllm_fleet.templating import jinja_environment
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from planning_fixtures import A100_40G, H100_80G, RTX_3090, RTX_4090D, T4, host_data, instance, plan_errors
+from planning_fixtures import (A100_40G, H100_80G, RTX_3090, RTX_4090D, T4, TINY_MODEL_INFO, host_data, instance,
+                               plan_errors)
 from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.plan import even_partition, plan_host
 
@@ -194,6 +195,45 @@ def test_cpu_target_plans_without_gpus_and_rejects_parallelism():
     assert "tensor-parallel-size" not in hp.instances[0].engine_args
     errs = plan_errors({"vllm_target": "cpu", "vllm_instances": [instance(tensor_parallel_size=2)]})
     assert errs[0].key == "tensor_parallel_size"
+
+
+def tiny(**overrides) -> dict:
+    """An instance of the sandbox's tiny model (max_position_embeddings 2048)."""
+    return instance(**{"model": "/srv/tiny", "tokenizer": None, "max_model_len": None, "model_info": TINY_MODEL_INFO,
+                       **overrides})
+
+
+@pytest.mark.parametrize("target", ["cpu", "cuda"])
+def test_every_planner_refuses_a_max_model_len_above_the_models_length(target):
+    """One resolution of max_model_len for the GPU and the CPU planner: vLLM refuses a length
+    above max_position_embeddings on either."""
+    gpus = None if target == "cpu" else [A100_40G]
+    errs = plan_errors(host_data(gpus=gpus, vllm_target=target, instances=[tiny(max_model_len=4096)]))
+    assert [(e.host, e.instance, e.key, e.message, e.fix) for e in errs] == [
+        ("box", "gemma", "max_model_len",
+         "max_model_len 4096 exceeds the model's max_position_embeddings (2048); vLLM refuses it",
+         "set max_model_len <= 2048")]
+
+
+@pytest.mark.parametrize("given, planned", [(None, 2048), (1024, 1024), (2048, 2048)])
+def test_the_gpu_and_the_cpu_planner_take_the_same_max_model_len(given, planned):
+    for target, gpus in (("cpu", None), ("cuda", [A100_40G])):
+        [inst] = plan(host_data(gpus=gpus, vllm_target=target, instances=[tiny(max_model_len=given)])).instances
+        assert (inst.max_model_len, inst.engine_args["max-model-len"]) == (planned, planned), target
+
+
+def test_a_cpu_host_leaves_an_unknown_length_to_vllm_and_notes_an_unchecked_one():
+    unknown = {key: value for key, value in TINY_MODEL_INFO.items() if key != "max_position_embeddings"}
+    [inst] = plan(host_data(gpus=None, vllm_target="cpu", instances=[tiny(model_info=unknown)])).instances
+    assert inst.max_model_len == 0 and "max-model-len" not in inst.engine_args
+    assert not any("not checked offline" in reason for reason in inst.reasons)
+    [inst] = plan(host_data(gpus=None, vllm_target="cpu", instances=[tiny(model_info=unknown, max_model_len=4096)])
+                  ).instances
+    assert inst.engine_args["max-model-len"] == 4096
+    assert any("max_model_len 4096 is not checked offline" in reason for reason in inst.reasons)
+    # The GPU planner sizes the KV cache with the length: it needs one.
+    errs = plan_errors(host_data(gpus=[A100_40G], instances=[tiny(model_info=unknown)]))
+    assert [e.key for e in errs] == ["max_model_len"] and "not known offline" in errs[0].message
 
 
 def test_even_partition_matches_vllm():

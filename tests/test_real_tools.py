@@ -59,8 +59,10 @@ from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import GATEWAY_UNIT, key_length_problem
 from vllm_fleet.monitoring.files import PROMETHEUS_UNIT, monitoring_paths
 from vllm_fleet.render import RenderedFile, Secrets, instance_paths, render_host
-from vllm_fleet.settings import (INT64_GIB_MAX, KNOBS, LINUX_NR_OPEN_MAX, PROMETHEUS_DIR_SUFFIX, ROUTER_U32_MAX,
-                                 Settings)
+from vllm_fleet.config.knobs.common import INT64_GIB_MAX
+from vllm_fleet.config.knobs.files import LINUX_NR_OPEN_MAX, PROMETHEUS_DIR_SUFFIX
+from vllm_fleet.config.knobs.gateway import ROUTER_U32_MAX
+from vllm_fleet.config.settings import KNOBS, Settings
 
 #: Generated fleets a run renders (besides the two at the bounds, below): sized so that the module
 #: stays within seconds of tool time on 2 cores (systemd-analyze verify, ~0.3 s a host, dominates).
@@ -582,7 +584,8 @@ def test_vllms_parser_takes_every_rendered_engine_yaml(corpus):
         for inst in host.config.instances:
             path = instance_paths(host.config, inst.name)["config"]
             if path in by_path:
-                results.append((f"{host.where} {path}", tools.vllm_parse_problem(by_path[path].content)))
+                results.append((f"{host.where} {path}", tools.vllm_parse_problem(
+                    by_path[path].content, host.config.settings.engine_package)))
     assert results, "no engine YAML was rendered"
     refused = tally("vLLM's parser (replayed)", results)
     assert not refused, "vLLM's parser (replayed) refused rendered engine YAMLs:\n" + "\n".join(refused)

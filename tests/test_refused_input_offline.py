@@ -272,7 +272,7 @@ def _pyinfra_dry(tree, inventory):
 def _assert_clean(proc):
     text = proc.stdout + proc.stderr
     assert proc.returncode != 0, text
-    assert "key port: expected int" in text and "fix: write it like 8000" in text, text
+    assert "key port: expected int" in text and "fix: port = 8000" in text, text
     assert "pyinfra error" in text, text
     assert "Traceback" not in text and "An exception occurred" not in text, text
 

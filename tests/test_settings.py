@@ -1,78 +1,24 @@
-"""The typed settings model (vllm_fleet/settings.py): every host-level knob with its type, default and
-doc in one place, group_data/all.py in step with it, and its errors (unknown knobs, wrong types)."""
+"""The typed settings model (vllm_fleet/config/settings.py, its knobs declared in config/knobs/): every
+host-level knob with its type, default and doc in one place, and its errors (unknown knobs, wrong
+types). group_data/all.py, written from it, is tests/test_reference.py's."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import typing
-import io
-import tokenize
-from pathlib import Path
 
 import pytest
 
 from planning_fixtures import host_data
 from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
-from vllm_fleet.settings import KNOBS, PYINFRA_PREFIXES, TYPES, Settings, describe
-
-ROOT = Path(__file__).resolve().parent.parent
-ALL_PY = ROOT / "group_data" / "all.py"
-
-
-def group_data_all() -> tuple[str, list[ast.Assign]]:
-    text = ALL_PY.read_text()
-    return text, [node for node in ast.parse(text).body if isinstance(node, ast.Assign)]
-
-
-def knob_assignments() -> list[ast.Assign]:
-    """group_data/all.py's assignments of vllm-fleet knobs (pyinfra's own keys, ssh_..., left out)."""
-    return [node for node in group_data_all()[1] if not node.targets[0].id.startswith(PYINFRA_PREFIXES)]
+from vllm_fleet.config.schema import describe
+from vllm_fleet.config.settings import DECLARED, KNOBS, TYPES, Settings
 
 
 def problems(data: dict) -> list:
     with pytest.raises(ConfigErrors) as info:
         Settings.from_data(data, host="box")
     return info.value.errors
-
-
-# --- group_data/all.py is the documented copy of the model -----------------------------------------
-
-def test_group_data_all_defines_exactly_the_models_knobs_in_its_order():
-    names = [node.targets[0].id for node in knob_assignments()]
-    missing, extra = set(KNOBS) - set(names), set(names) - set(KNOBS)
-    assert not missing, f"knobs of Settings not in group_data/all.py: {sorted(missing)}"
-    assert not extra, f"knobs in group_data/all.py that Settings lacks (add a field): {sorted(extra)}"
-    assert names == list(KNOBS), "group_data/all.py and Settings list the knobs in the same order"
-
-
-def test_group_data_all_gives_each_knob_the_models_default():
-    documented = {node.targets[0].id: ast.literal_eval(node.value) for node in knob_assignments()}
-    defaults = Settings.defaults()
-    wrong = {k: (documented[k], defaults[k]) for k in KNOBS if documented[k] != defaults[k]
-             or type(documented[k]) is not type(defaults[k])}
-    assert not wrong, f"(group_data/all.py, Settings) defaults differ: {wrong}"
-    assert HOST_DEFAULTS == defaults and list(HOST_DEFAULTS) == list(KNOBS)
-
-
-def test_each_knob_in_group_data_all_is_documented_by_a_comment():
-    """A comment on the knob's line, or a comment block right above it (or above the knobs it is
-    grouped with, no blank line between). A section rule (`# --- Planner ---`) is no documentation."""
-    text, assigns = group_data_all()
-    comments = {tok.start[0]: tok.string for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-                if tok.type == tokenize.COMMENT}
-    assigned = {line for node in assigns for line in range(node.lineno, node.end_lineno + 1)}
-    undocumented = []
-    for node in knob_assignments():
-        if node.lineno in comments:
-            continue
-        line = node.lineno - 1
-        while line in assigned:
-            line -= 1
-        comment = comments.get(line, "")
-        if not comment or comment.startswith("# ---"):
-            undocumented.append(node.targets[0].id)
-    assert not undocumented, f"knobs without a comment in group_data/all.py: {undocumented}"
 
 
 # --- The model itself ----------------------------------------------------------------------------
@@ -158,7 +104,7 @@ def test_every_knob_refuses_a_value_of_no_type_it_takes(knob):
     wrong = ["x"] if typing.get_origin(TYPES[knob]) is dict else {"x": 1}
     errs = problems({knob: wrong})
     assert [e.key for e in errs] == [knob] and errs[0].fix
-    rule = dataclasses.fields(Settings)[KNOBS.index(knob)].metadata
+    rule = DECLARED[knob].rule
     if "choices" in rule:
         assert all(str(choice) in errs[0].message for choice in rule["choices"]), errs[0].message
     elif "must" in rule:

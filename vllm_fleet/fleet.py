@@ -28,14 +28,13 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, inventory_rows,
-                               limited_rows, node_groups, parse_host, read_pyinfra_inventory)
+from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, Settings, check_fleet,
+                               inventory_rows, limited_rows, node_groups, parse_host, read_pyinfra_inventory)
 from vllm_fleet.gateway import Backend, GatewayAccess, find_gateway, fleet_backends, gateway_access
 from vllm_fleet.monitoring.targets import ScrapeTarget, fleet_targets
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import Discovered, PreparedHost, node_group_plans, prepare_host
 from vllm_fleet.render import Secrets
-from vllm_fleet.settings import Settings
 
 #: One host as the inventory gives it: (name, its data with group_data merged in, its groups).
 Row = tuple[str, dict[str, Any], list[str]]

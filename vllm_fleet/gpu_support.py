@@ -30,8 +30,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from vllm_fleet.config import ConfigError, GpuSpec
-from vllm_fleet.settings import SUPPORTED_VLLM
+from vllm_fleet.config import SUPPORTED_VLLM, ConfigError, GpuSpec
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ same way wherever it is used, and before anything is planned. Each checker retur
 good value and otherwise the problem, in words that can follow the key's name; the caller (config's
 Checker) adds host, instance, key and the fix. Nothing here reaches a host.
 
-Every string is checked for LINE_BREAKING first (config.host._check_text): what follows assumes one line.
+Every string is checked for LINE_BREAKING first (config.host_checks.check_text): what follows assumes one line.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet import kinds
-from vllm_fleet.settings import Checker
+from vllm_fleet.config.errors import Checker
 
 #: The client of a fleet without vllm_api_clients: the key of vllm_api_key_env / vllm_api_key_file.
 FLEET_KEY_CLIENT = "fleet-key"

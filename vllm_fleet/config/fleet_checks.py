@@ -9,9 +9,10 @@ from dataclasses import dataclass
 
 from vllm_fleet import kinds
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
-from vllm_fleet.config.host import HostConfig, host_ports, monitoring_ports
+from vllm_fleet.config.errors import ConfigError, ConfigErrors, did_you_mean
+from vllm_fleet.config.host import HostConfig
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
-from vllm_fleet.settings import ConfigError, ConfigErrors, did_you_mean
+from vllm_fleet.config.ports import host_ports, monitoring_ports
 
 
 # --- Multi-node instances (Ray): one node group per instance with `nodes` ------------------------

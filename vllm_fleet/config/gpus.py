@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet.catalog import gpu_model_facts
-from vllm_fleet.settings import Checker
+from vllm_fleet.config.errors import Checker
 
 
 @dataclass(frozen=True)

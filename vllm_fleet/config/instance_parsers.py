@@ -7,20 +7,12 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any
+from typing import Any, Mapping
 
 from vllm_fleet import kinds, vllm_flags
+from vllm_fleet.config.errors import Checker, did_you_mean
 from vllm_fleet.kinds import ENV_NAME_RE
-from vllm_fleet.settings import Checker
 
-
-# engine_args that have a first-class instance key (the planner must see them), or that must not
-# be written to the world-readable YAML.
-_ENGINE_ARGS_OWNED = {
-    "model", "served-model-name", "port", "host", "tokenizer", "tensor-parallel-size",
-    "pipeline-parallel-size", "data-parallel-size", "max-model-len", "gpu-memory-utilization",
-    "max-num-seqs", "max-num-batched-tokens", "dtype", "config",
-}
 _ENGINE_ARGS_SECRET = {"api-key", "hf-token"}
 #: Flags the planner or the front decides, and why: which GPUs and how ranks find each other, where
 #: vLLM listens (127.0.0.1 behind the front, plain HTTP), where models are downloaded to.
@@ -36,6 +28,8 @@ _ENGINE_ARGS_PLANNED = {
     "nnodes": "multi-node instances join their node group's Ray ('nodes')",
     "node-rank": "multi-node instances join their node group's Ray ('nodes')",
     "headless": "every instance serves its API behind the host's front",
+    "host": "vLLM listens on 127.0.0.1, behind the host's front (vllm_bind_host is where the front listens)",
+    "config": "vllm-fleet writes the instance's engine config and starts vLLM with it",
     "shutdown-timeout": "vllm_shutdown_timeout_s sets it (the unit's stop timeout leaves room for it)",
     "uds": "vLLM listens on 127.0.0.1:<port + vllm_backend_port_offset>, where the front reaches it",
     "grpc": "only the HTTP API goes through the front; a second listener would bypass it",
@@ -111,13 +105,20 @@ OWNED_ENV_FIX = {
 }
 
 
-def parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engine_args") -> dict[str, Any]:
+def parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engine_args", settings: Any = None, *,
+                      keyed_flags: Mapping[str, str] = {}) -> dict[str, Any]:
+    """`engine_args`: each name a flag of the `vllm serve` the host installs (its package's table,
+    vllm_flags; vllm without `settings`) that vllm-fleet leaves to the user, each value one that flag
+    takes. `keyed_flags`: the flags an instance key sets, and the key."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         check.error(f"expected a dict of `vllm serve` flags, got {type(raw).__name__}",
                     instance=instance, key="engine_args", fix="engine_args = {'enforce-eager': True}")
         return {}
+    package = settings.engine_package if settings is not None else "vllm"
+    if package not in vllm_flags.TABLES:
+        package = "vllm"  # an unknown vllm_package is that knob's own error
     out: dict[str, Any] = {}
     for flag, value in raw.items():
         key = f"engine_args.{flag}"
@@ -129,53 +130,77 @@ def parse_engine_args(check: Checker, raw: Any, instance: str, key: str = "engin
             continue
         # vLLM's parser expands a unique prefix of a flag (argparse's allow_abbrev) and takes each
         # flag's other names: the checks below judge the flag a name stands for, not its spelling.
-        main, expands = vllm_flags.resolve(name)
-        if expands:
-            check.error(f"'{name}' is no flag of vLLM's parser but the start of "
-                        f"{', '.join('--' + e for e in expands[:3])}{', ...' if len(expands) > 3 else ''}, "
-                        "which vLLM would expand it to", instance=instance, key=key,
-                        fix=f"write the flag's full name, e.g. '{expands[0]}'")
-            continue
-        flag_of = main or name
-        if flag_of != name and flag_of in _ENGINE_ARGS_SECRET | _ENGINE_ARGS_OWNED | set(_ENGINE_ARGS_PLANNED):
-            check.error(f"'{name}' is another name of --{flag_of}, which engine_args may not set",
-                        instance=instance, key=key, fix=f"see what --{flag_of} says: set it as vllm-fleet asks")
-            continue
-        if name in _ENGINE_ARGS_SECRET:
-            check.error(f"'{name}' is a secret and must not be written to the YAML config",
-                        instance=instance, key=key,
-                        fix="export it on the workstation in the variable named by "
-                            "vllm_api_key_env (or vllm_hf_token_env); it goes to the root-only env file")
-            continue
-        if name in _ENGINE_ARGS_OWNED:
-            check.error(f"'{name}' has its own instance key", instance=instance, key=key,
-                        fix=f"set {name.replace('-', '_')} on the instance instead")
-            continue
-        if name in _ENGINE_ARGS_PLANNED:
-            check.error(f"'{name}' is vllm-fleet's to set: {_ENGINE_ARGS_PLANNED[name]}", instance=instance,
-                        key=key, fix=f"remove '{name}' from engine_args")
-            continue
-        takes_value = name not in vllm_flags.SWITCH_FLAGS
-        problem = kinds.flag_value_problem(value, takes_list=name in vllm_flags.LIST_FLAGS, takes_value=takes_value)
-        choices = vllm_flags.table()["flags"].get(flag_of, {}).get("choices")
-        if not problem and takes_value and value is True:
-            problem = (f"{value!r}: vLLM's config loader writes True as the bare flag, and --{name} takes a value "
-                       "(vLLM refuses it: expected one argument)")
-        elif not problem and choices and value is not None and not isinstance(value, bool):
-            outside = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if str(v) not in choices]
-            if outside:
-                problem = f"{outside[0]!r} is not one of vLLM's choices for --{name}: {', '.join(choices)}"
+        main, expands = vllm_flags.resolve(name, package)
+        problem = _flag_name_problem(name, main, expands, package, keyed_flags)
         if problem:
-            fix = (f"give --{name} True or False" if not takes_value else
-                   f"give --{name} one value (a string, number or boolean)" if name not in vllm_flags.LIST_FLAGS
-                   else f"give --{name} a list of plain values, none starting with '-'")
-            check.error(f"value {problem}", instance=instance, key=key, fix=fix)
+            check.error(problem[0], instance=instance, key=key, fix=problem[1])
+            continue
+        problem = _flag_value_problem(name, main or name, value, package)
+        if problem:
+            check.error(f"value {problem[0]}", instance=instance, key=key, fix=problem[1])
             continue
         out[name] = value
     return out
 
 
-def parse_env(check: Checker, raw: Any, instance: str, key: str = "env") -> dict[str, str]:
+def _flag_name_problem(name: str, main: str | None, expands: list[str], package: str,
+                       keyed_flags: Mapping[str, str]) -> tuple[str, str] | None:
+    """(message, fix) when engine_args may not name `name`: a flag vllm-fleet sets itself (by any of
+    its names), or no flag of the package's parser (a prefix of some, or unknown)."""
+    if name in _ENGINE_ARGS_SECRET:
+        return (f"'{name}' is a secret and must not be written to the YAML config",
+                "export it on the workstation in the variable named by vllm_api_key_env (or vllm_hf_token_env); "
+                "it goes to the root-only env file")
+    if name in keyed_flags:
+        return f"'{name}' has its own instance key", f"set {keyed_flags[name]} on the instance instead"
+    if name in _ENGINE_ARGS_PLANNED:
+        return f"'{name}' is vllm-fleet's to set: {_ENGINE_ARGS_PLANNED[name]}", f"remove '{name}' from engine_args"
+    if expands:
+        return (f"'{name}' is no flag of vLLM's parser but the start of "
+                f"{', '.join('--' + e for e in expands[:3])}{', ...' if len(expands) > 3 else ''}, "
+                "which vLLM would expand it to", f"write the flag's full name, e.g. '{expands[0]}'")
+    if main is None:
+        guess = did_you_mean(name, list(vllm_flags.option_names(package)))
+        release = vllm_flags.table(package)["vllm"]
+        return (f"'{name}' is no flag of `vllm serve` ({package} {release}): vLLM would refuse to start",
+                f"did you mean '{guess}'?" if guess else
+                "use a flag `vllm serve --help` lists, by its long name without the dashes")
+    owned = _ENGINE_ARGS_SECRET | set(keyed_flags) | set(_ENGINE_ARGS_PLANNED)
+    if main != name and main in owned:
+        return (f"'{name}' is another name of --{main}, which engine_args may not set",
+                f"see what --{main} says: set it as vllm-fleet asks")
+    return None
+
+
+def _flag_value_problem(name: str, flag: str, value: Any, package: str) -> tuple[str, str] | None:
+    """(problem, fix) when `value` is none that `--name` takes: a switch takes True or False, a list
+    only a flag of several values, a flag with choices one of them."""
+    takes_value = name not in vllm_flags.switch_flags(package)
+    takes_list = name in vllm_flags.list_flags(package)
+    problem = kinds.flag_value_problem(value, takes_list=takes_list, takes_value=takes_value)
+    if problem:
+        return problem, (f"give --{name} True or False" if not takes_value else
+                         f"give --{name} a list of plain values, none starting with '-'" if takes_list else
+                         f"give --{name} one value (a string, number or boolean)")
+    if takes_value and value is True:
+        return (f"{value!r}: vLLM's config loader writes True as the bare flag, and --{name} takes a value "
+                "(vLLM refuses it: expected one argument)", f"give --{name} one value (a string, number or boolean)")
+    if not takes_value and name != flag and kinds.switch_value(value) is False:
+        # vllm-fleet writes a false as the flag's negated name; --name is one already, and vLLM's
+        # config loader drops a false it is given.
+        return (f"{value!r}: --{name} is the negation of --{flag}, and vLLM's config loader drops a false "
+                "(the flag would keep its default)", f"write '{flag}': True instead (it says the same)")
+    allowed = vllm_flags.choices(flag, package)
+    if allowed and value is not None and not isinstance(value, bool):
+        outside = [str(v) for v in (value if isinstance(value, (list, tuple)) else [value]) if str(v) not in allowed]
+        if outside:
+            guess = did_you_mean(outside[0], allowed)
+            return (f"{outside[0]!r} is not one of vLLM's choices for --{name}: {', '.join(allowed)}",
+                    f"did you mean '{guess}'?" if guess else f"give --{name} one of: {', '.join(allowed)}")
+    return None
+
+
+def parse_env(check: Checker, raw: Any, instance: str, key: str = "env", settings: Any = None) -> dict[str, str]:
     if raw is None:
         return {}
     if not isinstance(raw, dict):
@@ -216,7 +241,8 @@ def parse_env(check: Checker, raw: Any, instance: str, key: str = "env") -> dict
     return out
 
 
-def parse_nodes(check: Checker, raw: Any, instance: str, key: str = "nodes") -> tuple[str, ...] | None:
+def parse_nodes(check: Checker, raw: Any, instance: str, key: str = "nodes",
+                settings: Any = None) -> tuple[str, ...] | None:
     """`nodes` of a multi-node instance: inventory host names, the head first, this host among them.
     What needs the other hosts (they exist, run CUDA, agree) is checked by check_fleet."""
     if raw is None:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet import kinds
-from vllm_fleet.settings import ConfigError, did_you_mean
+from vllm_fleet.config.errors import ConfigError, did_you_mean
 
 
 def split_names(values: list[str] | None) -> list[str] | None:

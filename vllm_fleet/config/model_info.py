@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, ModelInfo, attention_from_config, derived_weights_gib
+from vllm_fleet.config.errors import Checker, ConfigError, did_you_mean
 from vllm_fleet.config.model_files import ModelFilesError, read_model_files
-from vllm_fleet.settings import Checker, ConfigError, did_you_mean
 
 #: The largest value each number may take: beyond what any model has (a typo, or hostile input
 #: that would make the planner build huge tables).
@@ -246,7 +246,8 @@ def _tie(reading: _Reading, config: Mapping[str, Any], text: Mapping[str, Any],
     return value
 
 
-def parse_model_info(check: Checker, raw: Any, instance: str, key: str = "model_info") -> ModelInfo | None:
+def parse_model_info(check: Checker, raw: Any, instance: str, key: str = "model_info",
+                     settings: Any = None) -> ModelInfo | None:
     """The `model_info` of an instance: a config.json dict (with `weights_gib` if wanted) or a path."""
     if isinstance(raw, str):
         try:

