@@ -468,12 +468,28 @@ def unit_environment(content: str) -> dict[str, str]:
     return env
 
 
+#: Words with a meaning of their own at the start of a `geo` or `map` entry (ngx_http_geo_module,
+#: ngx_http_map_module): data that became one of them changes what the table does.
+NGINX_TABLE_KEYWORDS = frozenset({"default", "include", "hostnames", "volatile", "ranges", "delete", "proxy",
+                                  "proxy_recursive"})
+
+
 def nginx_structure(text: str) -> list[tuple]:
     """(depth, directive, arguments, terminator) of each statement, tokenized as nginx's
     ngx_conf_read_token does: words end at whitespace, ';', '{' or '}'; a quote opens a token only at
     its start and a backslash escapes the next character; '#' at a token's start comments to the end
-    of the line."""
+    of the line. Inside a `geo` or `map` block an entry's first word is data (an address, a client's
+    id), so it stands as "<entry>" unless it is one of those blocks' own keywords."""
     out, words, depth, i, n = [], [], 0, 0, len(text)
+    blocks: list[str | None] = []
+
+    def head() -> str | None:
+        if not words:
+            return None
+        if blocks and blocks[-1] in ("geo", "map") and words[0] not in NGINX_TABLE_KEYWORDS:
+            return "<entry>"
+        return words[0]
+
     while i < n:
         c = text[i]
         if c in " \t\r\n":
@@ -482,11 +498,15 @@ def nginx_structure(text: str) -> list[tuple]:
             end = text.find("\n", i)
             i = n if end < 0 else end
         elif c in ";{":
-            out.append((depth, words[0] if words else None, len(words) - 1, c))
+            out.append((depth, head(), len(words) - 1, c))
+            if c == "{":
+                blocks.append(words[0] if words else None)
             words, depth, i = [], depth + (c == "{"), i + 1
         elif c == "}":
             if words:
-                out.append((depth, words[0], len(words) - 1, "<unterminated>"))
+                out.append((depth, head(), len(words) - 1, "<unterminated>"))
+            if blocks:
+                blocks.pop()
             words, depth, i = [], depth - 1, i + 1
             out.append((depth, "}", 0, "}"))
         elif c in "\"'":
@@ -759,6 +779,10 @@ def test_the_readers_see_an_injected_directive():
     assert nginx_structure(conf) != nginx_structure(conf.replace("80;", "80; include /x;"))
     assert nginx_structure(conf) == nginx_structure(conf.replace("80;", "80; # x; y {"))
     assert nginx_structure('a "x;y";') == [(0, "a", 1, ";")]
+    table = "geo $g {\n    10.0.0.11 1;\n}\n"  # an entry's address is data, a keyword is not
+    assert nginx_structure(table) == nginx_structure(table.replace("10.0.0.11", "0.0.0.1"))
+    assert nginx_structure(table) != nginx_structure(table.replace("10.0.0.11", "default"))
+    assert nginx_structure(table) != nginx_structure(table.replace("10.0.0.11", "include"))
     assert vllm_flags_read({"enforce-eager": True, "port": 1}) == ["enforce-eager", "port"]
     assert vllm_flags_read({"enforce-eager": "--host=0.0.0.0"}) == ["enforce-eager", "host"]
     assert vllm_flags_read({"enforce-eager": "true"}) == ["enforce-eager", ("<stray argument>", "true")]
