@@ -60,20 +60,24 @@ def _wait_until_failed(sandbox, host: str, timeout: float = 300) -> dict[str, st
 
 
 CRASH_HOST, HANG_HOST = "sbx-cpu2", "sbx-cpu3"
-MISSING_TOKENIZER = "/srv/no-such-tokenizer"
+EMPTY_TOKENIZER = "/srv/empty-tokenizer"
+# What the pinned vLLM's tokenizer loader (transformers) raises on a directory with no tokenizer in it.
+EMPTY_TOKENIZER_ERROR = "Couldn't instantiate the backend tokenizer"
 HANG_DROPIN = "/etc/systemd/system/vllm-tiny.service.d/hang.conf"
 
 
 @pytest.fixture(scope="module")
 def broken(sandbox, deploy_env, tmp_path_factory):
     """Two broken engines at once, each on its own host (both runs mostly wait on systemd's timers):
-    on sbx-cpu2 a tokenizer directory the host lacks (the config is sound, so only vLLM's own start
-    can find it: it exits while loading), on sbx-cpu3 a load that never opens
+    on sbx-cpu2 a tokenizer directory that is there but empty (a copy that never finished: the deploy
+    sees the path, and only vLLM's own start can tell it holds no tokenizer: it exits while loading),
+    on sbx-cpu3 a load that never opens
     its port (a stand-in engine that sleeps; start_timeout_s 30, the smallest allowed). Each deploy
     runs, then its unit is watched until systemd gives up. {host: (inventory, result, unit, seconds)}"""
     crash = variant_inventory(tmp_path_factory.mktemp("crash"),
-                              cpu2={"tokenizer": MISSING_TOKENIZER})
+                              cpu2={"tokenizer": EMPTY_TOKENIZER})
     hanging = variant_inventory(tmp_path_factory.mktemp("hang"), every={"start_timeout_s": 30})
+    sandbox.run(CRASH_HOST, f"mkdir -p {EMPTY_TOKENIZER}", check=True)
     # What a stuck load looks like from outside: an engine that never opens its port.
     sandbox.run(HANG_HOST, f"mkdir -p {HANG_DROPIN.rsplit('/', 1)[0]} && printf '[Service]\\nExecStart=\\n"
                            f"ExecStart=/bin/sleep infinity\\n' > {HANG_DROPIN}", check=True)
@@ -82,6 +86,9 @@ def broken(sandbox, deploy_env, tmp_path_factory):
         started = time.monotonic()
         result = pyinfra(deploy_env, "--limit", host, inventory=inventory)
         unit = _wait_until_failed(sandbox, host)
+        # systemd's own account of each start, for the assertions' messages
+        unit["journal"] = sandbox.run(host, "journalctl -u vllm-tiny.service -o short-precise --no-pager | grep -E "
+                                            "'Start|Stopp|Schedul|repeated|Failed|reset' | tail -n 40").stdout
         return host, (inventory, result, unit, time.monotonic() - started)
 
     try:
@@ -89,12 +96,13 @@ def broken(sandbox, deploy_env, tmp_path_factory):
             yield dict(pool.map(lambda args: break_one(*args), [(CRASH_HOST, crash), (HANG_HOST, hanging)]))
     finally:
         sandbox.run(HANG_HOST, f"rm -f {HANG_DROPIN} && systemctl daemon-reload", check=True)
+        sandbox.run(CRASH_HOST, f"rmdir {EMPTY_TOKENIZER}", check=True)
 
 
 def test_an_engine_that_cannot_start_ends_failed_and_status_says_why(broken, sandbox, deploy_env):
     inventory, result, unit, _seconds = broken[CRASH_HOST]
     assert result.returncode != 0
-    assert MISSING_TOKENIZER in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
+    assert EMPTY_TOKENIZER_ERROR in result.stdout + result.stderr, (result.stdout + result.stderr)[-3000:]
     # Bounded: systemd stopped retrying after the unit's start limit (3 starts within the interval
     # sized to the load; systemd 252 leaves Result at the last start's, exit-code), not every 5 s forever.
     assert unit.get("ActiveState") == "failed", unit
@@ -105,9 +113,9 @@ def test_an_engine_that_cannot_start_ends_failed_and_status_says_why(broken, san
     report = json.loads(shown.stdout)
     inst = report["hosts"][0]["instances"]["tiny"]
     assert inst["state"].startswith("failed"), inst
-    assert MISSING_TOKENIZER in json.dumps(inst), inst
+    assert EMPTY_TOKENIZER_ERROR in json.dumps(inst), inst
     table = vllm_fleet(deploy_env, "status", inventory, "--limit", CRASH_HOST)
-    assert "failed" in table.stdout and MISSING_TOKENIZER in table.stdout, table.stdout[-2000:]
+    assert "failed" in table.stdout and EMPTY_TOKENIZER_ERROR in table.stdout, table.stdout[-2000:]
 
 
 def test_a_load_that_hangs_is_stopped_at_its_start_timeout_and_reported(broken, deploy_env):
