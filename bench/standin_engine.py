@@ -32,7 +32,6 @@ import argparse
 import base64
 import hashlib
 import json
-import os
 import re
 import shutil
 import stat

@@ -409,7 +409,8 @@ def test_prepare_warns_about_foreign_processes_only(fake_nvml, prepare_on, caplo
 
 def test_mismatch_helper_accepts_the_same_gpus():
     live = parse_gpu_csv(SMI_SEED_BOX)
-    topo = {"gpus": [{"index": i, "bus_id": b, "name": g.name} for i, (b, g) in enumerate(zip((RTX, A1, A2), live))]}
+    topo = {"gpus": [{"index": i, "bus_id": b, "name": g.name}
+                     for i, (b, g) in enumerate(zip((RTX, A1, A2), live, strict=True))]}
     assert gpu_topology.mismatch(topo, live) is None
     topo["gpus"][1], topo["gpus"][2] = topo["gpus"][2], topo["gpus"][1]
     assert "list different GPUs (3 vs 3)" in gpu_topology.mismatch(topo, live)

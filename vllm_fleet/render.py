@@ -24,7 +24,7 @@ from vllm_fleet.monitoring import files as monitoring_files
 from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
-from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
+from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,
                                    front_paths, front_secrets_dir, jinja_environment, nginx_string)
 
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs

@@ -47,7 +47,7 @@ class HostPlanner:
                     continue
                 dp = gpu_count // (tp * pp)
                 fixed = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
-                if all(wanted is None or wanted == made for wanted, made in zip(fixed, (tp, pp, dp))):
+                if all(wanted is None or wanted == made for wanted, made in zip(fixed, (tp, pp, dp), strict=True)):
                     out.append((tp, pp, dp))
         return out
 
@@ -56,7 +56,7 @@ class HostPlanner:
         against the GPUs it would see (its 'gpus', or what 'auto' leaves it)."""
         labels = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
         sizes = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
-        given = {label: value for label, value in zip(labels, sizes) if value is not None}
+        given = {label: value for label, value in zip(labels, sizes, strict=True) if value is not None}
         if not given:
             return True
         world = 1
@@ -113,7 +113,7 @@ class HostPlanner:
         """Smallest TP that fits with headroom (then fewest PP stages); else the roomiest fit."""
         candidates = self._candidates(inst, mem, gpus, max_len)
         valid = [(sizes, candidate) for sizes, candidate, problems in candidates if not problems]
-        for sizes, candidate, problems in candidates:
+        for sizes, _candidate, problems in candidates:
             if problems:
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: rejected — {' '.join(problems)}")
         if not valid:
