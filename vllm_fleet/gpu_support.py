@@ -296,6 +296,7 @@ def preflight(host_name: str, gpus: Iterable[GpuSpec], instances: Iterable[Any] 
     drivers = {g.driver_version for g in gpus if g.driver_version}
     if minimums is not None and drivers:
         need = driver_tuple(minimums.min_driver)
+        assert need is not None, minimums.min_driver  # the built-in table's versions
         for found in sorted(drivers):
             have = driver_tuple(found)
             if have is None:

@@ -25,6 +25,7 @@ reload Prometheus (SIGHUP); a target list changes nothing else (Prometheus rerea
 from __future__ import annotations
 
 import math
+from functools import partial
 from importlib import resources
 
 from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, HostConfig, monitoring_ports
@@ -128,11 +129,11 @@ def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_to
                                     token_file=paths["token"], ca_file=ca_file)
     rules_text = rules.alert_rules(settings.vllm_monitoring_down_for_s, tls=ca_file is not None)
     token = TOKEN_PLACEHOLDER if placeholders or not metrics_token else metrics_token + "\n"
-    group = {"group": PROMETHEUS_USER, "mode": "0640"}
-    trust = [RenderedFile(paths["trust"], trust_pem or "# placeholder: the CAs the host trusts\n", **group)] if https else []
+    group_file = partial(RenderedFile, group=PROMETHEUS_USER, mode="0640")
+    trust = [group_file(paths["trust"], trust_pem or "# placeholder: the CAs the host trusts\n")] if https else []
     return [RenderedFile(paths["unit"], unit),
             *trust,
-            RenderedFile(paths["config"], config_text, **group),
-            RenderedFile(paths["rules"], rules_text, **group),
-            *[RenderedFile(paths[f"targets_{job}"], file_sd(targets, job), **group) for job in JOBS],
-            RenderedFile(paths["token"], token, secret=not placeholders, **group)]
+            group_file(paths["config"], config_text),
+            group_file(paths["rules"], rules_text),
+            *[group_file(paths[f"targets_{job}"], file_sd(targets, job)) for job in JOBS],
+            group_file(paths["token"], token, secret=not placeholders)]

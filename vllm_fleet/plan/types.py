@@ -110,6 +110,12 @@ class LayoutCandidate:
     even: Layout | None
     problem: str | None
 
+    @property
+    def built(self) -> Layout:
+        """The layout of a candidate without a problem: the layouts build one for each such."""
+        assert self.layout is not None, self.problem
+        return self.layout
+
 
 @dataclass
 class InstancePlan:
