@@ -146,7 +146,8 @@ def parse_csv_rows(lines: Iterable[str], fields: list[str]) -> list[dict[str, st
             continue  # e.g. "No devices were found", a wrapped warning
         if len(parts) < min(len(names), 2):
             continue
-        rows.append(dict(zip(names, parts, strict=False)))  # a row longer or shorter than the header: the columns both have
+        # A row shorter or longer than the header: the columns both have.
+        rows.append(dict(zip(names, parts, strict=False)))
     return rows
 
 

@@ -112,7 +112,8 @@ class LayoutCandidate:
 
     @property
     def built(self) -> Layout:
-        """The layout of a candidate without a problem: the layouts build one for each such."""
+        """The layout of a candidate without a problem (arrange_layout and node_group_layout build one
+        for each)."""
         assert self.layout is not None, self.problem
         return self.layout
 
