@@ -101,10 +101,12 @@ def test_the_bundled_probe_runs_as_the_host_runs_it():
     assert done.returncode == 1 and "unknown mode 'no-such-mode'" in done.stderr and "verify-with-gateway" in done.stderr
 
 
-def test_the_bundled_exporter_runs_as_a_file():
+def test_the_bundled_exporter_runs_as_a_file(tmp_path):
     """The file the deploy writes, run as its unit runs it (a refused --listen: it parses its
     arguments, then exits before listening)."""
-    done = subprocess.run(["python3", "-I", "-c", exporter_source(), "--listen", "nowhere"],
+    script = tmp_path / "host-exporter.py"
+    script.write_text(exporter_source())
+    done = subprocess.run(["python3", "-I", str(script), "--listen", "nowhere"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "--listen wants HOST:PORT" in done.stderr
 
