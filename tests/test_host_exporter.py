@@ -1,5 +1,6 @@
-"""The host exporter (vllm_fleet/monitoring/host_exporter.py) as it runs on a host: a subprocess on a
-free loopback port, scraped over HTTP, its answers read by a strict parser of the text format.
+"""The host exporter (vllm_fleet/payloads/exporter) as it runs on a host: its bundled script, the file
+the deploy writes, as a subprocess on a free loopback port, scraped over HTTP, its answers read by a
+strict parser of the text format; its functions from that same script, executed here as one module.
 
 GPUs come from a fake NVML module (the file vLLM vendors, placed in a --vllm-env tree made here),
 from the sandbox's SIMULATED nvidia-smi, or from nothing; the front from a stub_status server
@@ -27,10 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.monitoring import host_exporter
+from payload_helpers import bundled_module
+from vllm_fleet import payloads
+from vllm_fleet.monitoring.files import exporter_source
 from vllm_fleet.sandbox import nvidia_smi
 
-EXPORTER = Path(host_exporter.__file__)
+host_exporter = bundled_module(payloads.EXPORTER, "host_exporter")
 EXPORTER_PYTHON = os.environ.get("VLLM_FLEET_EXPORTER_PYTHON") or sys.executable
 HOSTILE_COMM = 'q"b\\s\nn'  # a quote, a backslash and a newline: /proc/PID/comm keeps all three
 
@@ -128,14 +131,22 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def exporter_file(tmp_path_factory) -> Path:
+    """The exporter's file as the deploy writes it (host-exporter.py: its payload bundled)."""
+    path = tmp_path_factory.mktemp("exporter") / "host-exporter.py"
+    path.write_text(exporter_source())
+    return path
+
+
 @pytest.fixture
-def run_exporter():
+def run_exporter(exporter_file):
     """start(*args, env=...) -> a running exporter on a free loopback port; all stopped afterwards."""
     started: list[subprocess.Popen] = []
 
     def start(*args: str, env: dict | None = None) -> Exporter:
         port = free_port()
-        proc = subprocess.Popen([EXPORTER_PYTHON, "-I", str(EXPORTER), "--listen", f"127.0.0.1:{port}", *args],
+        proc = subprocess.Popen([EXPORTER_PYTHON, "-I", str(exporter_file), "--listen", f"127.0.0.1:{port}", *args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **(env or {})})
         started.append(proc)

@@ -1,9 +1,9 @@
-"""The monitoring files a host gets. Pure: strings in, strings out (the exporter's text is read from
-this package, never imported).
+"""The monitoring files a host gets. Pure: strings in, strings out (the exporter's text is its
+payload's modules bundled, vllm_fleet.payloads.EXPORTER, never imported).
 
 On every vllm_metrics host (host_metrics_files):
 
-    <vllm_config_dir>/host-exporter.py                  the host exporter (host_exporter.py's text)
+    <vllm_config_dir>/host-exporter.py                  the host exporter (vllm_fleet/payloads/exporter)
     /etc/systemd/system/vllm-fleet-exporter.service     runs it as the service user, on 127.0.0.1
     /etc/systemd/system/vllm-fleet-node-exporter.service  Debian's prometheus-node-exporter, on 127.0.0.1
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from importlib import resources
 
+from vllm_fleet import payloads
 from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, HostConfig, monitoring_ports
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment
@@ -53,8 +53,8 @@ TOKEN_PLACEHOLDER = "placeholder: the deploy writes the metrics token here\n"
 
 
 def exporter_source() -> str:
-    """host_exporter.py's text, as the host gets it."""
-    return resources.files(__package__).joinpath("host_exporter.py").read_text(encoding="utf-8")
+    """The exporter's text, as the host gets it: one script, its payload's modules bundled."""
+    return payloads.script(payloads.EXPORTER)
 
 
 def metrics_paths(config: HostConfig) -> dict[str, str]:
