@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
-import math
 import os
 import queue
 import random
@@ -61,7 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchlib import BENCH, CPU_HOSTS, REPO, SANDBOX_INVENTORY, print_json
+from benchlib import CPU_HOSTS, REPO, SANDBOX_INVENTORY, print_json
 from gateway_standin import percentile
 
 API_KEY = "sk-bench-gateway-policy"  # the bench deploys its sandbox fleet with this key (bench only)
@@ -141,7 +140,7 @@ def turn_messages(system: str, users: list[str], replies: list[str]) -> list[dic
     if len(users) != len(replies) + 1:
         raise ValueError("one more user message than replies")
     messages = [{"role": "system", "content": system}]
-    for user, reply in zip(users, replies):
+    for user, reply in zip(users[:-1], replies, strict=True):
         messages += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
     messages.append({"role": "user", "content": users[-1]})
     return messages

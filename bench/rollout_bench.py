@@ -192,7 +192,7 @@ def rollout_timeline(lines: list[tuple[float, str]], hosts: list[str]) -> dict[s
                "seconds_to_healthy": None, "healthy": None, "verified": None, "done": None, "state": None,
                "unit": None} for h in hosts}
     batch: list[str] = []
-    op_name, op_t0 = None, None
+    op_name = None
     for t, raw in lines:
         text = strip_ansi(raw).rstrip()
         if (m := _BATCH.match(text)):
@@ -202,7 +202,7 @@ def rollout_timeline(lines: list[tuple[float, str]], hosts: list[str]) -> dict[s
                     out[h]["batch"] = t
             continue
         if (m := _OP.match(text)):
-            op_name, op_t0 = m.group("name"), t
+            op_name = m.group("name")
             if (r := _RESTART_OP.match(op_name)):
                 for h in batch:
                     if h in out and out[h]["files_written"] is None:

@@ -43,7 +43,7 @@ def measure_serving() -> None:
     from vllm_fleet.sandbox import harness, hosts
 
     sandbox = hosts.load(SANDBOX_INVENTORY)
-    for status, host in zip(harness.status(sandbox), sandbox.hosts):
+    for status, host in zip(harness.status(sandbox), sandbox.hosts, strict=True):
         if not status.running:
             print(f"  {host.name}: not running")
             continue

@@ -32,7 +32,6 @@ import argparse
 import base64
 import hashlib
 import json
-import os
 import re
 import shutil
 import stat
@@ -152,7 +151,7 @@ class Engine(_standin.StandIn):
         return super()._route(method, path, headers, body)
 
     def metrics_text(self):
-        """vLLM's Prometheus gauges host_probe reads (nothing is ever in flight here) + a counter."""
+        """vLLM's Prometheus gauges the host probe reads (nothing is ever in flight here) + a counter."""
         labels = '{engine="0",model_name=' + json.dumps(self.model) + "}"
         done = self.counts.get("POST /v1/completions 200", 0)
         lines = []

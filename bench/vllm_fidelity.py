@@ -219,7 +219,7 @@ def collect(work: Path, only: set[str] | None) -> tuple[list[dict], list[dict]]:
     cases = [(p.stem, p, "example inventory") for p in sorted((REPO / "inventory").glob("*.py"))]
     cases += _write_variants(work / "variants")
     jobs, failures = [], []
-    for name, path, what in cases:
+    for name, path, _what in cases:
         if only and name not in only:
             continue
         out = work / "rendered" / name
@@ -406,8 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode or not out_file.exists():
             sys.exit(f"the vLLM child failed ({proc.returncode}):\n{proc.stderr[-6000:]}")
         results = json.loads(out_file.read_text())
-    controls = [(job, res) for job, res in zip(jobs, results) if job.get("control")]
-    rows = [judge(job, res) for job, res in zip(jobs, results) if not job.get("control")]
+    controls = [(job, res) for job, res in zip(jobs, results, strict=True) if job.get("control")]
+    rows = [judge(job, res) for job, res in zip(jobs, results, strict=True) if not job.get("control")]
     bad = failures or any(r["problems"] for r in rows)
     if opts.json:
         json.dump({"vllm": VLLM_VERSION, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),

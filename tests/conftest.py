@@ -13,10 +13,10 @@ import time
 import pytest
 
 import sandbox_fixture
-from sandbox_fixture import (pytest_addoption, pytest_collection_finish, pytest_runtest_setup,  # noqa: F401
-                             pytest_unconfigure, sandbox)
-from fleet_helpers import deploy_env, standin_env  # noqa: F401,E402
-import figures  # noqa: E402
+from sandbox_fixture import (  # noqa: F401 (hooks and a fixture: pytest finds them by name)
+    pytest_addoption, pytest_collection_finish, pytest_runtest_setup, pytest_unconfigure, sandbox)
+from fleet_helpers import deploy_env, standin_env  # noqa: F401 (fixtures: pytest finds them by name)
+import figures
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

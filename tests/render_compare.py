@@ -34,7 +34,7 @@ def fleets(generated: int) -> dict[str, list]:
     """name -> rows (host name, data, groups) of every fleet to render, from HEAD's tests."""
     os.environ.setdefault("VLLM_FLEET_REAL_TOOLS_SEED", "20261203")
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
-    import test_real_tools as corpus  # noqa: E402  (HEAD's generator, seeded)
+    import test_real_tools as corpus  # HEAD's generator, seeded
 
     corpus.GENERATED_FLEETS = generated
     cases = corpus.fixture_cases() + (corpus.generated_cases() if generated else [])
@@ -91,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                 own = [tree / inventory.relative_to(REPO) for tree in trees]
             else:
                 own = [inventory, inventory]
-            before, after = (render(tree, inv, work / "out" / tree.name / name) for tree, inv in zip(trees, own))
+            before, after = (render(tree, inv, work / "out" / tree.name / name)
+                             for tree, inv in zip(trees, own, strict=True))
             for path in sorted(set(before) | set(after)):
                 if before.get(path) == after.get(path):
                     continue

@@ -70,7 +70,7 @@ GPU_DETAILS = [{"compute_capability": "8.9", "pci_bus_id": "00000000:01:00.0"},
 def base_data(kind: str) -> dict:
     if kind == GPU_HOST:  # three GPUs of two models: split into two instances
         gpus = [dict(gpu, **details, driver_version="580.126.09", mig_mode="Disabled")
-                for gpu, details in zip([RTX_4090D, A100_40G, A100_40G], GPU_DETAILS)]
+                for gpu, details in zip([RTX_4090D, A100_40G, A100_40G], GPU_DETAILS, strict=True)]
         return host_data(gpus=gpus, instances=[instance(env=dict(ENV), engine_args=copy.deepcopy(ENGINE_ARGS))])
     # A CPU host that is the fleet's gateway: the front's gateway block and the gateway's files too.
     return {"vllm_target": "cpu", "vllm_gateway": True, "ssh_hostname": "10.0.0.5",
@@ -636,7 +636,7 @@ def assert_same_structure(got: list[RenderedFile], baseline: list[RenderedFile],
     for path in paths:  # Linux's NAME_MAX and PATH_MAX
         assert all(0 < len(part.encode("utf-8", "surrogatepass")) <= 255 for part in path.split("/")[1:]), path
         assert len(path.encode("utf-8", "surrogatepass")) < 4096, path
-    for mine, base in zip(got, baseline):
+    for mine, base in zip(got, baseline, strict=True):
         assert mine.path.rsplit(".", 1)[-1] == base.path.rsplit(".", 1)[-1], (mine.path, base.path)
         content = mine.content
         assert is_utf8(content), (mine.path, "not UTF-8: the file cannot go to the host")

@@ -365,7 +365,8 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     def deploy(state, _function, options):  # what the deploy asks of the run on each host of its batch
         for name in options.limit:
             data = {**Settings.defaults(), **state.inventory.get_host(name).data.dict()}
-            state_module.host_config(SimpleNamespace(name=name, state=state, data=SimpleNamespace(dict=lambda: data)))
+            its_host = SimpleNamespace(name=name, state=state, data=SimpleNamespace(dict=lambda data=data: data))
+            state_module.host_config(its_host)
         state_module.run_fleet(state).every()
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", ROLLOUT_KEY)

@@ -5,6 +5,7 @@ ports this test starts and stops; no sandbox host is booted here)."""
 from __future__ import annotations
 
 import http.server
+import itertools
 import json
 import sys
 import threading
@@ -49,7 +50,7 @@ def test_each_turn_carries_the_previous_ones_and_their_replies():
     users = ["first?", "second?", "third?"]
     replies = ["one", "two"]
     turns = [pb.turn_messages("SYS", users[:n + 1], replies[:n]) for n in range(3)]
-    for shorter, longer in zip(turns, turns[1:]):
+    for shorter, longer in itertools.pairwise(turns):
         assert longer[:len(shorter)] == shorter  # the earlier turn is a prefix of the next
         assert len(longer) == len(shorter) + 2  # + its reply and the new user message
     assert turns[2] == [{"role": "system", "content": "SYS"},

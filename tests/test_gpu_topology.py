@@ -1,4 +1,5 @@
-"""The richer GPU probe (gpu_topology.py, the GpuTopology fact) and what the deploy does with it.
+"""The richer GPU probe (vllm_fleet/payloads/gpu_topology, bundled; the GpuTopology fact) and what the
+deploy does with it.
 
 NVIDIA's library cannot exist on this machine (no GPU, no driver, no libnvidia-ml.so.1), so the
 on-host script runs for real, in a subprocess, against a TEST DOUBLE: a fake `pynvml` module written
@@ -26,10 +27,11 @@ from vllm_fleet.deploy import DeployError
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
 from vllm_fleet.host.gpu_facts import GpuTopology, parse_gpu_csv, topology_command
+from vllm_fleet.payloads.nvidia import normalize_bus_id, unit_from_cgroup
 from vllm_fleet.plan import Interconnect, plan_host
 
 FAKE_PYNVML = textwrap.dedent('''
-    """TEST DOUBLE of NVIDIA's pynvml (nvidia-ml-py): only what gpu_topology.py calls, same names.
+    """TEST DOUBLE of NVIDIA's pynvml (nvidia-ml-py): only what the probe calls, same names.
     The scenario comes from $FAKE_NVML_SCENARIO (JSON); calls are appended to $FAKE_NVML_LOG."""
     import ctypes, json, os
     from types import SimpleNamespace
@@ -227,17 +229,17 @@ def test_a_process_is_named_by_its_systemd_unit(fake_nvml):
     me = os.getpid()
     result, _ = fake_nvml(seed_box_scenario(procs_on_a1=[(me, 700)]))
     (proc,) = fact(result.stdout)["gpus"][1]["processes"]
-    expected = gpu_topology.unit_from_cgroup(Path(f"/proc/{me}/cgroup").read_text())
+    expected = unit_from_cgroup(Path(f"/proc/{me}/cgroup").read_text())
     assert proc == {"pid": me, "used_mib": 700, "name": Path(f"/proc/{me}/comm").read_text().strip(),
                     "unit": expected}
 
 
 def test_unit_from_cgroup_v1_and_v2():
-    assert gpu_topology.unit_from_cgroup("0::/system.slice/vllm-gemma.service\n") == "vllm-gemma.service"
+    assert unit_from_cgroup("0::/system.slice/vllm-gemma.service\n") == "vllm-gemma.service"
     v1 = "12:cpu,cpuacct:/system.slice/other.service\n1:name=systemd:/system.slice/vllm-a.service\n"
-    assert gpu_topology.unit_from_cgroup(v1) == "other.service"
-    assert gpu_topology.unit_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
-    assert gpu_topology.unit_from_cgroup("") is None
+    assert unit_from_cgroup(v1) == "other.service"
+    assert unit_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
+    assert unit_from_cgroup("") is None
 
 
 def test_pynvml_missing_is_unavailable_not_an_error(fake_nvml):
@@ -277,9 +279,9 @@ def test_fact_parse_takes_the_result_line_and_survives_garbage():
 
 
 def test_bus_ids_from_nvml_and_nvidia_smi_compare_equal():
-    assert gpu_topology.normalize_bus_id("0000:41:00.0") == A1
-    assert gpu_topology.normalize_bus_id(b"00000000:41:00.0") == A1
-    assert gpu_topology.normalize_bus_id("00000000:C1:00.0") == "00000000:c1:00.0"
+    assert normalize_bus_id("0000:41:00.0") == A1
+    assert normalize_bus_id(b"00000000:41:00.0") == A1
+    assert normalize_bus_id("00000000:C1:00.0") == "00000000:c1:00.0"
 
 
 # --- the planner: P2P facts as data ---------------------------------------------------------------
@@ -409,7 +411,8 @@ def test_prepare_warns_about_foreign_processes_only(fake_nvml, prepare_on, caplo
 
 def test_mismatch_helper_accepts_the_same_gpus():
     live = parse_gpu_csv(SMI_SEED_BOX)
-    topo = {"gpus": [{"index": i, "bus_id": b, "name": g.name} for i, (b, g) in enumerate(zip((RTX, A1, A2), live))]}
+    topo = {"gpus": [{"index": i, "bus_id": b, "name": g.name}
+                     for i, (b, g) in enumerate(zip((RTX, A1, A2), live, strict=True))]}
     assert gpu_topology.mismatch(topo, live) is None
     topo["gpus"][1], topo["gpus"][2] = topo["gpus"][2], topo["gpus"][1]
     assert "list different GPUs (3 vs 3)" in gpu_topology.mismatch(topo, live)

@@ -1,5 +1,6 @@
-"""The host exporter (vllm_fleet/monitoring/host_exporter.py) as it runs on a host: a subprocess on a
-free loopback port, scraped over HTTP, its answers read by a strict parser of the text format.
+"""The host exporter (vllm_fleet/payloads/exporter) as it runs on a host: its bundled script, the file
+the deploy writes, as a subprocess on a free loopback port, scraped over HTTP, its answers read by a
+strict parser of the text format; its functions from that same script, executed here as one module.
 
 GPUs come from a fake NVML module (the file vLLM vendors, placed in a --vllm-env tree made here),
 from the sandbox's SIMULATED nvidia-smi, or from nothing; the front from a stub_status server
@@ -27,10 +28,12 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.monitoring import host_exporter
+from payload_helpers import bundled_module
+from vllm_fleet import payloads
+from vllm_fleet.monitoring.files import exporter_source
 from vllm_fleet.sandbox import nvidia_smi
 
-EXPORTER = Path(host_exporter.__file__)
+host_exporter = bundled_module(payloads.EXPORTER, "host_exporter")
 EXPORTER_PYTHON = os.environ.get("VLLM_FLEET_EXPORTER_PYTHON") or sys.executable
 HOSTILE_COMM = 'q"b\\s\nn'  # a quote, a backslash and a newline: /proc/PID/comm keeps all three
 
@@ -77,7 +80,8 @@ class Scrape:
             assert set(names[first:last + 1]) == {name}, f"{name}'s samples are split"
 
     def get(self, name: str, **labels) -> list[tuple[dict, float]]:
-        return [(l, v) for n, l, v in self.samples if n == name and all(l.get(k) == v for k, v in labels.items())]
+        return [(got, v) for n, got, v in self.samples
+                if n == name and all(got.get(k) == v for k, v in labels.items())]
 
     def value(self, name: str, **labels) -> float:
         (found,) = self.get(name, **labels)
@@ -127,14 +131,22 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(timeout=10)
 
 
+@pytest.fixture(scope="module")
+def exporter_file(tmp_path_factory) -> Path:
+    """The exporter's file as the deploy writes it (host-exporter.py: its payload bundled)."""
+    path = tmp_path_factory.mktemp("exporter") / "host-exporter.py"
+    path.write_text(exporter_source())
+    return path
+
+
 @pytest.fixture
-def run_exporter():
+def run_exporter(exporter_file):
     """start(*args, env=...) -> a running exporter on a free loopback port; all stopped afterwards."""
     started: list[subprocess.Popen] = []
 
     def start(*args: str, env: dict | None = None) -> Exporter:
         port = free_port()
-        proc = subprocess.Popen([EXPORTER_PYTHON, "-I", str(EXPORTER), "--listen", f"127.0.0.1:{port}", *args],
+        proc = subprocess.Popen([EXPORTER_PYTHON, "-I", str(exporter_file), "--listen", f"127.0.0.1:{port}", *args],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                 env={**os.environ, **(env or {})})
         started.append(proc)
@@ -312,8 +324,8 @@ def test_nvml_gpus_in_pci_order_with_units_and_unsupported_metrics_absent(tmp_pa
     assert scrape.value("vllm_fleet_gpu_up") == 1
     info = sorted(scrape.get("vllm_fleet_gpu_info"), key=lambda s: s[0]["gpu"])
     # NVML lists the A100 first; PCI order (bus 01 before bus 41) puts the 4090 D first.
-    assert [(l["gpu"], l["gpu_name"], l["pci_bus_id"], l["source"], l["simulated"], l["driver"])
-            for l, _ in info] == [
+    assert [(labels["gpu"], labels["gpu_name"], labels["pci_bus_id"], labels["source"], labels["simulated"],
+             labels["driver"]) for labels, _ in info] == [
         ("0", "NVIDIA GeForce RTX 4090 D", "00000000:01:00.0", "nvml", "false", "580.126.09"),
         ("1", "NVIDIA A100-SXM4-40GB", "00000000:41:00.0", "nvml", "false", "580.126.09")]
     assert info[1][0]["uuid"] == "GPU-3f1c2a9e-0b6d-4c1e-9a57-2d8e6f0b1c3a"
@@ -338,8 +350,8 @@ def test_nvml_gpus_in_pci_order_with_units_and_unsupported_metrics_absent(tmp_pa
     assert scrape.types["vllm_fleet_gpu_ecc_errors_total"] == "counter"
     assert "volatile" in scrape.helps["vllm_fleet_gpu_ecc_errors_total"]
     for name in GPU_SERIES:
-        assert {l["gpu"] for l, _ in scrape.get(name)} == {"0", "1"}, name
-        assert all(l["simulated"] == "false" and l["gpu_name"] for l, _ in scrape.get(name)), name
+        assert {labels["gpu"] for labels, _ in scrape.get(name)} == {"0", "1"}, name
+        assert all(labels["simulated"] == "false" and labels["gpu_name"] for labels, _ in scrape.get(name)), name
 
     # The process, counted once though NVML lists it as compute and graphics; its name escaped.
     (proc,) = scrape.get("vllm_fleet_gpu_process_memory_used_bytes")
@@ -373,14 +385,14 @@ def test_simulated_nvidia_smi_gpus_are_labelled_simulated_and_the_4090_d_has_no_
     scrape = exporter.scrape("/gpu")
     assert scrape.value("vllm_fleet_gpu_up") == 1
     info = sorted(scrape.get("vllm_fleet_gpu_info"), key=lambda s: s[0]["gpu"])
-    assert [(l["gpu"], l["gpu_name"], l["source"]) for l, _ in info] == [
+    assert [(labels["gpu"], labels["gpu_name"], labels["source"]) for labels, _ in info] == [
         ("0", "NVIDIA GeForce RTX 4090 D", "nvidia-smi"), ("1", "NVIDIA A100-SXM4-40GB", "nvidia-smi"),
         ("2", "NVIDIA A100-SXM4-40GB", "nvidia-smi")]
-    assert all(l["uuid"].startswith("GPU-sim-") for l, _ in info)
+    assert all(labels["uuid"].startswith("GPU-sim-") for labels, _ in info)
     gpu_samples = [s for s in scrape.samples if s[0] != "vllm_fleet_gpu_up"]
     assert gpu_samples and all(labels["simulated"] == "true" for _, labels, _ in gpu_samples)
     for name in GPU_SERIES:
-        assert {l["gpu"] for l, _ in scrape.get(name)} == {"0", "1", "2"}, name
+        assert {labels["gpu"] for labels, _ in scrape.get(name)} == {"0", "1", "2"}, name
     assert scrape.value("vllm_fleet_gpu_memory_total_bytes", gpu="0") == 24564 * 1024 * 1024  # MiB
     assert scrape.value("vllm_fleet_gpu_power_limit_watts", gpu="0") == 425
     assert scrape.value("vllm_fleet_gpu_power_limit_watts", gpu="1") == 400
@@ -494,7 +506,7 @@ def test_front_counters_storage_and_certificate(tmp_path, run_exporter, stub_sta
                             "--storage", str(tmp_path / "missing"), "--tls-cert", str(cert))
     scrape = exporter.scrape("/front")
     assert scrape.value("vllm_fleet_front_up") == 1
-    assert {l["state"]: v for l, v in scrape.get("vllm_fleet_front_connections")} == {
+    assert {labels["state"]: v for labels, v in scrape.get("vllm_fleet_front_connections")} == {
         "active": 3, "reading": 0, "writing": 1, "waiting": 2}
     assert scrape.value("vllm_fleet_front_connections_accepted_total") == 17
     assert scrape.value("vllm_fleet_front_connections_handled_total") == 16
@@ -504,7 +516,8 @@ def test_front_counters_storage_and_certificate(tmp_path, run_exporter, stub_sta
     assert scrape.value("vllm_fleet_storage_size_bytes", path=str(odd_dir)) == fs.f_blocks * fs.f_frsize
     avail = scrape.value("vllm_fleet_storage_avail_bytes", path=str(odd_dir))
     assert 0 < avail <= fs.f_blocks * fs.f_frsize
-    assert [l["path"] for l, _ in scrape.get("vllm_fleet_storage_size_bytes")] == [str(odd_dir)]  # missing: skipped
+    sizes = scrape.get("vllm_fleet_storage_size_bytes")
+    assert [labels["path"] for labels, _ in sizes] == [str(odd_dir)]  # missing: skipped
     assert scrape.value("vllm_fleet_tls_cert_not_after_timestamp_seconds", path=str(cert)) == not_after.timestamp()
 
     status, _, _ = fetch(exporter.base + "/front", method="HEAD")

@@ -248,7 +248,7 @@ def test_bad_nodes_inputs_are_located_errors_with_a_fix(case):
 def rendered(hosts) -> dict[str, dict[str, str]]:
     check_fleet(hosts)
     plan = plan_fleet(hosts)
-    return {h.name: {f.path: f.content for f in render_host(h, p)} for h, p in zip(hosts, plan.hosts)}
+    return {h.name: {f.path: f.content for f in render_host(h, p)} for h, p in zip(hosts, plan.hosts, strict=True)}
 
 
 def _exec_start(unit: str) -> str:
@@ -308,7 +308,7 @@ def test_render_the_worker_gets_only_a_ray_worker_unit_with_the_same_hardening()
 def test_every_node_gets_the_same_environment_with_ray_pinned():
     hosts = two_servers()
     plan = plan_fleet(hosts)
-    specs = [environment_spec(h, p) for h, p in zip(hosts, plan.hosts)]
+    specs = [environment_spec(h, p) for h, p in zip(hosts, plan.hosts, strict=True)]
     assert all("ray==2.60.0" in s.packages() for s in specs)
     assert environment_prefix(hosts[0], specs[0]) == environment_prefix(hosts[1], specs[1])
     bumped = two_servers(a={"vllm_ray_version": "2.61.0"}, b={"vllm_ray_version": "2.61.0"})

@@ -32,7 +32,7 @@ from vllm_fleet.host import (facts, gpu_facts, host_facts, model_source, model_s
                              ownership, state_facts)
 from vllm_fleet.host.facts import parse_batch, query
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
-from vllm_fleet.host.host_probe import RESULT_PREFIX
+from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.config import service_user_directories
 from vllm_fleet.templating import front_secrets_dir
 

@@ -20,6 +20,7 @@ import ssl
 import subprocess
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,7 @@ def https_index(tmp_path_factory):
     _simple_index(folder / "www", wheels)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
-    handler = lambda *a, **k: _Quiet(*a, directory=str(folder / "www"), **k)  # noqa: E731
+    handler = partial(_Quiet, directory=str(folder / "www"))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -33,10 +33,10 @@ import dataclasses
 import os
 import random
 import shutil
-import subprocess
 import typing
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -442,7 +442,7 @@ def render_case(case: Case, workstation: Path) -> list[RenderedHost]:
     return [RenderedHost(case.label, host, render_host(host, host_plan, secrets_for(host, every),
                                                        backends=backends, targets=targets,
                                                        gateway_access=fleet.gateway_access()))
-            for host, host_plan in zip(hosts, plan.hosts)]
+            for host, host_plan in zip(hosts, plan.hosts, strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -532,7 +532,7 @@ def test_systemd_analyze_verify_accepts_every_rendered_unit(placed, tmp_path):
         tools.systemd_root(host.root, host.files, system_units)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         said = list(pool.map(lambda h: tools.verify_problems(h.root, h.files), placed))
-    results = [(f"{host.where} {path}", problem) for host, problems in zip(placed, said)
+    results = [(f"{host.where} {path}", problem) for host, problems in zip(placed, said, strict=True)
                for path, problem in problems.items()]
     refused = tally("systemd-analyze verify", results)
     assert not refused, "systemd-analyze verify refused rendered units:\n" + "\n".join(refused)
@@ -546,7 +546,7 @@ def test_promtool_accepts_every_rendered_prometheus_config_and_rules(placed):
     available(promtool_tool_program)
     config_results, rules_results = [], []
     for host in monitoring_hosts(placed):
-        config_problem, rules_problem = available(lambda: tools.promtool_problems(host.root, host.config))
+        config_problem, rules_problem = available(partial(tools.promtool_problems, host.root, host.config))
         paths = monitoring_paths(host.config)
         config_results.append((f"{host.where} {paths['config']}", config_problem))
         rules_results.append((f"{host.where} {paths['rules']}", rules_problem))
@@ -562,7 +562,8 @@ def promtool_tool_program():
 
 def test_prometheus_takes_every_rendered_units_flags(placed, tmp_path):
     available(promtool_tool_program)
-    results = [(f"{h.where} {PROMETHEUS_UNIT} ExecStart", available(lambda: tools.prometheus_flag_problems(tmp_path, h.files)))
+    results = [(f"{h.where} {PROMETHEUS_UNIT} ExecStart",
+                available(partial(tools.prometheus_flag_problems, tmp_path, h.files)))
                for h in monitoring_hosts(placed)]
     refused = tally("prometheus (flags)", results)
     assert not refused, "Prometheus refused the flags of rendered units:\n" + "\n".join(refused)
@@ -573,7 +574,7 @@ def test_vllm_router_takes_every_rendered_gateway_command(corpus):
     assert units, "no gateway was rendered"
     said = router_tool.parse(ROUTER_VERSION, [tools.router_argv(unit) for _where, unit in units])
     refused = tally("vllm-router (parser)", [(f"{where} {GATEWAY_UNIT} ExecStart", problem)
-                                             for (where, _unit), problem in zip(units, said)])
+                                             for (where, _unit), problem in zip(units, said, strict=True)])
     assert not refused, f"vllm-router {ROUTER_VERSION} refused rendered arguments:\n" + "\n".join(refused)
 
 

@@ -179,8 +179,8 @@ def test_a_false_flag_is_written_as_the_negated_flag_vllms_config_loader_passes_
 @pytest.mark.parametrize("value", ["plain", "it's", 'say "hi" \\ $HOME `id`', "a\\b", "'", " padded ", ""])
 def test_the_host_probe_reads_back_exactly_what_the_env_file_writer_quoted(value):
     """One EnvironmentFile rule: the writer (templating.env_quote) and the reader on the host
-    (host_probe.env_unquote, which keeps its own copy of the escaped set) agree."""
-    from vllm_fleet.host import host_probe
+    (the probe's env_unquote, which keeps its own copy of the escaped set) agree."""
+    from vllm_fleet.payloads.probe import host as host_probe
     from vllm_fleet.templating import ENV_FILE_ESCAPED, env_quote
 
     assert host_probe._DOUBLE_QUOTE_ESCAPED == ENV_FILE_ESCAPED

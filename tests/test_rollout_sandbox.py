@@ -9,6 +9,7 @@ CPU host whatever that module left.
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 import time
@@ -115,7 +116,7 @@ def test_rollout_goes_in_inventory_order_verifying_each_host(rolled, sandbox):
     assert all(hosts[name]["state"] == "updated" for name in ROLLED)
     assert hosts["sbx-cpu1"]["state"] in ("unchanged", "updated")
     # Each host was verified (finished) before the next one started.
-    for first, second in zip(order, order[1:]):
+    for first, second in itertools.pairwise(order):
         assert hosts[first]["finished"] <= hosts[second]["started"]
     for name in ROLLED:
         assert "max-num-seqs: 16" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout

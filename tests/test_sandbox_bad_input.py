@@ -128,7 +128,7 @@ def test_a_wheelhouse_that_cannot_serve_the_gateway_host_changes_no_host(sandbox
     manifest["requirements"] = [r for r in manifest["requirements"] if not r.startswith("vllm-router")]
     lacking = tmp_path / "cpu-without-router"
     lacking.mkdir()
-    for name, entry in list(manifest["files"].items()):  # every wheel but the router's, as hard links
+    for name in list(manifest["files"]):  # every wheel but the router's, as hard links
         if name.lower().startswith("vllm_router"):
             del manifest["files"][name]
         else:

@@ -74,7 +74,7 @@ def test_cpu_hosts_have_no_nvidia_smi(sandbox: hosts.Sandbox) -> None:
 
 def test_hosts_reach_each_other_by_address(sandbox: hosts.Sandbox) -> None:
     """Each host reads the next one's SSH banner over the sandbox network."""
-    for host, other in zip(sandbox.hosts, sandbox.hosts[1:] + sandbox.hosts[:1]):
+    for host, other in zip(sandbox.hosts, sandbox.hosts[1:] + sandbox.hosts[:1], strict=True):
         cmd = f"timeout 5 bash -c 'exec 3<>/dev/tcp/{other.address}/22; head -c 8 <&3'"
         proc = sandbox.run(host, cmd)
         assert proc.stdout.startswith("SSH-2.0"), f"{host.name} -> {other.name}: {proc.stderr}"

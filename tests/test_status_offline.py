@@ -1,6 +1,6 @@
 """`vllm-fleet status` without hosts: host_status driven through a stub connection whose remote.run
 runs the deploy's discovery batch in a real local shell (the simulated nvidia-smi first on PATH: no
-vLLM environment there, so NVML's topology is unavailable) and the status probe (host_probe.status)
+vLLM environment there, so NVML's topology is unavailable) and the status probe (its status mode, bundled as the host runs it)
 in-process against recorded-shape systemctl/journal answers. Covers: a host that declares no `gpus` is planned
 with its live GPUs (not "not in the plan"); a failed unit shows systemd's
 Result, its restarts, the journal's reason and a diagnosis, in the table and the JSON; the front unit."""
@@ -18,15 +18,19 @@ from pathlib import Path
 
 import pytest
 
+from payload_helpers import bundled_module
 from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
-from vllm_fleet.host import host_probe, remote
+from vllm_fleet.host import remote
 from vllm_fleet.commands import status
 from vllm_fleet.config import parse_host
 from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
-from vllm_fleet.host.host_probe import RESULT_PREFIX
+from vllm_fleet import payloads
+from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import FRONT_UNIT, render_host
 from vllm_fleet.sandbox import nvidia_smi
+
+host_probe = bundled_module(payloads.PROBE, "host_probe")  # as the host runs it: one namespace
 
 # What journalctl -u UNIT -o cat shows for an instance with a bad engine argument after its start
 # limit: vLLM's argparse error (the format test_rollout_sandbox's bad flag produces), then systemd
@@ -220,7 +224,6 @@ def test_host_probe_reports_a_unit_waiting_to_restart(monkeypatch):
 
 def _fake_unit(monkeypatch, states):
     """host_probe against a unit whose ActiveState goes through `states` (the last one repeats)."""
-    from vllm_fleet.host import host_probe
     seen = iter(states)
     last = {"state": states[0]}
 

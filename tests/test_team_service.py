@@ -198,7 +198,7 @@ def test_no_client_name_is_a_map_key_nginx_could_fold_or_read_as_a_keyword():
     ids = {client_id(n) for n in clients} | {client_id("vllm-fleet")}
     assert len(ids) == 4 and ids <= set(map_keys)
     # requests_per_minute = 1: no burst at all (nginx refuses burst=0).
-    assert "burst=0" not in front and f"limit_req zone=vllm_fleet_client_1 nodelay;" in front
+    assert "burst=0" not in front and "limit_req zone=vllm_fleet_client_1 nodelay;" in front
 
 
 def _gateway_fleet(**backend):

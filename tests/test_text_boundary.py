@@ -70,7 +70,7 @@ def test_plan_refuses_with_exit_2_and_no_traceback(tmp_path):
     inv = tmp_path / "hostile.py"
     inv.write_text(
         "from planning_fixtures import host_data, instance\n"
-        f"box = [('h1', host_data(instances=[instance(name='q', env={{'X': 'INFO\\r[Service]\\rExecStartPre=+/bin/id'}})]))]\n"
+        "box = [('h1', host_data(instances=[instance(name='q', env={'X': 'INFO\\r[Service]\\rExecStartPre=+/bin/id'})]))]\n"
         "named = [('h2\\n[Service]', host_data())]\n")
     done = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "plan", str(inv)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120,

@@ -101,7 +101,9 @@ def test_a_verification_waits_for_the_restart_systemd_owes_a_dead_process(monkey
     main process until that wait sees it gone; then the start fails and Restart= brings a new one.
     A verification that begins in between waits for the new process, like one that begins in the
     RestartSec pause, so that restart is not taken for one during its checks."""
-    from vllm_fleet.host import host_probe
+    from payload_helpers import bundled_module
+    from vllm_fleet import payloads
+    host_probe = bundled_module(payloads.PROBE, "host_probe")
 
     states = iter([
         {"ActiveState": "activating", "SubState": "start-post", "MainPID": "0"},    # killed in start-post

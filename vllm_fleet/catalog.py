@@ -221,6 +221,7 @@ class KvGroups:
         full = _cdiv(max_model_len, block_size)
         blocks = self.full_groups * full
         if self.sliding_groups:
+            assert self.sliding_window is not None  # sliding groups come with their window (KvGroups.of)
             window = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
             blocks += self.sliding_groups * (_cdiv(window, block_size) + 1)
         return blocks
@@ -257,7 +258,9 @@ def derived_weights_gib(info: ModelInfo) -> float | None:
 def _derived(**shape: Any) -> ModelInfo:
     """A catalog entry whose weights_gib is derived from its shape (text-only bf16 checkpoints)."""
     info = _m(weights_gib=1.0, **shape)
-    return replace(info, weights_gib=derived_weights_gib(info))
+    weights_gib = derived_weights_gib(info)
+    assert weights_gib is not None, f"{info.dtype}: not a dtype of fixed size"
+    return replace(info, weights_gib=weights_gib)
 
 
 _LLAMA3_8B = _m(num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,

@@ -196,7 +196,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     backends, _gateways = fleet_gateways(fleet)
     targets = fleet.monitoring_targets()  # the whole inventory's, whatever --limit keeps
     out = Path(args.out)
-    rendered = [(render_target(out, host.name, f.path), f) for host, host_plan in zip(hosts, plan.hosts)
+    rendered = [(render_target(out, host.name, f.path), f) for host, host_plan in zip(hosts, plan.hosts, strict=True)
                 for f in render_host(host, host_plan, backends=backends, targets=targets,
                                      gateway_access=fleet.gateway_access())]
     rendered += [(out / PROMETHEUS_OUT / name, RenderedFile(name, text))

@@ -79,7 +79,7 @@ class GatewayAccess:
 
 def gateway_access(config: HostConfig) -> GatewayAccess:
     """The gateway host's GatewayAccess."""
-    address = config.settings.vllm_advertise_address
+    address = config.advertise_address
     return GatewayAccess(sources=(address,) if kinds.ip_literal(address) else (), url=gateway_url(config))
 
 
@@ -95,8 +95,8 @@ def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Bac
     by_name = {c.name: c for c in configs}
     out = []
     for host_plan in fleet_plan.hosts:
-        settings = by_name[host_plan.name].settings
-        address, scheme = url_host(settings.vllm_advertise_address), "https" if settings.vllm_tls is True else "http"
+        config = by_name[host_plan.name]
+        address, scheme = url_host(config.advertise_address), "https" if config.settings.vllm_tls is True else "http"
         for inst in host_plan.instances:
             out.append(Backend(host=host_plan.name, instance=inst.name,
                                served_model_name=inst.config.served_model_name,
@@ -134,7 +134,7 @@ def router_url(config: HostConfig) -> str:
 def gateway_url(config: HostConfig) -> str:
     """What clients use: the gateway host's address and the gateway port, with /v1."""
     scheme = "https" if config.settings.vllm_tls is True else "http"
-    return f"{scheme}://{url_host(config.settings.vllm_advertise_address)}:{config.settings.vllm_gateway_port}/v1"
+    return f"{scheme}://{url_host(config.advertise_address)}:{config.settings.vllm_gateway_port}/v1"
 
 
 def workers_json(backends: list[Backend]) -> str:

@@ -146,7 +146,8 @@ def parse_csv_rows(lines: Iterable[str], fields: list[str]) -> list[dict[str, st
             continue  # e.g. "No devices were found", a wrapped warning
         if len(parts) < min(len(names), 2):
             continue
-        rows.append(dict(zip(names, parts)))
+        # A row shorter or longer than the header: the columns both have.
+        rows.append(dict(zip(names, parts, strict=False)))
     return rows
 
 
@@ -296,6 +297,7 @@ def preflight(host_name: str, gpus: Iterable[GpuSpec], instances: Iterable[Any] 
     drivers = {g.driver_version for g in gpus if g.driver_version}
     if minimums is not None and drivers:
         need = driver_tuple(minimums.min_driver)
+        assert need is not None, minimums.min_driver  # the built-in table's versions
         for found in sorted(drivers):
             have = driver_tuple(found)
             if have is None:

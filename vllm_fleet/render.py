@@ -24,7 +24,7 @@ from vllm_fleet.monitoring import files as monitoring_files
 from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
-from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,  # noqa: F401
+from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,
                                    front_paths, front_secrets_dir, jinja_environment, nginx_string)
 
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
@@ -60,7 +60,8 @@ def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
 def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
     """The PCI bus ids of the GPUs the instance runs on (those discovery read a bus id for)."""
     gpus = {g.index: g for g in plan.gpus}
-    return [gpus[i].pci_bus_id for i in inst.gpu_indices if i in gpus and gpus[i].pci_bus_id]
+    bus_ids = (gpus[i].pci_bus_id for i in inst.gpu_indices if i in gpus)
+    return [bus_id for bus_id in bus_ids if bus_id]
 
 
 def start_timeout_s(plan: InstancePlan) -> int:
@@ -390,7 +391,7 @@ def config_hash(files: list[RenderedFile], env_prefix: str, secrets_fingerprint:
 
 
 def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None,
-                backends: list | None = None, targets: list[ScrapeTarget] | None = None,
+                backends: list[gw.Backend] | None = None, targets: list[ScrapeTarget] | None = None,
                 gateway_access: gw.GatewayAccess | None = None) -> list[RenderedFile]:
     """Every file the host gets. `secrets=None` renders placeholders (for CI diffs). On the fleet's
     gateway host (vllm_gateway) `backends` is required: gateway.fleet_backends over every host's
@@ -436,7 +437,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             manifest["instances"][inst.name]["nodes"] = list(inst.nodes)
     ray = ray_files(host, plan, prefix)
     files.extend(ray)
-    if ray:
+    if plan.ray is not None and ray:  # ray_files: the unit of a node of a node group
         manifest["ray"] = {**plan.ray.as_dict(), "unit": RAY_UNIT, "config_hash": config_hash(ray, prefix, "")}
     front = front_files(host, plan, gw.nginx_context(host, host.api_clients) if is_gateway else None, secrets,
                         gateway_access)
@@ -453,6 +454,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
                                "port": monitoring_ports(host.settings)["metrics"],
                                "config_hash": config_hash(metrics, prefix, "")}
     if host.settings.vllm_monitoring is True:
+        assert targets is not None  # required above
         trust = next((f.content for f in front if f.path == front_paths(host)["tls_trust"]), None)
         prometheus = monitoring_files.prometheus_files(host, targets, secrets.metrics_token if secrets else None,
                                                        placeholders=secrets is None, trust_pem=trust)
@@ -460,6 +462,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         manifest["monitoring"] = {"unit": monitoring_files.PROMETHEUS_UNIT, "targets": len(targets),
                                   "jobs": sorted({t.job for t in targets})}
     if is_gateway:
+        assert backends is not None  # required above
         gateway = gw.gateway_files(host, backends, prefix)
         files.extend(gateway)
         manifest["gateway"] = {**gw.gateway_manifest(host, backends),

@@ -95,7 +95,7 @@ def front_paths(host: HostConfig) -> dict[str, str]:
             "tls_key": f"{secrets}/tls-key.pem", "tls_trust": f"{config_dir}/trust.pem"}
 
 
-# --- EnvironmentFile quoting: ONE rule, used by the writer (here) and the reader (host_probe.py's
+# --- EnvironmentFile quoting: ONE rule, used by the writer (here) and the reader (the probe's
 # env_unquote, which runs on the host with the stdlib alone and so keeps its own copy of the set
 # below; tests/test_render.py checks that the two agree).
 # It is systemd's own (src/basic/env-file.c, parse_env_file_internal): inside '...' every character

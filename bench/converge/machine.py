@@ -351,7 +351,7 @@ class Bench:
         times: dict[str, list[float]] = {name: [] for name in names}
         usage: dict[str, list[dict[str, float]]] = {name: [] for name in names}
         for i in range(self.args.runs):
-            for tool, fn in zip(names, (ours, theirs)):
+            for tool, fn in zip(names, (ours, theirs), strict=True):
                 if before:
                     before()
                 self.last_usage = {}

@@ -32,7 +32,7 @@ def phase_split(timed_lines: list[tuple[float, str]], end: float) -> list[tuple[
         if at is not None and at >= found[-1][1]:
             found.append((label, at))
     bounds = [t for _label, t in found[1:]] + [end]
-    return [(label, round(stop - start, 3)) for (label, start), stop in zip(found, bounds)]
+    return [(label, round(stop - start, 3)) for (label, start), stop in zip(found, bounds, strict=True)]
 
 
 _PYINFRA_COMMAND = re.compile(r"Running command on ([^\s:]+):")
@@ -99,7 +99,7 @@ _RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\
 
 def play_recap(text: str) -> dict[str, dict[str, int]]:
     """Ansible's PLAY RECAP: {host: {ok, changed, unreachable, failed}}."""
-    return {m.group(1): dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()[1:])))
+    return {m.group(1): dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()[1:]), strict=True))
             for m in _RECAP.finditer(text)}
 
 

@@ -7,7 +7,7 @@ requests it already sent finish: the backend's vLLM is watched until nothing run
 only healthy one of its model is not drained: no other instance could take its requests, so
 draining would only fail them sooner (they fail, or wait, while it restarts either way).
 
-Everything runs on the hosts through the host probe (host_probe.py: gateway-status,
+Everything runs on the hosts through the host probe (vllm_fleet/payloads/probe: gateway-status,
 gateway-workers, wait-idle) with the hosts' connection arguments; the admin API stays on loopback.
 """
 

@@ -49,7 +49,7 @@ def compared(declared: tuple[GpuSpec, ...] | None, live: list[GpuSpec]) -> tuple
     if len(declared) != len(live):
         return "differs", [f"{len(declared)} GPU{'s' if len(declared) != 1 else ''} declared, {len(live)} found"]
     differences = []
-    for want, got in zip(declared, live):
+    for want, got in zip(declared, live, strict=True):
         for field in ("name", "memory_mib", "compute_capability"):
             mine, theirs = getattr(want, field), getattr(got, field)
             if mine is not None and mine != theirs:

@@ -104,11 +104,11 @@ def roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) -
     from vllm_fleet.host import ray_cluster
     from vllm_fleet.host.remote import run
 
-    for host, config in zip(hosts, configs):
+    for host, config in zip(hosts, configs, strict=True):
         ok, _out, err = run(host, restore_command(config, restart=False), timeout=300)
         if not ok:
             return False, f"restore failed on {host.name}: {err.strip()[-500:]}"
-    for host, config in zip(hosts, configs):
+    for host, config in zip(hosts, configs, strict=True):
         ok, _out, err = run(host, restart_command(config), timeout=300)
         if not ok:
             return False, f"restart failed on {host.name}: {err.strip()[-500:]}"
@@ -117,7 +117,8 @@ def roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) -
     if all(rays):  # the group existed before this rollout: its cluster is back
         spec = ray_cluster.group_spec(
             instance=rays[0]["instance"], head=rays[0]["head"], head_address=rays[0]["head_address"],
-            nodes={host.name: {"address": r["address"], "gpus": len(r["gpus"])} for host, r in zip(hosts, rays)},
+            nodes={host.name: {"address": r["address"], "gpus": len(r["gpus"])}
+                   for host, r in zip(hosts, rays, strict=True)},
             config=head_config, env_prefix=current_link(head_config.settings.vllm_root),
             timeout_s=ray_cluster.JOIN_TIMEOUT_S)
         res = ray_cluster.check(head, spec)

@@ -1,6 +1,6 @@
 """`vllm-fleet status INVENTORY [--json]`: what each host serves now, and whether it drifted.
 
-Read-only: one probe per host over SSH (host_probe.py, status mode) — GPUs, unit state and uptime,
+Read-only: one probe per host over SSH (payloads.PROBE, status mode) — GPUs, unit state and uptime,
 vLLM version, served models, /health, requests and KV-cache usage from /metrics, the front unit, and
 for a failed (or restarting) unit systemd's Result, its restart count and the journal's reason —
 compared with what the plan would render now (drift: a managed file on the host differs from the

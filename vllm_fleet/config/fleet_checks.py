@@ -152,6 +152,7 @@ def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[Con
     as its head declares it, and never as an instance of its own."""
     errors: list[ConfigError] = []
     for inst in host.member_of:
+        assert inst.head is not None  # member_of holds multi-node instances only (parse_host)
         head = by_name.get(inst.head)
         declared = next((i for i in head.instances if i.name == inst.name), None) if head else None
         if declared != inst:
@@ -161,13 +162,14 @@ def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[Con
                 f"multi-node instance {inst.name} is declared on node {host.name}, but {why}",
                 host=host.name, instance=inst.name, key="nodes",
                 fix=f"declare it once, on its head {inst.head} (the other nodes need not repeat it)"))
-    groups = {i.name: i for h in by_name.values() for i in h.instances if i.nodes and host.name in i.nodes[1:]}
+    groups = {i.name: i.nodes for h in by_name.values() for i in h.instances if i.nodes and host.name in i.nodes[1:]}
     for inst in host.instances:
         if inst.name in groups:
+            nodes = groups[inst.name]
             errors.append(ConfigError(
                 f"instance {inst.name} is also declared on node {host.name} of its node group "
-                f"{list(groups[inst.name].nodes)}", host=host.name, instance=inst.name, key="nodes",
-                fix=f"remove it from {host.name}: the head {groups[inst.name].head} declares it for every node"))
+                f"{list(nodes)}", host=host.name, instance=inst.name, key="nodes",
+                fix=f"remove it from {host.name}: the head {nodes[0]} declares it for every node"))
     return errors
 
 
@@ -243,7 +245,7 @@ def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
     for host in hosts if monitors else []:
         if host.settings.vllm_metrics is not True or host is monitors[0]:
             continue
-        address = host.settings.vllm_advertise_address
+        address = host.advertise_address
         problem = kinds.connect_address_problem(address)
         if not problem and kinds.ip_literal(address) and ipaddress.ip_address(address).is_loopback:
             problem = f"{address!r} is loopback: on the monitoring host {monitors[0].name} that is itself"
@@ -293,7 +295,7 @@ def _check_gateway_links(gateway: HostConfig, hosts: list[HostConfig]) -> list[C
                 "the clients' keys on " + ("in clear text" if tls else "without the CAs to check this host's certificate"),
                 host=host.name, key="vllm_tls",
                 fix=f"vllm_tls = {tls} on every host of the fleet (set it once in the group data)"))
-    address = gateway.settings.vllm_advertise_address
+    address = gateway.advertise_address
     closed = [h.name for h in hosts if h.instances and h.settings.vllm_direct_access is not True]
     if closed and not kinds.ip_literal(address):
         errors.append(ConfigError(
@@ -358,7 +360,11 @@ def secret_sources(host: HostConfig) -> list[tuple[str, str, str]]:
     else:
         for client in clients:
             knob = f"vllm_api_clients.{client.name}.key_{'env' if client.key_env else 'file'}"
-            source = f"${client.key_env}" if client.key_env else f"file {_normal_path(client.key_file)}"
+            if client.key_env:
+                source = f"${client.key_env}"
+            else:
+                assert client.key_file is not None  # a client has key_env or key_file (parse_api_clients)
+                source = f"file {_normal_path(client.key_file)}"
             out.append((f"client {client.name}'s key", source, knob))
     if settings.vllm_metrics is True or settings.vllm_monitoring is True:
         out.append(("the metrics token", f"${settings.vllm_metrics_token_env}", "vllm_metrics_token_env"))
@@ -451,7 +457,8 @@ def _check_ray_ports(hosts: list[HostConfig]) -> list[ConfigError]:
             if node == group.head:
                 taken.update(RAY_HEAD_PORTS)
                 taken[host.settings.vllm_ray_port] = "the head's Ray port (vllm_ray_port)"
-            listeners = [(inst.port, f"port {inst.port}", inst.name, "port") for inst in host.instances]
+            listeners: list[tuple[int, str, str | None, str]] = [(inst.port, f"port {inst.port}", inst.name, "port")
+                                                                 for inst in host.instances]
             if host.settings.vllm_gateway is True:
                 port = host.settings.vllm_gateway_port
                 listeners.append((port, f"vllm_gateway_port {port}", None, "vllm_gateway_port"))

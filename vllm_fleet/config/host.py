@@ -36,6 +36,14 @@ class HostConfig:
     #: Who may call the API (vllm_api_clients; without it the one client of vllm_api_key_env), by name.
     api_clients: tuple[ApiClient, ...] = ()
 
+    @property
+    def advertise_address(self) -> str:
+        """Where other hosts reach this host's front: vllm_advertise_address, which parse_host
+        always resolves (_advertise_address)."""
+        address = self.settings.vllm_advertise_address
+        assert address is not None, f"host {self.name}: a HostConfig not made by parse_host"
+        return address
+
 
 def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     """Validate one host's data. Raises ConfigErrors listing every problem found."""

@@ -63,8 +63,8 @@ def checked_with_the_instances(deployment: Deployment) -> dict[str, Any]:
 
 
 def gateway_check(deployment: Deployment) -> dict[str, Any]:
-    """What the host probe checks of the gateway (host_probe.check_gateway). The key is read on the
-    host from an instance's root-only env file, never passed."""
+    """What the host probe checks of the gateway (check_gateway in vllm_fleet/payloads/probe/gateway.py).
+    The key is read on the host from an instance's root-only env file, never passed."""
     config, backends, instances = deployment.config, deployment.backends, deployment.plan.instances
     ports = gateway_ports(config.settings)
     return {"unit": GATEWAY_UNIT, "router_port": ports["router"], "port": ports["port"],

@@ -32,13 +32,12 @@ def operation_order_from_frame(state, frame: FrameType | None) -> list[int]:
         frames.append(frame)
         frame = frame.f_back
     frames.reverse()
-    i = 0
+    start = 0
     if state.current_deploy_filename:
-        for i, outer in enumerate(frames):
-            if outer.f_code.co_filename == state.current_deploy_filename:
-                break
+        start = next((i for i, outer in enumerate(frames) if outer.f_code.co_filename == state.current_deploy_filename),
+                     max(len(frames) - 1, 0))
     line_numbers = [state.current_op_file_number] if pyinfra.is_cli else []
-    line_numbers += [f.f_lineno for f in frames[i:] if not f.f_code.co_filename.startswith(PYINFRA_INSTALL_DIR)]
+    line_numbers += [f.f_lineno for f in frames[start:] if not f.f_code.co_filename.startswith(PYINFRA_INSTALL_DIR)]
     return line_numbers
 
 

@@ -54,7 +54,10 @@ def ray_service(deployment: Deployment) -> Callable[[], bool]:
     stale = (bool(unit_state["main_pid"]) and unit_state["started"] is not None
              and unit_state["started"] < facts.get(host, NewestMtime, paths=ray_freshness_paths(deployment.config)))
     files_changed = deployment.changes.restarts(unit)  # its unit or the environment (handlers.HANDLERS)
-    restart = lambda: stale or files_changed()  # noqa: E731
+
+    def restart():
+        return stale or files_changed()
+
     if role.is_head:
         # One operation, right after daemon-reload like the workers' own: pyinfra runs operations
         # that become ready together in the order of the deploy's code lines (pyinfra/api/state.py

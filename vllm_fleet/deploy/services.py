@@ -63,9 +63,11 @@ def services(deployment: Deployment) -> None:
                         "earlier deploy stopped before restarting it): it will be restarted")
         files_changed = changes.restarts(inst.unit_name)
         on_ray = bool(inst.nodes)  # the head of a multi-node instance: Ray restarted, vLLM restarts
-        changed = (lambda stale=stale, files_changed=files_changed, on_ray=on_ray:
-                   stale or files_changed() or (on_ray and group_restarted()))
-        decided.append((inst, unit_state["running"], changed))
+
+        def needs_restart(stale=stale, files_changed=files_changed, on_ray=on_ray):
+            return stale or files_changed() or (on_ray and group_restarted())
+
+        decided.append((inst, unit_state["running"], needs_restart))
     for inst, running, changed in decided:
         if inst.nodes:
             # Started only once the cluster has every node (vLLM would otherwise wait for the

@@ -99,8 +99,8 @@ def host_packages(deployment: Deployment) -> None:
         server.shell(name=f"Mask {', '.join(stock)} (vllm-fleet runs its own, behind the front)",
                      commands=[f"systemctl mask {' '.join(stock)}"])
     operation, arguments = package_operation(deployment.package_family, packages)
-    operation(name="OS packages " + ", ".join(f"{p} ({n.what})" for p, n in zip(packages, deployment.missing_packages)),
-              **arguments)
+    listed = ", ".join(f"{p} ({n.what})" for p, n in zip(packages, deployment.missing_packages, strict=True))
+    operation(name="OS packages " + listed, **arguments)
     if any(need.key == "nginx" for need in deployment.missing_packages):
         # Debian starts the package's own nginx.service with its welcome page on port 80: installed
         # here for the front only, it has nothing to serve. (An nginx the host had is left alone.)
@@ -172,7 +172,7 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
                         if candidate.repo == repo)
     except (ValueError, IndexError) as exc:  # an odd listing, or nothing vLLM could load in it
         raise OperationError(f"host {host.name}, instance {inst_name}: {repo} ({why}): {exc}; check 'model'"
-                             " / 'tokenizer', or copy the model to the host and set 'model' to its path")
+                             " / 'tokenizer', or copy the model to the host and set 'model' to its path") from exc
     timeout = hub.download_timeout_s(download.total_bytes)
     logger.info(f"{host.print_prefix}downloading {repo} ({why}): {len(download.allow_patterns)} files, "
                 f"{(download.total_bytes or 0) / GIB:.1f} GiB, time limit {timeout} s")

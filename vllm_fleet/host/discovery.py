@@ -29,7 +29,7 @@ from vllm_fleet.host.host_facts import HostRuntime, InterfaceAddresses, ManagedU
 from vllm_fleet.host.model_source import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
 # What discovery reads is a core value (the fleet prepares hosts from it without reaching one).
-from vllm_fleet.prepared import Discovered  # noqa: F401
+from vllm_fleet.prepared import Discovered
 
 #: How to make a missing workstation file that some tool of this checkout makes: callables that take
 #: the path (a model_source, a vllm_wheelhouse) and return the command that makes it, or None. The

@@ -138,7 +138,7 @@ def _memo(host) -> dict[Query, Any]:
     held = getattr(host, "_vllm_fleet_facts", None)
     if held is None or held[0] is not state:
         held = (state, {})
-        setattr(host, "_vllm_fleet_facts", held)
+        host._vllm_fleet_facts = held
     return held[1]
 
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import shlex
-from pathlib import Path
 
 from pyinfra.api import FactBase
 
+from vllm_fleet import payloads
 from vllm_fleet.host import gpu_topology
 from vllm_fleet.config import GpuSpec
 
@@ -53,11 +53,11 @@ class NvidiaGpus(FactBase):
         return parse_gpu_csv(list(output))
 
 
-TOPOLOGY_SOURCE = (Path(__file__).parent / "gpu_topology.py").read_text()
+TOPOLOGY_SOURCE = payloads.script(payloads.GPU_TOPOLOGY)
 
 
 def topology_command(python: str) -> str:
-    """Run gpu_topology.py with the vLLM environment's `python`; without it (no environment yet),
+    """Run the GPU topology probe with the vLLM environment's `python`; without it (no environment yet),
     or if the probe crashes, print an 'unavailable' result instead. Always exits 0."""
     py = shlex.quote(python)
 
@@ -71,7 +71,7 @@ def topology_command(python: str) -> str:
 
 class GpuTopology(FactBase):
     """The GPUs as NVML sees them, with the vLLM environment's pynvml: P2P and NVLink between GPU
-    pairs, and each GPU's compute processes (gpu_topology.py documents the result).
+    pairs, and each GPU's compute processes (vllm_fleet/payloads/gpu_topology documents the result).
     {"available": False, "reason": ...} without the environment, pynvml or the NVIDIA driver."""
 
     def command(self, python: str) -> str:

@@ -1,8 +1,8 @@
 """Verify instances on a host over SSH: health, models, a real completion, GPU processes.
 
-The checks run ON the host (`host_probe.py`, sent as the command's text), so they reach instances
-bound anywhere on it, and the API key is read there from the root-only env file: it is never on a
-command line, in pyinfra's output or in a log. On failure the unit's journal is read and matched
+The checks run ON the host (the probe payload, vllm_fleet/payloads/probe, bundled into the command's
+text), so they reach instances bound anywhere on it, and the API key is read there from the root-only
+env file: it is never on a command line, in pyinfra's output or in a log. On failure the unit's journal is read and matched
 against known causes.
 """
 
@@ -12,12 +12,12 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from vllm_fleet.host.host_probe import RESULT_PREFIX
+from vllm_fleet import payloads
+from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 
-PROBE_SOURCE = (Path(__file__).parent / "host_probe.py").read_text()
+PROBE_SOURCE = payloads.script(payloads.PROBE)
 
 # Known failure causes: (pattern in the journal, diagnosis with the fix).
 DIAGNOSES: list[tuple[str, str]] = [
@@ -95,7 +95,7 @@ class InstanceCheck:
 
 
 def host_probe_command(mode: str, payload: Any) -> str:
-    """A shell command running host_probe.py on the host in `mode` ("verify" or "status")."""
+    """A shell command running the probe on the host in `mode` ("verify", "status", ...: its main)."""
     return (f"python3 -c {shlex.quote(PROBE_SOURCE)} {mode} "
             f"{shlex.quote(json.dumps(payload, sort_keys=True))}")
 

@@ -1,9 +1,9 @@
-"""The monitoring files a host gets. Pure: strings in, strings out (the exporter's text is read from
-this package, never imported).
+"""The monitoring files a host gets. Pure: strings in, strings out (the exporter's text is its
+payload's modules bundled, vllm_fleet.payloads.EXPORTER, never imported).
 
 On every vllm_metrics host (host_metrics_files):
 
-    <vllm_config_dir>/host-exporter.py                  the host exporter (host_exporter.py's text)
+    <vllm_config_dir>/host-exporter.py                  the host exporter (vllm_fleet/payloads/exporter)
     /etc/systemd/system/vllm-fleet-exporter.service     runs it as the service user, on 127.0.0.1
     /etc/systemd/system/vllm-fleet-node-exporter.service  Debian's prometheus-node-exporter, on 127.0.0.1
 
@@ -25,8 +25,9 @@ reload Prometheus (SIGHUP); a target list changes nothing else (Prometheus rerea
 from __future__ import annotations
 
 import math
-from importlib import resources
+from functools import partial
 
+from vllm_fleet import payloads
 from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, HostConfig, monitoring_ports
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment
@@ -52,8 +53,8 @@ TOKEN_PLACEHOLDER = "placeholder: the deploy writes the metrics token here\n"
 
 
 def exporter_source() -> str:
-    """host_exporter.py's text, as the host gets it."""
-    return resources.files(__package__).joinpath("host_exporter.py").read_text(encoding="utf-8")
+    """The exporter's text, as the host gets it: one script, its payload's modules bundled."""
+    return payloads.script(payloads.EXPORTER)
 
 
 def metrics_paths(config: HostConfig) -> dict[str, str]:
@@ -128,11 +129,11 @@ def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_to
                                     token_file=paths["token"], ca_file=ca_file)
     rules_text = rules.alert_rules(settings.vllm_monitoring_down_for_s, tls=ca_file is not None)
     token = TOKEN_PLACEHOLDER if placeholders or not metrics_token else metrics_token + "\n"
-    group = {"group": PROMETHEUS_USER, "mode": "0640"}
-    trust = [RenderedFile(paths["trust"], trust_pem or "# placeholder: the CAs the host trusts\n", **group)] if https else []
+    group_file = partial(RenderedFile, group=PROMETHEUS_USER, mode="0640")
+    trust = [group_file(paths["trust"], trust_pem or "# placeholder: the CAs the host trusts\n")] if https else []
     return [RenderedFile(paths["unit"], unit),
             *trust,
-            RenderedFile(paths["config"], config_text, **group),
-            RenderedFile(paths["rules"], rules_text, **group),
-            *[RenderedFile(paths[f"targets_{job}"], file_sd(targets, job), **group) for job in JOBS],
-            RenderedFile(paths["token"], token, secret=not placeholders, **group)]
+            group_file(paths["config"], config_text),
+            group_file(paths["rules"], rules_text),
+            *[group_file(paths[f"targets_{job}"], file_sd(targets, job)) for job in JOBS],
+            group_file(paths["token"], token, secret=not placeholders)]

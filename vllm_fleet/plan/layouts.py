@@ -65,7 +65,7 @@ def arrange_layout(mem: MemoryModel, gpus: list[GpuSpec], tp: int, pp: int, dp: 
     if dp > 1:
         all_gpus = tuple(g for group in tp_groups[: pp * dp] for g in group)
         per_gpu = tuple(GpuUse(g.index, g.name, use.stage, use.weights_gib, use.kv_cache_gib, use.budget_gib)
-                        for g, use in zip(all_gpus, list(layout.per_gpu) * dp))
+                        for g, use in zip(all_gpus, list(layout.per_gpu) * dp, strict=True))
         layout = replace(layout, gpus=all_gpus, per_gpu=per_gpu)
     return LayoutCandidate(layout, even, None)
 

@@ -230,12 +230,12 @@ def evaluate_layout(mem: MemoryModel, stages: list[list[GpuSpec]], partition: tu
     pp = len(stages)
     per_gpu: list[GpuUse] = []
     tokens: list[int] = []
-    for stage_index, (stage, layers) in enumerate(zip(stages, partition)):
+    for stage_index, (stage, layers) in enumerate(zip(stages, partition, strict=True)):
         free = stage_free_gib(mem, stage[0], tp, stage_index == 0, stage_index == pp - 1, pp)
         stage_tokens = _stage_kv_tokens(free, layers, mem, tp)
         tokens.append(stage_tokens)
     replica_tokens = min(tokens)
-    for stage_index, (stage, layers) in enumerate(zip(stages, partition)):
+    for stage_index, (stage, layers) in enumerate(zip(stages, partition, strict=True)):
         budget = stage[0].memory_mib * MIB / GIB * mem.util
         free = stage_free_gib(mem, stage[0], tp, stage_index == 0, stage_index == pp - 1, pp)
         comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0

@@ -4,7 +4,7 @@ instances; each node's part (its Ray node, the GPUs reserved on it) then joins t
 
 from __future__ import annotations
 
-from vllm_fleet.catalog import unknown_model_fix
+from vllm_fleet.catalog import ModelInfo, unknown_model_fix
 from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, NodeGroup
 from vllm_fleet.plan.layouts import node_group_layout
 from vllm_fleet.plan.memory import MemoryModel
@@ -19,7 +19,7 @@ def node_addresses(group: NodeGroup, host_configs: dict[str, HostConfig],
     node's vllm_private_interface, from its facts), else its vllm_advertise_address (offline: the
     stand-in that `vllm-fleet plan` and `render` show)."""
     given = addresses or {}
-    return {node: given.get(node) or host_configs[node].settings.vllm_advertise_address
+    return {node: given.get(node) or host_configs[node].advertise_address
             for node in group.nodes}
 
 
@@ -80,14 +80,14 @@ class _NodeGroupPlanner:
                        f"gpus = {list(range(min(counts.values())))}")
         return out if not self.errors else None
 
-    def sizes_are_valid(self, tp: int) -> bool:
+    def sizes_are_valid(self, info: ModelInfo, tp: int) -> bool:
         """A fixed TP must be what the nodes' GPUs make (config checks PP, the number of nodes, and
         DP); vLLM's TP divisibility rules. Records each problem; True when there is none."""
         key, given = "tensor_parallel_size", self.inst.tensor_parallel_size
         if given is not None and given != tp:
             self.error(key, f"{key} {given} but a multi-node instance has {key} = the GPUs of each node = {tp}",
                        f"drop {key} (the nodes decide it), or change 'nodes'/'gpus'")
-        problems = tp_problems(self.inst.model_info, tp)
+        problems = tp_problems(info, tp)
         if problems:
             self.error("tensor_parallel_size", " ".join(problems) + f" (TP = the {tp} GPUs of each node)",
                        "set the instance's 'gpus' to a number of GPUs per node that vLLM accepts for "
@@ -105,7 +105,7 @@ class _NodeGroupPlanner:
             return None
         order = stage_order(self.group, addresses)
         tp, pp = len(per_node[self.group.head]), len(order)
-        if not self.sizes_are_valid(tp):
+        if not self.sizes_are_valid(info, tp):
             return None
         # The head's knobs (reserves, min KV sequences) and the single-host planner's rules apply.
         all_gpus = [g for node in order for g in per_node[node]]
@@ -121,11 +121,11 @@ class _NodeGroupPlanner:
         mem = MemoryModel.for_instance(self.head_config, inst, info, dtype, max_len)
         stages = [per_node[node] for node in order]
         candidate = node_group_layout(mem, stages, tp, order)
-        layout = candidate.layout
-        if candidate.problem or mem.concurrency(layout) < 1:
+        if candidate.problem or mem.concurrency(candidate.built) < 1:
             self.error("model", node_group_no_fit(inst, mem, candidate, order, per_node, max_len),
                        NODE_GROUP_NO_FIT_FIX)
             return None
+        layout = candidate.built
         ray_version = self.head_config.settings.vllm_ray_version
         plan = InstancePlan(
             config=inst, name=inst.name, layout=layout, dtype=dtype, max_model_len=max_len,
@@ -186,6 +186,8 @@ def node_group_share(host_config: HostConfig, groups: list[NodeGroupPlan] | None
 
 def reserved_gpu_errors(host_config: HostConfig, role: RayNode | None, reserved: set[int]) -> list[ConfigError]:
     """A GPU of a node group is no other instance's: 'gpus' naming one is an error."""
+    if role is None:  # in no node group: no GPU reserved
+        return []
     errors = []
     for inst in host_config.instances:
         taken = sorted(set(inst.gpus or ()) & reserved) if not inst.nodes else []

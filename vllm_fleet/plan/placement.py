@@ -47,7 +47,7 @@ class HostPlanner:
                     continue
                 dp = gpu_count // (tp * pp)
                 fixed = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
-                if all(wanted is None or wanted == made for wanted, made in zip(fixed, (tp, pp, dp))):
+                if all(wanted is None or wanted == made for wanted, made in zip(fixed, (tp, pp, dp), strict=True)):
                     out.append((tp, pp, dp))
         return out
 
@@ -56,7 +56,7 @@ class HostPlanner:
         against the GPUs it would see (its 'gpus', or what 'auto' leaves it)."""
         labels = ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size")
         sizes = (inst.tensor_parallel_size, inst.pipeline_parallel_size, inst.data_parallel_size)
-        given = {label: value for label, value in zip(labels, sizes) if value is not None}
+        given = {label: value for label, value in zip(labels, sizes, strict=True) if value is not None}
         if not given:
             return True
         world = 1
@@ -113,26 +113,26 @@ class HostPlanner:
         """Smallest TP that fits with headroom (then fewest PP stages); else the roomiest fit."""
         candidates = self._candidates(inst, mem, gpus, max_len)
         valid = [(sizes, candidate) for sizes, candidate, problems in candidates if not problems]
-        for sizes, candidate, problems in candidates:
+        for sizes, _candidate, problems in candidates:
             if problems:
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: rejected — {' '.join(problems)}")
         if not valid:
             return None
         roomy = [(sizes, candidate) for sizes, candidate in valid
-                 if mem.concurrency(candidate.layout) >= self.min_kv_sequences]
+                 if mem.concurrency(candidate.built) >= self.min_kv_sequences]
         if roomy:
             # Fewest pipeline stages first (PP adds bubbles), then the smallest TP group.
             chosen = min(roomy, key=lambda sized: (sized[0][1], sized[0][0]))
         else:
-            chosen = max(valid, key=lambda sized: sized[1].layout.kv_tokens)
+            chosen = max(valid, key=lambda sized: sized[1].built.kv_tokens)
         for sizes, candidate in valid:
             if candidate is not chosen[1]:
-                conc = mem.concurrency(candidate.layout)
+                conc = mem.concurrency(candidate.built)
                 why = ("a larger TP or more stages than needed" if conc >= self.min_kv_sequences
                        else f"max concurrency {two_decimals_rounded_down(conc)} < vllm_min_kv_sequences "
                             f"{self.min_kv_sequences}")
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: "
-                                    f"KV cache size {mem.kv_cache_size(candidate.layout):,} tokens per "
+                                    f"KV cache size {mem.kv_cache_size(candidate.built):,} tokens per "
                                     f"replica — not chosen ({why})")
         return chosen[1]
 
@@ -160,9 +160,9 @@ class HostPlanner:
         chosen = self._choose(inst, mem, gpus, max_len, alternatives)
         if chosen is None:
             if not quiet:
-                self.error(inst, *no_fit_error(inst, gpus, alternatives, max_len))
+                self.error(inst, *no_fit_error(inst, info, gpus, alternatives, max_len))
             return None
-        layout = chosen.layout
+        layout = chosen.built
         plan = InstancePlan(config=inst, name=name or inst.name, layout=layout, dtype=dtype,
                             max_model_len=max_len, tensor_parallel_size=layout.tp,
                             pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
@@ -302,6 +302,7 @@ class HostPlanner:
                                                                "fewest identical free GPUs that fit"],
                                           quiet=True)
                 if plan and plan.data_parallel_size == 1:
+                    assert plan.layout is not None  # planned on GPUs
                     used = {g.index for g in plan.layout.gpus}
                     return plan, [g for g in free if g.index not in used]
         self.error(inst, "gpus", f"no set of identical free GPUs can hold {inst.model} "

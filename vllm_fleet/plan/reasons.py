@@ -7,7 +7,7 @@ for a setting it lacks, nor has a setting without its reason."""
 from __future__ import annotations
 
 import itertools
-from vllm_fleet.catalog import GIB, KV_BLOCK_SIZE, MIB
+from vllm_fleet.catalog import GIB, KV_BLOCK_SIZE, MIB, ModelInfo
 from vllm_fleet.config import GpuSpec, InstanceConfig
 from vllm_fleet.plan.memory import MemoryModel, SchedulerDefaults, even_partition, kv_blocks
 from vllm_fleet.plan.rules import tp_problems
@@ -55,11 +55,10 @@ def in_flight_text(mem: MemoryModel, layout: Layout) -> str:
             f"{batches * tokens}")
 
 
-def no_fit_error(inst: InstanceConfig, gpus: list[GpuSpec], alternatives: list[str],
+def no_fit_error(inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec], alternatives: list[str],
                  max_len: int) -> tuple[str, str, str]:
-    """(key, message, fix) when no layout of `inst` fits these GPUs; `alternatives` says why each
-    was rejected."""
-    info = inst.model_info
+    """(key, message, fix) when no layout of `inst` (whose model's shape is `info`) fits these GPUs;
+    `alternatives` says why each was rejected."""
     budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for g in gpus)
     on = ", ".join(f"{count}x{name}" for name, count in count_gpu_models(gpus))
     layouts = [tried for tried in alternatives if tried.startswith("TP=")]
@@ -90,7 +89,7 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: LayoutCandidate, 
     """The chosen layout's reasons and warnings on the plan, with the environment and flags they
     explain: the KV arithmetic, the PP layer split on mixed GPUs, NCCL on consumer cards and
     where the driver (`interconnect`, when known) reports no P2P."""
-    layout, inst = plan.layout, plan.config
+    layout, inst = chosen.built, plan.config
     conc = mem.concurrency(layout)
     blocks, per_request = kv_blocks(layout), mem.blocks_per_request(layout)
     plan.kv_cache_blocks, plan.kv_blocks_per_request = blocks, per_request
@@ -117,7 +116,8 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: LayoutCandidate, 
     models = {gpu_model_and_memory(g) for g in gpus}
     if layout.pp > 1:
         plan.pp_layer_partition = layout.partition
-        even_size = mem.kv_cache_size(chosen.even)  # a candidate with a layout has its even split
+        assert chosen.even is not None  # a candidate with a layout has its even split
+        even_size = mem.kv_cache_size(chosen.even)
         plan.kv_cache_tokens_even_split = even_size
         if len(models) > 1:
             plan.env["VLLM_PP_LAYER_PARTITION"] = ",".join(str(layers) for layers in layout.partition)
@@ -155,8 +155,8 @@ def apply_p2p_report(plan: InstancePlan, layout: Layout, interconnect: Interconn
     the GPUs, because "sometimes the driver might be broken"); only a "no" is acted on.
     """
     tp_groups = [layout.gpus[start:start + layout.tp] for start in range(0, len(layout.gpus), layout.tp)]
-    pairs = {(a, b) for group in tp_groups for a, b in itertools.combinations(group, 2)}
-    pairs = sorted(pairs, key=lambda pair: (pair[0].index, pair[1].index))
+    pairs = sorted({(a, b) for group in tp_groups for a, b in itertools.combinations(group, 2)},
+                   key=lambda pair: (pair[0].index, pair[1].index))
     missing = [(a, b) for a, b in pairs if interconnect.p2p(a.index, b.index) is False]
     unknown = [(a, b) for a, b in pairs if interconnect.p2p(a.index, b.index) is None]
     nvlink = [f"{a.index}-{b.index}" for a, b in pairs if interconnect.has_nvlink(a.index, b.index)]
@@ -205,10 +205,9 @@ def node_group_no_fit(inst: InstanceConfig, mem: MemoryModel, candidate: LayoutC
     budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for node in order
                  for g in per_node[node])
     on = ", ".join(f"{node} ({len(per_node[node])}x{per_node[node][0].short_name})" for node in order)
-    layout = candidate.layout
     detail = (candidate.problem if candidate.problem else
-              f"KV cache holds {two_decimals_rounded_down(mem.concurrency(layout))} requests of "
-              f"max_model_len ({max_len}), less than one: {memory_detail(layout)}")
+              f"KV cache holds {two_decimals_rounded_down(mem.concurrency(candidate.built))} requests of "
+              f"max_model_len ({max_len}), less than one: {memory_detail(candidate.built)}")
     return (f"{inst.model} ({info.weights_gib:.1f} GiB of weights, max_model_len {max_len}) cannot be "
             f"served on the nodes {on} ({budget:.1f} GiB usable at gpu_memory_utilization "
             f"{inst.gpu_memory_utilization}): TP={len(per_node[order[0]])} PP={len(order)}: {detail}")

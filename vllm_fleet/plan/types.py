@@ -29,7 +29,7 @@ class Interconnect:
 
     @classmethod
     def from_topology(cls, topology: dict[str, Any]) -> "Interconnect":
-        """From gpu_topology.py's result ({"available": true, "gpus": [...], "p2p": {...}})."""
+        """From the GPU topology probe's result ({"available": true, "gpus": [...], "p2p": {...}})."""
         gpu_count = len(topology["gpus"])
         pairs = [(i, j) for i in range(gpu_count) for j in range(i + 1, gpu_count)]
         return cls(**{kind: {(i, j): topology["p2p"][kind][i][j] for i, j in pairs}
@@ -109,6 +109,13 @@ class LayoutCandidate:
     layout: Layout | None
     even: Layout | None
     problem: str | None
+
+    @property
+    def built(self) -> Layout:
+        """The layout of a candidate without a problem (arrange_layout and node_group_layout build one
+        for each)."""
+        assert self.layout is not None, self.problem
+        return self.layout
 
 
 @dataclass

@@ -25,6 +25,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from vllm_fleet.sandbox import package_mirror
@@ -111,7 +112,7 @@ def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
                     for host in wave:
                         boot_host(sandbox, host, base, mirror)
                     deadline = time.monotonic() + READY_TIMEOUT_S
-                    list(pool.map(lambda h: _wait_ssh(sandbox, h, deadline, stop), wave))
+                    list(pool.map(partial(_wait_ssh, sandbox, deadline=deadline, stop=stop), wave))
                 list(pool.map(lambda h: _create_login_user(sandbox, h), sandbox.hosts))
                 return list(pool.map(lambda h: probe(sandbox, h, wait=True), sandbox.hosts))
             except BaseException:

@@ -202,7 +202,7 @@ def csv_query(rows: list[dict], fields: list[str], known: dict, value, fmt: str)
         cells = (value(row, f) for f in fields)
         # An unreadable value prints bare ("[N/A]"), without the field's unit.
         print(", ".join(cell + (known[f][1] if units and not cell.startswith("[") else "")
-                        for f, cell in zip(fields, cells)))
+                        for f, cell in zip(fields, cells, strict=True)))
     return 0
 
 
