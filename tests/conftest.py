@@ -22,9 +22,32 @@ import figures
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     sandbox_fixture.pytest_collection_modifyitems(config, items)
     # Stable: the tests that need no host first (the sandbox's cache warms meanwhile), then the
-    # sandbox's, the stand-in's last.
+    # sandbox's in FLEET_ORDER, the stand-in's last.
     items.sort(key=lambda item: (sandbox_fixture.after_warm_up(item),
-                                 "standin_env" in getattr(item, "fixturenames", ())))
+                                 "standin_env" in getattr(item, "fixturenames", ()),
+                                 _fleet_rank(item)))
+
+
+def _fleet_rank(item: pytest.Item) -> int:
+    """Where a test of the genuine vLLM's phase runs: its module's place in FLEET_ORDER."""
+    if "standin_env" in getattr(item, "fixturenames", ()) or item.path.name not in FLEET_ORDER:
+        return len(FLEET_ORDER)
+    return FLEET_ORDER.index(item.path.name)
+
+
+# The modules that deploy the genuine vLLM onto the shared CPU hosts, in the order that restarts it
+# least: each module's fixture converges the hosts to the fleet it needs, and a genuine vLLM start
+# costs tens of seconds on two cores, so a module whose fleet is the previous one's (or close to it)
+# comes right after it. The security module wants inventory/sandbox.py as it is, which the deploy
+# module leaves but for one removed instance (run later, it would restart all three to undo the
+# rollout's changes); the gateway module's served names are what the rollout module rolls from
+# (multinode's hosts are its own); the team modules share one HTTPS fleet. Modules not named keep
+# their place, after these, in file order.
+FLEET_ORDER = ("test_deploy_sandbox.py", "test_security_sandbox.py", "test_faults_sandbox.py",
+               "test_gateway_sandbox.py", "test_host_packages_sandbox.py", "test_lifecycle_sandbox.py",
+               "test_multinode_sandbox.py", "test_rollout_sandbox.py", "test_sandbox_bad_input.py",
+               "test_sandbox_hosts.py", "test_sandbox_teardown.py", "test_standin_engine.py",
+               "test_team_monitoring_sandbox.py", "test_team_service_sandbox.py")
 
 
 def pytest_terminal_summary(terminalreporter):
