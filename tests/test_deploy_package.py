@@ -51,6 +51,31 @@ def test_importing_the_deploy_or_the_connection_changes_nothing_until_install_is
     assert after_both == {"socket patched": True, "order replaced": True, "ssh wrapped": True}
 
 
+
+def test_a_dropped_ssh_connection_prints_no_paramiko_traceback_once_the_connection_is_installed():
+    """paramiko logs a host that closes the connection before its banner as an error with a
+    traceback; the command's report names the host as unreachable, so nothing else reaches stderr
+    (without install(), Python's last-resort handler prints it). In a process of its own: no logging
+    set up by pytest."""
+    script = textwrap.dedent("""
+        import logging
+        import vllm_fleet.commands.connection as connection
+        def dropped():
+            try:
+                raise EOFError()
+            except EOFError:
+                logging.getLogger("paramiko.transport").error("Exception (client): Error reading SSH protocol banner",
+                                                              exc_info=True)
+        dropped()
+        print("-- installed --", flush=True)
+        connection.install()
+        dropped()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "-- installed --", out
+    assert out.stderr.count("Error reading SSH protocol banner") == 1, out.stderr  # before install() only
+    assert out.stderr.count("Traceback") == 1, out.stderr
+
 def test_the_public_api_is_what_a_deploy_file_needs():
     import vllm_fleet.deploy as deploy
 

@@ -7,6 +7,7 @@ nothing; a command calls install() before it loads an inventory or connects.
 
 from __future__ import annotations
 
+import logging
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -29,6 +30,10 @@ def install() -> None:
     pyinfra asks of a script using its API, before anything opens a socket."""
     if not gevent.monkey.is_module_patched("socket"):
         gevent.monkey.patch_all()
+    # paramiko logs a host that drops the connection as a traceback; with no handler of its own,
+    # Python prints it on stderr above the report, which already says the host is unreachable. A
+    # handler that drops it keeps that off the terminal (a logging setup of the caller's still sees it).
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
 
 
 def load_pyinfra_inventory(path: str | Path, cwd: str | Path | None = None):
