@@ -34,6 +34,8 @@ def test_readme_setup_lines_run_verbatim_in_a_fresh_clone(tmp_path: Path) -> Non
     clone = tmp_path / "vllm-fleet"
     subprocess.run(["git", "clone", "--quiet", str(ROOT), str(clone)], check=True, capture_output=True,
                    timeout=120)
+    # Nothing of a venv comes with the clone (a committed .venv link would name someone else's).
+    assert not (clone / ".venv").exists() and not (clone / ".venv").is_symlink()
     lines = readme_setup_lines()
     script = lines + 'echo "@@which"; command -v vllm-fleet pyinfra\n'
     try:
@@ -107,3 +109,23 @@ def test_setup_remakes_a_venv_an_interrupted_run_left_and_keeps_a_finished_one(t
     assert "did not finish" not in again.stdout and "creating" not in again.stdout
     assert (venv / "kept").exists() and (venv / READY).exists()
     assert log.read_text().splitlines() == ["pip install"] * 3
+
+
+def test_setup_replaces_a_venv_that_is_a_link_to_elsewhere(tmp_path: Path) -> None:
+    """A .venv that is a symbolic link (to another checkout's venv, or to nothing) is not this
+    checkout's: bin/setup removes the link, never what it points to, and makes the venv in its place."""
+    python = tmp_path / "python3"
+    python.write_text(STAND_IN_PYTHON)
+    python.chmod(0o755)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "theirs").write_text("")
+    for target in (elsewhere, tmp_path / "nothing-here"):
+        venv, log = tmp_path / "venv", tmp_path / "pip.log"
+        venv.symlink_to(target)
+        done = _setup(venv, python, log)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "did not finish" in done.stdout and "creating the virtual environment" in done.stdout
+        assert not venv.is_symlink() and (venv / READY).exists()
+        assert (elsewhere / "theirs").exists() and not (elsewhere / READY).exists()
+        shutil.rmtree(venv)
