@@ -221,19 +221,21 @@ def test_status_counts_each_clients_requests_of_the_last_hour(team):
 def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(team, sandbox, tmp_path):
     """Streams run back to back through sbx-cpu2's front while a deploy changes its engine args and so
     restarts vLLM: the one in flight when systemd stops vLLM finishes (--shutdown-timeout), all 400
-    tokens, no reset. Streams started once the stop began may be refused (the instance is going
-    away); none that started before it may be cut."""
+    tokens, no reset. A stream is in flight once vLLM has sent its first chunk: one whose request
+    was still on its way when the stop began may be refused (the instance is going away; on a loaded
+    machine that way takes a while), but none that vLLM had begun answering may be cut."""
     client = _client(INSTANCE, KEYS["ALICE_KEY"], team["ca"])
     done, results = threading.Event(), []
 
     def stream_loop():
         while not done.is_set():
-            started, tokens, finish, error = time.time(), 0, None, None
+            started, first, tokens, finish, error = time.time(), None, 0, None, None
             try:
                 # vLLM may send several tokens in one chunk: the count is the usage it reports last.
                 for chunk in client.completions.create(model="tiny-llama", prompt="hi", max_tokens=400,
                                                        stream=True, stream_options={"include_usage": True},
                                                        extra_body={"ignore_eos": True}):
+                    first = first or time.time()
                     if chunk.choices:
                         finish = chunk.choices[0].finish_reason or finish
                     if chunk.usage:
@@ -241,8 +243,8 @@ def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(te
             except openai.APIError as exc:
                 error = repr(exc)
                 time.sleep(0.5)
-            results.append({"started": started, "ended": time.time(), "tokens": tokens, "finish": finish,
-                            "error": error})
+            results.append({"started": started, "first": first, "ended": time.time(), "tokens": tokens,
+                            "finish": finish, "error": error})
 
     before = sandbox.run("sbx-cpu2", "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
     worker = threading.Thread(target=stream_loop, daemon=True)
@@ -260,10 +262,12 @@ def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(te
                                    "grep 'Stopping vllm-tiny.service' | tail -1").stdout.split()
     assert stop, "no stop of vllm-tiny.service in the journal"
     stopped_at = float(stop[0])
-    before_stop = [r for r in results if r["started"] < stopped_at]
+    before_stop = [r for r in results if r["first"] is not None and r["first"] < stopped_at]
     assert all(r["error"] is None and r["tokens"] == 400 and r["finish"] == "length" for r in before_stop), before_stop
     assert any(r["ended"] > stopped_at for r in before_stop), (
         f"no stream was in flight when vLLM was stopped at {stopped_at}: {results}")
+    # What was refused got nothing: a stream that had its first chunk is among those checked above.
+    assert all(r["tokens"] == 0 for r in results if r["first"] is None), results
 
 
 def test_revoking_a_client_makes_its_key_401_and_restarts_no_vllm(team, sandbox, tmp_path):
