@@ -27,7 +27,8 @@ from vllm_fleet.host.discovery import discover, discovery_queries, env_python
 from vllm_fleet.host.gpu_facts import GpuTopology
 from vllm_fleet.plan import RayNode
 from vllm_fleet.prepared import Discovered
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, instance_paths, manifest_path
+from vllm_fleet.render import instance_paths, manifest_path
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT
 from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.

@@ -37,10 +37,11 @@ from vllm_fleet.host.operations import environment_queries
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
 from vllm_fleet.monitoring.files import MONITORING_UNITS
 from vllm_fleet.plan import HostPlan
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
+from vllm_fleet.render import Secrets, environment_spec
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT
 
 from . import access
-from .layout import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
+from .managed import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
                      service_accounts, service_directories)
 from .options import RunOptions
 from .state import Deployment, fail, host_config, run_fleet

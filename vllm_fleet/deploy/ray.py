@@ -16,9 +16,9 @@ from vllm_fleet.environment import current_link
 from vllm_fleet.host import facts, ray_cluster, remote
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.host.state_facts import NewestMtime, UnitState
-from vllm_fleet.render import RAY_UNIT
+from vllm_fleet.host_layout import RAY_UNIT
 
-from .layout import ray_freshness_paths
+from .managed import ray_freshness_paths
 from .state import Deployment, record_failure
 
 # The workers whose Ray unit _join_cluster (re)started in a run (by State, like state._FAILURES): its

@@ -22,7 +22,7 @@ from vllm_fleet.host.operations import managed_directory, secret_file, service_a
 from vllm_fleet.monitoring.files import STOCK_UNITS
 from vllm_fleet.render import environment_spec
 
-from .layout import hub_downloads, hub_token_file, service_accounts, service_directories, upload_dir
+from .managed import hub_downloads, hub_token_file, service_accounts, service_directories, upload_dir
 from .state import Deployment
 
 STOCK_NGINX_UNIT = "nginx.service"  # Debian's own, started by the package: stopped when we install nginx
