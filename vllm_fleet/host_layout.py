@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, instance_unit
+from vllm_fleet.environment import current_link, env_dir
 
 if TYPE_CHECKING:
     from vllm_fleet.config import HostConfig, Settings
+    from vllm_fleet.environment import EnvSpec
 
 UNIT_DIR = "/etc/systemd/system"
 # The host's front: the only listener clients reach (vLLM itself is on loopback).
@@ -64,6 +66,15 @@ class HostLayout:
         return f"{self.root}/rollback"
 
     # --- vLLM and Ray
+
+    @property
+    def current(self) -> str:
+        """The link every unit runs its environment through (environment.current_link)."""
+        return current_link(self.root)
+
+    def env(self, spec: EnvSpec) -> str:
+        """Where the environment `spec` is built (environment.env_dir)."""
+        return env_dir(spec, self.root)
 
     def instance(self, name: str) -> dict[str, str]:
         """Instance `name`'s unit, engine config and env file (its secrets)."""

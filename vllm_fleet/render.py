@@ -19,7 +19,7 @@ from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, monitoring_ports
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT, client_id
-from vllm_fleet.environment import EnvSpec, env_dir
+from vllm_fleet.environment import EnvSpec
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
 from vllm_fleet.monitoring import files as monitoring_files
 from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
@@ -54,7 +54,7 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
 
 
 def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
-    return env_dir(spec, host.settings.vllm_root)
+    return host_layout(host).env(spec)
 
 
 def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:

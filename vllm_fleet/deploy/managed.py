@@ -12,7 +12,6 @@ from pyinfra import host
 
 from vllm_fleet import gateway
 from vllm_fleet.config import HostConfig, instance_of_unit, service_user_directories
-from vllm_fleet.environment import current_link
 from vllm_fleet.host_layout import host_layout
 from vllm_fleet.host import facts, hub
 from vllm_fleet.host.host_facts import ManagedUnits
@@ -103,13 +102,13 @@ def freshness_paths(config: HostConfig, inst) -> tuple[str, ...]:
     from the workstation, the sync's manifest (renamed into place last, once every file is there)."""
     paths = instance_paths(config, inst.name)
     synced = (f"{inst.config.model}/{MODEL_MANIFEST}",) if inst.config.model_source else ()
-    return (paths["unit"], paths["config"], paths["env"], current_link(config.settings.vllm_root)) + synced
+    return (paths["unit"], paths["config"], paths["env"], host_layout(config).current) + synced
 
 
 def ray_freshness_paths(config: HostConfig) -> tuple[str, ...]:
     """What a node's Ray process must be younger than: its unit and the environment's `current`
     link (Ray starts vLLM's workers from that environment)."""
-    return ray_paths(config)["unit"], current_link(config.settings.vllm_root)
+    return ray_paths(config)["unit"], host_layout(config).current
 
 
 def hub_downloads(deployment: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
