@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, instance_unit
+from vllm_fleet.config import HUB_TOKEN_FILE, PROMETHEUS_DIR_SUFFIX, instance_unit
 from vllm_fleet.environment import current_link, env_dir
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class HostLayout:
 
     @property
     def hub_token_file(self) -> str:
-        return f"{self.config_dir}/hub.env"
+        return f"{self.config_dir}/{HUB_TOKEN_FILE}"
 
     @property
     def rollback_dir(self) -> str:
