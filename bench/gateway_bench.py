@@ -107,7 +107,8 @@ class Fleet:
 
 def load_fleet(cpu_hosts: list[str]) -> Fleet:
     from vllm_fleet import fleet as inventory_fleet
-    from vllm_fleet.gateway import GATEWAY_UNIT, gateway_paths, router_url
+    from vllm_fleet.gateway import gateway_paths, router_url
+    from vllm_fleet.host_layout import GATEWAY_UNIT
 
     loaded = inventory_fleet.Fleet.load(INVENTORY)
     gateway = loaded.gateway()

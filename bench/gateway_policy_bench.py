@@ -416,7 +416,7 @@ def running_policy(sandbox, gateway_host: str, since_epoch: int) -> tuple[str | 
     """--policy of the router's unit as systemd runs it (the process's own argv is overwritten by
     vllm-router's setproctitle), and the router's journal lines since `since_epoch` that name the
     policy it gave each model (IGW mode: each model gets one when its first worker registers)."""
-    from vllm_fleet.gateway import GATEWAY_UNIT
+    from vllm_fleet.host_layout import GATEWAY_UNIT
 
     proc = sandbox.run(gateway_host, f"systemctl show -P ExecStart {GATEWAY_UNIT}", timeout=30)
     argv = proc.stdout.replace(";", " ").split()

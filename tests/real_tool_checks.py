@@ -41,8 +41,10 @@ import yaml
 import promtool_tool
 from debian_tool import ToolUnavailable, programs
 from vllm_fleet import vllm_flags
-from vllm_fleet.render import FRONT_RUNTIME_DIR, RenderedFile, UNIT_DIR, front_paths, nginx_string
-from vllm_fleet.monitoring.files import PROMETHEUS_UNIT, monitoring_paths
+from vllm_fleet.render import FRONT_RUNTIME_DIR, RenderedFile, front_paths, nginx_string
+from vllm_fleet.host_layout import UNIT_DIR
+from vllm_fleet.monitoring.files import monitoring_paths
+from vllm_fleet.host_layout import PROMETHEUS_UNIT
 
 SYSTEM_UNIT_DIRS = ("/usr/lib/systemd/system", "/lib/systemd/system")
 EXEC_COMMAND = re.compile(r"^Exec\w*=[-@:+!]*(\S+)", re.MULTILINE)

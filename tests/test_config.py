@@ -94,7 +94,8 @@ def test_environment_source_knobs_accept_good_values():
 
 def test_one_rule_names_an_instances_unit_and_reads_it_back():
     from vllm_fleet.config import instance_of_unit, instance_unit
-    from vllm_fleet.render import FRONT_UNIT, instance_paths
+    from vllm_fleet.render import instance_paths
+    from vllm_fleet.host_layout import FRONT_UNIT
 
     host = parse_host("box", host_data())
     inst = host.instances[0]

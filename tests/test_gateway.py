@@ -27,8 +27,8 @@ from planning_fixtures import free_port, parse_errors, run_cli
 from vllm_fleet.config.clients import client_id
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.fleet import load_fleet
-from vllm_fleet.gateway import (GATEWAY_UNIT, Backend, find_gateway, fleet_backends, gateway_access,
-                                gateway_files, gateway_paths, key_pattern)
+from vllm_fleet.gateway import Backend, find_gateway, fleet_backends, gateway_access, gateway_files, gateway_paths, key_pattern
+from vllm_fleet.host_layout import GATEWAY_UNIT
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import Secrets, environment_prefix, environment_spec, render_host
 from vllm_fleet.config import GATEWAY_POLICIES

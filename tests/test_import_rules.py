@@ -57,6 +57,7 @@ CORE = frozenset({
     "vllm_fleet.fleet_summary",
     "vllm_fleet.gateway",
     "vllm_fleet.gpu_support",
+    "vllm_fleet.host_layout",
     "vllm_fleet.kinds",
     "vllm_fleet.monitoring",
     "vllm_fleet.monitoring.files",

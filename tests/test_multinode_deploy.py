@@ -21,7 +21,8 @@ from vllm_fleet.host import ray_cluster
 from vllm_fleet.prepared import Discovered
 from vllm_fleet.host.host_facts import InterfaceAddresses
 from vllm_fleet.prepared import node_group_plans, prepare_host
-from vllm_fleet.render import RAY_UNIT, ray_paths
+from vllm_fleet.render import ray_paths
+from vllm_fleet.host_layout import RAY_UNIT
 
 
 def _fleet() -> dict:
@@ -188,7 +189,7 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
 
     from planning_fixtures import FakeHost, FakeState, use_fake_host
     from test_multinode_plan import LLAMA70B
-    from vllm_fleet.deploy.layout import hub_downloads
+    from vllm_fleet.deploy.managed import hub_downloads
     from vllm_fleet.deploy.prepare import prepare
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")

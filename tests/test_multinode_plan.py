@@ -14,7 +14,8 @@ from planning_fixtures import A100_40G, H100_80G, RTX_4090D, fleet_error_text, r
 from vllm_fleet.config import ConfigErrors, check_fleet, node_group_of, node_groups, parse_host
 from vllm_fleet.fleet import load_fleet
 from vllm_fleet.plan import plan_fleet, plan_host, plan_node_group, stage_order
-from vllm_fleet.render import RAY_UNIT, environment_prefix, environment_spec, render_host
+from vllm_fleet.render import environment_prefix, environment_spec, render_host
+from vllm_fleet.host_layout import RAY_UNIT
 
 LLAMA70B = "meta-llama/Meta-Llama-3-70B-Instruct"  # catalog: 80 layers, 64 heads, 8 KV heads, 131.4 GiB
 

@@ -56,8 +56,10 @@ from vllm_fleet.config.clients import FLEET_KEY_CLIENT, MAX_REQUESTS_PER_MINUTE
 from vllm_fleet.config.instance import MAX_START_TIMEOUT_S, MIN_START_TIMEOUT_S
 from vllm_fleet.config.instance_parsers import parse_engine_args
 from vllm_fleet.fleet import Fleet
-from vllm_fleet.gateway import GATEWAY_UNIT, key_length_problem
-from vllm_fleet.monitoring.files import PROMETHEUS_UNIT, monitoring_paths
+from vllm_fleet.gateway import key_length_problem
+from vllm_fleet.host_layout import GATEWAY_UNIT
+from vllm_fleet.monitoring.files import monitoring_paths
+from vllm_fleet.host_layout import PROMETHEUS_UNIT
 from vllm_fleet.render import RenderedFile, Secrets, instance_paths, render_host
 from vllm_fleet.config.knobs.common import INT64_GIB_MAX
 from vllm_fleet.config.knobs.files import LINUX_NR_OPEN_MAX, PROMETHEUS_DIR_SUFFIX

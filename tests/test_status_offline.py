@@ -27,7 +27,8 @@ from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
 from vllm_fleet import payloads
 from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.plan import plan_host
-from vllm_fleet.render import FRONT_UNIT, render_host
+from vllm_fleet.render import render_host
+from vllm_fleet.host_layout import FRONT_UNIT
 from vllm_fleet.sandbox import nvidia_smi
 
 host_probe = bundled_module(payloads.PROBE, "host_probe")  # as the host runs it: one namespace

@@ -24,7 +24,7 @@ import pytest
 
 from fleet_helpers import CPU_HOSTS, REPO, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.monitoring import metric_names
-from vllm_fleet.monitoring.files import PROMETHEUS_UNIT
+from vllm_fleet.host_layout import PROMETHEUS_UNIT
 from vllm_fleet.monitoring.rules import alert_rules
 
 GPU_HOST, GPU_HOST_ADDRESS, GPUS = "sbx-mixed", "10.213.7.21", 3

@@ -16,8 +16,8 @@ import pytest
 from figures import report
 from test_gateway import gateway_render
 from test_multinode_plan import rendered as multinode_render, two_servers
-from vllm_fleet.gateway import GATEWAY_UNIT
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, UNIT_DIR
+from vllm_fleet.host_layout import GATEWAY_UNIT
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, UNIT_DIR
 
 # The most exposure each kind of unit may score (0.0: fully sandboxed, 10.0: not at all). vLLM and
 # Ray keep the GPUs, JIT-compiled code and the host's network; the front and the gateway need only

@@ -42,10 +42,10 @@ from typing import Any
 from vllm_fleet import kinds
 from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
 from vllm_fleet.config.clients import ApiClient
+from vllm_fleet.host_layout import GATEWAY_UNIT, host_layout
 from vllm_fleet.plan import FleetPlan
-from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment, nginx_string
+from vllm_fleet.templating import RenderedFile, front_paths, jinja_environment, nginx_string
 
-GATEWAY_UNIT = "vllm-fleet-gateway.service"
 GATEWAY_RUNTIME_DIR = "vllm-fleet-gateway"  # /run/<this>: the router's working directory and HOME
 GATEWAY_PACKAGE = "vllm-router"
 REGISTER_TIMEOUT_S = 60  # ExecStartPost: vllm-router answers /health ~1 s after its start
@@ -111,14 +111,13 @@ def find_gateway(configs: list[HostConfig]) -> HostConfig | None:
 
 
 def gateway_paths(config: HostConfig) -> dict[str, str]:
-    config_dir = config.settings.vllm_config_dir
-    return {"unit": f"{UNIT_DIR}/{GATEWAY_UNIT}", "workers": f"{config_dir}/gateway-workers.json",
-            "register": f"{config_dir}/gateway-register.py", "models": f"{config_dir}/gateway-models.json"}
+    """HostLayout.gateway of the host."""
+    return host_layout(config).gateway
 
 
 def client_models_path(config: HostConfig, client: str) -> str:
-    """GET /v1/models for a client limited to some models."""
-    return f"{config.settings.vllm_config_dir}/gateway-models-{client}.json"
+    """HostLayout.client_models of the host: GET /v1/models for a client limited to some models."""
+    return host_layout(config).client_models(client)
 
 
 def gateway_packages(config: HostConfig) -> list[str]:

@@ -17,20 +17,20 @@ import yaml
 from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
-from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, instance_unit, monitoring_ports
+from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, monitoring_ports
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT, client_id
-from vllm_fleet.environment import EnvSpec, env_dir
+from vllm_fleet.environment import EnvSpec
+from vllm_fleet.host_layout import RAY_UNIT, host_layout
 from vllm_fleet.monitoring import files as monitoring_files
 from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX, ScrapeTarget
 from vllm_fleet.plan import HostPlan, InstancePlan, RayNode
 # The file, the secrets and the templates: render's callers take them from here too.
-from vllm_fleet.templating import (FRONT_UNIT, UNIT_DIR, RenderedFile, Secrets,
-                                   front_paths, front_secrets_dir, jinja_environment, nginx_string)
+from vllm_fleet.templating import RenderedFile, Secrets, front_paths, front_secrets_dir, jinja_environment, nginx_string
+from vllm_fleet.host_layout import FRONT_UNIT
 
 FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp dirs
 NGINX = "/usr/sbin/nginx"
-# A node of a multi-node instance: its one Ray node (head or worker). See ray_files.
-RAY_UNIT = "vllm-fleet-ray.service"
+# How long a node's Ray unit (one Ray node, head or worker: ray_files) gets to stop.
 RAY_STOP_TIMEOUT_S = 60
 
 
@@ -54,7 +54,7 @@ def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
 
 
 def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
-    return env_dir(spec, host.settings.vllm_root)
+    return host_layout(host).env(spec)
 
 
 def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
@@ -105,17 +105,13 @@ def unit_lifecycle(plan: InstancePlan) -> dict[str, int]:
 
 
 def manifest_path(config) -> str:
-    """The deploy manifest on the host (what was deployed: environment, instances, hashes)."""
-    return f"{config.settings.vllm_config_dir}/manifest.json"
+    """The deploy manifest on the host (HostLayout.manifest)."""
+    return host_layout(config).manifest
 
 
 def instance_paths(host: HostConfig, name: str) -> dict[str, str]:
-    config_dir = host.settings.vllm_config_dir
-    return {
-        "unit": f"{UNIT_DIR}/{instance_unit(name)}",
-        "config": f"{config_dir}/{name}.yaml",
-        "env": f"{config_dir}/{name}.env",
-    }
+    """HostLayout.instance of the host."""
+    return host_layout(host).instance(name)
 
 
 def _engine_yaml(host: HostConfig, plan: InstancePlan) -> str:
@@ -167,11 +163,8 @@ def other_services_secrets(host: HostConfig) -> list[str]:
 
 
 def ray_paths(host: HostConfig) -> dict[str, str]:
-    """The Ray unit, Ray's root temp dir (session dirs, logs, the raylet's and object store's unix
-    sockets) and its spill dir: under the state dir, not /tmp, since PrivateTmp gives each unit its
-    own /tmp and the head's vLLM (a Ray driver) must reach the raylet's sockets."""
-    state = host.settings.vllm_state_dir
-    return {"unit": f"{UNIT_DIR}/{RAY_UNIT}", "temp": f"{state}/ray", "spill": f"{state}/ray-spill"}
+    """HostLayout.ray of the host."""
+    return host_layout(host).ray
 
 
 def node_environment(host: HostConfig, ray: RayNode) -> dict[str, str]:

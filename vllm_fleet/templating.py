@@ -16,15 +16,13 @@ from typing import TYPE_CHECKING, Any
 
 import jinja2
 
+from vllm_fleet.host_layout import host_layout
 from vllm_fleet.kinds import LINE_BREAKING
 
 if TYPE_CHECKING:
     from vllm_fleet.config import HostConfig
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"  # package data (the root templates/ links here)
-UNIT_DIR = "/etc/systemd/system"
-# The host's front: the only listener clients reach (vLLM itself is on loopback). See render.front_files.
-FRONT_UNIT = "vllm-fleet-front.service"
 
 
 @dataclass(frozen=True)
@@ -78,21 +76,13 @@ class RenderedFile:
 
 
 def front_secrets_dir(host: HostConfig) -> str:
-    """The directory of the front's secrets (the keys file, the TLS key): root's, 0750, group the
-    front's user, so no other service's user (vLLM's above all) can even look inside, and the vLLM
-    and Ray units make it inaccessible besides (a directory, not its files: a file replaced by the
-    next deploy would come back into view)."""
-    return f"{host.settings.vllm_config_dir}/front-secrets"
+    """HostLayout.front_secrets_dir of the host."""
+    return host_layout(host).front_secrets_dir
 
 
 def front_paths(host: HostConfig) -> dict[str, str]:
-    """The front's unit and config, the keys file the config includes, and (vllm_tls) its certificate
-    chain, key and the CAs the host trusts (its own checks; on the gateway host, the backends). The
-    keys file and the TLS key are in front_secrets_dir."""
-    config_dir, secrets = host.settings.vllm_config_dir, front_secrets_dir(host)
-    return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{config_dir}/front.conf",
-            "keys": f"{secrets}/keys.conf", "tls_cert": f"{config_dir}/front-cert.pem",
-            "tls_key": f"{secrets}/tls-key.pem", "tls_trust": f"{config_dir}/trust.pem"}
+    """HostLayout.front of the host."""
+    return host_layout(host).front
 
 
 # --- EnvironmentFile quoting: ONE rule, used by the writer (here) and the reader (the probe's

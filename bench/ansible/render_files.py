@@ -22,7 +22,8 @@ from pyinfra import host, state
 from vllm_fleet import gateway
 from vllm_fleet.deploy import RunOptions
 from vllm_fleet.deploy.prepare import prepare
-from vllm_fleet.render import FRONT_UNIT, front_paths, instance_paths
+from vllm_fleet.render import front_paths, instance_paths
+from vllm_fleet.host_layout import FRONT_UNIT
 
 # --dry (as above): no lock is taken. None: the host was refused (no root through its sudo), and says why.
 deployment = prepare(RunOptions.from_pyinfra_cli(sys.argv[1:], state))

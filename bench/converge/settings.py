@@ -12,7 +12,7 @@ BARE_DEPLOY = BENCH / "bare_pyinfra.py"  # the reference point: one unit + env f
 BARE_LABEL = "no-op, against the bare pyinfra unit deploy (bench/bare_pyinfra.py)"
 TOOL_NAMES = {"ours": "ours", "ansible": "Ansible", "bare": "bare pyinfra"}
 
-FRONT_UNIT = "vllm-fleet-front.service"  # vllm_fleet.render.FRONT_UNIT
+FRONT_UNIT = "vllm-fleet-front.service"  # vllm_fleet.host_layout.FRONT_UNIT
 GATEWAY_UNIT = "vllm-fleet-gateway.service"  # vllm_fleet.gateway.GATEWAY_UNIT
 # vllm_fleet.deploy.DEPLOY_NAME: pyinfra's output names the deploy's operations "<it> | <operation>".
 DEPLOY_NAME = "vLLM fleet"

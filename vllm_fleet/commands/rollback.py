@@ -12,12 +12,13 @@ from typing import Any
 from vllm_fleet.environment import current_link
 from vllm_fleet.host.host_facts import MANAGED_UNIT_FILES
 from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
-from vllm_fleet.render import RAY_UNIT, front_paths, front_probe_address, instance_paths
+from vllm_fleet.render import front_paths, front_probe_address, instance_paths
+from vllm_fleet.host_layout import RAY_UNIT, host_layout
 
 
 def snapshot_command(config) -> str:
     """Copy the managed files and the `current` link target aside, root-only, on the host."""
-    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
+    snap = shlex.quote(host_layout(config).rollback_dir)
     conf = shlex.quote(config.settings.vllm_config_dir)
     cur = shlex.quote(current_link(config.settings.vllm_root))
     # `cd /`: coreutils 9.1's `cp -a --parents` fails on absolute sources from any other cwd.
@@ -33,7 +34,7 @@ def restore_command(config, restart: bool = True) -> str:
     """Put the snapshot back: files, `current`, units; stop instances the snapshot did not have.
     `restart`: then restart the snapshot's units (restart_command); a node group's rollback
     restarts them later, once every node has its files back."""
-    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
+    snap = shlex.quote(host_layout(config).rollback_dir)
     conf = shlex.quote(config.settings.vllm_config_dir)
     envs = shlex.quote(str(Path(current_link(config.settings.vllm_root)).parent))
     return (f"set -e; test -d {snap}; "
@@ -50,7 +51,7 @@ def restore_command(config, restart: bool = True) -> str:
 def restart_command(config) -> str:
     """Restart the snapshot's units. A node's Ray unit first and blocking (its old processes gone,
     the new one started), so a worker restarted after its head joins the new head, never the old."""
-    snap = shlex.quote(f"{config.settings.vllm_root}/rollback")
+    snap = shlex.quote(host_layout(config).rollback_dir)
     return (f"set -e; if grep -qx {RAY_UNIT} {snap}/units; then systemctl reset-failed {RAY_UNIT} 2>/dev/null; "
             f"systemctl enable {RAY_UNIT} && systemctl restart {RAY_UNIT}; fi; "
             f"for u in $(grep -vx {RAY_UNIT} {snap}/units || true); do systemctl reset-failed \"$u\" 2>/dev/null; "

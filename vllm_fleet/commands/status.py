@@ -21,13 +21,13 @@ from typing import Any
 from vllm_fleet import gateway
 from vllm_fleet.host import facts, gpu_topology, ray_cluster, remote
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
-from vllm_fleet.environment import current_link
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.host.discovery import discover, discovery_queries, env_python
 from vllm_fleet.host.gpu_facts import GpuTopology
 from vllm_fleet.plan import RayNode
 from vllm_fleet.prepared import Discovered
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, instance_paths, manifest_path
+from vllm_fleet.render import instance_paths, manifest_path
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
 from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
@@ -170,7 +170,7 @@ def ray_status(host, config, role: RayNode) -> dict[str, Any]:
     _ok, out, _err = remote.run(host, f"systemctl is-active {RAY_UNIT}")
     row["state"] = out.strip() or "unknown"
     if role.is_head:
-        spec = ray_cluster.spec(role, config, current_link(config.settings.vllm_root), timeout_s=0)
+        spec = ray_cluster.spec(role, config, host_layout(config).current, timeout_s=0)
         res = ray_cluster.check(host, spec)
         row.update(nodes=res.get("nodes", []), missing=res.get("missing", []), error=res.get("error"))
     return row

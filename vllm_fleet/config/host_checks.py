@@ -20,7 +20,7 @@ from vllm_fleet.config.settings import KNOBS, Settings
 RESERVED_INSTANCE_NAME = "fleet-front"
 # Unit vllm-fleet-gateway.service is the fleet gateway (vllm_fleet/gateway.py): no instance may be named so.
 RESERVED_GATEWAY_NAME = "fleet-gateway"
-# Unit vllm-fleet-ray.service is a node's Ray (render.RAY_UNIT): no instance may be named so.
+# Unit vllm-fleet-ray.service is a node's Ray (host_layout.RAY_UNIT): no instance may be named so.
 RESERVED_RAY_NAME = "fleet-ray"
 
 

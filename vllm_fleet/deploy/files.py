@@ -9,12 +9,13 @@ from typing import Any
 
 from vllm_fleet import gateway
 from vllm_fleet.host.operations import managed_file, secret_file, systemd_service
-from vllm_fleet.monitoring.files import (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT, metrics_paths,
-                                        monitoring_paths)
+from vllm_fleet.monitoring.files import metrics_paths, monitoring_paths
+from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.monitoring.targets import JOBS
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, RenderedFile, front_paths, instance_paths, manifest_path, ray_paths
+from vllm_fleet.render import RenderedFile, front_paths, instance_paths, manifest_path, ray_paths
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT
 
-from .layout import removed_units, upload_dir
+from .managed import removed_units, upload_dir
 from .state import Deployment
 
 

@@ -10,7 +10,8 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from vllm_fleet.gateway import GATEWAY_UNIT, gateway_ports
+from vllm_fleet.gateway import gateway_ports
+from vllm_fleet.host_layout import GATEWAY_UNIT
 from vllm_fleet.host import facts, remote
 from vllm_fleet.host.state_facts import UnitState
 from vllm_fleet.host.verify import host_probe_command, parse_host_probe

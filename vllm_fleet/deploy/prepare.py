@@ -23,7 +23,7 @@ from vllm_fleet.commands import bundle, check
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
 from vllm_fleet.config.host_checks import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
-from vllm_fleet.environment import ENV_MARKER, current_link
+from vllm_fleet.environment import ENV_MARKER
 from vllm_fleet.fleet import GatewayUnplanned
 from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.host import host_packages as os_packages
@@ -37,10 +37,11 @@ from vllm_fleet.host.operations import environment_queries
 from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
 from vllm_fleet.monitoring.files import MONITORING_UNITS
 from vllm_fleet.plan import HostPlan
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, Secrets, environment_spec
+from vllm_fleet.render import Secrets, environment_spec
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
 
 from . import access
-from .layout import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
+from .managed import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
                      service_accounts, service_directories)
 from .options import RunOptions
 from .state import Deployment, fail, host_config, run_fleet
@@ -203,7 +204,7 @@ def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
     wanted.append(query(PathOwners, paths=owned_paths(deployment)))
     wanted += [model_state_query(inst.model) for inst in deployment.model_instances() if inst.model_source]
     wanted += environment_queries(environment_spec(config, plan), config.settings.vllm_root)
-    wanted.append(query(InstalledEnvironment, current=current_link(config.settings.vllm_root), marker=ENV_MARKER))
+    wanted.append(query(InstalledEnvironment, current=host_layout(config).current, marker=ENV_MARKER))
     downloads = hub_downloads(deployment)
     wanted += [query(HubModelCached, hf_home=config.settings.vllm_hf_home, model=download.repo)
                for _inst, download in downloads]

@@ -12,13 +12,12 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python, server
 
-from vllm_fleet.environment import current_link
 from vllm_fleet.host import facts, ray_cluster, remote
 from vllm_fleet.host.operations import systemd_service
 from vllm_fleet.host.state_facts import NewestMtime, UnitState
-from vllm_fleet.render import RAY_UNIT
+from vllm_fleet.host_layout import RAY_UNIT, host_layout
 
-from .layout import ray_freshness_paths
+from .managed import ray_freshness_paths
 from .state import Deployment, record_failure
 
 # The workers whose Ray unit _join_cluster (re)started in a run (by State, like state._FAILURES): its
@@ -105,7 +104,7 @@ def cluster_spec(deployment: Deployment, timeout_s: int, only_this_node: bool = 
     vllm_verify_timeout_s when that is set and shorter."""
     config = deployment.config
     bound = config.settings.vllm_verify_timeout_s
-    return ray_cluster.spec(deployment.plan.ray, config, env_prefix=current_link(config.settings.vllm_root),
+    return ray_cluster.spec(deployment.plan.ray, config, env_prefix=host_layout(config).current,
                             timeout_s=int(min(timeout_s, bound)) if bound else timeout_s,
                             only_this_node=only_this_node)
 

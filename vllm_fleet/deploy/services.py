@@ -10,12 +10,12 @@ from pyinfra.operations import python, server, systemd
 from vllm_fleet.host import facts, ray_cluster
 from vllm_fleet.host.state_facts import NewestMtime, UnitState
 from vllm_fleet.host.operations import systemd_service
-from vllm_fleet.monitoring.files import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
-from vllm_fleet.render import FRONT_UNIT
+from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
+from vllm_fleet.host_layout import FRONT_UNIT
 
 from . import ray
 from .handlers import run_handlers
-from .layout import freshness_paths
+from .managed import freshness_paths
 from .state import Deployment
 
 

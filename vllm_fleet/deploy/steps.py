@@ -12,8 +12,9 @@ from pyinfra.api.command import StringCommand
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import apt, dnf, python, server
 
+from vllm_fleet.host_layout import host_layout
 from vllm_fleet.catalog import GIB
-from vllm_fleet.environment import ENV_MARKER, current_link, env_dir
+from vllm_fleet.environment import ENV_MARKER
 from vllm_fleet.host import facts, hub, remote
 from vllm_fleet.host.envbuild import PYTORCH_CPU_INDEX
 from vllm_fleet.host.host_facts import HubModelCached, InstalledEnvironment
@@ -22,7 +23,7 @@ from vllm_fleet.host.operations import managed_directory, secret_file, service_a
 from vllm_fleet.monitoring.files import STOCK_UNITS
 from vllm_fleet.render import environment_spec
 
-from .layout import hub_downloads, hub_token_file, service_accounts, service_directories, upload_dir
+from .managed import hub_downloads, hub_token_file, service_accounts, service_directories, upload_dir
 from .state import Deployment
 
 STOCK_NGINX_UNIT = "nginx.service"  # Debian's own, started by the package: stopped when we install nginx
@@ -67,7 +68,8 @@ def environment(deployment: Deployment) -> None:
     wheelhouse or package indexes; only a complete env becomes `current`, switched atomically)."""
     settings = deployment.config.settings
     spec = environment_spec(deployment.config, deployment.plan)
-    installed = facts.get(host, InstalledEnvironment, current=current_link(settings.vllm_root), marker=ENV_MARKER)
+    installed = facts.get(host, InstalledEnvironment, current=host_layout(deployment.config).current,
+                          marker=ENV_MARKER)
     was = (f"{installed['spec']['target']} vLLM {installed['spec']['vllm_version']} ({installed['name']})"
            if installed else "none")
     logger.info(f"{host.print_prefix}environment: installed {was}; wanted {spec.target} vLLM "
@@ -140,7 +142,7 @@ def hub_models(deployment: Deployment) -> None:
                 # sourced by sh (`set -a; . hub.env`) as root: quoted, so it stays a value
                 content=f"HF_TOKEN={shlex.quote(hf_token)}\n" if hf_token else "\n",
                 upload_dir=upload_dir(config))
-    python_bin = env_dir(environment_spec(config, deployment.plan), settings.vllm_root) + "/bin/python"
+    python_bin = host_layout(config).env(environment_spec(config, deployment.plan)) + "/bin/python"
     for inst, download in missing:
         # As the service user (it owns HF_HOME); runuser keeps the environment, so the token
         # travels in it, never in an argv.

@@ -17,12 +17,12 @@ from typing import Any, Callable
 
 from pyinfra import logger
 
+from vllm_fleet.host_layout import host_layout
 from vllm_fleet.host import facts, gpu_topology
 from vllm_fleet.commands import bundle
 from vllm_fleet.catalog import ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
 from vllm_fleet.config.model_info import model_info_of_config
-from vllm_fleet.environment import current_link
 from vllm_fleet.host.facts import query
 from vllm_fleet.host.gpu_facts import GpuTopology, NvidiaGpus
 from vllm_fleet.host.host_facts import HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, PathsPresent
@@ -170,7 +170,7 @@ def _gpu_topology(on, config: HostConfig, live, errors: list[ConfigError]):
 
 def env_python(config: HostConfig) -> str:
     """The python of the host's current vLLM environment (the NVML probe runs with it)."""
-    return current_link(config.settings.vllm_root) + "/bin/python"
+    return host_layout(config).current + "/bin/python"
 
 
 def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovered, list[ConfigError]]:

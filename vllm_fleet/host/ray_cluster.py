@@ -18,7 +18,7 @@ from typing import Any
 
 from vllm_fleet.config import HostConfig
 from vllm_fleet.plan import RayNode
-from vllm_fleet.render import RAY_UNIT
+from vllm_fleet.host_layout import RAY_UNIT
 
 JOIN_TIMEOUT_S = 120  # before the head's vLLM starts: the workers' Ray started in the operation before
 VERIFY_TIMEOUT_S = 30  # in verification: every node should be there already

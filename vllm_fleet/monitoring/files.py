@@ -28,16 +28,14 @@ import math
 from functools import partial
 
 from vllm_fleet import payloads
-from vllm_fleet.config import PROMETHEUS_DIR_SUFFIX, HostConfig, monitoring_ports
+from vllm_fleet.config import HostConfig, monitoring_ports
+from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT, host_layout
 from vllm_fleet.plan import HostPlan
-from vllm_fleet.templating import UNIT_DIR, RenderedFile, front_paths, jinja_environment
+from vllm_fleet.templating import RenderedFile, front_paths, jinja_environment
 
 from . import rules
 from .targets import JOBS, PROMETHEUS_PREFIX, ScrapeTarget, file_sd, prometheus_config
 
-EXPORTER_UNIT = "vllm-fleet-exporter.service"
-NODE_EXPORTER_UNIT = "vllm-fleet-node-exporter.service"
-PROMETHEUS_UNIT = "vllm-fleet-prometheus.service"
 MONITORING_UNITS = (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT)
 #: Debian's own units of the two packages, by the need that installs them: they listen on every
 #: interface without a token, so a deploy that installs a package masks its unit first (the
@@ -58,17 +56,13 @@ def exporter_source() -> str:
 
 
 def metrics_paths(config: HostConfig) -> dict[str, str]:
-    return {"exporter": f"{config.settings.vllm_config_dir}/host-exporter.py",
-            "exporter_unit": f"{UNIT_DIR}/{EXPORTER_UNIT}",
-            "node_exporter_unit": f"{UNIT_DIR}/{NODE_EXPORTER_UNIT}"}
+    """HostLayout.metrics of the host."""
+    return host_layout(config).metrics
 
 
 def monitoring_paths(config: HostConfig) -> dict[str, str]:
-    base = f"{config.settings.vllm_config_dir.rstrip('/')}{PROMETHEUS_DIR_SUFFIX}"
-    return {"dir": base, "targets_dir": f"{base}/targets", "config": f"{base}/prometheus.yml",
-            "rules": f"{base}/rules.yml", "token": f"{base}/metrics-token", "trust": f"{base}/trust.pem",
-            "unit": f"{UNIT_DIR}/{PROMETHEUS_UNIT}",
-            **{f"targets_{job}": f"{base}/targets/{job}.json" for job in JOBS}}
+    """HostLayout.monitoring of the host."""
+    return host_layout(config).monitoring
 
 
 def monitoring_unit_files(config: HostConfig) -> dict[str, list[str]]:

@@ -30,10 +30,11 @@ from dataclasses import dataclass, field
 import yaml
 
 from vllm_fleet.config import HostConfig, monitoring_ports
+from vllm_fleet.host_layout import SCRAPE_JOBS
 from vllm_fleet.plan import FleetPlan, HostPlan
 
 #: Jobs in the order prometheus.yml lists them.
-JOBS = ("vllm", "vllm-router", "front", "node", "gpu")
+JOBS = SCRAPE_JOBS
 #: Where each host-level job is on the front's metrics listener.
 METRICS_PATHS = {"node": "/metrics/node", "front": "/metrics/front", "gpu": "/metrics/gpu",
                  "vllm-router": "/metrics/router"}

@@ -22,11 +22,11 @@ from vllm_fleet.plan.engine_args import BACKEND_HOST
 from vllm_fleet.plan.fleet import plan_fleet, plan_host
 from vllm_fleet.plan.memory import COMM_RESERVE_GIB, api_server_batched_tokens, balanced_partition, even_partition
 from vllm_fleet.plan.multinode import node_addresses, plan_node_group, stage_order
-from vllm_fleet.plan.types import (FleetPlan, GpuUse, HostPlan, InstancePlan, Interconnect, Layout, NodeGroupPlan,
-                                   RayNode)
+from vllm_fleet.plan.types import (FleetPlan, GpuUse, HostPlan, InstancePlan, Interconnect, NodeGroupPlan,
+                                   ParallelLayout, RayNode)
 
 __all__ = [
     "BACKEND_HOST", "COMM_RESERVE_GIB", "FleetPlan", "GpuUse", "HostPlan", "InstancePlan", "Interconnect",
-    "Layout", "NodeGroupPlan", "RayNode", "api_server_batched_tokens", "balanced_partition",
+    "NodeGroupPlan", "ParallelLayout", "RayNode", "api_server_batched_tokens", "balanced_partition",
     "even_partition", "node_addresses", "plan_fleet", "plan_host", "plan_node_group", "stage_order",
 ]

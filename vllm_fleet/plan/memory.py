@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from vllm_fleet import kinds
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import GpuSpec, HostConfig, InstanceConfig
-from vllm_fleet.plan.types import GpuUse, Layout
+from vllm_fleet.plan.types import GpuUse, ParallelLayout
 
 #: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
 #: live outside the weights and the KV cache (non-torch memory in vLLM's profiling).
@@ -56,7 +56,7 @@ class MemoryModel:
             return 1.0
         return groups.group_size / groups.total_layers
 
-    def max_in_flight_tokens(self, layout: Layout) -> int:
+    def max_in_flight_tokens(self, layout: ParallelLayout) -> int:
         """VllmConfig.max_in_flight_tokens for this layout: what a sliding-window group keeps beyond
         its window, per request."""
         scheduler = self.scheduler or SchedulerDefaults()
@@ -64,12 +64,12 @@ class MemoryModel:
                 * scheduler.max_num_batched_tokens(layout.gpus[0] if layout.gpus else None,
                                                    self.max_model_len))
 
-    def blocks_per_request(self, layout: Layout) -> int:
+    def blocks_per_request(self, layout: ParallelLayout) -> int:
         groups = self.groups or KvGroups(self.info.num_hidden_layers, 1, 0, None,
                                          self.info.num_hidden_layers)
         return groups.blocks_per_request(self.max_model_len, self.max_in_flight_tokens(layout))
 
-    def concurrency(self, layout: Layout, blocks: int | None = None) -> float:
+    def concurrency(self, layout: ParallelLayout, blocks: int | None = None) -> float:
         """vLLM's get_max_concurrency_for_kv_cache_config (v1/core/kv_cache_utils.py:1061-1093):
         pool blocks / blocks one max_model_len request takes over all KV cache groups, as the same
         float division; `blocks`: another pool on this layout (the even split's)."""
@@ -78,7 +78,7 @@ class MemoryModel:
         pool = kv_blocks(layout) if blocks is None else blocks
         return pool / self.blocks_per_request(layout)
 
-    def kv_cache_size(self, layout: Layout, blocks: int | None = None) -> int:
+    def kv_cache_size(self, layout: ParallelLayout, blocks: int | None = None) -> int:
         """The tokens vLLM logs as 'GPU KV cache size': get_kv_cache_capacity
         (v1/core/kv_cache_utils.py:1120-1128), int(max concurrency x max_model_len) of the same
         floats. Not blocks x block size: a sliding-window group's request takes fewer blocks than
@@ -86,7 +86,7 @@ class MemoryModel:
         return int(self.concurrency(layout, blocks) * self.max_model_len)
 
 
-def kv_blocks(layout: Layout) -> int:
+def kv_blocks(layout: ParallelLayout) -> int:
     """The replica's KV cache blocks (vLLM's num_blocks, its tightest stage's)."""
     return layout.kv_tokens // KV_BLOCK_SIZE
 
@@ -224,7 +224,7 @@ def balanced_partition(free: list[float], layers: int, mem: MemoryModel, tp: int
 
 
 def evaluate_layout(mem: MemoryModel, stages: list[list[GpuSpec]], partition: tuple[int, ...], tp: int,
-                    dp: int) -> Layout:
+                    dp: int) -> ParallelLayout:
     """The layout of these stages (in order) with this layer split: each GPU's weights and KV
     cache, and the replica's KV tokens (its tightest stage's)."""
     pp = len(stages)
@@ -244,5 +244,5 @@ def evaluate_layout(mem: MemoryModel, stages: list[list[GpuSpec]], partition: tu
               * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB)
         per_gpu.extend(GpuUse(g.index, g.name, stage_index, weights, kv, budget) for g in stage)
     ordered = tuple(g for stage in stages for g in stage)
-    return Layout(gpus=ordered, tp=tp, pp=pp, dp=dp, partition=partition, kv_tokens=replica_tokens,
+    return ParallelLayout(gpus=ordered, tp=tp, pp=pp, dp=dp, partition=partition, kv_tokens=replica_tokens,
                   per_gpu=tuple(per_gpu))

@@ -12,10 +12,10 @@ from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
 from vllm_fleet.plan.reasons import apply_layout, memory_detail, no_fit_error, two_decimals_rounded_down
 from vllm_fleet.plan.rules import choose_dtype, resolve_max_model_len, tp_problems
-from vllm_fleet.plan.types import InstancePlan, Interconnect, LayoutCandidate, gpu_model_and_memory
+from vllm_fleet.plan.types import InstancePlan, Interconnect, ParallelLayoutCandidate, gpu_model_and_memory
 
 #: (tp, pp, dp), its layout (or why there is none), and the problems that rule it out.
-SizedCandidate = tuple[tuple[int, int, int], LayoutCandidate, list[str]]
+SizedCandidate = tuple[tuple[int, int, int], ParallelLayoutCandidate, list[str]]
 
 
 class HostPlanner:
@@ -109,7 +109,7 @@ class HostPlanner:
         return out
 
     def _choose(self, inst: InstanceConfig, mem: MemoryModel, gpus: list[GpuSpec], max_len: int,
-                alternatives: list[str]) -> LayoutCandidate | None:
+                alternatives: list[str]) -> ParallelLayoutCandidate | None:
         """Smallest TP that fits with headroom (then fewest PP stages); else the roomiest fit."""
         candidates = self._candidates(inst, mem, gpus, max_len)
         valid = [(sizes, candidate) for sizes, candidate, problems in candidates if not problems]

@@ -11,7 +11,7 @@ from vllm_fleet.catalog import GIB, KV_BLOCK_SIZE, MIB, ModelInfo
 from vllm_fleet.config import GpuSpec, InstanceConfig
 from vllm_fleet.plan.memory import MemoryModel, SchedulerDefaults, even_partition, kv_blocks
 from vllm_fleet.plan.rules import tp_problems
-from vllm_fleet.plan.types import (InstancePlan, Interconnect, Layout, LayoutCandidate, count_gpu_models,
+from vllm_fleet.plan.types import (InstancePlan, Interconnect, ParallelLayout, ParallelLayoutCandidate, count_gpu_models,
                                    gpu_model_and_memory, logged_concurrency)
 
 
@@ -22,14 +22,14 @@ def two_decimals_rounded_down(value: float) -> str:
     return f"{int(value * 100) / 100:.2f}"
 
 
-def vllm_kv_log(mem: MemoryModel, layout: Layout) -> str:
+def vllm_kv_log(mem: MemoryModel, layout: ParallelLayout) -> str:
     """The line vLLM logs for this layout's KV cache (update_kv_cache_capacity,
     v1/core/kv_cache_utils.py:1136-1154), with its thousands separators and rounding."""
     return (f"GPU KV cache size: {mem.kv_cache_size(layout):,} tokens, Maximum concurrency for "
             f"{mem.max_model_len:,} tokens per request: {logged_concurrency(mem.concurrency(layout))}x")
 
 
-def memory_detail(layout: Layout) -> str:
+def memory_detail(layout: ParallelLayout) -> str:
     """The tightest GPU of a layout: its weights against its budget."""
     worst = max(layout.per_gpu, key=lambda use: use.weights_gib / use.budget_gib)
     node = f" of {worst.host}" if worst.host else ""
@@ -37,7 +37,7 @@ def memory_detail(layout: Layout) -> str:
             f"of a {worst.budget_gib:.1f} GiB budget")
 
 
-def in_flight_text(mem: MemoryModel, layout: Layout) -> str:
+def in_flight_text(mem: MemoryModel, layout: ParallelLayout) -> str:
     """How vLLM's max_in_flight_tokens comes about, for the reasons."""
     scheduler = mem.scheduler or SchedulerDefaults()
     batches = scheduler.concurrent_batches(layout.pp)
@@ -84,7 +84,7 @@ def no_fit_error(inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec], alt
             "across them, on Ray)")
 
 
-def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: LayoutCandidate, gpus: list[GpuSpec],
+def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: ParallelLayoutCandidate, gpus: list[GpuSpec],
                  min_kv_sequences: int, interconnect: Interconnect | None) -> None:
     """The chosen layout's reasons and warnings on the plan, with the environment and flags they
     explain: the KV arithmetic, the PP layer split on mixed GPUs, NCCL on consumer cards and
@@ -144,7 +144,7 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: LayoutCandidate, 
                             "(the base model's tokenizer)")
 
 
-def apply_p2p_report(plan: InstancePlan, layout: Layout, interconnect: Interconnect) -> None:
+def apply_p2p_report(plan: InstancePlan, layout: ParallelLayout, interconnect: Interconnect) -> None:
     """Live P2P facts for the TP groups (the driver's report, via NVML).
 
     A TP group whose GPUs cannot reach each other peer to peer gets NCCL_P2P_DISABLE=1 (NCCL
@@ -198,7 +198,7 @@ def node_group_reasons(head: str, ray_version: str, order: tuple[str, ...],
             "in each node's environment)"]
 
 
-def node_group_no_fit(inst: InstanceConfig, mem: MemoryModel, candidate: LayoutCandidate,
+def node_group_no_fit(inst: InstanceConfig, mem: MemoryModel, candidate: ParallelLayoutCandidate,
                       order: tuple[str, ...], per_node: dict[str, list[GpuSpec]], max_len: int) -> str:
     """Why a multi-node instance does not fit its nodes, with the numbers."""
     info = mem.info

@@ -84,8 +84,9 @@ class GpuUse:
 
 
 @dataclass(frozen=True)
-class Layout:
-    """A parallel layout on an ordered list of GPUs, with its memory arithmetic."""
+class ParallelLayout:
+    """An instance's parallel layout (DP x PP x TP) on an ordered list of GPUs, with its memory
+    arithmetic. (Where things are on a host is HostLayout's: vllm_fleet.host_layout.)"""
 
     gpus: tuple[GpuSpec, ...]  # in CUDA_VISIBLE_DEVICES order (rank order DP x PP x TP)
     tp: int
@@ -102,16 +103,16 @@ class Layout:
 
 
 @dataclass(frozen=True)
-class LayoutCandidate:
+class ParallelLayoutCandidate:
     """A layout being weighed: the layout (None when it cannot be built), the same stages with an
     even layer split (to compare with the weighted one), and why it cannot work."""
 
-    layout: Layout | None
-    even: Layout | None
+    layout: ParallelLayout | None
+    even: ParallelLayout | None
     problem: str | None
 
     @property
-    def built(self) -> Layout:
+    def built(self) -> ParallelLayout:
         """The layout of a candidate without a problem (arrange_layout and node_group_layout build one
         for each)."""
         assert self.layout is not None, self.problem
@@ -124,7 +125,7 @@ class InstancePlan:
 
     config: InstanceConfig
     name: str
-    layout: Layout | None  # None on CPU hosts
+    layout: ParallelLayout | None  # None on CPU hosts
     dtype: str
     max_model_len: int
     tensor_parallel_size: int = 1

@@ -1,6 +1,7 @@
-"""Where the deploy's things are on a host, as `prepare` (to read their state) and the steps (to
-manage them) both need them: directories, upload and token files, what a process must be younger
-than, the hub downloads, the units the plan no longer has."""
+"""What the deploy manages on a host, as `prepare` (to read their state) and the steps (to manage
+them) both need it: directories, service accounts, upload and token files, what a process must be
+younger than, the hub downloads, the units the plan no longer has. Every path comes from the host's
+HostLayout (vllm_fleet.host_layout)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,27 @@ from pyinfra import host
 
 from vllm_fleet import gateway
 from vllm_fleet.config import HostConfig, instance_of_unit, service_user_directories
-from vllm_fleet.environment import current_link
+from vllm_fleet.host_layout import host_layout
 from vllm_fleet.host import facts, hub
 from vllm_fleet.host.host_facts import ManagedUnits
 from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST
-from vllm_fleet.monitoring.files import MONITORING_UNITS, PROMETHEUS_UNIT, monitoring_unit_files
+from vllm_fleet.monitoring.files import MONITORING_UNITS, monitoring_unit_files
+from vllm_fleet.host_layout import PROMETHEUS_UNIT
 from vllm_fleet.monitoring.files import metrics_paths
-from vllm_fleet.render import FRONT_UNIT, RAY_UNIT, front_paths, front_secrets_dir, instance_paths, ray_paths
+from vllm_fleet.render import front_paths, front_secrets_dir, instance_paths, ray_paths
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT
 
 from .state import Deployment
 
 
 def upload_dir(config: HostConfig) -> str:
-    """Where the login user uploads files before they are moved into place with privileges."""
-    return f"{config.settings.vllm_root}/.upload"
+    """HostLayout.upload_dir of the host."""
+    return host_layout(config).upload_dir
 
 
 def hub_token_file(config: HostConfig) -> str:
-    return f"{config.settings.vllm_config_dir}/hub.env"
+    """HostLayout.hub_token_file of the host."""
+    return host_layout(config).hub_token_file
 
 
 @dataclass(frozen=True)
@@ -98,13 +102,13 @@ def freshness_paths(config: HostConfig, inst) -> tuple[str, ...]:
     from the workstation, the sync's manifest (renamed into place last, once every file is there)."""
     paths = instance_paths(config, inst.name)
     synced = (f"{inst.config.model}/{MODEL_MANIFEST}",) if inst.config.model_source else ()
-    return (paths["unit"], paths["config"], paths["env"], current_link(config.settings.vllm_root)) + synced
+    return (paths["unit"], paths["config"], paths["env"], host_layout(config).current) + synced
 
 
 def ray_freshness_paths(config: HostConfig) -> tuple[str, ...]:
     """What a node's Ray process must be younger than: its unit and the environment's `current`
     link (Ray starts vLLM's workers from that environment)."""
-    return ray_paths(config)["unit"], current_link(config.settings.vllm_root)
+    return ray_paths(config)["unit"], host_layout(config).current
 
 
 def hub_downloads(deployment: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
