@@ -266,8 +266,6 @@ def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(te
     assert all(r["error"] is None and r["tokens"] == 400 and r["finish"] == "length" for r in before_stop), before_stop
     assert any(r["ended"] > stopped_at for r in before_stop), (
         f"no stream was in flight when vLLM was stopped at {stopped_at}: {results}")
-    # What was refused got nothing: a stream that had its first chunk is among those checked above.
-    assert all(r["tokens"] == 0 for r in results if r["first"] is None), results
 
 
 def test_revoking_a_client_makes_its_key_401_and_restarts_no_vllm(team, sandbox, tmp_path):
