@@ -243,7 +243,10 @@ def test_a_gateway_by_host_name_or_of_another_scheme_than_its_backends_is_refuse
     with pytest.raises(ConfigErrors) as info:
         check_fleet([named, host])
     error = next(e for e in info.value.errors if e.key == "vllm_advertise_address")
-    assert error.host == "gw" and "'gw.example.org' is no IP address" in error.message
+    assert error.host == "gw" and "'gw.example.org' (its vllm_advertise_address;" in error.message
+    assert error.message.endswith("is no IP address")
+    # The fix names the gateway's own address to find, never an example a backend could have.
+    assert "<gw's IP address on the backends' network>" in error.fix and "10.0." not in error.fix
     assert "vllm_direct_access = True" in error.fix
     # Every front open to clients (the gateway host's own too): no address to let in.
     named_open = parse_host("gw", host_data(placement="single-instance", vllm_gateway=True,

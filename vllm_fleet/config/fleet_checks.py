@@ -300,10 +300,12 @@ def _check_gateway_links(gateway: HostConfig, hosts: list[HostConfig]) -> list[C
     if closed and not kinds.ip_literal(address):
         errors.append(ConfigError(
             f"the instance ports of {', '.join(closed[:3])}{' ...' if len(closed) > 3 else ''} take requests from "
-            f"the gateway only, by its address, but the gateway's vllm_advertise_address {address!r} is no IP "
-            "address", host=gateway.name, key="vllm_advertise_address",
-            fix="vllm_advertise_address = '10.0.0.11' on the gateway host (its address on the backends' network), "
-                "or vllm_direct_access = True on the backends (each front then counts a client's limit on its own)"))
+            f"the gateway only, by its address, but the gateway's address {address!r} (its vllm_advertise_address; "
+            "where that is unset, its vllm_bind_host, ssh_hostname or name) is no IP address",
+            host=gateway.name, key="vllm_advertise_address",
+            fix=f"vllm_advertise_address = \"<{gateway.name}'s IP address on the backends' network>\" in "
+                f"{gateway.name}'s host data, or vllm_direct_access = True on the backends (each front then counts "
+                "a client's limit on its own)"))
     return errors
 
 
