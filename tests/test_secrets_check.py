@@ -145,6 +145,25 @@ def test_with_every_secret_set_the_check_passes_and_json_holds_the_summary(tmp_p
     assert not (tmp_path / "workstation").exists()  # the check writes nothing: the deploy makes the CA and seed
 
 
+
+def test_a_host_with_bad_data_shows_no_summary_of_a_smaller_fleet(tmp_path, monkeypatch, capsys, no_connection):
+    """The gateway host's data has a typo: a summary of the other host alone would say the fleet has
+    no gateway; the check says why there is none instead."""
+    inventory = team(tmp_path)
+    text = Path(inventory).read_text()
+    assert "'vllm_gateway': True" in text
+    Path(inventory).write_text(text.replace("'vllm_gateway': True", "'vllm_gateway': True, 'vllm_gatway_policy': 'x'", 1))
+    for name, value in KEYS.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    assert check_command.main([inventory]) == 2
+    captured = capsys.readouterr()
+    assert "What the fleet will be (" not in captured.out and "gateway: none" not in captured.out
+    assert "not shown until every host's data is valid" in captured.out
+    assert "vllm_gatway_policy" in captured.err
+    assert check_command.main([inventory, "--json"]) == 2
+    assert json.loads(capsys.readouterr().out)["fleet_summary"] is None
+
 def test_plan_prints_the_same_summary_and_holds_it_in_json(tmp_path, monkeypatch, capsys):
     from vllm_fleet import cli
 

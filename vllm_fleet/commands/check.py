@@ -55,12 +55,15 @@ def problems(fleet: Fleet, names: list[str] | tuple[str, ...] | None = None, *, 
 def check(inventory: str | Path, limit: list[str] | None = None, *, cwd: str | Path | None = None,
           environ: Mapping[str, str] | None = None) -> tuple[list[ConfigError], dict | None]:
     """(every problem, the fleet's summary) of an inventory file; the summary is None when the file
-    cannot be read at all."""
+    cannot be read at all, or when a selected host's data has errors (a summary without that host
+    would show a fleet smaller than the one described: no gateway, no monitoring)."""
     try:
         fleet = Fleet.load(inventory, limit, cwd=cwd)
     except ConfigError as exc:
         return [exc], None
     errors = problems(fleet, inventory=inventory, cwd=cwd, environ=environ)
+    if any(name in fleet.errors for name in fleet.selected):
+        return errors, None
     configs = [fleet.configs[name] for name in fleet.selected if name in fleet.configs]
     every = [fleet.configs[name] for name in fleet.names if name in fleet.configs]
     return errors, fleet_summary(configs, every, show_path=shown)
@@ -89,6 +92,8 @@ def main(argv: list[str]) -> int:
     else:
         if summary is not None:
             print("\n".join(summary_lines(summary)))
+        elif errors:
+            print("What the fleet will be: not shown until every host's data is valid (the errors are below)")
         for error in errors:
             print(f"error: {error.located()}", file=sys.stderr)
         print(f"{len(errors)} problem(s); no host was connected to." if errors else
