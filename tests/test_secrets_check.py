@@ -115,7 +115,8 @@ def test_four_clients_and_a_metrics_token_unset_are_five_errors_of_one_run_and_n
     assert "key vllm_api_clients.alice.key_env" in err and "fix: export ALICE_KEY=$(openssl rand -hex 32)" in err
     # And what the fleet will be, all the same.
     assert "gpu-a: http at 10.255.255.1 (gateway, metrics)" in out
-    assert "qwen7b: vllm-qwen7b.service, port 8000, serves qwen2.5-7b at http://10.255.255.1:8000/v1" in out
+    assert ("qwen7b: vllm-qwen7b.service, port 8000, serves qwen2.5-7b at http://10.255.255.1:8000/v1 "
+            "(the gateway's only: clients use the gateway)") in out
     assert "gateway: http://10.255.255.1:9000/v1 on gpu-a, models llama-3.1-8b, qwen2.5-7b" in out
     assert "monitoring: Prometheus on gpu-b at http://10.255.255.2:9410/prometheus/" in out
     assert "ci: its own key, from $CI_KEY; every model; 60 requests a minute" in out
@@ -135,7 +136,7 @@ def test_with_every_secret_set_the_check_passes_and_json_holds_the_summary(tmp_p
     assert [(h["name"], h["scheme"]) for h in summary["hosts"]] == [("gpu-a", "https"), ("gpu-b", "https")]
     assert summary["hosts"][0]["instances"][0] == {
         "name": "qwen7b", "unit": "vllm-qwen7b.service", "port": 8000, "served_model_name": "qwen2.5-7b",
-        "url": "https://10.255.255.1:8000/v1", "nodes": None}
+        "url": "https://10.255.255.1:8000/v1", "gateway_only": True, "nodes": None}
     assert summary["gateway"]["url"] == "https://10.255.255.1:9000/v1"
     assert summary["monitoring"]["host"] == "gpu-b" and summary["monitoring"]["scrapes"] == ["gpu-a", "gpu-b"]
     assert {c["name"]: (c["key_source"], c["models"], c["requests_per_minute"]) for c in summary["clients"]} == {
@@ -163,6 +164,15 @@ def test_a_host_with_bad_data_shows_no_summary_of_a_smaller_fleet(tmp_path, monk
     assert "vllm_gatway_policy" in captured.err
     assert check_command.main([inventory, "--json"]) == 2
     assert json.loads(capsys.readouterr().out)["fleet_summary"] is None
+
+
+def test_an_instance_port_open_to_clients_is_not_shown_as_the_gateways_only(tmp_path):
+    (tmp_path / "open").mkdir()
+    (tmp_path / "closed").mkdir()
+    errors, summary = run_check(tmp_path / "open", team(tmp_path / "open", vllm_direct_access=True))
+    assert errors == [] and [i["gateway_only"] for h in summary["hosts"] for i in h["instances"]] == [False, False]
+    errors, summary = run_check(tmp_path / "closed", team(tmp_path / "closed"))
+    assert errors == [] and [i["gateway_only"] for h in summary["hosts"] for i in h["instances"]] == [True, True]
 
 def test_plan_prints_the_same_summary_and_holds_it_in_json(tmp_path, monkeypatch, capsys):
     from vllm_fleet import cli

@@ -39,20 +39,22 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
     `show_path`: how a key file's path is shown (not at all without it)."""
     every = every if every is not None else hosts
     out: dict[str, Any] = {"hosts": [], "gateway": None, "monitoring": None, "clients": []}
+    gateway = next((c for c in every if c.settings.vllm_gateway is True), None)
     for config in hosts:
         settings, scheme = config.settings, _scheme(config)
         address = url_host(settings.vllm_advertise_address)
+        # With a gateway, an instance port takes /v1/ from the gateway host only unless the host opens it.
+        gateway_only = gateway is not None and settings.vllm_direct_access is not True
         entry = {"name": config.name, "scheme": scheme, "address": settings.vllm_advertise_address,
                  "instances": [{"name": inst.name, "unit": instance_unit(inst.name), "port": inst.port,
                                 "served_model_name": inst.served_model_name,
-                                "url": f"{scheme}://{address}:{inst.port}/v1",
+                                "url": f"{scheme}://{address}:{inst.port}/v1", "gateway_only": gateway_only,
                                 "nodes": list(inst.nodes) if inst.nodes else None}
                                for inst in config.instances],
                  "node_of": [{"instance": inst.name, "head": inst.head} for inst in config.member_of],
                  "gateway": settings.vllm_gateway is True, "metrics": settings.vllm_metrics is True,
                  "monitoring": settings.vllm_monitoring is True}
         out["hosts"].append(entry)
-    gateway = next((c for c in every if c.settings.vllm_gateway is True), None)
     if gateway is not None:
         out["gateway"] = {"host": gateway.name, "url": gateway_url(gateway), "scheme": _scheme(gateway),
                           "models": sorted({i.served_model_name for c in every for i in c.instances})}
@@ -80,8 +82,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                      + (f" ({', '.join(roles)})" if roles else ""))
         for inst in host["instances"]:
             nodes = f" on nodes {', '.join(inst['nodes'])}" if inst["nodes"] else ""
+            only = " (the gateway's only: clients use the gateway)" if inst["gateway_only"] else ""
             lines.append(f"    {inst['name']}: {inst['unit']}, port {inst['port']}, serves "
-                         f"{inst['served_model_name']} at {inst['url']}{nodes}")
+                         f"{inst['served_model_name']} at {inst['url']}{nodes}{only}")
         for node in host["node_of"]:
             lines.append(f"    a node of multi-node instance {node['instance']} (its head: {node['head']})")
         if not host["instances"] and not host["node_of"]:
