@@ -193,7 +193,8 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
             f"hosts {gateways[0].name} and {other.name} both set vllm_gateway = True: a fleet has one "
             "gateway", host=other.name, key="vllm_gateway",
             fix=f"keep vllm_gateway = True on one of them (e.g. {gateways[0].name}) and remove it from "
-                "the other"))
+                "the other; set it in that one host's data in the inventory, not in group data (which "
+                "sets it on every host of the group)"))
     if gateways:
         for host in hosts:
             address = host.settings.vllm_advertise_address
@@ -259,7 +260,9 @@ def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
         errors.append(ConfigError(
             f"hosts {monitors[0].name} and {other.name} both set vllm_monitoring = True: a fleet has one "
             "Prometheus", host=other.name, key="vllm_monitoring",
-            fix=f"keep vllm_monitoring = True on one of them (e.g. {monitors[0].name}) and remove it from the other"))
+            fix=f"keep vllm_monitoring = True on one of them (e.g. {monitors[0].name}) and remove it from the "
+                "other; set it in that one host's data in the inventory, not in group data (which sets it on "
+                "every host of the group)"))
     if monitors and monitors[0].settings.vllm_tls is True:
         for host in hosts:
             if host.settings.vllm_metrics is True and host.settings.vllm_tls is not True:

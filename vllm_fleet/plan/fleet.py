@@ -41,7 +41,8 @@ def plan_host(host_config: HostConfig, live_gpus: tuple[GpuSpec, ...] | None = N
     else:
         raise ConfigErrors([ConfigError(
             "no GPUs known: offline planning needs the host's GPUs declared", host=host_config.name,
-            key="gpus", fix='declare gpus = [{"name": ..., "memory_mib": ...}] in PCI bus order, '
+            key="gpus", fix='declare gpus = [{"name": ..., "memory_mib": ...}] in PCI bus order (`vllm-fleet gpus '
+                            f"INVENTORY --limit {host_config.name}` reads them from the host, ready to paste), "
                             "or set vllm_target = 'cpu' for a CPU-only host")])
     if source == "declared":
         # Offline, what the declared GPUs say (compute capability, given or from the catalog;
