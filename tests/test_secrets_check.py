@@ -264,6 +264,14 @@ def test_one_key_file_under_two_paths_for_two_clients_is_one_value_refused(tmp_p
     assert_clean(errors, ["sk-shared-7e1d0c9b2a"])
 
 
+def test_a_client_key_file_not_made_yet_gets_the_command_that_makes_one(tmp_path):
+    clients = dict(FOUR_CLIENTS, dave={"key_file": str(tmp_path / "dave.key")})
+    errors, _ = run_check(tmp_path, team(tmp_path, vllm_api_clients=clients))
+    (error,) = [e for e in errors if e.key == "vllm_api_clients.dave.key_file"]
+    assert "does not exist" in error.message
+    assert "(umask 077; openssl rand -hex 32 > FILE)" in error.fix
+    assert_clean(errors)
+
 @pytest.mark.parametrize("value, words", [
     ("k", "shorter than 16 characters"),
     ("sk-test", "shorter than 16 characters"),

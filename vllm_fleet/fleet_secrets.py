@@ -202,7 +202,11 @@ class SecretReader:
                 key, problem = key_file_text(read_file(path, limit=KEY_FILE_MAX_BYTES, private=True))
                 self._files[path] = (key, problem, "write the key alone into the file, on one line (mode 0600)")
             except UnsafeFile as exc:
-                self._files[path] = (None, exc.problem, exc.fix)
+                fix = exc.fix
+                if exc.problem == "does not exist":  # a new client's key: how to make one
+                    fix = ("create it with a new key alone on one line, readable by you alone: "
+                           "`(umask 077; openssl rand -hex 32 > FILE)`; or point the knob at the file that holds it")
+                self._files[path] = (None, exc.problem, fix)
         return self._files[path]
 
     def _metrics_token(self, config: HostConfig) -> str | None:

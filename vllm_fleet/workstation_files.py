@@ -87,7 +87,8 @@ def read_file(path: str | Path, *, limit: int, private: bool) -> bytes:
     try:
         fd = os.open(path, flags)
     except FileNotFoundError:
-        raise UnsafeFile("does not exist", "create it, or point the knob at the file that holds it") from None
+        raise UnsafeFile("does not exist", "create it" + (", readable by you alone (mode 0600)" if private else "")
+                         + ", or point the knob at the file that holds it") from None
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UnsafeFile("is a symbolic link: vllm-fleet reads only the file itself, so that a link to another "
