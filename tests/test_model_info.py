@@ -17,7 +17,7 @@ import pytest
 
 from planning_fixtures import A100_40G, H100_80G, RTX_4090D, host_data, instance
 from vllm_fleet import catalog
-from vllm_fleet.catalog import GIB, ModelInfo, closest, derived_weights_gib, lookup, same_shape
+from vllm_fleet.catalog import GIB, ModelInfo, closest, derived_weights_gib, lookup, same_shape, unknown_model_fix
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.config.model_files import MAX_CONFIG_BYTES, ModelFilesError, read_model_files
 from vllm_fleet.host.discovery import model_info_from_config
@@ -293,3 +293,11 @@ def test_an_unknown_model_gets_the_closest_catalog_id_and_how_to_give_its_shape(
     assert "Did you mean 'meta-llama/llama-3.3-70b-instruct'" in e.fix
     assert "same shape as" in e.fix and "meta-llama/llama-3.1-70b-instruct" in e.fix
     assert "vllm-fleet model-info acme/Llama-3.3-70B-Instruct-tuned" in e.fix
+
+
+def test_the_closest_entry_of_another_size_is_named_as_such_not_offered():
+    """The nearest id of a 32B model is the family's 72B entry: another shape, so no did-you-mean."""
+    fix = unknown_model_fix("Qwen/Qwen2.5-32B-Instruct")
+    assert "Did you mean" not in fix
+    assert "'qwen/qwen2.5-72b-instruct', is another size (72B, not 32B)" in fix
+    assert "Did you mean 'meta-llama/llama-3.1-8b-instruct'" in unknown_model_fix("meta-llama/Llama-3.1-8B-Instruc")

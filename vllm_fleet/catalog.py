@@ -23,6 +23,7 @@ checkpoint (weights_gib), not the active parameters; the KV cache per token is t
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Any
@@ -414,11 +415,24 @@ def unknown_model_fix(model: str) -> str:
            f"`vllm-fleet model-info {model}` prints the entry; or run the deploy, which reads "
            "config.json on the host")
     near = closest(model)
-    if near:
+    if near and _size(near) and _size(model) and _size(near) != _size(model):
+        # Another size of the family is another shape: borrowing it would plan the wrong memory.
+        fix += (f". The closest built-in entry, '{near}', is another size ({_size(near)}B, not "
+                f"{_size(model)}B): its shape is not this model's")
+    elif near:
         twins = [k for k in same_shape(CATALOG[near]) if k != near]
         fix += (f". Did you mean '{near}' (in the built-in catalog"
                 + (f"; same shape as {', '.join(twins)}" if twins else "") + ")?")
     return fix
+
+
+_SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)b(?![a-z])")
+
+
+def _size(model: str) -> str | None:
+    """The parameter count a model id names ("32" of Qwen2.5-32B-Instruct), or None."""
+    found = _SIZE.search(model.rstrip("/").split("/")[-1].lower())
+    return found.group(1) if found else None
 
 
 def is_gguf(model: str, info: ModelInfo | None = None) -> bool:
