@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from vllm_fleet.config import ConfigError, ConfigErrors, split_names
+from vllm_fleet.config import ConfigError, ConfigErrors, split_names, unused_group_data
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.fleet_summary import fleet_summary, summary_lines
 from vllm_fleet.gateway import Backend, gateway_manifest
@@ -137,8 +137,18 @@ def print_plan(plan: FleetPlan, out=None) -> None:
         console.print()
 
 
+def warn_unused_group_data(args: argparse.Namespace, fleet: Fleet) -> None:
+    """A group-data file beside the inventory that no host reads: its settings are silently not
+    applied (what `check` refuses), so plan and render say so on stderr."""
+    if fleet.pyinfra_inventory is None:
+        return
+    for problem in unused_group_data(args.inventory, fleet.pyinfra_inventory):
+        print(f"warning: {problem.located()}", file=sys.stderr)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     fleet = Fleet.load(args.inventory, split_names(args.limit))
+    warn_unused_group_data(args, fleet)
     plan = fleet.plan()
     _backends, gateways = fleet_gateways(fleet)
     from vllm_fleet.workstation_files import shown  # a key file's path, shown only where something is
@@ -191,6 +201,7 @@ def prometheus_fragment(targets: list[ScrapeTarget]) -> dict[str, str]:
 
 def cmd_render(args: argparse.Namespace) -> int:
     fleet = Fleet.load(args.inventory, split_names(args.limit))
+    warn_unused_group_data(args, fleet)
     hosts = fleet.hosts()
     plan = fleet.plan()
     backends, _gateways = fleet_gateways(fleet)
