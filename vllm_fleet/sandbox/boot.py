@@ -6,6 +6,7 @@ its SSH and creating the inventory's login user.
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import shlex
@@ -17,6 +18,7 @@ from pathlib import Path
 from vllm_fleet.sandbox import nvidia_smi, package_mirror
 from vllm_fleet.sandbox.hosts import PREFIX, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _host_dir, _run
 from vllm_fleet.sandbox.image import SUITE, host_key_path
+from vllm_fleet.sandbox.teardown import _pid_of
 
 GPU_LAYOUT_PATH = "etc/vllm-fleet-sim/gpus.json"
 LOGIN_SUDOERS = "vllm-fleet-login"  # /etc/sudoers.d/ file granting the login user password-less sudo
@@ -116,7 +118,35 @@ def _prepare_upper(sandbox: Sandbox, host: SandboxHost, base: Path, upper: Path)
     (upper / "root/.ssh").chmod(0o700)
 
 
-def _ensure_bridge(sandbox: Sandbox) -> None:
+def _links_on_network(sandbox: Sandbox) -> list[str]:
+    """The machine's links, other than this sandbox's bridge, holding an address in its network."""
+    addrs = json.loads(_run("ip", "-j", "-4", "addr", "show").stdout or "[]")
+    return [link["ifname"] for link in addrs if link["ifname"] != sandbox.bridge
+            and any(ipaddress.ip_address(a["local"]) in sandbox.network for a in link.get("addr_info", ()))]
+
+
+def _clear_network(sandbox: Sandbox, log=print) -> None:
+    """Make this sandbox's bridge the only way to its network. Another link there would take the
+    hosts' traffic (the older route wins), and every SSH wait would end in "No route to host": a
+    sandbox of another inventory file or cache on the same /24 leaves its bridge behind when it is
+    killed. Such a bridge with no host on it is removed; anything else is the user's to stop."""
+    for link in _links_on_network(sandbox):
+        ports = json.loads(_run("ip", "-j", "link", "show", "master", link, check=False).stdout or "[]")
+        if link.startswith(PREFIX) and not ports:
+            _run("ip", "link", "del", link)
+            log(f"removed {link}, the bridge of a sandbox that was not taken down (no host on it): "
+                f"it held {sandbox.network}, the network of {sandbox.inventory}'s hosts")
+            continue
+        users = f"a sandbox's bridge with {len(ports)} host(s) on it" if link.startswith(PREFIX) else "a link"
+        raise SandboxError(
+            f"{sandbox.network}, the network of {sandbox.inventory}'s hosts, is already on {link} ({users}): "
+            f"this sandbox's hosts would be unreachable. Stop what uses it (another sandbox: `vllm-fleet "
+            f"sandbox down` with its inventory and VLLM_FLEET_CACHE), or give these hosts another /24"
+        )
+
+
+def _ensure_bridge(sandbox: Sandbox, log=print) -> None:
+    _clear_network(sandbox, log)
     if _run("ip", "link", "show", sandbox.bridge, check=False).returncode == 0:
         return
     _run("ip", "link", "add", sandbox.bridge, "type", "bridge")
@@ -196,8 +226,12 @@ def _wait_ssh(sandbox: Sandbox, host: SandboxHost, deadline: float, stop: thread
             raise SandboxError(f"{host.name}: no longer waited for (the sandbox's start was stopped)")
         if time.monotonic() > deadline:
             log = (_host_dir(sandbox, host) / "nspawn.log").read_text(errors="replace")[-2000:]
+            route = _run("ip", "-o", "route", "get", host.address, check=False)
             raise SandboxError(
-                f"{host.name}: no SSH after {READY_TIMEOUT_S:.0f} s: {proc.stderr.strip()}\nnspawn log:\n{log}"
+                f"{host.name}: no SSH after {READY_TIMEOUT_S:.0f} s: {proc.stderr.strip()}\n"
+                f"its systemd-nspawn: {'running' if _pid_of(sandbox, host) else 'not running'}; "
+                f"the route to {host.address}: {(route.stdout or route.stderr).strip()} "
+                f"(this sandbox's bridge is {sandbox.bridge})\nnspawn log:\n{log}"
             )
         time.sleep(0.2)
 

@@ -100,7 +100,7 @@ def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
     base, mirror = prepare_machine(log)
     ensure_keys(sandbox)
     ensure_inotify_instances(sandbox, log)
-    _ensure_bridge(sandbox)
+    _ensure_bridge(sandbox, log)
     stop = threading.Event()  # set on Ctrl-C or a failure: the other hosts' SSH waits end at once
     try:
         with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
@@ -129,6 +129,18 @@ def status(sandbox: Sandbox) -> list[HostStatus]:
         return list(pool.map(lambda h: probe(sandbox, h), sandbox.hosts))
 
 
+def _each(function, hosts: list[SandboxHost]) -> list:
+    """function(host) for every host at once; one after the other once the interpreter is exiting
+    (down() registered with atexit runs after Python stopped starting new pool threads)."""
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, len(hosts))) as pool:
+            return list(pool.map(function, hosts))
+    except RuntimeError as exc:
+        if "interpreter shutdown" not in str(exc):
+            raise
+        return [function(host) for host in hosts]
+
+
 def down(sandbox: Sandbox) -> None:
     """Stop every host (killed: teardown._stop_pids) and remove all the sandbox made."""
     pids = set(_nspawn_pids(*sandbox.hosts))
@@ -151,9 +163,8 @@ def down(sandbox: Sandbox) -> None:
             return f"{host.name}: {exc}"
         return None
 
-    with ThreadPoolExecutor(max_workers=max(1, len(sandbox.hosts))) as pool:
-        list(pool.map(lambda host: kill_and_wait(host, deadline), sandbox.hosts))
-        failed = [why for why in pool.map(remove, sandbox.hosts) if why]
+    _each(lambda host: kill_and_wait(host, deadline), sandbox.hosts)
+    failed = [why for why in _each(remove, sandbox.hosts) if why]
     _remove_bridge(sandbox)
     _remove_parent_cgroups()
     restore_inotify_instances(sandbox)
