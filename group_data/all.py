@@ -153,7 +153,7 @@ vllm_limit_nofile = 65536  # LimitNOFILE of the units (at most 2147483584: Linux
 # units' TimeoutStopSec is this plus 60 s. A restart waits that long only while requests run.
 vllm_shutdown_timeout_s = 30  # seconds the requests in flight may finish on a stop (--shutdown-timeout)
 
-# OS packages the runtime needs (vllm_fleet/host/host_packages.py says why, with the sources): nginx for
+# OS packages the runtime needs (vllm_fleet/rules/host_packages.py says why, with the sources): nginx for
 # the front; CUDA: a C compiler and the Python headers (Triton builds a stub at the first kernel
 # launch); CPU: libnuma, plus g++ and the Python headers unless every instance runs enforce-eager.
 # True: missing ones are installed with apt or dnf from the host's own package sources. False: a

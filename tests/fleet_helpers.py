@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.commands.bundle import build_wheelhouse
+from vllm_fleet.wheelhouses import build_wheelhouse
 from vllm_fleet.sandbox import assets, tiny_model
 
 REPO = Path(__file__).resolve().parent.parent

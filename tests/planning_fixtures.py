@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
-from vllm_fleet.host.gpu_facts import GPU_QUERY
+from vllm_fleet.facts.gpus import GPU_QUERY
 from vllm_fleet.plan import plan_fleet, plan_host
 
 REPO = Path(__file__).resolve().parent.parent

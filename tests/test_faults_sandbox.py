@@ -33,7 +33,7 @@ import pytest
 
 from figures import report
 from fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, DEPLOY_NAME, KILL_POINTS, REPO, SANDBOX_ENV, STANDIN_COMPLETION_GATE_VARIABLE, STANDIN_GATE as GATE, STANDIN_GATE_VARIABLE, chat, wait_for_journal, host_state, plain, pyinfra, variant_inventory, vllm_fleet
-from vllm_fleet.host import lock
+from vllm_fleet.connect import lock
 
 HOST = "sbx-cpu1"
 ADDRESS = CPU_HOSTS[HOST]

@@ -350,7 +350,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     from vllm_fleet.commands import rollout
     from vllm_fleet.config import read_pyinfra_inventory
     from vllm_fleet.deploy import state as state_module
-    from vllm_fleet.host import remote
+    from vllm_fleet.connect import remote
     from vllm_fleet.config import Settings
 
     reads = []

@@ -10,8 +10,8 @@ from planning_fixtures import A100_40G, RTX_3090, host_data, instance, one_gpu_s
 from vllm_fleet import catalog, gpu_support
 from vllm_fleet.config import HOST_DEFAULTS, ConfigErrors, parse_host
 from vllm_fleet.deploy import DeployError
-from vllm_fleet.host.discovery import model_info_from_config
-from vllm_fleet.host.gpu_facts import parse_gpu_csv
+from vllm_fleet.facts.discovery import model_info_from_config
+from vllm_fleet.facts.gpus import parse_gpu_csv
 from vllm_fleet.plan import plan_host
 
 V100 = {"name": "Tesla V100-SXM2-32GB", "memory_mib": 32768}

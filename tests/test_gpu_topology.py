@@ -24,9 +24,9 @@ import pytest
 
 from planning_fixtures import A100_40G, RTX_3090, host_data, instance, prepare_on_fake_host
 from vllm_fleet.deploy import DeployError
-from vllm_fleet.host import gpu_topology
+from vllm_fleet.rules import gpu_topology
 from vllm_fleet.config import GpuSpec, parse_host
-from vllm_fleet.host.gpu_facts import GpuTopology, parse_gpu_csv, topology_command
+from vllm_fleet.facts.gpus import GpuTopology, parse_gpu_csv, topology_command
 from vllm_fleet.payloads.nvidia import normalize_bus_id, unit_from_cgroup
 from vllm_fleet.plan import Interconnect, plan_host
 

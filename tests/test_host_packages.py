@@ -1,4 +1,4 @@
-"""OS packages the runtime needs (vllm_fleet/host/host_packages.py): which, the probe that finds them,
+"""OS packages the runtime needs (vllm_fleet/rules/host_packages.py): which, the probe that finds them,
 the refusal when vllm-fleet may not install them, and the apt/dnf commands pyinfra runs."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 from planning_fixtures import A100_40G, PROVISIONED, host_data, instance, one_gpu_smi, prepare_on_fake_host
 from pyinfra.context import ctx_host
 
-from vllm_fleet.host import host_packages
+from vllm_fleet.rules import host_packages
 from vllm_fleet.deploy import DeployError
 from vllm_fleet.deploy.steps import package_operation
-from vllm_fleet.host.gpu_facts import parse_gpu_csv
+from vllm_fleet.facts.gpus import parse_gpu_csv
 
 
 def _debian(target: str, *, eager_only: bool = False, manager: str = "uv") -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.host import hub
+from vllm_fleet.rules import hub
 
 FIX = Path(__file__).parent / "fixtures" / "hub"
 
@@ -239,7 +239,7 @@ def test_a_repo_counts_as_downloaded_only_once_its_download_finished(tmp_path):
     none: only the marker the deploy writes after a finished download counts."""
     import subprocess
 
-    from vllm_fleet.host.host_facts import HubModelCached
+    from vllm_fleet.facts.host import HubModelCached
 
     fact = HubModelCached()
     command = fact.command(hf_home=str(tmp_path), model="owner/repo")

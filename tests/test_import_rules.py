@@ -2,8 +2,10 @@
 functions, under TYPE_CHECKING):
 
 - the pure core (CORE: settings and config -> fleet -> plan -> render, and what they stand on) imports
-  nothing from vllm_fleet.host, vllm_fleet.commands or vllm_fleet.sandbox: it reaches no host, runs no
+  nothing from vllm_fleet.connect, .facts, .operations, .commands or .sandbox: it reaches no host, runs no
   command and knows no test sandbox;
+- the package layers (LAYERS: the core < the workstation < facts < operations < the deploy < the
+  commands < the CLI): nothing imports from a higher layer, and no two packages import each other;
 - no circle among vllm_fleet's modules, an import inside a function included (it hides a circle, it
   does not remove it).
 
@@ -15,7 +17,10 @@ modules of a core package (vllm_fleet.config) are each listed in CORE as well.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "vllm_fleet"
 
@@ -59,6 +64,7 @@ CORE = frozenset({
     "vllm_fleet.gpu_support",
     "vllm_fleet.host_layout",
     "vllm_fleet.kinds",
+    "vllm_fleet.model_source",  # the workstation's model directory, read and hashed (no host)
     "vllm_fleet.monitoring",
     "vllm_fleet.monitoring.files",
     "vllm_fleet.monitoring.metric_names",
@@ -94,15 +100,38 @@ CORE = frozenset({
     "vllm_fleet.plan.types",
     "vllm_fleet.prepared",
     "vllm_fleet.render",
+    "vllm_fleet.rules",  # what facts read, judged on the workstation
+    "vllm_fleet.rules.gpu_topology",
+    "vllm_fleet.rules.host_packages",
+    "vllm_fleet.rules.hub",
+    "vllm_fleet.rules.model_sync",
+    "vllm_fleet.rules.ownership",
     "vllm_fleet.templating",
     "vllm_fleet.vllm_flags",
 })
-# Top-level modules that are not core: they drive pyinfra and the commands, or read the workstation's
-# secrets and keep its own keys and certificates (files there: fleet_secrets, workstation_files,
-# host_keys, tls).
+# Top-level modules that are not core: they drive pyinfra and the commands, or work on the
+# workstation: its secrets, keys and certificates (fleet_secrets, workstation_files, host_keys, tls),
+# its package indexes and wheelhouses (package_sources, wheelhouses), the check of a fleet before a
+# host is reached (preflight).
 OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy", "vllm_fleet.fleet_secrets", "vllm_fleet.host_keys",
-                          "vllm_fleet.tls", "vllm_fleet.workstation_files"})
-OUTWARD = ("vllm_fleet.host", "vllm_fleet.commands", "vllm_fleet.sandbox")
+                          "vllm_fleet.package_sources", "vllm_fleet.preflight", "vllm_fleet.tls",
+                          "vllm_fleet.wheelhouses", "vllm_fleet.workstation_files"})
+OUTWARD = ("vllm_fleet.connect", "vllm_fleet.facts", "vllm_fleet.operations", "vllm_fleet.commands", "vllm_fleet.sandbox")
+
+# The package layers, lowest first: a module imports from its own layer or a lower one, never a
+# higher one (pyinfra's shape: facts read, operations change, a deploy runs them, commands and the
+# CLI drive it all). A layer holds top-level modules and packages; the core is CORE itself.
+LAYERS = (
+    ("the core", CORE),
+    ("the workstation", frozenset({"vllm_fleet.connect", "vllm_fleet.fleet_secrets", "vllm_fleet.host_keys",
+                                   "vllm_fleet.package_sources", "vllm_fleet.preflight", "vllm_fleet.tls",
+                                   "vllm_fleet.wheelhouses", "vllm_fleet.workstation_files"})),
+    ("facts", frozenset({"vllm_fleet.facts"})),
+    ("operations", frozenset({"vllm_fleet.operations"})),
+    ("the deploy", frozenset({"vllm_fleet.deploy"})),
+    ("the commands", frozenset({"vllm_fleet.commands", "vllm_fleet.sandbox"})),
+    ("the CLI", frozenset({"vllm_fleet.cli"})),
+)
 
 
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:
@@ -245,19 +274,19 @@ def test_no_circle_among_the_modules():
 
 def test_production_discovery_knows_no_sandbox():
     graph = import_graph()
-    assert not [m for m in graph["vllm_fleet.host.discovery"] if m.startswith("vllm_fleet.sandbox")]
+    assert not [m for m in graph["vllm_fleet.facts.discovery"] if m.startswith("vllm_fleet.sandbox")]
 
 
 def test_the_walk_sees_imports_in_functions_and_relative_ones():
-    known = {"vllm_fleet", "vllm_fleet.host", "vllm_fleet.host.facts", "vllm_fleet.render", "vllm_fleet.plan"}
+    known = {"vllm_fleet", "vllm_fleet.facts", "vllm_fleet.facts.batch", "vllm_fleet.render", "vllm_fleet.plan"}
     source = ("from __future__ import annotations\n"
               "from . import plan\n"
               "def late():\n"
-              "    from vllm_fleet.host import facts\n"
+              "    from vllm_fleet.facts import batch\n"
               "    import vllm_fleet.render as r\n")
     found = imported_modules("vllm_fleet.config", source, known)
-    assert set(found) == {"vllm_fleet.plan", "vllm_fleet.host", "vllm_fleet.host.facts", "vllm_fleet.render"}
-    assert found["vllm_fleet.host.facts"] == 4
+    assert set(found) == {"vllm_fleet.plan", "vllm_fleet.facts", "vllm_fleet.facts.batch", "vllm_fleet.render"}
+    assert found["vllm_fleet.facts.batch"] == 4
 
 
 def test_a_sibling_import_is_no_import_of_the_own_package():
@@ -273,3 +302,52 @@ def test_a_circle_hidden_in_a_function_is_found():
              "vllm_fleet.c": {"vllm_fleet.a": 30}, "vllm_fleet.d": {"vllm_fleet.a": 2}}
     assert circles(graph) == [["vllm_fleet.a", "vllm_fleet.b", "vllm_fleet.c", "vllm_fleet.a"]]
     assert circles({"vllm_fleet.a": {"vllm_fleet.b": 1}, "vllm_fleet.b": {}}) == []
+
+
+def _unit(module: str) -> str:
+    """The top-level module or package a module belongs to (vllm_fleet itself for the package)."""
+    return ".".join(module.split(".")[:2])
+
+
+def layer_of(module: str) -> int:
+    for number, (_, members) in enumerate(LAYERS):
+        if module in members or (number > 0 and _unit(module) in members):
+            return number
+    raise AssertionError(f"{module} is in no layer: put its package in LAYERS")
+
+
+def test_every_module_is_in_a_layer():
+    assert [layer_of(module) for module in module_files()]
+
+
+def test_no_module_imports_from_a_higher_layer():
+    graph = import_graph()
+    upward = [f"{module} ({LAYERS[layer_of(module)][0]}) imports {target} ({LAYERS[layer_of(target)][0]}), "
+              f"line {line}"
+              for module, targets in sorted(graph.items()) for target, line in sorted(targets.items())
+              if layer_of(target) > layer_of(module)]
+    assert upward == [], "\n".join(upward)
+
+
+def test_no_circle_among_the_packages():
+    """Between top-level modules and packages (vllm_fleet.config, vllm_fleet.facts, ...): a package
+    that imports another is never imported back by it, through any path."""
+    units: dict[str, dict[str, int]] = {}
+    for module, targets in import_graph().items():
+        imports = units.setdefault(_unit(module), {})
+        for target, line in targets.items():
+            if _unit(target) not in (_unit(module), "vllm_fleet"):
+                imports.setdefault(_unit(target), line)
+    found = circles(units)
+    assert found == [], "package circles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_an_upward_import_fails_both_checks(monkeypatch):
+    """The deploy importing a command (as it once did, for the check before the first lock)."""
+    real = import_graph()
+    real["vllm_fleet.deploy.prepare"]["vllm_fleet.commands.check"] = 23
+    monkeypatch.setattr(sys.modules[__name__], "import_graph", lambda: real)
+    with pytest.raises(AssertionError, match="prepare .the deploy. imports vllm_fleet.commands.check .the commands."):
+        test_no_module_imports_from_a_higher_layer()
+    with pytest.raises(AssertionError, match="vllm_fleet.commands -> vllm_fleet.deploy -> vllm_fleet.commands"):
+        test_no_circle_among_the_packages()

@@ -1,5 +1,5 @@
 """The deploy lock's shell, run for real here with flock (util-linux) in a temporary directory: the
-same text the deploy runs on a host through its own SSH channel (see vllm_fleet/host/lock.py)."""
+same text the deploy runs on a host through its own SSH channel (see vllm_fleet/connect/lock.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from vllm_fleet.host import lock
+from vllm_fleet.connect import lock
 
 
 def hold(lock_dir, owner):
@@ -113,7 +113,7 @@ def test_only_a_dead_process_of_this_workstation_counts_as_gone(owner):
 
 
 def test_the_owner_record_hides_passwords_from_the_command_line():
-    from vllm_fleet.host.lock import hold_command, redacted
+    from vllm_fleet.connect.lock import hold_command, redacted
 
     argv = ["-y", "inventory/prod.py", "deploy.py", "--ssh-password", "pw1", "--data", "_sudo_password=pw2",
             "--sudo-password=pw3", "--limit", "gpu-a100-01"]

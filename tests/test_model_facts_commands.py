@@ -29,7 +29,7 @@ from vllm_fleet.commands import model_info as model_info_command
 from vllm_fleet.commands.gpus import declaration, print_text
 from vllm_fleet.config import parse_host
 from vllm_fleet.gpu_support import preflight
-from vllm_fleet.host.gpu_facts import parse_gpu_csv
+from vllm_fleet.facts.gpus import parse_gpu_csv
 from vllm_fleet.sandbox import nvidia_smi
 
 SMI_FIXTURES = Path(__file__).parent / "fixtures" / "nvidia-smi"
@@ -274,7 +274,7 @@ def test_gpus_replaying_a_real_drivers_unreadable_memory_says_what_the_deploy_wo
 
 def test_gpus_names_a_host_without_nvidia_smi_and_leaves_cpu_hosts_out(monkeypatch):
     from vllm_fleet.commands import gpus as gpus_command
-    from vllm_fleet.host import facts
+    from vllm_fleet.facts import batch as facts
 
     monkeypatch.setattr(facts, "get", lambda on, fact, **kwargs: None)  # what NvidiaGpus is without nvidia-smi
     report = gpus_command.host_gpus("box", SimpleNamespace(name="box"), {})

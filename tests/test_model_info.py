@@ -20,7 +20,7 @@ from vllm_fleet import catalog
 from vllm_fleet.catalog import GIB, ModelInfo, closest, derived_weights_gib, lookup, same_shape, unknown_model_fix
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.config.model_files import MAX_CONFIG_BYTES, ModelFilesError, read_model_files
-from vllm_fleet.host.discovery import model_info_from_config
+from vllm_fleet.facts.discovery import model_info_from_config
 from vllm_fleet.plan import plan_host
 from vllm_fleet.plan.rules import tp_problems
 

@@ -1,4 +1,4 @@
-"""Model sync (vllm_fleet/host/model_source.py, model_sync_rules.py, model_sync.py): the workstation
+"""Model sync (vllm_fleet/model_source.py, model_sync_rules.py, model_sync.py): the workstation
 manifest and its cache, the decisions the operation takes from its facts, and the generated commands
 RUN for real in a tmp dir (an upload is simulated by copying the bytes the operation would send to the
 path it names), down to a real pyinfra run against @local that counts the remote commands of a no-op
@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 from pyinfra.api import FileUploadCommand
 
-from vllm_fleet.host import model_source, model_sync_rules, model_sync as ms
-from vllm_fleet.host.model_source import PARTIAL_SUFFIX, ModelSyncError
-from vllm_fleet.host.model_sync_rules import MANIFEST_NAME
+from vllm_fleet import model_source
+from vllm_fleet.rules import model_sync as model_sync_rules
+from vllm_fleet.operations import model_sync as ms
+from vllm_fleet.model_source import PARTIAL_SUFFIX, ModelSyncError
+from vllm_fleet.rules.model_sync import MANIFEST_NAME
 
 
 _REAL_SHA256 = model_source.sha256_file
@@ -717,7 +719,7 @@ from pyinfra.api.connect import connect_all
 from pyinfra.api.operation import add_op
 from pyinfra.api.operations import run_ops
 from pyinfra.connectors.local import LocalConnector
-from vllm_fleet.host.model_sync import model_sync
+from vllm_fleet.operations.model_sync import model_sync
 
 counts = {"commands": 0, "uploads": 0}
 real_run, real_put = LocalConnector.run_shell_command, LocalConnector.put_file

@@ -13,7 +13,7 @@ from planning_fixtures import TINY_MODEL_INFO, fleet_error_text, host_data, pars
 from vllm_fleet.config import parse_host
 from vllm_fleet.deploy import prepare
 from vllm_fleet.deploy.state import DeployError
-from vllm_fleet.host import host_packages
+from vllm_fleet.rules import host_packages
 from vllm_fleet.monitoring.files import metrics_paths, monitoring_paths
 from vllm_fleet.monitoring.targets import fleet_targets, host_targets
 from vllm_fleet.plan import plan_fleet, plan_host

@@ -17,9 +17,9 @@ import pytest
 from test_multinode_plan import llama, node
 from vllm_fleet.commands.rollout import make_batches
 from vllm_fleet.config import ConfigErrors, parse_host
-from vllm_fleet.host import ray_cluster
+from vllm_fleet.facts import ray_cluster
 from vllm_fleet.prepared import Discovered
-from vllm_fleet.host.host_facts import InterfaceAddresses
+from vllm_fleet.facts.host import InterfaceAddresses
 from vllm_fleet.prepared import node_group_plans, prepare_host
 from vllm_fleet.render import ray_paths
 from vllm_fleet.host_layout import RAY_UNIT
@@ -172,7 +172,7 @@ def test_the_probe_runs_as_the_service_user_with_the_nodes_environment():
 # --- the deploy's prepare on a Ray worker, with its facts answered here --------------------------------
 
 def _four_a100s() -> list:
-    from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
+    from vllm_fleet.facts.gpus import GPU_QUERY, parse_gpu_csv
     rows = []
     for i in range(4):
         row = {"index": str(i), "pci.bus_id": f"00000000:{0x41 + i:02X}:00.0", "name": "NVIDIA A100-SXM4-40GB",
@@ -277,7 +277,7 @@ def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then
         monkeypatch, tmp_path, capsys):
     from test_refused_input_offline import FakeState as RolloutState, _stub_pyinfra
     from vllm_fleet.commands import rollout as rollout_mod
-    import vllm_fleet.host.remote
+    import vllm_fleet.connect.remote
 
     state = RolloutState()
     hosts = _stub_pyinfra(monkeypatch, state)
@@ -291,7 +291,7 @@ def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then
             return True, json.dumps({"ok": True, "nodes": [], "missing": [], "wrong": [], "error": None}), ""
         return True, "{}", ""
 
-    monkeypatch.setattr(vllm_fleet.host.remote, "run", run)
+    monkeypatch.setattr(vllm_fleet.connect.remote, "run", run)
     monkeypatch.setattr("pyinfra.api.operations.run_ops", lambda _s: setattr(state, "failed_hosts", {hosts["gpu-a"]}))
     code = rollout_mod.main([_group_inventory(tmp_path), "--json", "--batch", "1", "--limit", "gpu-b"])
     out, err = capsys.readouterr()
@@ -312,12 +312,12 @@ def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then
 def test_a_node_that_cannot_be_snapshotted_keeps_its_whole_group_out(monkeypatch, tmp_path, capsys):
     from test_refused_input_offline import FakeState as RolloutState, _stub_pyinfra
     from vllm_fleet.commands import rollout as rollout_mod
-    import vllm_fleet.host.remote
+    import vllm_fleet.connect.remote
 
     state = RolloutState()
     _stub_pyinfra(monkeypatch, state)
     deployed = []
-    monkeypatch.setattr(vllm_fleet.host.remote, "run", lambda host, command, timeout=None: (
+    monkeypatch.setattr(vllm_fleet.connect.remote, "run", lambda host, command, timeout=None: (
         (False, "", "No space left on device") if host.name == "gpu-b" and "cp -a --parents" in command
         else (True, "{}", "")))
     monkeypatch.setattr("pyinfra.api.operations.run_ops", lambda s: deployed.append(set(s.limit_hosts)))

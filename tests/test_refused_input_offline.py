@@ -128,9 +128,9 @@ def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
     import pyinfra_cli.util
 
     monkeypatch.setattr(vllm_fleet.commands.connection, "connected", connected)
-    import vllm_fleet.host.remote
+    import vllm_fleet.connect.remote
 
-    monkeypatch.setattr(vllm_fleet.host.remote, "run", lambda *a, **k: (True, "{}", ""))
+    monkeypatch.setattr(vllm_fleet.connect.remote, "run", lambda *a, **k: (True, "{}", ""))
     monkeypatch.setattr(pyinfra_cli.util, "load_func", load or (lambda *_a, **_kw: None))
     monkeypatch.setattr(pyinfra.api.operations, "run_ops", run_ops or (lambda _state: None))
     return hosts

@@ -111,7 +111,7 @@ def test_rendering_is_deterministic_and_hash_tracks_changes():
 def test_units_start_offline_because_the_deploy_fetched_everything_first():
     """The seed's GGUF instance: its tokenizer repo is fetched by the deploy (hub.instance_downloads),
     so the unit never needs the hub at start."""
-    from vllm_fleet.host import hub
+    from vllm_fleet.rules import hub
 
     unit = rendered()["/etc/systemd/system/vllm-gemma.service"].content
     assert 'Environment="HF_HUB_OFFLINE=1"' in unit

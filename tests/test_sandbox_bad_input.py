@@ -118,11 +118,11 @@ def test_a_wheelhouse_that_cannot_serve_the_gateway_host_changes_no_host(sandbox
     and the bundle line that fixes it; no host changes, the hosts without a gateway included."""
     import json
 
-    from vllm_fleet.commands import bundle
+    from vllm_fleet import wheelhouses
     from vllm_fleet.config import HOST_DEFAULTS
 
     real = Path(deploy_env["VLLM_FLEET_WHEELHOUSE"])
-    manifest = json.loads((real / bundle.MANIFEST_NAME).read_text())
+    manifest = json.loads((real / wheelhouses.MANIFEST_NAME).read_text())
     router = f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}"
     manifest["pins"].pop("vllm-router")
     manifest["requirements"] = [r for r in manifest["requirements"] if not r.startswith("vllm-router")]
@@ -133,8 +133,8 @@ def test_a_wheelhouse_that_cannot_serve_the_gateway_host_changes_no_host(sandbox
             del manifest["files"][name]
         else:
             os.link(real / name, lacking / name)
-    (lacking / bundle.MANIFEST_NAME).write_text(json.dumps(manifest))
-    assert bundle.load(lacking) is not None  # a complete wheelhouse, only without the router
+    (lacking / wheelhouses.MANIFEST_NAME).write_text(json.dumps(manifest))
+    assert wheelhouses.load(lacking) is not None  # a complete wheelhouse, only without the router
     before = fingerprint(sandbox)
     result = pyinfra({**deploy_env, "VLLM_FLEET_WHEELHOUSE": str(lacking)}, "--limit", "cpu_hosts", timeout=300)
     out = plain(result.stdout + result.stderr)

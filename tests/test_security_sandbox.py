@@ -101,7 +101,7 @@ def test_the_deploy_logs_in_as_a_sudo_user_not_root(fleet, deploy_env):
     assert inventory.count('"ssh_user": "deploy"') == 1 and '"_sudo": True' in inventory
     code = ("import json, sys\n"
             "from vllm_fleet.commands.connection import connected\n"
-            "from vllm_fleet.host import remote\n"
+            "from vllm_fleet.connect import remote\n"
             "with connected('inventory/sandbox.py', ['sbx-cpu1']) as (_s, hosts):\n"
             "    h = hosts['sbx-cpu1']\n"
             "    ok, out = h.run_shell_command('whoami', print_output=False, print_input=False)\n"

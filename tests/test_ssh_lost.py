@@ -8,7 +8,7 @@ import pytest
 from paramiko import SSHException
 from pyinfra.connectors.ssh import SSHConnector
 
-from vllm_fleet.host import ssh_lost
+from vllm_fleet.connect import ssh_lost
 
 
 def test_eof_from_paramiko_becomes_a_connection_error_naming_the_host():

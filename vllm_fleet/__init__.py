@@ -2,9 +2,11 @@
 
 Stages: validated config (settings, config) -> the fleet (fleet: every host parsed once) -> plan
 (pure: plan, gpu_support, catalog, environment) -> render (pure: render, gateway, templating,
-templates/) -> the deploy's steps (deploy: pyinfra operations) on the host (host/: discovery and
-facts, operations, verify) -> the fleet commands (commands/: status, rollout, bundle, unlock). The
-pure core imports nothing from host/, commands/ or sandbox/ (tests/test_import_rules.py).
+templates/) -> the deploy's steps (deploy/) running pyinfra's facts (facts/: what a host has) and
+operations (operations/: what changes there), reaching hosts through connect/ -> the fleet commands
+(commands/: check, status, rollout, bundle, unlock) -> the CLI. The scripts that run on hosts are
+payloads/; what facts read is judged by pure rules (rules/). Each package imports only from its own
+layer or a lower one, and the pure core from nothing outside it (tests/test_import_rules.py).
 """
 
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@ The catalog lets `vllm-fleet plan` work offline for common models: Llama 3/3.1/3
 Qwen3 (dense and MoE), Gemma 3, Mistral Small 3/3.1/3.2 and the DeepSeek-R1 distills. Any other
 model takes the instance key `model_info`: its config.json as it is (vllm_fleet/config/model_info.py).
 At deploy time the model's own `config.json` and weight files on the host replace these numbers
-(host/discovery.py). Numbers are from each model's published `config.json`; `weights_gib` is the
+(facts/discovery.py). Numbers are from each model's published `config.json`; `weights_gib` is the
 size of the weight files (the GGUF entry: the file itself).
 
 Attention layout (what vLLM's hybrid KV cache manager keys on): Gemma 3's published configs carry

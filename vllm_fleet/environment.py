@@ -2,8 +2,8 @@
 
 An EnvSpec (target, vLLM version, extra packages, Python, manager) names one environment; the same
 spec is the same path on every host. The plan adds to it (GGUF_PLUGIN for a GGUF model), render
-writes its path into the units, the wheelhouse (vllm_fleet.commands.bundle) is resolved for it,
-and vllm_fleet.host.envbuild turns it into the shell commands that build it on a host. Layout on a
+writes its path into the units, the wheelhouse (vllm_fleet.wheelhouses) is resolved for it,
+and vllm_fleet.operations.envbuild turns it into the shell commands that build it on a host. Layout on a
 host (ROOT defaults to /opt/vllm-fleet):
 
     ROOT/envs/<target>-<vllm>-<spec hash>/  one environment per spec, never modified once built
@@ -34,7 +34,14 @@ def default_vllm_version(target: str) -> str:
 
 ENV_MANAGERS = ("uv", "conda")
 GGUF_PLUGIN = "vllm-gguf-plugin"
-# In every wheelhouse of the cpu target (vllm_fleet.commands.bundle writes it): the uv --override file.
+# The OS's own CA bundle file, where each family keeps it (Debian/Ubuntu, RHEL/Fedora, SUSE,
+# Alpine and others): the bootstrap pip on a host is pointed at the first one there,
+# and the workstation's pip and uv when nothing names another (vllm_fleet.package_sources).
+OS_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
+                 "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem")
+# What uv and pip use when no index is given.
+PYPI_SIMPLE = "https://pypi.org/simple"
+# In every wheelhouse of the cpu target (vllm_fleet.wheelhouses writes it): the uv --override file.
 OVERRIDE_FILE_NAME = "overrides.txt"
 # Written last into a finished env: its presence means the env is complete.
 ENV_MARKER = "vllm-fleet-env.json"

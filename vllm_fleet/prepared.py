@@ -1,6 +1,6 @@
 """The prepared host: everything vllm-fleet derives for one host, made by one function.
 
-`prepare_host` takes what discovery read from the host (a Discovered: vllm_fleet/host/discovery.py
+`prepare_host` takes what discovery read from the host (a Discovered: vllm_fleet/facts/discovery.py
 reads it, the config with its models' own numbers, the live GPUs and their interconnect) and returns
 the plan and every file rendered from it. The deploy (deploy.prepare: its steps and verification
 read the Deployment built around it) and `vllm-fleet status` (drift, the front) both take a

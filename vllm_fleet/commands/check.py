@@ -12,7 +12,7 @@ It reports, each problem naming its host, key and fix (never a secret's value):
 then what the fleet will be (fleet_summary): endpoints and their scheme, instances, the gateway,
 the monitoring host, the clients with their models and limits.
 
-The deploy runs the same check (`problems`) before the first host's lock, and `vllm-fleet rollout`
+The deploy runs the same check (vllm_fleet.preflight.problems) before the first host's lock, and `vllm-fleet rollout`
 before its first batch. Exit status: 0 no problem, 2 problems (nothing was connected).
 """
 
@@ -24,32 +24,13 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from vllm_fleet import fleet_secrets
-from vllm_fleet.config import ConfigError, ConfigErrors, check_fleet, split_names, unused_group_data
+from vllm_fleet.config import ConfigError, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.fleet_summary import fleet_summary, summary_lines
+from vllm_fleet.preflight import problems
 from vllm_fleet.workstation_files import shown
 
 EXIT_INVALID = 2
-
-
-def problems(fleet: Fleet, names: list[str] | tuple[str, ...] | None = None, *, inventory: str | Path | None = None,
-             cwd: str | Path | None = None, environ: Mapping[str, str] | None = None) -> list[ConfigError]:
-    """Every problem of the hosts `names` (default: the fleet's selected hosts) found without
-    connecting: their data, the fleet's rules, every secret they read; with `inventory` (the file
-    the fleet was read from, and `cwd` where pyinfra runs), the group-data files no host reads."""
-    names = list(fleet.selected if names is None else names)
-    errors = [e for name in names if name in fleet.errors for e in fleet.errors[name].errors]
-    configs = [fleet.configs[name] for name in names if name in fleet.configs]
-    every = [fleet.configs[name] for name in fleet.names if name in fleet.configs]
-    try:
-        check_fleet(configs, list(fleet.names), every=every)
-    except ConfigErrors as exc:
-        errors += exc.errors
-    if inventory is not None and fleet.pyinfra_inventory is not None:
-        errors += unused_group_data(inventory, fleet.pyinfra_inventory, cwd=cwd)
-    errors += fleet_secrets.check_secrets(configs, lambda: every, environ)
-    return errors
 
 
 def check(inventory: str | Path, limit: list[str] | None = None, *, cwd: str | Path | None = None,

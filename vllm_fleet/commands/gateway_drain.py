@@ -21,10 +21,10 @@ from urllib.parse import urlsplit
 from gevent.pool import Pool
 
 from vllm_fleet import gateway
-from vllm_fleet.host import remote
+from vllm_fleet.connect import remote
 from vllm_fleet.config import HostConfig
 from vllm_fleet.render import manifest_path
-from vllm_fleet.host.verify import host_probe_command, parse_host_probe, printed_result
+from vllm_fleet.facts.verify import host_probe_command, parse_host_probe, printed_result
 
 
 @dataclass

@@ -2,7 +2,7 @@
 nvidia-smi, ready to paste into the inventory.
 
 It reaches the hosts as `vllm-fleet status` does (commands/connection.py: pyinfra's inventory, SSH
-settings and connector) and reads the deploy's own GPU fact (host/gpu_facts.py NvidiaGpus: one
+settings and connector) and reads the deploy's own GPU fact (facts/gpus.py NvidiaGpus: one
 nvidia-smi query, parsed by gpu_support), so the declaration holds nvidia-smi's exact names and MiB,
 the ones the deploy compares a declaration with. Hosts are named from the inventory: one whose data
 does not parse yet is still read (the declaration is what its data is missing), and where it does,
@@ -61,8 +61,8 @@ def compared(declared: tuple[GpuSpec, ...] | None, live: list[GpuSpec]) -> tuple
 def host_gpus(name: str, host, data: dict[str, Any]) -> dict[str, Any]:
     """One host's report: its GPUs from nvidia-smi, their declaration, the comparison, the problems."""
     from vllm_fleet.gpu_support import preflight
-    from vllm_fleet.host import facts
-    from vllm_fleet.host.gpu_facts import NvidiaGpus
+    from vllm_fleet.facts import batch as facts
+    from vllm_fleet.facts.gpus import NvidiaGpus
 
     try:
         config = parse_host(name, data)

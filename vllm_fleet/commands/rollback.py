@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet.environment import current_link
-from vllm_fleet.host.host_facts import MANAGED_UNIT_FILES
-from vllm_fleet.host.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.facts.host import MANAGED_UNIT_FILES
+from vllm_fleet.facts.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
 from vllm_fleet.render import front_paths, front_probe_address, instance_paths
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
 
@@ -79,7 +79,7 @@ def manifest_summary(manifest: dict[str, Any]) -> dict[str, Any]:
 def roll_back(host, config, before: dict[str, Any], restore: bool = True) -> tuple[bool, str]:
     """Restore the host's snapshot and restart its units (`restore`: False when that is done
     already), then verify the instances it had."""
-    from vllm_fleet.host.remote import run
+    from vllm_fleet.connect.remote import run
 
     if restore:
         ok, _out, err = run(host, restore_command(config), timeout=300)
@@ -102,8 +102,8 @@ def roll_back_group(hosts: list, configs: list, befores: list[dict[str, Any]]) -
     placement group until the workers are back), then each worker's Ray, joining the restarted head;
     then the cluster (every node the snapshots had, alive with its GPUs) and the head's instances
     are verified."""
-    from vllm_fleet.host import ray_cluster
-    from vllm_fleet.host.remote import run
+    from vllm_fleet.facts import ray_cluster
+    from vllm_fleet.connect.remote import run
 
     for host, config in zip(hosts, configs, strict=True):
         ok, _out, err = run(host, restore_command(config, restart=False), timeout=300)

@@ -27,7 +27,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet.commands import bundle, check, gateway_drain, rollback
+from vllm_fleet import preflight, wheelhouses
+from vllm_fleet.commands import gateway_drain, rollback
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
@@ -95,7 +96,7 @@ def _check_wheelhouses(configs: dict[str, Any], everyone: list) -> None:
                 except ConfigErrors:
                     pass
     problems = [problem for name, config in configs.items() if name in plans
-                for problem in [bundle.wheelhouse_problem(name, config.settings.vllm_wheelhouse,
+                for problem in [wheelhouses.wheelhouse_problem(name, config.settings.vllm_wheelhouse,
                                                           environment_spec(config, plans[name]))] if problem]
     if problems:
         raise ConfigErrors(problems)
@@ -159,7 +160,7 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
     API, roll back each failed host, put the batch back into the gateway. `fleet`: the rollout's, whose
     parse of each host the batch's deploy keeps where the host's data is unchanged."""
     from vllm_fleet.commands.connection import connected
-    from vllm_fleet.host.remote import run
+    from vllm_fleet.connect.remote import run
 
     gw_name = gateway_config.name if gateway_config is not None else None
     reach = names + ([gw_name] if gw_name and gw_name not in names else [])
@@ -234,7 +235,7 @@ def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results:
     from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
     from vllm_fleet.deploy.outcome import failure_reason
     from vllm_fleet.deploy.state import reuse_parsed_fleet
-    from vllm_fleet.host.remote import run
+    from vllm_fleet.connect.remote import run
 
     if fleet is not None:  # every host was parsed before the first batch: not again for each batch
         reuse_parsed_fleet(state, fleet)
@@ -357,7 +358,7 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
     deploy.install()  # what the deploy changes in pyinfra, as the root deploy.py has it
     fleet = Fleet.load(inventory, limit)
     # What `vllm-fleet check` finds, before the first batch connects: every problem at once.
-    found = check.problems(fleet, inventory=inventory)
+    found = preflight.problems(fleet, inventory=inventory)
     if found:
         raise ConfigErrors(found)
     everyone = fleet.every()  # every host must parse: the gateway and the node groups are the fleet's

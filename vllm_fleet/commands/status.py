@@ -19,16 +19,19 @@ import sys
 from typing import Any
 
 from vllm_fleet import gateway
-from vllm_fleet.host import facts, gpu_topology, ray_cluster, remote
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.rules import gpu_topology
+from vllm_fleet.facts import ray_cluster
+from vllm_fleet.connect import remote
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
-from vllm_fleet.host.discovery import discover, discovery_queries, env_python
-from vllm_fleet.host.gpu_facts import GpuTopology
+from vllm_fleet.facts.discovery import discover, discovery_queries, env_python
+from vllm_fleet.facts.gpus import GpuTopology
 from vllm_fleet.plan import RayNode
 from vllm_fleet.prepared import Discovered
 from vllm_fleet.render import instance_paths, manifest_path
 from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
-from vllm_fleet.host.verify import diagnose, host_probe_command, parse_host_probe, printed_result
+from vllm_fleet.facts.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
 DRIFT_KINDS = ("unit", "config")
@@ -53,7 +56,7 @@ def discover_host(host, config) -> tuple[Discovered, str, str | None, dict[str, 
     """(what to plan from, where its GPUs come from, why the deploy would refuse this host or None,
     NVML's GPU topology report on a CUDA host).
 
-    The deploy's own discovery (vllm_fleet/host/discovery.py), read over the status connection in
+    The deploy's own discovery (vllm_fleet/facts/discovery.py), read over the status connection in
     one remote command (facts.RemoteFacts): live GPUs, NVML's topology, the models' config.json, the
     paths the instances name. What it read is planned even where the deploy would refuse the host
     as it is (a model path missing, a driver too old): status still shows what runs and its drift,

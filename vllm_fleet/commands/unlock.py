@@ -1,6 +1,6 @@
 """`vllm-fleet unlock INVENTORY --limit HOST`: break the deploy lock of hosts whose deploy is gone.
 
-The lock itself (how it is held, who holds it, how it is broken) is vllm_fleet/host/lock.py's; this
+The lock itself (how it is held, who holds it, how it is broken) is vllm_fleet/connect/lock.py's; this
 command reaches the hosts with pyinfra's connection (commands/connection.py) and runs its
 `break_command` there.
 """
@@ -11,8 +11,8 @@ import argparse
 import sys
 
 from vllm_fleet.config import inventory_rows, limited_rows, read_pyinfra_inventory, split_names
-from vllm_fleet.host.lock import OWNER_FILE, break_command, describe, parse_busy
-from vllm_fleet.host.remote import run
+from vllm_fleet.connect.lock import OWNER_FILE, break_command, describe, parse_busy
+from vllm_fleet.connect.remote import run
 
 
 def main(argv: list[str]) -> int:

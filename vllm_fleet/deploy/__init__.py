@@ -30,7 +30,7 @@ from pyinfra import host, logger
 from pyinfra.api import deploy
 
 from vllm_fleet.config import Settings
-from vllm_fleet.host import ssh_lost
+from vllm_fleet.connect import ssh_lost
 
 from . import access, files, gateway, operation_order, prepare, services, steps, verify
 from .options import RunOptions
@@ -50,7 +50,7 @@ WITHOUT_OPTIONS = (
 
 def install() -> None:
     """What the deploy changes in pyinfra, for the whole process; idempotent. A connection that drops
-    fails its host with a message instead of the whole run (vllm_fleet/host/ssh_lost.py), and
+    fails its host with a message instead of the whole run (vllm_fleet/connect/ssh_lost.py), and
     operations take pyinfra's own order without reading source files per operation
     (operation_order.py). The root deploy.py and `vllm-fleet rollout` call it before the deploy;
     vllm_fleet_deploy calls it as it runs, so a deploy file of one's own needs no call of its own:

@@ -8,8 +8,9 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import PyinfraError
 from pyinfra.operations import python
 
-from vllm_fleet.host import lock as host_lock
-from vllm_fleet.host import remote, ssh_lost
+from vllm_fleet.connect import lock as host_lock
+from vllm_fleet.connect import remote
+from vllm_fleet.connect import ssh_lost
 
 from .state import DeployError, Deployment, record_failure
 
@@ -63,7 +64,7 @@ def take_lock(dry: bool, command: str) -> bool:
     the run (RunOptions.command), recorded beside the lock for whoever it refuses.
 
     The lock's own command answers both in one round trip: it runs wrapped like any fact and reports
-    its uid (vllm_fleet/host/lock.py). Only when it fails is the host asked why (access_problem), so a
+    its uid (vllm_fleet/connect/lock.py). Only when it fails is the host asked why (access_problem), so a
     refused sudo gets its full diagnosis. Without a lock (a dry run, a connector without SSH) the
     access check runs alone.
 

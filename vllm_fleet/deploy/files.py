@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from vllm_fleet import gateway
-from vllm_fleet.host.operations import managed_file, secret_file, systemd_service
+from vllm_fleet.operations.managed import managed_file, secret_file, systemd_service
 from vllm_fleet.monitoring.files import metrics_paths, monitoring_paths
 from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.monitoring.targets import JOBS

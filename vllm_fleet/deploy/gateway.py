@@ -12,9 +12,10 @@ from pyinfra.operations import python
 
 from vllm_fleet.gateway import gateway_ports
 from vllm_fleet.host_layout import GATEWAY_UNIT
-from vllm_fleet.host import facts, remote
-from vllm_fleet.host.state_facts import UnitState
-from vllm_fleet.host.verify import host_probe_command, parse_host_probe
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.connect import remote
+from vllm_fleet.facts.state import UnitState
+from vllm_fleet.facts.verify import host_probe_command, parse_host_probe
 from vllm_fleet.render import front_paths, front_probe_address, instance_paths
 
 from .handlers import run_handlers

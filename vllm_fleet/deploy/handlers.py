@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vllm_fleet.host.operations import systemd_service
+from vllm_fleet.operations.managed import systemd_service
 
 RESTART, RELOAD, NOTHING = "restart", "reload", "nothing"
 

@@ -13,9 +13,10 @@ from pyinfra import host
 from vllm_fleet import gateway
 from vllm_fleet.config import HostConfig, instance_of_unit, service_user_directories
 from vllm_fleet.host_layout import host_layout
-from vllm_fleet.host import facts, hub
-from vllm_fleet.host.host_facts import ManagedUnits
-from vllm_fleet.host.model_sync import MANIFEST_NAME as MODEL_MANIFEST
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.rules import hub
+from vllm_fleet.facts.host import ManagedUnits
+from vllm_fleet.rules.model_sync import MANIFEST_NAME as MODEL_MANIFEST
 from vllm_fleet.monitoring.files import MONITORING_UNITS, monitoring_unit_files
 from vllm_fleet.host_layout import PROMETHEUS_UNIT
 from vllm_fleet.monitoring.files import metrics_paths

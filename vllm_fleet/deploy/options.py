@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pyinfra
 
-from vllm_fleet.host.lock import redacted
+from vllm_fleet.connect.lock import redacted
 
 
 @dataclass(frozen=True)

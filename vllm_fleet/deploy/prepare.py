@@ -18,23 +18,24 @@ from typing import Any
 
 from pyinfra import host, logger
 
-from vllm_fleet import fleet_secrets, gateway
-from vllm_fleet.commands import bundle, check
+from vllm_fleet import fleet_secrets, gateway, preflight, wheelhouses
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
 from vllm_fleet.config.host_checks import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
 from vllm_fleet.environment import ENV_MARKER
 from vllm_fleet.fleet import GatewayUnplanned
-from vllm_fleet.host import facts, gpu_topology
-from vllm_fleet.host import host_packages as os_packages
-from vllm_fleet.host.discovery import discover, discovery_queries
-from vllm_fleet.host.facts import query
-from vllm_fleet.host.host_facts import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits
-from vllm_fleet.host.model_sync import ModelSyncState, ownership_problem
-from vllm_fleet.host.ownership import account_problem, directory_problem
-from vllm_fleet.host.model_sync import state_query as model_state_query
-from vllm_fleet.host.operations import environment_queries
-from vllm_fleet.host.state_facts import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.rules import gpu_topology
+from vllm_fleet.rules import host_packages as os_packages
+from vllm_fleet.facts.discovery import discover, discovery_queries
+from vllm_fleet.facts.batch import query
+from vllm_fleet.facts.host import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits
+from vllm_fleet.facts.model_sync import ModelSyncState
+from vllm_fleet.rules.model_sync import ownership_problem
+from vllm_fleet.rules.ownership import account_problem, directory_problem
+from vllm_fleet.facts.model_sync import state_query as model_state_query
+from vllm_fleet.operations.managed import environment_queries
+from vllm_fleet.facts.state import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
 from vllm_fleet.monitoring.files import MONITORING_UNITS
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.render import Secrets, environment_spec
@@ -159,7 +160,7 @@ _CHECKED: "weakref.WeakKeyDictionary[Any, list[ConfigError]]" = weakref.WeakKeyD
 
 
 def check_run(state, options: RunOptions) -> None:
-    """What `vllm-fleet check` finds (commands/check.py `problems`: every host's data, the fleet's
+    """What `vllm-fleet check` finds (vllm_fleet.preflight.problems: every host's data, the fleet's
     rules, every secret of the run's hosts), once a run, on the workstation: the first host's prepare
     runs it before any lock is taken or command sent, so one run reports every missing secret of every
     host and changes none. pyinfra's CLI connects to the hosts before it runs deploy.py; `vllm-fleet
@@ -169,7 +170,7 @@ def check_run(state, options: RunOptions) -> None:
     if errors is None:
         fleet = run_fleet(state)
         names = [name for name in fleet.names if options.limit is None or name in options.limit]
-        errors = _CHECKED[state] = check.problems(fleet, names)
+        errors = _CHECKED[state] = preflight.problems(fleet, names)
     if errors:
         fail(errors)
 
@@ -227,7 +228,7 @@ def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
     """The wheelhouse holds every package this host's environment installs, for its Python: checked
     while the run is still being planned, so a wheelhouse that lacks one host's package (vllm-router
     on the gateway host, Ray on a node) stops the run before any host changes, not mid-install."""
-    problem = bundle.wheelhouse_problem(config.name, config.settings.vllm_wheelhouse, environment_spec(config, plan))
+    problem = wheelhouses.wheelhouse_problem(config.name, config.settings.vllm_wheelhouse, environment_spec(config, plan))
     if problem:
         fail([problem])
 

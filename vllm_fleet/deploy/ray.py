@@ -12,9 +12,11 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python, server
 
-from vllm_fleet.host import facts, ray_cluster, remote
-from vllm_fleet.host.operations import systemd_service
-from vllm_fleet.host.state_facts import NewestMtime, UnitState
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.facts import ray_cluster
+from vllm_fleet.connect import remote
+from vllm_fleet.operations.managed import systemd_service
+from vllm_fleet.facts.state import NewestMtime, UnitState
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
 
 from .managed import ray_freshness_paths

@@ -7,9 +7,10 @@ from __future__ import annotations
 from pyinfra import host, logger
 from pyinfra.operations import python, server, systemd
 
-from vllm_fleet.host import facts, ray_cluster
-from vllm_fleet.host.state_facts import NewestMtime, UnitState
-from vllm_fleet.host.operations import systemd_service
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.facts import ray_cluster
+from vllm_fleet.facts.state import NewestMtime, UnitState
+from vllm_fleet.operations.managed import systemd_service
 from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.host_layout import FRONT_UNIT
 

@@ -15,7 +15,7 @@ from pyinfra.operations.util import any_changed
 
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig, inventory_rows, parse_host
 from vllm_fleet.fleet import Fleet
-from vllm_fleet.host import host_packages as os_packages
+from vllm_fleet.rules import host_packages as os_packages
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.render import RenderedFile, Secrets
 

@@ -15,11 +15,13 @@ from pyinfra.operations import apt, dnf, python, server
 from vllm_fleet.host_layout import host_layout
 from vllm_fleet.catalog import GIB
 from vllm_fleet.environment import ENV_MARKER
-from vllm_fleet.host import facts, hub, remote
-from vllm_fleet.host.envbuild import PYTORCH_CPU_INDEX
-from vllm_fleet.host.host_facts import HubModelCached, InstalledEnvironment
-from vllm_fleet.host.model_sync import model_sync
-from vllm_fleet.host.operations import managed_directory, secret_file, service_account, vllm_environment
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.rules import hub
+from vllm_fleet.connect import remote
+from vllm_fleet.operations.envbuild import PYTORCH_CPU_INDEX
+from vllm_fleet.facts.host import HubModelCached, InstalledEnvironment
+from vllm_fleet.operations.model_sync import model_sync
+from vllm_fleet.operations.managed import managed_directory, secret_file, service_account, vllm_environment
 from vllm_fleet.monitoring.files import STOCK_UNITS
 from vllm_fleet.render import environment_spec
 

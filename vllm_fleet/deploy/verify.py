@@ -10,9 +10,10 @@ from pyinfra import logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from vllm_fleet.host import ray_cluster, remote
-from vllm_fleet.host.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
-                                   parse_probe_output, probe_command, with_diagnosis)
+from vllm_fleet.facts import ray_cluster
+from vllm_fleet.connect import remote
+from vllm_fleet.facts.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
+                                     parse_probe_output, probe_command, with_diagnosis)
 from vllm_fleet.render import (front_paths, front_probe_address, instance_gpu_bus_ids, instance_paths,
                                start_timeout_s)
 

@@ -2,12 +2,12 @@
 one script text when a command or a file needs them. Nothing of vllm-fleet is installed on a host.
 
     PROBE          python3 -c TEXT MODE JSON        instance and gateway checks for verify and status
-                                                    (vllm_fleet.host.verify sends it)
+                                                    (vllm_fleet.facts.verify sends it)
     EXPORTER       <vllm_config_dir>/host-exporter.py, run by its systemd unit with the host's python3:
                                                     GPUs and the front for Prometheus
                                                     (vllm_fleet.monitoring.files writes it)
     GPU_TOPOLOGY   <env>/bin/python -c TEXT          NVML's view of the GPUs, with the vLLM environment's
-                                                    python (vllm_fleet.host.gpu_facts sends it)
+                                                    python (vllm_fleet.facts.gpus sends it)
 
 Each payload is a list of modules in dependency order (a module imports only from those before it).
 What a payload module may do, so that `bundle` can join it with the others:

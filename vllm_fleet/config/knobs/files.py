@@ -92,7 +92,7 @@ class FilesKnobs:
     vllm_install_host_packages: bool = knob(
         True, "install the OS packages the runtime needs (False: refuse a host that lacks one)", **BOOL,
         notes="""
-        OS packages the runtime needs (vllm_fleet/host/host_packages.py says why, with the sources): nginx for
+        OS packages the runtime needs (vllm_fleet/rules/host_packages.py says why, with the sources): nginx for
         the front; CUDA: a C compiler and the Python headers (Triton builds a stub at the first kernel
         launch); CPU: libnuma, plus g++ and the Python headers unless every instance runs enforce-eager.
         True: missing ones are installed with apt or dnf from the host's own package sources. False: a

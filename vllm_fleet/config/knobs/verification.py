@@ -1,4 +1,4 @@
-"""Verification after a deploy (vllm_fleet/host/verify.py)."""
+"""Verification after a deploy (vllm_fleet/facts/verify.py)."""
 
 from __future__ import annotations
 

@@ -27,6 +27,6 @@ the systemd service whose cgroup holds it (None if none). Without pynvml, or whe
 
     {"available": false, "reason": "..."}
 
-vllm_fleet.host.gpu_topology reads that result on the workstation. The modules: `probe` here, and
+vllm_fleet.rules.gpu_topology reads that result on the workstation. The modules: `probe` here, and
 vllm_fleet/payloads/nvidia.py (bus ids, a process's unit, NVML's constants), which the exporter shares.
 """

@@ -91,11 +91,11 @@ def check_pyinfra(cls: type | None = None) -> None:
         method = cls.__dict__.get(name)
         if method is None:
             raise RuntimeError(f"pyinfra's SSH connector {cls.__module__}.{cls.__qualname__} no longer "
-                               f"defines {name}: update vllm_fleet/host/ssh_lost.py for this pyinfra")
+                               f"defines {name}: update vllm_fleet/connect/ssh_lost.py for this pyinfra")
         found = tuple(inspect.signature(_unwrapped(method)).parameters)
         if found != params:
             raise RuntimeError(f"pyinfra's {cls.__qualname__}.{name}{found} differs from what "
-                               f"vllm_fleet/host/ssh_lost.py wraps {params}: update it for this pyinfra")
+                               f"vllm_fleet/connect/ssh_lost.py wraps {params}: update it for this pyinfra")
 
 
 def installed(cls: type | None = None) -> bool:

@@ -9,7 +9,7 @@ import shlex
 from pyinfra.api import FactBase
 
 from vllm_fleet import payloads
-from vllm_fleet.host import gpu_topology
+from vllm_fleet.rules import gpu_topology
 from vllm_fleet.config import GpuSpec
 
 GPU_QUERY = ("index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap,driver_version,"

@@ -17,7 +17,7 @@ from typing import Any, Iterable
 
 from pyinfra.api import FactBase
 
-from vllm_fleet.host.state_facts import PreludeFact
+from vllm_fleet.facts.state import PreludeFact
 
 
 # --- Many facts in one command, and a memo per run -------------------------------------------------
@@ -204,7 +204,7 @@ class FactUnreadable(Exception):
 
 class RemoteFacts:
     """A connected host's facts outside a deploy (`vllm-fleet status`): the deploy's own fact commands,
-    batch (`prefetch`) and processing, sent with vllm_fleet.host.remote.run (the host's _sudo/_su_user/...
+    batch (`prefetch`) and processing, sent with vllm_fleet.connect.remote.run (the host's _sudo/_su_user/...
     applied). It stands in for pyinfra's host in `prefetch` and `get`, so status reads and plans
     from exactly what the deploy reads (discovery.discover), in one remote command."""
 
@@ -215,7 +215,7 @@ class RemoteFacts:
         self.state = object()  # this reader's facts are its own (facts._memo keys a run by its state)
 
     def get_fact(self, fact: type, **kwargs) -> Any:
-        from vllm_fleet.host import remote
+        from vllm_fleet.connect import remote
 
         queries = kwargs["queries"] if fact is FactBatch else (Query.of(fact, **kwargs),)
         ok, out, err = remote.run(self.host, batch_command(queries), timeout=self.timeout)

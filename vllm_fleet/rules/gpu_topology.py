@@ -2,7 +2,7 @@
 nvidia-smi's GPUs, the other users' processes on them warned of, and summed up in one line.
 
 The probe itself runs on the host: vllm_fleet/payloads/gpu_topology (its docstring says what it
-prints); vllm_fleet.host.gpu_facts sends it.
+prints); vllm_fleet.facts.gpus sends it.
 """
 
 import json

@@ -24,10 +24,12 @@ from pyinfra.facts.files import FileContents
 from pyinfra.facts.server import Command
 from pyinfra.operations.util.files import generate_color_diff
 
-from vllm_fleet.host import envbuild, facts, remote
-from vllm_fleet.host.ownership import ACCOUNT_COMMENT
-from vllm_fleet.host.host_facts import LinkTarget, PathsPresent
-from vllm_fleet.host.state_facts import DirectoryState, FileState, ServiceAccount, UnitState
+from vllm_fleet.operations import envbuild
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.connect import remote
+from vllm_fleet.rules.ownership import ACCOUNT_COMMENT
+from vllm_fleet.facts.host import LinkTarget, PathsPresent
+from vllm_fleet.facts.state import DirectoryState, FileState, ServiceAccount, UnitState
 
 _q = shlex.quote
 

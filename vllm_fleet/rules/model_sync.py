@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from vllm_fleet.host.model_source import PARTIAL_SUFFIX, LocalManifest, ModelSyncError
+from vllm_fleet.model_source import PARTIAL_SUFFIX, LocalManifest, ModelSyncError
 
 MANIFEST_NAME = ".vllm-fleet-manifest.json"
 MANIFEST_VERSION = 1
@@ -228,7 +228,7 @@ def plan_sync(local: LocalManifest, state: dict[str, Any], dest: str, delete: bo
         m = manifest.get(rel)
         vouched = (h is not None and m is not None and h["size"] == m["size"]
                    and same_mtime(h["mtime"], m["mtime"]))
-        if vouched and m["sha256"] == lf.sha256 and m["size"] == lf.size:
+        if vouched and m is not None and m["sha256"] == lf.sha256 and m["size"] == lf.size:
             plan.unchanged.append(rel)
             plan.manifest[rel] = dict(m)
         elif vouched:

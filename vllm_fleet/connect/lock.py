@@ -30,7 +30,7 @@ from typing import Any
 
 from paramiko import SSHException
 
-from vllm_fleet.host import remote
+from vllm_fleet.connect import remote
 
 LOCK_DIR = "/run/vllm-fleet"  # tmpfs: a reboot also ends every deploy
 LOCK_FILE = f"{LOCK_DIR}/deploy.lock"

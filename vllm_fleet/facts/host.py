@@ -9,7 +9,7 @@ import shlex
 
 from pyinfra.api import FactBase
 
-from vllm_fleet.host import host_packages
+from vllm_fleet.rules import host_packages
 
 MANAGED_MARKER = "# Managed by vllm-fleet"  # the first line of every file the deploy writes
 # Unit files vllm-fleet wrote (a unit without the marker is the user's own and is left alone).
@@ -125,7 +125,7 @@ class HubModelCached(FactBase):
     """Whether the deploy finished downloading a Hugging Face repo into HF_HOME (hub.complete_marker)."""
 
     def command(self, hf_home: str, model: str) -> str:
-        from vllm_fleet.host.hub import complete_marker
+        from vllm_fleet.rules.hub import complete_marker
 
         return f"test -f {shlex.quote(complete_marker(hf_home, model))} && echo complete || true"
 

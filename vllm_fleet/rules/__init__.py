@@ -1,0 +1,8 @@
+"""Pure rules about hosts, decided on the workstation from what facts read (no I/O, no pyinfra).
+
+- `host_packages`: which OS packages the runtime needs, and how to tell they are there
+- `hub`: which files of a Hugging Face repository an instance needs, and why a download failed
+- `model_sync`: when a model directory is vllm-fleet's to sync into, and what a sync must do
+- `ownership`: who may own what the deploy manages
+- `gpu_topology`: the NVML probe's result, matched against nvidia-smi's GPUs
+"""
