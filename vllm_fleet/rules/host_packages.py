@@ -116,7 +116,8 @@ def probe_command(python_version: str) -> str:
         "node_exporter": "test -x /usr/bin/prometheus-node-exporter",
         "prometheus": "test -x /usr/bin/prometheus && test -x /usr/bin/promtool",
     }
-    parts = [f"if {check} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"
+    # Braces: the redirection silences every command of a check (`command -v gcc` prints the path).
+    parts = [f"if {{ {check}; }} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"
              for key, check in checks.items()]
     families = " ".join(f"{fam}={shlex.quote(path)}" for fam, path in PACKAGE_MANAGER.items())
     parts.append(f"for f in {families}; do if [ -x \"${{f#*=}}\" ]; then echo \"family ${{f%%=*}}\"; break; fi; done")
