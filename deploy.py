@@ -50,8 +50,8 @@ Releasing the lock closes its channel (no command); a host without instances ski
 host without instances checks its gateway in a command of its own). The head of
 a multi-node instance adds one (the Ray cluster's check, step 9); a Ray worker, with no instance of
 its own, runs two in place of 4 (the check that it is in the head's cluster, step 8, and that its
-Ray unit is active, step 9). Every operation (vllm_fleet/operations/managed.py, model_sync.py)
-compares with what 2 and 3 read and sends nothing where the host already matches; pyinfra runs an
+Ray unit is active, step 9). Every operation (vllm_fleet/operations/managed.py and
+model_sync.py) compares with what 2 and 3 read and sends nothing where the host already matches; pyinfra runs an
 operation's body twice (to plan, then to execute) and both read those same answers
 (vllm_fleet/facts/batch.py: prefetch, get). A batch splits in two only past ~64 KB of shell
 (hundreds of managed paths). tests/test_noop_commands.py counts these through pyinfra against a

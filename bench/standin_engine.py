@@ -367,7 +367,7 @@ def build_standin_wheelhouse(dest: Path, real_wheelhouse: Path | None = None,
                 "extras": list(extras), "requirements": reqs, "python": wheelhouses.HOST_PYTHON,
                 "platform": wheelhouses.host_platform_tags()[0], "find_links": [], "simulated": SIMULATED_NOTE,
                 "companions_from": real.name if real else None}
-        wheelhouses._write_manifest(work, meta, pins)  # bundle's own writer: the same format, written last
+        wheelhouses._write_manifest(work, meta, pins)  # wheelhouses' own writer: the same format, written last
     if not wheelhouses.load(final):
         raise RuntimeError(f"{final} incomplete right after building it")
     return final

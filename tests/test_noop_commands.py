@@ -34,7 +34,7 @@ from vllm_fleet.facts import host as host_facts
 from vllm_fleet import model_source
 from vllm_fleet.operations import model_sync as ms
 from vllm_fleet.rules import model_sync as model_sync_rules
-from vllm_fleet.operations import managed as operations
+from vllm_fleet.operations import managed
 from vllm_fleet.rules import ownership
 from vllm_fleet.facts import state as state_facts
 from vllm_fleet.facts.batch import parse_batch, query
@@ -245,7 +245,7 @@ def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
 
 def _op(monkeypatch, op, answers, **kwargs):
     fake = _Host(answers)
-    monkeypatch.setattr(operations, "host", fake)
+    monkeypatch.setattr(managed, "host", fake)
     return list(op._inner(**kwargs)), fake
 
 
@@ -258,25 +258,25 @@ def test_managed_file(monkeypatch):
 
     same = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
     args = dict(dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", user="root", group="vllm", mode="0640")
-    cmds, fake = _op(monkeypatch, operations.managed_file, {"FileState": same}, **args)
+    cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": same}, **args)
     assert cmds == [] and fake.noops == ["/etc/vllm-fleet/a.yaml is up to date"]
-    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": dict(same, mode=0o644, group="root")}, **args)
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": dict(same, mode=0o644, group="root")}, **args)
     assert cmds == ["chmod 0640 /etc/vllm-fleet/a.yaml", "chown root:vllm /etc/vllm-fleet/a.yaml"]
     for found in ({"kind": "absent"}, dict(same, sha256=_sha("x: 2\n"))):
-        cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": found}, **args)
+        cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": found}, **args)
         assert cmds[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
         assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/etc/vllm-fleet/a.yaml"
         assert cmds[1].src.read() == b"x: 1\n"
         assert cmds[2:] == ["chown root:vllm /etc/vllm-fleet/a.yaml && chmod 0640 /etc/vllm-fleet/a.yaml"]
-    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": {"kind": "other"}}, **args)
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": {"kind": "other"}}, **args)
     assert len(cmds) == 1 and "is not a regular file" in cmds[0] and cmds[0].endswith("exit 1")
     # Owner not checked (the deploy manifest):
-    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": dict(same, user="x", group="y", mode=0o644)},
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": dict(same, user="x", group="y", mode=0o644)},
                   dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", mode="0644")
     assert cmds == []
-    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": same}, dest="/etc/x", present=False)
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": same}, dest="/etc/x", present=False)
     assert cmds == ["rm -f /etc/x"]
-    cmds, _ = _op(monkeypatch, operations.managed_file, {"FileState": {"kind": "absent"}}, dest="/etc/x",
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": {"kind": "absent"}}, dest="/etc/x",
                   present=False)
     assert cmds == []
 
@@ -284,35 +284,35 @@ def test_managed_file(monkeypatch):
 def test_managed_directory(monkeypatch):
     args = dict(path="/var/lib/vllm-fleet", user="vllm", group="vllm", mode="0751")
     same = {"kind": "dir", "mode": 0o751, "user": "vllm", "group": "vllm"}
-    assert _op(monkeypatch, operations.managed_directory, {"DirectoryState": same}, **args)[0] == []
-    assert _op(monkeypatch, operations.managed_directory, {"DirectoryState": {"kind": "absent"}}, **args)[0] == [
+    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": same}, **args)[0] == []
+    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": {"kind": "absent"}}, **args)[0] == [
         "mkdir -p /var/lib/vllm-fleet && chmod 0751 /var/lib/vllm-fleet && chown vllm:vllm /var/lib/vllm-fleet"]
-    assert _op(monkeypatch, operations.managed_directory, {"DirectoryState": dict(same, mode=0o755, user="root")},
+    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": dict(same, mode=0o755, user="root")},
                **args)[0] == ["chmod 0751 /var/lib/vllm-fleet", "chown vllm:vllm /var/lib/vllm-fleet"]
-    cmds, _ = _op(monkeypatch, operations.managed_directory, {"DirectoryState": {"kind": "other"}}, **args)
+    cmds, _ = _op(monkeypatch, managed.managed_directory, {"DirectoryState": {"kind": "other"}}, **args)
     assert "is not a directory" in cmds[0] and cmds[0].endswith("exit 1")
 
 
 def test_service_account(monkeypatch):
     args = dict(user="vllm", group="vllm", home="/var/lib/vllm-fleet", shell="/usr/sbin/nologin")
-    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "comment": operations.ACCOUNT_COMMENT,
+    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "comment": managed.ACCOUNT_COMMENT,
                       "home": "/var/lib/vllm-fleet", "shell": "/usr/sbin/nologin", "group": "vllm"},
              "group": {"name": "vllm", "gid": 999, "members": []}}
-    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": there}, **args)[0] == []
-    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": {"user": None, "group": None}},
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": there}, **args)[0] == []
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": {"user": None, "group": None}},
                **args)[0] == [
         "getent group vllm >/dev/null || groupadd -r vllm",
         "useradd -d /var/lib/vllm-fleet -s /usr/sbin/nologin -g vllm -c 'vllm-fleet service user' -r -M vllm"]
     moved = {"user": dict(there["user"], home="/home/vllm", group="users"), "group": there["group"]}
-    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": moved}, **args)[0] == [
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": moved}, **args)[0] == [
         "usermod -d /var/lib/vllm-fleet -g vllm vllm"]
     # The vLLM user an earlier deploy made without the comment gets it (account_problem let it through).
     unmarked = {"user": dict(there["user"], comment=""), "group": there["group"]}
-    assert _op(monkeypatch, operations.service_account, {"ServiceAccount": unmarked}, **args)[0] == [
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": unmarked}, **args)[0] == [
         "usermod -c 'vllm-fleet service user' vllm"]
 
 
-def _account(name="vllm", comment=operations.ACCOUNT_COMMENT, uid=999, home="/var/lib/vllm-fleet",
+def _account(name="vllm", comment=managed.ACCOUNT_COMMENT, uid=999, home="/var/lib/vllm-fleet",
              shell="/usr/sbin/nologin", members=()):
     return {"user": {"name": name, "uid": uid, "gid": uid, "comment": comment, "home": home, "shell": shell,
                      "group": name}, "group": {"name": name, "gid": uid, "members": list(members)}}
@@ -354,7 +354,7 @@ def test_systemd_service_follows_pyinfras_rules(monkeypatch):
     down = UnitState().default()
 
     def cmds(found, **kwargs):
-        return _op(monkeypatch, operations.systemd_service, {"UnitState": found}, unit="u.service", **kwargs)[0]
+        return _op(monkeypatch, managed.systemd_service, {"UnitState": found}, unit="u.service", **kwargs)[0]
 
     assert cmds(up, running=True, enabled=True) == []
     assert cmds(down, running=True, enabled=True) == ["systemctl start u.service", "systemctl enable u.service"]
@@ -371,11 +371,11 @@ def test_secret_file_never_shows_its_content(monkeypatch, caplog):
     content = "VLLM_API_KEY='sk-5b1e0c2f'\n"
     args = dict(dest="/etc/vllm-fleet/a.env", content=content, upload_dir="/opt/vllm-fleet/.upload")
     same = {"kind": "file", "mode": 0o600, "user": "root", "group": "root", "sha256": _sha(content)}
-    assert _op(monkeypatch, operations.secret_file, {"FileState": same}, **args)[0] == []
-    assert _op(monkeypatch, operations.secret_file, {"FileState": dict(same, mode=0o644)}, **args)[0] == [
+    assert _op(monkeypatch, managed.secret_file, {"FileState": same}, **args)[0] == []
+    assert _op(monkeypatch, managed.secret_file, {"FileState": dict(same, mode=0o644)}, **args)[0] == [
         "chown root:root /etc/vllm-fleet/a.env && chmod 0600 /etc/vllm-fleet/a.env"]
     with caplog.at_level("INFO"):
-        cmds, _ = _op(monkeypatch, operations.secret_file, {"FileState": dict(same, sha256=_sha("old"))}, **args)
+        cmds, _ = _op(monkeypatch, managed.secret_file, {"FileState": dict(same, sha256=_sha("old"))}, **args)
     assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/opt/vllm-fleet/.upload/a.env.upload"
     assert cmds[2] == ("chown root:root /opt/vllm-fleet/.upload/a.env.upload && chmod 0600 "
                        "/opt/vllm-fleet/.upload/a.env.upload && mv -f /opt/vllm-fleet/.upload/a.env.upload "
@@ -433,7 +433,7 @@ class SimulatedHost:
             return ["complete"]
         if name == "ServiceAccount":  # every service's user, as the deploy made it
             home = c.settings.vllm_state_dir if kw["user"] == c.settings.vllm_service_user else "/nonexistent"
-            return [f"passwd {kw['user']}:x:999:999:{operations.ACCOUNT_COMMENT}:{home}:/usr/sbin/nologin",
+            return [f"passwd {kw['user']}:x:999:999:{managed.ACCOUNT_COMMENT}:{home}:/usr/sbin/nologin",
                     f"primary {kw['group']}", f"group {kw['group']}:x:999:"]
         if name == "PathOwners":  # every managed directory there, its own, below root's
             service = set(service_user_directories(c.settings))
@@ -874,12 +874,12 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     use_fake_host(monkeypatch, fake)
     deployment = prepare()
     assert len(fake.batches) == 2
-    discovery, managed = ({q.fact.__name__ for q in batch} for batch in fake.batches)
+    discovery, managed_state = ({q.fact.__name__ for q in batch} for batch in fake.batches)
     assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
     batched = set(fake.batches[0]) | set(fake.batches[1])
     assert all(facts.Query.of(_fact_class(name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
     assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",
-            "LinkTarget", "InstalledEnvironment", "HubModelCached"} <= managed
+            "LinkTarget", "InstalledEnvironment", "HubModelCached"} <= managed_state
     files = {q.kwargs["path"] for q in fake.batches[1] if q.fact is FileState}
     assert set(deployment.files) | {"/etc/vllm-fleet/hub.env"} == files  # b downloads from the hub: its token file
     units = {q.kwargs["unit"] for q in fake.batches[1] if q.fact is UnitState}
@@ -894,16 +894,16 @@ def test_deploy_docstring_counts_what_the_simulated_run_measures():
 def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
     from types import SimpleNamespace
 
-    monkeypatch.setattr(operations, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
+    monkeypatch.setattr(managed, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
     old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
     with caplog.at_level("INFO"):
-        cmds, fake = _op(monkeypatch, operations.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
+        cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
                          dest="/etc/vllm-fleet/a.yaml", content="x: 2\n", user="root", group="vllm", mode="0640")
     assert "Will modify /etc/vllm-fleet/a.yaml" in caplog.text and "x: 2" in caplog.text
     assert fake.asked == ["FileState", "FileContents"] and len(cmds) == 3
     caplog.clear()
     with caplog.at_level("INFO"):
-        _op(monkeypatch, operations.secret_file, {"FileState": dict(old, sha256=_sha("old"))},
+        _op(monkeypatch, managed.secret_file, {"FileState": dict(old, sha256=_sha("old"))},
             dest="/etc/vllm-fleet/a.env", content="KEY=sk-5b1e0c2f\n", upload_dir="/opt/vllm-fleet/.upload")
     assert "5b1e0c2f" not in caplog.text and "secret: contents not shown" in caplog.text
 

@@ -1,5 +1,5 @@
 """The converge bench's SIMULATED engine (bench/standin_engine.py), offline: its wheelhouse passes
-bundle's own check, installs with the deploy's own env-build commands (envbuild, `--no-index`), and
+the wheelhouse check (wheelhouses.load), installs with the deploy's own env-build commands (envbuild, `--no-index`), and
 `vllm serve --config <rendered YAML>` answers what the deploy's verification asks, on a loopback port."""
 
 from __future__ import annotations

@@ -103,7 +103,7 @@ def served_name_problem(text: Any) -> str | None:
 #: Accounts the OS or a common package already runs something as (Debian's base-passwd, systemd's,
 #: and the daemons a GPU server often has): a service user of vllm-fleet is one the deploy creates for
 #: it alone, so these are refused before a host is reached (the deploy refuses any other existing
-#: account that it did not create: host.operations.account_problem).
+#: account that it did not create: vllm_fleet.rules.ownership.account_problem).
 SYSTEM_ACCOUNTS = frozenset((
     "root", "daemon", "bin", "sys", "sync", "games", "man", "lp", "mail", "news", "uucp", "proxy",
     "www-data", "backup", "list", "irc", "gnats", "nobody", "nogroup", "_apt", "messagebus", "sshd", "polkitd",

@@ -8,7 +8,7 @@ directory (<repo>/snapshots/<revision>, made of links into <repo>/blobs/), insid
 blobs/: a synced file is readable by every user of the host, so a `tokenizer.json ->
 ../../.ssh/id_ed25519` must not travel. Such a link, a dangling or looping one, or a special file,
 is refused with the path and a fix. Names starting with "." (files and directories, at any depth)
-are skipped, on both sides (model_sync_rules lists the host the same way).
+are skipped, on both sides (vllm_fleet.rules.model_sync lists the host the same way).
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ def input_hash(reqs: list[str], overrides: str | None, find_links: list[str],
     return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
-def _log(msg: str) -> None:
+def log(msg: str) -> None:
     """Progress goes to stderr, so `--json` output on stdout stays parseable."""
     print(f"[bundle] {msg}", file=sys.stderr, flush=True)
 
@@ -98,7 +98,7 @@ def _run(cmd: list[str], sources: PackageSources, what: str, cwd: Path | None = 
          env: dict[str, str] | None = None) -> None:
     """Run a step, its output streamed to stderr (the progress of long downloads); a failure is a
     BundleError whose message says which indexes were tried and which setting to change."""
-    _log("$ " + shlex.join(cmd))
+    log("$ " + shlex.join(cmd))
     tail: list[str] = []
     with subprocess.Popen(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True, cwd=cwd,
                           env=env) as proc:  # fmt: skip
@@ -305,11 +305,11 @@ def build_wheelhouse(
     parent = final.parent
     existing = load(final)
     if existing:
-        _log(f"reusing {final}")
+        log(f"reusing {final}")
         return existing
 
     for line in sources.describe():
-        _log(line)
+        log(line)
     with built_aside(final) as work:
         (work / "requirements.in").write_text("\n".join(reqs) + "\n")
         override_file = None
@@ -319,14 +319,14 @@ def build_wheelhouse(
         t0 = time.monotonic()
         resolved = _resolve(work, find_links, override_file, sources)
         pins = read_pins(resolved)
-        _log(f"resolved {len(pins)} packages in {time.monotonic() - t0:.1f}s; downloading wheels")
+        log(f"resolved {len(pins)} packages in {time.monotonic() - t0:.1f}s; downloading wheels")
         t1 = time.monotonic()
         # Complete wheelhouses built here before hold most of these wheels (another set of extras,
         # the same vLLM): pip copies a wheel from them rather than downloading it again. Not part
         # of the input hash: a wheel is the same file wherever it comes from.
         built = sorted(str(p) for p in parent.iterdir() if p.is_dir() and load(p) is not None) if parent.is_dir() else []
         _download(work, pins, find_links + built, sources)
-        _log(f"downloaded in {time.monotonic() - t1:.1f}s; hashing")
+        log(f"downloaded in {time.monotonic() - t1:.1f}s; hashing")
         meta = {"format": BUNDLE_FORMAT, "target": target, "vllm_version": vllm_version,
                 "extras": list(extras), "requirements": reqs, "python": HOST_PYTHON,
                 "platform": host_platform_tags()[0], "find_links": find_links,
@@ -334,7 +334,7 @@ def build_wheelhouse(
         _write_manifest(work, meta, pins)
     wheelhouse = load(final)
     assert wheelhouse, f"{final} incomplete right after building it"
-    _log(f"ready: {final} ({_size_mb(final):.0f} MB, {time.monotonic() - t0:.0f}s)")
+    log(f"ready: {final} ({_size_mb(final):.0f} MB, {time.monotonic() - t0:.0f}s)")
     return wheelhouse
 
 

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from vllm_fleet.environment import TARGETS, default_vllm_version
-from vllm_fleet.wheelhouses import HOST_ARCH, HOST_PYTHON, BundleError, _log, build_wheelhouse
+from vllm_fleet.wheelhouses import HOST_ARCH, HOST_PYTHON, BundleError, build_wheelhouse, log
 
 
 def main(argv: list[str]) -> int:
@@ -57,7 +57,7 @@ examples:
     try:
         wh = build_wheelhouse(args.out, args.target, args.vllm_version, tuple(args.extra))
     except BundleError as exc:
-        _log(str(exc))
+        log(str(exc))
         return 1
     if args.json:
         print(json.dumps({"path": str(wh.path), "name": wh.name,

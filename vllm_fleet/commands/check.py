@@ -12,7 +12,7 @@ It reports, each problem naming its host, key and fix (never a secret's value):
 then what the fleet will be (fleet_summary): endpoints and their scheme, instances, the gateway,
 the monitoring host, the clients with their models and limits.
 
-The deploy runs the same check (vllm_fleet.preflight.problems) before the first host's lock, and `vllm-fleet rollout`
+The deploy runs the same check (vllm_fleet.fleet_check.problems) before the first host's lock, and `vllm-fleet rollout`
 before its first batch. Exit status: 0 no problem, 2 problems (nothing was connected).
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 from vllm_fleet.config import ConfigError, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.fleet_summary import fleet_summary, summary_lines
-from vllm_fleet.preflight import problems
+from vllm_fleet.fleet_check import problems
 from vllm_fleet.workstation_files import shown
 
 EXIT_INVALID = 2

@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vllm_fleet import preflight, wheelhouses
+from vllm_fleet import fleet_check, wheelhouses
 from vllm_fleet.commands import gateway_drain, rollback
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
@@ -358,7 +358,7 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
     deploy.install()  # what the deploy changes in pyinfra, as the root deploy.py has it
     fleet = Fleet.load(inventory, limit)
     # What `vllm-fleet check` finds, before the first batch connects: every problem at once.
-    found = preflight.problems(fleet, inventory=inventory)
+    found = fleet_check.problems(fleet, inventory=inventory)
     if found:
         raise ConfigErrors(found)
     everyone = fleet.every()  # every host must parse: the gateway and the node groups are the fleet's

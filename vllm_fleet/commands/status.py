@@ -4,7 +4,7 @@ Read-only: one probe per host over SSH (payloads.PROBE, status mode) — GPUs, u
 vLLM version, served models, /health, requests and KV-cache usage from /metrics, the front unit, and
 for a failed (or restarting) unit systemd's Result, its restart count and the journal's reason —
 compared with what the plan would render now (drift: a managed file on the host differs from the
-plan's). The plan is made as the deploy makes it, from the deploy's own discovery (discovery.py,
+plan's). The plan is made as the deploy makes it, from the deploy's own discovery (facts/discovery.py,
 one remote command before the probe): the host's live GPUs, NVLink and P2P (NVML through the vLLM
 environment's pynvml), the models' config.json. Where the deploy would refuse the host as it is
 (no nvidia-smi, a model path missing...), the declared data is planned and the plan error says why.

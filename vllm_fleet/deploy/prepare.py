@@ -3,7 +3,7 @@ any lock), then validate this host's data, take its lock (with the root check), 
 plan and render; every check of the input runs here, before any host is changed.
 
 What the steps read from the host is read in two remote commands (facts.prefetch), both here:
-discovery.py's `discovery_queries` before the plan (GPUs, model configs, paths, units, OS
+facts/discovery.py's `discovery_queries` before the plan (GPUs, model configs, paths, units, OS
 packages; `discover` checks them, and `vllm-fleet status` plans from the same) and
 `managed_state_queries` after it (every file, directory, unit, the service account, the model
 sync, the environment, the hub cache). The operations then compare against those answers
@@ -18,7 +18,7 @@ from typing import Any
 
 from pyinfra import host, logger
 
-from vllm_fleet import fleet_secrets, gateway, preflight, wheelhouses
+from vllm_fleet import fleet_check, fleet_secrets, gateway, wheelhouses
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
 from vllm_fleet.config.host_checks import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
@@ -137,7 +137,7 @@ def _check_directories(deployment: Deployment) -> None:
 
 def _check_accounts(deployment: Deployment) -> None:
     """Every user the host's services run as is one the deploy created, or none exists yet
-    (operations.account_problem): an existing account of a person, another daemon or the OS is never
+    (rules.ownership.account_problem): an existing account of a person, another daemon or the OS is never
     taken over. Bad input: refused from the batch prefetch just read, before any host changes."""
     config = deployment.config
     errors = []
@@ -160,7 +160,7 @@ _CHECKED: "weakref.WeakKeyDictionary[Any, list[ConfigError]]" = weakref.WeakKeyD
 
 
 def check_run(state, options: RunOptions) -> None:
-    """What `vllm-fleet check` finds (vllm_fleet.preflight.problems: every host's data, the fleet's
+    """What `vllm-fleet check` finds (vllm_fleet.fleet_check.problems: every host's data, the fleet's
     rules, every secret of the run's hosts), once a run, on the workstation: the first host's prepare
     runs it before any lock is taken or command sent, so one run reports every missing secret of every
     host and changes none. pyinfra's CLI connects to the hosts before it runs deploy.py; `vllm-fleet
@@ -170,7 +170,7 @@ def check_run(state, options: RunOptions) -> None:
     if errors is None:
         fleet = run_fleet(state)
         names = [name for name in fleet.names if options.limit is None or name in options.limit]
-        errors = _CHECKED[state] = preflight.problems(fleet, names)
+        errors = _CHECKED[state] = fleet_check.problems(fleet, names)
     if errors:
         fail(errors)
 

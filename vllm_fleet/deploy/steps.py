@@ -87,7 +87,7 @@ def environment(deployment: Deployment) -> None:
 
 
 def host_packages(deployment: Deployment) -> None:
-    """5. OS packages the runtime needs and the host lacks (host_packages.py says which and why):
+    """5. OS packages the runtime needs and the host lacks (rules/host_packages.py says which and why):
     nginx for the front; a compiler and the Python headers where Triton or inductor compile.
 
     Only missing ones are installed, so a host whose image already has them (an air-gapped site
@@ -157,7 +157,7 @@ def hub_models(deployment: Deployment) -> None:
 
 def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, tokenizer: str | None,
                   python_bin: str, hf_home: str, user: str, token_file: str, has_token: bool) -> None:
-    """At execution: list the repo on the host, choose what vLLM loads (hub.py), download just that,
+    """At execution: list the repo on the host, choose what vLLM loads (rules/hub.py), download just that,
     with progress lines as they come. A failure says why (no network, slow link, gated, missing)."""
     def fail(output: str) -> None:
         raise OperationError(

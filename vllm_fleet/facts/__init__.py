@@ -5,10 +5,13 @@
 - by what they read: `gpus` (nvidia-smi, the NVML topology probe), `host` (paths, addresses, OS
   packages, model configs, downloads, units), `state` (what the deploy manages: files, directories,
   the service account, units), `model_sync` (a synced model directory)
-- put together: `discovery` (what the plan needs from a host), `verify` (the probe's command and its
-  result: health, models, a completion, the journal), `ray_cluster` (a multi-node instance's Ray
+- put together: `discovery` (what the plan needs from a host, read in one remote command)
+- probes that are not pyinfra facts (a command and its parsing, sent with connect.remote.run):
+  `verify` (health, models, a completion, the journal), `ray_cluster` (a multi-node instance's Ray
   cluster, read on its head)
 
-The scripts that run ON the host are vllm_fleet.payloads; the rules that judge what a fact read are
-vllm_fleet.rules.
+`batch` is imported as `facts` by its users: `facts.get`, `facts.prefetch` and `facts.RemoteFacts`
+are its functions. The scripts that run ON the host are vllm_fleet.payloads (`ray_cluster` and
+rules.hub keep their short scripts inline); the rules that judge what a fact read, and the pure
+command text some facts send, are vllm_fleet.rules.
 """

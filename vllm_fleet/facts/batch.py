@@ -5,8 +5,10 @@ A deploy reads them in two batches (`prefetch`: one remote command runs many fac
 every `host.get_fact`, and an operation's body runs twice (to plan, then to execute), so without
 the memo a no-op deploy cost dozens of commands per host. See `prefetch` and `get`.
 
-The facts themselves are grouped by what they read: gpu_facts (the GPUs), host_facts (paths,
-interfaces, OS packages, models and environments in place), state_facts (what the deploy manages).
+The facts themselves are grouped by what they read: `gpus` (the GPUs), `host` (paths, interfaces,
+OS packages, models and environments in place), `state` (what the deploy manages), `model_sync` (a
+synced model directory). Their users import this module as `facts`: `facts.get`, `facts.prefetch`
+and `facts.RemoteFacts`, wherever the code and its docstrings name them, are this module's.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class IndexSource:
 
 
 def wheelhouse_dest(name: str, root: str = DEFAULT_ROOT) -> str:
-    """Where the deploy pushes the wheelhouse called name (bundle.Wheelhouse.name) on a host."""
+    """Where the deploy pushes the wheelhouse called name (wheelhouses.Wheelhouse.name) on a host."""
     return f"{root}/wheelhouse/{name}"
 
 

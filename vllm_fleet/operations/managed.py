@@ -2,7 +2,7 @@
 the secret files, and the Python environment.
 
 The operations that converge what a deploy manages (`managed_file`, `managed_directory`,
-`service_account`, `systemd_service`, `secret_file`) read small facts (state_facts.FileState, ...)
+`service_account`, `systemd_service`, `secret_file`) read small facts (vllm_fleet.facts.state.FileState, ...)
 through `facts.get`, which the deploy fills with ONE remote command for all of them (`facts.prefetch`), and
 yield commands only where the host differs: a deploy that changes nothing sends none.
 """

@@ -6,9 +6,9 @@ every local file, on every run: a no-op deploy of a 140 GB model re-read 140 GB 
 
 - Workstation: `model_source.local_manifest(src)` lists the model directory and hashes only what
   is new or changed since the last run (model_source: the cache, which symlinks are followed).
-- Host: the fact `ModelSyncState(dest=...)` reads dest's manifest and listing in ONE remote command
-  (model_sync_rules: what is read, and when dest is vllm-fleet's to write into and delete from).
-- `model_sync(...)` compares the three (model_sync_rules.plan_sync) and yields only what differs.
+- Host: the fact `facts.model_sync.ModelSyncState(dest=...)` reads dest's manifest and listing in ONE
+  remote command (vllm_fleet.rules.model_sync: what is read, and when dest is vllm-fleet's to write into and delete from).
+- `model_sync(...)` compares the three (rules.model_sync.plan_sync) and yields only what differs.
   Files are uploaded to `<dest>/<rel>.vllm-fleet-partial`, then one privileged command checks the
   size and sha256 of that partial file and renames it into place, so an interrupted or short
   transfer never becomes the real file (a leftover partial is deleted by the next run). A host file
