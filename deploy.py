@@ -54,7 +54,7 @@ Ray unit is active, step 9). Every operation (vllm_fleet/operations/managed.py a
 model_sync.py) compares with what 2 and 3 read and sends nothing where the host already matches; pyinfra runs an
 operation's body twice (to plan, then to execute) and both read those same answers
 (vllm_fleet/facts/batch.py: prefetch, get). A batch splits in two only past ~64 KB of shell
-(hundreds of managed paths). tests/test_noop_commands.py counts these through pyinfra against a
+(hundreds of managed paths). tests/deploy/test_noop_commands.py counts these through pyinfra against a
 simulated converged host. A run with changes adds their commands.
 """
 

@@ -51,11 +51,11 @@ from converge.machine import Bench  # the sandbox, its hosts, temp dir, API key,
 
 TARGET_OVERHEAD_PCT = 10.0
 STEPS = ["transfer", "environment install", "model sync", "OS packages", "first start", "other"]
-VARIANT = {"max_num_seqs": 16}  # as tests/test_rollout_sandbox.py: every instance restarts
+VARIANT = {"max_num_seqs": 16}  # as tests/sandbox/test_rollout_sandbox.py: every instance restarts
 ROLLOUT_WRAPPER = ("import logging, sys; from pyinfra_cli.log import setup_logging; setup_logging(logging.INFO); "
                    "from vllm_fleet.commands.rollout import main; sys.exit(main(sys.argv[1:]))")
 
-# --- pure helpers (tests/test_rollout_bench.py) -------------------------------------------------
+# --- pure helpers (tests/bench/test_rollout_bench.py) -------------------------------------------------
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 # The operation's own name: after the packaged deploy's, which pyinfra puts before each of its operations.
@@ -374,7 +374,7 @@ def run_bench(b, args) -> dict[str, Any]:
     from vllm_fleet.sandbox import assets
 
     sys.path.insert(0, str(REPO / "tests"))
-    from fleet_helpers import variant_inventory
+    from support.fleet_helpers import variant_inventory
 
     log = b.log
     _tiny, wheelhouse = assets.prepare(log=lambda line: log(f"  {line}"))

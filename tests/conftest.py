@@ -1,5 +1,5 @@
-"""Shared pytest wiring: the sandbox fixture and its --no-sandbox option live in sandbox_fixture.py;
-the figures tests report (figures.py) are printed in the terminal summary, with the run's wall time
+"""Shared pytest wiring: the sandbox fixture and its --no-sandbox option live in
+support/sandbox_fixture.py; the figures tests report (support/figures.py) are printed in the terminal summary, with the run's wall time
 when .ci/run started it (VLLM_FLEET_RUN_STARTED: set-up and cold caches included).
 
 The tests that need no sandbox host run first, while sandbox_fixture.CacheWarmer builds the
@@ -8,15 +8,23 @@ sandbox's cold caches beside them. The tests whose deploys install the stand-in 
 never back and forth (each switch back would be a genuine vLLM start on every host)."""
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
-import sandbox_fixture
-from sandbox_fixture import (  # noqa: F401 (hooks and a fixture: pytest finds them by name)
+# Every directory of tests on the path, as pytest's (prepend) import mode puts each one there once it
+# collects a test of it: a test that uses another's helpers (test_fleet the multi-node plan's) then
+# imports them by module name whatever the order of collection.
+sys.path += [str(d) for d in sorted(Path(__file__).resolve().parent.iterdir())
+             if d.is_dir() and any(d.glob("test_*.py")) and str(d) not in sys.path]
+
+from support import sandbox_fixture  # noqa: E402 (after the path)
+from support.sandbox_fixture import (  # noqa: F401,E402 (hooks and a fixture: pytest finds them by name)
     pytest_addoption, pytest_collection_finish, pytest_runtest_setup, pytest_unconfigure, sandbox)
-from fleet_helpers import deploy_env, standin_env  # noqa: F401 (fixtures: pytest finds them by name)
-import figures
+from support.fleet_helpers import deploy_env, standin_env  # noqa: F401,E402 (fixtures: pytest finds them by name)
+from support import figures  # noqa: E402
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -7,7 +7,7 @@ operations (operations/: what changes there), reaching hosts through connect/ ->
 (commands/: check, status, rollout, bundle, unlock, gpus, model-info) -> the CLI. The workstation's
 own files and checks (fleet_check, fleet_secrets, tls, wheelhouses) sit between the core and the facts. The scripts that run on hosts are
 payloads/; what facts read is judged by pure rules (rules/). Each package imports only from its own
-layer or a lower one, and the pure core from nothing outside it (tests/test_import_rules.py).
+layer or a lower one, and the pure core from nothing outside it (tests/repo/test_import_rules.py).
 """
 
 __version__ = "0.1.0"

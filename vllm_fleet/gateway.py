@@ -198,7 +198,7 @@ def nginx_regex_literal(text: str) -> str:
 
 #: The longest parameter nginx's config parser reads (ngx_conf_file.c: a token must fit in its
 #: NGX_CONF_BUFFER of 4096 bytes), quotes included: measured with Debian's nginx 1.22, `nginx -t` of
-#: the key file (tests/test_gateway_sandbox.py measures it again on the sandbox's gateway host).
+#: the key file (tests/sandbox/test_gateway_sandbox.py measures it again on the sandbox's gateway host).
 NGINX_MAX_PARAMETER_BYTES = 4095
 
 

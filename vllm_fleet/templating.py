@@ -87,7 +87,7 @@ def front_paths(host: HostConfig) -> dict[str, str]:
 
 # --- EnvironmentFile quoting: ONE rule, used by the writer (here) and the reader (the probe's
 # env_unquote, which runs on the host with the stdlib alone and so keeps its own copy of the set
-# below; tests/test_render.py checks that the two agree).
+# below; tests/render/test_render.py checks that the two agree).
 # It is systemd's own (src/basic/env-file.c, parse_env_file_internal): inside '...' every character
 # is literal, backslashes included; inside "..." a backslash escapes only " \ ` $ (before any other
 # character it stays); unquoted, a backslash escapes the next character and trailing blanks go.

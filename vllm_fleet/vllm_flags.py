@@ -116,7 +116,7 @@ def list_flags(package: str = "vllm") -> frozenset[str]:
     return frozenset(name for name, entry in table(package)["flags"].items() if entry.get("nargs") in ("+", "*"))
 
 
-# A name is a switch, or takes a list, in every table that has it (tests/test_vllm_flags.py): what
+# A name is a switch, or takes a list, in every table that has it (tests/config/test_vllm_flags.py): what
 # renders engine_args reads these, whatever the host's package.
 LIST_FLAGS: frozenset[str] = frozenset().union(*(list_flags(package) for package in TABLES))
 SWITCH_FLAGS: frozenset[str] = frozenset().union(*(switch_flags(package) for package in TABLES))

@@ -20,7 +20,7 @@ vllm_wheelhouse = os.environ.get("VLLM_FLEET_WHEELHOUSE") or str(_assets.wheelho
 vllm_api_key_env = "VLLM_FLEET_API_KEY"
 # The tests reach each host's instance on its own port from this machine (what a deploy changed there,
 # its faults, its restarts). A team's fleet keeps the default, False: the instance ports then take
-# /v1/ from the gateway host only (tests/test_team_service_sandbox.py runs the fleet so).
+# /v1/ from the gateway host only (tests/sandbox/test_team_service_sandbox.py runs the fleet so).
 vllm_direct_access = True
 # VLLM_FLEET_ENGINE=standin (the tests of the tool's own mechanics): the hosts install the SIMULATED
 # stand-in engine from the wheelhouse VLLM_FLEET_WHEELHOUSE names, labelled by this package.

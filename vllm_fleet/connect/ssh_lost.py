@@ -23,7 +23,7 @@ _MARK = "_vllm_fleet_converts_eof"
 # The SSH connector methods wrapped, with the parameters pyinfra 3.10 gives them. pyinfra offers no
 # hook for a connector's errors (a connector is chosen by name from the `pyinfra.connectors` entry
 # points; a subclass would need its own `@name/` in every inventory), so this is a patch, the only one,
-# kept here. install() refuses a pyinfra whose methods differ, and tests/test_ssh_lost.py checks the
+# kept here. install() refuses a pyinfra whose methods differ, and tests/connect/test_ssh_lost.py checks the
 # wrapper sits on the class pyinfra's registry returns for "ssh": an upgrade cannot undo it silently.
 WRAPPED = {
     "run_shell_command": ("self", "command", "print_output", "print_input", "arguments"),

@@ -6,7 +6,7 @@ builds every frame's source context (the module lookup and the file's lines), th
 for each frame again: about 5 ms an operation, which a 50-host deploy's 1,200 operations turn into
 seconds of the workstation's CPU. The same numbers come from each frame's code and line at once:
 the same list, the same order and hashes, so pyinfra's output and `--dry` plans are unchanged
-(tests/test_operation_order.py holds the two side by side through a whole deploy). Importing this
+(tests/deploy/test_operation_order.py holds the two side by side through a whole deploy). Importing this
 changes nothing: vllm_fleet.deploy.install() calls install().
 """
 

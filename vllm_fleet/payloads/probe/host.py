@@ -14,7 +14,7 @@ RESULT_PREFIX = "VLLM_FLEET_PROBE "
 
 # --- EnvironmentFile quoting: the reader of the one rule whose writer is env_quote in
 # vllm_fleet/templating.py (this module runs on the host with the stdlib alone, so it keeps its own
-# copy of the escaped set; tests/test_render.py checks that the two agree).
+# copy of the escaped set; tests/render/test_render.py checks that the two agree).
 # It is systemd's own (src/basic/env-file.c, parse_env_file_internal): inside '...' every character
 # is literal, backslashes included; inside "..." a backslash escapes only " \ ` $ (before any other
 # character it stays); unquoted, a backslash escapes the next character and trailing blanks go.

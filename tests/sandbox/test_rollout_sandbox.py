@@ -1,0 +1,143 @@
+"""Rolling updates and fleet status on the sandbox, with the genuine vLLM on the CPU hosts: one
+rollout under client load through the gateway, and `vllm-fleet status` of what it left. (The
+rollout's failure, rollback, interruption and unreachable-host mechanics, against the stand-in
+engine, are in test_rollout_standin.py.)
+
+Runs after test_deploy_sandbox.py in the same sandbox session; the rollout re-converges every
+CPU host whatever that module left.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from support.fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, rollout, variant_inventory, vllm_fleet
+
+
+@pytest.fixture(scope="module")
+def rolled(sandbox, deploy_env, tmp_path_factory):
+    """A config change of the two hosts that serve "tiny-llama", rolled over the 3 CPU hosts one at
+    a time while clients send requests for it through the fleet gateway (sbx-cpu1): (rollout
+    result, hosts, order, client load). sbx-cpu1 keeps serving "tiny-solo", as the gateway module
+    left it (unchanged: its batch restarts nothing; were it left otherwise, its batch converges it)."""
+    inventory = rolled_inventory(tmp_path_factory.mktemp("r1"))
+    # Two clients, each pausing between requests: the three sandbox vLLMs share this machine's
+    # two cores (each pins its engine to core 0), and a heavier load starved the instance that
+    # was starting past its 300 s start timeout (seen in a full run), which a real server with its
+    # own CPUs does not see.
+    load = GatewayLoad(clients=2)
+    with load:
+        result = rollout(deploy_env, inventory, "--batch", "1")
+    return (*result, load)
+
+
+# What the rollout converges to: max-num-seqs 16 on the tiny-llama hosts; sbx-cpu1 as the gateway
+# module left it.
+SERVES = {"sbx-cpu1": "tiny-solo", "sbx-cpu2": "tiny-llama", "sbx-cpu3": "tiny-llama"}
+ROLLED = ("sbx-cpu2", "sbx-cpu3")
+
+
+def rolled_inventory(tmp_path) -> str:
+    return variant_inventory(tmp_path, instance={"sbx-cpu1": {"served_model_name": SERVES["sbx-cpu1"]},
+                                                 **{name: {"max_num_seqs": 16} for name in ROLLED}})
+
+
+class GatewayLoad:
+    """Client threads sending 2-token completions through the gateway until stopped; counts failures.
+
+    They use the name every CPU host serves after the first batch ("tiny-llama"): while one instance
+    restarts, the others serve it. (A name with a single instance cannot be served while that
+    instance restarts, drained or not.)"""
+
+    URL = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1/completions"
+
+    def __init__(self, clients: int):
+        self.sent, self.failures, self.clients = 0, [], clients
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._loop) for _ in range(clients)]
+        self._lock = threading.Lock()
+
+    def _loop(self) -> None:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        body = json.dumps({"model": "tiny-llama", "prompt": "Hello", "max_tokens": 2}).encode()
+        while not self._stop.is_set():
+            req = urllib.request.Request(self.URL, data=body, headers={
+                "Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
+            try:
+                with opener.open(req, timeout=120) as resp:
+                    resp.read()
+                    failure = None if resp.status == 200 else f"HTTP {resp.status}"
+            except urllib.error.HTTPError as exc:
+                failure = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+            except OSError as exc:
+                failure = repr(exc)
+            with self._lock:
+                self.sent += 1
+                if failure:
+                    self.failures.append(f"{time.strftime('%H:%M:%S')} {failure}")
+            self._stop.wait(1.0)
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=180)
+
+
+def test_rollout_drains_each_host_from_the_gateway_and_no_client_request_fails(rolled, sandbox):
+    result, hosts, _order, load = rolled
+    assert result.returncode == 0, result.stderr
+    print(f"rollout under load: {load.sent} requests through the gateway from {load.clients} clients, "
+          f"{len(load.failures)} failed")
+    # sbx-cpu2 and sbx-cpu3 are each drained while the other serves the clients' model.
+    for name in ROLLED:
+        assert f"{name}: drained from the gateway" in result.stderr, result.stderr[-3000:]
+    back = [int(ln.split()[1]) for ln in result.stderr.splitlines() if ln.startswith("gateway: ")
+            and "backend(s) back in" in ln]
+    assert back and all(n >= 1 for n in back) and "errors:" not in result.stderr, result.stderr[-3000:]
+    assert load.sent > 20 and load.failures == [], load.failures[:5]
+
+
+def test_rollout_goes_in_inventory_order_verifying_each_host(rolled, sandbox):
+    result, hosts, order, _load = rolled
+    assert result.returncode == 0, result.stderr
+    assert order == list(CPU_HOSTS)
+    assert all(hosts[name]["state"] == "updated" for name in ROLLED)
+    assert hosts["sbx-cpu1"]["state"] in ("unchanged", "updated")
+    # Each host was verified (finished) before the next one started.
+    for first, second in itertools.pairwise(order):
+        assert hosts[first]["finished"] <= hosts[second]["started"]
+    for name in ROLLED:
+        assert "max-num-seqs: 16" in sandbox.run(name, "cat /etc/vllm-fleet/tiny.yaml").stdout
+        assert chat(CPU_HOSTS[name], API_KEY)[0] == 200
+
+
+def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_path):
+    inventory = rolled_inventory(tmp_path)
+    result = vllm_fleet(deploy_env, "status", inventory, "--json")
+    assert result.returncode == 0, result.stderr
+    report = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
+    for name in CPU_HOSTS:
+        inst = report[name]["instances"]["tiny"]
+        assert inst["health"] is True and inst["state"] == "active/running"
+        assert inst["served_models"] == [SERVES[name]]
+        assert "kv_cache_usage_perc" in inst["metrics"] and "num_requests_running" in inst["metrics"]
+        assert inst["vllm_version"].startswith("0.32")
+        assert inst["drift"] == []
+    assert KEY_MARK not in result.stdout + result.stderr
+    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=90/TimeoutStopSec=91/' /etc/systemd/system/vllm-tiny.service")
+    drifted = json.loads(vllm_fleet(deploy_env, "status", inventory, "--json").stdout)
+    inst = {h["name"]: h for h in drifted["hosts"]}["sbx-cpu3"]["instances"]["tiny"]
+    assert inst["drift"] == ["unit differs from the plan"]
+    sandbox.run("sbx-cpu3", "sed -i 's/^TimeoutStopSec=91/TimeoutStopSec=90/' /etc/systemd/system/vllm-tiny.service")

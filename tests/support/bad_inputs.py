@@ -1,0 +1,85 @@
+"""The corpus of broken host data: (label, host data, key the message must name, instance it must
+name or None). Used through `vllm-fleet plan` (test_bad_input_corpus.py) and through `pyinfra --dry`
+on the sandbox (test_sandbox_bad_input.py)."""
+
+from __future__ import annotations
+
+from support.planning_fixtures import A100_40G, SEED_GEMMA, host_data
+from support.planning_fixtures import instance as inst  # a short name: one case a line
+
+
+def host(**changes) -> dict:
+    """The seed box's host data with each key in `changes` set as given (a None too, where
+    host_data() would take None for its default)."""
+    return {**host_data(), **changes}
+
+
+# (label, host data, key the message must name, instance it must name or None)
+CORPUS = [
+    ("unknown instance key", host(vllm_instances=[inst(tensor_parallell_size=2)]), "tensor_parallell_size", "gemma"),
+    ("typo host key", host(placment="split"), "placment", None),
+    ("unknown vllm_ knob", host(vllm_api_kee_env="X"), "vllm_api_kee_env", None),
+    ("port as string", host(vllm_instances=[inst(port="8000")]), "port", "gemma"),
+    ("port too low", host(vllm_instances=[inst(port=22)]), "port", "gemma"),
+    ("port too high", host(vllm_instances=[inst(port=70000)]), "port", "gemma"),
+    ("negative utilisation", host(vllm_instances=[inst(gpu_memory_utilization=-0.1)]), "gpu_memory_utilization", "gemma"),
+    ("utilisation > 1", host(vllm_instances=[inst(gpu_memory_utilization=1.5)]), "gpu_memory_utilization", "gemma"),
+    ("utilisation as text", host(vllm_instances=[inst(gpu_memory_utilization="high")]), "gpu_memory_utilization", "gemma"),
+    ("host utilisation > 1", host(vllm_gpu_memory_utilization=2), "vllm_gpu_memory_utilization", None),
+    ("duplicate names", host(vllm_instances=[inst(gpus=[1]), inst(gpus=[2], port=8001)]), "name", "gemma"),
+    ("duplicate ports", host(vllm_instances=[inst(name="a", gpus=[1]), inst(name="b", gpus=[2])]), "port", "b"),
+    ("duplicate GPUs", host(vllm_instances=[inst(name="a", gpus=[1]), inst(name="b", gpus=[1], port=8001)]), "gpus", "b"),
+    ("GPU listed twice", host(vllm_instances=[inst(gpus=[1, 1])]), "gpus", "gemma"),
+    ("GPU index out of range", host(vllm_instances=[inst(gpus=[7])]), "gpus", "gemma"),
+    ("negative GPU index", host(vllm_instances=[inst(gpus=[-1])]), "gpus", "gemma"),
+    ("TP not dividing heads", host(gpus=[A100_40G] * 8, vllm_instances=[inst(
+        gpus=list(range(8)), tensor_parallel_size=8, model="Qwen/Qwen2.5-7B-Instruct", tokenizer=None,
+        max_model_len=4096)]), "tensor_parallel_size", "gemma"),
+    ("TP=3 on the seed box", host(vllm_instances=[inst(gpus=[0, 1, 2], tensor_parallel_size=3)]), "tensor_parallel_size", "gemma"),
+    ("world size > GPUs", host(vllm_instances=[inst(gpus=[1, 2], pipeline_parallel_size=3)]), "pipeline_parallel_size", "gemma"),
+    ("world size < GPUs", host(vllm_instances=[inst(gpus=[0, 1, 2], tensor_parallel_size=1,
+                                                    pipeline_parallel_size=1, data_parallel_size=1)]), "gpus", "gemma"),
+    ("TP zero", host(vllm_instances=[inst(tensor_parallel_size=0)]), "tensor_parallel_size", "gemma"),
+    ("PP as float", host(vllm_instances=[inst(pipeline_parallel_size=1.5)]), "pipeline_parallel_size", "gemma"),
+    ("model too large", host(gpus=[A100_40G] * 4, vllm_instances=[inst(model="meta-llama/Meta-Llama-3-70B-Instruct",
+                                                                       tokenizer=None, max_model_len=8192)]), "model", "gemma"),
+    ("max_model_len beyond the model", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct",
+                                                                 tokenizer=None, max_model_len=100000)]), "max_model_len", "gemma"),
+    ("unit-name injection ../x", host(vllm_instances=[inst(name="../x")]), "name", "../x"),
+    ("unit-name injection a;b", host(vllm_instances=[inst(name="a;b")]), "name", "a;b"),
+    ("unit-name with space", host(vllm_instances=[inst(name="a b")]), "name", "a b"),
+    ("served name with spaces", host(vllm_instances=[inst(served_model_name="gemma 3")]), "served_model_name", "gemma"),
+    ("empty served name", host(vllm_instances=[inst(served_model_name="")]), "served_model_name", "gemma"),
+    ("engine arg with shell metacharacters in its name", host(vllm_instances=[inst(engine_args={"x;reboot": 1})]),
+     "engine_args.x;reboot", "gemma"),
+    ("engine arg value with a newline", host(vllm_instances=[inst(engine_args={"chat-template": "a\nb"})]),
+     "engine_args.chat-template", "gemma"),
+    ("API key in engine args", host(vllm_instances=[inst(engine_args={"api-key": "sk-1"})]), "engine_args.api-key", "gemma"),
+    ("parallel size in engine args", host(vllm_instances=[inst(engine_args={"tensor_parallel_size": 2})]),
+     "engine_args.tensor_parallel_size", "gemma"),
+    ("secret in env", host(vllm_instances=[inst(env={"HF_TOKEN": "hf_x"})]), "env.HF_TOKEN", "gemma"),
+    ("TRANSFORMERS_CACHE in env", host(vllm_instances=[inst(env={"TRANSFORMERS_CACHE": "/c"})]), "env.TRANSFORMERS_CACHE", "gemma"),
+    ("CUDA_VISIBLE_DEVICES in env", host(vllm_instances=[inst(env={"CUDA_VISIBLE_DEVICES": "0"})]), "env.CUDA_VISIBLE_DEVICES", "gemma"),
+    ("bad env name", host(vllm_instances=[inst(env={"1X": "a"})]), "env.1X", "gemma"),
+    ("GGUF without tokenizer", host(vllm_instances=[inst(tokenizer=None)]), "tokenizer", "gemma"),
+    ("unknown model, no model_info", host(vllm_instances=[inst(model="acme/model", tokenizer=None)]), "model_info", "gemma"),
+    ("model_info incomplete", host(vllm_instances=[inst(model_info={"num_hidden_layers": 2})]), "model_info", "gemma"),
+    ("model_info wrong type", host(vllm_instances=[inst(model_info={**{k: 2 for k in (
+        "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim", "hidden_size",
+        "intermediate_size", "vocab_size")}, "weights_gib": "big"})]), "model_info.weights_gib", "gemma"),
+    ("missing port", host(vllm_instances=[{k: v for k, v in SEED_GEMMA.items() if k != "port"}]), "port", "gemma"),
+    ("instances not a list", host(vllm_instances={"name": "x"}), "vllm_instances", None),
+    ("instance not a dict", host(vllm_instances=["gemma"]), "vllm_instances[0]", None),
+    ("gpus not a list", host(gpus="A100"), "gpus", None),
+    ("GPU memory as text", host(gpus=[{"name": "A100", "memory_mib": "40G"}]), "gpus[0].memory_mib", None),
+    ("unknown placement", host(placement="spread"), "placement", None),
+    ("unknown target", host(vllm_target="rocm"), "vllm_target", None),
+    ("root service user", host(vllm_service_user="root"), "vllm_service_user", None),
+    ("relative env root", host(vllm_root="opt/vllm"), "vllm_root", None),
+    ("path with shell characters", host(vllm_config_dir="/etc/x;rm -rf /"), "vllm_config_dir", None),
+    ("no GPUs declared on a cuda host", {"vllm_instances": [SEED_GEMMA]}, "gpus", None),
+    ("CPU host with TP", host(vllm_target="cpu", gpus=None, vllm_instances=[inst(tensor_parallel_size=2)]),
+     "tensor_parallel_size", "gemma"),
+    ("bad dtype", host(vllm_instances=[inst(dtype="bf16")]), "dtype", "gemma"),
+    ("non-UTF-8-ish path", host(vllm_instances=[inst(model="/data/\udcff/model", tokenizer="/t")]), "model", "gemma"),
+]
