@@ -337,7 +337,7 @@ def test_no_circle_among_the_packages():
 
 
 def test_an_upward_import_fails_both_checks(monkeypatch):
-    """The deploy importing a command (as it once did, for the check before the first lock)."""
+    """The deploy importing a command: both checks name it."""
     real = import_graph()
     real["vllm_fleet.deploy.prepare"]["vllm_fleet.commands.check"] = 23
     monkeypatch.setattr(sys.modules[__name__], "import_graph", lambda: real)
