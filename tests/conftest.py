@@ -10,15 +10,13 @@ never back and forth (each switch back would be a genuine vLLM start on every ho
 import os
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-# Every directory of tests on the path, as pytest's (prepend) import mode puts each one there once it
-# collects a test of it: a test that uses another's helpers (test_fleet the multi-node plan's) then
-# imports them by module name whatever the order of collection.
-sys.path += [str(d) for d in sorted(Path(__file__).resolve().parent.iterdir())
-             if d.is_dir() and any(d.glob("test_*.py")) and str(d) not in sys.path]
+import support
+
+# Every directory of tests on the path (support.test_directories says why).
+sys.path += [d for d in support.test_directories() if d not in sys.path]
 
 from support import sandbox_fixture  # noqa: E402 (after the path)
 from support.sandbox_fixture import (  # noqa: F401,E402 (hooks and a fixture: pytest finds them by name)

@@ -33,7 +33,10 @@ FIXED_ENV = {"VLLM_FLEET_WHEELHOUSE": "/nonexistent/wheelhouse", "VLLM_FLEET_RAY
 def fleets(generated: int) -> dict[str, list]:
     """name -> rows (host name, data, groups) of every fleet to render, from HEAD's tests."""
     os.environ.setdefault("VLLM_FLEET_REAL_TOOLS_SEED", "20261203")
-    sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "tests" / "render")]
+    sys.path[:0] = [str(REPO), str(REPO / "tests")]
+    import support
+
+    sys.path += support.test_directories()
     import test_real_tools as corpus  # HEAD's generator, seeded
 
     corpus.GENERATED_FLEETS = generated
