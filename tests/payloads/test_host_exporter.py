@@ -581,27 +581,59 @@ def test_stub_status_and_label_escaping():
     assert host_exporter.unit_from_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n") is None
 
 
-def test_a_scrape_stuck_in_nvml_makes_the_next_one_answer_503_at_once(tmp_path, run_exporter):
-    """NVML calls have no timeout: while one scrape of /gpu is stuck in the driver, the next one is
-    refused at once instead of piling another thread onto it; /front still answers."""
-    gate = tmp_path / "nvml-may-answer"
+def _gated_exporter(tmp_path, run_exporter):
+    """An exporter whose NVML answers a GPU's utilization only once `gate` exists, each call counted
+    as a line in `calls`: (exporter, gate, calls)."""
+    gate, calls = tmp_path / "nvml-may-answer", tmp_path / "nvml-calls"
     stuck = FAKE_NVML.replace(
         "def nvmlDeviceGetUtilizationRates(h): return",
         "def nvmlDeviceGetUtilizationRates(h):\n"
+        f"        open({str(calls)!r}, 'a').write('call\\n')\n"
         f"        while not os.path.exists({str(gate)!r}): time.sleep(0.05)\n"
         "        return")
     exporter = run_exporter("--vllm-env", str(vllm_env(tmp_path, stuck)), env={"FAKE_NVML_PID": str(os.getpid())})
-    first: dict = {}
-    waiting = threading.Thread(target=lambda: first.update(answer=fetch(exporter.base + "/gpu", timeout=30)))
-    waiting.start()
+    return exporter, gate, calls
+
+
+def _in_background(url: str) -> tuple[threading.Thread, dict]:
+    answer: dict = {}
+    thread = threading.Thread(target=lambda: answer.update(answer=fetch(url, timeout=30)))
+    thread.start()
+    return thread, answer
+
+
+def test_scrapes_at_the_same_time_share_one_scrape(tmp_path, run_exporter):
+    """Two scrapers of one route at once (two Prometheus servers, or one and a person with curl):
+    the second gets the running scrape's answer, not a 503, and NVML is read once for both."""
+    exporter, gate, calls = _gated_exporter(tmp_path, run_exporter)
+    first_thread, first = _in_background(exporter.base + "/gpu")
+    time.sleep(1.0)  # the first scrape is in the fake NVML now
+    second_thread, second = _in_background(exporter.base + "/gpu")
+    time.sleep(1.0)  # the second request waits for it
+    gate.write_text("")
+    first_thread.join(timeout=30)
+    second_thread.join(timeout=30)
+    assert first["answer"][0] == 200 and second["answer"][0] == 200
+    assert first["answer"][1] == second["answer"][1]
+    gpus = len(Scrape(first["answer"][1]).get("vllm_fleet_gpu_info"))
+    assert calls.read_text().count("call") == gpus  # one scrape's calls, one per GPU
+
+
+def test_a_scrape_stuck_in_nvml_makes_the_next_one_answer_503_after_the_scrape_deadline(tmp_path, run_exporter):
+    """NVML calls have no timeout: while one scrape of /gpu is stuck in the driver, the next one
+    waits for it no longer than a scrape may take (SCRAPE_TIMEOUT_S), then is refused without
+    starting another; /front still answers."""
+    exporter, gate, _calls = _gated_exporter(tmp_path, run_exporter)
+    first_thread, first = _in_background(exporter.base + "/gpu")
     time.sleep(1.0)  # the first scrape is in the fake NVML now
     started = time.monotonic()
-    status, body, _headers = fetch(exporter.base + "/gpu")
+    status, body, _headers = fetch(exporter.base + "/gpu", timeout=30)
+    waited = time.monotonic() - started
     assert status == 503 and "still running" in body
-    assert time.monotonic() - started < 2
+    assert host_exporter.SCRAPE_TIMEOUT_S <= waited < host_exporter.SCRAPE_TIMEOUT_S + 3, waited
     assert fetch(exporter.base + "/front")[0] == 200
     gate.write_text("")
-    waiting.join(timeout=30)
+    first_thread.join(timeout=30)
     assert first["answer"][0] == 200
     assert fetch(exporter.base + "/gpu")[0] == 200  # the route is free again
 

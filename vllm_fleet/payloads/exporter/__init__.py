@@ -13,9 +13,10 @@ on the host passes /metrics/gpu and /metrics/front to it after checking the metr
 every subprocess and HTTP read it makes shares one deadline (SCRAPE_TIMEOUT_S), and a source that
 fails gives its `_up 0` series, never an error page. NVML's calls and statvfs have no timeout of
 their own: a filesystem that does not answer within STATVFS_TIMEOUT_S is left out (and not asked
-again while its call hangs), and a route whose earlier scrape is still running (an NVML call stuck
-in the driver) answers 503 at once, so stuck scrapes never pile up. Errors go to stderr, each
-distinct one once.
+again while its call hangs). One scrape of a route runs at a time: a request that arrives meanwhile
+(a second Prometheus, a person with curl) gets that scrape's answer, and one that waited
+SCRAPE_TIMEOUT_S for it (an NVML call stuck in the driver) answers 503, so stuck scrapes never pile
+up. Errors go to stderr, each distinct one once.
 
 /gpu. Every GPU series carries gpu="<index in PCI bus order>" (what CUDA_DEVICE_ORDER=PCI_BUS_ID
 numbers), gpu_name and simulated="true"|"false". A GPU is simulated when its UUID starts with

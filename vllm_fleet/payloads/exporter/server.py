@@ -48,6 +48,44 @@ def _gpu_down(out, why=None):
     return out
 
 
+class Busy(Exception):
+    """The route's running scrape did not end within the wait: stuck (in NVML, as a rule)."""
+
+
+class OneScrape:
+    """One scrape of a route at a time, its answer shared by every request that arrives meanwhile
+    (two Prometheus servers, or one and a person with curl, scrape the same route at once).
+
+    An NVML call has no timeout of its own, so a scrape stuck in the driver must not be joined by
+    another at every scrape interval: a request waits for the running scrape at most `wait_s`, then
+    is answered 503 (Busy) without starting one."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.running = None  # (done event, {"body" or "error"}) of the scrape under way
+
+    def answer(self, make, wait_s):
+        with self.lock:
+            leader = self.running is None
+            if leader:
+                self.running = (threading.Event(), {})
+            done, result = self.running
+        if leader:
+            try:
+                result["body"] = make().encode()
+            except Exception as exc:
+                result["error"] = exc
+            finally:
+                with self.lock:
+                    self.running = None
+                done.set()
+        elif not done.wait(wait_s):
+            raise Busy()
+        if "error" in result:
+            raise result["error"]
+        return result["body"]
+
+
 class Handler(BaseHTTPRequestHandler):
     server_version = "vllm-fleet-host-exporter"
     timeout = 10  # a client that sends no request in this long is dropped
@@ -61,20 +99,15 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self.send_error(404, "only /gpu and /front")
             return
-        # One scrape of a route at a time: an NVML call has no timeout of its own, so one stuck in
-        # the driver must not be joined by another at every scrape interval.
-        busy = self.server.busy[route]
-        if not busy.acquire(blocking=False):
+        try:
+            body = self.server.scrapes[route].answer(make, SCRAPE_TIMEOUT_S)
+        except Busy:
             self.send_error(503, f"an earlier scrape of {route} is still running")
             return
-        try:
-            body = make().encode()
         except Exception as exc:  # a bug, not a failing source: say so, keep serving
             log_once(f"{route}: {type(exc).__name__}: {exc}")
             self.send_error(500)
             return
-        finally:
-            busy.release()
         self.send_response(200)
         self.send_header("Content-Type", CONTENT_TYPE)
         self.send_header("Content-Length", str(len(body)))
@@ -124,7 +157,7 @@ def make_server(config):
     server = Server((host, port), Handler)
     server.config = config
     server.nvml = Nvml(config.vllm_env)
-    server.busy = {"/gpu": threading.Lock(), "/front": threading.Lock()}
+    server.scrapes = {"/gpu": OneScrape(), "/front": OneScrape()}
     return server
 
 
