@@ -28,8 +28,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
-from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, NodeGroup, Settings, check_fleet,
-                               inventory_rows, limited_rows, node_groups, parse_host, read_pyinfra_inventory)
+from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, InstanceConfig, NodeGroup, Settings, check_fleet,
+                               inventory_rows, limited_rows, node_group_of, node_groups, parse_host,
+                               read_pyinfra_inventory)
+from vllm_fleet import path_writers
 from vllm_fleet.gateway import Backend, GatewayAccess, find_gateway, fleet_backends, gateway_access
 from vllm_fleet.monitoring.targets import ScrapeTarget, fleet_targets
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
@@ -149,7 +151,26 @@ class Fleet:
         gateway, the node groups, names served twice) against every host of the inventory."""
         hosts = self.configs_of(self.selected)
         check_fleet(hosts, list(self.names), every=list(self.configs.values()))
+        clashes = self.path_problems(hosts)
+        if clashes:
+            raise ConfigErrors(clashes)
         return hosts
+
+    def path_problems(self, hosts: Iterable[HostConfig]) -> list[ConfigError]:
+        """The paths of `hosts` that two of the deploy's steps would write (path_writers: the one
+        rule, here on the paths each host's settings give it; the deploy applies it again to what
+        it rendered). A Ray worker holds its node group's model too."""
+        errors = []
+        for config in hosts:
+            held = self.held_instances(config)
+            errors += path_writers.path_clashes(config, held, path_writers.declared_writers(config, held))
+        return errors
+
+    def held_instances(self, config: HostConfig) -> list[InstanceConfig]:
+        """The instances whose model host `config` holds: its own, and on a Ray worker the
+        multi-node instance it serves a stage of (as its head declares it)."""
+        group = node_group_of(list(self.configs.values()), config.name)
+        return [*config.instances, *([group.instance] if group and group.head != config.name else [])]
 
     def plan(self) -> FleetPlan:
         """The selected hosts planned from their declared data (`vllm-fleet plan`)."""

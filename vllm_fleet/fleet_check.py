@@ -27,6 +27,7 @@ def problems(fleet: Fleet, names: list[str] | tuple[str, ...] | None = None, *, 
         check_fleet(configs, list(fleet.names), every=every)
     except ConfigErrors as exc:
         errors += exc.errors
+    errors += fleet.path_problems(configs)
     if inventory is not None and fleet.pyinfra_inventory is not None:
         errors += unused_group_data(inventory, fleet.pyinfra_inventory, cwd=cwd)
     errors += fleet_secrets.check_secrets(configs, lambda: every, environ)

@@ -971,7 +971,7 @@ def test_an_instance_named_hub_would_share_the_token_files_path_and_is_refused(m
     assert ("host box, instance hub, key name: instance hub's env file would be /etc/vllm-fleet/hub.env, the file "
             "of the Hugging Face token the downloads use") in text
     assert "rename the instance" in text and "nothing was changed on any host" in text
-    assert len(fake.batches) == 1  # refused before the managed state is read
+    assert fake.batches == []  # refused from the inventory alone, before the host is read
 
 
 def test_a_config_dir_the_state_dir_also_makes_is_refused(monkeypatch):

@@ -63,6 +63,7 @@ CORE = frozenset({
     "vllm_fleet.gateway",
     "vllm_fleet.gpu_support",
     "vllm_fleet.host_layout",
+    "vllm_fleet.path_writers",
     "vllm_fleet.kinds",
     "vllm_fleet.model_source",  # the workstation's model directory, read and hashed (no host)
     "vllm_fleet.monitoring",

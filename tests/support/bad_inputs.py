@@ -78,6 +78,11 @@ CORPUS = [
     ("relative env root", host(vllm_root="opt/vllm"), "vllm_root", None),
     ("path with shell characters", host(vllm_config_dir="/etc/x;rm -rf /"), "vllm_config_dir", None),
     ("no GPUs declared on a cuda host", {"vllm_instances": [SEED_GEMMA]}, "gpus", None),
+    # Two writers of one host path: the downloads' token file and the instance's env file; a
+    # model synced onto a rendered file of vllm_config_dir.
+    ("instance named hub", host(vllm_instances=[inst(name="hub")]), "name", "hub"),
+    ("model synced onto a rendered file", host(vllm_config_dir="/srv/vf", vllm_instances=[inst(
+        model="/srv/vf/gemma.env", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
     ("CPU host with TP", host(vllm_target="cpu", gpus=None, vllm_instances=[inst(tensor_parallel_size=2)]),
      "tensor_parallel_size", "gemma"),
     ("bad dtype", host(vllm_instances=[inst(dtype="bf16")]), "dtype", "gemma"),

@@ -10,8 +10,8 @@ from typing import Any
 
 from pyinfra import host
 
-from vllm_fleet import gateway
-from vllm_fleet.config import HostConfig, instance_of_unit, service_user_directories
+from vllm_fleet import gateway, path_writers
+from vllm_fleet.config import HostConfig, instance_of_unit
 from vllm_fleet.host_layout import host_layout
 from vllm_fleet.facts import batch as facts
 from vllm_fleet.rules import hub
@@ -20,7 +20,7 @@ from vllm_fleet.rules.model_sync import MANIFEST_NAME as MODEL_MANIFEST
 from vllm_fleet.monitoring.files import MONITORING_UNITS, monitoring_unit_files
 from vllm_fleet.host_layout import PROMETHEUS_UNIT
 from vllm_fleet.monitoring.files import metrics_paths
-from vllm_fleet.render import front_paths, front_secrets_dir, instance_paths, ray_paths
+from vllm_fleet.render import front_paths, instance_paths, ray_paths
 from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT
 
 from .state import Deployment
@@ -48,23 +48,26 @@ class ManagedDirectory:
 
 
 def service_directories(deployment: Deployment) -> list[ManagedDirectory]:
-    """The directories of the host's services, in the order they are made: the config directory
-    (root's; each service's files in it carry their own group and mode, so every service's user may
-    pass through it), the front's secrets (root's, its user's group alone: front_secrets_dir) and
-    those the service user writes (its home, HF_HOME, vLLM's cache and config)."""
+    """The directories of the host's services (path_writers.managed_directories, in the order they
+    are made), with their owners and modes: the config directory (root's; each service's files in it
+    carry their own group and mode, so every service's user may pass through it), the front's secrets
+    (root's, its user's group alone: front_secrets_dir) and those the service user writes (its home,
+    HF_HOME, vLLM's cache and config)."""
     config = deployment.config
     settings = config.settings
-    user = settings.vllm_service_user
-    dirs = [ManagedDirectory("Config directory", settings.vllm_config_dir, "0755", "root", "root")]
-    if front_paths(config)["unit"] in deployment.files:
-        dirs.append(ManagedDirectory("Front secrets directory", front_secrets_dir(config), "0750", "root",
-                                     settings.vllm_front_user))
-    for path in service_user_directories(settings):
-        # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
-        # it), so the login user can upload model files into place (model_sync); what the service
-        # writes (HF_HOME, caches, config) stays 0750 below it.
-        dirs.append(ManagedDirectory(f"Directory {path}", path, "0751" if path == settings.vllm_state_dir else "0750",
-                                     user, user))
+    layout, user = host_layout(config), settings.vllm_service_user
+    front = front_paths(config)["unit"] in deployment.files
+    dirs = []
+    for path, name in path_writers.managed_directories(config, front=front):
+        if path == layout.config_dir:
+            dirs.append(ManagedDirectory(name, path, "0755", "root", "root"))
+        elif path == layout.front_secrets_dir:
+            dirs.append(ManagedDirectory(name, path, "0750", "root", settings.vllm_front_user))
+        else:
+            # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
+            # it), so the login user can upload model files into place (model_sync); what the service
+            # writes (HF_HOME, caches, config) stays 0750 below it.
+            dirs.append(ManagedDirectory(name, path, "0751" if path == settings.vllm_state_dir else "0750", user, user))
     return dirs
 
 

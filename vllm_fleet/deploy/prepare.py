@@ -13,13 +13,12 @@ sync, the environment, the hub cache). The operations then compare against those
 from __future__ import annotations
 
 import weakref
-from pathlib import PurePosixPath
 from typing import Any
 
 from pyinfra import host, logger
 
-from vllm_fleet import fleet_check, fleet_secrets, gateway, wheelhouses
-from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, config_dir_clashes, synced_model_clashes
+from vllm_fleet import fleet_check, fleet_secrets, gateway, path_writers, wheelhouses
+from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig
 from vllm_fleet.config.host_checks import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
 from vllm_fleet.environment import ENV_MARKER
@@ -234,34 +233,16 @@ def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
 
 
 def _check_one_step_per_path(deployment: Deployment) -> None:
-    """No path is written by two steps: each step decides from what the host had when the run read
-    it (facts.get), so a second writer of the same path would go unseen. The known cases are the
-    input's rules (config.host: an instance named `hub` whose env file would be the downloads' token
-    file, a vllm_config_dir the service user writes, two model_source directories synced into one
-    path), each with its own message; any other pair of writers is refused here all the same.
-    Bad input: refused before any change."""
-    config = deployment.config
-    writers: dict[str, list[str]] = {}
-    for directory in service_directories(deployment):
-        writers.setdefault(directory.path.rstrip("/") or "/", []).append(directory.name.lower())
-    for path in deployment.files:
-        writers.setdefault(path, []).append(f"the rendered file {PurePosixPath(path).name}")
-    # The rules of the input first (config.host), each with its own message; what is left is a
-    # backstop for any two writers of one path.
-    instances, downloads = deployment.model_instances(), bool(hub_downloads(deployment))
-    errors = synced_model_clashes(config, instances) + config_dir_clashes(config, instances, hub_downloads=downloads)
+    """No path is written by two steps (path_writers.path_clashes, the rule `check` and `plan`
+    apply to the paths the settings give the host), applied here to what this run rendered and
+    makes. Bad input: refused before any change."""
+    config, instances = deployment.config, deployment.model_instances()
+    directories = [(d.path, d.name.lower()) for d in service_directories(deployment)]
+    errors = path_writers.path_clashes(
+        config, instances, path_writers.rendered_writers(instances, deployment.files, directories=directories),
+        hub_downloads=bool(hub_downloads(deployment)))
     if errors:
         fail(errors)
-    if downloads:
-        writers.setdefault(hub_token_file(config), []).append("the Hugging Face token file of the downloads")
-    clashes = {path: who for path, who in writers.items() if len(who) > 1}
-    if clashes:
-        config_dir = config.settings.vllm_config_dir
-        fail([ConfigError(f"{path} would be written by {' and by '.join(who)}", host=config.name,
-                          key="vllm_instances" if path.startswith(config_dir + "/") else "vllm_config_dir",
-                          fix="rename the instance (any name but 'hub'), or give vllm_config_dir a directory of "
-                              "its own (not one the deploy makes below vllm_state_dir)")
-              for path, who in sorted(clashes.items())])
 
 
 def _check_synced_model_dirs(deployment: Deployment) -> None:

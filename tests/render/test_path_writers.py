@@ -1,0 +1,74 @@
+"""One writer per host path (vllm_fleet.path_writers): the paths the settings give a host are the
+files `render` writes, and the one rule refuses two writers of a path from the inventory alone, in
+`check` and `plan` as in the deploy."""
+
+from __future__ import annotations
+
+from support.fleet_helpers import CPU_HOSTS, REPO, variant_inventory
+from support.planning_fixtures import host_data, instance
+from vllm_fleet import fleet_check, path_writers
+from vllm_fleet.config import ConfigErrors, parse_host
+from vllm_fleet.fleet import Fleet
+from vllm_fleet.render import render_host
+
+import pytest
+
+CLIENTS = {"alice": {"key_env": "ALICE_KEY"}, "limited": {"key_env": "LIMITED_KEY", "models": ["tiny-llama"]}}
+SECRETS = {"ALICE_KEY": "sk-alice-2b7d0e9f41c3", "LIMITED_KEY": "sk-limited-8c1f5a7e3d20",
+           "VLLM_FLEET_METRICS_TOKEN": "mt-writers-6e2a9c4b17", "VLLM_FLEET_API_KEY": "sk-writers-0f3e8d2a5b61"}
+
+
+@pytest.mark.parametrize("inventory", ["team", *sorted(p.name for p in (REPO / "inventory").glob("*.py"))])
+def test_the_declared_files_are_the_files_render_writes(inventory, tmp_path):
+    if inventory == "team":
+        # Every kind of file: TLS, two clients (one limited), metrics, and the gateway and the fleet's
+        # Prometheus on sbx-cpu1; sbx-cpu2 without its instance (metrics alone still give it a front).
+        team = {"vllm_tls": True, "vllm_api_clients": CLIENTS, "vllm_metrics": True}
+        fleet = Fleet.load(variant_inventory(tmp_path, cpu2=None, host_data={
+            name: dict(team, vllm_monitoring=name == "sbx-cpu1", vllm_gateway=name == "sbx-cpu1")
+            for name in CPU_HOSTS}))
+    else:  # multinode.py: the nodes' Ray units
+        fleet = Fleet.load(REPO / "inventory" / inventory, cwd=REPO)
+    hosts, plan = fleet.hosts(), fleet.plan()
+    backends = fleet.gateway_backends()
+    for config, host_plan in zip(hosts, plan.hosts, strict=True):
+        rendered = {f.path for f in render_host(config, host_plan, backends=backends,
+                                                targets=fleet.monitoring_targets(),
+                                                gateway_access=fleet.gateway_access())}
+        declared = {path for path, who in path_writers.declared_writers(
+                        config, fleet.held_instances(config), [inst.name for inst in host_plan.instances])
+                    if who.startswith("the rendered file")}
+        assert declared == rendered, config.name
+
+
+def _host(name="x", model="/srv/m", model_source="/tmp", **settings):
+    return parse_host("box", host_data(gpus=None, vllm_target="cpu", **settings, instances=[instance(
+        name=name, model=model, model_source=model_source, tokenizer="someone/tok", max_model_len=1024)]))
+
+
+@pytest.mark.parametrize("config, located, words", [
+    (lambda: _host(name="hub", model="someone/tiny", model_source=None), "host box, instance hub, key name",
+     "instance hub's env file would be /etc/vllm-fleet/hub.env, the file of the Hugging Face token the downloads use"),
+    (lambda: _host(model="/srv/vf/x.env", vllm_config_dir="/srv/vf"), "host box, instance x, key model",
+     "/srv/vf/x.env would be written by the rendered file x.env and by the model sync of /tmp"),
+    (lambda: _host(model="/srv/vf/front-secrets", vllm_config_dir="/srv/vf"), "host box, instance x, key model",
+     "/srv/vf/front-secrets would be written by front secrets directory and by the model sync of /tmp"),
+])
+def test_two_writers_of_one_path_are_refused_before_any_host_is_reached(config, located, words):
+    config = config()
+    fleet = Fleet.of([config])
+    with pytest.raises(ConfigErrors) as info:
+        fleet.hosts()  # what plan and render ask
+    [error] = info.value.errors
+    assert error.located().startswith(located) and words in error.message and error.fix
+    assert [e.located() for e in fleet_check.problems(fleet, environ=SECRETS)] == [error.located()]  # check
+
+
+def test_one_path_of_one_writer_is_no_clash():
+    # Two instances that sync one source into one path are one sync; a model beside the files is fine.
+    config = parse_host("box", host_data(gpus=None, vllm_target="cpu", instances=[
+        instance(name=n, model="/srv/vf/models/m", model_source="/tmp", tokenizer="someone/tok", port=p,
+                 max_model_len=1024) for n, p in (("a", 8000), ("b", 8100))], vllm_config_dir="/srv/vf"))
+    writers = path_writers.declared_writers(config, config.instances)
+    assert writers.count(("/srv/vf/models/m", "the model sync of /tmp")) == 2
+    assert path_writers.path_clashes(config, config.instances, writers) == []
