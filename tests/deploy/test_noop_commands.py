@@ -3,8 +3,9 @@
 - The facts' shell code runs here, in dash and bash, against a small tree under tmp_path (and a
   stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
   and inside one batch (facts.prefetch).
-- The operations (vllm_fleet/operations/managed.py) yield nothing when the host matches and exactly the fix
-  when it differs, with a stand-in host whose facts are dicts.
+- The operations yield nothing when the host matches and exactly the fix when it differs: that is
+  their cases, tests/operations/<module>.<operation>/*.json. Here: whose service account may be
+  taken (ownership.account_problem), and what --diff shows (a changed file, never a secret).
 - The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
   @fake connector, answered by a simulated converged host: every remote command is counted. A
   converged host costs exactly what deploy.py's docstring lists; a changed engine config costs its
@@ -241,8 +242,6 @@ def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
     assert len(shlex.quote(shlex.quote(biggest))) < 131072
 
 
-# --- the operations: nothing when the host matches, the fix when it differs ------------------------
-
 def _op(monkeypatch, op, answers, **kwargs):
     fake = _Host(answers)
     monkeypatch.setattr(managed, "host", fake)
@@ -253,64 +252,7 @@ def _sha(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def test_managed_file(monkeypatch):
-    from pyinfra.api import FileUploadCommand
-
-    same = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
-    args = dict(dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", user="root", group="vllm", mode="0640")
-    cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": same}, **args)
-    assert cmds == [] and fake.noops == ["/etc/vllm-fleet/a.yaml is up to date"]
-    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": dict(same, mode=0o644, group="root")}, **args)
-    assert cmds == ["chmod 0640 /etc/vllm-fleet/a.yaml", "chown root:vllm /etc/vllm-fleet/a.yaml"]
-    for found in ({"kind": "absent"}, dict(same, sha256=_sha("x: 2\n"))):
-        cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": found}, **args)
-        assert cmds[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
-        assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/etc/vllm-fleet/a.yaml"
-        assert cmds[1].src.read() == b"x: 1\n"
-        assert cmds[2:] == ["chown root:vllm /etc/vllm-fleet/a.yaml && chmod 0640 /etc/vllm-fleet/a.yaml"]
-    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": {"kind": "other"}}, **args)
-    assert len(cmds) == 1 and "is not a regular file" in cmds[0] and cmds[0].endswith("exit 1")
-    # Owner not checked (the deploy manifest):
-    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": dict(same, user="x", group="y", mode=0o644)},
-                  dest="/etc/vllm-fleet/a.yaml", content="x: 1\n", mode="0644")
-    assert cmds == []
-    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": same}, dest="/etc/x", present=False)
-    assert cmds == ["rm -f /etc/x"]
-    cmds, _ = _op(monkeypatch, managed.managed_file, {"FileState": {"kind": "absent"}}, dest="/etc/x",
-                  present=False)
-    assert cmds == []
-
-
-def test_managed_directory(monkeypatch):
-    args = dict(path="/var/lib/vllm-fleet", user="vllm", group="vllm", mode="0751")
-    same = {"kind": "dir", "mode": 0o751, "user": "vllm", "group": "vllm"}
-    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": same}, **args)[0] == []
-    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": {"kind": "absent"}}, **args)[0] == [
-        "mkdir -p /var/lib/vllm-fleet && chmod 0751 /var/lib/vllm-fleet && chown vllm:vllm /var/lib/vllm-fleet"]
-    assert _op(monkeypatch, managed.managed_directory, {"DirectoryState": dict(same, mode=0o755, user="root")},
-               **args)[0] == ["chmod 0751 /var/lib/vllm-fleet", "chown vllm:vllm /var/lib/vllm-fleet"]
-    cmds, _ = _op(monkeypatch, managed.managed_directory, {"DirectoryState": {"kind": "other"}}, **args)
-    assert "is not a directory" in cmds[0] and cmds[0].endswith("exit 1")
-
-
-def test_service_account(monkeypatch):
-    args = dict(user="vllm", group="vllm", home="/var/lib/vllm-fleet", shell="/usr/sbin/nologin")
-    there = {"user": {"name": "vllm", "uid": 999, "gid": 999, "comment": managed.ACCOUNT_COMMENT,
-                      "home": "/var/lib/vllm-fleet", "shell": "/usr/sbin/nologin", "group": "vllm"},
-             "group": {"name": "vllm", "gid": 999, "members": []}}
-    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": there}, **args)[0] == []
-    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": {"user": None, "group": None}},
-               **args)[0] == [
-        "getent group vllm >/dev/null || groupadd -r vllm",
-        "useradd -d /var/lib/vllm-fleet -s /usr/sbin/nologin -g vllm -c 'vllm-fleet service user' -r -M vllm"]
-    moved = {"user": dict(there["user"], home="/home/vllm", group="users"), "group": there["group"]}
-    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": moved}, **args)[0] == [
-        "usermod -d /var/lib/vllm-fleet -g vllm vllm"]
-    # The vLLM user an earlier deploy made without the comment gets it (account_problem let it through).
-    unmarked = {"user": dict(there["user"], comment=""), "group": there["group"]}
-    assert _op(monkeypatch, managed.service_account, {"ServiceAccount": unmarked}, **args)[0] == [
-        "usermod -c 'vllm-fleet service user' vllm"]
-
+# --- the service account: one vllm-fleet did not create is never taken over ------------------------
 
 def _account(name="vllm", comment=managed.ACCOUNT_COMMENT, uid=999, home="/var/lib/vllm-fleet",
              shell="/usr/sbin/nologin", members=()):
@@ -347,41 +289,6 @@ def test_an_account_of_vllm_fleets_own_or_none_is_fine(found):
     assert ownership.account_problem(found, "vllm", "vllm", legacy_home="/var/lib/vllm-fleet") is None
     if found["user"] and found["user"]["comment"] == "":  # only the vLLM user's earlier form
         assert ownership.account_problem(found, "vllm", "vllm") is not None
-
-
-def test_systemd_service_follows_pyinfras_rules(monkeypatch):
-    up = dict(UnitState().default(), running=True, enabled=True, main_pid=5)
-    down = UnitState().default()
-
-    def cmds(found, **kwargs):
-        return _op(monkeypatch, managed.systemd_service, {"UnitState": found}, unit="u.service", **kwargs)[0]
-
-    assert cmds(up, running=True, enabled=True) == []
-    assert cmds(down, running=True, enabled=True) == ["systemctl start u.service", "systemctl enable u.service"]
-    assert cmds(up, running=True, restarted=True) == ["systemctl restart u.service"]
-    assert cmds(down, running=True, restarted=True) == ["systemctl start u.service"]  # never a restart of nothing
-    assert cmds(up, running=True, reloaded=True) == ["systemctl reload u.service"]
-    assert cmds(up, running=False, enabled=False) == ["systemctl stop u.service", "systemctl disable u.service"]
-    assert cmds(down, running=False, enabled=False) == []
-
-
-def test_secret_file_never_shows_its_content(monkeypatch, caplog):
-    from pyinfra.api import FileUploadCommand
-
-    content = "VLLM_API_KEY='sk-5b1e0c2f'\n"
-    args = dict(dest="/etc/vllm-fleet/a.env", content=content, upload_dir="/opt/vllm-fleet/.upload")
-    same = {"kind": "file", "mode": 0o600, "user": "root", "group": "root", "sha256": _sha(content)}
-    assert _op(monkeypatch, managed.secret_file, {"FileState": same}, **args)[0] == []
-    assert _op(monkeypatch, managed.secret_file, {"FileState": dict(same, mode=0o644)}, **args)[0] == [
-        "chown root:root /etc/vllm-fleet/a.env && chmod 0600 /etc/vllm-fleet/a.env"]
-    with caplog.at_level("INFO"):
-        cmds, _ = _op(monkeypatch, managed.secret_file, {"FileState": dict(same, sha256=_sha("old"))}, **args)
-    assert isinstance(cmds[1], FileUploadCommand) and cmds[1].dest == "/opt/vllm-fleet/.upload/a.env.upload"
-    assert cmds[2] == ("chown root:root /opt/vllm-fleet/.upload/a.env.upload && chmod 0600 "
-                       "/opt/vllm-fleet/.upload/a.env.upload && mv -f /opt/vllm-fleet/.upload/a.env.upload "
-                       "/etc/vllm-fleet/a.env")
-    text = " ".join(str(c) for c in cmds if isinstance(c, str)) + caplog.text
-    assert "5b1e0c2f" not in text and "secret: contents not shown" in caplog.text
 
 
 # --- the whole deploy.py through pyinfra, against a simulated converged host -------------------------
