@@ -11,10 +11,10 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
+from support.model_configs import model_config_fixture, model_dir, planned
 from support.planning_fixtures import A100_40G, H100_80G, RTX_4090D, host_data, instance
 from vllm_fleet import catalog
 from vllm_fleet.catalog import GIB, ModelInfo, closest, derived_weights_gib, lookup, same_shape, unknown_model_fix
@@ -23,13 +23,6 @@ from vllm_fleet.config.model_files import MAX_CONFIG_BYTES, ModelFilesError, rea
 from vllm_fleet.facts.discovery import model_info_from_config
 from vllm_fleet.plan import plan_host
 from vllm_fleet.plan.rules import tp_problems
-
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "model-configs"
-
-
-def fixture(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
-
 
 # The shape of each fixture as a catalog entry writes it, copied by hand from the config's numbers
 # (what `model_info` must read out of the whole file), and the parameter count each model publishes.
@@ -53,26 +46,6 @@ WHERE = {"microsoft--Phi-4-mini-instruct": ([RTX_4090D], 16384),
          "mistralai--Mixtral-8x7B-v0.1": ([H100_80G] * 2, 32768)}
 
 
-def planned(model_info=None, model: str = "acme/model", gpus=None, max_model_len: int = 8192):
-    """(weights GiB per GPU, KV blocks, max concurrency, TP/PP/DP) of one instance planned alone."""
-    extra = {} if model_info is None else {"model_info": model_info}
-    data = host_data(gpus=gpus, instances=[instance(model=model, tokenizer=None, max_model_len=max_model_len,
-                                                    **extra)])
-    (plan,) = plan_host(parse_host("box", data)).instances
-    return ([round(u.weights_gib, 6) for u in plan.layout.per_gpu], plan.kv_cache_tokens // catalog.KV_BLOCK_SIZE,
-            plan.max_concurrency, (plan.tensor_parallel_size, plan.pipeline_parallel_size, plan.data_parallel_size))
-
-
-def model_dir(tmp_path: Path, config: dict, total_size: int | None = None) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(config))
-    if total_size is not None:
-        (folder / "model.safetensors.index.json").write_text(json.dumps(
-            {"metadata": {"total_size": total_size}, "weight_map": {"lm_head.weight": "model-1.safetensors"}}))
-    return folder
-
-
 @pytest.mark.parametrize("name", sorted(HAND_COPIED))
 def test_a_real_config_json_plans_like_a_catalog_entry_of_its_shape(name, tmp_path, monkeypatch):
     shape, published = HAND_COPIED[name]
@@ -84,21 +57,21 @@ def test_a_real_config_json_plans_like_a_catalog_entry_of_its_shape(name, tmp_pa
     by_catalog = planned(model="acme/hand-copied", gpus=gpus, max_model_len=max_len)
     assert by_catalog[1] > 0 and by_catalog[2] >= 1
     # Pasted verbatim: every key of config.json (rope_theta, torch_dtype, architectures...) as it is.
-    assert planned(fixture(name), gpus=gpus, max_model_len=max_len) == by_catalog
+    assert planned(model_config_fixture(name), gpus=gpus, max_model_len=max_len) == by_catalog
     # As a path: the directory's safetensors index gives the weights' size.
     total = int((derived + 0.5) * GIB) + 12345  # another checkpoint's files (e.g. with norms and biases)
-    folder = model_dir(tmp_path, fixture(name), total_size=total)
+    folder = model_dir(tmp_path, model_config_fixture(name), total_size=total)
     monkeypatch.setitem(catalog.CATALOG, "acme/hand-copied", ModelInfo(weights_gib=total / GIB, **shape))
     by_catalog = planned(model="acme/hand-copied", gpus=gpus, max_model_len=max_len)
     assert planned(str(folder), gpus=gpus, max_model_len=max_len) == by_catalog
     assert planned(str(folder / "config.json"), gpus=gpus, max_model_len=max_len) == by_catalog
     # Pasted with the weights' size beside it.
-    assert planned({**fixture(name), "weights_gib": total / GIB}, gpus=gpus, max_model_len=max_len) == by_catalog
+    assert planned({**model_config_fixture(name), "weights_gib": total / GIB}, gpus=gpus, max_model_len=max_len) == by_catalog
 
 
 def test_the_mixture_of_experts_fixture_places_every_expert_and_splits_each_over_tp():
     info = parse_host("box", host_data(instances=[instance(
-        model="acme/mixtral", tokenizer=None, model_info=fixture("mistralai--Mixtral-8x7B-v0.1"))])).instances[0].model_info
+        model="acme/mixtral", tokenizer=None, model_info=model_config_fixture("mistralai--Mixtral-8x7B-v0.1"))])).instances[0].model_info
     assert (info.num_experts, info.moe_intermediate_size) == (8, 14336)
     assert info.weights_gib == pytest.approx(86.99, abs=0.01)  # all 8 experts, not the 2 active per token
     assert info.kv_bytes_per_token_per_layer(1, 2) == 2 * 8 * 128 * 2  # the attention's, as if dense
@@ -142,7 +115,7 @@ def test_a_multimodal_config_reads_its_text_config_with_transformers_defaults():
 
 
 def test_the_newer_dtype_key_and_a_quantized_config():
-    config = fixture("google--gemma-2-9b")
+    config = model_config_fixture("google--gemma-2-9b")
     config["dtype"] = config.pop("torch_dtype")
     info = parse_host("box", host_data(instances=[instance(model_info=config)])).instances[0].model_info
     assert info.dtype == "bfloat16"
@@ -171,7 +144,7 @@ HOSTILE = [
 
 @pytest.mark.parametrize("change, key, words", HOSTILE)
 def test_a_bad_value_in_a_pasted_config_is_refused_with_its_key_and_a_fix(change, key, words):
-    config = {**fixture("mistralai--Mixtral-8x7B-v0.1"), **change}
+    config = {**model_config_fixture("mistralai--Mixtral-8x7B-v0.1"), **change}
     with pytest.raises(ConfigErrors) as err:
         parse_host("box", host_data(instances=[instance(model_info=config)]))
     (e,) = err.value.errors
@@ -180,7 +153,7 @@ def test_a_bad_value_in_a_pasted_config_is_refused_with_its_key_and_a_fix(change
 
 
 def test_unknown_keys_are_ignored_and_a_bare_dict_names_what_is_missing():
-    config = {**fixture("microsoft--Phi-4-mini-instruct"), "rope_theta": "anything", "x": [1]}
+    config = {**model_config_fixture("microsoft--Phi-4-mini-instruct"), "rope_theta": "anything", "x": [1]}
     assert parse_host("box", host_data(instances=[instance(model_info=config)])).instances[0].model_info
     with pytest.raises(ConfigErrors) as err:
         parse_host("box", host_data(instances=[instance(model_info={"rope_theta": 1e6})]))
@@ -192,7 +165,7 @@ def test_unknown_keys_are_ignored_and_a_bare_dict_names_what_is_missing():
 # --- A path on this workstation, read safely ------------------------------------------------------
 
 def test_the_weights_from_the_safetensors_files_or_the_shape(tmp_path):
-    config = fixture("google--gemma-2-9b")
+    config = model_config_fixture("google--gemma-2-9b")
     folder = model_dir(tmp_path, config)
     assert read_model_files(str(folder)).weights_bytes is None  # config.json alone: derived from the shape
     assert parse_host("box", host_data(instances=[instance(model_info=str(folder))])).instances[0].model_info \
@@ -212,7 +185,7 @@ def test_a_hugging_face_cache_snapshot_follows_its_links_into_the_blobs(tmp_path
     (repo / "blobs").mkdir(parents=True)
     snapshot = repo / "snapshots" / "0123abc"
     snapshot.mkdir(parents=True)
-    (repo / "blobs" / "c0ffee").write_text(json.dumps(fixture("mistralai--Mixtral-8x7B-v0.1")))
+    (repo / "blobs" / "c0ffee").write_text(json.dumps(model_config_fixture("mistralai--Mixtral-8x7B-v0.1")))
     (snapshot / "config.json").symlink_to("../../blobs/c0ffee")
     (repo / "blobs" / "beef").write_text(json.dumps({"metadata": {"total_size": 93405585408}}))
     (snapshot / "model.safetensors.index.json").symlink_to("../../blobs/beef")
@@ -244,7 +217,7 @@ def test_a_path_that_is_no_model_directory_is_refused_with_a_fix(case, tmp_path)
     elif case == "list":
         config.write_text("[1, 2]")
     elif case == "bad index":
-        config.write_text(json.dumps(fixture("google--gemma-2-9b")))
+        config.write_text(json.dumps(model_config_fixture("google--gemma-2-9b")))
         (folder / "model.safetensors.index.json").write_text('{"metadata": {"total_size": -1}}')
     with pytest.raises(ModelFilesError) as err:
         read_model_files(given)

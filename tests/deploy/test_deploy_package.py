@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from test_noop_commands import SimulatedHost, _kinds, _run_deploy
+from support.simulated_host import SimulatedHost, command_kinds, run_deploy
 
 REPO = Path(__file__).resolve().parents[2]
 TEAM_DEPLOY = REPO / "tests" / "fixtures" / "team_deploy.py"
@@ -150,16 +150,16 @@ def test_the_team_example_under_dry_takes_no_lock_and_executes_nothing(tmp_path,
     team_deploy.py` runs it: the access check runs alone (no lock's command to carry it), the facts
     are read, nothing executes; the same file without --dry takes each host's lock."""
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
-    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=TEAM_DEPLOY,
-                                            cli_options=("--dry",))
+    commands, uploads, _state = run_deploy(tmp_path, monkeypatch, worlds, deploy_file=TEAM_DEPLOY,
+                                           cli_options=("--dry",))
     assert lock_calls == []
-    assert {name: _kinds(sent) for name, sent in commands.items()} == {
+    assert {name: command_kinds(sent) for name, sent in commands.items()} == {
         "gw": ["access check", "facts", "facts"], "box": ["access check", "facts", "facts"]}
     assert uploads == {}
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
-    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=TEAM_DEPLOY)
+    commands, _uploads, _state = run_deploy(tmp_path, monkeypatch, worlds, deploy_file=TEAM_DEPLOY)
     assert sorted(lock_calls) == ["box", "gw"]
-    assert _kinds(commands["box"]) == ["facts", "facts", "touch /tmp/team-deploy-ran", "verify"]
+    assert command_kinds(commands["box"]) == ["facts", "facts", "touch /tmp/team-deploy-ran", "verify"]
 
 
 @pytest.mark.parametrize("call", ["vllm_fleet_deploy(_sudo=True)", "vllm_fleet_deploy(options=None)"])
@@ -176,7 +176,7 @@ def test_a_deploy_file_that_passes_no_options_is_refused_before_any_lock_or_comm
                            f"{call}\n")
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
     with pytest.raises(DeployError) as info:
-        _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file, cli_options=("--dry",))
+        run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file, cli_options=("--dry",))
     text = str(info.value)
     assert text.startswith("vllm_fleet_deploy() was called without options=RunOptions(...)")
     assert "options=RunOptions.from_pyinfra_cli(sys.argv[1:], state)" in text
@@ -192,5 +192,5 @@ def test_the_root_deploy_through_pyinfras_api_is_refused_its_options_unknown(tmp
 
     worlds = {"box": SimulatedHost()}
     with pytest.raises(DeployError, match="called without options"):
-        _run_deploy(tmp_path, monkeypatch, worlds, cli_mode=False)
+        run_deploy(tmp_path, monkeypatch, worlds, cli_mode=False)
     assert lock_calls == [] and worlds["box"].config is None

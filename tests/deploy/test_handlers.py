@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from test_noop_commands import SimulatedHost, _run_deploy
+from support.simulated_host import SimulatedHost, run_deploy
 from vllm_fleet.deploy import handlers
 from vllm_fleet.deploy.state import Changes
 
@@ -164,7 +164,7 @@ def test_each_changed_file_restarts_reloads_or_leaves_its_service_through_the_de
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
     paths = {FILES[service][kind] for service, kind in changed.items()}
     worlds["gw"].changed_files = paths
-    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=HOST_DATA)
+    commands, uploads, _state = run_deploy(tmp_path, monkeypatch, worlds, host_data=HOST_DATA)
     assert len(uploads["gw"]) == len(paths)  # each changed file sent (a secret through the upload dir), no other
     assert _actions(commands["gw"]) == {service: EXPECTED[(service, changed[service])] if service in changed else None
                                         for service in UNITS}
@@ -177,7 +177,7 @@ def test_every_file_of_the_gateway_host_is_some_services_or_the_manifest(tmp_pat
     """The rounds above cover each file the deploy renders on that host (but each job's targets, alike)."""
     monkeypatch.setenv("ALICE_KEY", "sk-alice-8d2f0c9e71b4")
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
-    _run_deploy(tmp_path, monkeypatch, worlds, host_data=HOST_DATA)
+    run_deploy(tmp_path, monkeypatch, worlds, host_data=HOST_DATA)
     covered = {path for kinds in FILES.values() for path in kinds.values()}
     rest = set(worlds["gw"].rendered) - covered
     assert rest == {"/etc/vllm-fleet/manifest.json",

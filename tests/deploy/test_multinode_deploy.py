@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from test_multinode_plan import llama, node
+from support.planning_fixtures import llama, node
 from vllm_fleet.commands.rollout import make_batches
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.facts import ray_cluster
@@ -187,8 +187,7 @@ def test_a_worker_gets_the_model_its_pipeline_stage_loads(monkeypatch):
     model path: the deploy downloads the head's model on the worker too (review finding)."""
     from types import SimpleNamespace
 
-    from support.planning_fixtures import FakeHost, FakeState, use_fake_host
-    from test_multinode_plan import LLAMA70B
+    from support.planning_fixtures import LLAMA70B, FakeHost, FakeState, use_fake_host
     from vllm_fleet.deploy.managed import hub_downloads
     from vllm_fleet.deploy.prepare import prepare
 
@@ -275,12 +274,12 @@ def _manifest(address: str) -> str:
 
 def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then_the_workers(
         monkeypatch, tmp_path, capsys):
-    from test_refused_input_offline import FakeState as RolloutState, _stub_pyinfra
+    from support.rollout_stubs import RolloutState, stub_pyinfra
     from vllm_fleet.commands import rollout as rollout_mod
     import vllm_fleet.connect.remote
 
     state = RolloutState()
-    hosts = _stub_pyinfra(monkeypatch, state)
+    hosts = stub_pyinfra(monkeypatch, state)
     sent: list[tuple[str, str]] = []
 
     def run(host, command, timeout=None):
@@ -310,12 +309,12 @@ def test_a_failed_head_rolls_its_whole_group_back_files_first_then_the_head_then
 
 
 def test_a_node_that_cannot_be_snapshotted_keeps_its_whole_group_out(monkeypatch, tmp_path, capsys):
-    from test_refused_input_offline import FakeState as RolloutState, _stub_pyinfra
+    from support.rollout_stubs import RolloutState, stub_pyinfra
     from vllm_fleet.commands import rollout as rollout_mod
     import vllm_fleet.connect.remote
 
     state = RolloutState()
-    _stub_pyinfra(monkeypatch, state)
+    stub_pyinfra(monkeypatch, state)
     deployed = []
     monkeypatch.setattr(vllm_fleet.connect.remote, "run", lambda host, command, timeout=None: (
         (False, "", "No space left on device") if host.name == "gpu-b" and "cp -a --parents" in command

@@ -18,31 +18,26 @@ import hashlib
 import json
 import os
 import shlex
-import posixpath
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from support.planning_fixtures import TINY_MODEL_INFO
+from support.simulated_host import TINY_CONFIG, SimulatedHost, command_kinds, run_deploy, sha256_hex
 from vllm_fleet import kinds
 from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.facts import batch as facts
 from vllm_fleet.facts import gpus as gpu_facts
 from vllm_fleet.facts import host as host_facts
-from vllm_fleet import model_source
 from vllm_fleet.operations import model_sync as ms
-from vllm_fleet.rules import model_sync as model_sync_rules
 from vllm_fleet.operations import managed
 from vllm_fleet.rules import ownership
 from vllm_fleet.facts import state as state_facts
 from vllm_fleet.facts.batch import parse_batch, query
 from vllm_fleet.facts.state import DirectoryState, FileState, NewestMtime, ServiceAccount, UnitState
 from vllm_fleet.payloads.probe.host import RESULT_PREFIX
-from vllm_fleet.config import service_user_directories
-from vllm_fleet.templating import front_secrets_dir
 
 REPO = Path(__file__).resolve().parents[2]
 SHELLS = [path for path in map(shutil.which, ("dash", "bash")) if path]  # Debian's sh, and bash
@@ -248,10 +243,6 @@ def _op(monkeypatch, op, answers, **kwargs):
     return list(op._inner(**kwargs)), fake
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
 # --- the service account: one vllm-fleet did not create is never taken over ------------------------
 
 def _account(name="vllm", comment=managed.ACCOUNT_COMMENT, uid=999, home="/var/lib/vllm-fleet",
@@ -293,233 +284,6 @@ def test_an_account_of_vllm_fleets_own_or_none_is_fine(found):
 
 # --- the whole deploy.py through pyinfra, against a simulated converged host -------------------------
 
-TINY_CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-               "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
-               "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1024, "max_position_embeddings": 2048,
-               "torch_dtype": "float32"}
-
-
-def _instance(name: str, port: int, **extra) -> dict:
-    return {"name": name, "model": f"/srv/models/{name}", "served_model_name": name, "port": port,
-            "max_model_len": 1024, "dtype": "float32", "engine_args": {"enforce-eager": True},
-            "model_info": TINY_MODEL_INFO, **extra}
-
-
-class SimulatedHost:
-    """What the deploy's facts read on a host that the deploy converged: its rendered files in place,
-    its units running since after them, the environment built, the model synced."""
-
-    def __init__(self, model_source: Path | None = None):
-        self.rendered: dict = {}
-        self.config = None
-        self.model_source = model_source
-        self.changed_files: set[str] = set()
-        self.leftovers: set[str] = set()  # files of an instance the inventory no longer has
-
-    def unit_names(self) -> list[str]:
-        return sorted(p.rsplit("/", 1)[1] for p in set(self.rendered) | self.leftovers
-                      if p.startswith("/etc/systemd/system/"))
-
-    def answer(self, q: facts.Query, env_name: str) -> list[str]:
-        kw, c = q.kwargs, self.config
-        name = q.fact.__name__
-        if name == "ManagedUnits":
-            return self.unit_names()
-        if name == "HostRuntime":
-            return ["cc 1", "cxx 1", f"python{kw['python_version']}-headers 1", "libnuma 1", "nginx 1",
-                    "node_exporter 1", "prometheus 1", "family debian"]
-        if name == "ModelConfig":
-            return [json.dumps(TINY_CONFIG), "3000 total"]
-        if name == "PathsPresent":
-            return [f"1 {p}" for p in kw["paths"]]
-        if name == "LinkTarget":
-            return [env_name]
-        if name == "InstalledEnvironment":
-            return [env_name, json.dumps({"spec": {"target": "cpu", "vllm_version": "0"}})]
-        if name == "HubModelCached":
-            return ["complete"]
-        if name == "ServiceAccount":  # every service's user, as the deploy made it
-            home = c.settings.vllm_state_dir if kw["user"] == c.settings.vllm_service_user else "/nonexistent"
-            return [f"passwd {kw['user']}:x:999:999:{managed.ACCOUNT_COMMENT}:{home}:/usr/sbin/nologin",
-                    f"primary {kw['group']}", f"group {kw['group']}:x:999:"]
-        if name == "PathOwners":  # every managed directory there, its own, below root's
-            service = set(service_user_directories(c.settings))
-            lines = []
-            for path in kw["paths"]:
-                while True:
-                    lines.append(f"755 {c.settings.vllm_service_user if path in service else 'root'} - {path}")
-                    if path == "/":
-                        break
-                    path = posixpath.dirname(path)
-            return lines
-        if name == "DirectoryState":
-            user = c.settings.vllm_service_user
-            if kw["path"] == c.settings.vllm_config_dir:
-                return ["dir 755 root root"]
-            if kw["path"] == front_secrets_dir(c):
-                return [f"dir 750 root {c.settings.vllm_front_user}"]
-            return [f"dir {751 if kw['path'] == c.settings.vllm_state_dir else 750} {user} {user}"]
-        if name == "FileState":
-            if kw["path"] in self.leftovers:
-                return [f"file 644 root root {_sha('old')}"]
-            f = self.rendered.get(kw["path"])
-            if f is None:
-                return ["absent"]
-            sha = _sha(f.content) if kw["path"] not in self.changed_files else _sha("as it was")
-            return [f"file {int(f.mode, 8):o} {f.owner} {f.group} {sha}"]
-        if name == "UnitState":
-            if kw["unit"] not in self.unit_names():
-                return ["MainPID=0", "LoadState=not-found", "SubState=dead", "NeedDaemonReload=no"]
-            return ["MainPID=4242", "LoadState=loaded", "ActiveState=active", "SubState=running",
-                    "UnitFileState=enabled", "NeedDaemonReload=no", "StartEpoch=1700000000"]
-        if name == "NewestMtime":
-            return ["1690000000"]
-        if name == "ModelSyncState":
-            local = model_source.local_manifest(self.model_source)
-            entries = {rel: {"size": f.size, "sha256": f.sha256, "mtime": f.host_mtime}
-                       for rel, f in local.files.items()}
-            return (["exists\t755", "manifest\t" + model_sync_rules.manifest_text(entries).strip()]
-                    + [f"f\t{f.size}\t{f.host_mtime}\t644\t{rel}" for rel, f in local.files.items()]
-                    + [f"d\t-\t-\t755\t{rel}" for rel in local.dirs] + ["end\t0"])
-        raise AssertionError(f"the simulated host was asked an unexpected fact: {q}")
-
-
-def _run_deploy(tmp_path, monkeypatch, worlds: dict[str, SimulatedHost], check_for_changes: bool = True,
-                deploy_file: Path = REPO / "deploy.py", host_data: dict | None = None,
-                wrap_response=None, allow_failures: bool = False,
-                cli_options: tuple[str, ...] = (), cli_mode: bool = True) -> tuple[dict, dict, object]:
-    """deploy.py (or another deploy file) as pyinfra's CLI runs it (prepare, then execute, unless
-    `cli_options` has --dry), through its API, on @fake hosts: ({host: [commands]}, {host: [uploaded
-    paths]}, state). The deploy file loads in CLI mode, with `pyinfra [cli_options] INVENTORY
-    DEPLOY_FILE` as the process's command line: what it reads pyinfra's options from.
-    `wrap_response`: a function (connector, command, answer) -> answer changing what the simulated
-    hosts answer; `allow_failures`: a host may fail (else none may).
-    check_for_changes=False is `pyinfra -y`: the operations' bodies run only when executing.
-    `host_data`: host name -> more host data. cli_mode=False: loaded as a script of pyinfra's API
-    would, the process's command line not pyinfra's."""
-    import pyinfra
-    from pyinfra.api import Config, State
-    from pyinfra.api.connect import connect_all
-    from pyinfra.api.exceptions import PyinfraError
-    from pyinfra.api.operations import run_ops
-    from pyinfra.api.state import StateStage
-    from pyinfra.connectors.fake import FakeConnector
-    from pyinfra.connectors.util import CommandOutput, OutputLine
-    from pyinfra.context import ctx_state
-    from pyinfra_cli.util import load_deploy_file
-
-    from vllm_fleet.commands.connection import load_pyinfra_inventory
-
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f")
-    monkeypatch.setenv("VLLM_FLEET_METRICS_TOKEN", "mt-test-77a1c0de55")
-    monkeypatch.setenv("VLLM_FLEET_CACHE", str(tmp_path / "cache"))
-    inventory_file = tmp_path / "inv.py"
-    hosts = []
-    for name, world in worlds.items():
-        inst = _instance(name, 8000 if name == "gw" else 8100)
-        if world.model_source:
-            inst["model_source"] = str(world.model_source)
-        data = {"ssh_hostname": f"10.0.0.{len(hosts) + 1}", "vllm_target": "cpu", "vllm_wheelhouse": None,
-                "vllm_api_key_env": "VLLM_FLEET_API_KEY", "vllm_instances": [inst], "fake_delay": 0,
-                "fake_delay_jitter": 0, "vllm_gateway": name == "gw", **(host_data or {}).get(name, {})}
-        hosts.append((f"@fake/{name}", data))
-    inventory_file.write_text(f"hosts = {hosts!r}\n")
-
-    from vllm_fleet import prepared
-
-    rendered = prepared.render_host
-    batches: dict[str, tuple] = {}
-    batch_command = facts.batch_command
-
-    def render_and_keep(config, *args, **kwargs):
-        files = rendered(config, *args, **kwargs)
-        world = worlds[config.name.removeprefix("@fake/")]
-        world.rendered, world.config = {f.path: f for f in files}, config
-        return files
-
-    def recorded_batch(queries):
-        command = batch_command(queries)
-        batches[command] = tuple(queries)
-        return command
-
-    commands: dict[str, list[str]] = {}
-    uploads: dict[str, list[str]] = {}
-
-    def respond(self, command_str):
-        name = self.host.name.removeprefix("@fake/")
-        commands.setdefault(name, []).append(command_str)
-        lines: list[str] = []
-        if "vllm-fleet-exit=" in command_str:  # the access check: `id -u` through sudo
-            lines = ["out: 0", "out: vllm-fleet-exit=0"]
-        elif command_str in batches:
-            queries = batches[command_str]
-            markers = [p for q in queries if q.fact is host_facts.PathsPresent for p in q.kwargs["paths"]
-                       if p.endswith("/vllm-fleet-env.json")]
-            env_name = markers[0].rsplit("/", 2)[1] if markers else "none"
-            for i, q in enumerate(queries):
-                lines += [f"##vllm-fleet-fact {i}", *worlds[name].answer(q, env_name), f"##vllm-fleet-fact-end {i} 0"]
-        elif command_str.startswith("python3 -c "):  # the host probe: verification
-            argv = shlex.split(command_str)
-            mode, spec = argv[3], json.loads(argv[4])
-            verified = ([{"name": c["name"], "ok": True, "seconds_to_healthy": 1}
-                         for c in (spec["instances"] if mode == "verify-with-gateway" else spec)]
-                        if mode in ("verify", "verify-with-gateway") else None)
-            gateway = ({"ok": True, "unit": (spec["gateway"] if mode == "verify-with-gateway" else spec)["unit"],
-                        "not_registered": []} if mode in ("gateway", "verify-with-gateway") else None)
-            result = {"verify": verified, "gateway": gateway,
-                      "verify-with-gateway": {"instances": verified, "gateway": gateway}}[mode]
-            lines = [RESULT_PREFIX + json.dumps(result)]
-        return True, CommandOutput([OutputLine("stdout", line) for line in lines])
-
-    def put_file(self, filename_or_io, remote_filename, *args, **kwargs):
-        uploads.setdefault(self.host.name.removeprefix("@fake/"), []).append(remote_filename)
-        return True
-
-    monkeypatch.setattr(prepared, "render_host", render_and_keep)
-    monkeypatch.setattr(facts, "batch_command", recorded_batch)
-    answering = respond if wrap_response is None else (
-        lambda self, command_str: wrap_response(self, command_str, respond(self, command_str)))
-    monkeypatch.setattr(FakeConnector, "_lookup_response", answering)
-    monkeypatch.setattr(FakeConnector, "put_file", put_file)
-    monkeypatch.chdir(REPO)
-    state = State(load_pyinfra_inventory(inventory_file, cwd=REPO), Config(), check_for_changes=check_for_changes)
-    monkeypatch.setattr(sys, "argv", ["pyinfra", *cli_options, str(inventory_file), str(deploy_file)])
-    with ctx_state.use(state):
-        connect_all(state)
-        state.set_stage(StateStage.Prepare)
-        before, pyinfra.is_cli = pyinfra.is_cli, cli_mode
-        try:
-            load_deploy_file(state, str(deploy_file))
-        finally:
-            pyinfra.is_cli = before
-        if "--dry" in cli_options:  # pyinfra's CLI stops here: nothing executes
-            return commands, uploads, state
-        state.set_stage(StateStage.Execute)
-        try:
-            run_ops(state)
-        except PyinfraError:  # "No hosts remaining!": the last host still running failed
-            if not allow_failures:
-                raise
-    assert allow_failures or not state.failed_hosts
-    return commands, uploads, state
-
-
-def _kinds(commands: list[str]) -> list[str]:
-    """Each remote command, named: the access check, a facts batch, a host probe; else itself."""
-    out = []
-    for command in commands:
-        if "vllm-fleet-exit=" in command:
-            out.append("access check")
-        elif "##vllm-fleet-fact " in command:
-            out.append("facts")
-        elif command.startswith("python3 -c "):
-            out.append({"verify": "verify", "gateway": "verify gateway",
-                        "verify-with-gateway": "verify with gateway"}[shlex.split(command)[3]])
-        else:
-            out.append(command)
-    return out
-
-
 @pytest.fixture
 def model_dir(tmp_path):
     src = tmp_path / "models" / "box"
@@ -537,11 +301,11 @@ def test_a_converged_host_costs_a_fixed_handful_of_commands(tmp_path, monkeypatc
     from vllm_fleet.commands.rollout import changed_operations
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
-    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
+    commands, uploads, state = run_deploy(tmp_path, monkeypatch, worlds, check_for_changes)
     # As deploy.py's docstring says (the deploy lock's channel is SSH's alone: @fake has none); the
     # gateway host's router kept running, so its check rides with the instances' verification.
-    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
+    assert command_kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert command_kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
     assert uploads == {}
     for host in state.inventory:
         assert changed_operations(state, host) == [], host.name
@@ -576,10 +340,10 @@ def test_a_runs_fleet_is_parsed_once_however_many_hosts_run_the_deploy(tmp_path,
     second time by its own deploy."""
     parsed, fleets = _counting_parses(monkeypatch)
     worlds = {"gw": SimulatedHost(), **{f"box{i}": SimulatedHost() for i in range(1, 6)}}
-    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
+    commands, _uploads, _state = run_deploy(tmp_path, monkeypatch, worlds)
     assert sorted(parsed) == sorted(worlds) and len(fleets) == 1
     for name in set(worlds) - {"gw"}:
-        assert _kinds(commands[name]) == ["access check", "facts", "facts", "verify"], name
+        assert command_kinds(commands[name]) == ["access check", "facts", "facts", "verify"], name
 
 
 def test_a_host_whose_data_a_deploy_file_changed_is_planned_from_what_it_is_now(tmp_path, monkeypatch):
@@ -592,9 +356,9 @@ def test_a_host_whose_data_a_deploy_file_changed_is_planned_from_what_it_is_now(
                            "if host.name == '@fake/box':\n    host.data.vllm_verify = False\n"
                            "vllm_fleet_deploy(options=RunOptions.from_pyinfra_cli(sys.argv[1:], state))\n")
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(), "other": SimulatedHost()}
-    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file)
-    assert _kinds(commands["box"]) == ["access check", "facts", "facts"]
-    assert _kinds(commands["other"]) == ["access check", "facts", "facts", "verify"]
+    commands, _uploads, _state = run_deploy(tmp_path, monkeypatch, worlds, deploy_file=deploy_file)
+    assert command_kinds(commands["box"]) == ["access check", "facts", "facts"]
+    assert command_kinds(commands["other"]) == ["access check", "facts", "facts", "verify"]
     assert sorted(set(parsed)) == ["box", "gw", "other"] and parsed.count("gw") == parsed.count("other") == 1
 
 
@@ -606,10 +370,10 @@ def test_a_converged_monitored_fleet_costs_no_command_more(tmp_path, monkeypatch
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
     data = {"gw": {"vllm_metrics": True, "vllm_monitoring": True}, "box": {"vllm_metrics": True}}
-    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
+    commands, uploads, state = run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
     assert set(MONITORING_UNITS) <= set(worlds["gw"].unit_names())
-    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
+    assert command_kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert command_kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
     assert uploads == {}
     for host in state.inventory:
         assert changed_operations(state, host) == [], host.name
@@ -624,20 +388,20 @@ def test_prometheus_is_reloaded_for_its_rules_restarted_for_its_unit_and_left_al
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
     worlds["gw"].changed_files = {changed}
     data = {"gw": {"vllm_metrics": True, "vllm_monitoring": True}, "box": {"vllm_metrics": True}}
-    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
+    commands, uploads, _state = run_deploy(tmp_path, monkeypatch, worlds, host_data=data)
     assert uploads == {"gw": [changed]}
     unit = "vllm-fleet-prometheus.service"
-    touching = [c for c in _kinds(commands["gw"]) if c.startswith("systemctl ") and unit in c]
+    touching = [c for c in command_kinds(commands["gw"]) if c.startswith("systemctl ") and unit in c]
     assert touching == ([] if action is None else [f"systemctl {action} {unit}"]), touching
-    assert _kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
+    assert command_kinds(commands["box"]) == ["access check", "facts", "facts", "verify"]
 
 
 def test_a_gateway_whose_backends_changed_is_verified_after_its_reload_in_a_command_of_its_own(
         tmp_path, monkeypatch):
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
     worlds["gw"].changed_files = {"/etc/vllm-fleet/gateway-workers.json"}
-    commands, _uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
-    gw = _kinds(commands["gw"])
+    commands, _uploads, _state = run_deploy(tmp_path, monkeypatch, worlds)
+    gw = command_kinds(commands["gw"])
     assert gw[-3:] == ["verify", "systemctl reload vllm-fleet-gateway.service", "verify gateway"], gw
 
 
@@ -658,10 +422,10 @@ def test_a_gateway_that_fails_its_check_with_the_instances_fails_its_own_verific
         return ok, CommandOutput([OutputLine("stdout", RESULT_PREFIX + json.dumps(result))])
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost()}
-    commands, _uploads, state = _run_deploy(tmp_path, monkeypatch, worlds, wrap_response=gateway_down,
-                                            allow_failures=True)
+    commands, _uploads, state = run_deploy(tmp_path, monkeypatch, worlds, wrap_response=gateway_down,
+                                           allow_failures=True)
     assert "@fake/gw" in {h.name for h in state.failed_hosts}
-    assert _kinds(commands["gw"])[-1] == "verify with gateway"  # no second probe after it
+    assert command_kinds(commands["gw"])[-1] == "verify with gateway"  # no second probe after it
     text = failure_reason(state, "@fake/gw")
     assert text.startswith("host @fake/gw, gateway: verification failed: router answers 503"), text
     assert "router: no workers" in text
@@ -689,12 +453,12 @@ def test_a_teams_deploy_file_runs_its_operation_then_the_packaged_deploy_under_i
 
     monkeypatch.setattr(FakeConnector, "run_shell_command", recording)
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
-    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds,
-                                           deploy_file=REPO / "tests" / "fixtures" / "team_deploy.py")
+    commands, uploads, state = run_deploy(tmp_path, monkeypatch, worlds,
+                                          deploy_file=REPO / "tests" / "fixtures" / "team_deploy.py")
     # The deploy reads its facts while pyinfra prepares the run; the team's command executes first.
     team = "touch /tmp/team-deploy-ran"
-    assert _kinds(commands["box"]) == ["access check", "facts", "facts", team, "verify"]
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", team, "verify with gateway"]
+    assert command_kinds(commands["box"]) == ["access check", "facts", "facts", team, "verify"]
+    assert command_kinds(commands["gw"]) == ["access check", "facts", "facts", team, "verify with gateway"]
     assert uploads == {}
     # The team's command as its login user; the access check is wrapped in sudo itself (its
     # channel runs as the login user, to read what sudo says); the rest through sudo.
@@ -723,7 +487,7 @@ def test_a_model_path_holding_files_of_others_stops_the_deploy_while_planning(tm
 
     worlds = {"gw": SimulatedHost(), "box": ForeignModelDirectory(model_source=model_dir)}
     with pytest.raises(DeployError) as refused:
-        _run_deploy(tmp_path, monkeypatch, worlds)
+        run_deploy(tmp_path, monkeypatch, worlds)
     text = str(refused.value)
     assert text.startswith(
         "error: host @fake/box, instance box, key model: model path /srv/models/box holds 4 entries vllm-fleet "
@@ -739,9 +503,9 @@ def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monk
 
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(model_source=model_dir)}
     worlds["box"].changed_files = {"/etc/vllm-fleet/box.yaml"}
-    commands, uploads, state = _run_deploy(tmp_path, monkeypatch, worlds)
-    assert _kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
-    box = _kinds(commands["box"])
+    commands, uploads, state = run_deploy(tmp_path, monkeypatch, worlds)
+    assert command_kinds(commands["gw"]) == ["access check", "facts", "facts", "verify with gateway"]
+    box = command_kinds(commands["box"])
     assert box[:3] == ["access check", "facts", "facts"] and box[-1] == "verify"
     changes = box[3:-1]
     assert changes[0] == "[ -d /etc/vllm-fleet ] || { mkdir -p /etc/vllm-fleet && chown root:vllm /etc/vllm-fleet; }"
@@ -802,7 +566,7 @@ def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
     from types import SimpleNamespace
 
     monkeypatch.setattr(managed, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
-    old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": _sha("x: 1\n")}
+    old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": sha256_hex("x: 1\n")}
     with caplog.at_level("INFO"):
         cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
                          dest="/etc/vllm-fleet/a.yaml", content="x: 2\n", user="root", group="vllm", mode="0640")
@@ -810,7 +574,7 @@ def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
     assert fake.asked == ["FileState", "FileContents"] and len(cmds) == 3
     caplog.clear()
     with caplog.at_level("INFO"):
-        _op(monkeypatch, managed.secret_file, {"FileState": dict(old, sha256=_sha("old"))},
+        _op(monkeypatch, managed.secret_file, {"FileState": dict(old, sha256=sha256_hex("old"))},
             dest="/etc/vllm-fleet/a.env", content="KEY=sk-5b1e0c2f\n", upload_dir="/opt/vllm-fleet/.upload")
     assert "5b1e0c2f" not in caplog.text and "secret: contents not shown" in caplog.text
 
@@ -819,8 +583,8 @@ def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed
     worlds = {"gw": SimulatedHost()}
     worlds["gw"].leftovers = {"/etc/systemd/system/vllm-old.service", "/etc/vllm-fleet/old.yaml",
                               "/etc/vllm-fleet/old.env"}
-    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
-    assert _kinds(commands["gw"]) == [
+    commands, uploads, _state = run_deploy(tmp_path, monkeypatch, worlds)
+    assert command_kinds(commands["gw"]) == [
         "access check", "facts", "facts",
         "systemctl stop vllm-old.service", "systemctl disable vllm-old.service",
         # The unit file last: a run stopped halfway still finds the instance (and its key) next time.
@@ -838,8 +602,8 @@ def test_monitoring_turned_off_stops_the_exporters_and_keeps_the_instances(tmp_p
     worlds["gw"].leftovers = {"/etc/systemd/system/vllm-fleet-exporter.service",
                               "/etc/vllm-fleet/host-exporter.py",
                               "/etc/systemd/system/vllm-fleet-node-exporter.service"}
-    commands, uploads, _state = _run_deploy(tmp_path, monkeypatch, worlds)
-    assert _kinds(commands["gw"]) == [
+    commands, uploads, _state = run_deploy(tmp_path, monkeypatch, worlds)
+    assert command_kinds(commands["gw"]) == [
         "access check", "facts", "facts",
         "systemctl stop vllm-fleet-exporter.service", "systemctl disable vllm-fleet-exporter.service",
         "rm -f /etc/vllm-fleet/host-exporter.py", "rm -f /etc/systemd/system/vllm-fleet-exporter.service",

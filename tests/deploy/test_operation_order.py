@@ -8,7 +8,7 @@ import sys
 import pyinfra
 from pyinfra.api.util import get_operation_order_from_stack as pyinfras_own
 
-from test_noop_commands import SimulatedHost, _run_deploy
+from support.simulated_host import SimulatedHost, run_deploy
 from vllm_fleet.deploy import operation_order
 from vllm_fleet.deploy.operation_order import pyinfra_operation
 
@@ -28,7 +28,7 @@ def test_the_order_is_pyinfras_own_at_every_operation_of_a_deploy(tmp_path, monk
     monkeypatch.setattr(pyinfra_operation, "get_operation_order_from_stack", both)
     worlds = {"gw": SimulatedHost(), "box": SimulatedHost(), "other": SimulatedHost()}
     worlds["box"].changed_files = {"/etc/vllm-fleet/box.yaml"}  # a restart too: the branches differ by host
-    _run_deploy(tmp_path, monkeypatch, worlds)
+    run_deploy(tmp_path, monkeypatch, worlds)
     assert len(compared) > 60 and all(name and name.endswith("deploy.py") for name in compared)
 
 

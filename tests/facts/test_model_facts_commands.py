@@ -22,8 +22,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 
+from support.model_configs import model_config_fixture, model_dir, planned
 from support.planning_fixtures import H100_80G, REPO, host_data, instance
-from test_model_info import fixture, model_dir, planned
 from vllm_fleet.catalog import lookup
 from vllm_fleet.commands import model_info as model_info_command
 from vllm_fleet.commands.gpus import declaration, print_text
@@ -59,7 +59,7 @@ def pasted(text: str) -> dict:
 # --- model-info, offline ---------------------------------------------------------------------------
 
 def test_model_info_of_a_directory_prints_an_entry_that_plans_like_the_directory(tmp_path, capsys):
-    folder = model_dir(tmp_path, fixture("mistralai--Mixtral-8x7B-v0.1"), total_size=93405585408)
+    folder = model_dir(tmp_path, model_config_fixture("mistralai--Mixtral-8x7B-v0.1"), total_size=93405585408)
     code, out, err = run_model_info(capsys, str(folder))
     assert code == 0 and not err
     assert "# weights: 86.991 GiB, model.safetensors.index.json (metadata.total_size)" in out
@@ -154,7 +154,7 @@ class StandInHub:
 
 def test_model_info_from_the_hub_reads_config_and_file_sizes(monkeypatch, capsys, tmp_path):
     sizes = {"model-00001-of-00002.safetensors": 50 * 2**30, "model-00002-of-00002.safetensors": 2**30 + 5}
-    with StandInHub(fixture("google--gemma-2-9b"), sizes) as hub:
+    with StandInHub(model_config_fixture("google--gemma-2-9b"), sizes) as hub:
         monkeypatch.setenv("HF_ENDPOINT", hub.url)
         monkeypatch.setenv("HF_TOKEN", "hf_secret_for_the_hub")
         code, out, err = run_model_info(capsys, "google/gemma-2-9b")
@@ -162,7 +162,7 @@ def test_model_info_from_the_hub_reads_config_and_file_sizes(monkeypatch, capsys
     assert f"config.json from {hub.url}/google/gemma-2-9b (main)" in out
     assert "# weights: 51.0 GiB, 2 *.safetensors files on the hub" in out and "hf_secret" not in out
     assert hub.authorizations == ["Bearer hf_secret_for_the_hub"] * 2
-    folder = model_dir(tmp_path, fixture("google--gemma-2-9b"), total_size=sum(sizes.values()))
+    folder = model_dir(tmp_path, model_config_fixture("google--gemma-2-9b"), total_size=sum(sizes.values()))
     assert planned(pasted(out), gpus=[H100_80G], max_model_len=8192)[1:] == \
         planned(str(folder), gpus=[H100_80G], max_model_len=8192)[1:]
 

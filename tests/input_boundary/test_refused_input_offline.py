@@ -56,84 +56,13 @@ def test_engine_args_the_planner_does_not_set_stay_free():
 import json  # noqa: E402
 import os  # noqa: E402
 import textwrap  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from types import SimpleNamespace  # noqa: E402
 
+from support.rollout_stubs import ROLLOUT_KEY, RolloutState, rollout_inventory, stub_pyinfra  # noqa: E402
 from vllm_fleet.commands import rollout as rollout_mod  # noqa: E402
 
 DEPLOY_ERROR_TEXT = ("error: host box1, instance tiny, key model_source: model_source '/nowhere' has no "
                      "readable config.json on this workstation\n  fix: point model_source at a model "
                      "directory\nnothing was changed on any host")
-
-
-class FakeState:
-    """What _converge_batch reads of pyinfra's State after run_ops."""
-
-    def __init__(self, ops_by_host=None):
-        from gevent.pool import Pool
-
-        self.pool = Pool(4)  # pyinfra's greenlet pool, which the batch's snapshots run in
-        self.ops, self.op_meta, self.order = {}, {}, []
-        self.failed_hosts: set = set()
-        self.active_hosts: set = set(ops_by_host or {})
-        for host, ops in (ops_by_host or {}).items():
-            self.ops[host] = {}
-            for name, commands in ops:
-                from pyinfra.api.operation import OperationMeta
-
-                op_hash = f"{host.name}:{name}"
-                meta = OperationMeta(op_hash, None)
-                meta.set_complete(True, commands, None)
-                self.ops[host][op_hash] = SimpleNamespace(operation_meta=meta)
-                self.op_meta[op_hash] = SimpleNamespace(names={name})
-                self.order.append(op_hash)
-
-    def get_op_order(self):
-        return self.order
-
-    def set_stage(self, _stage):
-        pass
-
-
-class FakeHost:
-    def __init__(self, name):
-        self.name, self.data = name, {}
-
-
-def _inventory(tmp_path, hosts=("box1",)):
-    inv = tmp_path / "inv.py"
-    inv.write_text(f"box = [{', '.join(repr((h, {'vllm_target': 'cpu'})) for h in hosts)}]\n")
-    return str(inv)
-
-
-#: The fleet key of these rollouts: the rollout reads it (with every other secret) before its first batch.
-ROLLOUT_KEY = "sk-rollout-5c0e19a7d2"
-
-
-def _stub_pyinfra(monkeypatch, state, load=None, run_ops=None):
-    monkeypatch.setenv("VLLM_FLEET_API_KEY", ROLLOUT_KEY)
-    hosts = {}
-
-    @contextmanager
-    def connected(_inventory, names, **_kw):
-        for n in names:
-            hosts.setdefault(n, FakeHost(n))
-        yield state, {n: hosts[n] for n in names}
-
-    import vllm_fleet.commands.connection
-
-    vllm_fleet.commands.connection.install()  # first: gevent patched before pyinfra_cli is imported
-
-    import pyinfra.api.operations
-    import pyinfra_cli.util
-
-    monkeypatch.setattr(vllm_fleet.commands.connection, "connected", connected)
-    import vllm_fleet.connect.remote
-
-    monkeypatch.setattr(vllm_fleet.connect.remote, "run", lambda *a, **k: (True, "{}", ""))
-    monkeypatch.setattr(pyinfra_cli.util, "load_func", load or (lambda *_a, **_kw: None))
-    monkeypatch.setattr(pyinfra.api.operations, "run_ops", run_ops or (lambda _state: None))
-    return hosts
 
 
 def _raise(exc):
@@ -147,8 +76,8 @@ def test_rollout_refused_input_is_a_clean_exit_2(monkeypatch, tmp_path, capsys):
     """A DeployError in a batch ends rollout cleanly (exit 2, the located message), not in an AttributeError."""
     from vllm_fleet.deploy import DeployError
 
-    _stub_pyinfra(monkeypatch, FakeState(), load=_raise(DeployError(DEPLOY_ERROR_TEXT)))
-    code = rollout_mod.main([_inventory(tmp_path)])
+    stub_pyinfra(monkeypatch, RolloutState(), load=_raise(DeployError(DEPLOY_ERROR_TEXT)))
+    code = rollout_mod.main([rollout_inventory(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 2
     assert DEPLOY_ERROR_TEXT in err
@@ -158,8 +87,8 @@ def test_rollout_refused_input_is_a_clean_exit_2(monkeypatch, tmp_path, capsys):
 def test_rollout_refused_input_in_json_names_every_host_untouched(monkeypatch, tmp_path, capsys):
     from vllm_fleet.deploy import DeployError
 
-    _stub_pyinfra(monkeypatch, FakeState(), load=_raise(DeployError(DEPLOY_ERROR_TEXT)))
-    code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2")), "--json", "--batch", "1"])
+    stub_pyinfra(monkeypatch, RolloutState(), load=_raise(DeployError(DEPLOY_ERROR_TEXT)))
+    code = rollout_mod.main([rollout_inventory(tmp_path, ("box1", "box2")), "--json", "--batch", "1"])
     out, err = capsys.readouterr()
     assert code == 2 and "Traceback" not in err
     report = json.loads(out)
@@ -173,12 +102,12 @@ def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp
 
     from vllm_fleet.deploy import access, verify
 
-    state = FakeState()
-    hosts = _stub_pyinfra(monkeypatch, state)
+    state = RolloutState()
+    hosts = stub_pyinfra(monkeypatch, state)
 
     def run_ops(_state):  # box1: only the lock and the verification ran; box2: a file was written
         box1, box2 = hosts["box1"], hosts["box2"]
-        fresh = FakeState({
+        fresh = RolloutState({
             box1: [("Deploy manifest", []),
                    ("Verify instances", [FunctionCommand(verify.verify_instances, (), {"checks": []})]),
                    ("Release the deploy lock", [FunctionCommand(access._release_lock, (), {})])],
@@ -188,7 +117,7 @@ def test_rollout_reports_unchanged_when_pyinfra_changed_nothing(monkeypatch, tmp
         state.ops, state.op_meta, state.order = fresh.ops, fresh.op_meta, fresh.order
 
     monkeypatch.setattr("pyinfra.api.operations.run_ops", run_ops)
-    code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2")), "--json", "--batch", "2"])
+    code = rollout_mod.main([rollout_inventory(tmp_path, ("box1", "box2")), "--json", "--batch", "2"])
     out, _err = capsys.readouterr()
     assert code == 0
     assert {h["name"]: h["state"] for h in json.loads(out)["hosts"]} == {"box1": "unchanged", "box2": "updated"}
@@ -201,9 +130,9 @@ def test_rollout_runs_the_packaged_deploy_on_each_batch_with_its_options(monkeyp
     from vllm_fleet.deploy import RunOptions, vllm_fleet_deploy
 
     loaded = []
-    _stub_pyinfra(monkeypatch, FakeState(), load=lambda state, function, **kwargs: loaded.append((function, kwargs)))
+    stub_pyinfra(monkeypatch, RolloutState(), load=lambda state, function, **kwargs: loaded.append((function, kwargs)))
     monkeypatch.chdir(tmp_path)  # no deploy.py here
-    code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "2"])
+    code = rollout_mod.main([rollout_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "2"])
     capsys.readouterr()
     assert code == 0
     assert loaded == [
@@ -214,15 +143,15 @@ def test_rollout_runs_the_packaged_deploy_on_each_batch_with_its_options(monkeyp
 
 
 def test_rollout_state_after_a_stop_stays_untouched(monkeypatch, tmp_path, capsys):
-    state = FakeState()
-    hosts = _stub_pyinfra(monkeypatch, state)
+    state = RolloutState()
+    hosts = stub_pyinfra(monkeypatch, state)
 
     def run_ops(_state):  # the first batch fails (and is rolled back); the second is never reached
         state.failed_hosts = {hosts["box1"]}
 
     monkeypatch.setattr("pyinfra.api.operations.run_ops", run_ops)
     monkeypatch.setattr(rollout_mod.rollback, "roll_back", lambda *_a: (True, "restored and verified"))
-    code = rollout_mod.main([_inventory(tmp_path, ("box1", "box2")), "--json"])
+    code = rollout_mod.main([rollout_inventory(tmp_path, ("box1", "box2")), "--json"])
     out, _err = capsys.readouterr()
     assert code == 1
     assert [h["state"] for h in json.loads(out)["hosts"]] == ["rolled back", "untouched"]

@@ -10,34 +10,13 @@ import textwrap
 import pytest
 import yaml
 
-from support.planning_fixtures import A100_40G, H100_80G, RTX_4090D, fleet_error_text, run_cli
+from support.planning_fixtures import (A100_40G, H100_80G, RTX_4090D, fleet_error_text, llama, node,
+                                      rendered_fleet, run_cli, two_servers)
 from vllm_fleet.config import ConfigErrors, check_fleet, node_group_of, node_groups, parse_host
 from vllm_fleet.fleet import load_fleet
 from vllm_fleet.plan import plan_fleet, plan_host, plan_node_group, stage_order
-from vllm_fleet.render import environment_prefix, environment_spec, render_host
+from vllm_fleet.render import environment_prefix, environment_spec
 from vllm_fleet.host_layout import RAY_UNIT
-
-LLAMA70B = "meta-llama/Meta-Llama-3-70B-Instruct"  # catalog: 80 layers, 64 heads, 8 KV heads, 131.4 GiB
-
-
-def llama(**overrides) -> dict:
-    inst = {"name": "llama70b", "model": LLAMA70B, "served_model_name": "llama-3-70b", "port": 8000,
-            "nodes": ["gpu-a", "gpu-b"]}
-    inst.update(overrides)
-    return inst
-
-
-def node(address: str, gpus=None, instances=None, **settings) -> dict:
-    data = {"gpus": copy.deepcopy(gpus or [A100_40G] * 4), "vllm_instances": instances or [],
-            "vllm_private_interface": "eth1", "ssh_hostname": address}
-    data.update(settings)
-    return data
-
-
-def two_servers(inst: dict | None = None, a: dict | None = None, b: dict | None = None) -> list:
-    """2 servers x 4xA100-40GB, the instance declared on the head gpu-a only."""
-    return [parse_host("gpu-a", {**node("10.0.0.1", instances=[inst or llama()]), **(a or {})}),
-            parse_host("gpu-b", {**node("10.0.0.2"), **(b or {})})]
 
 
 # --- the plan ----------------------------------------------------------------------------------
@@ -246,12 +225,6 @@ def test_bad_nodes_inputs_are_located_errors_with_a_fix(case):
 
 # --- rendering ----------------------------------------------------------------------------------
 
-def rendered(hosts) -> dict[str, dict[str, str]]:
-    check_fleet(hosts)
-    plan = plan_fleet(hosts)
-    return {h.name: {f.path: f.content for f in render_host(h, p)} for h, p in zip(hosts, plan.hosts, strict=True)}
-
-
 def _exec_start(unit: str) -> str:
     return next(line for line in unit.splitlines() if line.startswith("ExecStart="))
 
@@ -264,7 +237,7 @@ def _environment(unit: str) -> dict[str, str]:
 
 def test_render_the_head_gets_vllm_on_ray_and_the_ray_head_unit():
     hosts = two_servers(b={"gpus": [H100_80G] * 4})
-    files = rendered(hosts)["gpu-a"]
+    files = rendered_fleet(hosts)["gpu-a"]
     prefix = environment_prefix(hosts[0], environment_spec(hosts[0], plan_fleet(hosts).hosts[0]))
     engine = yaml.safe_load(files["/etc/vllm-fleet/llama70b.yaml"])
     assert engine["distributed-executor-backend"] == "ray"
@@ -290,7 +263,7 @@ def test_render_the_head_gets_vllm_on_ray_and_the_ray_head_unit():
 
 
 def test_render_the_worker_gets_only_a_ray_worker_unit_with_the_same_hardening():
-    files = rendered(two_servers())
+    files = rendered_fleet(two_servers())
     worker = files["gpu-b"]
     assert not any(p.endswith("llama70b.service") or "front" in p for p in worker)
     ray = worker[f"/etc/systemd/system/{RAY_UNIT}"]

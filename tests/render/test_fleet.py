@@ -11,8 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from support.planning_fixtures import A100_40G, host_data, instance
-from test_multinode_plan import llama, node
+from support.planning_fixtures import A100_40G, host_data, instance, llama, node
 from vllm_fleet import fleet as fleet_module
 from vllm_fleet.config import ConfigError, ConfigErrors
 from vllm_fleet.fleet import Fleet, GatewayUnplanned
@@ -346,7 +345,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     import pyinfra.api.operations
     import pyinfra_cli.util
 
-    from test_refused_input_offline import ROLLOUT_KEY, FakeState, _inventory
+    from support.rollout_stubs import ROLLOUT_KEY, RolloutState, rollout_inventory
     from vllm_fleet.commands import rollout
     from vllm_fleet.config import read_pyinfra_inventory
     from vllm_fleet.deploy import state as state_module
@@ -357,7 +356,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
 
     @contextmanager
     def connected(inventory, names, **_kw):  # as connection.connected does: the file read for each batch
-        state = FakeState()
+        state = RolloutState()
         state.inventory = read_pyinfra_inventory(inventory)
         reads.append(names)
         yield state, {h.name: h for h in state.inventory if h.name in names}
@@ -374,7 +373,7 @@ def test_rollout_parses_each_host_once_not_once_a_batch(tmp_path, monkeypatch, c
     monkeypatch.setattr(remote, "run", lambda *_a, **_k: (True, "{}", ""))
     monkeypatch.setattr(pyinfra_cli.util, "load_func", deploy)
     monkeypatch.setattr(pyinfra.api.operations, "run_ops", lambda _state: None)
-    code = rollout.main([_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "1"])
+    code = rollout.main([rollout_inventory(tmp_path, ("box1", "box2", "box3")), "--json", "--batch", "1"])
     capsys.readouterr()
     assert code == 0 and reads == [["box1"], ["box2"], ["box3"]]
     assert parsed == ["box1", "box2", "box3"]

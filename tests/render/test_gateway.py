@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from support.fleet_helpers import API_KEY, KEY_MARK
+from support.gateway_fleet import cpu_instance, gateway_fleet, gateway_render
 from support.planning_fixtures import free_port, parse_errors, run_cli
 from vllm_fleet.config.clients import client_id
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
@@ -40,35 +41,10 @@ GATEWAY_KNOBS = {"vllm_gateway": False, "vllm_gateway_port": 9000, "vllm_gateway
                  "vllm_advertise_address": None, "vllm_gateway_policy": "round_robin"}
 
 
-def cpu_instance(name: str, served: str, port: int = 8000, max_len: int = 2048) -> dict:
-    return {"name": name, "model": "/models/tiny", "served_model_name": served, "port": port,
-            "max_model_len": max_len}
-
-
-def fleet(**gateway_settings):
-    """Two served names over three instances, one name on two hosts; h1 is the gateway."""
-    data = [
-        ("h1", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.1", "vllm_gateway": True,
-                "vllm_instances": [cpu_instance("a", "alpha")], **gateway_settings}),
-        ("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2",
-                "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]}),
-        ("h3", {"vllm_target": "cpu", "vllm_advertise_address": "h3.example",
-                "vllm_instances": [cpu_instance("b2", "beta", port=8001)]}),
-    ]
-    hosts = [parse_host(name, d) for name, d in data]
-    return hosts, plan_fleet(hosts)
-
-
-def gateway_render(secrets=Secrets(API_KEY), **settings) -> dict:
-    hosts, plan = fleet(**settings)
-    return {f.path: f for f in render_host(hosts[0], plan.hosts[0], secrets,
-                                           backends=fleet_backends(hosts, plan))}
-
-
 # --- backends and models ------------------------------------------------------------------------
 
 def test_backends_are_every_planned_instance_of_every_host():
-    hosts, plan = fleet()
+    hosts, plan = gateway_fleet()
     got = [(b.host, b.instance, b.served_model_name, b.url) for b in fleet_backends(hosts, plan)]
     assert got == [("h1", "a", "alpha", "http://10.0.0.1:8000"),
                    ("h2", "b", "beta", "http://10.0.0.2:8000"),
@@ -112,7 +88,7 @@ def test_unit_runs_vllm_router_on_loopback_as_the_service_user_without_secrets()
     files = gateway_render()
     unit = files[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
     exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    hosts, plan = fleet()
+    hosts, plan = gateway_fleet()
     prefix = environment_prefix(hosts[0], environment_spec(hosts[0], plan.hosts[0]))
     # The flags as `vllm-router --help` (0.1.17) names them.
     assert exec_start == (f"ExecStart={prefix}/bin/vllm-router --enable-igw --host 127.0.0.1 --port 19000 "
@@ -154,7 +130,7 @@ def test_a_policy_vllm_router_lacks_or_the_gateway_cannot_serve_is_refused_with_
 
 
 def test_vllm_router_is_in_the_gateway_hosts_versioned_environment_and_a_new_version_is_a_new_one():
-    hosts, plan = fleet()
+    hosts, plan = gateway_fleet()
     spec = environment_spec(hosts[0], plan.hosts[0])
     assert "vllm-router==0.1.17" in spec.packages()
     assert "vllm-router==0.1.17" not in environment_spec(hosts[1], plan.hosts[1]).packages()
@@ -254,7 +230,7 @@ def test_a_gateway_host_without_instances_still_gets_its_front():
 
 
 def test_other_hosts_get_no_gateway_and_the_gateway_host_needs_the_backends():
-    hosts, plan = fleet()
+    hosts, plan = gateway_fleet()
     other = {f.path for f in render_host(hosts[1], plan.hosts[1], backends=fleet_backends(hosts, plan))}
     assert not any("gateway" in p for p in other)
     with pytest.raises(ValueError, match="fleet_backends"):
@@ -473,7 +449,7 @@ class StubAdmin(http.server.BaseHTTPRequestHandler):
 
 
 def register_script(tmp_path: Path) -> Path:
-    hosts, _ = fleet()
+    hosts, _ = gateway_fleet()
     script = tmp_path / "gateway-register.py"
     script.write_text(jinja_environment().get_template("gateway-register.py.j2").render(host=hosts[0], unit=GATEWAY_UNIT))
     return script
@@ -485,7 +461,7 @@ def test_registration_script_makes_the_routers_workers_equal_to_the_file(tmp_pat
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubAdmin)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     workers = tmp_path / "workers.json"
-    hosts, plan = fleet()
+    hosts, plan = gateway_fleet()
     workers.write_text(json.dumps([{"url": b.url, "model_id": b.served_model_name}
                                    for b in fleet_backends(hosts, plan)]))
     try:
@@ -648,7 +624,7 @@ def test_render_writes_the_gateway_files_on_the_gateway_host_only(tmp_path):
 
 
 def test_a_backend_with_other_clients_than_the_gateway_is_an_error():
-    hosts, _plan = fleet()
+    hosts, _plan = gateway_fleet()
     other = parse_host("h2", {"vllm_target": "cpu", "ssh_hostname": "10.0.0.2", "vllm_api_key_env": "OTHER_KEY",
                               "vllm_instances": [cpu_instance("b", "beta", max_len=4096)]})
     with pytest.raises(ConfigErrors) as info:
@@ -665,7 +641,7 @@ def test_a_backend_with_other_clients_than_the_gateway_is_an_error():
 
 
 def test_the_unit_does_not_change_with_the_backends_so_a_new_backend_reloads_instead_of_restarting():
-    hosts, plan = fleet()
+    hosts, plan = gateway_fleet()
     backends = fleet_backends(hosts, plan)
     unit = f"/etc/systemd/system/{GATEWAY_UNIT}"
     full = {f.path: f.content for f in render_host(hosts[0], plan.hosts[0], Secrets(API_KEY), backends)}

@@ -48,7 +48,9 @@ from support import real_tool_checks as tools
 from support import router_tool
 from support.debian_tool import ToolUnavailable
 from support.figures import report
-from support.planning_fixtures import A100_40G, H100_80G, REPO, RTX_4090D, TINY_MODEL_INFO, host_data, instance
+from support.boundary_hosts import CPU_HOST, GPU_HOST, base_data
+from support.planning_fixtures import (A100_40G, API_CLIENTS, H100_80G, REPO, RTX_4090D, TINY_MODEL_INFO, host_data,
+                                      instance, llama, node)
 from vllm_fleet import host_keys, tls, vllm_flags
 from vllm_fleet.config import (INSTANCE_KEYS, Checker, ConfigError, ConfigErrors, inventory_rows,
                                read_pyinfra_inventory)
@@ -121,13 +123,9 @@ def repository_cases() -> list[Case]:
 def fixture_cases() -> list[Case]:
     """The fleets the tests build: the team service's clients, the monitoring host with TLS and the
     gateway, a multi-node instance, the boundary property's two hosts."""
-    from test_boundary_properties import CPU_HOST, GPU_HOST, base_data
-    from test_multinode_plan import llama, node
-    from test_team_service import CLIENTS
-
     # A fleet of this host alone: a client's models are the ones it serves (check_fleet refuses others).
     clients = {name: dict(spec, models=["gemma3-12b-q4"]) if spec.get("models") else spec
-               for name, spec in CLIENTS.items()}
+               for name, spec in API_CLIENTS.items()}
     monitored = host_data(placement="single-instance", vllm_advertise_address="10.0.0.5", vllm_tls=True,
                           vllm_gateway=True, vllm_metrics=True, vllm_monitoring=True)
     return [
@@ -775,8 +773,6 @@ def test_the_ssh_port_as_a_monitoring_port_is_refused_at_plan_time():
 
 
 def test_rays_port_as_the_gateways_router_or_its_metrics_port_is_refused_at_plan_time():
-    from test_multinode_plan import llama, node
-
     for ray_port, words in ((19000, "the gateway's router port"), (19001, "the gateway's metrics port")):
         head = node("10.0.0.1", instances=[llama()], vllm_gateway=True, vllm_metrics=True, vllm_ray_port=ray_port)
         with pytest.raises(ConfigErrors) as info:

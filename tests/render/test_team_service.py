@@ -11,7 +11,7 @@ import stat
 import pytest
 from cryptography import x509
 
-from support.planning_fixtures import host_data
+from support.planning_fixtures import API_CLIENTS, host_data
 from vllm_fleet import host_keys, kinds, tls
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.config.clients import client_id
@@ -19,9 +19,6 @@ from vllm_fleet.gateway import gateway_access, key_pattern
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import Secrets, render_host
 
-CLIENTS = {"ci": {"key_env": "CI_KEY", "requests_per_minute": 6},
-           "research": {"key_file": "~/research.key", "models": ["gemma3-12b-q4"]},
-           "other": {"key_env": "OTHER_KEY", "models": ["not-served"]}}
 KEYS = (("ci", "sk-ci-1"), ("other", "sk-other-1"), ("research", "sk-research-1"))
 HOST_KEY = "vf-host-" + "cd" * 32
 
@@ -33,7 +30,7 @@ def errors_of(data: dict) -> list:
 
 
 def files_of(secrets=Secrets(client_keys=KEYS, host_key=HOST_KEY), **data) -> dict:
-    host = parse_host("box", host_data(placement="single-instance", vllm_api_clients=CLIENTS, **data))
+    host = parse_host("box", host_data(placement="single-instance", vllm_api_clients=API_CLIENTS, **data))
     return {f.path: f for f in render_host(host, plan_host(host), secrets)}
 
 

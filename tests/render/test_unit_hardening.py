@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from support.figures import report
-from test_gateway import gateway_render
-from test_multinode_plan import rendered as multinode_render, two_servers
+from support.gateway_fleet import gateway_render
+from support.planning_fixtures import rendered_fleet, two_servers
 from vllm_fleet.host_layout import GATEWAY_UNIT
 from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, UNIT_DIR
 
@@ -46,7 +46,7 @@ def unit_kind(name: str) -> str:
 def host_units() -> dict[str, dict[str, str]]:
     """{host: {unit file name: content}} of the hosts above."""
     files = {GATEWAY_HOST: {path: f.content for path, f in gateway_render().items()},
-             **multinode_render(two_servers())}
+             **rendered_fleet(two_servers())}
     units = {host: {Path(path).name: content for path, content in host_files.items()
                     if path.startswith(UNIT_DIR + "/")}
              for host, host_files in files.items()}

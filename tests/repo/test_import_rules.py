@@ -1,5 +1,5 @@
-"""The package's import rules, read from the source with `ast` (every import: at module level, inside
-functions, under TYPE_CHECKING):
+"""The import rules of the package and of its tests, read from the source with `ast` (every import:
+at module level, inside functions, under TYPE_CHECKING):
 
 - the pure core (CORE: config -> fleet -> plan -> render, and what they stand on) imports only the
   core: it reaches no host, runs no command and knows no test sandbox;
@@ -8,6 +8,9 @@ functions, under TYPE_CHECKING):
   import each other;
 - no circle among vllm_fleet's modules, an import inside a function included (it hides a circle, it
   does not remove it).
+- no test module imports another test module (a `test_*` module, at any depth of the file): what
+  tests share lives in the package tests/support/, imported as `support.<module>`; a helper
+  imported from another test module would tie a test to that module's fixtures and collection.
 
 Every top-level module of vllm_fleet is in a layer, named here: a new one fails
 test_every_top_level_module_is_in_a_layer until it is put in CORE or in another layer on purpose.
@@ -23,6 +26,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vllm_fleet"
+TESTS = PACKAGE.parent / "tests"
 
 CORE = frozenset({
     "vllm_fleet",  # the package itself: __version__
@@ -346,3 +350,38 @@ def test_an_upward_import_fails_both_checks(monkeypatch):
         test_no_module_imports_from_a_higher_layer()
     with pytest.raises(AssertionError, match="vllm_fleet.commands -> vllm_fleet.deploy -> vllm_fleet.commands"):
         test_no_circle_among_the_packages()
+
+
+def imported_test_modules(source: str) -> list[tuple[int, str]]:
+    """(line, module) of every import of a test module (`test_*`, by its top-level name) anywhere in
+    `source`: module level, functions, classes, if-blocks."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):  # relative: `from . import test_x` names it as an alias
+            names = [node.module or ""] + ([alias.name for alias in node.names] if node.level else [])
+        else:
+            continue
+        found += [(node.lineno, name) for name in names if name.split(".")[0].startswith("test_")]
+    return sorted(found)
+
+
+def test_no_test_module_imports_another():
+    imports = [f"{path.relative_to(TESTS.parent)}:{line} imports {module}"
+               for path in sorted(TESTS.rglob("test_*.py"))
+               for line, module in imported_test_modules(path.read_text())]
+    assert imports == [], ("move what test modules share into tests/support/ and import it from there:\n"
+                           + "\n".join(imports))
+
+
+def test_the_test_import_walk_sees_every_form_and_only_test_modules():
+    source = ("from test_gateway import gateway_render\n"
+              "import json, test_plan as plan\n"
+              "def late():\n"
+              "    from test_multinode_plan import llama\n"
+              "from support.planning_fixtures import test_data\n"
+              "import support.test_helpers\n"
+              "from . import test_sibling\n")
+    assert imported_test_modules(source) == [(1, "test_gateway"), (2, "test_plan"), (4, "test_multinode_plan"),
+                                             (7, "test_sibling")]

@@ -1,6 +1,6 @@
-"""What the tests share: the sandbox fixture, fleets and deploy helpers, the real tools' wrappers,
-the bad-input corpus, printed figures. Imported as `support.<module>` (tests/ is on sys.path: its
-conftest.py)."""
+"""What the tests share: the sandbox fixture, fleets and deploy helpers, host and instance data,
+the simulated deploy, rollout's pyinfra stubs, the real tools' wrappers, the bad-input corpus,
+printed figures. Imported as `support.<module>` (tests/ is on sys.path: its conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ TESTS = Path(__file__).resolve().parent.parent
 
 
 def test_directories() -> list[str]:
-    """Every directory of tests: each goes on sys.path, as pytest's (prepend) import mode puts one
-    there once it collects a test of it, so that a test using another's helpers (test_fleet the
-    multi-node plan's) imports them by module name whatever the order of collection."""
+    """Every directory of tests, as pytest's (prepend) import mode puts each on sys.path once it
+    collects a test of it: conftest.py puts them all there first, so that nothing imported by name
+    depends on the order of collection, and render_compare to import test_real_tools' fleets. No test
+    module imports another (tests/repo/test_import_rules.py): what tests share is in this package."""
     return [str(d) for d in sorted(TESTS.iterdir()) if d.is_dir() and any(d.glob("test_*.py"))]

@@ -1,6 +1,7 @@
-"""Shared helpers of the tests that need no host: GPU layouts and instance configs, the errors the
-config and the planner report, a stand-in pyinfra host for the deploy's prepare(), the CLI as a process,
-and a free local port."""
+"""Shared helpers of the tests that need no host: GPU layouts and instance configs (a multi-node
+Llama 3 70B over two servers among them), the errors the config and the planner report, a fleet
+rendered, a stand-in pyinfra host for the deploy's prepare(), the CLI as a process, and a free local
+port."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.facts.gpus import GPU_QUERY
 from vllm_fleet.plan import plan_fleet, plan_host
+from vllm_fleet.render import render_host
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,6 +56,44 @@ def host_data(gpus=None, instances=None, **settings) -> dict:
             "vllm_instances": instances if instances is not None else [instance()]}
     data.update(settings)
     return data
+
+
+# The team service's clients (vllm_api_clients): one limited by rate, one to one model by a key file,
+# one naming a model nobody serves.
+API_CLIENTS = {"ci": {"key_env": "CI_KEY", "requests_per_minute": 6},
+               "research": {"key_file": "~/research.key", "models": ["gemma3-12b-q4"]},
+               "other": {"key_env": "OTHER_KEY", "models": ["not-served"]}}
+
+LLAMA70B = "meta-llama/Meta-Llama-3-70B-Instruct"  # catalog: 80 layers, 64 heads, 8 KV heads, 131.4 GiB
+
+
+def llama(**overrides) -> dict:
+    """Llama 3 70B as a multi-node instance over the servers gpu-a and gpu-b."""
+    inst = {"name": "llama70b", "model": LLAMA70B, "served_model_name": "llama-3-70b", "port": 8000,
+            "nodes": ["gpu-a", "gpu-b"]}
+    inst.update(overrides)
+    return inst
+
+
+def node(address: str, gpus=None, instances=None, **settings) -> dict:
+    """The data of a server of a node group (4xA100-40GB unless `gpus` says others)."""
+    data = {"gpus": copy.deepcopy(gpus or [A100_40G] * 4), "vllm_instances": instances or [],
+            "vllm_private_interface": "eth1", "ssh_hostname": address}
+    data.update(settings)
+    return data
+
+
+def two_servers(inst: dict | None = None, a: dict | None = None, b: dict | None = None) -> list:
+    """2 servers x 4xA100-40GB, the instance declared on the head gpu-a only."""
+    return [parse_host("gpu-a", {**node("10.0.0.1", instances=[inst or llama()]), **(a or {})}),
+            parse_host("gpu-b", {**node("10.0.0.2"), **(b or {})})]
+
+
+def rendered_fleet(hosts) -> dict[str, dict[str, str]]:
+    """Every file rendered for these parsed hosts, checked and planned as one fleet: {host: {path: content}}."""
+    check_fleet(hosts)
+    plan = plan_fleet(hosts)
+    return {h.name: {f.path: f.content for f in render_host(h, p)} for h, p in zip(hosts, plan.hosts, strict=True)}
 
 
 def parse_errors(data: dict, name: str = "box") -> list:
