@@ -46,8 +46,10 @@ def _fleet_rank(item: pytest.Item) -> int:
 # costs tens of seconds on two cores, so a module whose fleet is the previous one's (or close to it)
 # comes right after it. The security module wants inventory/sandbox.py as it is, which the deploy
 # module leaves but for one removed instance (run later, it would restart all three to undo the
-# rollout's changes); the gateway module's served names are what the rollout module rolls from
-# (multinode's hosts are its own); the team modules share one HTTPS fleet. Modules not named keep
+# rollout's changes); from the gateway module on, sbx-cpu1 keeps the inventory's instance (the
+# gateway's second name is on sbx-cpu3, which host_packages and lifecycle restart anyway), and the
+# team modules keep the rollout's instances (multinode's hosts are their own); the team modules
+# share one HTTPS fleet. Modules not named keep
 # their place, after these, in file order.
 FLEET_ORDER = ("test_deploy_sandbox.py", "test_security_sandbox.py", "test_faults_sandbox.py",
                "test_gateway_sandbox.py", "test_host_packages_sandbox.py", "test_lifecycle_sandbox.py",

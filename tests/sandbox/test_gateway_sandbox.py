@@ -2,8 +2,11 @@
 and the official `openai` client: routing by model, the key at the edge, a dead backend taken out.
 (The rolling update under client load through the gateway is in test_rollout_sandbox.py.)
 
-Two served names across the three CPU hosts: sbx-cpu1 serves "tiny-solo", sbx-cpu2 and sbx-cpu3
-both serve "tiny-llama" (the gateway balances them). Traffic goes only to the sandbox hosts.
+Two served names across the three CPU hosts: sbx-cpu3 serves "tiny-solo", sbx-cpu1 (the gateway's
+own host) and sbx-cpu2 both serve "tiny-llama" (the gateway balances them). The name moves to sbx-cpu3
+because the modules after this one restart sbx-cpu3's vLLM anyway, while sbx-cpu1 keeps the
+inventory's own name to the end of the genuine vLLM's phase (tests/conftest.py: FLEET_ORDER). Traffic
+goes only to the sandbox hosts.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ from support.fleet_helpers import API_KEY, CPU_HOSTS, pyinfra, variant_inventory
 
 GATEWAY = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
 SOLO, POOL = "tiny-solo", "tiny-llama"
-SERVES = {"sbx-cpu1": SOLO, "sbx-cpu2": POOL, "sbx-cpu3": POOL}
 
 
 def _client(key: str = API_KEY, timeout: float = 60) -> openai.OpenAI:
@@ -55,7 +57,7 @@ def _successes(sandbox) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def two_names(sandbox, deploy_env, tmp_path_factory):
-    inventory = variant_inventory(tmp_path_factory.mktemp("gw"), instance={"sbx-cpu1": {"served_model_name": SOLO}})
+    inventory = variant_inventory(tmp_path_factory.mktemp("gw"), instance={"sbx-cpu3": {"served_model_name": SOLO}})
     result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=inventory)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
@@ -88,9 +90,9 @@ def test_openai_client_lists_each_name_once_and_requests_reach_only_their_instan
     after = _successes(sandbox)
     delta = {h: after[h] - before[h] for h in CPU_HOSTS}
     print(f"requests per backend (20 per name): {delta}")
-    assert delta["sbx-cpu1"] == 20  # tiny-solo only on its one instance
-    assert delta["sbx-cpu2"] + delta["sbx-cpu3"] == 20  # tiny-llama only on its two...
-    assert delta["sbx-cpu2"] > 0 and delta["sbx-cpu3"] > 0  # ...balanced across both
+    assert delta["sbx-cpu3"] == 20  # tiny-solo only on its one instance
+    assert delta["sbx-cpu1"] + delta["sbx-cpu2"] == 20  # tiny-llama only on its two...
+    assert delta["sbx-cpu1"] > 0 and delta["sbx-cpu2"] > 0  # ...balanced across both
 
 
 def test_a_wrong_or_missing_key_is_refused_at_the_gateway(two_names):
@@ -104,7 +106,7 @@ def test_a_wrong_or_missing_key_is_refused_at_the_gateway(two_names):
 
 def test_a_stopped_backend_is_taken_out_and_a_name_without_backends_fails_fast(two_names, sandbox, deploy_env):
     client = _client(timeout=30)
-    sandbox.run("sbx-cpu3", "systemctl stop vllm-tiny.service", check=True)
+    sandbox.run("sbx-cpu2", "systemctl stop vllm-tiny.service", check=True)
     stopped, late_failures, early_failures, sent = time.monotonic(), [], 0, 0
     try:
         while time.monotonic() - stopped < 10:
@@ -117,11 +119,11 @@ def test_a_stopped_backend_is_taken_out_and_a_name_without_backends_fails_fast(t
                 else:
                     early_failures += 1
             time.sleep(0.1)
-        print(f"sbx-cpu3 stopped: {sent} requests for {POOL} in 10 s, {early_failures} failed in the first "
+        print(f"sbx-cpu2 stopped: {sent} requests for {POOL} in 10 s, {early_failures} failed in the first "
               f"5 s, {len(late_failures)} after")
         assert not late_failures, late_failures[:3]
         # tiny-solo's only backend stopped: an error status, fast, once the router has seen it go.
-        sandbox.run("sbx-cpu1", "systemctl stop vllm-tiny.service", check=True)
+        sandbox.run("sbx-cpu3", "systemctl stop vllm-tiny.service", check=True)
         time.sleep(6)
         started = time.monotonic()
         status, body = _post(f"{GATEWAY}/completions", {"model": SOLO, "prompt": "hi", "max_tokens": 1},
@@ -132,15 +134,15 @@ def test_a_stopped_backend_is_taken_out_and_a_name_without_backends_fails_fast(t
         shown = json.loads(vllm_fleet(deploy_env, "status", two_names, "--json").stdout)
         (gateway,) = shown["gateways"]
         health = {b["host"]: b["healthy"] for b in gateway["backends"]}
-        assert gateway["url"] == GATEWAY and health == {"sbx-cpu1": False, "sbx-cpu2": True, "sbx-cpu3": False}
+        assert gateway["url"] == GATEWAY and health == {"sbx-cpu1": True, "sbx-cpu2": False, "sbx-cpu3": False}
     finally:  # both at once; each start blocks until its vLLM is healthy (ExecStartPost)
         starts = [threading.Thread(target=sandbox.run, args=(h, "systemctl start vllm-tiny.service"))
-                  for h in ("sbx-cpu1", "sbx-cpu3")]
+                  for h in ("sbx-cpu2", "sbx-cpu3")]
         for t in starts:
             t.start()
         for t in starts:
             t.join()
-        for host in ("sbx-cpu1", "sbx-cpu3"):
+        for host in ("sbx-cpu2", "sbx-cpu3"):
             assert sandbox.run(host, "systemctl is-active vllm-tiny.service").stdout.strip() == "active"
         _wait_all_healthy(sandbox)
 
@@ -167,7 +169,7 @@ def test_the_clients_host_header_reaches_no_backend_and_no_redirect(two_names):
     assert redirect.startswith("HTTP/1.1 301") and "\r\nLocation: /v1/\r\n" in redirect, redirect
     assert "evil" not in redirect
     for port in (9000, 8000):  # the gateway, and sbx-cpu1's own instance behind the same front
-        body = json.dumps({"model": SOLO, "prompt": "hi", "max_tokens": 1}).encode()
+        body = json.dumps({"model": POOL, "prompt": "hi", "max_tokens": 1}).encode()
         answer = _raw(address, port, b"POST /v1/completions HTTP/1.1\r\nHost: a@b#c?\r\nConnection: close\r\n"
                       b"Content-Type: application/json\r\nAuthorization: Bearer " + API_KEY.encode() +
                       b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body).decode()

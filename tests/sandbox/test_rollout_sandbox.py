@@ -25,8 +25,8 @@ from support.fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, rollout, v
 def rolled(sandbox, deploy_env, tmp_path_factory):
     """A config change of the two hosts that serve "tiny-llama", rolled over the 3 CPU hosts one at
     a time while clients send requests for it through the fleet gateway (sbx-cpu1): (rollout
-    result, hosts, order, client load). sbx-cpu1 keeps serving "tiny-solo", as the gateway module
-    left it (unchanged: its batch restarts nothing; were it left otherwise, its batch converges it)."""
+    result, hosts, order, client load). sbx-cpu1 serves "tiny-llama" as the inventory has it
+    (unchanged: its batch restarts nothing; were it left otherwise, its batch converges it)."""
     inventory = rolled_inventory(tmp_path_factory.mktemp("r1"))
     # Two clients, each pausing between requests: the three sandbox vLLMs share this machine's
     # two cores (each pins its engine to core 0), and a heavier load starved the instance that
@@ -38,15 +38,15 @@ def rolled(sandbox, deploy_env, tmp_path_factory):
     return (*result, load)
 
 
-# What the rollout converges to: max-num-seqs 16 on the tiny-llama hosts; sbx-cpu1 as the gateway
-# module left it.
-SERVES = {"sbx-cpu1": "tiny-solo", "sbx-cpu2": "tiny-llama", "sbx-cpu3": "tiny-llama"}
+# What the rollout converges to: max-num-seqs 16 on sbx-cpu2 and sbx-cpu3; sbx-cpu1 as the
+# inventory has it. The team modules keep the same, so their deploys restart no vLLM.
+SERVES = {"sbx-cpu1": "tiny-llama", "sbx-cpu2": "tiny-llama", "sbx-cpu3": "tiny-llama"}
 ROLLED = ("sbx-cpu2", "sbx-cpu3")
+ROLLED_INSTANCES = {name: {"max_num_seqs": 16} for name in ROLLED}
 
 
 def rolled_inventory(tmp_path) -> str:
-    return variant_inventory(tmp_path, instance={"sbx-cpu1": {"served_model_name": SERVES["sbx-cpu1"]},
-                                                 **{name: {"max_num_seqs": 16} for name in ROLLED}})
+    return variant_inventory(tmp_path, instance=ROLLED_INSTANCES)
 
 
 class GatewayLoad:

@@ -47,7 +47,10 @@ def _inventory(tmp_path) -> str:
     host_data = {h: dict(MONITORED) for h in CPU_HOSTS}
     host_data["sbx-cpu1"]["vllm_monitoring"] = True
     host_data[GPU_HOST] = dict(MONITORED, vllm_instances=[])
-    return variant_inventory(tmp_path, host_data=host_data, extra_hosts=[gpu_host])
+    # The instances as the rollout module left them (test_rollout_sandbox.ROLLED_INSTANCES): the
+    # monitoring settings restart no vLLM, so neither does this deploy.
+    return variant_inventory(tmp_path, host_data=host_data, extra_hosts=[gpu_host],
+                             instance={"sbx-cpu2": {"max_num_seqs": 16}, "sbx-cpu3": {"max_num_seqs": 16}})
 
 
 def _ask(sandbox, path: str, **params) -> dict:

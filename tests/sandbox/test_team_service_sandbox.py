@@ -39,7 +39,9 @@ CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
 def _inventory(tmp_path, clients=CLIENTS, cpu2_instance=None) -> str:
     data = {"vllm_tls": True, "vllm_api_clients": clients, "vllm_direct_access": False}
     return variant_inventory(tmp_path, host_data={h: dict(data, vllm_direct_access=h == "sbx-cpu2") for h in CPU_HOSTS},
-                             instance={"sbx-cpu3": {"served_model_name": "tiny-b"}, "sbx-cpu2": cpu2_instance or {}})
+                             instance={"sbx-cpu3": {"served_model_name": "tiny-b"},
+                                       # as the modules before left it (no restart), unless a test changes it
+                                       "sbx-cpu2": cpu2_instance or {"max_num_seqs": 16}})
 
 
 def _client(base: str, key: str, ca: str) -> openai.OpenAI:
