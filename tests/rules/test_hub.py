@@ -263,3 +263,36 @@ def test_a_repos_own_code_comes_along_for_trust_remote_code():
                {"path": "model.safetensors", "size": 10**9}, {"path": "scripts/train.py", "size": 5_000}]
     chosen = hub.select_files(listing).paths
     assert "modeling_custom.py" in chosen and "scripts/train.py" not in chosen  # top level only, as vLLM
+
+
+# The shape of a sentence-transformers embedding repo (BAAI/bge-m3's kind): its modules' own files
+# beside the model's, module folders named <index>_<Class> by sentence-transformers. Sizes invented.
+SENTENCE_TRANSFORMERS_REPO = [
+    {"path": p, "size": 1000} for p in (
+        "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "sentencepiece.bpe.model", "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+        "1_Pooling/config.json", "2_Dense/config.json", "2_Dense/model.safetensors", "2_Dense/pytorch_model.bin",
+        "onnx/model.onnx", "onnx/config.json", "colbert_linear.pt", "README.md", "imgs/bench.jpg")]
+
+
+def test_an_embedding_models_sentence_transformers_files_come_along():
+    """vLLM reads modules.json (pooling, normalisation, Dense layers), each module's config.json and a
+    Dense module's weights, and the sentence_*_config.json tokenizer settings: an offline start
+    without them pools differently from the model's own definition, or fails on a missing file."""
+    sel = hub.select_files(SENTENCE_TRANSFORMERS_REPO)
+    assert sel.weight_format == "safetensors"
+    assert set(sel.paths) == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                              "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
+                              "config_sentence_transformers.json", "1_Pooling/config.json", "2_Dense/config.json",
+                              "2_Dense/model.safetensors", "2_Dense/pytorch_model.bin"}
+    assert matched(sel.allow_patterns, SENTENCE_TRANSFORMERS_REPO) == sorted(sel.paths)
+    # Without a listing the same files are asked for by pattern; the ONNX export's config is not one.
+    [d] = hub.instance_downloads("BAAI/bge-m3")
+    got = matched(d.allow_patterns, SENTENCE_TRANSFORMERS_REPO)
+    assert {"modules.json", "1_Pooling/config.json", "2_Dense/model.safetensors"} <= set(got)
+    assert "onnx/config.json" not in got and "onnx/model.onnx" not in got
+
+
+def test_a_repo_without_modules_json_gets_no_module_folders():
+    plain = [f for f in SENTENCE_TRANSFORMERS_REPO if f["path"] != "modules.json"]
+    assert not [p for p in hub.select_files(plain).paths if "/" in p or p.startswith("sentence_")]

@@ -39,6 +39,19 @@ TOKENIZER_FILES = (
     # mistral_common tokenizers (tokenizer_mode auto picks them when present)
     "tekken.json",
 )
+#: A sentence-transformers repo (embedding models): vLLM reads its modules (modules.json: the pooling
+#: and normalisation it applies, the Dense projections it loads), its tokenizer settings
+#: (sentence_*_config.json), and the prompts of config_sentence_transformers.json
+#: (transformers_utils/config.py: get_pooling_config, get_sentence_transformer_tokenizer_config,
+#: try_get_dense_modules; entrypoints/pooling/embed/io_processor.py).
+SENTENCE_TRANSFORMERS_FILES = (
+    "modules.json", "config_sentence_transformers.json", "sentence_bert_config.json",
+    "sentence_roberta_config.json", "sentence_distilbert_config.json", "sentence_camembert_config.json",
+    "sentence_albert_config.json", "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json",
+)
+#: A module's own folder (sentence-transformers names it <index>_<Class>: 1_Pooling, 2_Dense): its
+#: config, and a Dense module's weights (adapters._load_dense_weights tries these two).
+SENTENCE_TRANSFORMERS_MODULE_FILE = re.compile(r"[0-9]+_[^/]+/(config\.json|model\.safetensors|pytorch_model\.bin)")
 #: Mistral-format repos: config and index that go with consolidated*.safetensors.
 MISTRAL_FILES = ("params.json", "consolidated.safetensors.index.json")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -125,6 +138,9 @@ def select_files(listing: Iterable, *, gguf_file: str | None = None, weights: bo
     # Top-level *.py: a repo's own model/tokenizer code, which `trust-remote-code` imports at start
     # (offline then, so it must be here); a few KB, harmless without that flag.
     chosen = [f for f in top if f.path in CONFIG_FILES or f.path in TOKENIZER_FILES or f.path.endswith(".py")]
+    if "modules.json" in names:  # a sentence-transformers model: its modules' files too
+        chosen += [f for f in files if f.path in SENTENCE_TRANSFORMERS_FILES
+                   or SENTENCE_TRANSFORMERS_MODULE_FILE.fullmatch(f.path)]
     if not weights:
         if "config.json" not in names:
             raise ValueError("no config.json at the top of the repo (vLLM reads the model config from it)")
@@ -206,7 +222,8 @@ def _download(repo: str, listings, *, why: str, gguf_file: str | None = None,
         # No listing: names at the top level only ("[!/]" keeps "*" out of subfolders).
         patterns = list(CONFIG_FILES + TOKENIZER_FILES)
         if weights:
-            patterns += ["[!/]*.safetensors", SAFETENSORS_INDEX]
+            patterns += ["[!/]*.safetensors", SAFETENSORS_INDEX, *SENTENCE_TRANSFORMERS_FILES,
+                         *(f"[0-9]*_*/{name}" for name in ("config.json", "model.safetensors", "pytorch_model.bin"))]
     return RepoDownload(repo, tuple(patterns), None, why)
 
 
