@@ -19,7 +19,7 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 
 # The vLLM instances of a host: a list of dicts, each with these keys (key = what leaving it out
 # means: what it is; config.InstanceConfig declares them):
-#   name (required): the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters)
+#   name (required): the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters), not starting with 'fleet-' (vllm-fleet's own units)
 #   model (required): a Hugging Face id, or the model's absolute path on the host
 #   served_model_name (required): what clients send as 'model'; one name is one model across the fleet
 #   port (required): clients reach the instance at <vllm_bind_host>:<port> (1024-65535)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from vllm_fleet import path_writers
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig, NodeGroup, check_fleet, node_group_of
 from vllm_fleet.gateway import Backend, GatewayAccess
 from vllm_fleet.monitoring.targets import ScrapeTarget
@@ -68,7 +69,11 @@ def prepare_host(found: Discovered, secrets: Secrets | None = None,
     plan = plan_host(found.config, found.live, found.interconnect, node_groups=node_groups)
     backends = backends_for(plan) if backends_for else None
     targets = targets_for(plan) if targets_for else None
-    files = {f.path: f for f in render_host(found.config, plan, secrets, backends, targets, gateway_access)}
+    rendered = render_host(found.config, plan, secrets, backends, targets, gateway_access)
+    twice = path_writers.rendered_twice(found.config, [f.path for f in rendered])
+    if twice:
+        raise ConfigErrors(twice)
+    files = {f.path: f for f in rendered}
     return PreparedHost(found.config, plan, files, backends, node_groups)
 
 

@@ -35,9 +35,8 @@ def test_the_declared_files_are_the_files_render_writes(inventory, tmp_path):
         rendered = {f.path for f in render_host(config, host_plan, backends=backends,
                                                 targets=fleet.monitoring_targets(),
                                                 gateway_access=fleet.gateway_access())}
-        declared = {path for path, who in path_writers.declared_writers(
-                        config, fleet.held_instances(config), [inst.name for inst in host_plan.instances])
-                    if who.startswith("the rendered file")}
+        declared = {path for path, _who in path_writers.declared_files(
+            config, fleet.held_instances(config), [inst.name for inst in host_plan.instances])}
         assert declared == rendered, config.name
 
 
@@ -50,9 +49,15 @@ def _host(name="x", model="/srv/m", model_source="/tmp", **settings):
     (lambda: _host(name="hub", model="someone/tiny", model_source=None), "host box, instance hub, key name",
      "instance hub's env file would be /etc/vllm-fleet/hub.env, the file of the Hugging Face token the downloads use"),
     (lambda: _host(model="/srv/vf/x.env", vllm_config_dir="/srv/vf"), "host box, instance x, key model",
-     "/srv/vf/x.env would be written by the rendered file x.env and by the model sync of /tmp"),
+     "/srv/vf/x.env would be written by instance x's env and by the model sync of /tmp"),
     (lambda: _host(model="/srv/vf/front-secrets", vllm_config_dir="/srv/vf"), "host box, instance x, key model",
-     "/srv/vf/front-secrets would be written by front secrets directory and by the model sync of /tmp"),
+     "/srv/vf/front-secrets would be written by the front's secrets directory and by the model sync of /tmp"),
+    (lambda: _host(model="/opt/vllm-fleet/.upload"), "host box, instance x, key model",
+     "/opt/vllm-fleet/.upload would be written by the uploads directory and by the model sync of /tmp"),
+    (lambda: _host(model="/srv/vf-prometheus", vllm_config_dir="/srv/vf", vllm_monitoring=True, vllm_metrics=True),
+     "host box, instance x, key model", "would be written by Prometheus' directory and by the model sync"),
+    (lambda: _host(vllm_config_dir="/opt/vllm-fleet/rollback"), "host box, key vllm_config_dir",
+     "/opt/vllm-fleet/rollback would be written by the config directory and by the rollback directory"),
 ])
 def test_two_writers_of_one_path_are_refused_before_any_host_is_reached(config, located, words):
     config = config()
@@ -72,3 +77,34 @@ def test_one_path_of_one_writer_is_no_clash():
     writers = path_writers.declared_writers(config, config.instances)
     assert writers.count(("/srv/vf/models/m", "the model sync of /tmp")) == 2
     assert path_writers.path_clashes(config, config.instances, writers) == []
+
+
+def test_one_source_spelled_two_ways_is_one_sync():
+    config = parse_host("box", host_data(gpus=None, vllm_target="cpu", instances=[
+        instance(name=n, model="/srv/models/m", model_source=s, tokenizer="someone/tok", port=p, max_model_len=1024)
+        for n, s, p in (("a", "/tmp/", 8000), ("b", "/tmp", 8100))]))
+    assert Fleet.of([config]).path_problems([config]) == []
+
+
+@pytest.mark.parametrize("name", ["fleet-exporter", "fleet-node-exporter", "fleet-prometheus", "fleet-front"])
+def test_an_instance_cannot_take_a_name_of_vllm_fleets_own_units(name):
+    # vllm-fleet-<x>.service are the front, gateway, Ray, exporters and Prometheus.
+    with pytest.raises(ConfigErrors) as info:
+        _host(name=name)
+    assert any(e.key == "name" and "'fleet-'" in e.fix for e in info.value.errors)
+
+
+def test_two_rendered_files_at_one_path_are_refused():
+    config = _host()
+    [error] = path_writers.rendered_twice(config, ["/etc/a", "/etc/b", "/etc/a"])
+    assert error.located().startswith("host box, key vllm_instances") and "/etc/a" in error.message
+
+
+def test_nothing_but_its_own_sync_lives_below_a_synced_model():
+    # A backstop behind parse_host's own rules (which refuse the knobs' directories inside a model):
+    # any writer below the model path is refused, naming it.
+    config = _host(model="/srv/m")
+    writers = [*path_writers.declared_writers(config, config.instances), ("/srv/m/keys.conf", "the front's keys")]
+    [error] = path_writers.path_clashes(config, config.instances, writers)
+    assert error.located().startswith("host box, instance x, key model")
+    assert "and /srv/m/keys.conf (the front's keys) is inside it" in error.message

@@ -284,7 +284,7 @@ def test_an_embedding_models_sentence_transformers_files_come_along():
     assert set(sel.paths) == {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
                               "special_tokens_map.json", "modules.json", "sentence_bert_config.json",
                               "config_sentence_transformers.json", "1_Pooling/config.json", "2_Dense/config.json",
-                              "2_Dense/model.safetensors", "2_Dense/pytorch_model.bin"}
+                              "2_Dense/model.safetensors"}  # the Dense weights once, as vLLM loads them
     assert matched(sel.allow_patterns, SENTENCE_TRANSFORMERS_REPO) == sorted(sel.paths)
     # Without a listing the same files are asked for by pattern; the ONNX export's config is not one.
     [d] = hub.instance_downloads("BAAI/bge-m3")
@@ -295,4 +295,19 @@ def test_an_embedding_models_sentence_transformers_files_come_along():
 
 def test_a_repo_without_modules_json_gets_no_module_folders():
     plain = [f for f in SENTENCE_TRANSFORMERS_REPO if f["path"] != "modules.json"]
-    assert not [p for p in hub.select_files(plain).paths if "/" in p or p.startswith("sentence_")]
+    assert not [p for p in hub.select_files(plain).paths if "/" in p]
+
+
+def test_old_format_module_weights_are_not_fetched_twice_and_a_tokenizer_repo_gets_no_module_weights():
+    # 0_Transformer/ is the base model again in old repos: vLLM loads the top level's weights only.
+    old = [*SENTENCE_TRANSFORMERS_REPO, {"path": "0_Transformer/pytorch_model.bin", "size": 10**9},
+           {"path": "2_Dense/sub/model.safetensors", "size": 10}]
+    paths = hub.select_files(old).paths
+    assert "0_Transformer/pytorch_model.bin" not in paths and "2_Dense/sub/model.safetensors" not in paths
+    tokenizer_only = hub.select_files(old, weights=False).paths
+    assert "sentence_bert_config.json" in tokenizer_only  # tokenizers/hf.py reads it from a tokenizer repo
+    assert not [p for p in tokenizer_only if "/" in p]
+    # Without a listing the patterns name the usual folders and never reach deeper.
+    [d] = hub.instance_downloads("BAAI/bge-m3")
+    assert matched(d.allow_patterns, [{"path": "10_x/onnx/config.json"}, {"path": "2_Dense/sub/config.json"},
+                                      {"path": "2_Dense/sub/pytorch_model.bin"}]) == []

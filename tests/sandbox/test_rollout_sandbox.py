@@ -18,14 +18,15 @@ import urllib.request
 
 import pytest
 
-from support.fleet_helpers import API_KEY, KEY_MARK, CPU_HOSTS, chat, rollout, variant_inventory, vllm_fleet
+from support.fleet_helpers import (API_KEY, KEY_MARK, CPU_HOSTS, ROLLOUT_END_INSTANCES, chat, rollout,
+                                   variant_inventory, vllm_fleet)
 
 
 @pytest.fixture(scope="module")
 def rolled(sandbox, deploy_env, tmp_path_factory):
-    """A config change of the two hosts that serve "tiny-llama", rolled over the 3 CPU hosts one at
-    a time while clients send requests for it through the fleet gateway (sbx-cpu1): (rollout
-    result, hosts, order, client load). sbx-cpu1 serves "tiny-llama" as the inventory has it
+    """A config change of sbx-cpu2 and sbx-cpu3, rolled over the 3 CPU hosts (all serving
+    "tiny-llama") one at a time while clients send requests for it through the fleet gateway
+    (sbx-cpu1): (rollout result, hosts, order, client load). sbx-cpu1 serves "tiny-llama" as the inventory has it
     (unchanged: its batch restarts nothing; were it left otherwise, its batch converges it)."""
     inventory = rolled_inventory(tmp_path_factory.mktemp("r1"))
     # Two clients, each pausing between requests: the three sandbox vLLMs share this machine's
@@ -41,19 +42,18 @@ def rolled(sandbox, deploy_env, tmp_path_factory):
 # What the rollout converges to: max-num-seqs 16 on sbx-cpu2 and sbx-cpu3; sbx-cpu1 as the
 # inventory has it. The team modules keep the same, so their deploys restart no vLLM.
 SERVES = {"sbx-cpu1": "tiny-llama", "sbx-cpu2": "tiny-llama", "sbx-cpu3": "tiny-llama"}
-ROLLED = ("sbx-cpu2", "sbx-cpu3")
-ROLLED_INSTANCES = {name: {"max_num_seqs": 16} for name in ROLLED}
+ROLLED = tuple(ROLLOUT_END_INSTANCES)  # sbx-cpu2, sbx-cpu3
 
 
 def rolled_inventory(tmp_path) -> str:
-    return variant_inventory(tmp_path, instance=ROLLED_INSTANCES)
+    return variant_inventory(tmp_path, instance=ROLLOUT_END_INSTANCES)
 
 
 class GatewayLoad:
     """Client threads sending 2-token completions through the gateway until stopped; counts failures.
 
-    They use the name every CPU host serves after the first batch ("tiny-llama"): while one instance
-    restarts, the others serve it. (A name with a single instance cannot be served while that
+    They use the name every CPU host serves ("tiny-llama"): while one instance restarts, the others
+    serve it. (A name with a single instance cannot be served while that
     instance restarts, drained or not.)"""
 
     URL = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1/completions"
@@ -100,7 +100,7 @@ def test_rollout_drains_each_host_from_the_gateway_and_no_client_request_fails(r
     assert result.returncode == 0, result.stderr
     print(f"rollout under load: {load.sent} requests through the gateway from {load.clients} clients, "
           f"{len(load.failures)} failed")
-    # sbx-cpu2 and sbx-cpu3 are each drained while the other serves the clients' model.
+    # sbx-cpu2 and sbx-cpu3 are each drained while the others serve the clients' model.
     for name in ROLLED:
         assert f"{name}: drained from the gateway" in result.stderr, result.stderr[-3000:]
     back = [int(ln.split()[1]) for ln in result.stderr.splitlines() if ln.startswith("gateway: ")

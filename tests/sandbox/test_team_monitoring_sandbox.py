@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from support.fleet_helpers import CPU_HOSTS, REPO, pyinfra, variant_inventory, vllm_fleet
+from support.fleet_helpers import CPU_HOSTS, REPO, ROLLOUT_END_INSTANCES, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.monitoring import metric_names
 from vllm_fleet.host_layout import PROMETHEUS_UNIT
 from vllm_fleet.monitoring.rules import alert_rules
@@ -47,10 +47,9 @@ def _inventory(tmp_path) -> str:
     host_data = {h: dict(MONITORED) for h in CPU_HOSTS}
     host_data["sbx-cpu1"]["vllm_monitoring"] = True
     host_data[GPU_HOST] = dict(MONITORED, vllm_instances=[])
-    # The instances as the rollout module left them (test_rollout_sandbox.ROLLED_INSTANCES): the
-    # monitoring settings restart no vLLM, so neither does this deploy.
-    return variant_inventory(tmp_path, host_data=host_data, extra_hosts=[gpu_host],
-                             instance={"sbx-cpu2": {"max_num_seqs": 16}, "sbx-cpu3": {"max_num_seqs": 16}})
+    # The instances as the rollout module left them: the monitoring settings restart no vLLM, so
+    # neither does this deploy.
+    return variant_inventory(tmp_path, host_data=host_data, extra_hosts=[gpu_host], instance=ROLLOUT_END_INSTANCES)
 
 
 def _ask(sandbox, path: str, **params) -> dict:

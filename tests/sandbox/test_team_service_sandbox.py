@@ -24,7 +24,7 @@ import urllib.request
 import openai
 import pytest
 
-from support.fleet_helpers import CPU_HOSTS, pyinfra, variant_inventory, vllm_fleet
+from support.fleet_helpers import CPU_HOSTS, ROLLOUT_END_INSTANCES, pyinfra, variant_inventory, vllm_fleet
 
 GATEWAY = f"https://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
 INSTANCE = f"https://{CPU_HOSTS['sbx-cpu2']}:8000/v1"
@@ -41,7 +41,7 @@ def _inventory(tmp_path, clients=CLIENTS, cpu2_instance=None) -> str:
     return variant_inventory(tmp_path, host_data={h: dict(data, vllm_direct_access=h == "sbx-cpu2") for h in CPU_HOSTS},
                              instance={"sbx-cpu3": {"served_model_name": "tiny-b"},
                                        # as the modules before left it (no restart), unless a test changes it
-                                       "sbx-cpu2": cpu2_instance or {"max_num_seqs": 16}})
+                                       "sbx-cpu2": cpu2_instance or ROLLOUT_END_INSTANCES["sbx-cpu2"]})
 
 
 def _client(base: str, key: str, ca: str) -> openai.OpenAI:

@@ -31,6 +31,10 @@ API_KEY = "sk-sandbox-5b1e0c2f it's \"q\" \\ $HOME"
 # In every secret check: catches the key however it is quoted or escaped where it leaked.
 KEY_MARK = "5b1e0c2f"
 CPU_HOSTS = {"sbx-cpu1": "10.213.7.11", "sbx-cpu2": "10.213.7.12", "sbx-cpu3": "10.213.7.13"}
+# The CPU hosts' instances as the rollout module leaves them (max_num_seqs 16 on sbx-cpu2 and
+# sbx-cpu3; sbx-cpu1 as the inventory has it): the team modules after it keep them, so their
+# deploys restart no vLLM for it (tests/conftest.py: FLEET_ORDER).
+ROLLOUT_END_INSTANCES = {"sbx-cpu2": {"max_num_seqs": 16}, "sbx-cpu3": {"max_num_seqs": 16}}
 # Everything the deploy would write or start on a host, as (path, checksum), unit PIDs and envs.
 FINGERPRINT = ("find /etc/vllm-fleet /etc/systemd/system /opt/vllm-fleet -maxdepth 2 -type f 2>/dev/null "
                "| sort | xargs -r sha256sum; systemctl show -p MainPID --value 'vllm-*' 2>/dev/null; "

@@ -38,8 +38,7 @@ from vllm_fleet.config.fleet_checks import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_
 from vllm_fleet.config.gpus import GpuSpec
 from vllm_fleet.config.host import (HUB_TOKEN_FILE, HostConfig, config_dir_clashes, parse_host,
                                     service_user_directories, synced_model_clashes)
-from vllm_fleet.config.host_checks import (MANAGED_DIRECTORY_KNOBS, RESERVED_GATEWAY_NAME, RESERVED_INSTANCE_NAME,
-                                           RESERVED_RAY_NAME)
+from vllm_fleet.config.host_checks import MANAGED_DIRECTORY_KNOBS, RESERVED_INSTANCE_PREFIX
 from vllm_fleet.config.instance import (DTYPES, HOST_DEFAULTS, INSTANCE_DECLARED, INSTANCE_FLAGS, INSTANCE_KEYS,
                                         INSTANCE_UNIT_PREFIX, INSTANCE_UNIT_SUFFIX, MAX_START_TIMEOUT_S,
                                         MIN_START_TIMEOUT_S, REQUIRED_INSTANCE_KEYS, InstanceConfig, instance_of_unit,
@@ -76,7 +75,7 @@ __all__ = [
     # ports
     "gateway_ports", "host_ports", "monitoring_ports",
     # host_checks, host
-    "MANAGED_DIRECTORY_KNOBS", "RESERVED_GATEWAY_NAME", "RESERVED_INSTANCE_NAME", "RESERVED_RAY_NAME",
+    "MANAGED_DIRECTORY_KNOBS", "RESERVED_INSTANCE_PREFIX",
     "HUB_TOKEN_FILE", "HostConfig", "config_dir_clashes", "parse_host", "service_user_directories",
     "synced_model_clashes",
     # fleet_checks

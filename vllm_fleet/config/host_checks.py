@@ -16,12 +16,10 @@ from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
 from vllm_fleet.config.ports import GATEWAY_PORT_NAMES, gateway_ports, instance_ports, monitoring_ports
 from vllm_fleet.config.settings import KNOBS, Settings
 
-# Unit vllm-fleet-front.service is the host's front (nginx): no instance may be named so.
-RESERVED_INSTANCE_NAME = "fleet-front"
-# Unit vllm-fleet-gateway.service is the fleet gateway (vllm_fleet/gateway.py): no instance may be named so.
-RESERVED_GATEWAY_NAME = "fleet-gateway"
-# Unit vllm-fleet-ray.service is a node's Ray (host_layout.RAY_UNIT): no instance may be named so.
-RESERVED_RAY_NAME = "fleet-ray"
+# vllm-fleet's own services are units vllm-fleet-*.service (the front, the gateway, a node's Ray, the
+# exporters, Prometheus: host_layout), and an instance's unit is vllm-<name>.service: no instance
+# name starts with this, so no instance's unit is ever one of theirs.
+RESERVED_INSTANCE_PREFIX = "fleet-"
 
 
 def _is_utf8(text: str) -> bool:
@@ -132,16 +130,11 @@ def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
     """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
     seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
     for inst in instances:
-        if inst.name == RESERVED_INSTANCE_NAME:  # vllm-fleet-front.service is the host's front
-            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
-                        "host's front)", instance=inst.name, key="name", fix="pick another name")
-        if inst.name == RESERVED_GATEWAY_NAME:
-            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
-                        "fleet's gateway)", instance=inst.name, key="name", fix="pick another name")
-        if inst.name == RESERVED_RAY_NAME:
-            check.error(f"the name {inst.name!r} is reserved (unit vllm-{inst.name}.service is the "
-                        "node's Ray, for multi-node instances)", instance=inst.name, key="name",
-                        fix="pick another name")
+        if inst.name.startswith(RESERVED_INSTANCE_PREFIX):
+            check.error(f"the name {inst.name!r} starts with {RESERVED_INSTANCE_PREFIX!r}, which is reserved: "
+                        f"units vllm-{RESERVED_INSTANCE_PREFIX}*.service are vllm-fleet's own services (the "
+                        "front, the gateway, a node's Ray, the exporters, Prometheus)", instance=inst.name,
+                        key="name", fix="pick a name that does not start with 'fleet-'")
         for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
             for value in values:
                 other = seen[key].get(value)

@@ -81,7 +81,8 @@ class InstanceConfig:
     """One `vllm serve` the user asked for (before planning): one field per instance key."""
 
     name: str = knob(
-        REQUIRED, "the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters)",
+        REQUIRED, "the unit is vllm-<name>.service: letters, digits, '-' and '_' (1-64 characters), not "
+                  "starting with 'fleet-' (vllm-fleet's own units)",
         check=kinds.name_problem, fix="name = 'gemma' (letters, digits, '-' and '_' only, 1-64 characters)")
     model: str = knob(
         REQUIRED, "a Hugging Face id, or the model's absolute path on the host", flag="model",

@@ -58,16 +58,17 @@ def service_directories(deployment: Deployment) -> list[ManagedDirectory]:
     layout, user = host_layout(config), settings.vllm_service_user
     front = front_paths(config)["unit"] in deployment.files
     dirs = []
-    for path, name in path_writers.managed_directories(config, front=front):
+    for path, _writer in path_writers.managed_directories(config, front=front):
         if path == layout.config_dir:
-            dirs.append(ManagedDirectory(name, path, "0755", "root", "root"))
+            dirs.append(ManagedDirectory("Config directory", path, "0755", "root", "root"))
         elif path == layout.front_secrets_dir:
-            dirs.append(ManagedDirectory(name, path, "0750", "root", settings.vllm_front_user))
+            dirs.append(ManagedDirectory("Front secrets directory", path, "0750", "root", settings.vllm_front_user))
         else:
             # The state dir holds vllm_models_dir by default: others may traverse it (0751, not list
             # it), so the login user can upload model files into place (model_sync); what the service
             # writes (HF_HOME, caches, config) stays 0750 below it.
-            dirs.append(ManagedDirectory(name, path, "0751" if path == settings.vllm_state_dir else "0750", user, user))
+            dirs.append(ManagedDirectory(f"Directory {path}", path, "0751" if path == settings.vllm_state_dir else "0750",
+                                         user, user))
     return dirs
 
 

@@ -237,7 +237,9 @@ def _check_one_step_per_path(deployment: Deployment) -> None:
     apply to the paths the settings give the host), applied here to what this run rendered and
     makes. Bad input: refused before any change."""
     config, instances = deployment.config, deployment.model_instances()
-    directories = [(d.path, d.name.lower()) for d in service_directories(deployment)]
+    front = host_layout(config).front["unit"] in deployment.files
+    directories = (path_writers.managed_directories(config, front=front)
+                   + path_writers.layout_directories(config, instances))
     errors = path_writers.path_clashes(
         config, instances, path_writers.rendered_writers(instances, deployment.files, directories=directories),
         hub_downloads=bool(hub_downloads(deployment)))

@@ -50,8 +50,14 @@ SENTENCE_TRANSFORMERS_FILES = (
     "sentence_albert_config.json", "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json",
 )
 #: A module's own folder (sentence-transformers names it <index>_<Class>: 1_Pooling, 2_Dense): its
-#: config, and a Dense module's weights (adapters._load_dense_weights tries these two).
-SENTENCE_TRANSFORMERS_MODULE_FILE = re.compile(r"[0-9]+_[^/]+/(config\.json|model\.safetensors|pytorch_model\.bin)")
+#: config; a Dense module's weights too (adapters._load_dense_weights: model.safetensors, else
+#: pytorch_model.bin).
+SENTENCE_TRANSFORMERS_MODULE_CONFIG = re.compile(r"[0-9]+_[^/]+/config\.json")
+SENTENCE_TRANSFORMERS_DENSE_WEIGHTS = re.compile(r"([0-9]+_Dense[^/]*)/(model\.safetensors|pytorch_model\.bin)")
+#: The same without a listing, as snapshot_download's patterns (fnmatch: "*" would cross "/", so
+#: none is used): the usual single-digit module folders.
+SENTENCE_TRANSFORMERS_PATTERNS = (*SENTENCE_TRANSFORMERS_FILES, "[0-9]_Pooling/config.json", "[0-9]_Dense/config.json",
+                                  "[0-9]_Dense/model.safetensors", "[0-9]_Dense/pytorch_model.bin")
 #: Mistral-format repos: config and index that go with consolidated*.safetensors.
 MISTRAL_FILES = ("params.json", "consolidated.safetensors.index.json")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -138,9 +144,11 @@ def select_files(listing: Iterable, *, gguf_file: str | None = None, weights: bo
     # Top-level *.py: a repo's own model/tokenizer code, which `trust-remote-code` imports at start
     # (offline then, so it must be here); a few KB, harmless without that flag.
     chosen = [f for f in top if f.path in CONFIG_FILES or f.path in TOKENIZER_FILES or f.path.endswith(".py")]
-    if "modules.json" in names:  # a sentence-transformers model: its modules' files too
-        chosen += [f for f in files if f.path in SENTENCE_TRANSFORMERS_FILES
-                   or SENTENCE_TRANSFORMERS_MODULE_FILE.fullmatch(f.path)]
+    # A sentence-transformers model's settings (the tokenizer's too: tokenizers/hf.py reads them
+    # from a tokenizer repo); its modules' files where it has them (modules.json).
+    chosen += [f for f in top if f.path in SENTENCE_TRANSFORMERS_FILES]
+    if weights and "modules.json" in names:
+        chosen += _sentence_transformers_modules(files)
     if not weights:
         if "config.json" not in names:
             raise ValueError("no config.json at the top of the repo (vLLM reads the model config from it)")
@@ -163,6 +171,18 @@ def select_files(listing: Iterable, *, gguf_file: str | None = None, weights: bo
             return _selection(chosen + found, fmt)
     raise ValueError("no weights vLLM loads at the top of the repo (*.safetensors, *.bin or *.pt); "
                      "*.pth and files under subfolders such as original/ are not loaded")
+
+
+def _sentence_transformers_modules(files: list[RepoFile]) -> list[RepoFile]:
+    """Each module folder's config.json, and a Dense module's weights in one format (safetensors
+    first, as vLLM loads them)."""
+    out = [f for f in files if SENTENCE_TRANSFORMERS_MODULE_CONFIG.fullmatch(f.path)]
+    weights: dict[str, RepoFile] = {}
+    for f in sorted(files, key=lambda f: not f.path.endswith(".safetensors")):
+        found = SENTENCE_TRANSFORMERS_DENSE_WEIGHTS.fullmatch(f.path)
+        if found:
+            weights.setdefault(found.group(1), f)
+    return out + list(weights.values())
 
 
 def _selection(files: list[RepoFile], fmt: str) -> Selection:
@@ -220,10 +240,10 @@ def _download(repo: str, listings, *, why: str, gguf_file: str | None = None,
         patterns = [_fnmatch_escape(gguf_file)]
     else:
         # No listing: names at the top level only ("[!/]" keeps "*" out of subfolders).
-        patterns = list(CONFIG_FILES + TOKENIZER_FILES)
+        patterns = list(CONFIG_FILES + TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES)
         if weights:
-            patterns += ["[!/]*.safetensors", SAFETENSORS_INDEX, *SENTENCE_TRANSFORMERS_FILES,
-                         *(f"[0-9]*_*/{name}" for name in ("config.json", "model.safetensors", "pytorch_model.bin"))]
+            patterns += ["[!/]*.safetensors", SAFETENSORS_INDEX,
+                         *(p for p in SENTENCE_TRANSFORMERS_PATTERNS if p not in SENTENCE_TRANSFORMERS_FILES)]
     return RepoDownload(repo, tuple(patterns), None, why)
 
 
