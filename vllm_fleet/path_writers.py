@@ -87,7 +87,8 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
     tls = settings.vllm_tls is True
     for wanted, paths, what in groups:
         files += [(path, f"the {what}'s {kind}") for kind, path in paths.items() if wanted
-                  # the certificate, its key and the trusted CAs only with vllm_tls; directories below
+                  # the certificate, its key and the trusted CAs only with vllm_tls; Prometheus'
+                  # directories are layout_directories'
                   and (tls or not kind.startswith("tls_")) and kind not in ("dir", "targets_dir")]
     if settings.vllm_gateway is True:  # a client limited to some models
         files += [(layout.client_models(c.name), f"client {c.name}'s model list")

@@ -47,6 +47,11 @@ class ManagedDirectory:
     group: str
 
 
+def runs_front(deployment: Deployment) -> bool:
+    """Whether this run writes the host's front (render gives it one only where it has something to serve)."""
+    return front_paths(deployment.config)["unit"] in deployment.files
+
+
 def service_directories(deployment: Deployment) -> list[ManagedDirectory]:
     """The directories of the host's services (path_writers.managed_directories, in the order they
     are made), with their owners and modes: the config directory (root's; each service's files in it
@@ -56,9 +61,8 @@ def service_directories(deployment: Deployment) -> list[ManagedDirectory]:
     config = deployment.config
     settings = config.settings
     layout, user = host_layout(config), settings.vllm_service_user
-    front = front_paths(config)["unit"] in deployment.files
     dirs = []
-    for path, _writer in path_writers.managed_directories(config, front=front):
+    for path, _writer in path_writers.managed_directories(config, front=runs_front(deployment)):
         if path == layout.config_dir:
             dirs.append(ManagedDirectory("Config directory", path, "0755", "root", "root"))
         elif path == layout.front_secrets_dir:

@@ -42,7 +42,7 @@ from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
 
 from . import access
 from .managed import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
-                     service_accounts, service_directories)
+                     runs_front, service_accounts, service_directories)
 from .options import RunOptions
 from .state import Deployment, fail, host_config, run_fleet
 
@@ -237,8 +237,7 @@ def _check_one_step_per_path(deployment: Deployment) -> None:
     apply to the paths the settings give the host), applied here to what this run rendered and
     makes. Bad input: refused before any change."""
     config, instances = deployment.config, deployment.model_instances()
-    front = host_layout(config).front["unit"] in deployment.files
-    directories = (path_writers.managed_directories(config, front=front)
+    directories = (path_writers.managed_directories(config, front=runs_front(deployment))
                    + path_writers.layout_directories(config, instances))
     errors = path_writers.path_clashes(
         config, instances, path_writers.rendered_writers(instances, deployment.files, directories=directories),

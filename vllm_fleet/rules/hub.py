@@ -54,10 +54,10 @@ SENTENCE_TRANSFORMERS_FILES = (
 #: pytorch_model.bin).
 SENTENCE_TRANSFORMERS_MODULE_CONFIG = re.compile(r"[0-9]+_[^/]+/config\.json")
 SENTENCE_TRANSFORMERS_DENSE_WEIGHTS = re.compile(r"([0-9]+_Dense[^/]*)/(model\.safetensors|pytorch_model\.bin)")
-#: The same without a listing, as snapshot_download's patterns (fnmatch: "*" would cross "/", so
-#: none is used): the usual single-digit module folders.
-SENTENCE_TRANSFORMERS_PATTERNS = (*SENTENCE_TRANSFORMERS_FILES, "[0-9]_Pooling/config.json", "[0-9]_Dense/config.json",
-                                  "[0-9]_Dense/model.safetensors", "[0-9]_Dense/pytorch_model.bin")
+#: The module files without a listing, as snapshot_download's patterns (fnmatch: "*" would cross
+#: "/", so none is used): the usual single-digit module folders.
+SENTENCE_TRANSFORMERS_MODULE_PATTERNS = ("[0-9]_Pooling/config.json", "[0-9]_Dense/config.json",
+                                         "[0-9]_Dense/model.safetensors", "[0-9]_Dense/pytorch_model.bin")
 #: Mistral-format repos: config and index that go with consolidated*.safetensors.
 MISTRAL_FILES = ("params.json", "consolidated.safetensors.index.json")
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -143,10 +143,10 @@ def select_files(listing: Iterable, *, gguf_file: str | None = None, weights: bo
     names = {f.path for f in top}
     # Top-level *.py: a repo's own model/tokenizer code, which `trust-remote-code` imports at start
     # (offline then, so it must be here); a few KB, harmless without that flag.
-    chosen = [f for f in top if f.path in CONFIG_FILES or f.path in TOKENIZER_FILES or f.path.endswith(".py")]
-    # A sentence-transformers model's settings (the tokenizer's too: tokenizers/hf.py reads them
-    # from a tokenizer repo); its modules' files where it has them (modules.json).
-    chosen += [f for f in top if f.path in SENTENCE_TRANSFORMERS_FILES]
+    # A sentence-transformers model's settings come too (the tokenizer's as well: tokenizers/hf.py
+    # reads them from a tokenizer repo), and its modules' files where it has them (modules.json).
+    chosen = [f for f in top if f.path in CONFIG_FILES or f.path in TOKENIZER_FILES
+              or f.path in SENTENCE_TRANSFORMERS_FILES or f.path.endswith(".py")]
     if weights and "modules.json" in names:
         chosen += _sentence_transformers_modules(files)
     if not weights:
@@ -242,8 +242,7 @@ def _download(repo: str, listings, *, why: str, gguf_file: str | None = None,
         # No listing: names at the top level only ("[!/]" keeps "*" out of subfolders).
         patterns = list(CONFIG_FILES + TOKENIZER_FILES + SENTENCE_TRANSFORMERS_FILES)
         if weights:
-            patterns += ["[!/]*.safetensors", SAFETENSORS_INDEX,
-                         *(p for p in SENTENCE_TRANSFORMERS_PATTERNS if p not in SENTENCE_TRANSFORMERS_FILES)]
+            patterns += ["[!/]*.safetensors", SAFETENSORS_INDEX, *SENTENCE_TRANSFORMERS_MODULE_PATTERNS]
     return RepoDownload(repo, tuple(patterns), None, why)
 
 
