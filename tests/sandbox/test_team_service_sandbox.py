@@ -221,42 +221,61 @@ def test_status_counts_each_clients_requests_of_the_last_hour(team):
 
 
 def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(team, sandbox, tmp_path):
-    """Streams run back to back through sbx-cpu2's front while a deploy changes its engine args and so
-    restarts vLLM: the one in flight when systemd stops vLLM finishes (--shutdown-timeout), all 400
-    tokens, no reset. A stream is in flight once vLLM has sent its first chunk: one whose request
-    was still on its way when the stop began may be refused (the instance is going away; on a loaded
-    machine that way takes a while), but none that vLLM had begun answering may be cut."""
-    client = _client(INSTANCE, KEYS["ALICE_KEY"], team["ca"])
-    done, results = threading.Event(), []
+    """Streams run through sbx-cpu2's front while a deploy changes its engine args and so restarts
+    vLLM: the one in flight when systemd stops vLLM finishes (--shutdown-timeout), all 400 tokens, no
+    reset. A stream is in flight once vLLM has sent its first chunk: one whose request was still on
+    its way when the stop began may be refused (the instance is going away; on a loaded machine that
+    way takes a while), but none that vLLM had begun answering may be cut.
 
-    def stream_loop():
+    Each stream starts the next one once it has its first HANDOVER_CHUNKS chunks, so streams overlap:
+    the next one has its first chunk within a decode step or two of vLLM, while the one handing over
+    still has hundreds of tokens to go. Whenever the stop comes, one of them is past its first chunk;
+    back to back, the stop could fall in the gap between one stream's end and the next one's start."""
+    client = _client(INSTANCE, KEYS["ALICE_KEY"], team["ca"])
+    done, results, streams = threading.Event(), [], []
+    handover_chunks = 20
+
+    def one_stream(handed_over: threading.Event):
+        started, first, chunks, tokens, finish, error = time.time(), None, 0, 0, None, None
+        try:
+            # vLLM may send several tokens in one chunk: the count is the usage it reports last.
+            for chunk in client.completions.create(model="tiny-llama", prompt="hi", max_tokens=400,
+                                                   stream=True, stream_options={"include_usage": True},
+                                                   extra_body={"ignore_eos": True}):
+                first = first or time.time()
+                chunks += 1
+                if chunks == handover_chunks:
+                    handed_over.set()
+                if chunk.choices:
+                    finish = chunk.choices[0].finish_reason or finish
+                if chunk.usage:
+                    tokens = chunk.usage.completion_tokens
+        except openai.APIError as exc:
+            error = repr(exc)
+            time.sleep(0.5)
+        results.append({"started": started, "first": first, "ended": time.time(), "tokens": tokens,
+                        "finish": finish, "error": error})
+        handed_over.set()
+
+    def stream_chain():
         while not done.is_set():
-            started, first, tokens, finish, error = time.time(), None, 0, None, None
-            try:
-                # vLLM may send several tokens in one chunk: the count is the usage it reports last.
-                for chunk in client.completions.create(model="tiny-llama", prompt="hi", max_tokens=400,
-                                                       stream=True, stream_options={"include_usage": True},
-                                                       extra_body={"ignore_eos": True}):
-                    first = first or time.time()
-                    if chunk.choices:
-                        finish = chunk.choices[0].finish_reason or finish
-                    if chunk.usage:
-                        tokens = chunk.usage.completion_tokens
-            except openai.APIError as exc:
-                error = repr(exc)
-                time.sleep(0.5)
-            results.append({"started": started, "first": first, "ended": time.time(), "tokens": tokens,
-                            "finish": finish, "error": error})
+            handed_over = threading.Event()
+            stream = threading.Thread(target=one_stream, args=(handed_over,), daemon=True)
+            stream.start()
+            streams.append(stream)
+            handed_over.wait()
 
     before = sandbox.run("sbx-cpu2", "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
-    worker = threading.Thread(target=stream_loop, daemon=True)
-    worker.start()
+    chain = threading.Thread(target=stream_chain, daemon=True)
+    chain.start()
     try:
         inventory = _inventory(tmp_path, cpu2_instance={"max_num_seqs": 8})
         result = pyinfra(team["env"], "--limit", "sbx-cpu2", inventory=inventory)
     finally:
         done.set()
-        worker.join(timeout=180)
+        chain.join(timeout=180)
+        for stream in list(streams):
+            stream.join(timeout=180)
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     after = sandbox.run("sbx-cpu2", "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
     assert after != before, "the deploy did not restart vLLM"
