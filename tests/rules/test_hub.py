@@ -311,3 +311,19 @@ def test_old_format_module_weights_are_not_fetched_twice_and_a_tokenizer_repo_ge
     [d] = hub.instance_downloads("BAAI/bge-m3")
     assert matched(d.allow_patterns, [{"path": "10_x/onnx/config.json"}, {"path": "2_Dense/sub/config.json"},
                                       {"path": "2_Dense/sub/pytorch_model.bin"}]) == []
+
+
+# The shape of quantized checkpoints that keep their quantization in a file of their own beside
+# config.json: GPTQ repos (TheBloke/Llama-2-7B-GPTQ: quantize_config.json) and ModelOpt exports
+# (nvidia/Llama-3.1-8B-Instruct-FP8: hf_quant_config.json). Sizes invented.
+@pytest.mark.parametrize("quant_file", ["quantize_config.json", "quant_config.json", "hf_quant_config.json"])
+def test_a_quantized_checkpoints_own_quantization_file_comes_along(quant_file):
+    """vLLM globs the model directory for the quant method's file when config.json has no
+    quantization_config: offline, a start without it fails ("Cannot find the config file")."""
+    listing = [{"path": p, "size": 1000} for p in ("config.json", "model.safetensors", "tokenizer.json",
+                                                     quant_file, "README.md", "training_args.json")]
+    sel = hub.select_files(listing)
+    assert quant_file in sel.paths and "training_args.json" not in sel.paths
+    assert matched(sel.allow_patterns, listing) == sorted(sel.paths)
+    [d] = hub.instance_downloads("nvidia/Llama-3.1-8B-Instruct-FP8")  # no listing: asked for by name
+    assert quant_file in matched(d.allow_patterns, listing)

@@ -29,7 +29,12 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, TypeGuard
 
 #: Files vLLM (transformers' AutoConfig/AutoTokenizer/AutoProcessor) reads besides the weights.
-CONFIG_FILES = ("config.json", "generation_config.json")
+#: A quantized checkpoint whose config.json has no quantization_config keeps it in a file of its own,
+#: which vLLM globs in the model directory (model_loader/weight_utils.py get_quant_config: the quant
+#: method's get_config_filenames: GPTQ, AWQ, MoE-WNA16 quantize_config.json, AWQ quant_config.json,
+#: ModelOpt hf_quant_config.json, which transformers_utils/config.py also reads for the method).
+CONFIG_FILES = ("config.json", "generation_config.json",
+                "quantize_config.json", "quant_config.json", "hf_quant_config.json")
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json",
     "added_tokens.json", "vocab.json", "vocab.txt", "merges.txt", "chat_template.jinja",
