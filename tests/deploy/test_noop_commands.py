@@ -498,6 +498,30 @@ def test_a_model_path_holding_files_of_others_stops_the_deploy_while_planning(tm
     assert text.endswith("\nnothing was changed on any host")
 
 
+class LinkedModelDirectory(SimulatedHost):
+    """A host whose synced model path is a symlink into /etc (one its service user could have made)."""
+
+    def answer(self, q: facts.Query, env_name: str) -> list[str]:
+        if q.fact.__name__ == "ModelSyncState":
+            return ["real\t/etc/box", "exists\t755", "end\t0"]
+        return super().answer(q, env_name)
+
+
+def test_a_model_path_reached_through_a_link_is_refused_with_the_links_own_fix(tmp_path, monkeypatch, model_dir):
+    """Emptying the directory, the fix for a foreign one, would do nothing here: the way out is the
+    directory the link stands for, or no link."""
+    from vllm_fleet.deploy import DeployError
+
+    worlds = {"gw": SimulatedHost(), "box": LinkedModelDirectory(model_source=model_dir)}
+    with pytest.raises(DeployError) as refused:
+        run_deploy(tmp_path, monkeypatch, worlds)
+    text = str(refused.value)
+    assert "model path /srv/models/box is reached through a symlink (it resolves to /etc/box)" in text
+    assert ("fix: set 'model' to /etc/box, the directory the link stands for, if the model belongs there; "
+            "else replace the link with a directory") in text
+    assert "remove its contents yourself" not in text and text.endswith("\nnothing was changed on any host")
+
+
 def test_a_changed_engine_config_costs_its_upload_and_the_restart(tmp_path, monkeypatch, model_dir):
     from vllm_fleet.commands.rollout import changed_operations
 

@@ -367,7 +367,8 @@ def test_an_etc_like_directory_is_refused_before_anything_is_sent_or_removed(mon
     said = _sh(cmds[0]).stderr
     assert said.startswith(f"host gpu9: model sync {src} -> /etc: /etc holds 103 entries vllm-fleet did not put "
                            "there (it has no .vllm-fleet-manifest.json), e.g. ")
-    assert "nothing was sent or removed; fix: sync into an empty or new directory, or remove /etc's contents" in said
+    assert ("nothing was sent or removed; fix: set 'model' to an empty or new directory, e.g. a directory of its "
+            "own under vllm_models_dir; or, if /etc is meant for this model alone, remove its contents yourself") in said
     assert fake.fact_calls == ["ModelSyncState"]  # not even a hash is asked for
 
 

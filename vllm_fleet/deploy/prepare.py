@@ -30,7 +30,7 @@ from vllm_fleet.facts.discovery import discover, discovery_queries
 from vllm_fleet.facts.batch import query
 from vllm_fleet.facts.host import HostRuntime, HubModelCached, InstalledEnvironment, ManagedUnits
 from vllm_fleet.facts.model_sync import ModelSyncState
-from vllm_fleet.rules.model_sync import ownership_problem
+from vllm_fleet.rules.model_sync import ownership_fix, ownership_problem
 from vllm_fleet.rules.ownership import account_problem, directory_problem
 from vllm_fleet.facts.model_sync import state_query as model_state_query
 from vllm_fleet.operations.managed import environment_queries
@@ -264,9 +264,8 @@ def _check_synced_model_dirs(deployment: Deployment) -> None:
             errors.append(ConfigError(
                 f"model path {problem}; syncing model_source {inst.model_source} there would replace or "
                 "delete them (the sync removes what model_source lacks)", host=config.name, instance=inst.name,
-                key="model", fix=f"set 'model' to an empty or new directory, e.g. under vllm_models_dir: "
-                                 f"{config.settings.vllm_models_dir.rstrip('/')}/{inst.name}; or, if {dest} is "
-                                 "meant for this model alone, remove its contents yourself"))
+                key="model", fix=ownership_fix(sync_state, dest, f"under vllm_models_dir: "
+                                               f"{config.settings.vllm_models_dir.rstrip('/')}/{inst.name}")))
     if errors:
         fail(errors)
 

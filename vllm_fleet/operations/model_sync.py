@@ -32,7 +32,7 @@ from vllm_fleet.facts import batch as facts
 from vllm_fleet.facts.model_sync import ModelSyncHashes, ModelSyncState
 from vllm_fleet.model_source import PARTIAL_SUFFIX, LocalManifest, human_size, local_manifest
 from vllm_fleet.rules.model_sync import (MANIFEST_NAME, SyncPlan, manifest_text,
-                                         ownership_problem, plan_sync)
+                                         ownership_fix, ownership_problem, plan_sync)
 from vllm_fleet.connect.remote import AS_LOGIN_USER, login_owner, login_user
 
 PROGRESS_EVERY_S = 10.0  # an in-flight progress line per file at most this often
@@ -263,8 +263,7 @@ def model_sync(src: str, dest: str, mode: str = "0644", dir_mode: str = "0755", 
     problem = ownership_problem(state, dest)
     if problem:  # the deploy refuses this while planning (deploy/prepare.py _check_synced_model_dirs); other callers
         text = (f"host {host.name}: model sync {src} -> {dest}: {problem}; the sync deletes what {src} lacks, "
-                f"so nothing was sent or removed; fix: sync into an empty or new directory, or remove {dest}'s "
-                "contents yourself")
+                f"so nothing was sent or removed; fix: {ownership_fix(state, dest, 'a directory of its own under vllm_models_dir')}")
         yield f"echo {shlex.quote(text)} >&2; exit 1"
         return
     if state["exists"] and not state["listing_ok"]:

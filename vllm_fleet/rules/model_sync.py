@@ -134,8 +134,8 @@ def ownership_problem(state: dict[str, Any], dest: str) -> str | None:
     file), so a rerun after a first sync cut short finds the manifest and goes on: the rule needs
     no guess about which files an earlier run left."""
     dest = dest.rstrip("/") or "/"
-    real = state.get("real")
-    if real and real != dest:
+    real = reached_through_link(state, dest)
+    if real:
         # The sync writes as root: a link on the way (one the service user could have made in its
         # own state directory, say) would carry its files and deletions anywhere, e.g. into /etc.
         return (f"{dest} is reached through a symlink (it resolves to {real}); the sync, which writes as "
@@ -154,6 +154,24 @@ def ownership_problem(state: dict[str, Any], dest: str) -> str | None:
                 "files vllm-fleet did not put there cannot be told")
     return None
 
+
+
+def reached_through_link(state: dict[str, Any], dest: str) -> str | None:
+    """Where dest really is when a symlink lies on its way (ownership_problem refuses it), else None."""
+    real = state.get("real")
+    return real if real and real != (dest.rstrip("/") or "/") else None
+
+
+def ownership_fix(state: dict[str, Any], dest: str, suggested: str) -> str:
+    """The fix for ownership_problem's refusal: for a link on the way, the directory it stands for
+    or no link; for a directory holding what vllm-fleet did not put there, `suggested` (an empty or
+    new directory) or emptying it."""
+    real = reached_through_link(state, dest)
+    if real:
+        return (f"set 'model' to {real}, the directory the link stands for, if the model belongs there; "
+                f"else replace the link with a directory (the sync writes as root and follows no link)")
+    return (f"set 'model' to an empty or new directory, e.g. {suggested}; or, if {dest} is meant for this "
+            "model alone, remove its contents yourself")
 
 @dataclass
 class SyncPlan:
