@@ -154,6 +154,9 @@ class InstancePlan:
     #: and the GPU indices it uses on each. Empty on one host.
     nodes: tuple[str, ...] = ()
     node_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: placement 'auto' on mixed GPU models: the objective, the layout chosen and the runner-up with
+    #: their numbers (plan/objective.py: choice_record); None where nothing was weighed.
+    placement_choice: dict[str, Any] | None = None
 
     @property
     def unit_name(self) -> str:
@@ -199,6 +202,7 @@ class InstancePlan:
             "warnings": list(self.warnings),
             "reasons": list(self.reasons),
             "alternatives": list(self.alternatives),
+            "placement_choice": self.placement_choice,
         }
 
 
