@@ -72,25 +72,50 @@ def test_the_seed_gguf_box_keeps_its_split_and_says_what_it_beat():
     assert not hp.warnings
 
 
-def test_more_whole_requests_beat_fewer_stages():
-    # bf16 Gemma-3-12B at 16k: PP over all three GPUs holds more full-length requests than the
-    # A100 pair alone, so the slower pipeline wins on the first criterion.
+def test_every_weighed_layout_ranks_below_the_chosen_one():
+    # bf16 Gemma-3-12B at 16k: the 4090 D cannot hold it alone; PP over all three GPUs and the A100
+    # pair (DP=2) are both weighed, and the plan's choice is the objective's.
     (inst,) = plan(host_data(instances=[instance(model="google/gemma-3-12b-it", tokenizer=None)])).instances
     choice = inst.placement_choice
-    assert inst.pipeline_parallel_size == 3
-    assert choice["runner_up"]["full_length_requests"] < choice["chosen"]["full_length_requests"]
+    chosen, runner_up = choice["chosen"], choice["runner_up"]
+    key = lambda option: (-option["full_length_requests"], option["pipeline_stages"], option["gpu_count"])  # noqa: E731
+    assert key(chosen) <= key(runner_up)
+    assert any("1xRTX 4090 D: does not fit" in a for a in inst.alternatives)
+
+
+class _Plan:
+    """What the objective reads of an InstancePlan."""
+
+    def __init__(self, gpus, concurrency, pp=1, dp=1):
+        self.layout = type("Layout", (), {"gpus": tuple(type("Gpu", (), {"index": i})() for i in gpus)})()
+        self.max_concurrency, self.pipeline_parallel_size, self.data_parallel_size = concurrency, pp, dp
+
+
+def test_more_whole_requests_beat_fewer_stages():
+    from vllm_fleet.plan.objective import PlacementOption, choose, why_lost
+
+    pipeline = PlacementOption([_Plan([0, 1, 2], 5.2, pp=3)], split=False, free=())
+    pair = PlacementOption([_Plan([1, 2], 4.9)], split=False, free=())
+    best, runner_up = choose([pipeline, pair])
+    assert best is pipeline and why_lost(best, runner_up) == "fewer full-length requests (4 vs 5)"
+    # A fraction of a request is no request: 4.9 and 4.1 are both 4, and the stages decide.
+    pipeline = PlacementOption([_Plan([0, 1, 2], 4.9, pp=3)], split=False, free=())
+    pair = PlacementOption([_Plan([1, 2], 4.1)], split=False, free=())
+    assert choose([pipeline, pair])[0] is pair
+
+
+def test_replicas_count_each_their_own_requests():
+    from vllm_fleet.plan.objective import PlacementOption
+
+    option = PlacementOption([_Plan([0], 4.51), _Plan([1, 2], 10.12, dp=2)], split=True, free=())
+    assert option.full_length_requests == 4 + 2 * 10
 
 
 def test_a_tie_on_requests_and_stages_goes_to_fewer_gpus():
     from vllm_fleet.plan.objective import PlacementOption, choose, why_lost
 
-    class Plan:  # what the objective reads of an InstancePlan
-        def __init__(self, gpus, conc, pp=1, dp=1):
-            self.layout = type("L", (), {"gpus": tuple(type("G", (), {"index": i})() for i in gpus)})()
-            self.max_concurrency, self.pipeline_parallel_size, self.data_parallel_size = conc, pp, dp
-
-    three = PlacementOption([Plan([0, 1, 2], 4.9)], split=False, free=())
-    two = PlacementOption([Plan([1, 2], 4.1)], split=False, free=())
+    three = PlacementOption([_Plan([0, 1, 2], 4.9)], split=False, free=())
+    two = PlacementOption([_Plan([1, 2], 4.1)], split=False, free=())
     best, runner_up = choose([three, two])
     assert best is two and runner_up is three
     assert why_lost(best, runner_up) == "more GPUs (3 vs 2) for the same requests and stages"

@@ -276,7 +276,10 @@ class HostPlan:
             "target": self.target,
             "gpu_source": self.gpu_source,
             "gpus": [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib,
-                      "compute_capability": g.capability} for g in self.gpus],
+                      "compute_capability": g.capability,
+                      # What vLLM budgets from (x gpu_memory_utilization) and which source gave it.
+                      "cuda_total_bytes": g.cuda_total.total_bytes, "budget_source": g.cuda_total.source,
+                      "budget_from": g.cuda_total.detail} for g in self.gpus],
             "unused_gpus": list(self.unused_gpus),
             "instances": [i.as_dict() for i in self.instances],
             "ray": self.ray.as_dict() if self.ray else None,
