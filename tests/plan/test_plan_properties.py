@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from support.planning_fixtures import A100_40G, H100_80G, RTX_3090, RTX_4090D, T4
-from vllm_fleet.catalog import CATALOG, GIB, MIB
+from vllm_fleet.catalog import CATALOG, MIB
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.plan import plan_host
 
