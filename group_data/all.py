@@ -307,6 +307,9 @@ vllm_metrics_token_env = "VLLM_FLEET_METRICS_TOKEN"  # environment variable hold
 vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
 
 # --- Planner --------------------------------------------------------------------------------------
+# The total is CUDA's, as vLLM reads it, below nvidia-smi's by what the driver keeps: read on
+# the host at deploy time, else a recorded or conservative share per GPU model (docs/models.md,
+# "The memory a plan budgets from"); the plan says which.
 vllm_gpu_memory_utilization = 0.9  # default per instance: fraction of each GPU's TOTAL memory
 vllm_min_kv_sequences = 4  # "good KV headroom": the KV cache holds this many max_model_len sequences
 vllm_activation_reserve_gib = 2.0  # per GPU: activation peak + CUDA context, outside weights and KV

@@ -161,9 +161,9 @@ def api_server_batched_tokens(device0: GpuSpec | None) -> int:
 
 def gpu_budget_gib(gpu: GpuSpec, util: float) -> float:
     """What vLLM lets an instance use of one GPU: gpu_memory_utilization x the total CUDA reports
-    (vllm/v1/worker/gpu_worker.py: requested_memory = total x util, the total from
-    torch.cuda.mem_get_info), which is nvidia-smi's total less what the driver keeps (GpuSpec.cuda_total
-    says which source gave it)."""
+    (vllm/v1/worker/gpu_worker.py init_device: requested_memory from a MemorySnapshot, whose
+    total_memory is torch.cuda.mem_get_info's, x gpu_memory_utilization), which is nvidia-smi's
+    total less what the driver keeps (GpuSpec.cuda_total says which source gave it)."""
     return gpu.cuda_total.total_gib * util
 
 
