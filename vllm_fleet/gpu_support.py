@@ -170,7 +170,7 @@ def gpus_from_rows(rows: list[dict[str, str]]) -> list[GpuSpec]:
         if "memory.total" in row and "memory.total" not in bad_fields:
             try:
                 memory = _mib(row["memory.total"])
-            except (ValueError, IndexError):
+            except (ValueError, IndexError, OverflowError):
                 bad += (("memory.total", row["memory.total"]),)
         cap = None
         if "compute_cap" in row and "compute_cap" not in bad_fields:
@@ -182,7 +182,7 @@ def gpus_from_rows(rows: list[dict[str, str]]) -> list[GpuSpec]:
         if row.get("memory.reserved") and not unreadable(row["memory.reserved"]):
             try:
                 reserved = _mib(row["memory.reserved"])
-            except (ValueError, IndexError):
+            except (ValueError, IndexError, OverflowError):  # OverflowError: "1e400" is infinite
                 reserved = None
         gpus.append(GpuSpec(
             index=index, name=row.get("name", "?"), memory_mib=memory, compute_capability=cap,

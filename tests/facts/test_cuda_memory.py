@@ -214,3 +214,16 @@ def test_a_declared_h200_plans_with_the_budget_vllm_will_see():
     assert inst.layout.per_gpu[0].budget_gib == pytest.approx(150109880320 / GIB * 0.9)
     assert any("CUDA total 139.80 GiB (H200 table: nvidia-smi's 140.40 GiB less the driver's 615 MiB)" in r
                for r in inst.reasons)
+
+
+@pytest.mark.parametrize("reserved", ["[N/A]", "[Unknown Error]", "abc", "-5", "99999999", "1e400", ""])
+def test_a_reserved_field_that_is_no_share_of_the_card_falls_back(reserved):
+    row = f"0, {A1}, NVIDIA H200, 143771, 3, GPU-h, 9.0, 580.159.04, Disabled, {reserved}"
+    (gpu,) = parse_gpu_csv([row])
+    assert gpu.unreadable == ()  # no error: the plan takes the next source
+    assert gpu.cuda_total.source == "table" and gpu.cuda_total.total_bytes == 150109880320
+
+
+def test_an_infinite_memory_total_is_an_unreadable_field_not_a_crash():
+    (gpu,) = parse_gpu_csv([f"0, {A1}, NVIDIA H200, 1e400, 3, GPU-h, 9.0, 580.159.04, Disabled, 616"])
+    assert gpu.unreadable == (("memory.total", "1e400"),)

@@ -142,9 +142,14 @@ def test_plan_command_shows_chosen_and_runner_up_in_text_and_json(tmp_path):
     flat = " ".join(text.stdout.split())
     assert "chosen: TP=2 PP=1 DP=1 on 2xA100-SXM4-40GB (GPUs 1,2)" in flat
     assert "runner-up: TP=1 PP=3 DP=1" in flat and "lost on more pipeline stages (3 vs 1)" in flat
+    # Which total each GPU's budget came from, under the host's line.
+    assert "budget from GPU 0: CUDA total 23.55 GiB (RTX 4090 table" in flat
+    assert "GPU 1,2: CUDA total 39.38 GiB (nvidia-smi's total 40.00 GiB less a conservative 640 MiB" in flat
     as_json = run_cli("plan", "inv.py", "--json", cwd=tmp_path)
     assert as_json.returncode == 0, as_json.stderr
-    (inst,) = json.loads(as_json.stdout)["hosts"][0]["instances"]
+    (host,) = json.loads(as_json.stdout)["hosts"]
+    assert [g["budget_source"] for g in host["gpus"]] == ["table", "rule", "rule"]
+    (inst,) = host["instances"]
     choice = inst["placement_choice"]
     assert choice["chosen"]["max_concurrency"] == inst["max_concurrency"]
     assert choice["runner_up"]["pipeline_stages"] == 3 and choice["chosen"]["left_free"] == [0]
