@@ -546,7 +546,8 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     deployment = prepare()
     assert len(fake.batches) == 2
     discovery, managed_state = ({q.fact.__name__ for q in batch} for batch in fake.batches)
-    assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
+    assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "CudaMemory", "ModelConfig",
+                         "PathsPresent"}
     batched = set(fake.batches[0]) | set(fake.batches[1])
     assert all(facts.Query.of(_fact_class(name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
     assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",
