@@ -43,7 +43,9 @@ def _child(job_file: str, out_file: str) -> None:
     # Device 0 as the plan declares it; everything else of CudaPlatform is vLLM's own.
     cls.get_device_capability = classmethod(capability)
     cls.get_device_name = classmethod(lambda _cls, device_id=0: device["name"])
-    cls.get_device_total_memory = classmethod(lambda _cls, device_id=0: device["memory_mib"] * 1024 * 1024)
+    # CUDA's total (torch's total_memory), which the plan states per GPU: nvidia-smi's less the driver's share.
+    cls.get_device_total_memory = classmethod(
+        lambda _cls, device_id=0: device.get("cuda_total_bytes") or device["memory_mib"] * 1024 * 1024)
     cls.is_fully_connected = classmethod(lambda _cls, ids: True)
     cls.device_count = classmethod(lambda _cls: device.get("count", 1))
     platforms.current_platform = cls()

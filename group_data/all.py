@@ -63,10 +63,12 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 # at most one such group. Every node needs vllm_target "cuda" and vllm_private_interface.
 vllm_instances = []  # none: the host serves no model of its own (a gateway host may)
 
-# "auto": identical GPUs -> smallest TP that fits, rest data-parallel; mixed GPUs -> one instance
-# per GPU model when each can hold the model, else pipeline-parallel over all. "single-instance":
-# one instance over all GPUs, PP across GPU models. "split": one instance per group of identical
-# GPUs.
+# "auto": identical GPUs -> smallest TP that fits, rest data-parallel; mixed GPUs -> every set of
+# the GPU models is weighed, served by one instance (PP across models) or one instance per model,
+# and the most full-length requests of max_model_len win, then fewer pipeline stages, then fewer
+# GPUs (a GPU model left out stays free for another instance; the plan names the runner-up and
+# why it lost). "single-instance": one instance over all GPUs, PP across GPU models. "split": one
+# instance per group of identical GPUs.
 placement = "auto"  # how instances with gpus "auto" use the GPUs
 
 # --- vLLM and its Python environment --------------------------------------------------------------
@@ -305,6 +307,9 @@ vllm_metrics_token_env = "VLLM_FLEET_METRICS_TOKEN"  # environment variable hold
 vllm_hf_token_env = "HF_TOKEN"  # environment variable holding a Hugging Face token, if any
 
 # --- Planner --------------------------------------------------------------------------------------
+# The total is CUDA's, as vLLM reads it, below nvidia-smi's by what the driver keeps: read on
+# the host at deploy time, else a recorded or conservative share per GPU model (docs/models.md,
+# "The memory a plan budgets from"); the plan says which.
 vllm_gpu_memory_utilization = 0.9  # default per instance: fraction of each GPU's TOTAL memory
 vllm_min_kv_sequences = 4  # "good KV headroom": the KV cache holds this many max_model_len sequences
 vllm_activation_reserve_gib = 2.0  # per GPU: activation peak + CUDA context, outside weights and KV

@@ -8,8 +8,9 @@ _RTX_4090D = {"name": "NVIDIA GeForce RTX 4090 D", "memory_mib": 24564, "compute
 _H100_80G = {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "compute_capability": 9.0}
 
 # The seeds' mixed server: one RTX 4090 D and two A100-40GB, serving Gemma-3-12B (QAT Q4_0 GGUF).
-# With placement "auto" the planner splits it by GPU model (the A100 pair and the 4090 D serve on
-# their own, behind a gateway); placement "single-instance" gives the seed's plan A (PP=3, uneven).
+# With placement "auto" the planner weighs its layouts (docs/models.md) and splits it by GPU model
+# (the A100 pair and the 4090 D serve on their own, behind a gateway): the most full-length requests;
+# placement "single-instance" gives the seed's plan A (PP=3, uneven).
 mixed_box = [
     ("gpu-mixed-01", {
         "ssh_hostname": "10.0.0.11",

@@ -100,6 +100,12 @@ def print_plan(plan: FleetPlan, out=None) -> None:
         gpus = ", ".join(f"{g.index}:{g.short_name} {g.memory_mib / 1024:.0f}GiB" for g in host.gpus) or "none"
         console.print(f"[bold]{escape(host.name)}[/bold]  target={host.target}  "
                       f"GPUs ({host.gpu_source}): {escape(gpus)}")
+        if host.gpus:
+            sources: dict[str, list[str]] = {}
+            for g in host.gpus:
+                sources.setdefault(g.cuda_total.detail, []).append(str(g.index))
+            console.print("  budget from " + escape("; ".join(f"GPU {','.join(indices)}: {detail}"
+                                                               for detail, indices in sources.items())))
         table = Table(show_lines=True)
         for column in ("instance", "port", "devices", "TP/PP/DP", "layer split", "KV cache size",
                        "per GPU: weights / KV GiB"):

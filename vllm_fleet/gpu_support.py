@@ -115,6 +115,7 @@ def mig_enabled(mode: str | None) -> bool:
 
 #: Header names (units and brackets dropped) -> query field names, for CSV with a header line.
 _HEADER_ALIASES = {"memory.total": "memory.total", "memory.used": "memory.used",
+                   "memory.reserved": "memory.reserved",
                    "memory.free": "memory.free", "gpu_name": "name", "gpu_uuid": "uuid",
                    "gpu_bus_id": "pci.bus_id"}
 
@@ -169,7 +170,7 @@ def gpus_from_rows(rows: list[dict[str, str]]) -> list[GpuSpec]:
         if "memory.total" in row and "memory.total" not in bad_fields:
             try:
                 memory = _mib(row["memory.total"])
-            except (ValueError, IndexError):
+            except (ValueError, IndexError, OverflowError):
                 bad += (("memory.total", row["memory.total"]),)
         cap = None
         if "compute_cap" in row and "compute_cap" not in bad_fields:
@@ -177,13 +178,19 @@ def gpus_from_rows(rows: list[dict[str, str]]) -> list[GpuSpec]:
             if cap is None:
                 bad += (("compute_cap", row["compute_cap"]),)
         mig = row.get("mig.mode.current")
+        reserved = None  # not known is no error: the plan then takes the recorded table or the rule
+        if row.get("memory.reserved") and not unreadable(row["memory.reserved"]):
+            try:
+                reserved = _mib(row["memory.reserved"])
+            except (ValueError, IndexError, OverflowError):  # OverflowError: "1e400" is infinite
+                reserved = None
         gpus.append(GpuSpec(
             index=index, name=row.get("name", "?"), memory_mib=memory, compute_capability=cap,
             pci_bus_id=None if "pci.bus_id" in bad_fields else row.get("pci.bus_id"),
             driver_version=None if "driver_version" in bad_fields else row.get("driver_version"),
             # "[N/A]": the GPU has no MIG (consumer cards, pre-Ampere): the same as disabled.
             mig_mode=None if mig is None or unreadable(mig) else mig,
-            unreadable=bad))
+            unreadable=bad, reserved_mib=reserved))
     gpus.sort(key=lambda g: (g.pci_bus_id or "", g.index))
     return [replace(g, index=i) for i, g in enumerate(gpus)]
 

@@ -177,7 +177,7 @@ def _four_a100s() -> list:
     for i in range(4):
         row = {"index": str(i), "pci.bus_id": f"00000000:{0x41 + i:02X}:00.0", "name": "NVIDIA A100-SXM4-40GB",
                "memory.total": "40960", "memory.used": "3", "uuid": f"GPU-{i}", "compute_cap": "8.0",
-               "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
+               "driver_version": "580.126.09", "mig.mode.current": "Disabled", "memory.reserved": "[N/A]"}
         rows.append(", ".join(row[f] for f in GPU_QUERY.split(",")))
     return parse_gpu_csv(rows)
 

@@ -554,7 +554,7 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     monkeypatch.setenv("VLLM_FLEET_API_KEY", "sk-test-5b1e0c2f9a")
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
            "memory.total": "40960", "memory.used": "3", "uuid": "GPU-a", "compute_cap": "8.0",
-           "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
+           "driver_version": "580.126.09", "mig.mode.current": "Disabled", "memory.reserved": "[N/A]"}
     data = host_data(gpus=[A100_40G], instances=[
         instance(name="a", model="/srv/models/a", tokenizer="/srv/tok", max_model_len=1024, model_info=TINY_MODEL_INFO),
         instance(name="b", model="someone/tiny", tokenizer=None, max_model_len=1024, model_info=TINY_MODEL_INFO,
@@ -570,7 +570,8 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
     deployment = prepare()
     assert len(fake.batches) == 2
     discovery, managed_state = ({q.fact.__name__ for q in batch} for batch in fake.batches)
-    assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "ModelConfig", "PathsPresent"}
+    assert discovery == {"ManagedUnits", "HostRuntime", "NvidiaGpus", "GpuTopology", "CudaMemory", "ModelConfig",
+                         "PathsPresent"}
     batched = set(fake.batches[0]) | set(fake.batches[1])
     assert all(facts.Query.of(_fact_class(name), **kwargs) in batched for name, kwargs in fake.asked), fake.asked
     assert {"ServiceAccount", "DirectoryState", "FileState", "UnitState", "NewestMtime", "PathsPresent",

@@ -27,6 +27,7 @@ ELSEWHERE = {
     "state.UnitState": "systemd's answer, from a stand-in systemctl (test_noop_commands.py); every sandbox deploy reads it",
     "gpus.NvidiaGpus": "nvidia-smi's recorded outputs, tests/fixtures/nvidia-smi (test_gpu_support.py)",
     "gpus.GpuTopology": "the NVML probe's recorded outputs, tests/fixtures/nvml (test_gpu_topology.py)",
+    "gpus.CudaMemory": "the CUDA memory probe run here against stand-in libcuda.so.1 builds (test_cuda_memory.py)",
 }
 
 

@@ -85,7 +85,7 @@ def test_any_needed_field_unreadable_names_host_gpu_and_field(field, value):
     # cannot read a field (as in the recorded outputs above) put into one needed column.
     row = {"index": "1", "pci.bus_id": "00000000:41:00.0", "name": "NVIDIA A100-SXM4-40GB",
            "memory.total": "40960", "memory.used": "3", "uuid": "GPU-x", "compute_cap": "8.0",
-           "driver_version": "580.126.09", "mig.mode.current": "Disabled"}
+           "driver_version": "580.126.09", "mig.mode.current": "Disabled", "memory.reserved": "456"}
     row[field] = value
     line = ", ".join(row[f] for f in GPU_QUERY.split(","))
     gpus = parse_gpu_csv([line])

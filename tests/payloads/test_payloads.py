@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet import payloads
-from vllm_fleet.facts.gpus import TOPOLOGY_SOURCE
+from vllm_fleet.facts.gpus import CUDA_MEMORY_SOURCE, TOPOLOGY_SOURCE
 from vllm_fleet.facts.verify import PROBE_SOURCE, host_probe_command, parse_host_probe, printed_result
 from vllm_fleet.monitoring.files import exporter_source
 from vllm_fleet.payloads import PayloadError, bundle
@@ -72,6 +72,7 @@ def test_a_bundle_is_the_same_bytes_every_time(name):
 def test_what_the_hosts_get_is_the_bundled_payloads():
     assert PROBE_SOURCE == payloads.script(payloads.PROBE)
     assert TOPOLOGY_SOURCE == payloads.script(payloads.GPU_TOPOLOGY)
+    assert CUDA_MEMORY_SOURCE == payloads.script(payloads.CUDA_MEMORY)
     assert exporter_source() == payloads.script(payloads.EXPORTER)
 
 

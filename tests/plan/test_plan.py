@@ -63,12 +63,15 @@ def test_auto_splits_the_seed_box_by_gpu_model():
         assert inst.pipeline_parallel_size == 1
 
 
-def test_auto_falls_back_to_pipeline_when_a_group_cannot_hold_the_model():
-    # Gemma-3-12B bf16 (22.7 GiB) does not fit the 4090D alone: one PP instance over all three.
+def test_auto_weighs_pipeline_when_a_group_cannot_hold_the_model():
+    # Gemma-3-12B bf16 (22.7 GiB) does not fit the 4090D alone: PP over all three GPUs is weighed
+    # against the A100 pair alone, which holds more full-length requests at 16k (two replicas).
     hp = plan(host_data(instances=[instance(model="google/gemma-3-12b-it", tokenizer=None)]))
     (inst,) = hp.instances
-    assert inst.pipeline_parallel_size == 3 and inst.tensor_parallel_size == 1
+    assert inst.gpu_indices == (1, 2) and inst.pipeline_parallel_size == 1
     assert any("cannot hold" in a for a in inst.alternatives)
+    runner_up = inst.placement_choice["runner_up"]
+    assert runner_up["pipeline_stages"] == 3 and runner_up["lost_on"].startswith("fewer full-length requests")
 
 
 def test_tp_must_divide_heads_kv_heads_and_intermediate():
@@ -94,13 +97,14 @@ def test_never_mixes_gpu_models_in_a_tp_group():
 
 
 def test_model_that_does_not_fit_is_an_error_with_numbers():
-    # Llama-3-70B bf16 (131 GiB) on 4x A100-40GB (160 GiB raw, 144 GiB at 0.9): no KV room left.
+    # Llama-3-70B bf16 (131 GiB) on 4x A100-40GB (160 GiB by nvidia-smi; CUDA's total is 640 MiB less
+    # each by the rule for GPU models without a recorded reserve: 141.75 GiB at 0.9): no KV room left.
     errs = plan_errors(host_data(gpus=[A100_40G] * 4, instances=[instance(
         model="meta-llama/Meta-Llama-3-70B-Instruct", tokenizer=None, max_model_len=8192)]))
     msg = errs[0].located()
     assert "131.4 GiB of weights" in msg
-    assert "4xA100-SXM4-40GB" in msg and "144.0 GiB usable" in msg
-    assert "KV cache holds" in msg and "TP=4 PP=1 DP=1" in msg
+    assert "4xA100-SXM4-40GB" in msg and "141.8 GiB usable" in msg
+    assert "TP=4 PP=1 DP=1: rejected — weights do not fit" in msg and "of a 35.4 GiB budget" in msg
     assert errs[0].host == "box" and errs[0].instance == "gemma"
 
 
@@ -257,21 +261,23 @@ def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
     40 sliding layers -> group size min(8, 40) = 8 -> 1 full group + 5 sliding groups of 8 layers,
     one block pool whose block holds 16 tokens for 8 layers (one KV tensor per layer slot).
       page per layer  = 16 tokens x 2 (K,V) x 8 kv heads x 256 head_dim x 2 bytes = 131072 B
-      KV memory       = 24564 MiB x 0.90 - 2.5 GiB reserve - 7.52 GiB weights = 11.569453 GiB
-      blocks          = 11.569453 GiB / (131072 B x 8 slots) = 11847 (189553 tokens of pool)
+      CUDA's total    = 24564 MiB (nvidia-smi) - 449 MiB the driver keeps (the RTX 4090 row of
+                        catalog.DRIVER_RESERVES) = 24115 MiB = 23.5498 GiB
+      KV memory       = 23.5498 GiB x 0.90 - 2.5 GiB reserve - 7.52 GiB weights = 11.174805 GiB
+      blocks          = 11.174805 GiB / (131072 B x 8 slots) = 11443 (183088 tokens of pool)
       tokens in flight = max_concurrent_batches 2 (async scheduling, no PP) x max_num_batched_tokens
                          2048 (vLLM's API-server default below 70 GiB) = 4096
       one 16384-token request: full group  cdiv(16384, 16)                          = 1024 blocks
                                each sliding group cdiv(min(1024-1+4096, 16384), 16) + 1 = 321
                                1024 + 5 x 321                                        = 2629 blocks
-      max concurrency = 11847 / 2629 = 4.506
+      max concurrency = 11443 / 2629 = 4.353
     """
     hp = plan(host_data(gpus=[RTX_4090D], instances=[instance()]))
     (inst,) = hp.instances
-    assert (inst.kv_cache_blocks, inst.kv_blocks_per_request) == (11847, 2629)
-    assert inst.max_concurrency == pytest.approx(11847 / 2629)
-    assert inst.as_dict()["max_concurrency"] == 4.51
-    assert not any("KV cache holds" in w for w in inst.warnings)  # 4.5 >= vllm_min_kv_sequences 4
+    assert (inst.kv_cache_blocks, inst.kv_blocks_per_request) == (11443, 2629)
+    assert inst.max_concurrency == pytest.approx(11443 / 2629)
+    assert inst.as_dict()["max_concurrency"] == 4.35
+    assert not any("KV cache holds" in w for w in inst.warnings)  # 4.35 >= vllm_min_kv_sequences 4
     assert any("1 + 5 groups of 8" in r and "window 1024" in r for r in inst.reasons)
     assert any("takes 2629 blocks over all KV cache groups" in r for r in inst.reasons)
     assert any("2 concurrent batches (async scheduling on the V2 model runner) x max_num_batched_tokens "
@@ -279,8 +285,8 @@ def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
     # With the hybrid manager off, vLLM stores every layer in full: the old number comes back.
     off = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"disable-hybrid-kv-cache-manager": True})])).instances[0]
-    assert off.kv_cache_blocks == 31592 // 16 and off.max_concurrency == pytest.approx((31592 // 16) / 1024)
-    assert any("1.92 requests of max_model_len 16384" in w for w in off.warnings)
+    assert off.kv_cache_blocks == 30514 // 16 and off.max_concurrency == pytest.approx((30514 // 16) / 1024)
+    assert any("1.86 requests of max_model_len 16384" in w for w in off.warnings)
 
 
 def test_tokens_in_flight_follow_vllms_concurrent_batches():
@@ -298,9 +304,9 @@ def test_tokens_in_flight_follow_vllms_concurrent_batches():
     assert any("3 concurrent batches (no async scheduling, PP=3)" in r for r in v1.reasons)
     sync = plan(host_data(gpus=[RTX_4090D], instances=[instance(
         engine_args={"async-scheduling": False})])).instances[0]
-    assert sync.max_concurrency == pytest.approx(11847 / 1989)  # 1024 + 5 x cdiv(1023 + 2048, 16) + 5
+    assert sync.max_concurrency == pytest.approx(11443 / 1989)  # 1024 + 5 x cdiv(1023 + 2048, 16) + 5
     own = plan(host_data(gpus=[RTX_4090D], instances=[instance(max_num_batched_tokens=512)])).instances[0]
-    assert own.max_concurrency == pytest.approx(11847 / (1024 + 5 * 129))  # cdiv(1023 + 2 x 512, 16) + 1
+    assert own.max_concurrency == pytest.approx(11443 / (1024 + 5 * 129))  # cdiv(1023 + 2 x 512, 16) + 1
 
 
 @pytest.mark.parametrize("gpu, tokens", [
@@ -337,14 +343,15 @@ def test_group_size_pads_the_smaller_type_below_one_and_a_half():
 
 def test_full_attention_model_is_unchanged_by_the_hybrid_arithmetic():
     """Llama-3-8B (full attention, 32 layers) on one A100-40GB at 8192 tokens:
-      KV memory = 40960 MiB x 0.90 - 2.5 GiB - 14.96 GiB = 18.54 GiB; per token 32 x 2 x 8 x 128 x 2 B
-      tokens = 18.54 x 2^30 / 131072 = 151879; concurrency = (151879 // 16) / cdiv(8192, 16) = 9492 / 512."""
+      CUDA's total = 40960 MiB - 640 MiB (the rule for GPU models without a recorded reserve) = 39.375 GiB
+      KV memory = 39.375 GiB x 0.90 - 2.5 GiB - 14.96 GiB = 17.9775 GiB; per token 32 x 2 x 8 x 128 x 2 B
+      tokens = 17.9775 x 2^30 / 131072 = 147271; concurrency = (147271 // 16) / cdiv(8192, 16) = 9204 / 512."""
     hp = plan(host_data(gpus=[A100_40G], instances=[instance(
         model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192)]))
     (inst,) = hp.instances
-    assert inst.kv_cache_blocks == 151879 // 16 == 9492
-    assert inst.max_concurrency == pytest.approx(9492 / 512)
-    assert inst.kv_cache_tokens == 9492 * 16  # full attention, max_model_len a multiple of 16
+    assert inst.kv_cache_blocks == 147271 // 16 == 9204
+    assert inst.max_concurrency == pytest.approx(9204 / 512)
+    assert inst.kv_cache_tokens == 9204 * 16  # full attention, max_model_len a multiple of 16
     assert not any("hybrid KV cache" in r for r in inst.reasons)
 
 

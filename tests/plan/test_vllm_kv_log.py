@@ -36,34 +36,34 @@ def logged(inst) -> tuple[str, str, str]:
 
 
 def test_sliding_window_model_logs_concurrency_times_length_not_its_pool():
-    """Gemma-3-12B on the RTX 4090 D at 16384 tokens (the blocks: test_plan's hybrid test): 11847
+    """Gemma-3-12B on the RTX 4090 D at 16384 tokens (the blocks: test_plan's hybrid test): 11443
     blocks; a request takes 1024 blocks in the full-attention group and cdiv(1023 + 4096, 16) + 1 =
     321 in each of the 5 sliding-window groups, 2629 in all.
-      max_concurrency = 11847 / 2629 = 4.50627...  -> '%.2f' -> 4.51 (rounded down it would read 4.50)
-      num_tokens      = int(4.50627... x 16384) = int(73830.83) = 73830 -> '73,830'
-      (the pool itself is 11847 x 16 = 189552 tokens)"""
+      max_concurrency = 11443 / 2629 = 4.35260...  -> '%.2f' -> 4.35
+      num_tokens      = int(4.35260... x 16384) = int(71313.3) = 71313 -> '71,313'
+      (the pool itself is 11443 x 16 = 183088 tokens)"""
     inst = only_instance(host_data(gpus=[RTX_4090D], instances=[instance()]))
-    assert (inst.kv_cache_blocks, inst.kv_blocks_per_request) == (11847, 2629)
-    assert inst.kv_cache_tokens == 73830
-    assert logged(inst) == ("73,830", "16,384", "4.51")
-    assert inst.as_dict()["max_concurrency"] == 4.51
+    assert (inst.kv_cache_blocks, inst.kv_blocks_per_request) == (11443, 2629)
+    assert inst.kv_cache_tokens == 71313
+    assert logged(inst) == ("71,313", "16,384", "4.35")
+    assert inst.as_dict()["max_concurrency"] == 4.35
 
 
 def test_full_attention_model_logs_whole_blocks_only_at_a_multiple_of_16():
-    """Llama-3-8B (full attention) on one A100-40GB: 9492 blocks (test_plan's full-attention test).
+    """Llama-3-8B (full attention) on one A100-40GB: 9204 blocks (test_plan's full-attention test).
     At 8192 tokens a request takes cdiv(8192, 16) = 512 blocks:
-      max_concurrency = 9492 / 512 = 18.5390625 -> 18.54; num_tokens = int(18.5390625 x 8192) = 151872
+      max_concurrency = 9204 / 512 = 17.9765625 -> 17.98; num_tokens = int(17.9765625 x 8192) = 147264
     At 8001 tokens it takes cdiv(8001, 16) = 501 blocks, the last one partly used:
-      max_concurrency = 9492 / 501 = 18.94610... -> 18.95; num_tokens = int(18.94610... x 8001)
-                      = int(151587.8) = 151587, not 9492 x 16"""
+      max_concurrency = 9204 / 501 = 18.37125... -> 18.37; num_tokens = int(18.37125... x 8001)
+                      = int(146988.4) = 146988, not 9204 x 16"""
     llama = dict(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None)
     whole = only_instance(host_data(gpus=[A100_40G], instances=[instance(**llama, max_model_len=8192)]))
-    assert (whole.kv_cache_blocks, whole.kv_blocks_per_request, whole.kv_cache_tokens) == (9492, 512, 151872)
-    assert logged(whole) == ("151,872", "8,192", "18.54")
+    assert (whole.kv_cache_blocks, whole.kv_blocks_per_request, whole.kv_cache_tokens) == (9204, 512, 147264)
+    assert logged(whole) == ("147,264", "8,192", "17.98")
     partial = only_instance(host_data(gpus=[A100_40G], instances=[instance(**llama, max_model_len=8001)]))
-    assert (partial.kv_cache_blocks, partial.kv_blocks_per_request) == (9492, 501)
-    assert partial.kv_cache_tokens == 151587
-    assert logged(partial) == ("151,587", "8,001", "18.95")
+    assert (partial.kv_cache_blocks, partial.kv_blocks_per_request) == (9204, 501)
+    assert partial.kv_cache_tokens == 146988
+    assert logged(partial) == ("146,988", "8,001", "18.37")
 
 
 def test_text_table_and_json_give_the_same_figures_for_every_example_instance():

@@ -143,7 +143,7 @@ def one_gpu_smi(driver: str = "580.126.09", name: str = "NVIDIA A100-SXM4-40GB",
     """nvidia-smi's GPU_QUERY output of a host with one 40 GB GPU (an A100 unless `name` says another)."""
     row = {"index": "0", "pci.bus_id": "00000000:41:00.0", "name": name, "memory.total": "40960",
            "memory.used": "3", "uuid": "GPU-a", "compute_cap": cap, "driver_version": driver,
-           "mig.mode.current": mig}
+           "mig.mode.current": mig, "memory.reserved": "[N/A]"}
     return [", ".join(row[f] for f in GPU_QUERY.split(","))]
 
 
@@ -181,8 +181,11 @@ class FakeHost:
         self.name, self.print_prefix, self.groups = "box", "[box] ", ()
         self.data = SimpleNamespace(dict=lambda: data)
         # No account of the services' users and no directory of theirs yet (a first deploy creates them).
+        # No CUDA here either: the CUDA memory probe answers as on the sandbox's simulated GPUs.
         self.facts, self.asked, self.batches = ({"HostRuntime": PROVISIONED, "ServiceAccount": {"user": None, "group": None},
-                                                 "PathOwners": {}, **facts}, [], [])
+                                                 "PathOwners": {},
+                                                 "CudaMemory": {"available": False, "reason": "no libcuda.so.1"},
+                                                 **facts}, [], [])
         # No SSH client: lock.acquire says there is no session to tie the deploy lock to.
         self.connector = SimpleNamespace()
         self.state = FakeState([self])  # an inventory of this host alone

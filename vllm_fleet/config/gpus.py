@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vllm_fleet.catalog import gpu_model_facts
+from vllm_fleet.catalog import CudaTotal, cuda_total, gpu_model_facts
 from vllm_fleet.config.errors import Checker
 
 
@@ -25,6 +25,15 @@ class GpuSpec:
     mig_mode: str | None = None
     #: (field, what nvidia-smi printed) for values it could not read ("[N/A]", "[Unknown Error]").
     unreadable: tuple[tuple[str, str], ...] = ()
+    #: nvidia-smi's memory.reserved (MiB the driver keeps), when the GPU list read it.
+    reserved_mib: int | None = None
+    #: The total CUDA reports, read on the host by the CUDA memory probe (payloads/cuda_memory).
+    cuda_total_bytes: int | None = None
+
+    @property
+    def cuda_total(self) -> CudaTotal:
+        """The memory vLLM budgets from (x gpu_memory_utilization) and where the number comes from."""
+        return cuda_total(self.name, self.memory_mib, self.cuda_total_bytes, self.reserved_mib)
 
     @property
     def capability(self) -> float | None:

@@ -19,13 +19,13 @@ from pyinfra import logger
 
 from vllm_fleet.host_layout import host_layout
 from vllm_fleet.facts import batch as facts
-from vllm_fleet.rules import gpu_topology
+from vllm_fleet.rules import cuda_memory, gpu_topology
 from vllm_fleet import wheelhouses
 from vllm_fleet.catalog import ModelInfo
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig
 from vllm_fleet.config.model_info import model_info_of_config
 from vllm_fleet.facts.batch import query
-from vllm_fleet.facts.gpus import GpuTopology, NvidiaGpus
+from vllm_fleet.facts.gpus import CudaMemory, GpuTopology, NvidiaGpus
 from vllm_fleet.facts.host import HostRuntime, InterfaceAddresses, ManagedUnits, ModelConfig, PathsPresent
 from vllm_fleet.model_source import ModelSyncError, local_manifest
 from vllm_fleet.plan import Interconnect
@@ -169,6 +169,16 @@ def _gpu_topology(on, config: HostConfig, live, errors: list[ConfigError]):
     return topology, Interconnect.from_topology(topology)
 
 
+def _with_cuda_totals(on, live: tuple) -> tuple:
+    """nvidia-smi's GPUs with the total CUDA reports for each (the CUDA memory probe), which the
+    plan budgets from; where it could not be read the plan falls back to nvidia-smi's reserve, the
+    recorded table or the rule (GpuSpec.cuda_total), and says so."""
+    gpus, note = cuda_memory.with_cuda_totals(live, facts.get(on, CudaMemory))
+    if note:
+        logger.info(f"{on.print_prefix}{note}")
+    return tuple(gpus)
+
+
 def env_python(config: HostConfig) -> str:
     """The python of the host's current vLLM environment (the NVML probe runs with it)."""
     return host_layout(config).current + "/bin/python"
@@ -192,7 +202,7 @@ def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovere
                                       host=config.name, key="vllm_target",
                                       fix="install the NVIDIA driver, or set vllm_target = 'cpu'"))
         else:
-            live = tuple(gpus)
+            live = _with_cuda_totals(on, tuple(gpus))
             from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
             errors.extend(preflight(config.name, live, config.instances, config.settings.vllm_version))
     topology, interconnect = _gpu_topology(on, config, live, errors)
@@ -212,7 +222,7 @@ def discovery_queries(config: HostConfig) -> list[facts.Query]:
     the host, the paths it checks, the units vllm-fleet wrote, the OS packages the runtime needs."""
     wanted = [query(ManagedUnits), query(HostRuntime, python_version=config.settings.vllm_python_version)]
     if config.settings.vllm_target == "cuda":
-        wanted += [query(NvidiaGpus), query(GpuTopology, python=env_python(config))]
+        wanted += [query(NvidiaGpus), query(GpuTopology, python=env_python(config)), query(CudaMemory)]
     wanted += [query(ModelConfig, path=inst.model) for inst in config.instances if _model_config_on_host(inst)]
     paths = _paths_to_check(config)
     if paths:

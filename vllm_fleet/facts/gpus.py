@@ -9,11 +9,13 @@ import shlex
 from pyinfra.api import FactBase
 
 from vllm_fleet import payloads
-from vllm_fleet.rules import gpu_topology
+from vllm_fleet.rules import cuda_memory, gpu_topology
 from vllm_fleet.config import GpuSpec
 
+#: memory.reserved: what the driver keeps of memory.total, which CUDA (and so vLLM) never sees; last,
+#: so a row without it still parses (it is then read from the recorded table or a rule).
 GPU_QUERY = ("index,pci.bus_id,name,memory.total,memory.used,uuid,compute_cap,driver_version,"
-             "mig.mode.current")
+             "mig.mode.current,memory.reserved")
 
 
 def parse_gpu_csv(lines: list[str]) -> list[GpuSpec]:
@@ -82,3 +84,33 @@ class GpuTopology(FactBase):
 
     def process(self, output):
         return gpu_topology.parse_output(output)
+
+
+CUDA_MEMORY_SOURCE = payloads.script(payloads.CUDA_MEMORY)
+
+
+def cuda_memory_command() -> str:
+    """Run the CUDA memory probe with the host's python3 (no vLLM environment needed); without
+    python3, or if it crashes, print an 'unavailable' result instead. Always exits 0."""
+
+    def unavailable(reason: str) -> str:
+        return "echo " + shlex.quote(cuda_memory.CUDA_MEMORY_PREFIX + json.dumps(cuda_memory.unavailable(reason)))
+
+    return (f"if command -v python3 >/dev/null 2>&1; then python3 -c {shlex.quote(CUDA_MEMORY_SOURCE)} || "
+            f"{unavailable('the CUDA memory probe failed under python3')}; "
+            f"else {unavailable('no python3 on the host')}; fi")
+
+
+class CudaMemory(FactBase):
+    """The total memory CUDA reports per GPU (what vLLM budgets from), read through the driver's
+    libcuda.so.1 with the host's python3 (vllm_fleet/payloads/cuda_memory documents the result).
+    {"available": False, "reason": ...} without a driver, python3 or a GPU."""
+
+    def command(self) -> str:
+        return cuda_memory_command()
+
+    def default(self):
+        return cuda_memory.unavailable("the CUDA memory probe could not run")
+
+    def process(self, output):
+        return cuda_memory.parse_output(output)

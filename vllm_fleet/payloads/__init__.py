@@ -8,6 +8,8 @@ one script text when a command or a file needs them. Nothing of vllm-fleet is in
                                                     (vllm_fleet.monitoring.files writes it)
     GPU_TOPOLOGY   <env>/bin/python -c TEXT          NVML's view of the GPUs, with the vLLM environment's
                                                     python (vllm_fleet.facts.gpus sends it)
+    CUDA_MEMORY    python3 -c TEXT                   CUDA's total memory per GPU, what vLLM budgets from
+                                                    (ctypes on libcuda.so.1, no torch; facts.gpus sends it)
 
 Each payload is a list of modules in dependency order (a module imports only from those before it).
 What a payload module may do, so that `bundle` can join it with the others:
@@ -42,7 +44,8 @@ EXPORTER = (f"{PACKAGE}.exporter", f"{PACKAGE}.exporter.exposition", f"{PACKAGE}
             f"{PACKAGE}.exporter.nvml", f"{PACKAGE}.exporter.nvidia_smi", f"{PACKAGE}.exporter.front",
             f"{PACKAGE}.exporter.server")
 GPU_TOPOLOGY = (f"{PACKAGE}.gpu_topology", f"{PACKAGE}.nvidia", f"{PACKAGE}.gpu_topology.probe")
-PAYLOADS = {"probe": PROBE, "exporter": EXPORTER, "gpu_topology": GPU_TOPOLOGY}
+CUDA_MEMORY = (f"{PACKAGE}.cuda_memory", f"{PACKAGE}.nvidia", f"{PACKAGE}.cuda_memory.probe")
+PAYLOADS = {"probe": PROBE, "exporter": EXPORTER, "gpu_topology": GPU_TOPOLOGY, "cuda_memory": CUDA_MEMORY}
 
 
 class PayloadError(ValueError):

@@ -1,5 +1,5 @@
-"""What both GPU payloads (the exporter, the GPU topology probe) read the same way: PCI bus ids in
-one spelling, the systemd unit of a process, NVML's constants and its byte strings."""
+"""What the GPU payloads (the exporter, the GPU topology and CUDA memory probes) read the same way:
+PCI bus ids in one spelling, the systemd unit of a process, NVML's constants and its byte strings."""
 
 import re
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vllm_fleet import kinds
-from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo, concurrent_batches
+from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import GpuSpec, HostConfig, InstanceConfig
 from vllm_fleet.plan.types import GpuUse, ParallelLayout
 
@@ -151,7 +151,7 @@ def api_server_batched_tokens(device0: GpuSpec | None) -> int:
     (compute capability 12.1), else 2048."""
     if device0 is None:
         return 2048
-    memory = device0.memory_mib * MIB
+    memory = device0.cuda_total.total_bytes  # vLLM's get_device_total_memory: CUDA's total
     if memory >= 160 * GIB:
         return 16384
     if memory >= 70 * GIB and "a100" not in device0.name.lower() and device0.capability != 12.1:
@@ -159,9 +159,17 @@ def api_server_batched_tokens(device0: GpuSpec | None) -> int:
     return 2048
 
 
+def gpu_budget_gib(gpu: GpuSpec, util: float) -> float:
+    """What vLLM lets an instance use of one GPU: gpu_memory_utilization x the total CUDA reports
+    (vllm/v1/worker/gpu_worker.py init_device: requested_memory from a MemorySnapshot, whose
+    total_memory is torch.cuda.mem_get_info's, x gpu_memory_utilization), which is nvidia-smi's
+    total less what the driver keeps (GpuSpec.cuda_total says which source gave it)."""
+    return gpu.cuda_total.total_gib * util
+
+
 def stage_free_gib(mem: MemoryModel, gpu: GpuSpec, tp: int, first: bool, last: bool, pp: int) -> float:
     """GiB left on one GPU of a stage for its layers' weights and KV, after the fixed costs."""
-    budget = gpu.memory_mib * MIB / GIB * mem.util
+    budget = gpu_budget_gib(gpu, mem.util)
     embedding = mem.info.embedding_gib
     fixed = 0.0
     if first:
@@ -236,7 +244,7 @@ def evaluate_layout(mem: MemoryModel, stages: list[list[GpuSpec]], partition: tu
         tokens.append(stage_tokens)
     replica_tokens = min(tokens)
     for stage_index, (stage, layers) in enumerate(zip(stages, partition, strict=True)):
-        budget = stage[0].memory_mib * MIB / GIB * mem.util
+        budget = gpu_budget_gib(stage[0], mem.util)
         free = stage_free_gib(mem, stage[0], tp, stage_index == 0, stage_index == pp - 1, pp)
         comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
         weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib / tp

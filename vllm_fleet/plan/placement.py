@@ -4,12 +4,14 @@ the layout it runs on them; and CPU hosts, which have no layout."""
 
 from __future__ import annotations
 
+import itertools
 from functools import partial
 
 from vllm_fleet.catalog import unknown_model_fix
 from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, InstanceConfig, host_ports
 from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
+from vllm_fleet.plan.objective import PlacementOption, choice_record, choice_reasons, choose
 from vllm_fleet.plan.reasons import apply_layout, memory_detail, no_fit_error, two_decimals_rounded_down
 from vllm_fleet.plan.rules import choose_dtype, resolve_max_model_len, tp_problems
 from vllm_fleet.plan.types import InstancePlan, Interconnect, ParallelLayoutCandidate, gpu_model_and_memory
@@ -221,6 +223,10 @@ class HostPlanner:
             return []
         placement = self.host_config.placement
         groups = _group_by_gpu_model(free)
+        if placement == "auto" and len(groups) > 1:
+            weighed = self._place_mixed(inst, free, groups)
+            if weighed is not None:
+                return weighed
         if placement == "split" or (placement == "auto" and len(groups) > 1):
             split = self._split(inst, groups, quiet=placement == "auto")
             if split is not None:
@@ -237,6 +243,59 @@ class HostPlanner:
         alternatives = list(self._split_alternatives)
         plan = self.plan_instance(inst, free, reasons, alternatives=alternatives)
         return [plan] if plan else []
+
+    #: Subsets of GPU models weighed for one instance on a mixed host: 2^models - 1 of them.
+    MAX_MIXED_MODELS = 4
+
+    def _place_mixed(self, inst: InstanceConfig, free: list[GpuSpec],
+                     groups: list[list[GpuSpec]]) -> list[InstancePlan] | None:
+        """placement 'auto' on mixed GPU models: every non-empty set of the GPU models, served by
+        one instance (pipeline parallel across models) or, for two or more, one instance per model;
+        the best by the objective (plan/objective.py), with the runner-up and why it lost in the
+        reasons. None when no option fits (the caller reports why over all the GPUs)."""
+        if len(groups) > self.MAX_MIXED_MODELS:
+            return None
+        errors_before = len(self.errors)
+        options: list[PlacementOption] = []
+        unfit: list[str] = []
+        for size in range(len(groups), 0, -1):
+            for chosen in itertools.combinations(groups, size):
+                gpus = sorted((g for group in chosen for g in group), key=lambda g: g.index)
+                on = ", ".join(f"{len(group)}x{group[0].short_name}" for group in chosen)
+                if size == 1:
+                    plans = self._homogeneous(inst, gpus, f"on {on} only: smallest TP that fits with >= "
+                                                          f"{self.min_kv_sequences} full sequences of KV "
+                                                          "cache, the rest as data-parallel replicas",
+                                              quiet=True)
+                else:
+                    plan = self.plan_instance(inst, gpus, [f"one instance over {on}: pipeline parallel "
+                                                           "across the GPU models"],
+                                              alternatives=[], quiet=True)
+                    plans = [plan] if plan else []
+                if plans:
+                    options.append(PlacementOption(plans, split=False, free=tuple(free)))
+                else:
+                    unfit.append(f"one instance on {on}: does not fit")
+                if size > 1:
+                    split = self._split(inst, list(chosen), quiet=True)
+                    if split:
+                        options.append(PlacementOption(split, split=True, free=tuple(free)))
+                    else:
+                        unfit.append(f"one instance per GPU model on {on}: {self._split_alternatives[-1].removeprefix('split: ')}")
+        del self.errors[errors_before:]  # what the options that did not fit left behind
+        if not options:
+            return None
+        best, runner_up = choose(options)
+        record = choice_record(best, runner_up, len(options), best.plans[0].max_model_len)
+        reasons = choice_reasons(best, runner_up, len(options), best.plans[0].max_model_len)
+        weighed = [option for option in options if option is not best and option is not runner_up]
+        for plan in best.plans:
+            plan.reasons[:0] = reasons
+            plan.alternatives.extend(f"weighed: {option.describe()}: {option.numbers(plan.max_model_len)}"
+                                     for option in weighed)
+            plan.alternatives.extend(f"weighed: {text}" for text in unfit)
+            plan.placement_choice = record
+        return best.plans
 
     def _homogeneous(self, inst: InstanceConfig, gpus: list[GpuSpec], reason: str,
                      name: str | None = None, port: int | None = None,

@@ -7,9 +7,9 @@ for a setting it lacks, nor has a setting without its reason."""
 from __future__ import annotations
 
 import itertools
-from vllm_fleet.catalog import GIB, KV_BLOCK_SIZE, MIB, ModelInfo
+from vllm_fleet.catalog import KV_BLOCK_SIZE, ModelInfo
 from vllm_fleet.config import GpuSpec, InstanceConfig
-from vllm_fleet.plan.memory import MemoryModel, SchedulerDefaults, even_partition, kv_blocks
+from vllm_fleet.plan.memory import MemoryModel, SchedulerDefaults, even_partition, gpu_budget_gib, kv_blocks
 from vllm_fleet.plan.rules import tp_problems
 from vllm_fleet.plan.types import (InstancePlan, Interconnect, ParallelLayout, ParallelLayoutCandidate, count_gpu_models,
                                    gpu_model_and_memory, logged_concurrency)
@@ -59,7 +59,7 @@ def no_fit_error(inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec], alt
                  max_len: int) -> tuple[str, str, str]:
     """(key, message, fix) when no layout of `inst` (whose model's shape is `info`) fits these GPUs;
     `alternatives` says why each was rejected."""
-    budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for g in gpus)
+    budget = sum(gpu_budget_gib(g, inst.gpu_memory_utilization) for g in gpus)
     on = ", ".join(f"{count}x{name}" for name, count in count_gpu_models(gpus))
     layouts = [tried for tried in alternatives if tried.startswith("TP=")]
     key = "model"
@@ -84,6 +84,22 @@ def no_fit_error(inst: InstanceConfig, info: ModelInfo, gpus: list[GpuSpec], alt
             "across them, on Ray)")
 
 
+def budget_reason(layout: ParallelLayout, util: float) -> str:
+    """Where each GPU's budget (CUDA's total x gpu_memory_utilization) comes from: read on the host,
+    nvidia-smi's memory.reserved, the recorded table or the conservative rule."""
+    by_source: dict[tuple[str, str], list[GpuSpec]] = {}
+    for gpu in layout.gpus:
+        total = gpu.cuda_total
+        by_source.setdefault((gpu.short_name, total.detail), []).append(gpu)
+    parts = []
+    for (name, detail), gpus in by_source.items():
+        indices = ",".join(str(g.index) for g in gpus)
+        budget = gpu_budget_gib(gpus[0], util)
+        parts.append(f"GPU{'s' if len(gpus) > 1 else ''} {indices} ({name}): {detail} x "
+                     f"gpu_memory_utilization {util} = {budget:.2f} GiB")
+    return "memory budget (vLLM's: CUDA's total, not nvidia-smi's, x gpu_memory_utilization): " + "; ".join(parts)
+
+
 def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: ParallelLayoutCandidate, gpus: list[GpuSpec],
                  min_kv_sequences: int, interconnect: Interconnect | None) -> None:
     """The chosen layout's reasons and warnings on the plan, with the environment and flags they
@@ -94,6 +110,7 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: ParallelLayoutCan
     blocks, per_request = kv_blocks(layout), mem.blocks_per_request(layout)
     plan.kv_cache_blocks, plan.kv_blocks_per_request = blocks, per_request
     plan.max_concurrency, plan.kv_cache_tokens = conc, mem.kv_cache_size(layout)
+    plan.reasons.append(budget_reason(layout, mem.util))
     plan.reasons.append(f"{layout.label}: {blocks} KV-cache blocks of {KV_BLOCK_SIZE} tokens per "
                         f"replica; a {plan.max_model_len}-token request takes {per_request} blocks over "
                         f"all KV cache groups, so vLLM logs '{vllm_kv_log(mem, layout)}' (max "
@@ -202,7 +219,7 @@ def node_group_no_fit(inst: InstanceConfig, mem: MemoryModel, candidate: Paralle
                       order: tuple[str, ...], per_node: dict[str, list[GpuSpec]], max_len: int) -> str:
     """Why a multi-node instance does not fit its nodes, with the numbers."""
     info = mem.info
-    budget = sum(g.memory_mib * MIB / GIB * inst.gpu_memory_utilization for node in order
+    budget = sum(gpu_budget_gib(g, inst.gpu_memory_utilization) for node in order
                  for g in per_node[node])
     on = ", ".join(f"{node} ({len(per_node[node])}x{per_node[node][0].short_name})" for node in order)
     detail = (candidate.problem if candidate.problem else

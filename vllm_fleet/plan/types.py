@@ -154,6 +154,9 @@ class InstancePlan:
     #: and the GPU indices it uses on each. Empty on one host.
     nodes: tuple[str, ...] = ()
     node_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: placement 'auto' on mixed GPU models: the objective, the layout chosen and the runner-up with
+    #: their numbers (plan/objective.py: choice_record); None where nothing was weighed.
+    placement_choice: dict[str, Any] | None = None
 
     @property
     def unit_name(self) -> str:
@@ -199,6 +202,7 @@ class InstancePlan:
             "warnings": list(self.warnings),
             "reasons": list(self.reasons),
             "alternatives": list(self.alternatives),
+            "placement_choice": self.placement_choice,
         }
 
 
@@ -272,7 +276,10 @@ class HostPlan:
             "target": self.target,
             "gpu_source": self.gpu_source,
             "gpus": [{"index": g.index, "name": g.name, "memory_mib": g.memory_mib,
-                      "compute_capability": g.capability} for g in self.gpus],
+                      "compute_capability": g.capability,
+                      # What vLLM budgets from (x gpu_memory_utilization) and which source gave it.
+                      "cuda_total_bytes": g.cuda_total.total_bytes, "budget_source": g.cuda_total.source,
+                      "budget_from": g.cuda_total.detail} for g in self.gpus],
             "unused_gpus": list(self.unused_gpus),
             "instances": [i.as_dict() for i in self.instances],
             "ray": self.ray.as_dict() if self.ray else None,

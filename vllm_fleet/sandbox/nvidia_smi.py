@@ -47,6 +47,7 @@ GPU_FIELDS = {
     "memory.total": ("memory.total [MiB]", " MiB"),
     "memory.used": ("memory.used [MiB]", " MiB"),
     "memory.free": ("memory.free [MiB]", " MiB"),
+    "memory.reserved": ("memory.reserved [MiB]", " MiB"),
     "compute_cap": ("compute_cap", ""),
     "utilization.gpu": ("utilization.gpu [%]", " %"),
     "driver_version": ("driver_version", ""),
@@ -152,6 +153,9 @@ def gpu_value(gpu: dict, field: str, count: int) -> str:
         "memory.total": gpu["memory_mib"],
         "memory.used": 0,  # no process really holds memory on a simulated GPU
         "memory.free": gpu["memory_mib"],
+        # What the driver keeps is a real card's: a simulated one has no number for it (the plan
+        # then takes the recorded table or the rule, as on a host whose nvidia-smi cannot say).
+        "memory.reserved": NOT_AVAILABLE,
         "compute_cap": gpu["compute_capability"],
         "utilization.gpu": 0,
         "driver_version": gpu["driver_version"],

@@ -13,7 +13,12 @@ from vllm_fleet.config.schema import knob, section
 class PlannerKnobs:
     vllm_gpu_memory_utilization: float = knob(
         0.90, "default per instance: fraction of each GPU's TOTAL memory", above=0, high=1,
-        must="a fraction in (0, 1]")
+        must="a fraction in (0, 1]",
+        notes="""
+        The total is CUDA's, as vLLM reads it, below nvidia-smi's by what the driver keeps: read on
+        the host at deploy time, else a recorded or conservative share per GPU model (docs/models.md,
+        "The memory a plan budgets from"); the plan says which.
+        """)
     vllm_min_kv_sequences: int = knob(
         4, '"good KV headroom": the KV cache holds this many max_model_len sequences', **POSITIVE)
     vllm_activation_reserve_gib: float = knob(

@@ -35,8 +35,10 @@ class ServeKnobs:
     placement: str = knob(
         "auto", 'how instances with gpus "auto" use the GPUs', choices=PLACEMENTS,
         notes="""
-        "auto": identical GPUs -> smallest TP that fits, rest data-parallel; mixed GPUs -> one instance
-        per GPU model when each can hold the model, else pipeline-parallel over all. "single-instance":
-        one instance over all GPUs, PP across GPU models. "split": one instance per group of identical
-        GPUs.
+        "auto": identical GPUs -> smallest TP that fits, rest data-parallel; mixed GPUs -> every set of
+        the GPU models is weighed, served by one instance (PP across models) or one instance per model,
+        and the most full-length requests of max_model_len win, then fewer pipeline stages, then fewer
+        GPUs (a GPU model left out stays free for another instance; the plan names the runner-up and
+        why it lost). "single-instance": one instance over all GPUs, PP across GPU models. "split": one
+        instance per group of identical GPUs.
         """)
