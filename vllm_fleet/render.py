@@ -64,6 +64,18 @@ def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
     return [bus_id for bus_id in bus_ids if bus_id]
 
 
+#: A pooling model's routes outside /v1/ (vllm/entrypoints/pooling: scoring, classify and pooling
+#: api_router.py; /v1/embeddings, /v1/score and /v1/rerank are under /v1/ already). vLLM's key guards
+#: none of them, so the front passes them to a pooling instance only, with the /v1/ checks.
+POOLING_ROUTES = ("/score", "/rerank", "/classify", "/pooling")
+
+
+def served_task(plan: InstancePlan) -> str:
+    """What a verification asks the instance for: "generate" (a completion), or a pooling instance's
+    task ("embed", "classify", "pooling")."""
+    return (plan.pooling_task or "pooling") if plan.pooling else "generate"
+
+
 def start_timeout_s(plan: InstancePlan) -> int:
     """How long loading may take: the instance's start_timeout_s, else a base for engine start-up
     plus time per GiB of weights."""
@@ -364,7 +376,8 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway, keys_file=paths["keys"],
         clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
         client_names=names, host_client=HOST_CLIENT, host_client_id=client_id(HOST_CLIENT), tls=tls,
-        metrics=metrics, gateway_access=access, gateway_only=gateway_only, **FRONT_ANSWERS)
+        metrics=metrics, gateway_access=access, gateway_only=gateway_only, pooling_routes=POOLING_ROUTES,
+        **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
         secrets_dir=front_secrets_dir(host),
@@ -428,6 +441,8 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         }
         if inst.nodes:
             manifest["instances"][inst.name]["nodes"] = list(inst.nodes)
+        if inst.pooling:  # what a verification asks it (a rollback's too): not a completion
+            manifest["instances"][inst.name]["task"] = served_task(inst)
     ray = ray_files(host, plan, prefix)
     files.extend(ray)
     if plan.ray is not None and ray:  # ray_files: the unit of a node of a node group

@@ -279,7 +279,8 @@ def instances(draw, host: str, cuda: bool, offset: int, served: list[str]) -> li
                             ("start_timeout_s", [MIN_START_TIMEOUT_S, 3600, MAX_START_TIMEOUT_S]),
                             ("gpu_memory_utilization", [1e-9, 1.0]), ("dtype", ["auto", "float32", "half"]),
                             ("tokenizer", ["hf-internal-testing/llama-tokenizer", "/t/é:tok"]),
-                            ("model_source", [None])):
+                            ("model_source", [None]), ("runner", ["auto", "generate", "pooling"]),
+                            ("convert", ["auto", "embed"])):
             if draw(st.booleans()):
                 inst[key] = draw(st.sampled_from(values))
         if cuda:
@@ -608,7 +609,7 @@ def test_the_generated_corpus_varies_every_knob_and_instance_key():
     assert not set(KNOB_VALUES) & STRUCTURED and not (set(KNOB_VALUES) | STRUCTURED) & set(LEFT_OUT)
     drawn = {"name", "model", "served_model_name", "port", "model_info", "max_model_len", "max_num_seqs",
              "max_num_batched_tokens", "start_timeout_s", "gpu_memory_utilization", "dtype", "tokenizer",
-             "model_source", "tensor_parallel_size", "env", "engine_args"}
+             "model_source", "tensor_parallel_size", "env", "engine_args", "runner", "convert"}
     # The others are the multi-node fixture's (nodes) or the planner's own (the parallel sizes, gpus).
     assert drawn | {"nodes", "pipeline_parallel_size", "data_parallel_size", "gpus"} == set(INSTANCE_KEYS)
     assert ENGINE_ARGS, "no flag of the table has values the corpus could draw"

@@ -58,6 +58,7 @@ CORE = frozenset({
     "vllm_fleet.config.model_info",
     "vllm_fleet.config.ports",
     "vllm_fleet.config.reference",
+    "vllm_fleet.config.runner",
     "vllm_fleet.config.schema",
     "vllm_fleet.config.settings",
     "vllm_fleet.data",
