@@ -794,3 +794,17 @@ def test_engine_args_vllms_parser_refuses_are_refused_at_plan_time(flag, value, 
     [error] = check.errors
     assert (error.host, error.instance, error.key) == ("box", "a", f"engine_args.{flag}") and words in error.message
     assert tools.vllm_parse_problem(yaml.safe_dump({"model": "m", flag: value}))
+
+
+def test_nginx_takes_a_pooling_instances_front_with_its_routes(tmp_path):
+    """A pooling instance's front (its /score, /rerank, /classify, /pooling locations with the /v1/
+    checks, on a host with limited clients and the gateway) is a config nginx takes."""
+    available(tools.nginx)
+    available(tools.namespace_prefix)
+    host = one_host(tmp_path, vllm_api_clients={"ci": {"key_env": "K", "requests_per_minute": 6, "models": ["m"]}},
+                    vllm_instances=[{"name": "a", "model": "/srv/models/m", "served_model_name": "m", "port": 8000,
+                                     "model_info": dict(TINY_MODEL_INFO), "runner": "pooling"}])
+    config = tools.front_config(host.config, host.files)
+    text = next(f.content for f in host.files if f.path == config)
+    assert "location = /rerank {" in text and "location = /pooling {" in text
+    assert tools.nginx_problems(host.root, host.files, config, "0.0.0.0") == ""
