@@ -45,6 +45,10 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 # model_source: `model` is then a directory of its own that the sync makes equal to the source
 # (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
 # another managed directory, and on the host empty or already vllm-fleet's.
+# gpus: instances may list the same GPU when their gpu_memory_utilization fractions fit on it (each a
+# fraction of the GPU's total, their sum leaving 1 GiB for the CUDA context of the last to start, e.g.
+# 0.3 + 0.6): the later one starts once the earlier is healthy, after checking the GPU's free memory.
+# 'auto' takes only GPUs no instance lists.
 # runner: "generate" (completions, chat) or "pooling" (an embedding, reranking or classification
 # model: /v1/embeddings, /v1/score, /v1/rerank, /classify, /pooling); "auto" is what vLLM's
 # `--runner auto` makes of the model's config.json (its architectures, a sentence-transformers

@@ -17,7 +17,7 @@ import yaml
 from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
-from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, monitoring_ports
+from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, instance_unit, monitoring_ports
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT, client_id
 from vllm_fleet.environment import EnvSpec
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
@@ -246,7 +246,8 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
         ray_unit=RAY_UNIT if ray else None,
         env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
         lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)),
-        hidden_paths=other_services_secrets(host))
+        hidden_paths=other_services_secrets(host), start_after=[instance_unit(name) for name in plan.start_after],
+        free_checks=" ".join(f"{index}:{mib}" for index, mib in sorted(plan.gpu_free_checks.items())))
     env_file = jenv.get_template("vllm.env.j2").render(
         plan=plan, secrets=(secrets or Secrets()).pairs(placeholders=secrets is None))
     user = host.settings.vllm_service_user

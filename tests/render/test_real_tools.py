@@ -808,3 +808,22 @@ def test_nginx_takes_a_pooling_instances_front_with_its_routes(tmp_path):
     text = next(f.content for f in host.files if f.path == config)
     assert "location = /rerank {" in text and "location = /pooling {" in text
     assert tools.nginx_problems(host.root, host.files, config, "0.0.0.0") == ""
+
+
+def test_systemd_analyze_verify_takes_the_units_of_instances_sharing_a_gpu(tmp_path):
+    """The units of two instances on one GPU (the later one ordered after the earlier, each with its
+    free-memory check before it starts) are units systemd takes."""
+    available(tools.systemd_analyze)
+    shared = [{"name": name, "model": "/srv/models/m", "served_model_name": name, "port": port,
+               "model_info": dict(TINY_MODEL_INFO), "gpus": [0], "gpu_memory_utilization": 0.45}
+              for name, port in (("first", 8000), ("second", 8001))]
+    [host] = render_case(Case("shared GPU", [("box", {"gpus": [{"name": "NVIDIA H200", "memory_mib": 143771}],
+                                                      "vllm_instances": shared}, [])]), tmp_path / "workstation")
+    host.root = tmp_path / "root"
+    tools.place(host.root, host.files)
+    tools.systemd_root(host.root, host.files, available(tools.system_unit_dir))
+    second = next(f.content for f in host.files if f.path.endswith("vllm-second.service"))
+    assert "After=vllm-first.service" in second and "ExecStartPre=" in second
+    problems = tools.verify_problems(host.root, host.files)
+    assert problems["/etc/systemd/system/vllm-first.service"] == ""
+    assert problems["/etc/systemd/system/vllm-second.service"] == ""

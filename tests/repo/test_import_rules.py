@@ -103,6 +103,7 @@ CORE = frozenset({
     "vllm_fleet.plan.placement",
     "vllm_fleet.plan.reasons",
     "vllm_fleet.plan.rules",
+    "vllm_fleet.plan.shared_gpus",
     "vllm_fleet.plan.types",
     "vllm_fleet.prepared",
     "vllm_fleet.render",

@@ -31,6 +31,16 @@ CORPUS = [
     ("duplicate ports", host(vllm_instances=[inst(name="a", gpus=[1]), inst(name="b", gpus=[2])]), "port", "b"),
     ("duplicate GPUs", host(vllm_instances=[inst(name="a", gpus=[1]), inst(name="b", gpus=[1], port=8001)]), "gpus", "b"),
     ("GPU listed twice", host(vllm_instances=[inst(gpus=[1, 1])]), "gpus", "gemma"),
+    ("shared GPU over 1", host(vllm_instances=[inst(name="a", gpus=[1], gpu_memory_utilization=0.6),
+                                               inst(name="b", gpus=[1], port=8001, gpu_memory_utilization=0.5)]),
+     "gpus", "b"),
+    ("shared GPU at exactly 1: no room for a CUDA context", host(vllm_instances=[
+        inst(name="a", gpus=[1], gpu_memory_utilization=0.5),
+        inst(name="b", gpus=[1], port=8001, gpu_memory_utilization=0.5)]), "gpus", "b"),
+    ("shared GPU, one of two listed", host(vllm_instances=[
+        inst(name="a", gpus=[1, 2], tensor_parallel_size=2, gpu_memory_utilization=0.9),
+        inst(name="b", gpus=[2], port=8001, gpu_memory_utilization=0.1)]), "gpus", "b"),
+    ("GPU listed twice, not next to each other", host(vllm_instances=[inst(gpus=[1, 2, 1])]), "gpus", "gemma"),
     ("GPU index out of range", host(vllm_instances=[inst(gpus=[7])]), "gpus", "gemma"),
     ("negative GPU index", host(vllm_instances=[inst(gpus=[-1])]), "gpus", "gemma"),
     ("TP not dividing heads", host(gpus=[A100_40G] * 8, vllm_instances=[inst(

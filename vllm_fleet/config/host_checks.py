@@ -181,19 +181,20 @@ def check_host(check: Checker, settings: Settings, instances: list[InstanceConfi
 
 
 def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
-    """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
-    seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
+    """Names and ports are never shared between instances of one host. (A GPU two instances list is
+    shared when their fractions fit on it: the planner checks that, knowing the GPU.)"""
+    seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}}
     for inst in instances:
         if inst.name.startswith(RESERVED_INSTANCE_PREFIX):
             check.error(f"the name {inst.name!r} starts with {RESERVED_INSTANCE_PREFIX!r}, which is reserved: "
                         f"units vllm-{RESERVED_INSTANCE_PREFIX}*.service are vllm-fleet's own services (the "
                         "front, the gateway, a node's Ray, the exporters, Prometheus)", instance=inst.name,
                         key="name", fix="pick a name that does not start with 'fleet-'")
-        for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
+        for key, values in (("name", [inst.name]), ("port", [inst.port])):
             for value in values:
                 other = seen[key].get(value)
                 if other is not None:
-                    what = {"name": "name", "port": "port", "gpus": "GPU"}[key]
+                    what = key
                     check.error(f"{what} {value} is already used by instance {other}",
                                 instance=inst.name, key=key,
                                 fix=f"give each instance on a host its own {what}")

@@ -112,7 +112,13 @@ class InstanceConfig:
         """)
     gpus: tuple[int, ...] | None = knob(
         None, "'auto' (the planner places the instance) or GPU indices in PCI bus order",
-        parse=_parse_instance_gpus, written="auto", kind="'auto' or a list of GPU indices")
+        parse=_parse_instance_gpus, written="auto", kind="'auto' or a list of GPU indices",
+        notes="""
+        gpus: instances may list the same GPU when their gpu_memory_utilization fractions fit on it (each a
+        fraction of the GPU's total, their sum leaving 1 GiB for the CUDA context of the last to start, e.g.
+        0.3 + 0.6): the later one starts once the earlier is healthy, after checking the GPU's free memory.
+        'auto' takes only GPUs no instance lists.
+        """)
     tensor_parallel_size: int | None = _whole(
         "GPUs per tensor-parallel group (None: the planner decides)", "tensor-parallel-size")
     pipeline_parallel_size: int | None = _whole(

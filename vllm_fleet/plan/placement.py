@@ -12,6 +12,7 @@ from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
 from vllm_fleet.plan.reasons import (apply_layout, apply_pooling_layout, apply_runner, memory_detail, no_fit_error,
                                      two_decimals_rounded_down)
+from vllm_fleet.plan.shared_gpus import needed_free_mib, shared_gpu_errors, shared_gpus, shared_reason
 from vllm_fleet.plan.rules import choose_dtype, resolve_max_model_len, tp_problems
 from vllm_fleet.plan.types import InstancePlan, Interconnect, ParallelLayoutCandidate, gpu_model_and_memory
 
@@ -208,10 +209,19 @@ class HostPlanner:
             explicit.append((inst, [by_index[i] for i in inst.gpus]))
             taken.update(inst.gpus)
         plans: list[InstancePlan] = []
+        shares = shared_gpus(explicit)
+        self.errors.extend(shared_gpu_errors(host_config, shares))
         for inst, gpus in explicit:
             plan = self.plan_instance(inst, gpus, [f"GPUs {','.join(str(g.index) for g in gpus)} given in "
                                                    f"the instance's 'gpus'"])
             if plan:
+                for share in shares:
+                    if inst in share.instances:
+                        plan.reasons.append(shared_reason(share, inst))
+                        plan.gpu_free_checks[share.gpu.index] = needed_free_mib(share.gpu.memory_mib,
+                                                                                inst.gpu_memory_utilization)
+                        earlier = share.instances[:share.instances.index(inst)]
+                        plan.start_after += tuple(e.name for e in earlier if e.name not in plan.start_after)
                 plans.append(plan)
         free = [g for g in self.gpus if g.index not in taken]
         if len(auto) == 1:

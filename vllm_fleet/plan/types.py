@@ -164,6 +164,10 @@ class InstancePlan:
     runner: str = "generate"
     convert: str = "none"
     pooling_task: str | None = None
+    #: A GPU shared with other instances (plan/shared_gpus.py): the MiB each of its GPUs must have
+    #: free when it starts (GPU index -> MiB), and the instances listed before it there, which start first.
+    gpu_free_checks: dict[int, int] = field(default_factory=dict)
+    start_after: tuple[str, ...] = ()
 
     @property
     def unit_name(self) -> str:
