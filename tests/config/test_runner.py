@@ -144,3 +144,11 @@ def test_a_model_directory_with_modules_json_is_a_sentence_transformers_model(tm
 def test_architectures_that_are_no_class_names_are_refused(architectures):
     [error] = plan_errors(model_info=dict(BGE_M3, architectures=architectures))
     assert error.key == "model_info.architectures" and "architectures" in error.fix
+
+
+def test_a_pooling_instance_over_several_servers_is_refused():
+    inst = {"name": "bge", "model": "BAAI/bge-m3", "served_model_name": "bge-m3", "port": 8000,
+            "model_info": BGE_M3, "nodes": ["gpu-1", "gpu-2"]}
+    with pytest.raises(ConfigErrors) as err:
+        parse_host("gpu-1", {"gpus": [H200], "vllm_instances": [inst], "vllm_private_interface": "eth1"})
+    assert [e.key for e in err.value.errors] == ["nodes"], err.value.errors

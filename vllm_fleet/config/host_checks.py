@@ -140,6 +140,11 @@ def _check_runner(check: Checker, label: str, values: dict[str, Any]) -> None:
                     fix="convert = 'embed' (an embedding model) or 'classify' (a classifier or reranker), "
                         "or leave convert unset")
         return
+    if resolved.pooling and values.get("nodes"):
+        check.error(f"a pooling instance ({resolved.why}) over several servers: vllm-fleet plans a pooling "
+                    "model on one host (an embedding or reranking model fits on one)", instance=label, key="nodes",
+                    fix="drop 'nodes' and serve it on one host (more replicas: data_parallel_size or instances)")
+        return
     args = values.get("engine_args") or {}
     wrong = GENERATION_ONLY_FLAGS if resolved.pooling else POOLING_ONLY_FLAGS
     for flag in args:
