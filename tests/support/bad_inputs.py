@@ -105,6 +105,9 @@ CORPUS = [
     ("runner with a zero-width space", host(vllm_instances=[inst(runner="pooling\u200b")]), "runner", "gemma"),
     ("vLLM's draft runner", host(vllm_instances=[inst(runner="draft")]), "runner", "gemma"),
     ("unknown convert", host(vllm_instances=[inst(convert="score")]), "convert", "gemma"),
+    ("convert in capitals", host(vllm_instances=[inst(convert="Embed")]), "convert", "gemma"),
+    ("convert with a trailing space", host(vllm_instances=[inst(convert="embed ")]), "convert", "gemma"),
+    ("runner as a list", host(vllm_instances=[inst(runner=["pooling"])]), "runner", "gemma"),
     ("convert with the generate runner", host(vllm_instances=[inst(runner="generate", convert="embed")]),
      "convert", "gemma"),
     ("an embedding model on the generate runner", host(vllm_instances=[inst(
