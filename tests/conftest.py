@@ -52,7 +52,7 @@ def _fleet_rank(item: pytest.Item) -> int:
 # share one HTTPS fleet. Modules not named keep
 # their place, after these, in file order.
 FLEET_ORDER = ("test_deploy_sandbox.py", "test_security_sandbox.py", "test_faults_sandbox.py",
-               "test_gateway_sandbox.py", "test_host_packages_sandbox.py", "test_lifecycle_sandbox.py",
+               "test_gateway_sandbox.py", "test_pooling_sandbox.py", "test_host_packages_sandbox.py", "test_lifecycle_sandbox.py",
                "test_multinode_sandbox.py", "test_rollout_sandbox.py", "test_sandbox_bad_input.py",
                "test_sandbox_hosts.py", "test_sandbox_teardown.py", "test_standin_engine.py",
                "test_team_monitoring_sandbox.py", "test_team_service_sandbox.py")

@@ -74,6 +74,11 @@ class ModelInfo:
     num_experts: int | None = None
     #: One expert's MLP width (moe_intermediate_size; Mixtral's intermediate_size).
     moe_intermediate_size: int | None = None
+    #: config.json's architectures: vLLM resolves the runner (generate or pooling) from them
+    #: (config/runner.py). (): not known, a decoder (every catalog model is one).
+    architectures: tuple[str, ...] = ()
+    #: A sentence-transformers model (modules.json beside config.json): vLLM runs it as a pooling model.
+    sentence_transformers: bool = False
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -82,7 +87,7 @@ class ModelInfo:
     def shape(self) -> tuple:
         """What makes two models plan alike apart from their weights' size, dtype and context
         length: the layers, heads, widths, vocabulary, attention layout and experts."""
-        ignored = ("weights_gib", "dtype", "max_position_embeddings")
+        ignored = ("weights_gib", "dtype", "max_position_embeddings", "architectures", "sentence_transformers")
         return tuple(getattr(self, name) for name in self.field_names() if name not in ignored)
 
     @property

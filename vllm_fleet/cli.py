@@ -112,12 +112,14 @@ def print_plan(plan: FleetPlan, out=None) -> None:
             table.add_column(column)
         for inst in host.instances:
             split = ",".join(map(str, inst.pp_layer_partition)) if inst.pp_layer_partition else "-"
-            kv = f"{inst.kv_cache_tokens:,}" if inst.kv_cache_tokens is not None else "-"
+            kv = (f"{inst.kv_cache_tokens:,}" if inst.kv_cache_tokens is not None
+                  else "none (pooling)" if inst.pooling else "-")
             if inst.kv_cache_tokens_even_split is not None and inst.pp_layer_partition:
                 kv += f"\n(even split: {inst.kv_cache_tokens_even_split:,})"
             # A multi-node instance's rows name their node: GPU indices repeat across nodes.
             per_gpu = "\n".join(f"{u.host + ':' if u.host else ''}{u.index} {u.name.removeprefix('NVIDIA ')}: "
-                                f"{u.weights_gib:.1f} / {u.kv_cache_gib:.1f}"
+                                + (f"{u.weights_gib:.1f} / {u.kv_cache_gib:.1f}" if u.activations_gib is None
+                                   else f"{u.weights_gib:.1f} / - (+{u.activations_gib:.1f} activations)")
                                 for u in (inst.layout.per_gpu if inst.layout else ()))
             devices = (" ".join(f"{n}:{','.join(map(str, g))}" for n, g in inst.node_gpus.items()) if inst.nodes
                        else inst.cuda_visible_devices or "cpu")

@@ -17,7 +17,7 @@ import yaml
 from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
-from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, monitoring_ports
+from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, instance_unit, monitoring_ports
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT, client_id
 from vllm_fleet.environment import EnvSpec
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
@@ -62,6 +62,18 @@ def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
     gpus = {g.index: g for g in plan.gpus}
     bus_ids = (gpus[i].pci_bus_id for i in inst.gpu_indices if i in gpus)
     return [bus_id for bus_id in bus_ids if bus_id]
+
+
+#: A pooling model's routes outside /v1/ (vllm/entrypoints/pooling: scoring, classify and pooling
+#: api_router.py; /v1/embeddings, /v1/score and /v1/rerank are under /v1/ already). vLLM's key guards
+#: none of them, so the front passes them to a pooling instance only, with the /v1/ checks.
+POOLING_ROUTES = ("/score", "/rerank", "/classify", "/pooling")
+
+
+def served_task(plan: InstancePlan) -> str:
+    """What a verification asks the instance for: "generate" (a completion), or a pooling instance's
+    task ("embed", "classify", "pooling")."""
+    return (plan.pooling_task or "pooling") if plan.pooling else "generate"
 
 
 def start_timeout_s(plan: InstancePlan) -> int:
@@ -234,7 +246,8 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
         ray_unit=RAY_UNIT if ray else None,
         env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
         lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)),
-        hidden_paths=other_services_secrets(host))
+        hidden_paths=other_services_secrets(host), start_after=[instance_unit(name) for name in plan.start_after],
+        free_checks=" ".join(f"{index}:{mib}" for index, mib in sorted(plan.gpu_free_checks.items())))
     env_file = jenv.get_template("vllm.env.j2").render(
         plan=plan, secrets=(secrets or Secrets()).pairs(placeholders=secrets is None))
     user = host.settings.vllm_service_user
@@ -364,7 +377,8 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway, keys_file=paths["keys"],
         clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
         client_names=names, host_client=HOST_CLIENT, host_client_id=client_id(HOST_CLIENT), tls=tls,
-        metrics=metrics, gateway_access=access, gateway_only=gateway_only, **FRONT_ANSWERS)
+        metrics=metrics, gateway_access=access, gateway_only=gateway_only, pooling_routes=POOLING_ROUTES,
+        **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
         secrets_dir=front_secrets_dir(host),
@@ -428,6 +442,8 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         }
         if inst.nodes:
             manifest["instances"][inst.name]["nodes"] = list(inst.nodes)
+        if inst.pooling:  # what a verification asks it (a rollback's too): not a completion
+            manifest["instances"][inst.name]["task"] = served_task(inst)
     ray = ray_files(host, plan, prefix)
     files.extend(ray)
     if plan.ray is not None and ray:  # ray_files: the unit of a node of a node group

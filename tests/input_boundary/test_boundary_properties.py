@@ -41,6 +41,7 @@ from support.planning_fixtures import TINY_MODEL_INFO
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.catalog import ModelInfo, is_gguf, lookup
 from vllm_fleet.config.model_info import READ_KEYS as MODEL_INFO_KEYS
+from vllm_fleet.config.runner import CONVERTS, RUNNERS
 from vllm_fleet.config import (DTYPES, INSTANCE_KEYS, ConfigError, ConfigErrors, GpuSpec, InstanceConfig,
                                check_fleet, parse_host)
 from vllm_fleet.gateway import fleet_backends
@@ -295,9 +296,12 @@ def fields() -> list[Field]:
                  "model": lands_in_yaml("model"), "tokenizer": lands_in_yaml("tokenizer")}.get(key)
         for kind in (GPU_HOST, CPU_HOST):
             value = values[kind] if values[kind] is not None else {"model_source": "/srv/models/tiny",
-                                                                    "dtype": "auto"}[key]
+                                                                    "dtype": "auto", "runner": "auto",
+                                                                    "convert": "auto"}[key]
             # Another dtype, or another model (one the catalog knows, a GGUF file), plans differently.
             other = {"dtype": lambda text: text in DTYPES,
+                     "runner": lambda text: text in ("auto",) + RUNNERS,
+                     "convert": lambda text: text in ("auto",) + CONVERTS,
                      "model": lambda text, benign=value: (lookup(text) != lookup(benign)
                                                           or is_gguf(text) != is_gguf(benign))}
             out.append(Field(f"instance {key}", (kind,), value, set_at("vllm_instances", 0, key),

@@ -279,7 +279,8 @@ def instances(draw, host: str, cuda: bool, offset: int, served: list[str]) -> li
                             ("start_timeout_s", [MIN_START_TIMEOUT_S, 3600, MAX_START_TIMEOUT_S]),
                             ("gpu_memory_utilization", [1e-9, 1.0]), ("dtype", ["auto", "float32", "half"]),
                             ("tokenizer", ["hf-internal-testing/llama-tokenizer", "/t/é:tok"]),
-                            ("model_source", [None])):
+                            ("model_source", [None]), ("runner", ["auto", "generate", "pooling"]),
+                            ("convert", ["auto", "embed"])):
             if draw(st.booleans()):
                 inst[key] = draw(st.sampled_from(values))
         if cuda:
@@ -608,7 +609,7 @@ def test_the_generated_corpus_varies_every_knob_and_instance_key():
     assert not set(KNOB_VALUES) & STRUCTURED and not (set(KNOB_VALUES) | STRUCTURED) & set(LEFT_OUT)
     drawn = {"name", "model", "served_model_name", "port", "model_info", "max_model_len", "max_num_seqs",
              "max_num_batched_tokens", "start_timeout_s", "gpu_memory_utilization", "dtype", "tokenizer",
-             "model_source", "tensor_parallel_size", "env", "engine_args"}
+             "model_source", "tensor_parallel_size", "env", "engine_args", "runner", "convert"}
     # The others are the multi-node fixture's (nodes) or the planner's own (the parallel sizes, gpus).
     assert drawn | {"nodes", "pipeline_parallel_size", "data_parallel_size", "gpus"} == set(INSTANCE_KEYS)
     assert ENGINE_ARGS, "no flag of the table has values the corpus could draw"
@@ -793,3 +794,36 @@ def test_engine_args_vllms_parser_refuses_are_refused_at_plan_time(flag, value, 
     [error] = check.errors
     assert (error.host, error.instance, error.key) == ("box", "a", f"engine_args.{flag}") and words in error.message
     assert tools.vllm_parse_problem(yaml.safe_dump({"model": "m", flag: value}))
+
+
+def test_nginx_takes_a_pooling_instances_front_with_its_routes(tmp_path):
+    """A pooling instance's front (its /score, /rerank, /classify, /pooling locations with the /v1/
+    checks, on a host with limited clients and the gateway) is a config nginx takes."""
+    available(tools.nginx)
+    available(tools.namespace_prefix)
+    host = one_host(tmp_path, vllm_api_clients={"ci": {"key_env": "K", "requests_per_minute": 6, "models": ["m"]}},
+                    vllm_instances=[{"name": "a", "model": "/srv/models/m", "served_model_name": "m", "port": 8000,
+                                     "model_info": dict(TINY_MODEL_INFO), "runner": "pooling"}])
+    config = tools.front_config(host.config, host.files)
+    text = next(f.content for f in host.files if f.path == config)
+    assert "location = /rerank {" in text and "location = /pooling {" in text
+    assert tools.nginx_problems(host.root, host.files, config, "0.0.0.0") == ""
+
+
+def test_systemd_analyze_verify_takes_the_units_of_instances_sharing_a_gpu(tmp_path):
+    """The units of two instances on one GPU (the later one ordered after the earlier, each with its
+    free-memory check before it starts) are units systemd takes."""
+    available(tools.systemd_analyze)
+    shared = [{"name": name, "model": "/srv/models/m", "served_model_name": name, "port": port,
+               "model_info": dict(TINY_MODEL_INFO), "gpus": [0], "gpu_memory_utilization": 0.45}
+              for name, port in (("first", 8000), ("second", 8001))]
+    [host] = render_case(Case("shared GPU", [("box", {"gpus": [{"name": "NVIDIA H200", "memory_mib": 143771}],
+                                                      "vllm_instances": shared}, [])]), tmp_path / "workstation")
+    host.root = tmp_path / "root"
+    tools.place(host.root, host.files)
+    tools.systemd_root(host.root, host.files, available(tools.system_unit_dir))
+    second = next(f.content for f in host.files if f.path.endswith("vllm-second.service"))
+    assert "After=vllm-first.service" in second and "ExecStartPre=" in second
+    problems = tools.verify_problems(host.root, host.files)
+    assert problems["/etc/systemd/system/vllm-first.service"] == ""
+    assert problems["/etc/systemd/system/vllm-second.service"] == ""

@@ -83,3 +83,49 @@ def test_chat_template_and_permissions(model_dir):
     assert "add_generation_prompt" in tok_cfg["chat_template"]
     for f in model_dir.iterdir():
         assert stat.S_IMODE(f.stat().st_mode) == 0o644, f  # a non-root service user reads them
+
+
+# --- the encoder: an embedding model vLLM serves on its pooling runner ------------------------------------
+
+ENCODER_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                 "special_tokens_map.json", "modules.json", "sentence_bert_config.json", "1_Pooling/config.json"}
+
+
+@pytest.fixture(scope="module")
+def encoder_dir(tmp_path_factory):
+    return tiny_model.generate(tmp_path_factory.mktemp("encoders"), "tiny-bert", encoder=True)
+
+
+def test_the_encoder_is_the_same_bytes_every_time_and_apart_from_the_chat_model(encoder_dir, tmp_path):
+    again = tiny_model.generate(tmp_path, "again", encoder=True)
+    assert _manifest(again)["files"] == _manifest(encoder_dir)["files"]
+    assert set(_manifest(encoder_dir)["files"]) == ENCODER_FILES
+    assert not tiny_model.is_up_to_date(encoder_dir)  # the chat model's spec: another model
+    assert tiny_model.is_up_to_date(encoder_dir, encoder=True)
+
+
+def test_the_encoder_s_weights_match_its_config_and_tokenizer(encoder_dir):
+    config = json.loads((encoder_dir / "config.json").read_text())
+    assert config["architectures"] == ["BertModel"] and config["hidden_size"] // config["num_attention_heads"] == 32
+    weights = load_file(encoder_dir / "model.safetensors")
+    assert weights["embeddings.word_embeddings.weight"].shape == (config["vocab_size"], config["hidden_size"])
+    assert len([k for k in weights if k.endswith("attention.self.query.weight")]) == config["num_hidden_layers"]
+    tok = Tokenizer.from_file(str(encoder_dir / "tokenizer.json"))
+    assert tok.get_vocab_size() == config["vocab_size"]
+    ids = tok.encode("The quick brown fox").ids
+    assert ids[0] == tok.token_to_id("[CLS]") and ids[-1] == tok.token_to_id("[SEP]")
+    pooling = json.loads((encoder_dir / "1_Pooling" / "config.json").read_text())
+    assert pooling["pooling_mode_mean_tokens"] and pooling["word_embedding_dimension"] == config["hidden_size"]
+    assert stat.S_IMODE((encoder_dir / "1_Pooling").stat().st_mode) & 0o005 == 0o005  # the service user reads it
+
+
+def test_the_encoder_is_planned_as_a_pooling_model_from_its_directory(encoder_dir):
+    from vllm_fleet.config import parse_host
+    from vllm_fleet.plan import plan_host
+
+    config = parse_host("box", {"vllm_target": "cpu", "vllm_instances": [
+        {"name": "emb", "model": "/srv/models/tiny-bert", "served_model_name": "tiny-bert", "port": 8001,
+         "model_info": str(encoder_dir)}]})
+    [inst] = plan_host(config).instances
+    assert (inst.runner, inst.pooling_task) == ("pooling", "embed") and inst.engine_args["runner"] == "pooling"
+    assert "sentence-transformers" in " ".join(inst.reasons)

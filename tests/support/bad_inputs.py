@@ -5,6 +5,7 @@ on the sandbox (test_sandbox_bad_input.py)."""
 from __future__ import annotations
 
 from support.planning_fixtures import A100_40G, SEED_GEMMA, host_data
+from support.pooling_models import BGE_M3, QWEN3_0_6B
 from support.planning_fixtures import instance as inst  # a short name: one case a line
 
 
@@ -30,6 +31,16 @@ CORPUS = [
     ("duplicate ports", host(vllm_instances=[inst(name="a", gpus=[1]), inst(name="b", gpus=[2])]), "port", "b"),
     ("duplicate GPUs", host(vllm_instances=[inst(name="a", gpus=[1]), inst(name="b", gpus=[1], port=8001)]), "gpus", "b"),
     ("GPU listed twice", host(vllm_instances=[inst(gpus=[1, 1])]), "gpus", "gemma"),
+    ("shared GPU over 1", host(vllm_instances=[inst(name="a", gpus=[1], gpu_memory_utilization=0.6),
+                                               inst(name="b", gpus=[1], port=8001, gpu_memory_utilization=0.5)]),
+     "gpus", "b"),
+    ("shared GPU at exactly 1: no room for a CUDA context", host(vllm_instances=[
+        inst(name="a", gpus=[1], gpu_memory_utilization=0.5),
+        inst(name="b", gpus=[1], port=8001, gpu_memory_utilization=0.5)]), "gpus", "b"),
+    ("shared GPU, one of two listed", host(vllm_instances=[
+        inst(name="a", gpus=[1, 2], tensor_parallel_size=2, gpu_memory_utilization=0.9),
+        inst(name="b", gpus=[2], port=8001, gpu_memory_utilization=0.1)]), "gpus", "b"),
+    ("GPU listed twice, not next to each other", host(vllm_instances=[inst(gpus=[1, 2, 1])]), "gpus", "gemma"),
     ("GPU index out of range", host(vllm_instances=[inst(gpus=[7])]), "gpus", "gemma"),
     ("negative GPU index", host(vllm_instances=[inst(gpus=[-1])]), "gpus", "gemma"),
     ("TP not dividing heads", host(gpus=[A100_40G] * 8, vllm_instances=[inst(
@@ -87,4 +98,33 @@ CORPUS = [
      "tensor_parallel_size", "gemma"),
     ("bad dtype", host(vllm_instances=[inst(dtype="bf16")]), "dtype", "gemma"),
     ("non-UTF-8-ish path", host(vllm_instances=[inst(model="/data/\udcff/model", tokenizer="/t")]), "model", "gemma"),
+    # runner and convert: vLLM's values only, case and look-alikes included, and only together as vLLM takes them
+    ("unknown runner", host(vllm_instances=[inst(runner="embedding")]), "runner", "gemma"),
+    ("runner in capitals", host(vllm_instances=[inst(runner="POOLING")]), "runner", "gemma"),
+    ("runner with a fullwidth letter", host(vllm_instances=[inst(runner="\uff50ooling")]), "runner", "gemma"),
+    ("runner with a zero-width space", host(vllm_instances=[inst(runner="pooling\u200b")]), "runner", "gemma"),
+    ("vLLM's draft runner", host(vllm_instances=[inst(runner="draft")]), "runner", "gemma"),
+    ("unknown convert", host(vllm_instances=[inst(convert="score")]), "convert", "gemma"),
+    ("convert in capitals", host(vllm_instances=[inst(convert="Embed")]), "convert", "gemma"),
+    ("convert with a trailing space", host(vllm_instances=[inst(convert="embed ")]), "convert", "gemma"),
+    ("runner as a list", host(vllm_instances=[inst(runner=["pooling"])]), "runner", "gemma"),
+    ("convert with the generate runner", host(vllm_instances=[inst(runner="generate", convert="embed")]),
+     "convert", "gemma"),
+    ("an embedding model on the generate runner", host(vllm_instances=[inst(
+        model="BAAI/bge-m3", tokenizer=None, max_model_len=None, model_info=BGE_M3, runner="generate")]),
+     "runner", "gemma"),
+    ("a decoder on the pooling runner unconverted", host(vllm_instances=[inst(
+        model="Qwen/Qwen3-0.6B", tokenizer=None, model_info=QWEN3_0_6B, runner="pooling", convert="none")]),
+     "convert", "gemma"),
+    ("speculative decoding on an embedding model", host(vllm_instances=[inst(
+        model="BAAI/bge-m3", tokenizer=None, max_model_len=None, model_info=BGE_M3,
+        engine_args={"speculative-config": {"method": "ngram", "num_speculative_tokens": 2}})]),
+     "engine_args.speculative-config", "gemma"),
+    ("runner in engine args", host(vllm_instances=[inst(engine_args={"runner": "pooling"})]), "engine_args.runner",
+     "gemma"),
+    ("convert in engine args", host(vllm_instances=[inst(engine_args={"convert": "embed"})]), "engine_args.convert",
+     "gemma"),
+    ("architectures that are no class names", host(vllm_instances=[inst(
+        model="BAAI/bge-m3", tokenizer=None, max_model_len=None, model_info=dict(BGE_M3, architectures=["../x"]))]),
+     "model_info.architectures", "gemma"),
 ]

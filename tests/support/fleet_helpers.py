@@ -72,6 +72,7 @@ def _prepare_main_assets() -> None:
     wheelhouse."""
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
+    tiny_model.generate(cache / "models", assets.TINY_ENCODER, encoder=True)
     build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
 
 
@@ -100,6 +101,7 @@ def deploy_environment() -> dict[str, str]:
         _ASSETS["main"].result()  # the background build: no second build of the same wheelhouse beside it
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
+    tiny_model.generate(cache / "models", assets.TINY_ENCODER, encoder=True)
     wheelhouse = build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
     return dict(os.environ, VLLM_FLEET_WHEELHOUSE=str(wheelhouse.path), VLLM_FLEET_API_KEY=API_KEY,
                 PYTHONUNBUFFERED="1")
@@ -224,11 +226,12 @@ _KEEP = object()
 
 def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
                       extra_hosts: list | None = None, host_data: dict | None = None,
-                      instance: dict | None = None) -> str:
+                      instance: dict | None = None, added: dict | None = None) -> str:
     """inventory/sandbox.py's cpu_hosts with the instance changed: `every` on all hosts, then `cpu2`
     on sbx-cpu2 (None removes its instance). `host_data`: host name -> host-level data to set on
     that host (beats group data), e.g. {"sbx-cpu1": {"vllm_wheelhouse": None}}. `instance`: host
-    name -> changes to that host's instance, e.g. {"sbx-cpu1": {"served_model_name": "x"}}. Written as
+    name -> changes to that host's instance, e.g. {"sbx-cpu1": {"served_model_name": "x"}}. `added`:
+    host name -> instances served beside it. Written as
     sandbox.py beside a link to inventory/group_data, so pyinfra gives it the same group data."""
     (tmp_path / "group_data").symlink_to(REPO / "inventory" / "group_data")
     change_cpu2 = cpu2 is not _KEEP
@@ -252,6 +255,7 @@ def variant_inventory(tmp_path: Path, every: dict | None = None, cpu2=_KEEP,
                     _data["vllm_instances"] = []
                 else:
                     _inst.update({cpu2_changes!r})
+            _data["vllm_instances"] = _data["vllm_instances"] + {added or {}!r}.get(_name, [])
             _data.update({host_data or {}!r}.get(_name, {{}}))
             cpu_hosts.append((_name, _data))
     """))

@@ -140,9 +140,11 @@ def entry_fields(info: ModelInfo) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in ModelInfo.field_names():
         value = getattr(info, name)
-        if value is None or (name in ("num_experts", "moe_intermediate_size") and not info.num_experts):
+        if value is None or (name in ("num_experts", "moe_intermediate_size") and not info.num_experts) \
+                or (name in ("architectures", "sentence_transformers") and not value):
             continue
-        out[name] = round(value, 3) if name == "weights_gib" else list(value) if name == "layer_types" else value
+        out[name] = (round(value, 3) if name == "weights_gib" else list(value) if name in ("layer_types", "architectures")
+                     else value)
     return out
 
 
@@ -167,7 +169,7 @@ def describe(given: str, revision: str, timeout: float) -> dict[str, Any]:
                                                    files.weights_source)
     else:
         config, weights, source, weights_source = from_hub(given, revision, timeout)
-    info, errors = read_config(config, weights, source)
+    info, errors = read_config(config, weights, source, sentence_transformers=local and files.sentence_transformers)
     if info is None:
         raise ValueError("\n".join(f"{e.message}\n  fix: {e.fix}" for e in errors))
     return {"model": given, "source": source,

@@ -11,7 +11,7 @@ from typing import Any
 
 from vllm_fleet.environment import current_link
 from vllm_fleet.facts.host import MANAGED_UNIT_FILES
-from vllm_fleet.facts.verify import InstanceCheck, format_failure, parse_probe_output, probe_command
+from vllm_fleet.facts.verify import SERVED_TASKS, InstanceCheck, format_failure, parse_probe_output, probe_command
 from vllm_fleet.render import front_paths, front_probe_address, instance_paths
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
 
@@ -67,7 +67,8 @@ def checks_from_manifest(config, manifest: dict[str, Any]) -> list[InstanceCheck
                           max_model_len=info.get("max_model_len") or None,
                           env_file=instance_paths(config, name)["env"],
                           timeout_s=int(info.get("start_timeout_s", 600)),
-                          gpu_bus_ids=list(info.get("gpu_bus_ids") or []))
+                          gpu_bus_ids=list(info.get("gpu_bus_ids") or []),
+                          task=info.get("task") if info.get("task") in SERVED_TASKS else "generate")
             for name, info in manifest.get("instances", {}).items()]
 
 

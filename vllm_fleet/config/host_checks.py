@@ -13,6 +13,7 @@ from vllm_fleet import kinds
 from vllm_fleet.catalog import is_gguf, lookup
 from vllm_fleet.config.errors import Checker
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
+from vllm_fleet.config.runner import RUNNER_CONVERTS, native, resolve
 from vllm_fleet.config.ports import GATEWAY_PORT_NAMES, gateway_ports, instance_ports, monitoring_ports
 from vllm_fleet.config.settings import KNOBS, Settings
 
@@ -90,10 +91,68 @@ def check_instance(check: Checker, raw: dict, values: dict[str, Any], valid: set
                     fix="drop pipeline_parallel_size (the nodes decide it), or change 'nodes'/'gpus'")
     if "model_info" not in raw and isinstance(model, str):
         values["model_info"] = lookup(model)
+    if {"runner", "convert", "engine_args", "model_info"} <= valid:
+        _check_runner(check, label, values)
     if isinstance(model, str) and is_gguf(model, values.get("model_info")) and not values.get("tokenizer"):
         check.error("a GGUF model needs 'tokenizer' (the base model's tokenizer directory or id)",
                     instance=label, key="tokenizer",
                     fix="tokenizer = 'google/gemma-3-12b-it' (the model the GGUF was made from)")
+
+
+#: engine_args that act on generated tokens only, and why a pooling instance (which generates none) may
+#: not set them.
+GENERATION_ONLY_FLAGS = {
+    "speculative-config": "speculative decoding drafts tokens for the sampler, and a pooling runner samples none",
+    "enable-return-routed-experts": "vLLM refuses it on any runner but generate (its AuxOutput connector)",
+    "reasoning-parser": "it parses generated chat answers: a pooling runner serves no /v1/chat/completions",
+    "tool-call-parser": "it parses generated chat answers: a pooling runner serves no /v1/chat/completions",
+    "enable-auto-tool-choice": "it parses generated chat answers: a pooling runner serves no /v1/chat/completions",
+    "structured-outputs-config": "it constrains generated tokens, and a pooling runner generates none",
+    "logprobs-mode": "log probabilities are of generated tokens, and a pooling runner generates none",
+}
+#: engine_args only a pooling instance takes.
+POOLING_ONLY_FLAGS = {"pooler-config": "vLLM reads it only with --runner pooling"}
+
+
+def _check_runner(check: Checker, label: str, values: dict[str, Any]) -> None:
+    """runner, convert and engine_args as vLLM takes them together (vllm/config/model.py,
+    ModelConfig.__post_init__): a convert only with the pooling runner, a pooling model never on the
+    generate runner, a model without a pooling class only with a convert, and no generation flags
+    on a pooling instance (nor pooling flags on a generating one)."""
+    runner, convert, info = values.get("runner"), values.get("convert"), values.get("model_info")
+    runner, convert = (None if runner == "auto" else runner), (None if convert == "auto" else convert)
+    resolved = resolve(runner, convert, info)
+    if convert is not None and convert not in RUNNER_CONVERTS[resolved.runner]:
+        check.error(f"convert {convert!r} adapts a model to the pooling runner, but runner is {resolved.runner!r} "
+                    f"({resolved.why}): vLLM's generate runner takes no convert", instance=label, key="convert",
+                    fix="runner = 'pooling' for an embedding or scoring instance, or drop convert")
+        return
+    archs = ", ".join(info.architectures) if info is not None and info.architectures else ""
+    if resolved.runner == "generate" and native(info, "pooling") and not native(info, "generate"):
+        check.error(f"runner 'generate', but {archs} is a pooling model only (vLLM's registry): vLLM refuses "
+                    "it ('Embedding models do not support --runner generate')", instance=label, key="runner",
+                    fix="runner = 'pooling' (or leave runner unset: vLLM picks pooling for it)")
+        return
+    if resolved.runner == "pooling" and resolved.convert == "none" and native(info, "pooling") is False:
+        check.error(f"runner 'pooling' with convert 'none', but {archs} has no pooling class in vLLM's "
+                    "registry: vLLM refuses it ('This model does not support --runner pooling')",
+                    instance=label, key="convert",
+                    fix="convert = 'embed' (an embedding model) or 'classify' (a classifier or reranker), "
+                        "or leave convert unset")
+        return
+    if resolved.pooling and values.get("nodes"):
+        check.error(f"a pooling instance ({resolved.why}) over several servers: vllm-fleet plans a pooling "
+                    "model on one host (an embedding or reranking model fits on one)", instance=label, key="nodes",
+                    fix="drop 'nodes' and serve it on one host (more replicas: data_parallel_size or instances)")
+        return
+    args = values.get("engine_args") or {}
+    wrong = GENERATION_ONLY_FLAGS if resolved.pooling else POOLING_ONLY_FLAGS
+    for flag in args:
+        if flag in wrong:
+            check.error(f"'{flag}' on a {resolved.runner} instance ({resolved.why}): {wrong[flag]}",
+                        instance=label, key=f"engine_args.{flag}",
+                        fix=f"remove '{flag}' from engine_args" + (
+                            "" if resolved.pooling else ", or set runner = 'pooling' for a pooling model"))
 
 
 def _check_sync_destination(check: Checker, label: str, model: str) -> None:
@@ -127,19 +186,20 @@ def check_host(check: Checker, settings: Settings, instances: list[InstanceConfi
 
 
 def _check_unique(check: Checker, instances: list[InstanceConfig]) -> None:
-    """Names, ports and explicitly listed GPUs are never shared between instances of one host."""
-    seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}, "gpus": {}}
+    """Names and ports are never shared between instances of one host. (A GPU two instances list is
+    shared when their fractions fit on it: the planner checks that, knowing the GPU.)"""
+    seen: dict[str, dict[Any, str]] = {"name": {}, "port": {}}
     for inst in instances:
         if inst.name.startswith(RESERVED_INSTANCE_PREFIX):
             check.error(f"the name {inst.name!r} starts with {RESERVED_INSTANCE_PREFIX!r}, which is reserved: "
                         f"units vllm-{RESERVED_INSTANCE_PREFIX}*.service are vllm-fleet's own services (the "
                         "front, the gateway, a node's Ray, the exporters, Prometheus)", instance=inst.name,
                         key="name", fix="pick a name that does not start with 'fleet-'")
-        for key, values in (("name", [inst.name]), ("port", [inst.port]), ("gpus", inst.gpus or [])):
+        for key, values in (("name", [inst.name]), ("port", [inst.port])):
             for value in values:
                 other = seen[key].get(value)
                 if other is not None:
-                    what = {"name": "name", "port": "port", "gpus": "GPU"}[key]
+                    what = key
                     check.error(f"{what} {value} is already used by instance {other}",
                                 instance=inst.name, key=key,
                                 fix=f"give each instance on a host its own {what}")

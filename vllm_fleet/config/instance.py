@@ -7,6 +7,7 @@ between its keys are config/host_checks.py's."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from vllm_fleet import kinds
@@ -14,6 +15,7 @@ from vllm_fleet.catalog import ModelInfo, is_gguf
 from vllm_fleet.config.errors import Checker
 from vllm_fleet.config.instance_parsers import parse_engine_args, parse_env, parse_nodes
 from vllm_fleet.config.model_info import parse_model_info
+from vllm_fleet.config.runner import CONVERTS, RUNNERS, Runner, resolve
 from vllm_fleet.config.schema import REQUIRED, Declaration, HostKnob, declarations, knob
 from vllm_fleet.config.settings import Settings
 
@@ -110,7 +112,13 @@ class InstanceConfig:
         """)
     gpus: tuple[int, ...] | None = knob(
         None, "'auto' (the planner places the instance) or GPU indices in PCI bus order",
-        parse=_parse_instance_gpus, written="auto", kind="'auto' or a list of GPU indices")
+        parse=_parse_instance_gpus, written="auto", kind="'auto' or a list of GPU indices",
+        notes="""
+        gpus: instances may list the same GPU when their gpu_memory_utilization fractions fit on it (each a
+        fraction of the GPU's total, their sum leaving 1 GiB for the CUDA context of the last to start, e.g.
+        0.3 + 0.6): the later one starts once the earlier is healthy, after checking the GPU's free memory.
+        'auto' takes only GPUs no instance lists.
+        """)
     tensor_parallel_size: int | None = _whole(
         "GPUs per tensor-parallel group (None: the planner decides)", "tensor-parallel-size")
     pipeline_parallel_size: int | None = _whole(
@@ -133,6 +141,22 @@ class InstanceConfig:
         fix=f"start_timeout_s = 600 (from {MIN_START_TIMEOUT_S} to {MAX_START_TIMEOUT_S}), or leave it unset "
             "(sized to the weights)")
     dtype: str = knob("auto", f"one of {', '.join(DTYPES)}", flag="dtype", choices=DTYPES)
+    runner: str = knob(
+        "auto", f"vLLM's runner: {' or '.join(RUNNERS)} (auto: from the model's architecture, as vLLM decides)",
+        flag="runner", choices=("auto",) + RUNNERS,
+        fix="runner = 'pooling' (embeddings, scores), 'generate' (completions, chat), or 'auto'",
+        notes="""
+        runner: "generate" (completions, chat) or "pooling" (an embedding, reranking or classification
+        model: /v1/embeddings, /v1/score, /v1/rerank, /classify, /pooling); "auto" is what vLLM's
+        `--runner auto` makes of the model's config.json (its architectures, a sentence-transformers
+        modules.json). A pooling instance is planned with its weights and activations (no KV cache) and
+        verified with a real request to the endpoint it serves.
+        """)
+    convert: str = knob(
+        "auto", f"vLLM's --convert: {', '.join(CONVERTS)} (auto: vLLM's choice for the model and runner)",
+        flag="convert", choices=("auto",) + CONVERTS,
+        fix="convert = 'embed' (a decoder as an embedding model) or 'classify', with runner = 'pooling'; "
+            "or 'auto'")
     engine_args: dict[str, Any] = knob(
         {}, "other `vllm serve` flags by their long names, e.g. {'enforce-eager': True}", parse=_parse_engine_args,
         kind="a dict of flags and their values",
@@ -183,6 +207,16 @@ class InstanceConfig:
     @property
     def gguf(self) -> bool:
         return is_gguf(self.model, self.model_info)
+
+    @cached_property
+    def resolved_runner(self) -> Runner:
+        """The runner and convert vLLM takes for this instance (config/runner.py), and why."""
+        return resolve(None if self.runner == "auto" else self.runner,
+                       None if self.convert == "auto" else self.convert, self.model_info)
+
+    @property
+    def pooling(self) -> bool:
+        return self.resolved_runner.pooling
 
     @property
     def enforce_eager(self) -> bool:

@@ -49,6 +49,8 @@ class ModelFiles:
     config_path: Path
     weights_bytes: int | None
     weights_source: str
+    #: modules.json beside config.json: a sentence-transformers model, which vLLM runs as a pooling model.
+    sentence_transformers: bool = False
 
 
 def _shown(path: Any) -> str:
@@ -163,4 +165,6 @@ def read_model_files(given: str) -> ModelFiles:
     if not isinstance(config, dict):
         raise ModelFilesError(f"{_shown(config_path)} is not a JSON object", "give the model's config.json")
     weights, source = weights_size(directory, root)
-    return ModelFiles(config, config_path, weights, source)
+    modules = directory / "modules.json"
+    return ModelFiles(config, config_path, weights, source,
+                      sentence_transformers=modules.is_file() or modules.is_symlink())

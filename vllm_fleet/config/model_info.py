@@ -19,6 +19,7 @@ config.json (model_files.py); else derived from the shape as the catalog derives
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -55,7 +56,12 @@ _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 READ_KEYS = frozenset(REQUIRED + _EXPERT_KEYS + (
     "num_key_value_heads", "head_dim", "max_position_embeddings", "moe_intermediate_size", "sliding_window",
     "sliding_window_pattern", "use_sliding_window", "layer_types", "dtype", "torch_dtype", "tie_word_embeddings",
-    "model_type", "text_config", "quantization_config", "kv_lora_rank", "weights_gib"))
+    "model_type", "text_config", "quantization_config", "kv_lora_rank", "weights_gib", "architectures",
+    "sentence_transformers"))
+#: vllm-fleet's own keys beside a pasted config.json's.
+OWN_KEYS = ("weights_gib", "sentence_transformers")
+#: At most this many architectures, each a Python class name of at most 128 characters.
+MAX_ARCHITECTURES = 16
 EXAMPLE = ("model_info = {...the model's config.json...} (pasted as it is), or "
            "model_info = '/srv/models/<model>' (its directory on this workstation)")
 
@@ -162,8 +168,25 @@ def _attention(reading: _Reading, text: Mapping[str, Any], model_type: str, laye
     return attention_from_config(cfg, model_type)
 
 
+_CLASS_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+
+
+def _architectures(reading: _Reading, config: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """config.json's architectures (the model classes vLLM picks from): a list of class names."""
+    value = config.get("architectures")
+    if value is None:
+        return ()
+    if (not isinstance(value, (list, tuple)) or len(value) > MAX_ARCHITECTURES
+            or not all(isinstance(a, str) and _CLASS_NAME.fullmatch(a) for a in value)):
+        reading.error("architectures", f"must be a list of at most {MAX_ARCHITECTURES} model class names "
+                      f"(letters, digits and _), got {_shown(value)}",
+                      "copy architectures from the model's config.json (e.g. ['XLMRobertaModel'])")
+        return None
+    return tuple(value)
+
+
 def shape_from_config(reading: _Reading, config: Mapping[str, Any], weights_bytes: int | None,
-                      weights_gib: Any = None) -> ModelInfo | None:
+                      weights_gib: Any = None, sentence_transformers: Any = False) -> ModelInfo | None:
     """The ModelInfo config.json describes (see the module's docstring), its weights `weights_gib` when
     given, else `weights_bytes` (its files), else derived; None after errors on `reading`."""
     text, p = _text_part(config)
@@ -211,13 +234,19 @@ def shape_from_config(reading: _Reading, config: Mapping[str, Any], weights_byte
     attention = _attention(reading, text, model_type, values["num_hidden_layers"], defaults, p)
     dtype = _dtype(reading, config, text)
     tie = _tie(reading, config, text, defaults)
-    if attention is None or dtype is None or tie is None:
+    architectures = _architectures(reading, config)
+    if not isinstance(sentence_transformers, bool):
+        reading.error("sentence_transformers", f"must be true or false, got {_shown(sentence_transformers)}",
+                      "'sentence_transformers': True when the model's repository has modules.json")
+        return None
+    if attention is None or dtype is None or tie is None or architectures is None:
         return None
     shape = ModelInfo(weights_gib=1.0, dtype=dtype, tie_word_embeddings=tie, **attention, **values)
     weights = _weights(reading, config, text, weights_gib, weights_bytes, shape)
     if weights is None:
         return None
-    return ModelInfo(weights_gib=weights, dtype=dtype, tie_word_embeddings=tie, **attention, **values)
+    return ModelInfo(weights_gib=weights, dtype=dtype, tie_word_embeddings=tie, architectures=architectures,
+                     sentence_transformers=sentence_transformers, **attention, **values)
 
 
 def _dtype(reading: _Reading, config: Mapping[str, Any], text: Mapping[str, Any]) -> str | None:
@@ -256,29 +285,32 @@ def parse_model_info(check: Checker, raw: Any, instance: str, key: str = "model_
             check.error(str(exc), instance=instance, key="model_info", fix=exc.fix)
             return None
         reading = _Reading(check, instance, prefix="", source=f"{files.config_path}: ")
-        return shape_from_config(reading, files.config, files.weights_bytes)
+        return shape_from_config(reading, files.config, files.weights_bytes,
+                                 sentence_transformers=files.sentence_transformers)
     if not isinstance(raw, Mapping):
         check.error(f"expected the model's config.json (a dict) or its directory's path, got {type(raw).__name__}",
                     instance=instance, key="model_info", fix=EXAMPLE)
         return None
-    for name in raw:  # config.json has many keys the planner ignores; weights_gib is vllm-fleet's own
-        if isinstance(name, str) and name != "weights_gib" and did_you_mean(name, ["weights_gib"]):
+    for name in raw:  # config.json has many keys the planner ignores; OWN_KEYS are vllm-fleet's own
+        guess = did_you_mean(name, list(OWN_KEYS)) if isinstance(name, str) and name not in OWN_KEYS else None
+        if guess:
             check.error(f"unknown key {_shown(name)}", instance=instance, key="model_info",
-                        fix="did you mean 'model_info.weights_gib'?")
+                        fix=f"did you mean 'model_info.{guess}'?")
             return None
     return shape_from_config(_Reading(check, instance, prefix="model_info.", source=""), raw, None,
-                             raw.get("weights_gib"))
+                             raw.get("weights_gib"), raw.get("sentence_transformers", False))
 
 
-def read_config(config: Any, weights_bytes: int | None = None, source: str = "config.json"
-                ) -> tuple[ModelInfo | None, list[ConfigError]]:
+def read_config(config: Any, weights_bytes: int | None = None, source: str = "config.json",
+                sentence_transformers: bool = False) -> tuple[ModelInfo | None, list[ConfigError]]:
     """A config.json read as model_info reads it, its weights `weights_bytes` (else derived): the
     ModelInfo, or None and the errors (each naming `source` and its key) where model_info refuses it."""
     check = Checker("-")
     if not isinstance(config, Mapping):
         check.error(f"{source} is not a JSON object", key="model_info", fix="give the model's config.json")
         return None, check.errors
-    return shape_from_config(_Reading(check, "-", prefix="", source=f"{source}: "), config, weights_bytes), check.errors
+    return shape_from_config(_Reading(check, "-", prefix="", source=f"{source}: "), config, weights_bytes,
+                             sentence_transformers=sentence_transformers), check.errors
 
 
 def model_info_of_config(config: Any, weights_bytes: int | None = None) -> ModelInfo | None:

@@ -15,14 +15,15 @@ from vllm_fleet.connect import remote
 from vllm_fleet.facts.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                      parse_probe_output, probe_command, with_diagnosis)
 from vllm_fleet.render import (front_paths, front_probe_address, instance_gpu_bus_ids, instance_paths,
-                               start_timeout_s)
+                               served_task, start_timeout_s)
 
 from . import gateway, ray
 from .state import Deployment, record_failure
 
 
 def verify(deployment: Deployment) -> None:
-    """9. Per instance: /health, /v1/models with the key, a 1-token completion, GPU processes."""
+    """9. Per instance: /health, /v1/models with the key, a 1-token completion (a pooling instance: the
+    request its endpoint serves, an embedding for an embedding model), GPU processes."""
     config, plan = deployment.config, deployment.plan
     if not config.settings.vllm_verify:
         return
@@ -40,7 +41,8 @@ def verify(deployment: Deployment) -> None:
             front_ca=front_paths(config)["tls_trust"] if config.settings.vllm_tls is True else None,
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
-            gpu_bus_ids=instance_gpu_bus_ids(plan, inst)))
+            gpu_bus_ids=instance_gpu_bus_ids(plan, inst),
+            task=served_task(inst)))
     if checks:
         python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks,
                     **gateway.checked_with_the_instances(deployment))
@@ -64,8 +66,11 @@ def verify_instances(state, host, checks: list[InstanceCheck], gateway_spec: dic
     failures = [result for result in results if not result.get("ok")]
     for result in results:
         if result.get("ok"):
-            logger.info(f"{host.print_prefix}verified {result['name']}: health, models, a 1-token "
-                        f"completion ({result.get('seconds_to_healthy')} s to healthy)")
+            served = next((c for c in ("completion", "embedding", "classification", "pooling")
+                           if c in result.get("checks", {})), "completion")
+            logger.info(f"{host.print_prefix}verified {result['name']}: health, models, "
+                        f"{'a 1-token completion' if served == 'completion' else 'a real ' + served} "
+                        f"({result.get('seconds_to_healthy')} s to healthy)")
     if not results:
         raise OperationError(f"host {host.name}: the verification probe printed no result:\n"
                              f"{stderr[-2000:]}")

@@ -103,6 +103,12 @@ def _live_instance(on, config: HostConfig, inst: InstanceConfig, errors: list[Co
     else:
         return inst
     info = model_info_from_config(*found)
+    # config.json does not say it is a sentence-transformers model (vLLM then runs it as a pooling
+    # one): modules.json beside it does, or the instance's own model_info did.
+    sentence_transformers = bool(inst.model_info and inst.model_info.sentence_transformers) or bool(
+        inst.model_source and (Path(inst.model_source).expanduser() / "modules.json").is_file())
+    if info and sentence_transformers:
+        info = replace(info, sentence_transformers=True)
     return replace(inst, model_info=info) if info else inst
 
 

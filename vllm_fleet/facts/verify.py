@@ -72,6 +72,10 @@ def diagnose(journal: str) -> str | None:
 
 
 
+#: What a verification can ask an instance for (the probe's SERVING_REQUESTS).
+SERVED_TASKS = ("generate", "embed", "classify", "pooling")
+
+
 @dataclass
 class InstanceCheck:
     name: str
@@ -85,12 +89,15 @@ class InstanceCheck:
     front_port: int | None = None  # where clients connect, through the host's front (None: no front)
     front_address: str = "127.0.0.1"  # where the host itself reaches the front
     front_ca: str | None = None  # the front speaks HTTPS (vllm_tls): the host's file of trusted CAs
+    #: What proves it serves: "generate" (a completion), or a pooling instance's task ("embed": an
+    #: embedding, "classify", "pooling"): plan.runner / plan.pooling_task.
+    task: str = "generate"
 
     def as_spec(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "port": self.port, "front_port": self.front_port,
                 "front_address": self.front_address, "front_ca": self.front_ca,
                 "served_model_name": self.served_model_name, "max_model_len": self.max_model_len,
-                "env_file": self.env_file, "timeout_s": self.timeout_s,
+                "env_file": self.env_file, "timeout_s": self.timeout_s, "task": self.task,
                 "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids}
 
 

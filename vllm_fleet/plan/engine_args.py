@@ -40,6 +40,12 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
         }
         if inst.tokenizer:
             args["tokenizer"] = inst.tokenizer
+        # vLLM resolves --runner auto / --convert auto alike (config/runner.py); a pooling instance
+        # states them, so the YAML says what the plan and the verification assume.
+        if plan.pooling or inst.runner != "auto":
+            args["runner"] = plan.runner
+        if plan.convert != "none" or inst.convert != "auto":
+            args["convert"] = plan.convert
         if host_config.settings.vllm_target == "cuda":
             args.update({
                 "tensor-parallel-size": plan.tensor_parallel_size,

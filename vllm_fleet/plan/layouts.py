@@ -10,7 +10,7 @@ from vllm_fleet.config import GpuSpec
 from vllm_fleet.plan.memory import (MemoryModel, balanced_partition, evaluate_layout, even_partition,
                                     stage_free_gib)
 from vllm_fleet.plan.reasons import memory_detail
-from vllm_fleet.plan.types import GpuUse, ParallelLayout, ParallelLayoutCandidate, count_gpu_models, gpu_model_and_memory
+from vllm_fleet.plan.types import ParallelLayout, ParallelLayoutCandidate, count_gpu_models, gpu_model_and_memory
 
 
 def _stage_orders(stages: list[list[GpuSpec]]) -> list[list[list[GpuSpec]]]:
@@ -64,7 +64,7 @@ def arrange_layout(mem: MemoryModel, gpus: list[GpuSpec], tp: int, pp: int, dp: 
     layout = best[1]
     if dp > 1:
         all_gpus = tuple(g for group in tp_groups[: pp * dp] for g in group)
-        per_gpu = tuple(GpuUse(g.index, g.name, use.stage, use.weights_gib, use.kv_cache_gib, use.budget_gib)
+        per_gpu = tuple(replace(use, index=g.index, name=g.name)
                         for g, use in zip(all_gpus, list(layout.per_gpu) * dp, strict=True))
         layout = replace(layout, gpus=all_gpus, per_gpu=per_gpu)
     return ParallelLayoutCandidate(layout, even, None)

@@ -27,6 +27,9 @@ class MemoryModel:
     groups: KvGroups | None = None
     max_model_len: int = 0
     scheduler: "SchedulerDefaults | None" = None
+    #: A pooling instance (vLLM's pooling runner): a request ends with its prefill, so no KV cache is
+    #: planned for concurrency; a layout fits when its weights and activations do.
+    pooling: bool = False
 
     @classmethod
     def for_instance(cls, host_config: HostConfig, inst: InstanceConfig, info: ModelInfo, dtype: str,
@@ -43,7 +46,7 @@ class MemoryModel:
         hybrid = not kinds.switch_value(inst.engine_args.get("disable-hybrid-kv-cache-manager"))
         return cls(info=info, util=inst.gpu_memory_utilization, reserve_gib=reserve,
                    kv_dtype_bytes=kv_bytes, groups=KvGroups.of(info, hybrid), max_model_len=max_model_len,
-                   scheduler=SchedulerDefaults.of(inst))
+                   scheduler=SchedulerDefaults.of(inst), pooling=inst.pooling)
 
     def kv_slots(self, layers: int) -> int:
         """KV tensors per block on a stage with `layers` layers (all of them without hybrid)."""
@@ -115,7 +118,7 @@ class SchedulerDefaults:
                    chunked_prefill=kinds.switch_value(args.get("enable-chunked-prefill")) is not False,
                    throughput_mode=args.get("performance-mode") == "throughput",
                    async_scheduling=kinds.switch_value(args.get("async-scheduling")),
-                   pooling=args.get("runner") == "pooling",
+                   pooling=inst.pooling,
                    v2_model_runner=_env_switch(inst.env.get("VLLM_USE_V2_MODEL_RUNNER")) is not False)
 
     def async_on(self, pp: int) -> bool:
@@ -248,9 +251,13 @@ def evaluate_layout(mem: MemoryModel, stages: list[list[GpuSpec]], partition: tu
         free = stage_free_gib(mem, stage[0], tp, stage_index == 0, stage_index == pp - 1, pp)
         comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
         weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib / tp
-        kv = (replica_tokens * mem.kv_slots(layers)
-              * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB)
-        per_gpu.extend(GpuUse(g.index, g.name, stage_index, weights, kv, budget) for g in stage)
+        if mem.pooling:  # what is left after weights and activations is headroom, not a planned KV cache
+            kv, activations = 0.0, mem.reserve_gib + comm
+        else:
+            kv, activations = (replica_tokens * mem.kv_slots(layers)
+                               * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB), None
+        per_gpu.extend(GpuUse(g.index, g.name, stage_index, weights, kv, budget, activations_gib=activations)
+                       for g in stage)
     ordered = tuple(g for stage in stages for g in stage)
     return ParallelLayout(gpus=ordered, tp=tp, pp=pp, dp=dp, partition=partition, kv_tokens=replica_tokens,
                   per_gpu=tuple(per_gpu))

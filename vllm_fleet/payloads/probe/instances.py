@@ -1,6 +1,8 @@
-"""`verify`: each instance waited for and checked as clients meet it (health, models, a completion,
-the front, its processes on the planned GPUs), and judged stable across the checks."""
+"""`verify`: each instance waited for and checked as clients meet it (health, models, a completion or,
+for a pooling instance, the request it serves; the front, its processes on the planned GPUs), and
+judged stable across the checks."""
 
+import json
 import sys
 import time
 
@@ -127,8 +129,34 @@ def verify_one(spec):
     return res
 
 
+#: What proves an instance serves, by what it serves (the plan's task: "generate" for vLLM's generate
+#: runner, else its pooling task): (check, words, vLLM's route, the request without the model).
+SERVING_REQUESTS = {
+    "generate": ("completion", "a 1-token completion", "/v1/completions", {"prompt": "Hello", "max_tokens": 1}),
+    "embed": ("embedding", "an embedding", "/v1/embeddings", {"input": "Hello"}),
+    "classify": ("classification", "a classification", "/classify", {"input": "Hello"}),
+    "pooling": ("pooling", "a pooling request", "/pooling", {"input": "Hello"}),
+}
+
+
+def answered(check, body):
+    """The answer holds what was asked for: a completion's choices, an embedding's vector, a
+    classification's probabilities, a pooling result."""
+    try:
+        data = json.loads(body).get("data")
+    except (ValueError, AttributeError):
+        return False
+    if check == "completion":
+        return True  # its status says it: vLLM answers 200 only with the choices
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return False
+    value = data[0].get({"embedding": "embedding", "classification": "probs", "pooling": "data"}[check])
+    return isinstance(value, list) and len(value) > 0
+
+
 def check_serving(spec, res):
-    """/v1/models with the key, max_model_len, 401 without the key, a completion, GPU processes."""
+    """/v1/models with the key, max_model_len, 401 without the key, a completion (an embedding, a
+    classification or a pooling request for a pooling instance), GPU processes."""
     key = api_key(spec["env_file"])
     status, models, body = served_models(spec["port"], key)
     served = models.get(spec["served_model_name"])
@@ -143,12 +171,11 @@ def check_serving(spec, res):
         return
     if key:
         res["checks"]["key_required"] = call(spec["port"], "/v1/models")[0] == 401
-    status, body = call(spec["port"], "/v1/completions", key,
-                        {"model": spec["served_model_name"], "prompt": "Hello", "max_tokens": 1},
-                        timeout=120)
-    res["checks"]["completion"] = status == 200
-    if status != 200:
-        res["error"] = f"a 1-token completion answered {status}: {body[:200]}"
+    check, what, path, request = SERVING_REQUESTS[spec.get("task") or "generate"]
+    status, body = call(spec["port"], path, key, dict(request, model=spec["served_model_name"]), timeout=120)
+    res["checks"][check] = status == 200 and answered(check, body)
+    if not res["checks"][check]:
+        res["error"] = f"{what} ({path}) answered {status}: {body[:200]}"
         return
     if spec.get("front_port") and not check_front(spec, key, res):
         return
