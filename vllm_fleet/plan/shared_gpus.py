@@ -111,7 +111,7 @@ def shared_reason(share: SharedGpu, inst: InstanceConfig) -> str:
             f"gpu_memory_utilization {inst.gpu_memory_utilization:g} of the GPU; the fractions add up to "
             f"{share.total:.4g} of at most {share.limit:.4f} (each start needs {CONTEXT_HEADROOM_MIB} MiB for "
             f"its CUDA context beyond the others' budgets); "
-            + (f"it starts once {', '.join(e.name for e in earlier)} (listed before it) are healthy, and "
-               if earlier else "")
+            + (f"it starts once {', '.join(e.name for e in earlier)} (listed before it) "
+               f"{'is' if len(earlier) == 1 else 'are'} healthy, and " if earlier else "")
             + f"it checks that {needed_free_mib(share.gpu, inst.gpu_memory_utilization)} MiB are free "
               "before it starts")
