@@ -240,7 +240,7 @@ def _check_one_step_per_path(deployment: Deployment) -> None:
     directories = (path_writers.managed_directories(config, front=runs_front(deployment))
                    + path_writers.layout_directories(config, instances))
     errors = path_writers.path_clashes(
-        config, instances, path_writers.rendered_writers(instances, deployment.files, directories=directories),
+        config, instances, path_writers.rendered_writers(config, instances, deployment.files, directories=directories),
         hub_downloads=bool(hub_downloads(deployment)))
     if errors:
         fail(errors)

@@ -20,6 +20,7 @@ from vllm_fleet.rules import hub
 from vllm_fleet.connect import remote
 from vllm_fleet.operations.envbuild import PYTORCH_CPU_INDEX
 from vllm_fleet.facts.host import HubModelCached, InstalledEnvironment
+from vllm_fleet.config.adapters import host_directory
 from vllm_fleet.operations.model_sync import model_sync
 from vllm_fleet.operations.managed import managed_directory, secret_file, service_account, vllm_environment
 from vllm_fleet.monitoring.files import STOCK_UNITS
@@ -63,6 +64,20 @@ def models(deployment: Deployment) -> None:
                             mode="0644", dir_mode="0755", delete=True)
         for inst in insts:
             deployment.changes.model_syncs[inst.name] = synced
+    served_here = {plan.name for plan in deployment.plan.instances}
+    models_dir = deployment.config.settings.vllm_models_dir
+    for inst in deployment.model_instances():
+        for adapter in inst.adapters:
+            if not adapter.source:
+                continue
+            # Like a model_source: one command when nothing changed. A changed adapter reloads the
+            # instance (its loader), never restarts it.
+            synced = model_sync(name=f"Sync adapter {adapter.name} of {inst.name}: {adapter.source}",
+                                src=str(Path(adapter.source).expanduser()),
+                                dest=host_directory(models_dir, inst.name, adapter),
+                                mode="0644", dir_mode="0755", delete=True)
+            if inst.name in served_here:
+                deployment.changes.notify(inst.unit_name, "instance", "adapter", synced, instance=inst.name)
 
 
 def environment(deployment: Deployment) -> None:

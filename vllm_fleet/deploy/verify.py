@@ -40,7 +40,7 @@ def verify(deployment: Deployment) -> None:
             front_ca=front_paths(config)["tls_trust"] if config.settings.vllm_tls is True else None,
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
-            gpu_bus_ids=instance_gpu_bus_ids(plan, inst)))
+            gpu_bus_ids=instance_gpu_bus_ids(plan, inst), adapters=[a.name for a in inst.config.adapters]))
     if checks:
         python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks,
                     **gateway.checked_with_the_instances(deployment))

@@ -85,13 +85,14 @@ class InstanceCheck:
     front_port: int | None = None  # where clients connect, through the host's front (None: no front)
     front_address: str = "127.0.0.1"  # where the host itself reaches the front
     front_ca: str | None = None  # the front speaks HTTPS (vllm_tls): the host's file of trusted CAs
+    adapters: list[str] = field(default_factory=list)  # its LoRA adapters' names: each listed and answering
 
     def as_spec(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "port": self.port, "front_port": self.front_port,
                 "front_address": self.front_address, "front_ca": self.front_ca,
                 "served_model_name": self.served_model_name, "max_model_len": self.max_model_len,
                 "env_file": self.env_file, "timeout_s": self.timeout_s,
-                "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids}
+                "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids, "adapters": self.adapters}
 
 
 def host_probe_command(mode: str, payload: Any) -> str:
