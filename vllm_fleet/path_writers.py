@@ -56,7 +56,8 @@ def layout_directories(config: HostConfig, instances: Sequence[InstanceConfig]) 
 
 def downloads_from_hub(instances: Sequence[InstanceConfig]) -> bool:
     """Whether the host downloads anything from the hub (its token file exists only then)."""
-    return any(instance_downloads(inst.model, inst.tokenizer) for inst in instances)
+    return any(instance_downloads(inst.model, inst.tokenizer) or any(a.model for a in inst.adapters)
+               for inst in instances)
 
 
 def declared_writers(config: HostConfig, instances: Sequence[InstanceConfig],

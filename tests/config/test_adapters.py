@@ -90,7 +90,6 @@ def test_bad_adapters_are_refused_naming_host_instance_key_and_fix(tmp_path, ada
         ({"name": "bot", "source": str(dora)}, "adapters[0].source", "DoRA"),
         ({"name": "bot", "source": "relative/dir"}, "adapters[0].source", "absolute"),
         ({"name": "bot", "model": "org/x", "rank": 513}, "adapters[0].rank", "512"),
-        ({"name": "bot", "model": "org/x", "rank": 8}, "adapters[0].model", "does not download"),
         ({"name": "bot", "source": str(adapter_dir), "rank": 64}, "adapters[0].rank", "says 8"),
         ({"name": "Ｂot", "model": "org/x", "rank": 8}, "adapters[0].name", "served model name"),
     ]
@@ -237,3 +236,44 @@ def test_the_tiny_adapter_is_deterministic_and_changes_the_model(tmp_path):
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+def test_status_says_which_planned_adapters_vllm_does_not_serve():
+    from vllm_fleet.commands.status import adapter_drift
+    entry = {"health": True, "served_models": ["bot", "llama", "old"]}
+    assert adapter_drift(entry, ["bot", "sql"], "llama") == ["adapters not loaded: sql",
+                                                             "adapters loaded but not planned: old"]
+    assert adapter_drift({"health": True, "served_models": ["bot", "llama"]}, ["bot"], "llama") == []
+    assert adapter_drift({"health": False}, ["bot"], "llama") == []  # down: said elsewhere
+
+
+def test_a_hub_adapter_downloads_its_config_and_one_weights_file():
+    from vllm_fleet.rules import hub
+    listing = [{"path": "adapter_config.json", "size": 700}, {"path": "adapter_model.safetensors", "size": 5000},
+               {"path": "adapter_model.bin", "size": 5100}, {"path": "README.md", "size": 10},
+               {"path": "checkpoint-10/adapter_model.safetensors", "size": 5000}]
+    download = hub.adapter_download("org/bot-lora", "a" * 40, name="bot", listing=listing)
+    assert download.allow_patterns == ("adapter_config.json", "adapter_model.safetensors")
+    assert download.total_bytes == 5700 and download.adapter and download.marker_key == "org/bot-lora@" + "a" * 40
+    only_bin = [e for e in listing if e["path"] != "adapter_model.safetensors"]
+    assert hub.adapter_download("org/x", name="x", listing=only_bin).allow_patterns[-1] == "adapter_model.bin"
+    with pytest.raises(ValueError, match="not a PEFT LoRA adapter"):
+        hub.adapter_download("org/x", name="x", listing=[{"path": "config.json", "size": 1}])
+    assert hub.adapter_download("org/x", name="x").marker_key == "org/x"
+    script = hub.download_script("org/x", ["adapter_config.json"], revision="b" * 40)
+    assert "REVISION = '" + "b" * 40 + "'" in script and '{"revision": REVISION}' in script
+    assert "revision='" + "b" * 40 + "'" in hub.listing_script("org/x", "b" * 40)
+    assert "revision" not in hub.listing_script("org/x")
+
+
+def test_hub_adapters_are_downloaded_before_start_and_loaded_from_the_cache():
+    from vllm_fleet.deploy.managed import adapter_downloads
+    from vllm_fleet.render import adapter_paths
+    config = llama_host([{"name": "bot", "model": "org/bot-lora", "rank": 8},
+                         {"name": "pinned", "model": "org/p", "rank": 8, "revision": "c" * 40}])
+    downloads = adapter_downloads(config.instances[0])
+    assert [(d.repo, d.revision, d.why) for d in downloads] == [
+        ("org/bot-lora", None, "LoRA adapter bot"), ("org/p", "c" * 40, "LoRA adapter pinned")]
+    paths = adapter_paths(config, plan_host(config).instances[0])
+    assert paths == [{"name": "bot", "path": "org/bot-lora"},
+                     {"name": "pinned", "path": "/var/lib/vllm-fleet/hf/hub/models--org--p/snapshots/" + "c" * 40}]

@@ -119,6 +119,4 @@ CORPUS = [
      "engine_args.max-lora-rank", "gemma"),
     ("adapters on a vocabulary vLLM refuses", host(vllm_instances=[inst(adapters=[
         {"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
-    ("hub adapter (not downloaded yet)", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
-        {"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters[0].model", "gemma"),
 ]

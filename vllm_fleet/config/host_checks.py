@@ -103,14 +103,6 @@ def _check_adapters(check: Checker, label: str, values: dict[str, Any]) -> None:
     """An instance with LoRA adapters: a model vLLM serves LoRA on, and one API server (vLLM loads
     adapters at run time into its only API server: with several it refuses to start,
     vllm/entrypoints/cli/serve.py:315-318)."""
-    for position, adapter in enumerate(values["adapters"]):
-        if adapter.model:
-            # The deploy downloads a model's files before vLLM starts offline; an adapter's are not yet
-            # among them, and vLLM (HF_HUB_OFFLINE) could not fetch it itself.
-            check.error(f"adapter {adapter.name!r} is a hub id ({adapter.model}): the deploy does not download "
-                        "adapters from the hub yet", instance=label, key=f"adapters[{position}].model",
-                        fix=f"download it on this workstation (`hf download {adapter.model}`) and give its "
-                            "directory as \"source\"")
     info = values.get("model_info")
     vocab = getattr(info, "vocab_size", None)
     if isinstance(vocab, int) and vocab > MAX_LORA_VOCAB:

@@ -126,7 +126,13 @@ def hub_downloads(deployment: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
     configs = [inst.config for inst in deployment.plan.instances]
     if deployment.node_instance is not None:
         configs.append(deployment.node_instance)
-    return [(inst, download) for inst in configs for download in hub.instance_downloads(inst.model, inst.tokenizer)]
+    return [(inst, download) for inst in configs
+            for download in [*hub.instance_downloads(inst.model, inst.tokenizer), *adapter_downloads(inst)]]
+
+
+def adapter_downloads(inst) -> list[hub.RepoDownload]:
+    """The instance's LoRA adapters from the hub (config.adapters: a 'model' entry)."""
+    return [hub.adapter_download(a.model, a.revision, name=a.name) for a in inst.adapters if a.model]
 
 
 def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:

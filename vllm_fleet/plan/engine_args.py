@@ -64,6 +64,11 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
             # What sizes vLLM's LoRA buffers is fixed at its start: enable-lora and these two.
             args.update({"enable-lora": True, "max-lora-rank": lora_rank([a.rank for a in inst.adapters]),
                          "max-loras": max_loras(len(inst.adapters))})
+            # Not the adapters' count nor names: a reason is in the unit, and a changed unit restarts vLLM.
+            plan.reasons.append(
+                f"--enable-lora --max-lora-rank {args['max-lora-rank']} --max-loras {args['max-loras']}: sized for "
+                "the instance's adapters (at least rank 16 and 4 a batch, so that adding one rarely changes them); "
+                "vLLM's LoRA buffers are counted with the weights, before the KV cache")
             if plan.data_parallel_size > 1:
                 # vLLM starts one API server per replica unless told otherwise, and refuses runtime
                 # adapter loading with more than one (vllm/entrypoints/cli/serve.py:124-125, 315-318).
