@@ -84,7 +84,7 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
         files += [(path, f"instance {name}'s {kind}") for kind, path in layout.instance(name).items()]
     if any(inst.nodes for inst in instances):  # a node of a multi-node instance runs Ray
         files.append((layout.ray["unit"], "the Ray unit"))
-    if any(inst.adapters for inst in config.instances):  # render.model_access_file, render.adapter_files
+    if any(inst.adapters for inst in config.instances):  # render.adapter_host_files, render.adapter_files
         files += [(layout.model_access, "the adapters' model access module"),
                   (layout.adapter_loader, "the adapters' loader")]
         files += [(layout.instance_adapters(inst.name), f"instance {inst.name}'s adapters list")

