@@ -167,5 +167,7 @@ def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
         else:
             name = instance_of_unit(unit) or unit
             paths = instance_paths(config, name)
-            out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], paths["unit"]]))
+            adapters = host_layout(config).instance_adapters(name)  # its LoRA adapters' list, if it had one
+            out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], adapters,
+                                                                paths["unit"]]))
     return out
