@@ -170,15 +170,19 @@ def _model_access():
     return module
 
 
-def _call(body: bytes, allowed: str | None, method="POST", scope_type="http"):
-    """(status, what the app saw) of one request through ModelAccess around a recording app."""
+def _call(body: bytes, allowed: str | None, method="POST", scope_type="http", path="/v1/completions",
+          answer=b"ok"):
+    """(status, what the app saw) of one request through ModelAccess around a recording app; with
+    path /v1/models, (status, the answer the client got)."""
     seen = {}
 
     async def app(scope, receive, send):
         message = await receive()
         seen["body"] = message["body"]
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": b"ok"})
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer[:3], "more_body": True})
+        await send({"type": "http.response.body", "body": answer[3:]})
 
     headers = [(b"content-type", b"application/json")]
     if allowed is not None:
@@ -194,8 +198,13 @@ def _call(body: bytes, allowed: str | None, method="POST", scope_type="http"):
         sent.append(message)
 
     middleware = _model_access().ModelAccess(app)
-    asyncio.run(middleware({"type": scope_type, "method": method, "headers": headers}, receive, send))
+    asyncio.run(middleware({"type": scope_type, "method": method, "headers": headers, "path": path}, receive, send))
     status = next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+    if path == "/v1/models":
+        start = next(m for m in sent if m["type"] == "http.response.start")
+        got = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+        assert dict(start["headers"])[b"content-length"] == str(len(got)).encode()
+        return status, got
     return status, seen.get("body")
 
 
@@ -216,6 +225,10 @@ def test_vllms_model_check_parses_the_body_as_vllm_does():
     assert _call(b'--form\r\nname="model"\r\n\r\nbot', "bot")[0] == 403
     assert _call(b"", "bot", method="GET")[0] == 200
     assert _call(b"", "bot", scope_type="websocket")[0] is None  # closed, never passed on
+    listing = json.dumps({"object": "list", "data": [{"id": "llama"}, {"id": "bot"}, {"id": "sql"}]}).encode()
+    status, got = _call(b"", "bot sql", method="GET", path="/v1/models", answer=listing)
+    assert status == 200 and [m["id"] for m in json.loads(got)["data"]] == ["bot", "sql"]
+    assert json.loads(_call(b"", "*", method="GET", path="/v1/models", answer=listing)[1]) == json.loads(listing)
 
 
 def test_the_tiny_adapter_is_deterministic_and_changes_the_model(tmp_path):

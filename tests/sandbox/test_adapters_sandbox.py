@@ -89,6 +89,9 @@ def test_a_client_allowed_only_the_adapter_gets_403_for_the_base_model(lora_flee
     direct = f"http://{CPU_HOSTS['sbx-cpu3']}:8000/v1/completions"
     assert _post(direct, {"model": BASE, "prompt": PROMPT, "max_tokens": 1}, KEYS["SBX_LORA_KEY"]) == 403
     assert _post(direct, {"model": LORA, "prompt": PROMPT, "max_tokens": 1}, KEYS["SBX_LORA_KEY"]) == 200
+    port_models = openai.OpenAI(base_url=f"http://{CPU_HOSTS['sbx-cpu3']}:8000/v1", api_key=KEYS["SBX_LORA_KEY"],
+                                max_retries=0, http_client=openai.DefaultHttpx2Client(trust_env=False)).models.list()
+    assert [m.id for m in port_models] == [LORA]  # the instance's own list, as the client may use it
     # Two "model" keys: vLLM takes the last, and so does the check.
     body = json.dumps({"model": LORA, "prompt": PROMPT, "max_tokens": 1})[:-1] + f', "model": "{BASE}"}}'
     req = urllib.request.Request(direct, data=body.encode(), headers={
