@@ -25,6 +25,7 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 #   port (required): clients reach the instance at <vllm_bind_host>:<port> (1024-65535)
 #   tokenizer = None: a Hugging Face id or a host path (None: the model's); a GGUF model needs its base model's
 #   model_source = None: a directory on the workstation, synced to `model` on the host (None: no sync)
+#   adapters = []: LoRA adapters served beside the model, each under its own name: {name, source} or {name, model, rank}
 #   gpus = "auto": 'auto' (the planner places the instance) or GPU indices in PCI bus order
 #   tensor_parallel_size = None: GPUs per tensor-parallel group (None: the planner decides)
 #   pipeline_parallel_size = None: pipeline stages (None: the planner decides)
@@ -45,6 +46,14 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 # model_source: `model` is then a directory of its own that the sync makes equal to the source
 # (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
 # another managed directory, and on the host empty or already vllm-fleet's.
+# adapters = [{"name": "support-bot", "source": "/srv/adapters/support-bot"},
+#             {"name": "sql", "model": "org/llama-sql-lora", "rank": 16}]: each name is a model to
+# clients (in /v1/models, the gateway's, vllm_api_clients' models), one adapter across the fleet and
+# no served_model_name. A source is a PEFT adapter directory on this workstation, synced to the host;
+# a model a Hugging Face id (optional "revision": a commit) downloaded before use, with its
+# adapter_config.json's r as "rank". The plan sets enable-lora, max-lora-rank (from the ranks, at
+# least 16) and max-loras (at least 4) and counts their GPU memory; adding or removing an adapter
+# within those loads or unloads it in the running vLLM (no restart). docs/adapters.md says more.
 # gpus: instances may list the same GPU when their gpu_memory_utilization fractions fit on it (each a
 # fraction of the GPU's total, their sum leaving 1 GiB for the CUDA context of the last to start, e.g.
 # 0.3 + 0.6): the later one starts once the earlier is healthy, after checking the GPU's free memory.

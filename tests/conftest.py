@@ -47,12 +47,14 @@ def _fleet_rank(item: pytest.Item) -> int:
 # comes right after it. The security module wants inventory/sandbox.py as it is, which the deploy
 # module leaves but for one removed instance (run later, it would restart all three to undo the
 # rollout's changes); from the gateway module on, sbx-cpu1 keeps the inventory's instance (the
-# gateway's second name is on sbx-cpu3, which host_packages and lifecycle restart anyway), and the
+# gateway's second name is on sbx-cpu3, as are the adapters module's adapters, and host_packages and
+# lifecycle restart it anyway), and the
 # team modules keep the rollout's instances (multinode's hosts are their own); the team modules
 # share one HTTPS fleet. Modules not named keep
 # their place, after these, in file order.
 FLEET_ORDER = ("test_deploy_sandbox.py", "test_security_sandbox.py", "test_faults_sandbox.py",
-               "test_gateway_sandbox.py", "test_pooling_sandbox.py", "test_host_packages_sandbox.py", "test_lifecycle_sandbox.py",
+               "test_gateway_sandbox.py", "test_pooling_sandbox.py", "test_adapters_sandbox.py",
+               "test_host_packages_sandbox.py", "test_lifecycle_sandbox.py",
                "test_multinode_sandbox.py", "test_rollout_sandbox.py", "test_sandbox_bad_input.py",
                "test_sandbox_hosts.py", "test_sandbox_teardown.py", "test_standin_engine.py",
                "test_team_monitoring_sandbox.py", "test_team_service_sandbox.py")

@@ -50,6 +50,8 @@ GATEWAY_RUNTIME_DIR = "vllm-fleet-gateway"  # /run/<this>: the router's working 
 GATEWAY_PACKAGE = "vllm-router"
 REGISTER_TIMEOUT_S = 60  # ExecStartPost: vllm-router answers /health ~1 s after its start
 STOP_TIMEOUT_S = 30  # SIGTERM lets the requests in flight finish (~2 s measured), then SIGKILL
+#: The path prefix of an adapter's worker URL on its instance's front (fleet_backends).
+ADAPTER_PATH = "/vllm-fleet-adapter"
 
 
 @dataclass(frozen=True)
@@ -90,17 +92,25 @@ def url_host(address: str) -> str:
 
 def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Backend]:
     """Every planned instance of every host, in inventory order: the same plans the deploy makes, so
-    the gateway's backends are never a second list to maintain. An instance serves one name
-    (InstanceConfig.served_model_name; `served-model-name` cannot be set in engine_args)."""
+    the gateway's backends are never a second list to maintain. An instance serves its
+    served_model_name (`served-model-name` cannot be set in engine_args) and each of its adapters'
+    names, each a backend of its own."""
     by_name = {c.name: c for c in configs}
     out = []
     for host_plan in fleet_plan.hosts:
         config = by_name[host_plan.name]
         address, scheme = url_host(config.advertise_address), "https" if config.settings.vllm_tls is True else "http"
         for inst in host_plan.instances:
+            url = f"{scheme}://{address}:{inst.port}"
             out.append(Backend(host=host_plan.name, instance=inst.name,
                                served_model_name=inst.config.served_model_name,
-                               url=f"{scheme}://{address}:{inst.port}", max_model_len=inst.max_model_len))
+                               url=url, max_model_len=inst.max_model_len))
+            # vllm-router keeps one model per worker URL: each adapter of the instance is a worker of
+            # its own at a URL of its own, a path on the same front that the front passes on as the
+            # instance's own /v1/ and /health (ADAPTER_PATH in templates/front.nginx.conf.j2).
+            out += [Backend(host=host_plan.name, instance=inst.name, served_model_name=adapter.name,
+                            url=f"{url}{ADAPTER_PATH}/{adapter.token}", max_model_len=inst.max_model_len)
+                    for adapter in inst.config.adapters]
     return out
 
 

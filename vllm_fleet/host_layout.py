@@ -30,6 +30,7 @@ NODE_EXPORTER_UNIT = "vllm-fleet-node-exporter.service"
 PROMETHEUS_UNIT = "vllm-fleet-prometheus.service"
 # The fleet Prometheus' scrape jobs: one file of targets each (monitoring.targets fills them).
 SCRAPE_JOBS = ("vllm", "vllm-router", "front", "node", "gpu")
+MODEL_ACCESS_MODULE = "vllm_fleet_model_access"
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,21 @@ class HostLayout:
         """Instance `name`'s unit, engine config and env file (its secrets)."""
         return {"unit": f"{UNIT_DIR}/{instance_unit(name)}", "config": f"{self.config_dir}/{name}.yaml",
                 "env": f"{self.config_dir}/{name}.env"}
+
+    def instance_adapters(self, name: str) -> str:
+        """Instance `name`'s LoRA adapters as its running vLLM loads them (render.adapter_files)."""
+        return f"{self.config_dir}/{name}.adapters.json"
+
+    @property
+    def adapter_loader(self) -> str:
+        """The script that loads an instance's adapters into its running vLLM (templates/vllm-adapters.py.j2)."""
+        return f"{self.config_dir}/vllm-adapters.py"
+
+    @property
+    def model_access(self) -> str:
+        """The module vLLM loads (--middleware, from PYTHONPATH = its directory) on an instance with
+        adapters: which of the instance's names each client may use (templates/vllm-model-access.py.j2)."""
+        return f"{self.config_dir}/python/{MODEL_ACCESS_MODULE}.py"
 
     @property
     def ray(self) -> dict[str, str]:

@@ -18,6 +18,7 @@ from pathlib import Path, PurePosixPath
 
 from vllm_fleet.config import (ConfigError, HostConfig, InstanceConfig, config_dir_clashes, service_user_directories,
                                synced_model_clashes)
+from vllm_fleet.config.adapters import host_directory
 from vllm_fleet.environment import envs_root
 from vllm_fleet.host_layout import host_layout
 from vllm_fleet.rules.hub import instance_downloads
@@ -55,7 +56,8 @@ def layout_directories(config: HostConfig, instances: Sequence[InstanceConfig]) 
 
 def downloads_from_hub(instances: Sequence[InstanceConfig]) -> bool:
     """Whether the host downloads anything from the hub (its token file exists only then)."""
-    return any(instance_downloads(inst.model, inst.tokenizer) for inst in instances)
+    return any(instance_downloads(inst.model, inst.tokenizer) or any(a.model for a in inst.adapters)
+               for inst in instances)
 
 
 def declared_writers(config: HostConfig, instances: Sequence[InstanceConfig],
@@ -66,7 +68,8 @@ def declared_writers(config: HostConfig, instances: Sequence[InstanceConfig],
     of); `names`: as declared_files takes them. A list, not a mapping: two writers of one path both
     stay in it."""
     directories = managed_directories(config, front=_has_front(config)) + layout_directories(config, instances)
-    return [*directories, *declared_files(config, instances, names), *_model_writers(instances)]
+    return [*directories, *declared_files(config, instances, names), *_model_writers(instances),
+            *adapter_writers(config, instances)]
 
 
 def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
@@ -81,6 +84,11 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
         files += [(path, f"instance {name}'s {kind}") for kind, path in layout.instance(name).items()]
     if any(inst.nodes for inst in instances):  # a node of a multi-node instance runs Ray
         files.append((layout.ray["unit"], "the Ray unit"))
+    if any(inst.adapters for inst in config.instances):  # render.adapter_host_files, render.adapter_files
+        files += [(layout.model_access, "the adapters' model access module"),
+                  (layout.adapter_loader, "the adapters' loader")]
+        files += [(layout.instance_adapters(inst.name), f"instance {inst.name}'s adapters list")
+                  for inst in config.instances if inst.adapters]
     groups = [(_has_front(config), layout.front, "front"), (settings.vllm_gateway is True, layout.gateway, "gateway"),
               (settings.vllm_metrics is True, layout.metrics, "metrics"),
               (settings.vllm_monitoring is True, layout.monitoring, "monitoring")]
@@ -96,12 +104,12 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
     return files
 
 
-def rendered_writers(instances: Sequence[InstanceConfig], files: Iterable[str], *,
+def rendered_writers(config: HostConfig, instances: Sequence[InstanceConfig], files: Iterable[str], *,
                      directories: Iterable[Writer]) -> list[Writer]:
     """What the deploy writes on the host: the directories it makes, the files it rendered and each
-    synced model path (the hub's token file: path_clashes adds it)."""
+    synced model and adapter path (the hub's token file: path_clashes adds it)."""
     return [*directories, *((path, f"the rendered file {PurePosixPath(path).name}") for path in files),
-            *_model_writers(instances)]
+            *_model_writers(instances), *adapter_writers(config, instances)]
 
 
 def rendered_twice(config: HostConfig, paths: Sequence[str]) -> list[ConfigError]:
@@ -170,6 +178,14 @@ def _model_writers(instances: Sequence[InstanceConfig]) -> list[Writer]:
     # instances syncing one directory spelled two ways are one writer.
     return [(inst.model, f"the model sync of {Path(inst.model_source).expanduser()}")
             for inst in instances if inst.model_source]
+
+
+def adapter_writers(config: HostConfig, instances: Sequence[InstanceConfig]) -> list[Writer]:
+    """Each source adapter's directory on the host (config.adapters.host_directory): the adapter's
+    sync writes it, and owns it as a model sync owns its model's."""
+    models_dir = config.settings.vllm_models_dir
+    return [(host_directory(models_dir, inst.name, adapter), f"the adapter sync of {Path(adapter.source).expanduser()}")
+            for inst in instances for adapter in inst.adapters if adapter.source]
 
 
 def _normal(path: str) -> str:

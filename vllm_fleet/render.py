@@ -18,6 +18,7 @@ from vllm_fleet import __version__
 from vllm_fleet import gateway as gw
 from vllm_fleet.vllm_flags import config_file_args
 from vllm_fleet.config import GIB_BYTES, ConfigError, HostConfig, gateway_ports, instance_unit, monitoring_ports
+from vllm_fleet.config.adapters import host_directory, hub_path
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT, HOST_CLIENT, client_id
 from vllm_fleet.environment import EnvSpec
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
@@ -32,6 +33,9 @@ FRONT_RUNTIME_DIR = "vllm-fleet-front"  # /run/<this>: pid file and nginx's temp
 NGINX = "/usr/sbin/nginx"
 # How long a node's Ray unit (one Ray node, head or worker: ray_files) gets to stop.
 RAY_STOP_TIMEOUT_S = 60
+# How long the adapters' loader waits for vLLM's /health (after the unit's own health wait, or on a
+# reload of a running instance).
+ADAPTERS_LOAD_TIMEOUT_S = 60
 
 
 def environment_spec(host: HostConfig, plan: HostPlan) -> EnvSpec:
@@ -241,8 +245,12 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
                    f"DP={plan.data_parallel_size} on GPUs {gpus}")
     writable = [host.settings.vllm_state_dir, host.settings.vllm_hf_home, host.settings.vllm_cache_root]
     jenv = jinja_environment()
+    layout = host_layout(host)
+    adapters = {"loader": layout.adapter_loader, "list": layout.instance_adapters(plan.name),
+                "timeout": ADAPTERS_LOAD_TIMEOUT_S} if plan.config.adapters else None
     unit = jenv.get_template("vllm.service.j2").render(
         host=host, plan=plan, layout_line=layout_line, environment=service_environment(host, plan, ray),
+        adapters=adapters,
         ray_unit=RAY_UNIT if ray else None,
         env_file=paths["env"], env_prefix=env_prefix, config_file=paths["config"],
         lifecycle=unit_lifecycle(plan), writable_paths=sorted(set(writable)),
@@ -286,6 +294,8 @@ FRONT_ANSWERS = {
                               "$vllm_fleet_retry_after s", "rate_limit_error", "rate_limit_exceeded"),
     "metrics_unauthorized": nginx_string('{"error": "the metrics token is required: send the header '
                                          'Authorization: Bearer <token> (vllm_metrics_token_env)"}', newline=True),
+    "adapter_routes_refused": _openai_error("loading and unloading adapters is the deploy's (the instance's "
+                                            "'adapters'), never a client's", "permission_error", "adapter_routes"),
     "plain_http": _openai_error("this port speaks HTTPS only: use https:// (and trust the fleet CA: "
                                 "vllm-fleet tls ca INVENTORY)", "invalid_request_error", "https_required"),
 }
@@ -350,6 +360,39 @@ def front_gateway_access(host: HostConfig, access: gw.GatewayAccess | None) -> d
     return {"url": access.url, "allowed": allowed}
 
 
+def instance_names(plan: HostPlan) -> dict[str, list[str]]:
+    """The model names each instance serves: its served_model_name, then its adapters'."""
+    return {inst.name: [inst.config.served_model_name, *(a.name for a in inst.config.adapters)]
+            for inst in plan.instances}
+
+
+def adapter_host_files(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
+    """What every instance with adapters shares: the module vLLM loads (HostLayout.model_access) and
+    the script that loads the adapters (HostLayout.adapter_loader); nothing without adapters."""
+    if not any(inst.config.adapters for inst in plan.instances):
+        return []
+    layout, jenv = host_layout(host), jinja_environment()
+    return [RenderedFile(layout.model_access, jenv.get_template("vllm-model-access.py.j2").render() + "\n"),
+            RenderedFile(layout.adapter_loader, jenv.get_template("vllm-adapters.py.j2").render() + "\n")]
+
+
+def adapter_paths(host: HostConfig, plan: InstancePlan) -> list[dict[str, str]]:
+    """Each adapter of the instance with the path vLLM loads it from: its synced directory, or the
+    hub's (config.adapters.hub_path)."""
+    settings = host.settings
+    return [{"name": a.name, "path": host_directory(settings.vllm_models_dir, plan.name, a) if a.source
+             else hub_path(settings.vllm_hf_home, a)} for a in plan.config.adapters]
+
+
+def adapter_files(host: HostConfig, plan: InstancePlan) -> list[RenderedFile]:
+    """The instance's adapters list (HostLayout.instance_adapters): a change reloads the unit, whose
+    ExecReload= loads and unloads them in the running vLLM (no restart); nothing without adapters."""
+    if not plan.config.adapters:
+        return []
+    return [RenderedFile(host_layout(host).instance_adapters(plan.name),
+                         json.dumps(adapter_paths(host, plan), indent=2) + "\n")]
+
+
 def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None = None,
                 secrets: Secrets | None = None, gateway_access: gw.GatewayAccess | None = None,
                 ) -> list[RenderedFile]:
@@ -372,13 +415,17 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         f"this port takes requests from the fleet's gateway only: use {access['url']}", "permission_error",
         "gateway_only") if access else None
     names = [(c.id, c.name) for c in host.api_clients] + [(client_id(HOST_CLIENT), HOST_CLIENT)]
+    names_by_instance = instance_names(plan)
     config = jenv.get_template("front.nginx.conf.j2").render(
         host=host, front_unit=FRONT_UNIT, instances=plan.instances, bind=nginx_address(host.settings.vllm_bind_host),
         runtime_dir=runtime_dir, worker_processes=2, max_body="64m", gateway=gateway, keys_file=paths["keys"],
         clients=host.api_clients, limited=[c for c in host.api_clients if c.requests_per_minute],
         client_names=names, host_client=HOST_CLIENT, host_client_id=client_id(HOST_CLIENT), tls=tls,
         metrics=metrics, gateway_access=access, gateway_only=gateway_only, pooling_routes=POOLING_ROUTES,
-        **FRONT_ANSWERS)
+        instance_names=names_by_instance,
+        client_names_by_instance={name: [(c, [n for n in served if c.may_use(n)]) for c in host.api_clients]
+                                  for name, served in names_by_instance.items()},
+        adapter_path=gw.ADAPTER_PATH, **FRONT_ANSWERS)
     unit = jenv.get_template("front.service.j2").render(
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
         secrets_dir=front_secrets_dir(host),
@@ -440,10 +487,15 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             "start_timeout_s": start_timeout_s(inst),
             "config_hash": config_hash(inst_files, prefix, fingerprint),
         }
+        # Not in config_hash: a changed list reloads the unit (its adapters), it restarts nothing.
+        files.extend(adapter_files(host, inst))
+        if inst.config.adapters:
+            manifest["instances"][inst.name]["adapters"] = adapter_paths(host, inst)
         if inst.nodes:
             manifest["instances"][inst.name]["nodes"] = list(inst.nodes)
         if inst.pooling:  # what a verification asks it (a rollback's too): not a completion
             manifest["instances"][inst.name]["task"] = served_task(inst)
+    files.extend(adapter_host_files(host, plan))
     ray = ray_files(host, plan, prefix)
     files.extend(ray)
     if plan.ray is not None and ray:  # ray_files: the unit of a node of a node group

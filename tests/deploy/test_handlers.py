@@ -17,6 +17,9 @@ RESTART, RELOAD = "restart", "reload"
 EXPECTED = {
     ("instance", "unit"): RESTART, ("instance", "config"): RESTART, ("instance", "env"): RESTART,
     ("instance", "model"): RESTART, ("instance", "environment"): RESTART,
+    # LoRA adapters: the module vLLM imports restarts it; the adapters (list, loader, files) reload it.
+    ("instance", "model_access"): RESTART, ("instance", "adapters"): RELOAD, ("instance", "adapter_loader"): RELOAD,
+    ("instance", "adapter"): RELOAD,
     ("ray", "unit"): RESTART, ("ray", "environment"): RESTART,
     ("front", "unit"): RESTART, ("front", "config"): RELOAD, ("front", "keys"): RELOAD,
     ("front", "tls_cert"): RELOAD, ("front", "tls_key"): RELOAD, ("front", "tls_trust"): RELOAD,

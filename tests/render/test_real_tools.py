@@ -33,6 +33,7 @@ import dataclasses
 import os
 import random
 import shutil
+import tempfile
 import typing
 from collections import Counter
 from dataclasses import dataclass, field
@@ -120,6 +121,12 @@ def repository_cases() -> list[Case]:
                 os.environ[name] = value
 
 
+def lora_adapter_dir(name: str) -> str:
+    """A LoRA adapter directory on this workstation (the sandbox's tiny one), made once."""
+    from vllm_fleet.sandbox import tiny_adapter
+    return str(tiny_adapter.generate(Path(tempfile.gettempdir()) / "vllm-fleet-test-adapters", name))
+
+
 def fixture_cases() -> list[Case]:
     """The fleets the tests build: the team service's clients, the monitoring host with TLS and the
     gateway, a multi-node instance, the boundary property's two hosts."""
@@ -136,6 +143,13 @@ def fixture_cases() -> list[Case]:
                                               ("gpu-b", node("10.0.0.2"), [])]),
         Case("tests: the boundary property's hosts", [(GPU_HOST, base_data(GPU_HOST), []),
                                                       (CPU_HOST, base_data(CPU_HOST), [])]),
+        Case("tests: LoRA adapters, a client limited to one, the gateway", [("box", host_data(
+            gpus=[H100_80G], vllm_gateway=True, vllm_advertise_address="10.0.0.5",
+            vllm_api_clients={"bot-only": {"key_env": "BOT_ONLY_KEY", "models": ["bot/v1"]}},
+            instances=[{"name": "llama", "model": "meta-llama/Meta-Llama-3-8B-Instruct", "served_model_name": "llama",
+                        "port": 8000, "max_model_len": 8192,
+                        "adapters": [{"name": "bot/v1", "source": lora_adapter_dir("bot")},
+                                     {"name": "sql", "source": lora_adapter_dir("sql")}]}]), [])]),
     ]
 
 
@@ -287,6 +301,9 @@ def instances(draw, host: str, cuda: bool, offset: int, served: list[str]) -> li
             inst["tensor_parallel_size"] = draw(st.sampled_from([None, 1]))
         if draw(st.booleans()):
             inst["env"] = {draw(st.sampled_from(ENV_NAMES)): draw(st.sampled_from(ENV_VALUES))}
+        if draw(st.booleans()):  # LoRA adapters: names of their own, ranks at vLLM's bounds
+            inst["adapters"] = [{"name": f"{draw(st.sampled_from(SERVED_NAMES))[:190]}-lora{len(served)}-{j}",
+                                 "source": lora_adapter_dir("lora")} for j in range(draw(st.integers(1, 2)))]
         flags = draw(st.lists(st.sampled_from(sorted(ENGINE_ARGS)), max_size=4, unique=True))
         inst["engine_args"] = {flag: draw(st.sampled_from(ENGINE_ARGS[flag])) for flag in flags}
         out.append({k: v for k, v in inst.items() if v is not None})
@@ -609,7 +626,7 @@ def test_the_generated_corpus_varies_every_knob_and_instance_key():
     assert not set(KNOB_VALUES) & STRUCTURED and not (set(KNOB_VALUES) | STRUCTURED) & set(LEFT_OUT)
     drawn = {"name", "model", "served_model_name", "port", "model_info", "max_model_len", "max_num_seqs",
              "max_num_batched_tokens", "start_timeout_s", "gpu_memory_utilization", "dtype", "tokenizer",
-             "model_source", "tensor_parallel_size", "env", "engine_args", "runner", "convert"}
+             "model_source", "tensor_parallel_size", "env", "engine_args", "runner", "convert", "adapters"}
     # The others are the multi-node fixture's (nodes) or the planner's own (the parallel sizes, gpus).
     assert drawn | {"nodes", "pipeline_parallel_size", "data_parallel_size", "gpus"} == set(INSTANCE_KEYS)
     assert ENGINE_ARGS, "no flag of the table has values the corpus could draw"

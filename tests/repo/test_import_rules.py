@@ -55,6 +55,7 @@ CORE = frozenset({
     "vllm_fleet.config.knobs.tls",
     "vllm_fleet.config.knobs.verification",
     "vllm_fleet.config.model_files",
+    "vllm_fleet.config.adapters",
     "vllm_fleet.config.model_info",
     "vllm_fleet.config.ports",
     "vllm_fleet.config.reference",

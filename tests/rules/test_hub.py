@@ -201,7 +201,7 @@ def test_download_script_never_holds_the_token(monkeypatch):
     script = hub.download_script("Qwen/Qwen2.5-14B-Instruct", sel.allow_patterns, expected_bytes=sel.total_bytes)
     compile(script, "download", "exec")
     assert "hf_secretsecret" not in script and "token=" not in script
-    assert "snapshot_download(REPO, allow_patterns=ALLOW)" in script
+    assert 'snapshot_download(REPO, allow_patterns=ALLOW, **({"revision": REVISION} if REVISION else {}))' in script
     cmd = hub.download_command("/opt/env/bin/python", script, hf_home="/var/lib/vllm-fleet/hf", user="vllm",
                                timeout_s=hub.download_timeout_s(sel.total_bytes),
                                token_file="/etc/vllm-fleet/hub.env")

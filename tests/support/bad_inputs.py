@@ -127,4 +127,36 @@ CORPUS = [
     ("architectures that are no class names", host(vllm_instances=[inst(
         model="BAAI/bge-m3", tokenizer=None, max_model_len=None, model_info=dict(BGE_M3, architectures=["../x"]))]),
      "model_info.architectures", "gemma"),
+    # LoRA adapters (config/adapters.py): each refused before any host changes.
+    ("adapter source missing", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "source": "/nonexistent/vllm-fleet-adapter"}])]), "adapters[0].source", "gemma"),
+    ("adapter rank above vLLM's limit", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/bot-lora", "rank": 1024}])]), "adapters[0].rank", "gemma"),
+    ("adapter rank huge", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/bot-lora", "rank": 10**30}])]), "adapters[0].rank", "gemma"),
+    ("hub adapter without rank", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/bot-lora"}])]), "adapters[0].rank", "gemma"),
+    ("adapter name with a newline", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot\nx", "model": "org/bot-lora", "rank": 8}])]), "adapters[0].name", "gemma"),
+    ("adapter name with a space", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot x", "model": "org/bot-lora", "rank": 8}])]), "adapters[0].name", "gemma"),
+    ("adapter model path traversal", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "../../etc", "rank": 8}])]), "adapters[0].model", "gemma"),
+    ("adapter source and model", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/bot-lora", "source": "/tmp", "rank": 8}])]), "adapters[0]", "gemma"),
+    ("adapter revision not a commit", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/bot-lora", "rank": 8, "revision": "main; rm -rf /"}])]),
+     "adapters[0].revision", "gemma"),
+    ("adapter named twice", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/a", "rank": 8}, {"name": "bot", "model": "org/b", "rank": 8}])]),
+     "adapters[1].name", "gemma"),
+    ("adapters not a list", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters={"name": "bot"})]), "adapters", "gemma"),
+    ("unknown adapter key", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, adapters=[
+        {"name": "bot", "model": "org/bot-lora", "rank": 8, "alpha": 16}])]), "adapters[0].alpha", "gemma"),
+    ("enable-lora in engine_args", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, engine_args={"enable-lora": True})]),
+     "engine_args.enable-lora", "gemma"),
+    ("max-lora-rank in engine_args", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, engine_args={"max-lora-rank": 64})]),
+     "engine_args.max-lora-rank", "gemma"),
+    ("adapters on a vocabulary vLLM refuses", host(vllm_instances=[inst(adapters=[
+        {"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
 ]

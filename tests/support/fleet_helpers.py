@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from vllm_fleet.wheelhouses import build_wheelhouse
-from vllm_fleet.sandbox import assets, tiny_model
+from vllm_fleet.sandbox import assets, tiny_adapter, tiny_model
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "bench"))
@@ -68,11 +68,13 @@ _ASSETS: dict[str, Future] = {}  # the background preparation the sandbox fixtur
 
 
 def _prepare_main_assets() -> None:
-    """What the sandbox tests deploy, built (or found in the cache): the tiny model and the hosts'
-    wheelhouse."""
+    """What the sandbox tests deploy, built (or found in the cache): the tiny model, its LoRA adapters
+    and the hosts' wheelhouse."""
     cache = Path(os.environ.get("VLLM_FLEET_CACHE") or Path.home() / ".cache" / "vllm-fleet")
     tiny_model.generate(cache / "models")
     tiny_model.generate(cache / "models", assets.TINY_ENCODER, encoder=True)
+    for name, seed in assets.TINY_ADAPTERS.items():
+        tiny_adapter.generate(assets.tiny_adapter_dir(name).parent, name, seed=seed)
     build_wheelhouse(target="cpu", extras=assets.WHEELHOUSE_EXTRAS)
 
 

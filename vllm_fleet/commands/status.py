@@ -94,6 +94,9 @@ def planned_files(found: Discovered, fleet: Fleet | None = None,
     out = {inst.name: {kind: hashlib.sha256(prepared.instance_file(inst.name, kind).content.encode()).hexdigest()
                        for kind in DRIFT_KINDS}
            for inst in prepared.plan.instances}
+    for inst in prepared.plan.instances:  # not a file kind: what adapter_drift compares with vLLM's models
+        out[inst.name]["adapters"] = [a.name for a in inst.config.adapters]  # type: ignore[assignment]
+        out[inst.name]["served_model_name"] = inst.config.served_model_name
     front = {"unit": FRONT_UNIT, "bind": config.settings.vllm_bind_host} if prepared.plan.instances else None
     return out, front, None, prepared.plan.ray
 
@@ -105,6 +108,18 @@ def explain_failure(failure: dict[str, Any]) -> dict[str, Any]:
     return {"result": result, "restarts": failure.get("restarts"),
             "reason": RESULTS.get(result, f"systemd result {result}"),
             "diagnosis": diagnose("\n".join(journal)), "journal": journal[-JOURNAL_TAIL:]}
+
+
+def adapter_drift(entry: dict[str, Any], planned: list[str], served_name: str) -> list[str]:
+    """The planned LoRA adapters vLLM does not serve, and those it serves that the plan lacks (its
+    /v1/models: the base model's served name and every loaded adapter); nothing while it is down."""
+    served = entry.get("served_models")
+    if not entry.get("health") or served is None:
+        return []
+    missing = [name for name in planned if name not in served]
+    extra = [name for name in served if name != served_name and name not in planned]
+    return ([f"adapters not loaded: {', '.join(missing)}"] if missing else []) + (
+        [f"adapters loaded but not planned: {', '.join(extra)}"] if extra else [])
 
 
 def host_status(name: str, host, config, fleet: Fleet | None = None) -> dict[str, Any]:
@@ -131,7 +146,8 @@ def host_status(name: str, host, config, fleet: Fleet | None = None) -> dict[str
                               else "not in the plan (would be removed by the next deploy)"]
             continue
         entry["drift"] = [f"{kind} differs from the plan" for kind in DRIFT_KINDS
-                          if entry["files_sha256"].get(kind) != want[kind]]
+                          if entry["files_sha256"].get(kind) != want[kind]] + adapter_drift(entry, want["adapters"], want["served_model_name"])
+        entry["adapters"] = want["adapters"]
     for missing in sorted(set(planned) - set(probe["instances"])):
         probe["instances"][missing] = {"state": "not deployed", "drift": ["planned, not deployed"]}
     if topology is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ipaddress
 import posixpath
 from dataclasses import dataclass
+from typing import Any
 
 from vllm_fleet import kinds
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
@@ -328,6 +329,8 @@ def _check_client_models(hosts: list[HostConfig], every: list[HostConfig],
         for inst in host.instances:
             served.setdefault(inst.served_model_name, (host.name, inst.name))
             by_instance.setdefault(inst.name, inst.served_model_name)
+            for adapter in inst.adapters:
+                served.setdefault(adapter.name, (host.name, inst.name))
     errors, seen = [], set()
     for host in hosts:
         for client in host.api_clients:
@@ -415,7 +418,7 @@ def _check_served_names(hosts: list[HostConfig]) -> list[ConfigError]:
     """A served_model_name is one model wherever it is served: the gateway sends a request for it to
     any of its backends, so two models under one name would answer the same client differently."""
     first: dict[str, tuple[str, InstanceConfig]] = {}
-    errors = []
+    errors = _check_adapter_names(hosts)
     for host in hosts:
         for inst in host.instances:
             other_host, other = first.setdefault(inst.served_model_name, (host.name, inst))
@@ -425,6 +428,35 @@ def _check_served_names(hosts: list[HostConfig]) -> list[ConfigError]:
                     f"{_model_words(other)} on host {other_host} (instance {other.name}): the gateway would "
                     "send a client's requests for it to either", host=host.name, instance=inst.name,
                     key="served_model_name", fix="give each model its own served_model_name"))
+    return errors
+
+
+def _check_adapter_names(hosts: list[HostConfig]) -> list[ConfigError]:
+    """An adapter's name is a model name like a served_model_name: none of the fleet's served names,
+    and one adapter on one base model wherever it is served (the gateway sends its requests to any
+    instance that serves it)."""
+    served = {inst.served_model_name: (host.name, inst.name) for host in hosts for inst in host.instances}
+    first: dict[str, tuple[str, InstanceConfig, Any]] = {}
+    errors = []
+    for host in hosts:
+        for inst in host.instances:
+            for position, adapter in enumerate(inst.adapters):
+                key = f"adapters[{position}].name"
+                if adapter.name in served:
+                    where = served[adapter.name]
+                    errors.append(ConfigError(
+                        f"the adapter name {adapter.name!r} is the served_model_name of instance {where[1]} on host "
+                        f"{where[0]}: clients could not tell the adapter from that model", host=host.name,
+                        instance=inst.name, key=key, fix="give the adapter a name no instance serves"))
+                    continue
+                other_host, other, other_adapter = first.setdefault(adapter.name, (host.name, inst, adapter))
+                if other_adapter.identity() != adapter.identity() or \
+                        other.served_model_name != inst.served_model_name:
+                    errors.append(ConfigError(
+                        f"the adapter name {adapter.name!r} is {adapter.words()} on {inst.served_model_name} here but "
+                        f"{other_adapter.words()} on {other.served_model_name} on host {other_host} (instance "
+                        f"{other.name}): the gateway would send a client's requests for it to either",
+                        host=host.name, instance=inst.name, key=key, fix="give each adapter its own name"))
     return errors
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from vllm_fleet import kinds
 from vllm_fleet.catalog import is_gguf, lookup
+from vllm_fleet.config.adapters import MAX_LORA_VOCAB
 from vllm_fleet.config.errors import Checker
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
 from vllm_fleet.config.runner import RUNNER_CONVERTS, native, resolve
@@ -93,6 +94,8 @@ def check_instance(check: Checker, raw: dict, values: dict[str, Any], valid: set
         values["model_info"] = lookup(model)
     if {"runner", "convert", "engine_args", "model_info"} <= valid:
         _check_runner(check, label, values)
+    if values.get("adapters") and "adapters" in valid:
+        _check_adapters(check, label, values)
     if isinstance(model, str) and is_gguf(model, values.get("model_info")) and not values.get("tokenizer"):
         check.error("a GGUF model needs 'tokenizer' (the base model's tokenizer directory or id)",
                     instance=label, key="tokenizer",
@@ -153,6 +156,27 @@ def _check_runner(check: Checker, label: str, values: dict[str, Any]) -> None:
                         instance=label, key=f"engine_args.{flag}",
                         fix=f"remove '{flag}' from engine_args" + (
                             "" if resolved.pooling else ", or set runner = 'pooling' for a pooling model"))
+
+
+def _check_adapters(check: Checker, label: str, values: dict[str, Any]) -> None:
+    """An instance with LoRA adapters: a model vLLM serves LoRA on, and one API server (vLLM loads
+    adapters at run time into its only API server: with several it refuses to start,
+    vllm/entrypoints/cli/serve.py:315-318)."""
+    info = values.get("model_info")
+    vocab = getattr(info, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > MAX_LORA_VOCAB:
+        check.error(f"the model's vocabulary has {vocab} tokens: vLLM serves LoRA only up to {MAX_LORA_VOCAB} "
+                    "(vllm/lora/layers/logits_processor.py:91-92) and would refuse to start", instance=label,
+                    key="adapters", fix="serve the adapters on a model with a smaller vocabulary, or drop 'adapters'")
+    if "middleware" in (values.get("engine_args") or {}):
+        check.error("engine_args middleware: with adapters vLLM's --middleware is vllm-fleet's (it checks which of "
+                    "the instance's names each client may use)", instance=label, key="engine_args.middleware",
+                    fix="remove middleware from engine_args, or drop 'adapters'")
+    servers = (values.get("engine_args") or {}).get("api-server-count")
+    if isinstance(servers, int) and not isinstance(servers, bool) and servers > 1:
+        check.error(f"engine_args api-server-count {servers}: vLLM loads adapters at run time into one API server, "
+                    "and refuses to start with more", instance=label, key="engine_args.api-server-count",
+                    fix="remove api-server-count from engine_args (the planner sets 1 with adapters)")
 
 
 def _check_sync_destination(check: Checker, label: str, model: str) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from vllm_fleet import kinds
 from vllm_fleet.catalog import ModelInfo, is_gguf
+from vllm_fleet.config.adapters import Adapter, parse_adapters
 from vllm_fleet.config.errors import Checker
 from vllm_fleet.config.instance_parsers import parse_engine_args, parse_env, parse_nodes
 from vllm_fleet.config.model_info import parse_model_info
@@ -109,6 +110,19 @@ class InstanceConfig:
         model_source: `model` is then a directory of its own that the sync makes equal to the source
         (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
         another managed directory, and on the host empty or already vllm-fleet's.
+        """)
+    adapters: tuple[Adapter, ...] = knob(
+        (), "LoRA adapters served beside the model, each under its own name: {name, source} or {name, model, rank}",
+        parse=parse_adapters, written=[], kind="a list of adapters",
+        notes="""
+        adapters = [{"name": "support-bot", "source": "/srv/adapters/support-bot"},
+                    {"name": "sql", "model": "org/llama-sql-lora", "rank": 16}]: each name is a model to
+        clients (in /v1/models, the gateway's, vllm_api_clients' models), one adapter across the fleet and
+        no served_model_name. A source is a PEFT adapter directory on this workstation, synced to the host;
+        a model a Hugging Face id (optional "revision": a commit) downloaded before use, with its
+        adapter_config.json's r as "rank". The plan sets enable-lora, max-lora-rank (from the ranks, at
+        least 16) and max-loras (at least 4) and counts their GPU memory; adding or removing an adapter
+        within those loads or unloads it in the running vLLM (no restart). docs/adapters.md says more.
         """)
     gpus: tuple[int, ...] | None = knob(
         None, "'auto' (the planner places the instance) or GPU indices in PCI bus order",

@@ -41,6 +41,10 @@ _ENGINE_ARGS_PLANNED = {
     "ssl-cert-reqs": "the front speaks plain HTTP to vLLM on loopback",
     "enable-ssl-refresh": "the front speaks plain HTTP to vLLM on loopback",
     "download-dir": "the deploy downloads models into vllm_hf_home before a start",
+    "enable-lora": "the instance's 'adapters' turn LoRA on",
+    "max-lora-rank": "the planner sizes it from the ranks of the instance's 'adapters'",
+    "max-loras": "the planner sizes it from the number of the instance's 'adapters'",
+    "lora-modules": "the instance's 'adapters' are loaded into the running vLLM (adding one needs no restart)",
 }
 # A secret's name ends in one of these words (HF_TOKEN, OPENAI_API_KEY, WANDB_KEY, DB_PASSWORD), or
 # holds SECRET or PASSWORD as a word: TOKENIZERS_PARALLELISM and *_TOKEN_THRESHOLD are settings.

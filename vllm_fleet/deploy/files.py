@@ -13,7 +13,7 @@ from vllm_fleet.monitoring.files import metrics_paths, monitoring_paths
 from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.monitoring.targets import JOBS
 from vllm_fleet.render import RenderedFile, front_paths, instance_paths, manifest_path, ray_paths
-from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT
+from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
 
 from .managed import removed_units, upload_dir
 from .state import Deployment
@@ -69,6 +69,7 @@ def monitoring_files(deployment: Deployment) -> None:
 def service_files(deployment: Deployment) -> None:
     """7. Engine YAML, root-only env file, units; units of removed instances are removed."""
     config, files, changes = deployment.config, deployment.files, deployment.changes
+    shared: dict[str, Any] = {}  # a file every instance with adapters reads: written once
     for inst in deployment.plan.instances:
         paths, unit = instance_paths(config, inst.name), inst.unit_name
         engine_config, unit_file, env = files[paths["config"]], files[paths["unit"]], files[paths["env"]]
@@ -79,6 +80,15 @@ def service_files(deployment: Deployment) -> None:
         changes.notify(unit, "instance", "env",
                        secret_file(name=f"Secrets of {inst.name}: {env.path}", dest=env.path, content=env.content,
                                    upload_dir=upload_dir(config)), instance=inst.name)
+        if inst.config.adapters:
+            layout = host_layout(config)
+            adapters = files[layout.instance_adapters(inst.name)]
+            changes.notify(unit, "instance", "adapters", _put(f"Adapters of {inst.name}: {adapters.path}", adapters),
+                           instance=inst.name)
+            for kind, path in (("model_access", layout.model_access), ("adapter_loader", layout.adapter_loader)):
+                if path not in shared:
+                    shared[path] = _put(f"{kind.replace('_', ' ').capitalize()}: {path}", files[path])
+                changes.notify(unit, "instance", kind, shared[path], instance=inst.name)
     ray_unit = files.get(ray_paths(config)["unit"])
     if ray_unit is not None:  # a node of a multi-node instance: its Ray head or worker
         role = deployment.plan.ray

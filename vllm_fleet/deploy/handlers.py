@@ -21,8 +21,12 @@ RESTART, RELOAD, NOTHING = "restart", "reload", "nothing"
 
 HANDLERS: dict[str, dict[str, str]] = {
     # An instance's vLLM reads its unit, engine YAML, env file, model and environment only as it
-    # starts, and has no reload. On a multi-node head, a restarted Ray restarts it too (services.py).
-    "instance": {"unit": RESTART, "config": RESTART, "env": RESTART, "model": RESTART, "environment": RESTART},
+    # starts. On a multi-node head, a restarted Ray restarts it too (services.py).
+    "instance": {"unit": RESTART, "config": RESTART, "env": RESTART, "model": RESTART, "environment": RESTART,
+                 # The module vLLM imports as it starts (--middleware) restarts it; its LoRA adapters
+                 # (their list, the script that loads them, a synced adapter's files) reload it:
+                 # ExecReload loads and unloads them in the running vLLM.
+                 "model_access": RESTART, "adapters": RELOAD, "adapter_loader": RELOAD, "adapter": RELOAD},
     # A multi-node instance's Ray node (head or worker): its unit and the environment it starts from.
     "ray": {"unit": RESTART, "environment": RESTART},
     # nginx rereads its config and every file it includes on SIGHUP, keeping its connections; its

@@ -126,7 +126,13 @@ def hub_downloads(deployment: Deployment) -> list[tuple[Any, hub.RepoDownload]]:
     configs = [inst.config for inst in deployment.plan.instances]
     if deployment.node_instance is not None:
         configs.append(deployment.node_instance)
-    return [(inst, download) for inst in configs for download in hub.instance_downloads(inst.model, inst.tokenizer)]
+    return [(inst, download) for inst in configs
+            for download in [*hub.instance_downloads(inst.model, inst.tokenizer), *adapter_downloads(inst)]]
+
+
+def adapter_downloads(inst) -> list[hub.RepoDownload]:
+    """The instance's LoRA adapters from the hub (config.adapters: a 'model' entry)."""
+    return [hub.adapter_download(a.model, a.revision, name=a.name) for a in inst.adapters if a.model]
 
 
 def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
@@ -161,5 +167,7 @@ def removed_units(deployment: Deployment) -> list[tuple[str, str, list[str]]]:
         else:
             name = instance_of_unit(unit) or unit
             paths = instance_paths(config, name)
-            out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], paths["unit"]]))
+            adapters = host_layout(config).instance_adapters(name)  # its LoRA adapters' list, if it had one
+            out.append((unit, f"Stop removed instance {name}", [paths["config"], paths["env"], adapters,
+                                                                paths["unit"]]))
     return out

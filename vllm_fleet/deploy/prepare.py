@@ -32,6 +32,7 @@ from vllm_fleet.facts.host import HostRuntime, HubModelCached, InstalledEnvironm
 from vllm_fleet.facts.model_sync import ModelSyncState
 from vllm_fleet.rules.model_sync import ownership_fix, ownership_problem
 from vllm_fleet.rules.ownership import account_problem, directory_problem
+from vllm_fleet.config.adapters import host_directory
 from vllm_fleet.facts.model_sync import state_query as model_state_query
 from vllm_fleet.operations.managed import environment_queries
 from vllm_fleet.facts.state import DirectoryState, FileState, NewestMtime, PathOwners, ServiceAccount, UnitState
@@ -203,10 +204,12 @@ def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
     wanted += [query(DirectoryState, path=directory.path) for directory in service_directories(deployment)]
     wanted.append(query(PathOwners, paths=owned_paths(deployment)))
     wanted += [model_state_query(inst.model) for inst in deployment.model_instances() if inst.model_source]
+    wanted += [model_state_query(host_directory(config.settings.vllm_models_dir, inst.name, adapter))
+               for inst in deployment.model_instances() for adapter in inst.adapters if adapter.source]
     wanted += environment_queries(environment_spec(config, plan), config.settings.vllm_root)
     wanted.append(query(InstalledEnvironment, current=host_layout(config).current, marker=ENV_MARKER))
     downloads = hub_downloads(deployment)
-    wanted += [query(HubModelCached, hf_home=config.settings.vllm_hf_home, model=download.repo)
+    wanted += [query(HubModelCached, hf_home=config.settings.vllm_hf_home, model=download.marker_key)
                for _inst, download in downloads]
     if downloads:
         wanted.append(query(FileState, path=hub_token_file(config)))
@@ -240,7 +243,7 @@ def _check_one_step_per_path(deployment: Deployment) -> None:
     directories = (path_writers.managed_directories(config, front=runs_front(deployment))
                    + path_writers.layout_directories(config, instances))
     errors = path_writers.path_clashes(
-        config, instances, path_writers.rendered_writers(instances, deployment.files, directories=directories),
+        config, instances, path_writers.rendered_writers(config, instances, deployment.files, directories=directories),
         hub_downloads=bool(hub_downloads(deployment)))
     if errors:
         fail(errors)

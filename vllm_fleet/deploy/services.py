@@ -94,6 +94,13 @@ def services(deployment: Deployment) -> None:
         # here would order the same operations differently, a cycle in its ordering DAG.
         systemd_service(name=f"Ensure {unit} is enabled and running", unit=unit, running=True, enabled=True,
                         _if=lambda changed=changed, running=running: running and not changed())
+        # Its LoRA adapters changed, nothing that restarts it: ExecReload loads and unloads them in
+        # the running vLLM (its MainPID stays). A restart or a start loads them anyway (ExecStartPost).
+        reloads = changes.reloads(unit)
+        systemd_service(name=f"Reload {unit} (its adapters changed: loaded in the running vLLM)", unit=unit,
+                        running=True, reloaded=True, enabled=True,
+                        _if=lambda changed=changed, running=running, reloads=reloads: (
+                            running and not changed() and reloads()))
         # New, stopped, or failed after its bounded restarts: the next deploy starts it.
         server.shell(name=f"Start {unit} (it was not running)",
                      _if=lambda changed=changed, running=running: not running and not changed(),

@@ -20,6 +20,7 @@ from vllm_fleet.rules import hub
 from vllm_fleet.connect import remote
 from vllm_fleet.operations.envbuild import PYTORCH_CPU_INDEX
 from vllm_fleet.facts.host import HubModelCached, InstalledEnvironment
+from vllm_fleet.config.adapters import host_directory
 from vllm_fleet.operations.model_sync import model_sync
 from vllm_fleet.operations.managed import managed_directory, secret_file, service_account, vllm_environment
 from vllm_fleet.monitoring.files import STOCK_UNITS
@@ -63,6 +64,20 @@ def models(deployment: Deployment) -> None:
                             mode="0644", dir_mode="0755", delete=True)
         for inst in insts:
             deployment.changes.model_syncs[inst.name] = synced
+    served_here = {plan.name for plan in deployment.plan.instances}
+    models_dir = deployment.config.settings.vllm_models_dir
+    for inst in deployment.model_instances():
+        for adapter in inst.adapters:
+            if not adapter.source:
+                continue
+            # Like a model_source: one command when nothing changed. A changed adapter reloads the
+            # instance (its loader), never restarts it.
+            synced = model_sync(name=f"Sync adapter {adapter.name} of {inst.name}: {adapter.source}",
+                                src=str(Path(adapter.source).expanduser()),
+                                dest=host_directory(models_dir, inst.name, adapter),
+                                mode="0644", dir_mode="0755", delete=True)
+            if inst.name in served_here:
+                deployment.changes.notify(inst.unit_name, "instance", "adapter", synced, instance=inst.name)
 
 
 def environment(deployment: Deployment) -> None:
@@ -135,7 +150,7 @@ def hub_models(deployment: Deployment) -> None:
     config = deployment.config
     settings = config.settings
     missing = [(inst, download) for inst, download in hub_downloads(deployment)
-               if not facts.get(host, HubModelCached, hf_home=settings.vllm_hf_home, model=download.repo)]
+               if not facts.get(host, HubModelCached, hf_home=settings.vllm_hf_home, model=download.marker_key)]
     if not missing:
         return
     token_file = hub_token_file(config)
@@ -150,13 +165,15 @@ def hub_models(deployment: Deployment) -> None:
         # travels in it, never in an argv.
         python.call(name=f"Download {download.repo} ({download.why}) into {settings.vllm_hf_home}",
                     function=_hub_download, inst_name=inst.name, repo=download.repo, why=download.why,
+                    revision=download.revision, adapter=download.adapter,
                     model=inst.model, tokenizer=inst.tokenizer, python_bin=python_bin,
                     hf_home=settings.vllm_hf_home, user=settings.vllm_service_user, token_file=token_file,
                     has_token=bool(hf_token))
 
 
 def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, tokenizer: str | None,
-                  python_bin: str, hf_home: str, user: str, token_file: str, has_token: bool) -> None:
+                  python_bin: str, hf_home: str, user: str, token_file: str, has_token: bool,
+                  revision: str | None = None, adapter: bool = False) -> None:
     """At execution: list the repo on the host, choose what vLLM loads (rules/hub.py), download just that,
     with progress lines as they come. A failure says why (no network, slow link, gated, missing)."""
     def fail(output: str) -> None:
@@ -165,22 +182,27 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
             f"hub: {hub.explain_download_failure(output, has_token)}. Or copy the model to the host and set "
             "'model' to its path, or set 'model_source' to a directory on this workstation")
 
-    listing_cmd = hub.download_command(python_bin, hub.listing_script(repo), hf_home=hf_home, user=user,
+    listing_cmd = hub.download_command(python_bin, hub.listing_script(repo, revision), hf_home=hf_home, user=user,
                                        timeout_s=120, token_file=token_file)
     ok, out, err = remote.run(host, listing_cmd, timeout=180)
     if not ok:
         fail(out + "\n" + err)
     try:
         listing = json.loads(out.strip().splitlines()[-1])
-        download = next(candidate for candidate in hub.instance_downloads(model, tokenizer, listings={repo: listing})
-                        if candidate.repo == repo)
+        if adapter:
+            download = hub.adapter_download(repo, revision, name=why.removeprefix("LoRA adapter "), listing=listing)
+        else:
+            download = next(candidate for candidate in hub.instance_downloads(model, tokenizer,
+                                                                              listings={repo: listing})
+                            if candidate.repo == repo)
     except (ValueError, IndexError) as exc:  # an odd listing, or nothing vLLM could load in it
         raise OperationError(f"host {host.name}, instance {inst_name}: {repo} ({why}): {exc}; check 'model'"
                              " / 'tokenizer', or copy the model to the host and set 'model' to its path") from exc
     timeout = hub.download_timeout_s(download.total_bytes)
     logger.info(f"{host.print_prefix}downloading {repo} ({why}): {len(download.allow_patterns)} files, "
                 f"{(download.total_bytes or 0) / GIB:.1f} GiB, time limit {timeout} s")
-    script = hub.download_script(repo, download.allow_patterns, expected_bytes=download.total_bytes)
+    script = hub.download_script(repo, download.allow_patterns, expected_bytes=download.total_bytes,
+                                 revision=revision)
     command = hub.download_command(python_bin, script, hf_home=hf_home, user=user, timeout_s=timeout,
                                    token_file=token_file)
     # print_output: the script's progress lines (bytes, rate) show as they come.
@@ -188,7 +210,7 @@ def _hub_download(state, host, inst_name: str, repo: str, why: str, model: str, 
                                         _timeout=timeout + 60, **remote.connection_arguments(host))
     if not ok:
         fail("\n".join(line.line for line in output.combined_lines))
-    marker = hub.complete_marker(hf_home, repo)  # only now: an interrupted download is tried again
+    marker = hub.complete_marker(hf_home, download.marker_key)  # only now: an interrupted download is tried again
     ok, _out, err = remote.run(host, f"install -d -o {user} -g {user} -m 0750 {shlex.quote(marker.rsplit('/', 1)[0])} "
                                      f"&& install -o {user} -g {user} -m 0644 /dev/null {shlex.quote(marker)}")
     if not ok:

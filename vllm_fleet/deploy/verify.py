@@ -42,7 +42,7 @@ def verify(deployment: Deployment) -> None:
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
             gpu_bus_ids=instance_gpu_bus_ids(plan, inst),
-            task=served_task(inst)))
+            task=served_task(inst), adapters=[a.name for a in inst.config.adapters]))
     if checks:
         python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks,
                     **gateway.checked_with_the_instances(deployment))

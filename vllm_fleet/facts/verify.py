@@ -92,13 +92,14 @@ class InstanceCheck:
     #: What proves it serves: "generate" (a completion), or a pooling instance's task ("embed": an
     #: embedding, "classify", "pooling"): plan.runner / plan.pooling_task.
     task: str = "generate"
+    adapters: list[str] = field(default_factory=list)  # its LoRA adapters' names: each listed and answering
 
     def as_spec(self) -> dict[str, Any]:
         return {"name": self.name, "unit": self.unit, "port": self.port, "front_port": self.front_port,
                 "front_address": self.front_address, "front_ca": self.front_ca,
                 "served_model_name": self.served_model_name, "max_model_len": self.max_model_len,
                 "env_file": self.env_file, "timeout_s": self.timeout_s, "task": self.task,
-                "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids}
+                "gpus": bool(self.gpu_bus_ids), "gpu_bus_ids": self.gpu_bus_ids, "adapters": self.adapters}
 
 
 def host_probe_command(mode: str, payload: Any) -> str:

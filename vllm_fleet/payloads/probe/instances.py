@@ -177,6 +177,23 @@ def check_serving(spec, res):
     if not res["checks"][check]:
         res["error"] = f"{what} ({path}) answered {status}: {body[:200]}"
         return
+    for adapter in spec.get("adapters") or ():
+        # Each LoRA adapter: listed (loaded by the unit's loader), and answering a real completion.
+        # The unit's loader loads them once /health answers, as its start's last step: a moment later.
+        deadline = time.monotonic() + 60
+        while adapter not in models and time.monotonic() < deadline:
+            time.sleep(1)
+            status, models, body = served_models(spec["port"], key)
+        res["checks"]["adapters_listed"] = adapter in models
+        if adapter not in models:
+            res["error"] = f"/v1/models answered {status} without the adapter {adapter!r}: {body[:200]}"
+            return
+        status, body = call(spec["port"], "/v1/completions", key,
+                            {"model": adapter, "prompt": "Hello", "max_tokens": 1}, timeout=120)
+        res["checks"]["adapter_completion"] = status == 200
+        if status != 200:
+            res["error"] = f"a 1-token completion of the adapter {adapter!r} answered {status}: {body[:200]}"
+            return
     if spec.get("front_port") and not check_front(spec, key, res):
         return
     if spec.get("gpu_bus_ids"):
