@@ -199,6 +199,8 @@ class InstancePlan:
             "runner": self.runner,
             "convert": self.convert,
             "served_model_name": self.config.served_model_name,
+            # the names its LoRA adapters serve under (each a model to clients)
+            "adapters": [adapter.name for adapter in self.config.adapters],
             "port": self.port,
             "backend_port": self.backend_port,
             "cuda_visible_devices": self.cuda_visible_devices,
@@ -218,6 +220,8 @@ class InstancePlan:
                                 if self.max_concurrency is not None else None),
             "per_gpu": [g.as_dict() for g in self.layout.per_gpu] if self.layout else [],
             "env": dict(self.env),
+            # what the engine config gets, the planner's own (enable-lora, max-lora-rank, ...) included
+            "engine_args": dict(self.engine_args),
             "packages": list(self.packages),
             "warnings": list(self.warnings),
             "reasons": list(self.reasons),
