@@ -5,12 +5,14 @@ vLLM's rule (vllm/v1/worker/utils.py: request_memory; gpu_worker.py: init_device
 requests ceil(total x gpu_memory_utilization) bytes, `total` being CUDA's total of the GPU
 (torch's mem_get_info, which leaves out what the driver reserves), and refuses to start ("Free memory
 on device ... is less than desired GPU memory utilization") unless that much is free at its
-snapshot, taken once its own CUDA context and distributed environment are up. An engine keeps
-everything it uses, its own context included, within its fraction; so the last instance to start
-on a shared GPU finds total x (1 - the others' fractions) free, less its own context, and the
-fractions fit when
+snapshot, taken once its own CUDA context and distributed environment are up. Its budget is that
+fraction: weights, activations and KV cache are what it measures from the snapshot on
+(utils/mem_utils.py memory_profiling), so the context it brought up before is held beside the
+fraction, by every engine on the GPU for as long as it runs. The last instance to start on a shared
+GPU finds total less the others' fractions and contexts free, less its own context; the fractions
+of N instances fit when
 
-    sum(gpu_memory_utilization) x total + CONTEXT_HEADROOM_MIB <= total.
+    sum(gpu_memory_utilization) x total + N x CONTEXT_HEADROOM_MIB <= total.
 
 The numbers: CUDA's total is the one the plan budgets from (GpuSpec.cuda_total: read on the host,
 nvidia-smi's memory.reserved, the recorded table or the stated rule; 615.06 MiB below nvidia-smi's
@@ -32,8 +34,8 @@ from dataclasses import dataclass
 from vllm_fleet.catalog import MIB
 from vllm_fleet.config import ConfigError, GpuSpec, HostConfig, InstanceConfig
 
-#: Room each start needs outside the budgets of the instances already running: its CUDA context and
-#: distributed environment at vLLM's memory snapshot (527 MiB measured for a bare context; see above).
+#: Room each instance holds beside its budget: its CUDA context and distributed environment, up
+#: before vLLM's memory snapshot (527 MiB measured for a bare context; see above).
 CONTEXT_HEADROOM_MIB = 1024
 
 
@@ -51,7 +53,7 @@ class SharedGpu:
     @property
     def limit(self) -> float:
         """The most the fractions may add up to on this GPU (see the module)."""
-        return max_shared_fraction(self.gpu)
+        return max_shared_fraction(self.gpu, len(self.instances))
 
 
 def cuda_total_mib(gpu: GpuSpec) -> float:
@@ -59,9 +61,10 @@ def cuda_total_mib(gpu: GpuSpec) -> float:
     return max(gpu.cuda_total.total_bytes / MIB, 1.0)
 
 
-def max_shared_fraction(gpu: GpuSpec) -> float:
-    """The largest sum of gpu_memory_utilization fractions on the GPU."""
-    return 1 - CONTEXT_HEADROOM_MIB / cuda_total_mib(gpu)
+def max_shared_fraction(gpu: GpuSpec, instances: int) -> float:
+    """The largest sum of gpu_memory_utilization fractions of that many instances on the GPU: each
+    holds its context's room beside its fraction."""
+    return 1 - instances * CONTEXT_HEADROOM_MIB / cuda_total_mib(gpu)
 
 
 def needed_free_mib(gpu: GpuSpec, utilization: float) -> int:
@@ -92,8 +95,8 @@ def shared_gpu_errors(host_config: HostConfig, shared: list[SharedGpu]) -> list[
             f"GPU {share.gpu.index} ({share.gpu.short_name}, {share.gpu.memory_mib} MiB) is listed by instances "
             f"{', '.join(inst.name for inst in share.instances)}, whose gpu_memory_utilization fractions add up "
             f"to {names} = {share.total:.4g}, above the {share.limit:.4f} that fit: vLLM budgets each as a "
-            f"fraction of the GPU's total, and each start needs {CONTEXT_HEADROOM_MIB} MiB beyond the budgets "
-            "of those already running (its CUDA context), or it refuses to start ('Free memory on device "
+            f"fraction of the GPU's total, and each instance holds {CONTEXT_HEADROOM_MIB} MiB beside its budget "
+            "(its CUDA context), so the last to start would find too little free and refuse ('Free memory on device "
             "... is less than desired GPU memory utilization')",
             host=host_config.name, instance=share.instances[-1].name, key="gpus",
             fix=f"lower the fractions so they add up to at most {share.limit:.4f} (e.g. gpu_memory_utilization "
@@ -109,8 +112,8 @@ def shared_reason(share: SharedGpu, inst: InstanceConfig) -> str:
     earlier = share.instances[:share.instances.index(inst)]
     return (f"GPU {share.gpu.index} is shared with {others}: this instance's budget is its own "
             f"gpu_memory_utilization {inst.gpu_memory_utilization:g} of the GPU; the fractions add up to "
-            f"{share.total:.4g} of at most {share.limit:.4f} (each start needs {CONTEXT_HEADROOM_MIB} MiB for "
-            f"its CUDA context beyond the others' budgets); "
+            f"{share.total:.4g} of at most {share.limit:.4f} (each instance holds {CONTEXT_HEADROOM_MIB} MiB for "
+            f"its CUDA context beside its budget); "
             + (f"it starts once {', '.join(e.name for e in earlier)} (listed before it) "
                f"{'is' if len(earlier) == 1 else 'are'} healthy, and " if earlier else "")
             + f"it checks that {needed_free_mib(share.gpu, inst.gpu_memory_utilization)} MiB are free "
