@@ -290,3 +290,12 @@ def test_hub_adapters_are_downloaded_before_start_and_loaded_from_the_cache():
     paths = adapter_paths(config, plan_host(config).instances[0])
     assert paths == [{"name": "bot", "path": "org/bot-lora"},
                      {"name": "pinned", "path": "/var/lib/vllm-fleet/hf/hub/models--org--p/snapshots/" + "c" * 40}]
+
+
+@pytest.mark.parametrize("path, method", [("/adapters", "POST"), ("/adapters/bot", "DELETE"), ("/invocations", "POST")])
+@pytest.mark.parametrize("allowed", [None, "*", "bot"])
+def test_the_sagemaker_adapter_routes_are_refused_to_every_caller(path, method, allowed):
+    """Runtime LoRA updating also opens SageMaker's /adapters (load any path, unload any adapter) and
+    /invocations (an adapter from a header), outside vLLM's API key: refused even on loopback."""
+    status, seen = _call(b'{"name": "x", "src": "/etc"}', allowed, method=method, path=path)
+    assert status == 403 and seen is None  # vLLM never saw it

@@ -431,7 +431,9 @@ def test_a_flags_own_negated_name_is_taken():
 
 @pytest.mark.parametrize("name", ["VLLM_ALLOW_INSECURE_SERIALIZATION", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONBREAKPOINT",
                                   "PYTHONSTARTUP", "VLLM_DP_MASTER_IP", "NCCL_COMM_ID", "NCCL_NET_PLUGIN",
-                                  "VLLM_LOGGING_CONFIG_PATH"])
+                                  "VLLM_LOGGING_CONFIG_PATH", "VLLM_LORA_RESOLVER_CACHE_DIR",
+                                  "VLLM_LORA_RESOLVER_HF_REPO_LIST", "CUSTOM_POST_PROCESS",
+                                  "CUSTOM_FASTAPI_MIDDLEWARE_PRE_POST_PROCESS", "SAGEMAKER_MODEL_PATH"])
 def test_variables_that_load_code_or_move_internal_sockets_are_refused(name):
     [err] = parse_errors(host_data(instances=[instance(env={name: "x"})]), "h1")
     assert err.key == f"env.{name}" and "vllm-fleet's to set" in err.message

@@ -89,11 +89,26 @@ OWNED_ENV = {
     "NCCL_TUNER_PLUGIN": "it loads code into vLLM",
     "NCCL_PROFILER_PLUGIN": "it loads code into vLLM",
     "VLLM_LOGGING_CONFIG_PATH": "a logging config names Python code to run",
+    # vLLM's LoRA resolvers load an adapter for any model name a request asks for, from a directory or
+    # the hub (vllm/plugins/lora_resolvers): the instance's `adapters` are the only ones it serves.
+    "VLLM_LORA_RESOLVER_CACHE_DIR": "it loads an adapter for any model name a request asks for (use 'adapters')",
+    "VLLM_LORA_RESOLVER_HF_REPO_LIST": "it loads an adapter for any model name a request asks for (use 'adapters')",
+    # The SageMaker hosting library vLLM's API server loads (model_hosting_container_standards) imports
+    # the Python files and functions these name as handlers and middleware.
+    "CUSTOM_SCRIPT_FILENAME": "it names Python code vLLM's API server loads",
+    "CUSTOM_PRE_PROCESS": "it names Python code vLLM's API server runs on every request",
+    "CUSTOM_POST_PROCESS": "it names Python code vLLM's API server runs on every response",
+    "CUSTOM_FASTAPI_INVOCATION_HANDLER": "it names Python code vLLM's API server runs as a handler",
+    "CUSTOM_FASTAPI_PING_HANDLER": "it names Python code vLLM's API server runs as a handler",
+    "CUSTOM_FASTAPI_MIDDLEWARE_PRE_POST_PROCESS": "it names Python code vLLM's API server runs as middleware",
+    "CUSTOM_FASTAPI_MIDDLEWARE_THROTTLE": "it names Python code vLLM's API server runs as middleware",
 }
 #: Prefixes of variables that change which code a process loads (the dynamic loader's LD_*, the
 #: interpreter's PYTHON*): an instance's `env` sets none of them.
 OWNED_ENV_PREFIXES = {"LD_": "the dynamic loader reads it: it changes which code vLLM loads",
-                      "PYTHON": "the interpreter reads it: it changes which code vLLM runs"}
+                      "PYTHON": "the interpreter reads it: it changes which code vLLM runs",
+                      "SAGEMAKER_": "the SageMaker hosting library in vLLM's API server reads it (SAGEMAKER_MODEL_PATH "
+                                    "locates Python code it loads)"}
 #: Names that look like secrets but are not (settings of the libraries vLLM uses).
 _NOT_SECRET_ENV = {"HF_HUB_DISABLE_IMPLICIT_TOKEN"}
 OWNED_ENV_FIX = {
