@@ -117,6 +117,13 @@ def test_an_adapter_name_is_one_adapter_and_no_served_name_across_the_fleet(adap
     with pytest.raises(ConfigErrors) as caught:
         check_fleet([one, clash])
     assert any(e.key == "adapters[0].name" and "served_model_name" in str(e) for e in caught.value.errors)
+    # One hub adapter declared with two ranks: one host would size vLLM's buffers too small for it.
+    low = llama_host([{"name": "hub-bot", "model": "org/bot-lora", "rank": 8}], name="e")
+    high = llama_host([{"name": "hub-bot", "model": "org/bot-lora", "rank": 64}], name="f")
+    check_fleet([low, llama_host([{"name": "hub-bot", "model": "org/bot-lora", "rank": 8}], name="g")])
+    with pytest.raises(ConfigErrors) as caught:
+        check_fleet([low, high])
+    assert any(e.host == "f" and "of rank 64" in e.message and "of rank 8" in e.message for e in caught.value.errors)
 
 
 def test_engine_args_may_not_set_what_adapters_decide(adapter_dir):
@@ -288,8 +295,30 @@ def test_hub_adapters_are_downloaded_before_start_and_loaded_from_the_cache():
     assert [(d.repo, d.revision, d.why) for d in downloads] == [
         ("org/bot-lora", None, "LoRA adapter bot"), ("org/p", "c" * 40, "LoRA adapter pinned")]
     paths = adapter_paths(config, plan_host(config).instances[0])
-    assert paths == [{"name": "bot", "path": "org/bot-lora"},
+    # Absolute paths only: vLLM tries a bare id as a path relative to its working directory first.
+    assert paths == [{"name": "bot", "path": "/var/lib/vllm-fleet/hf/hub/models--org--bot-lora/refs/main"},
                      {"name": "pinned", "path": "/var/lib/vllm-fleet/hf/hub/models--org--p/snapshots/" + "c" * 40}]
+
+
+def _loader():
+    module = types.ModuleType("vllm_adapters")
+    exec(jinja_environment().get_template("vllm-adapters.py.j2").render(), module.__dict__)
+    return module
+
+
+def test_the_loader_gives_vllm_the_snapshot_a_refs_main_names(tmp_path):
+    repo = tmp_path / "hub" / "models--org--bot-lora"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text("d" * 40 + "\n")
+    loader = _loader()
+    assert loader.snapshot(str(repo / "refs" / "main")) == f"{repo}/snapshots/{'d' * 40}"
+    pinned = f"{repo}/snapshots/{'c' * 40}"
+    assert loader.snapshot(pinned) == pinned  # a revision's snapshot: as it is
+    with pytest.raises(SystemExit, match="did not finish"):
+        loader.snapshot(str(tmp_path / "hub" / "models--org--gone" / "refs" / "main"))
+    (repo / "refs" / "main").write_text("../../../etc")
+    with pytest.raises(SystemExit, match="holds no commit"):
+        loader.snapshot(str(repo / "refs" / "main"))
 
 
 @pytest.mark.parametrize("path, method", [("/adapters", "POST"), ("/adapters/bot", "DELETE"), ("/invocations", "POST")])

@@ -57,14 +57,18 @@ class Adapter:
         directory under the instance's, and the gateway's path to it."""
         return hashlib.sha256(self.name.encode()).hexdigest()[:16]
 
-    def identity(self) -> tuple[str, str | None]:
-        """What the adapter is, wherever it is served: its source directory, or its hub id and commit."""
-        return (f"source:{self.source}", None) if self.source else (f"hub:{self.model}", self.revision)
+    def identity(self) -> tuple[str, str | None, int]:
+        """What the adapter is, wherever it is served: its source directory, or its hub id and commit,
+        and its rank (declared for a hub adapter: two ranks for one adapter size vLLM's buffers
+        differently, and one of them is wrong)."""
+        if self.source:
+            return f"source:{self.source}", None, self.rank
+        return f"hub:{self.model}", self.revision, self.rank
 
     def words(self) -> str:
         if self.source:
             return f"source {self.source}"
-        return f"model {self.model}" + (f" at {self.revision}" if self.revision else "")
+        return f"model {self.model}" + (f" at {self.revision}" if self.revision else "") + f" of rank {self.rank}"
 
 
 def host_directory(models_dir: str, instance: str, adapter: Adapter) -> str:
@@ -74,13 +78,14 @@ def host_directory(models_dir: str, instance: str, adapter: Adapter) -> str:
 
 
 def hub_path(hf_home: str, adapter: Adapter) -> str:
-    """What vLLM loads for a hub adapter: its id (vLLM resolves it in the cache, offline), or with a
-    revision its snapshot directory in the cache (huggingface_hub's layout: models--org--name)."""
+    """Where a hub adapter is in the cache (huggingface_hub's layout: models--org--name), always an
+    absolute path: with a revision its snapshot directory; without one the cache's refs/main, whose
+    commit the loader (templates/vllm-adapters.py.j2) turns into the snapshot directory. Never the
+    bare id: vLLM tries an id as a path relative to its working directory first
+    (lora/utils.py get_adapter_absolute_path), the service user's own state directory."""
     assert adapter.model is not None
-    if not adapter.revision:
-        return adapter.model
-    folder = "models--" + adapter.model.replace("/", "--")
-    return f"{hf_home.rstrip('/')}/hub/{folder}/snapshots/{adapter.revision}"
+    folder = f"{hf_home.rstrip('/')}/hub/models--" + adapter.model.replace("/", "--")
+    return f"{folder}/snapshots/{adapter.revision}" if adapter.revision else f"{folder}/refs/main"
 
 
 def lora_rank(ranks: list[int]) -> int:
