@@ -48,6 +48,7 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
         entry = {"name": config.name, "scheme": scheme, "address": settings.vllm_advertise_address,
                  "instances": [{"name": inst.name, "unit": instance_unit(inst.name), "port": inst.port,
                                 "served_model_name": inst.served_model_name,
+                                "adapters": [adapter.name for adapter in inst.adapters],
                                 "url": f"{scheme}://{address}:{inst.port}/v1", "gateway_only": gateway_only,
                                 "nodes": list(inst.nodes) if inst.nodes else None}
                                for inst in config.instances],
@@ -57,7 +58,8 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
         out["hosts"].append(entry)
     if gateway is not None:
         out["gateway"] = {"host": gateway.name, "url": gateway_url(gateway), "scheme": _scheme(gateway),
-                          "models": sorted({i.served_model_name for c in every for i in c.instances})}
+                          "models": sorted({name for c in every for i in c.instances
+                                            for name in (i.served_model_name, *(a.name for a in i.adapters))})}
     monitor = next((c for c in every if c.settings.vllm_monitoring is True), None)
     if monitor is not None:
         url = (f"{_scheme(monitor)}://{url_host(monitor.settings.vllm_advertise_address)}:"
@@ -83,8 +85,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         for inst in host["instances"]:
             nodes = f" on nodes {', '.join(inst['nodes'])}" if inst["nodes"] else ""
             only = " (the gateway's only: clients use the gateway)" if inst["gateway_only"] else ""
+            adapters = f" and its adapters {', '.join(inst['adapters'])}" if inst["adapters"] else ""
             lines.append(f"    {inst['name']}: {inst['unit']}, port {inst['port']}, serves "
-                         f"{inst['served_model_name']} at {inst['url']}{nodes}{only}")
+                         f"{inst['served_model_name']}{adapters} at {inst['url']}{nodes}{only}")
         for node in host["node_of"]:
             lines.append(f"    a node of multi-node instance {node['instance']} (its head: {node['head']})")
         if not host["instances"] and not host["node_of"]:

@@ -135,7 +135,7 @@ def test_with_every_secret_set_the_check_passes_and_json_holds_the_summary(tmp_p
     summary = report["fleet_summary"]
     assert [(h["name"], h["scheme"]) for h in summary["hosts"]] == [("gpu-a", "https"), ("gpu-b", "https")]
     assert summary["hosts"][0]["instances"][0] == {
-        "name": "qwen7b", "unit": "vllm-qwen7b.service", "port": 8000, "served_model_name": "qwen2.5-7b",
+        "name": "qwen7b", "unit": "vllm-qwen7b.service", "port": 8000, "served_model_name": "qwen2.5-7b", "adapters": [],
         "url": "https://10.255.255.1:8000/v1", "gateway_only": True, "nodes": None}
     assert summary["gateway"]["url"] == "https://10.255.255.1:9000/v1"
     assert summary["monitoring"]["host"] == "gpu-b" and summary["monitoring"]["scrapes"] == ["gpu-a", "gpu-b"]

@@ -45,6 +45,8 @@ def test_the_mixed_box_shows_the_layout_chosen_the_runner_up_and_the_numbers_of_
 def test_the_fine_tune_is_served_beside_its_base_and_its_buffers_cost_kv_cache(planned, tmp_path):
     llama = planned["llama70b"]
     assert llama["adapters"] == ["support-bot"]
+    summary = run_cli("plan", str(INVENTORY), "--limit", "gpu-h100-02").stdout
+    assert "serves llama-3.1-70b and its adapters support-bot at" in summary
     args = llama["engine_args"]
     assert args["enable-lora"] is True and args["max-lora-rank"] == 16 and args["max-loras"] >= 1
     # The same server without the adapter: vLLM's LoRA buffers come out of what the KV cache gets.
