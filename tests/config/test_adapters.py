@@ -61,7 +61,21 @@ def test_a_source_adapter_is_read_and_its_rank_sizes_the_flags(adapter_dir):
 def test_the_flags_follow_vllms_ranks_and_change_rarely():
     assert [lora_rank([r]) for r in (1, 8, 16, 17, 200, 300, 512)] == [16, 16, 16, 32, 256, 320, 512]
     assert all(lora_rank([r]) in LORA_RANKS for r in range(1, 513))
-    assert [max_loras(n) for n in (1, 2, 4, 5, 9)] == [4, 4, 4, 8, 16]
+    assert [max_loras(n) for n in (1, 2, 4, 5, 9, 17, 300)] == [4, 4, 4, 8, 16, 16, 16]
+
+
+def test_many_adapters_share_a_batchs_slots_and_stay_loaded_in_host_memory(adapter_dir):
+    """vLLM allocates LoRA buffers for every max-loras slot on every GPU: 300 adapters get 16 slots
+    (not 512, which would take most of the KV cache), and --max-cpu-loras keeps them all loaded; vLLM
+    refuses a max-cpu-loras below max-loras, so engine_args may not set it."""
+    many = [{"name": f"bot{i}", "model": f"org/bot{i}", "rank": 8} for i in range(300)]
+    [inst] = plan_host(llama_host(many)).instances
+    assert (inst.engine_args["max-loras"], inst.engine_args["max-cpu-loras"]) == (16, 512)
+    assert "max-cpu-loras" not in plan_host(llama_host(many[:16])).instances[0].engine_args
+    with pytest.raises(ConfigErrors) as caught:
+        parse_host("h1", host_data(gpus=[H100_80G], instances=[
+            instance(**LLAMA, adapters=many[:2], engine_args={"max-cpu-loras": 1})]))
+    assert any(e.key == "engine_args.max-cpu-loras" for e in caught.value.errors)
 
 
 def test_adapters_take_gpu_memory_from_the_kv_cache(adapter_dir, wide_dir):

@@ -96,14 +96,29 @@ def lora_rank(ranks: list[int]) -> int:
     return next(r for r in LORA_RANKS if r >= wanted)
 
 
-def max_loras(count: int) -> int:
-    """--max-loras (adapters in one batch) for `count` adapters: all of them, rounded up to a power of
-    two and at least 4, so that adding an adapter rarely changes it (a change restarts vLLM: its LoRA
-    buffers are sized by it)."""
-    slots = 4
+#: The most adapters one batch serves (--max-loras): vLLM allocates LoRA buffers for every slot on
+#: every GPU (plan/memory.py LoraBuffers), so past this more adapters share the slots, batch by batch.
+MAX_LORAS_PER_BATCH = 16
+
+
+def _power_of_two_at_least(count: int, floor: int) -> int:
+    slots = floor
     while slots < count:
         slots *= 2
     return slots
+
+
+def max_loras(count: int) -> int:
+    """--max-loras (adapters in one batch) for `count` adapters: all of them, rounded up to a power of
+    two and at least 4, so that adding an adapter rarely changes it (a change restarts vLLM: its LoRA
+    buffers are sized by it), and at most MAX_LORAS_PER_BATCH."""
+    return min(_power_of_two_at_least(count, 4), MAX_LORAS_PER_BATCH)
+
+
+def max_cpu_loras(count: int) -> int | None:
+    """--max-cpu-loras (adapters vLLM keeps loaded, in host memory) when more adapters than a batch
+    holds: all of them, rounded up as max_loras is; None (vLLM's default, max-loras) otherwise."""
+    return _power_of_two_at_least(count, 4) if count > MAX_LORAS_PER_BATCH else None
 
 
 def read_rank(directory: str) -> tuple[int, str | None]:

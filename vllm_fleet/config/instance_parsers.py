@@ -44,6 +44,7 @@ _ENGINE_ARGS_PLANNED = {
     "enable-lora": "the instance's 'adapters' turn LoRA on",
     "max-lora-rank": "the planner sizes it from the ranks of the instance's 'adapters'",
     "max-loras": "the planner sizes it from the number of the instance's 'adapters'",
+    "max-cpu-loras": "the planner sizes it from the number of the instance's 'adapters' (vLLM refuses one below max-loras)",
     "lora-modules": "the instance's 'adapters' are loaded into the running vLLM (adding one needs no restart)",
 }
 # A secret's name ends in one of these words (HF_TOKEN, OPENAI_API_KEY, WANDB_KEY, DB_PASSWORD), or

@@ -9,7 +9,7 @@ from typing import Any
 
 from vllm_fleet import kinds, vllm_flags
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig
-from vllm_fleet.config.adapters import lora_rank, max_loras
+from vllm_fleet.config.adapters import lora_rank, max_cpu_loras, max_loras
 from vllm_fleet.environment import GGUF_PLUGIN
 from vllm_fleet.host_layout import MODEL_ACCESS_MODULE, HostLayout
 from vllm_fleet.plan.types import InstancePlan
@@ -70,10 +70,15 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
             # What sizes vLLM's LoRA buffers is fixed at its start: enable-lora and these two.
             args.update({"enable-lora": True, "max-lora-rank": lora_rank([a.rank for a in inst.adapters]),
                          "max-loras": max_loras(len(inst.adapters))})
+            held = max_cpu_loras(len(inst.adapters))
+            if held is not None:
+                args["max-cpu-loras"] = held
             # Not the adapters' count nor names: a reason is in the unit, and a changed unit restarts vLLM.
             plan.reasons.append(
                 f"--enable-lora --max-lora-rank {args['max-lora-rank']} --max-loras {args['max-loras']}: sized for "
-                "the instance's adapters (at least rank 16 and 4 a batch, so that adding one rarely changes them); "
+                "the instance's adapters (at least rank 16 and 4 a batch, so that adding one rarely changes them; at "
+                "most 16 a batch" + (f", --max-cpu-loras {args['max-cpu-loras']} keeps them all loaded" if
+                                      "max-cpu-loras" in args else "") + "); "
                 "vLLM's LoRA buffers are counted with the weights, before the KV cache")
             if plan.data_parallel_size > 1:
                 # vLLM starts one API server per replica unless told otherwise, and refuses runtime
