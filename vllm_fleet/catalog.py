@@ -378,6 +378,25 @@ CATALOG: dict[str, ModelInfo] = {
     "deepseek-ai/deepseek-r1-distill-llama-70b": _LLAMA31_70B,
 }
 
+#: Each catalog family's config.json `architectures` (the model class vLLM loads: it decides the
+#: runner, and what LoRA wraps); the first prefix a key starts with gives it. A GGUF file has none
+#: here (vLLM takes its class from the tokenizer repo's config).
+_ARCHITECTURES = (
+    ("meta-llama/", "LlamaForCausalLM"),
+    ("qwen/qwen2.5-", "Qwen2ForCausalLM"),
+    ("qwen/qwen3-30b-a3b", "Qwen3MoeForCausalLM"),
+    ("qwen/qwen3-235b-a22b", "Qwen3MoeForCausalLM"),
+    ("qwen/qwen3-", "Qwen3ForCausalLM"),
+    ("google/gemma-3-1b-it", "Gemma3ForCausalLM"),
+    ("google/gemma-3-", "Gemma3ForConditionalGeneration"),
+    ("mistralai/mistral-small-24b-", "MistralForCausalLM"),
+    ("mistralai/mistral-small-3.", "Mistral3ForConditionalGeneration"),
+    ("deepseek-ai/deepseek-r1-distill-qwen-", "Qwen2ForCausalLM"),
+    ("deepseek-ai/deepseek-r1-distill-llama-", "LlamaForCausalLM"),
+)
+CATALOG = {key: next((replace(info, architectures=(arch,)) for prefix, arch in _ARCHITECTURES
+                      if key.startswith(prefix)), info) for key, info in CATALOG.items()}
+
 
 def lookup(model: str) -> ModelInfo | None:
     """Find a model by its Hugging Face id, or by the last path parts of a local path."""

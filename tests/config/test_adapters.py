@@ -17,6 +17,7 @@ from support.planning_fixtures import H100_80G, host_data, instance
 from vllm_fleet import gateway as gw
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.config.adapters import LORA_RANKS, lora_rank, max_loras
+from vllm_fleet.config.runner import lora_support
 from vllm_fleet.plan import plan_fleet, plan_host
 from vllm_fleet.render import render_host
 from vllm_fleet.sandbox import tiny_adapter
@@ -342,3 +343,28 @@ def test_the_sagemaker_adapter_routes_are_refused_to_every_caller(path, method, 
     /invocations (an adapter from a header), outside vLLM's API key: refused even on loopback."""
     status, seen = _call(b'{"name": "x", "src": "/etc"}', allowed, method=method, path=path)
     assert status == 403 and seen is None  # vLLM never saw it
+
+
+def test_what_lora_wraps_is_the_model_classs_own():
+    """vLLM wraps the token embedding and the LM head only where the class lists them in its
+    embedding_modules (Llama does, Gemma 3 and Qwen2 do not): only those get LoRA buffers, and only
+    an LM head meets vLLM's vocabulary limit, so Gemma 3 (262208 tokens) takes adapters."""
+    def lora_plan(model, **extra):
+        config = parse_host("h1", host_data(gpus=[H100_80G], instances=[instance(
+            name="m", model=model, served_model_name="m", tokenizer=None, max_model_len=8192,
+            adapters=[{"name": "bot", "model": "org/bot-lora", "rank": 16}], **extra)]))
+        [inst] = plan_host(config).instances
+        return inst
+    gemma = lora_plan("google/gemma-3-12b-it")  # accepted: Gemma 3 has no LoRA on its LM head
+    assert gemma.engine_args["enable-lora"] is True
+    assert lora_support(lora_plan("google/gemma-3-1b-it").config.model_info).embeddings == frozenset()
+    llama = lora_plan("meta-llama/Meta-Llama-3-8B-Instruct")
+    assert lora_support(llama.config.model_info).embeddings == {"input_embeddings", "output_embeddings"}
+    # Qwen2.5-7B: the embedding buffers (2 x 16 slots x rank 16 x (152064 + 3584) x 2 bytes, ~152 MiB)
+    # are not taken from its KV cache, as they would be on a class that wraps them.
+    qwen = lora_plan("Qwen/Qwen2.5-7B-Instruct")
+    wrapped = lora_plan("Qwen/Qwen2.5-7B-Instruct", model_info=dict(
+        architectures=["LlamaForCausalLM"], hidden_size=3584, intermediate_size=18944, num_attention_heads=28,
+        num_key_value_heads=4, num_hidden_layers=28, vocab_size=152064, max_position_embeddings=32768,
+        torch_dtype="bfloat16", weights_gib=qwen.config.model_info.weights_gib))
+    assert qwen.kv_cache_blocks > wrapped.kv_cache_blocks

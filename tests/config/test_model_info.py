@@ -106,8 +106,8 @@ def test_a_multimodal_config_reads_its_text_config_with_transformers_defaults():
     pasted = {**GEMMA3_12B_IT, "weights_gib": 22.7}
     info = parse_host("box", host_data(instances=[instance(model_info=pasted)])).instances[0].model_info
     assert info.architectures == ("Gemma3ForConditionalGeneration",)  # the runner is resolved from them
-    # head_dim 256, vocab 262208, 5:1 sliding layers, tied (the catalog keeps no architectures: decoders all)
-    assert replace(info, architectures=()) == lookup("google/gemma-3-12b-it")
+    # head_dim 256, vocab 262208, 5:1 sliding layers, tied, and the class: the catalog's entry exactly
+    assert info == lookup("google/gemma-3-12b-it")
     assert model_info_from_config(GEMMA3_12B_IT, int(22.7 * GIB)).shape() == info.shape()  # the deploy reads alike
     with pytest.raises(ConfigErrors) as err:
         parse_host("box", host_data(instances=[instance(model_info=GEMMA3_12B_IT)]))

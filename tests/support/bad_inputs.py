@@ -157,6 +157,10 @@ CORPUS = [
      "engine_args.enable-lora", "gemma"),
     ("max-lora-rank in engine_args", host(vllm_instances=[inst(model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=8192, engine_args={"max-lora-rank": 64})]),
      "engine_args.max-lora-rank", "gemma"),
-    ("adapters on a vocabulary vLLM refuses", host(vllm_instances=[inst(adapters=[
-        {"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
+    ("adapters on a vocabulary vLLM refuses", host(vllm_instances=[inst(
+        model="Qwen/Qwen3-0.6B", tokenizer=None, model_info=dict(QWEN3_0_6B, vocab_size=300_000),
+        adapters=[{"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
+    ("adapters on a model class without LoRA", host(vllm_instances=[inst(  # Orion: no LoRA in vLLM
+        model="OrionStarAI/Orion-14B-Chat", tokenizer=None, model_info=dict(QWEN3_0_6B, architectures=["OrionForCausalLM"]),
+        adapters=[{"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
 ]

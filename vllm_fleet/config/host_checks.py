@@ -14,7 +14,7 @@ from vllm_fleet.catalog import is_gguf, lookup
 from vllm_fleet.config.adapters import MAX_LORA_VOCAB
 from vllm_fleet.config.errors import Checker
 from vllm_fleet.config.instance import HOST_DEFAULTS, InstanceConfig
-from vllm_fleet.config.runner import RUNNER_CONVERTS, native, resolve
+from vllm_fleet.config.runner import RUNNER_CONVERTS, lora_support, native, resolve
 from vllm_fleet.config.ports import GATEWAY_PORT_NAMES, gateway_ports, instance_ports, monitoring_ports
 from vllm_fleet.config.settings import KNOBS, Settings
 
@@ -163,8 +163,18 @@ def _check_adapters(check: Checker, label: str, values: dict[str, Any]) -> None:
     adapters at run time into its only API server: with several it refuses to start,
     vllm/entrypoints/cli/serve.py:315-318)."""
     info = values.get("model_info")
+    support = lora_support(info)
+    if support is not None and not support.supported:
+        check.error(f"vLLM's {support.architecture} does not support LoRA: vLLM refuses adapters on it ('does not "
+                    "support LoRA yet', v1/worker/lora_model_runner_mixin.py)", instance=label, key="adapters",
+                    fix="serve the adapters on a model whose vLLM class supports LoRA, or drop 'adapters'")
+        return
     vocab = getattr(info, "vocab_size", None)
-    if isinstance(vocab, int) and vocab > MAX_LORA_VOCAB:
+    # Only a class that wraps its LM head meets the limit (its embedding_modules list it). A class
+    # the table does not know (multimodal ones the table's probe could not load, Gemma 3's among
+    # them) is not refused on a guess; the plan still counts LM-head buffers for it (plan/memory.py).
+    wraps_head = support is not None and "output_embeddings" in support.embeddings
+    if wraps_head and isinstance(vocab, int) and vocab > MAX_LORA_VOCAB:
         check.error(f"the model's vocabulary has {vocab} tokens: vLLM serves LoRA only up to {MAX_LORA_VOCAB} "
                     "(vllm/lora/layers/logits_processor.py:91-92) and would refuse to start", instance=label,
                     key="adapters", fix="serve the adapters on a model with a smaller vocabulary, or drop 'adapters'")

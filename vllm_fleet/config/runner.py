@@ -81,7 +81,8 @@ class Runner:
 
 @functools.cache
 def table() -> dict[str, Any]:
-    """{"vllm": release, "package", "architectures": {arch: {"generate", "pooling", "tables"}}}."""
+    """{"vllm": release, "package", "architectures": {arch: {"generate", "pooling", "tables", "lora",
+    "lora_embeddings"}}}."""
     return json.loads(resources.files("vllm_fleet.data").joinpath(DATA_FILE).read_text())
 
 
@@ -151,6 +152,28 @@ def resolve(runner: str | None, convert: str | None, info: ModelInfo | None) -> 
     return Runner(resolved, converted, pooling_task(info, converted) if resolved == "pooling" else None, why)
 
 
+@dataclass(frozen=True)
+class LoraSupport:
+    """What vLLM's model class does with LoRA (its registry's class, read by the table's probe)."""
+
+    architecture: str
+    supported: bool  # the class supports LoRA (interfaces.supports_lora); vLLM refuses adapters otherwise
+    #: Which embeddings it wraps too, from its embedding_modules: "input_embeddings" (the token
+    #: embedding), "output_embeddings" (the LM head, through its logits processor). Only these get
+    #: LoRA buffers, and only the LM head meets vLLM's vocabulary limit (lora/utils.py
+    #: get_supported_lora_modules, model_manager.py _create_lora_modules).
+    embeddings: frozenset[str]
+
+
+def lora_support(info: ModelInfo | None) -> LoraSupport | None:
+    """The model class's LoRA facts, None where the table does not know its class."""
+    for arch in (info.architectures if info else ()):
+        known = _known(arch)
+        if known is not None and "lora" in known:
+            return LoraSupport(arch, bool(known["lora"]), frozenset(known.get("lora_embeddings", ())))
+    return None
+
+
 def native(info: ModelInfo | None, runner: str) -> bool | None:
     """Whether vLLM's registry has the model's class as a `runner` model (None: not known to it)."""
     for arch in (info.architectures if info else ()):
@@ -165,6 +188,7 @@ PROBE = r"""
 import json, sys
 import vllm
 import vllm.model_executor.models.registry as registry
+from vllm.model_executor.models.interfaces import supports_lora
 from vllm.model_executor.models.registry import ModelRegistry, _ModelInfo
 tables = {name.strip("_").removesuffix("_MODELS").lower(): set(getattr(registry, name))
           for name in dir(registry) if name.startswith("_") and name.endswith("_MODELS")
@@ -172,12 +196,15 @@ tables = {name.strip("_").removesuffix("_MODELS").lower(): set(getattr(registry,
 out = {}
 for arch in sorted(ModelRegistry.get_supported_archs()):
     try:
-        info = _ModelInfo.from_model_cls(ModelRegistry.models[arch].load_model_cls())
+        cls = ModelRegistry.models[arch].load_model_cls()
+        info = _ModelInfo.from_model_cls(cls)
     except BaseException as exc:
         print(f"left out {arch}: {type(exc).__name__}", file=sys.stderr)
         continue
     out[arch] = {"generate": bool(info.is_text_generation_model), "pooling": bool(info.is_pooling_model),
-                 "tables": sorted(t for t, names in tables.items() if arch in names)}
+                 "tables": sorted(t for t, names in tables.items() if arch in names),
+                 "lora": bool(supports_lora(cls)),
+                 "lora_embeddings": sorted(set((getattr(cls, "embedding_modules", None) or {}).values()))}
 print(json.dumps({"vllm": vllm.__version__, "architectures": out}))
 """
 

@@ -9,6 +9,7 @@ from vllm_fleet import kinds
 from vllm_fleet.catalog import DTYPE_BYTES, GIB, KV_BLOCK_SIZE, KvGroups, ModelInfo, concurrent_batches
 from vllm_fleet.config import GpuSpec, HostConfig, InstanceConfig
 from vllm_fleet.config.adapters import lora_rank, max_loras
+from vllm_fleet.config.runner import lora_support
 from vllm_fleet.plan.types import GpuUse, ParallelLayout
 
 #: Per GPU, when the instance spans GPUs: NCCL communicators and the custom all-reduce buffers
@@ -122,6 +123,9 @@ class LoraBuffers:
     rank: int
     slots: int
     dtype_bytes: int
+    #: The embeddings the model class wraps (runner.LoraSupport.embeddings): "input_embeddings",
+    #: "output_embeddings"; both where the class is not known.
+    embeddings: frozenset[str] = frozenset({"input_embeddings", "output_embeddings"})
 
     @classmethod
     def of(cls, inst: InstanceConfig, dtype: str) -> "LoraBuffers | None":
@@ -129,8 +133,9 @@ class LoraBuffers:
             return None
         lora_dtype = str(inst.engine_args.get("lora-dtype", "auto"))
         size = DTYPE_BYTES.get(dtype if lora_dtype == "auto" else lora_dtype, 2)
+        support = lora_support(inst.model_info)
         return cls(rank=lora_rank([a.rank for a in inst.adapters]), slots=max_loras(len(inst.adapters)),
-                   dtype_bytes=size)
+                   dtype_bytes=size, **({"embeddings": support.embeddings} if support is not None else {}))
 
     def _gib(self, elements_per_rank: float) -> float:
         return self.slots * self.rank * elements_per_rank * self.dtype_bytes / GIB
@@ -240,7 +245,9 @@ def stage_free_gib(mem: MemoryModel, gpu: GpuSpec, tp: int, first: bool, last: b
     if last and (pp > 1 or not mem.info.tie_word_embeddings):
         fixed += embedding  # lm_head; tied weights share one copy only when on one stage
     comm = COMM_RESERVE_GIB if tp > 1 or pp > 1 else 0.0
-    lora = mem.lora.embedding_gib(mem.info) * (first + last) if mem.lora else 0.0
+    lora = (mem.lora.embedding_gib(mem.info) * (first * ("input_embeddings" in mem.lora.embeddings)
+                                                 + last * ("output_embeddings" in mem.lora.embeddings))
+            if mem.lora else 0.0)
     return budget - mem.reserve_gib - comm - fixed / tp - lora
 
 
