@@ -18,19 +18,21 @@ import urllib.request
 import openai
 import pytest
 
-from support.fleet_helpers import CPU_HOSTS, pyinfra, variant_inventory
+from support.fleet_helpers import API_KEY, CPU_HOSTS, pyinfra, variant_inventory
 from vllm_fleet.sandbox import assets
 
 GATEWAY = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
 BASE, LORA, LORA_2 = "tiny-solo", "tiny-lora", "tiny-lora-2"
-KEYS = {"SBX_FULL_KEY": "sk-full-3c9e1a7b55d2", "SBX_LORA_KEY": "sk-lora-only-81d4f0aa62e7"}
+# The client of every model holds the fleet key (VLLM_FLEET_API_KEY, API_KEY): what this module
+# leaves on the hosts still takes it, as the later modules' clients (the rollout's load) send it.
+KEYS = {"SBX_FULL_KEY": API_KEY, "SBX_LORA_KEY": "sk-lora-only-81d4f0aa62e7"}
 PROMPT = "The fleet serves language models"
 
 
 def _inventory(tmp_path, adapters: list[str]) -> str:
     """The gateway module's fleet, `adapters` on sbx-cpu3, a client for every model and one for the
     adapters only (a client's models must be served: vllm-fleet refuses others)."""
-    clients = {"full": {"key_env": "SBX_FULL_KEY"}, "lora-only": {"key_env": "SBX_LORA_KEY", "models": adapters}}
+    clients = {"full": {"key_env": "VLLM_FLEET_API_KEY"}, "lora-only": {"key_env": "SBX_LORA_KEY", "models": adapters}}
     return variant_inventory(
         tmp_path, instance={"sbx-cpu3": {"served_model_name": BASE, "adapters": [
             {"name": name, "source": str(assets.tiny_adapter_dir(name))} for name in adapters]}},
@@ -65,7 +67,7 @@ def _post(url: str, body: dict, key: str) -> int:
 
 @pytest.fixture(scope="module")
 def lora_fleet(sandbox, deploy_env, tmp_path_factory):
-    env = dict(deploy_env, **KEYS)
+    env = dict(deploy_env, SBX_LORA_KEY=KEYS["SBX_LORA_KEY"])
     result = pyinfra(env, "--limit", "cpu_hosts", inventory=_inventory(tmp_path_factory.mktemp("lora"), [LORA]))
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
