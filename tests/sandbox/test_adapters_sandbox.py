@@ -12,6 +12,7 @@ reload. The modules after this one restart sbx-cpu3 anyway (tests/conftest.py: F
 from __future__ import annotations
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -65,6 +66,21 @@ def _post(url: str, body: dict, key: str) -> int:
         return exc.code
 
 
+def _wait_workers_healthy(sandbox, names: list[str], timeout: float = 60) -> None:
+    """Until vllm-router has a healthy worker for each name: the deploy registers a new worker (an
+    adapter's, a restarted instance's) at once, and the router takes it in at its next health check
+    (every 2 s); a request before that finds no worker for the name (503)."""
+    deadline, workers = time.monotonic() + timeout, []
+    while time.monotonic() < deadline:
+        listing = sandbox.run("sbx-cpu1", "curl -s 127.0.0.1:19000/workers").stdout
+        workers = json.loads(listing or "{}").get("workers", [])
+        healthy = {w.get("model_id") for w in workers if w.get("is_healthy")}
+        if workers and all(w.get("is_healthy") for w in workers) and set(names) <= healthy:
+            return
+        time.sleep(1)
+    raise AssertionError(f"the router's workers for {names} did not all become healthy: {workers}")
+
+
 @pytest.fixture(scope="module")
 def lora_fleet(sandbox, deploy_env, tmp_path_factory):
     env = dict(deploy_env, SBX_LORA_KEY=KEYS["SBX_LORA_KEY"])
@@ -72,6 +88,7 @@ def lora_fleet(sandbox, deploy_env, tmp_path_factory):
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert LORA in out  # the gateway's verification names its models
+    _wait_workers_healthy(sandbox, [BASE, LORA])
     return {"env": env, "tmp": tmp_path_factory}
 
 
@@ -119,6 +136,7 @@ def test_a_second_adapter_is_added_by_a_deploy_without_restarting_vllm(lora_flee
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert _main_pids(sandbox) == before
+    _wait_workers_healthy(sandbox, [BASE, LORA, LORA_2])
     only = _client(KEYS["SBX_LORA_KEY"])
     assert sorted(m.id for m in only.models.list()) == [LORA, LORA_2]
     assert _greedy(only, LORA_2) not in (_greedy(only, LORA), _greedy(_client(KEYS["SBX_FULL_KEY"]), BASE))
