@@ -15,17 +15,14 @@ Only numpy and safetensors are needed (no torch on the workstation).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save as save_safetensors
 
-from vllm_fleet.sandbox.tiny_model import SPEC
+from vllm_fleet.sandbox.tiny_model import SPEC, _json, _sha256, matches_manifest, write_generated
 
 # Bump when the bytes written change, so that existing copies are regenerated.
 GENERATOR_VERSION = 1
@@ -84,10 +81,6 @@ def _weights(seed: int) -> bytes:
     return save_safetensors(tensors, metadata={"format": "pt"})
 
 
-def _json(obj: dict) -> bytes:
-    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-
-
 def build_files(seed: int, base_model: str = "tiny-llama") -> dict[str, bytes]:
     """Every file of the adapter directory, by name, as bytes (deterministic for a seed)."""
     return {
@@ -96,25 +89,13 @@ def build_files(seed: int, base_model: str = "tiny-llama") -> dict[str, bytes]:
     }
 
 
-def _sha256(data: bytes) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def _spec_key(seed: int) -> str:
     return _sha256(json.dumps([GENERATOR_VERSION, SPEC, RANK, ALPHA, sorted(TARGETS), seed]).encode())
 
 
 def is_up_to_date(adapter_dir: Path, seed: int) -> bool:
     """True when adapter_dir holds exactly what this generator writes for seed (hashes checked)."""
-    try:
-        manifest = json.loads((adapter_dir / MANIFEST).read_text())
-        if manifest.get("spec") != _spec_key(seed):
-            return False
-        return all(
-            _sha256((adapter_dir / name).read_bytes()) == digest for name, digest in manifest["files"].items()
-        )
-    except (OSError, ValueError, KeyError, AttributeError):
-        return False
+    return matches_manifest(adapter_dir, _spec_key(seed), MANIFEST)
 
 
 def generate(out_dir: Path, name: str = "tiny-lora", seed: int = 1) -> Path:
@@ -124,22 +105,8 @@ def generate(out_dir: Path, name: str = "tiny-lora", seed: int = 1) -> Path:
     reads them).
     """
     adapter_dir = Path(out_dir) / name
-    if is_up_to_date(adapter_dir, seed):
-        return adapter_dir
-    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-    files = build_files(seed)
-    manifest = {"spec": _spec_key(seed), "files": {n: _sha256(b) for n, b in sorted(files.items())}}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=adapter_dir.parent))
-    try:
-        for fname, data in {**files, MANIFEST: _json(manifest)}.items():
-            (tmp / fname).write_bytes(data)
-            (tmp / fname).chmod(0o644)
-        tmp.chmod(0o755)
-        if adapter_dir.exists():
-            shutil.rmtree(adapter_dir)
-        tmp.rename(adapter_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not is_up_to_date(adapter_dir, seed):
+        write_generated(adapter_dir, build_files(seed), _spec_key(seed), MANIFEST)
     return adapter_dir
 
 

@@ -322,18 +322,44 @@ def _spec_key(encoder: bool = False) -> str:
     return _sha256(json.dumps([GENERATOR_VERSION, SPEC, CORPUS, CHAT_TEMPLATE]).encode())
 
 
-def is_up_to_date(model_dir: Path, encoder: bool = False) -> bool:
-    """True when model_dir holds exactly what this generator version writes (hashes checked)."""
+def matches_manifest(directory: Path, spec: str, manifest_name: str = MANIFEST) -> bool:
+    """True when `directory` holds what its manifest lists, hashes checked, for the generator input
+    `spec` (a generated model or adapter directory: write_generated)."""
     try:
-        manifest = json.loads((model_dir / MANIFEST).read_text())
-        if manifest.get("spec") != _spec_key(encoder):
+        manifest = json.loads((directory / manifest_name).read_text())
+        if manifest.get("spec") != spec:
             return False
         return all(
-            _sha256((model_dir / name).read_bytes()) == digest
+            _sha256((directory / name).read_bytes()) == digest
             for name, digest in manifest["files"].items()
         )
     except (OSError, ValueError, KeyError, AttributeError):
         return False
+
+
+def write_generated(directory: Path, files: dict[str, bytes], spec: str, manifest_name: str = MANIFEST) -> None:
+    """Write `files` (relative path -> bytes) and their manifest as `directory`: built in a sibling temp
+    dir and renamed into place, so a reader never sees a half-written one. Files are 0644 and
+    directories 0755: a non-root service user must read them."""
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    manifest = {"spec": spec, "files": {n: _sha256(b) for n, b in sorted(files.items())}}
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        for fname, data in {**files, manifest_name: _json(manifest)}.items():
+            (tmp / fname).parent.mkdir(mode=0o755, exist_ok=True)
+            (tmp / fname).write_bytes(data)
+            (tmp / fname).chmod(0o644)
+        tmp.chmod(0o755)
+        if directory.exists():
+            shutil.rmtree(directory)
+        tmp.rename(directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_up_to_date(model_dir: Path, encoder: bool = False) -> bool:
+    """True when model_dir holds exactly what this generator version writes (hashes checked)."""
+    return matches_manifest(model_dir, _spec_key(encoder))
 
 
 def generate(out_dir: Path, name: str = "tiny-llama", encoder: bool = False) -> Path:
@@ -344,23 +370,8 @@ def generate(out_dir: Path, name: str = "tiny-llama", encoder: bool = False) -> 
     Files are 0644 and directories 0755: a non-root service user must read them.
     """
     model_dir = Path(out_dir) / name
-    if is_up_to_date(model_dir, encoder):
-        return model_dir
-    model_dir.parent.mkdir(parents=True, exist_ok=True)
-    files = build_encoder_files() if encoder else build_files()
-    manifest = {"spec": _spec_key(encoder), "files": {n: _sha256(b) for n, b in sorted(files.items())}}
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=model_dir.parent))
-    try:
-        for fname, data in {**files, MANIFEST: _json(manifest)}.items():
-            (tmp / fname).parent.mkdir(mode=0o755, exist_ok=True)
-            (tmp / fname).write_bytes(data)
-            (tmp / fname).chmod(0o644)
-        tmp.chmod(0o755)
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        tmp.rename(model_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    if not is_up_to_date(model_dir, encoder):
+        write_generated(model_dir, build_encoder_files() if encoder else build_files(), _spec_key(encoder))
     return model_dir
 
 
