@@ -19,7 +19,7 @@ import urllib.request
 import openai
 import pytest
 
-from support.fleet_helpers import API_KEY, CPU_HOSTS, pyinfra, variant_inventory
+from support.fleet_helpers import API_KEY, CPU_HOSTS, post_json, pyinfra, variant_inventory
 from vllm_fleet.sandbox import assets
 
 GATEWAY = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
@@ -53,17 +53,6 @@ def _greedy(client: openai.OpenAI, model: str) -> str:
 def _main_pids(sandbox) -> dict[str, str]:
     return {host: sandbox.run(host, "systemctl show -p MainPID --value vllm-tiny.service").stdout.strip()
             for host in CPU_HOSTS}
-
-
-def _post(url: str, body: dict, key: str) -> int:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
-        "Content-Type": "application/json", "Authorization": f"Bearer {key}"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(req, timeout=30) as resp:
-            return resp.status
-    except urllib.error.HTTPError as exc:
-        return exc.code
 
 
 def _wait_workers_healthy(sandbox, names: list[str], timeout: float = 60) -> None:
@@ -106,8 +95,8 @@ def test_a_client_allowed_only_the_adapter_gets_403_for_the_base_model(lora_flee
         _greedy(_client(KEYS["SBX_LORA_KEY"]), BASE)
     # Straight to sbx-cpu3's front too (vllm_direct_access): the same port serves both names.
     direct = f"http://{CPU_HOSTS['sbx-cpu3']}:8000/v1/completions"
-    assert _post(direct, {"model": BASE, "prompt": PROMPT, "max_tokens": 1}, KEYS["SBX_LORA_KEY"]) == 403
-    assert _post(direct, {"model": LORA, "prompt": PROMPT, "max_tokens": 1}, KEYS["SBX_LORA_KEY"]) == 200
+    assert post_json(direct, {"model": BASE, "prompt": PROMPT, "max_tokens": 1}, KEYS["SBX_LORA_KEY"], timeout=30)[0] == 403
+    assert post_json(direct, {"model": LORA, "prompt": PROMPT, "max_tokens": 1}, KEYS["SBX_LORA_KEY"], timeout=30)[0] == 200
     port_models = openai.OpenAI(base_url=f"http://{CPU_HOSTS['sbx-cpu3']}:8000/v1", api_key=KEYS["SBX_LORA_KEY"],
                                 max_retries=0, http_client=openai.DefaultHttpx2Client(trust_env=False)).models.list()
     assert [m.id for m in port_models] == [LORA]  # the instance's own list, as the client may use it
@@ -124,7 +113,7 @@ def test_the_routes_that_load_adapters_are_refused(lora_fleet):
     body = {"lora_name": "evil", "lora_path": "/etc"}
     for base in (f"http://{CPU_HOSTS['sbx-cpu3']}:8000/v1", GATEWAY):
         for route in ("load_lora_adapter", "unload_lora_adapter", "load_lora_adapter/"):
-            assert _post(f"{base}/{route}", body, KEYS["SBX_FULL_KEY"]) == 403, (base, route)
+            assert post_json(f"{base}/{route}", body, KEYS["SBX_FULL_KEY"], timeout=30)[0] == 403, (base, route)
     assert "evil" not in {m.id for m in _client(KEYS["SBX_FULL_KEY"]).models.list()}
 
 

@@ -14,13 +14,11 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
 
-from support.fleet_helpers import API_KEY, CPU_HOSTS, pyinfra, variant_inventory, vllm_fleet
+from support.fleet_helpers import API_KEY, CPU_HOSTS, post_json, pyinfra, variant_inventory, vllm_fleet
 
 GATEWAY = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
 SOLO, POOL = "tiny-solo", "tiny-llama"
@@ -30,19 +28,6 @@ def _client(key: str = API_KEY, timeout: float = 60) -> openai.OpenAI:
     # trust_env=False: a proxy from this machine's environment must not carry sandbox traffic.
     return openai.OpenAI(base_url=GATEWAY, api_key=key, max_retries=0, timeout=timeout,
                          http_client=openai.DefaultHttpx2Client(trust_env=False))
-
-
-def _post(url: str, body: dict, key: str | None = None) -> tuple[int, str]:
-    """A raw POST (no client library in between), straight to the sandbox address."""
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(req, timeout=30) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def _successes(sandbox) -> dict[str, float]:
@@ -99,7 +84,7 @@ def test_a_wrong_or_missing_key_is_refused_at_the_gateway(two_names):
     for wrong in ("sk-wrong", API_KEY + "x", API_KEY.upper(), API_KEY[:-1]):
         with pytest.raises(openai.AuthenticationError):
             _client(wrong).models.list()
-    status, _body = _post(f"{GATEWAY}/completions", {"model": POOL, "prompt": "hi", "max_tokens": 1})
+    status, _body = post_json(f"{GATEWAY}/completions", {"model": POOL, "prompt": "hi", "max_tokens": 1}, timeout=30)
     assert status == 401
     assert _client().completions.create(model=POOL, prompt="Hi", max_tokens=1).choices
 
@@ -126,8 +111,8 @@ def test_a_stopped_backend_is_taken_out_and_a_name_without_backends_fails_fast(t
         sandbox.run("sbx-cpu3", "systemctl stop vllm-tiny.service", check=True)
         time.sleep(6)
         started = time.monotonic()
-        status, body = _post(f"{GATEWAY}/completions", {"model": SOLO, "prompt": "hi", "max_tokens": 1},
-                             API_KEY)
+        status, body = post_json(f"{GATEWAY}/completions", {"model": SOLO, "prompt": "hi", "max_tokens": 1},
+                             API_KEY, timeout=30)
         took = time.monotonic() - started
         print(f"{SOLO} with no healthy backend: {status} in {took:.3f} s: {body[:120]}")
         assert status >= 500 and took < 1.0

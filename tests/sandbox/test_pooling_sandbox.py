@@ -12,13 +12,11 @@ from __future__ import annotations
 import json
 import math
 import time
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
 
-from support.fleet_helpers import API_KEY, CPU_HOSTS, pyinfra, variant_inventory
+from support.fleet_helpers import API_KEY, CPU_HOSTS, post_json, pyinfra, variant_inventory
 from vllm_fleet.sandbox.assets import tiny_encoder_dir
 
 GATEWAY = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1"
@@ -41,18 +39,6 @@ def _client() -> openai.OpenAI:
     # trust_env=False: a proxy from this machine's environment must not carry sandbox traffic.
     return openai.OpenAI(base_url=GATEWAY, api_key=API_KEY, max_retries=0, timeout=60,
                          http_client=openai.DefaultHttpx2Client(trust_env=False))
-
-
-def _post(url: str, body: dict, key: str | None = None) -> tuple[int, str]:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    if key:
-        req.add_header("Authorization", f"Bearer {key}")
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    try:
-        with opener.open(req, timeout=60) as resp:
-            return resp.status, resp.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +82,9 @@ def test_embeddings_through_the_gateway_with_the_openai_client(with_encoder):
 
 def test_the_encoders_pooling_routes_take_the_front_s_client_checks(with_encoder):
     front = f"http://{CPU_HOSTS['sbx-cpu2']}:8001"
-    status, _body = _post(f"{front}/pooling", {"model": EMBEDDER, "input": "x"})
+    status, _body = post_json(f"{front}/pooling", {"model": EMBEDDER, "input": "x"})
     assert status == 401  # vLLM's own key does not guard /pooling: the front does
-    status, body = _post(f"{front}/pooling", {"model": EMBEDDER, "input": "x"}, key=API_KEY)
+    status, body = post_json(f"{front}/pooling", {"model": EMBEDDER, "input": "x"}, key=API_KEY)
     assert status == 200 and json.loads(body)["data"][0]["data"], body
-    status, _body = _post(f"{front}/v1/completions", {"model": EMBEDDER, "prompt": "x", "max_tokens": 1}, API_KEY)
+    status, _body = post_json(f"{front}/v1/completions", {"model": EMBEDDER, "prompt": "x", "max_tokens": 1}, API_KEY)
     assert status == 404  # a pooling model serves no completions

@@ -209,6 +209,20 @@ def host_state(sandbox, name: str) -> dict:
     return {"pid": lines[0] if lines else "", "files": sorted(lines[1:])}
 
 
+def post_json(url: str, body: dict, key: str | None = None, timeout: float = 60) -> tuple[int, str]:
+    """(status, answer) of a raw JSON POST (no client library in between), straight to the sandbox
+    address: no proxy from this machine's environment."""
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    if key:
+        req.add_header("Authorization", f"Bearer {key}")
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(req, timeout=timeout) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
 def chat(address: str, key: str | None) -> tuple[int, str]:
     body = json.dumps({"model": "tiny-llama", "max_tokens": 4,
                        "messages": [{"role": "user", "content": "Hello"}]}).encode()
