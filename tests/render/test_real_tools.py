@@ -200,6 +200,7 @@ KNOB_VALUES: dict[str, st.SearchStrategy] = {
     "vllm_activation_reserve_gib": st.sampled_from([0, 0.0, 2.0]),
     "vllm_cuda_graph_reserve_gib": st.sampled_from([0, 0.5]),
     "vllm_verify": st.booleans(),
+    "vllm_verify_gpu_processes": st.booleans(),
     "vllm_verify_timeout_s": st.sampled_from([None, 1e-3, 600, 86400]),
     "vllm_hf_token_env": st.sampled_from(["HF_TOKEN", "_"]),
     "vllm_python_version": st.sampled_from(["3.11", "3.99"]),

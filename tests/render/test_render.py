@@ -158,10 +158,18 @@ def test_a_rollback_verifies_the_same_gpus_as_the_deploy():
     files = {f.path: f for f in render_host(host, plan, Secrets(API_KEY, HF_TOKEN))}
     manifest = json.loads(files["/etc/vllm-fleet/manifest.json"].content)
     inst = plan.instances[0]
-    assert manifest["instances"][inst.name]["gpu_bus_ids"] == instance_gpu_bus_ids(plan, inst)
-    assert len(instance_gpu_bus_ids(plan, inst)) == len(inst.gpu_indices) == 3
+    assert manifest["instances"][inst.name]["gpu_bus_ids"] == instance_gpu_bus_ids(host, plan, inst)
+    assert len(instance_gpu_bus_ids(host, plan, inst)) == len(inst.gpu_indices) == 3
     [check] = checks_from_manifest(host, manifest)
-    assert check.gpu_bus_ids == instance_gpu_bus_ids(plan, inst) and check.as_spec()["gpus"] is True
+    assert check.gpu_bus_ids == instance_gpu_bus_ids(host, plan, inst) and check.as_spec()["gpus"] is True
+    # Simulated GPUs served on the CPU (discovery refuses the key on real ones): nothing to check,
+    # for the deploy's verification and a rollback's alike.
+    unchecked = parse_host("box", dict(data, vllm_verify_gpu_processes=False))
+    files = {f.path: f for f in render_host(unchecked, plan, Secrets(API_KEY, HF_TOKEN))}
+    manifest = json.loads(files["/etc/vllm-fleet/manifest.json"].content)
+    assert manifest["instances"][inst.name]["gpu_bus_ids"] == [] == instance_gpu_bus_ids(unchecked, plan, inst)
+    [check] = checks_from_manifest(unchecked, manifest)
+    assert check.as_spec()["gpus"] is False
 
 
 def test_a_false_flag_is_written_as_the_negated_flag_vllms_config_loader_passes_on():

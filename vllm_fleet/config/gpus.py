@@ -10,6 +10,10 @@ from vllm_fleet.catalog import CudaTotal, cuda_total, gpu_model_facts
 from vllm_fleet.config.errors import Checker
 
 
+#: How the sandbox's simulated nvidia-smi marks its GPUs' UUIDs (real ones are GPU-<hex>-...).
+SIMULATED_UUID_PREFIX = "GPU-sim-"
+
+
 @dataclass(frozen=True)
 class GpuSpec:
     """One GPU, by its index in PCI bus order (what CUDA_DEVICE_ORDER=PCI_BUS_ID numbers)."""
@@ -29,6 +33,13 @@ class GpuSpec:
     reserved_mib: int | None = None
     #: The total CUDA reports, read on the host by the CUDA memory probe (payloads/cuda_memory).
     cuda_total_bytes: int | None = None
+    #: nvidia-smi's uuid, when the GPU list read it ("GPU-sim-..." from the sandbox's simulated tool).
+    uuid: str | None = None
+
+    @property
+    def simulated(self) -> bool:
+        """Whether nvidia-smi is the sandbox's SIMULATED stand-in (vllm_fleet/sandbox/nvidia_smi.py)."""
+        return bool(self.uuid and self.uuid.startswith(SIMULATED_UUID_PREFIX))
 
     @property
     def cuda_total(self) -> CudaTotal:

@@ -41,19 +41,22 @@ def verify(deployment: Deployment) -> None:
             front_ca=front_paths(config)["tls_trust"] if config.settings.vllm_tls is True else None,
             served_model_name=inst.config.served_model_name, max_model_len=inst.max_model_len or None,
             env_file=instance_paths(config, inst.name)["env"], timeout_s=int(timeout),
-            gpu_bus_ids=instance_gpu_bus_ids(plan, inst),
+            gpu_bus_ids=instance_gpu_bus_ids(config, plan, inst),
             task=served_task(inst), adapters=[a.name for a in inst.config.adapters]))
     if checks:
         python.call(name="Verify instances (health, models, completion)", function=verify_instances, checks=checks,
+                    gpus_unchecked=bool(plan.gpus) and not config.settings.vllm_verify_gpu_processes,
                     **gateway.checked_with_the_instances(deployment))
 
 
 def verify_instances(state, host, checks: list[InstanceCheck], gateway_spec: dict[str, Any] | None = None,
                      with_gateway: Callable[[], bool] = lambda: False,
-                     gateway_outcome: dict[str, Any] | None = None) -> None:  # runs at execution, per host
+                     gateway_outcome: dict[str, Any] | None = None,
+                     gpus_unchecked: bool = False) -> None:  # runs at execution, per host
     """The instances' probe. On the gateway host, when `with_gateway()` (its router neither restarts
     nor reloads in this run), the same remote command checks the gateway too: its result waits in
-    `gateway_outcome` for the gateway's own verification, which then sends nothing."""
+    `gateway_outcome` for the gateway's own verification, which then sends nothing. `gpus_unchecked`:
+    the host's GPUs are SIMULATED (vllm_verify_gpu_processes = False), which each line says."""
     if gateway_spec is not None and with_gateway():  # (checked_with_the_instances gives the outcome too)
         payload = {"instances": [c.as_spec() for c in checks], "gateway": dict(gateway_spec, timeout_s=0)}
         ok, stdout, stderr = remote.run(host, host_probe_command("verify-with-gateway", payload))
@@ -70,7 +73,9 @@ def verify_instances(state, host, checks: list[InstanceCheck], gateway_spec: dic
                            if c in result.get("checks", {})), "completion")
             logger.info(f"{host.print_prefix}verified {result['name']}: health, models, "
                         f"{'a 1-token completion' if served == 'completion' else 'a real ' + served} "
-                        f"({result.get('seconds_to_healthy')} s to healthy)")
+                        f"({result.get('seconds_to_healthy')} s to healthy)"
+                        + ("; its GPU processes NOT checked: SIMULATED GPUs (vllm_verify_gpu_processes = False)"
+                           if gpus_unchecked else ""))
     if not results:
         raise OperationError(f"host {host.name}: the verification probe printed no result:\n"
                              f"{stderr[-2000:]}")

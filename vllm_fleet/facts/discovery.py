@@ -185,6 +185,22 @@ def _with_cuda_totals(on, live: tuple) -> tuple:
     return tuple(gpus)
 
 
+def gpu_process_check_problems(config: HostConfig, live) -> list[ConfigError]:
+    """vllm_verify_gpu_processes = False on GPUs that are not the sandbox's SIMULATED ones: refused, so
+    the check that catches a vLLM serving without its GPUs cannot be turned off on real hardware."""
+    if config.settings.vllm_verify_gpu_processes:
+        return []
+    real = [g for g in live if not g.simulated]
+    if not real and live:
+        return []
+    named = ", ".join(f"GPU {g.index} ({g.name}, uuid {g.uuid or 'not read'})" for g in real) or "no GPU"
+    return [ConfigError(
+        f"vllm_verify_gpu_processes = False is for SIMULATED GPUs only, and nvidia-smi reports {named}",
+        host=config.name, key="vllm_verify_gpu_processes",
+        fix="remove vllm_verify_gpu_processes (True): on real GPUs the deploy checks that each instance's "
+            "processes are on the GPUs it planned")]
+
+
 def env_python(config: HostConfig) -> str:
     """The python of the host's current vLLM environment (the NVML probe runs with it)."""
     return host_layout(config).current + "/bin/python"
@@ -211,6 +227,7 @@ def discover(on, config: HostConfig, for_deploy: bool = True) -> tuple[Discovere
             live = _with_cuda_totals(on, tuple(gpus))
             from vllm_fleet.gpu_support import preflight  # driver, compute capability, MIG, [N/A]
             errors.extend(preflight(config.name, live, config.instances, config.settings.vllm_version))
+            errors.extend(gpu_process_check_problems(config, live))
     topology, interconnect = _gpu_topology(on, config, live, errors)
     if for_deploy:
         _check_wheelhouse(config, errors)
