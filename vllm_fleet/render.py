@@ -72,10 +72,11 @@ def instance_gpu_bus_ids(host: HostConfig, plan: HostPlan, inst: InstancePlan) -
     return [bus_id for bus_id in bus_ids if bus_id]
 
 
-#: A pooling model's routes outside /v1/ (vllm/entrypoints/pooling: scoring, classify and pooling
-#: api_router.py; /v1/embeddings, /v1/score and /v1/rerank are under /v1/ already). vLLM's key guards
-#: none of them, so the front passes them to a pooling instance only, with the /v1/ checks.
-POOLING_ROUTES = ("/score", "/rerank", "/classify", "/pooling")
+#: A pooling model's routes outside /v1/ (vllm/entrypoints/pooling: scoring, classify, pooling and
+#: embed api_router.py, the Cohere-shaped /v2/rerank and /v2/embed included; /v1/embeddings, /v1/score
+#: and /v1/rerank are under /v1/ already). vLLM's key guards /v2/ alone (its authenticate.py
+#: GUARDED_PREFIX), so the front passes them to a pooling instance only, each with the /v1/ checks.
+POOLING_ROUTES = ("/score", "/rerank", "/classify", "/pooling", "/v2/rerank", "/v2/embed")
 
 
 def served_task(plan: InstancePlan) -> str:

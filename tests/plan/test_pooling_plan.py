@@ -13,7 +13,7 @@ from vllm_fleet.cli import print_plan
 from vllm_fleet.config import parse_host
 from vllm_fleet.plan import plan_host
 from vllm_fleet.plan.types import FleetPlan
-from vllm_fleet.render import render_host
+from vllm_fleet.render import POOLING_ROUTES, render_host
 
 
 def host(*instances, **settings):
@@ -89,7 +89,8 @@ def test_the_engine_yaml_manifest_and_front_of_a_pooling_instance():
     front = next(text for path, text in files.items() if path.endswith("front.conf"))
     bge_server = front[front.index("listen 0.0.0.0:8000"):front.index("listen 0.0.0.0:8001")]
     chat_server = front[front.index("listen 0.0.0.0:8001"):]
-    for route in ("/score", "/rerank", "/classify", "/pooling"):
+    assert {"/score", "/rerank", "/classify", "/pooling", "/v2/rerank", "/v2/embed"} == set(POOLING_ROUTES)
+    for route in POOLING_ROUTES:
         block = bge_server[bge_server.index(f"location = {route} {{"):]
         block = block[:block.index("\n        }")]
         # the same checks as /v1/: the client's key, its models, then vLLM's own key

@@ -80,7 +80,7 @@ def _unit(sandbox, unit: str, *properties: str) -> dict[str, str]:
 def test_the_deploy_verifies_both_and_says_their_gpu_is_simulated(with_encoder, sandbox):
     simulated = "; its GPU processes NOT checked: SIMULATED GPUs (vllm_verify_gpu_processes = False)"
     assert "verified emb: health, models, a real embedding" in with_encoder
-    lines = [line for line in with_encoder.splitlines() if SIM_HOST in line and "verified " in line]
+    lines = [line for line in with_encoder.splitlines() if f"[{SIM_HOST}] verified " in line]
     assert len(lines) == 2 and all(line.endswith(simulated) for line in lines), lines
     assert "runner: pooling" in sandbox.run(SIM_HOST, "cat /etc/vllm-fleet/emb.yaml").stdout
 
@@ -93,10 +93,12 @@ def test_chat_and_encoder_share_gpu_0_started_one_after_the_other(with_encoder, 
         assert 'Environment="CUDA_VISIBLE_DEVICES=0"' in text
         assert "gpu-memory-utilization: 0.45" in sandbox.run(
             SIM_HOST, f"cat /etc/vllm-fleet/{unit.removeprefix('vllm-').removesuffix('.service')}.yaml").stdout
-    emb = _unit(sandbox, "vllm-emb.service", "After", "ExecStartPre", "ExecMainStartTimestampMonotonic")
+    emb = _unit(sandbox, "vllm-emb.service", "After", "ExecMainStartTimestampMonotonic")
     chat = _unit(sandbox, "vllm-tiny.service", "ActiveEnterTimestampMonotonic")
     assert "vllm-tiny.service" in emb["After"].split()
-    assert "nvidia-smi" in emb["ExecStartPre"] and "status=0/0" in emb["ExecStartPre"], emb["ExecStartPre"]
+    # (its program text spans lines: read whole) the check ran, and exited 0
+    check = sandbox.run(SIM_HOST, "systemctl show vllm-emb.service -p ExecStartPre").stdout
+    assert "nvidia-smi" in check and "status=0/0" in check, check
     assert 0 < int(chat["ActiveEnterTimestampMonotonic"]) <= int(emb["ExecMainStartTimestampMonotonic"])
     smi = sandbox.run(SIM_HOST, "nvidia-smi --query-gpu=index,memory.free --format=csv,noheader,nounits").stdout
     assert smi.splitlines()[0].startswith("0, "), smi  # the tool the check ran: the simulated one
@@ -139,5 +141,10 @@ def test_the_encoders_pooling_routes_take_the_front_s_client_checks(with_encoder
     assert status == 401  # vLLM's own key does not guard /pooling: the front does
     status, body = post_json(f"{front}/pooling", {"model": EMBEDDER, "input": "x"}, key=API_KEY)
     assert status == 200 and json.loads(body)["data"][0]["data"], body
+    cohere = {"model": EMBEDDER, "texts": ["x"], "input_type": "search_document"}
+    status, _body = post_json(f"{front}/v2/embed", cohere)
+    assert status == 401
+    status, body = post_json(f"{front}/v2/embed", cohere, key=API_KEY)
+    assert status == 200 and json.loads(body)["embeddings"], body
     status, _body = post_json(f"{front}/v1/completions", {"model": EMBEDDER, "prompt": "x", "max_tokens": 1}, API_KEY)
     assert status == 404  # a pooling model serves no completions

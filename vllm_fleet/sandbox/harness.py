@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-from vllm_fleet.sandbox import package_mirror
+from vllm_fleet.sandbox import package_mirror, session_lock
 from vllm_fleet.sandbox.boot import (READY_TIMEOUT_S, _create_login_user, _ensure_bridge, _wait_ssh, boot_host,
                                      ensure_inotify_instances, restore_inotify_instances)
 from vllm_fleet.sandbox.hosts import HostStatus, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _run, cache_dir
@@ -96,13 +96,14 @@ def up(sandbox: Sandbox, log=print) -> list[HostStatus]:
     """Clean up leftovers, build the base if needed, boot the hosts in waves (boot_waves), each
     wave's SSH answering before the next starts; then the login users."""
     check_machine()
-    down(sandbox)  # a crashed run leaves hosts, netns, mounts behind: start from nothing
-    base, mirror = prepare_machine(log)
-    ensure_keys(sandbox)
-    ensure_inotify_instances(sandbox, log)
-    _ensure_bridge(sandbox, log)
+    session_lock.take([host.name for host in sandbox.hosts], log)  # until down(): hosts of these names
     stop = threading.Event()  # set on Ctrl-C or a failure: the other hosts' SSH waits end at once
     try:
+        _tear_down(sandbox)  # a crashed run leaves hosts, netns, mounts behind: start from nothing
+        base, mirror = prepare_machine(log)
+        ensure_keys(sandbox)
+        ensure_inotify_instances(sandbox, log)
+        _ensure_bridge(sandbox, log)
         with ThreadPoolExecutor(len(sandbox.hosts)) as pool:
             try:
                 waves = boot_waves(sandbox.hosts)
@@ -142,7 +143,18 @@ def _each(function, hosts: list[SandboxHost]) -> list:
 
 
 def down(sandbox: Sandbox) -> None:
-    """Stop every host (killed: teardown._stop_pids) and remove all the sandbox made."""
+    """Stop every host (killed: teardown._stop_pids) and remove all the sandbox made; then give up
+    the session lock up() took. Refused while another process's session holds it."""
+    names = [host.name for host in sandbox.hosts]
+    if not session_lock.held(names):  # (held: the release below is that up()'s)
+        session_lock.take(names, wait=False)  # raises, naming that session, when another holds one
+    try:
+        _tear_down(sandbox)
+    finally:
+        session_lock.release(names)
+
+
+def _tear_down(sandbox: Sandbox) -> None:
     pids = set(_nspawn_pids(*sandbox.hosts))
     for host in sandbox.hosts:
         pid = _pid_of(sandbox, host)
