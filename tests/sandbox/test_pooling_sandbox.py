@@ -102,7 +102,7 @@ def test_chat_and_encoder_share_gpu_0_started_one_after_the_other(with_encoder, 
     assert 0 < int(chat["ActiveEnterTimestampMonotonic"]) <= int(emb["ExecMainStartTimestampMonotonic"])
     smi = sandbox.run(SIM_HOST, "nvidia-smi --query-gpu=index,memory.free --format=csv,noheader,nounits").stdout
     assert smi.splitlines()[0].startswith("0, "), smi  # the tool the check ran: the simulated one
-    assert "SIMULATED" in sandbox.run(SIM_HOST, "nvidia-smi -L").stdout
+    assert "(simulated)" in sandbox.run(SIM_HOST, "nvidia-smi -L").stdout
 
 
 def test_the_chat_instance_on_the_shared_gpu_answers_the_openai_client(with_encoder):
