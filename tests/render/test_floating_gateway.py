@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import re
 import socket
 import subprocess
@@ -410,6 +411,8 @@ def test_plan_shows_every_gateway_and_the_floating_address_as_text_and_json(tmp_
     assert "gateway on gw1: http://10.0.0.100:9000/v1" in text and "gateway on gw2: http://10.0.0.100:9000/v1" in text
     assert "floating address 10.0.0.100/24 on ens3 (keepalived, VRRP id 51, priority 190); the other gateways: " \
            "gw1 (10.0.0.1, priority 200)" in text
+    assert "gateway: http://10.0.0.100:9000/v1 on gw1, gw2 (the floating address 10.0.0.100/24, moved by " \
+           "keepalived), models alpha" in text
 
 
 def test_plan_refuses_gateways_that_disagree_before_any_host(tmp_path):
@@ -418,3 +421,69 @@ def test_plan_refuses_gateways_that_disagree_before_any_host(tmp_path):
     result = run_cli("plan", "inv.py", cwd=tmp_path)
     assert result.returncode == 2 and result.stdout == ""
     assert "host gw2, key vllm_gateway_policy" in result.stderr and "nothing was changed on any host" in result.stderr
+
+
+def test_rollout_refuses_several_gateways_before_connecting_since_it_drains_from_one(tmp_path):
+    (tmp_path / "inv.py").write_text(INVENTORY)
+    result = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "rollout", "inv.py"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "VLLM_FLEET_API_KEY": "sk-test-5b1e0c2f9a"})
+    assert result.returncode == 2, result.stderr
+    assert "host gw2, key vllm_gateway: the fleet has 2 gateways (gw1, gw2)" in result.stderr
+
+
+# --- a gateway's own certificate (vllm_tls_cert_file) must name the floating address ----------------
+
+def _own_certificate_files(tmp_path: Path, ips: list[str]) -> dict:
+    """A CA and a gateway certificate it signed, naming `ips`, as the three own-certificate knobs."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Team CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=30))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256()))
+    cert = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gw1")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=30))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("gw1")] +
+                                                       [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    pem = serialization.Encoding.PEM
+    texts = {"vllm_tls_cert_file": ("gw1.pem", cert.public_bytes(pem), 0o644),
+             "vllm_tls_key_file": ("gw1.key", key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
+                                                                serialization.NoEncryption()), 0o600),
+             "vllm_tls_ca_file": ("ca.pem", ca.public_bytes(pem), 0o644)}
+    out = {"vllm_tls": True}
+    for knob, (name, data, mode) in texts.items():
+        path = tmp_path / name
+        path.write_bytes(data)
+        path.chmod(mode)
+        out[knob] = str(path)
+    return out
+
+
+def test_a_gateways_own_certificate_without_the_floating_address_is_refused(tmp_path):
+    from vllm_fleet import tls
+
+    without = parse_host("gw1", {**GROUP, "ssh_hostname": "10.0.0.1", "vllm_gateway": True,
+                                 **_own_certificate_files(tmp_path, ["10.0.0.1"])})
+    with pytest.raises(ConfigErrors) as info:
+        tls.own_certificate(without)
+    (error,) = info.value.errors
+    assert error.key == "vllm_tls_cert_file" and "10.0.0.100" in error.message and "10.0.0.100" in error.fix
+    (tmp_path / "ok").mkdir()
+    named = parse_host("gw1", {**GROUP, "ssh_hostname": "10.0.0.1", "vllm_gateway": True,
+                               **_own_certificate_files(tmp_path / "ok", ["10.0.0.1", "10.0.0.100"])})
+    assert tls.own_certificate(named).cert_pem.startswith("-----BEGIN CERTIFICATE-----")
+    backend = parse_host("h3", {**GROUP, "ssh_hostname": "10.0.0.3", **_own_certificate_files(tmp_path, ["10.0.0.3"])})
+    tls.own_certificate(backend)  # not a gateway: the floating address is not its
