@@ -11,7 +11,9 @@ there included, and passes /v1/ and GET /health). With vllm_tls on a
 backend's host the router speaks HTTPS to it and checks its certificate against the CAs of
 <vllm_config_dir>/trust.pem (SSL_CERT_FILE in the router's unit).
 
-On the gateway host (config key vllm_gateway; at most one per fleet, config.check_fleet):
+On the gateway host (config key vllm_gateway; one per fleet, or several behind the floating address
+vllm_gateway_address, each with the same files and with keepalived moving the address: floating_files;
+config.check_fleet):
 
     GATEWAY_UNIT                              vllm-router, as the service user (gateway.service.j2)
     <vllm_config_dir>/gateway-workers.json    the backends, posted to the router after each start

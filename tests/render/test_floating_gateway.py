@@ -225,7 +225,8 @@ def test_the_floating_address_as_a_hosts_own_is_refused_naming_that_host(changes
 @pytest.mark.parametrize("key, value", [
     ("vllm_gateway_policy", "random"), ("vllm_gateway_port", 9100), ("vllm_gateway_vrrp_id", 52),
     ("vllm_gateway_address", "10.0.0.101/24"), ("vllm_gateway_version", "0.1.16"),
-    ("vllm_gateway_health_interval_s", 5),
+    ("vllm_gateway_health_interval_s", 5), ("vllm_api_key_env", "OTHER_FLEET_KEY"),
+    ("vllm_api_clients", {"ci": {"key_env": "CI_KEY"}}),
 ])
 def test_gateways_with_different_router_settings_are_refused_naming_the_second_and_the_key(key, value):
     errors = fleet_errors(rows(gw2={key: value}))

@@ -176,8 +176,9 @@ def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[Con
 
 def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
                 every: list[HostConfig] | None = None) -> None:
-    """What no single host can check: at most one gateway in the fleet, and with one, an address
-    the gateway can reach every host with instances at; the multi-node instances' nodes
+    """What no single host can check: one gateway in the fleet, or several behind one floating
+    address that agree (_check_floating_address), and with one, an address the gateway can reach
+    every host with instances at; the multi-node instances' nodes
     (_check_node_groups); the models the clients name, served somewhere in the fleet; each secret
     read from a source of its own. `inventory`: every host name of the inventory (default: the
     hosts'), for a --limit that loaded only some; `every`: every host of the inventory whose data
@@ -242,6 +243,9 @@ _GATEWAYS_SAME = {
     "vllm_gateway_health_interval_s": "every gateway drops a failing backend as fast",
     "vllm_gateway_failure_threshold": "every gateway drops a failing backend as fast",
     "vllm_gateway_drain_timeout_s": "a rollout drains a backend from every gateway for as long",
+    "vllm_api_clients": "every gateway's front takes the same clients' keys, with the same models and limits",
+    "vllm_api_key_env": "every gateway's front takes the same key",
+    "vllm_api_key_file": "every gateway's front takes the same key",
 }
 #: The priority of the first gateway of the inventory (without vllm_gateway_priority), and how much
 #: less each next one gets: keepalived's priorities are 1-254, and each gateway's differs.
