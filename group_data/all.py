@@ -161,6 +161,7 @@ vllm_service_user = "vllm"  # vLLM and Ray
 vllm_front_user = "vllm-front"  # the front (nginx): the keys file and the TLS key
 vllm_gateway_user = "vllm-router"  # the gateway's vllm-router
 vllm_exporter_user = "vllm-exporter"  # the host exporter (vllm_metrics)
+vllm_gateway_check_user = "vllm-gateway-check"  # keepalived's readiness check of the gateway (vllm_gateway_address)
 
 # Clients reach each instance at <vllm_bind_host>:<port> through the host's front (nginx from the OS
 # packages, unit vllm-fleet-front.service), which passes only /v1/... (vLLM checks the API key there)
@@ -188,7 +189,7 @@ vllm_install_host_packages = True  # install the OS packages the runtime needs (
 # host at another address than the deploy does (another network, NAT, a DNS name).
 vllm_advertise_address = None  # where the gateway reaches this host's fronts (None: derived, see above)
 
-# True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
+# True on the host that runs the fleet's gateway: it runs vllm-router (PyPI vllm-router, IGW
 # mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
 # environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
 # vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
@@ -198,7 +199,9 @@ vllm_advertise_address = None  # where the gateway reaches this host's fronts (N
 # API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
 # name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
 # (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
-vllm_gateway = False  # True on the one host that runs the fleet's gateway
+# One host without vllm_gateway_address; with it, two or more, each a whole gateway with the same
+# backends, and keepalived moves the address between them (docs/gateway.md).
+vllm_gateway = False  # True on the host (or hosts, with vllm_gateway_address) that run the fleet's gateway
 vllm_gateway_port = 9000  # clients -> <vllm_bind_host>:this; must be none of the host's instance ports
 vllm_gateway_version = "0.1.17"  # pinned vllm-router
 
@@ -227,6 +230,32 @@ vllm_direct_access = False  # True: clients may use this host's instance ports d
 # (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
 # every other one, so clients that do not send it all land on one instance (docs/gateway.md).
 vllm_gateway_policy = "round_robin"  # how vllm-router picks among the instances of a request's model
+
+# Two or more gateways behind one address: an IPv4 address of the gateways' own subnet, written with
+# that subnet's prefix length ("10.0.0.100/24"), free (no host has it), set once in the group data
+# every gateway reads. keepalived (Debian's package, on each gateway host) holds it on one gateway at
+# a time, on vllm_gateway_interface, and moves it within seconds to another when the holder stops
+# answering or its own readiness check fails (vllm-router and the front up, at least one backend
+# healthy). Clients, and the gateways' certificates, use this address; each gateway's own address
+# (vllm_advertise_address, an IPv4 address of the same subnet) is where the others reach it. None:
+# one gateway, as without it.
+# the gateways' floating address clients use, with its subnet's prefix (None: no floating address)
+vllm_gateway_address = None
+
+# Where keepalived puts vllm_gateway_address on each gateway host: the interface of the host's own
+# address on the gateways' subnet. Required with vllm_gateway_address; it may differ between gateways
+# (host data), since each host names its own interfaces.
+vllm_gateway_interface = None  # the network interface the floating address lives on (each gateway's own)
+
+# The gateways' VRRP instance on their network: the same on every gateway, and no other VRRP router
+# (another keepalived, a router pair) on that network may use it.
+vllm_gateway_vrrp_id = 51  # the VRRP virtual router id of the gateways' floating address
+
+# Which gateway takes the floating address when they start together: the highest. None: 200 for the
+# first gateway of the inventory, 190 for the second, and so on. Once one holds the address it keeps it
+# (keepalived's nopreempt) until it fails: a gateway coming back does not take the address back, so the
+# address moves once per failure, not twice. Two gateways with one priority are refused.
+vllm_gateway_priority = None  # this gateway's VRRP priority (None: from the gateways' inventory order)
 
 # --- TLS on every listener clients reach (each front's instance ports, the gateway) ---------------
 # True: HTTPS only (TLS 1.2+); a plain-HTTP request there gets 400 and nothing is served. The host's

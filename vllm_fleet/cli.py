@@ -65,14 +65,15 @@ SUMMARIES = {
 
 
 def fleet_gateways(fleet: Fleet) -> tuple[list[Backend], list[dict]]:
-    """(the gateway's backends, [its manifest]) — ([], []) for a fleet without a gateway. They are
-    the whole fleet's whatever --limit keeps (Fleet.gateway_backends): a gateway with the limited
-    hosts only would drop the others' backends."""
-    gateway = fleet.gateway()
-    if gateway is None:
+    """(the gateways' backends, [each gateway's manifest]) — ([], []) for a fleet without a gateway.
+    They are the whole fleet's whatever --limit keeps (Fleet.gateway_backends): a gateway with the
+    limited hosts only would drop the others' backends. Every gateway behind a floating address
+    has the same backends."""
+    gateways = fleet.gateways()
+    if not gateways:
         return [], []
-    backends = fleet.gateway_backends()
-    return backends, [gateway_manifest(gateway, backends)]
+    backends, access = fleet.gateway_backends(), fleet.gateway_access()
+    return backends, [gateway_manifest(gateway, backends, access) for gateway in gateways]
 
 
 def print_gateways(gateways: list[dict], out=None) -> None:
@@ -81,6 +82,13 @@ def print_gateways(gateways: list[dict], out=None) -> None:
     for gw in gateways:
         print(f"gateway on {gw['host']}: {gw['url']} (vllm-router {gw['version']}, {gw['router']} on "
               f"the host)", file=out)
+        floating = gw.get("floating")
+        if floating:
+            others = [f"{g['host']} ({g['address']}, priority {g['priority']})" for g in floating["gateways"]
+                      if g["host"] != gw["host"]]
+            print(f"  floating address {floating['cidr']} on {floating['interface']} (keepalived, VRRP id "
+                  f"{floating['vrrp_id']}, priority {floating['priority']}); the other gateways: "
+                  f"{', '.join(others) or 'none'}", file=out)
         for model in gw["models"]:
             urls = [f"{b['host']}/{b['instance']} {b['url']}" for b in gw["backends"] if b["model"] == model]
             print(f"  {model} -> {', '.join(urls)}", file=out)

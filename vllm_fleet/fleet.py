@@ -32,7 +32,7 @@ from vllm_fleet.config import (ConfigError, ConfigErrors, HostConfig, InstanceCo
                                inventory_rows, limited_rows, node_group_of, node_groups, parse_host,
                                read_pyinfra_inventory)
 from vllm_fleet import path_writers
-from vllm_fleet.gateway import Backend, GatewayAccess, find_gateway, fleet_backends, gateway_access
+from vllm_fleet.gateway import Backend, GatewayAccess, find_gateway, find_gateways, fleet_backends, gateway_access
 from vllm_fleet.monitoring.targets import ScrapeTarget, fleet_targets
 from vllm_fleet.plan import FleetPlan, HostPlan, plan_fleet
 from vllm_fleet.prepared import Discovered, PreparedHost, node_group_plans, prepare_host
@@ -193,19 +193,26 @@ class Fleet:
     # --- the gateway ---------------------------------------------------------------------------------
 
     def gateway(self) -> HostConfig | None:
-        """The fleet's gateway host, or None. Two of them, or a host that does not parse while one
-        is declared: ConfigErrors."""
+        """The fleet's (first) gateway host, or None. Gateways check_fleet refuses, or a host that
+        does not parse while one is declared: ConfigErrors."""
         if not self.declared_gateways:
             return None
         return find_gateway(self.every())
 
     def gateway_access(self) -> GatewayAccess | None:
-        """What every front must know of the fleet's gateway (where its requests come from, its URL),
-        read from the gateway host's data alone; None without a gateway. ConfigErrors: the
-        gateway host's data does not parse."""
+        """What every front must know of the fleet's gateways (where their requests come from, the
+        URL clients use, the gateways behind a floating address), read from the gateway hosts' data
+        alone; None without a gateway. ConfigErrors: a gateway host's data does not parse."""
         if not self.declared_gateways:
             return None
-        return gateway_access(self.configs_of(self.declared_gateways[:1])[0])
+        return gateway_access(*self.configs_of(self.declared_gateways))
+
+    def gateways(self) -> list[HostConfig]:
+        """The fleet's gateway hosts, in inventory order ([] without one). ConfigErrors: gateways
+        check_fleet refuses, or a host that does not parse while one is declared."""
+        if not self.declared_gateways:
+            return []
+        return find_gateways(self.every())
 
     def gateway_backends(self, own: HostConfig | None = None, own_plan: HostPlan | None = None) -> list[Backend]:
         """Every instance of every inventory host, planned by the same planner as the deploy

@@ -58,6 +58,9 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
         out["hosts"].append(entry)
     if gateway is not None:
         out["gateway"] = {"host": gateway.name, "url": gateway_url(gateway), "scheme": _scheme(gateway),
+                          # every gateway behind the floating address (vllm_gateway_address), in inventory order
+                          "hosts": [c.name for c in every if c.settings.vllm_gateway is True],
+                          "floating_address": gateway.settings.vllm_gateway_address,
                           "models": sorted({name for c in every for i in c.instances
                                             for name in (i.served_model_name, *(a.name for a in i.adapters))})}
     monitor = next((c for c in every if c.settings.vllm_monitoring is True), None)
@@ -93,7 +96,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
         if not host["instances"] and not host["node_of"]:
             lines.append("    no instance")
     gateway = summary["gateway"]
-    lines.append(f"  gateway: {gateway['url']} on {gateway['host']}, models {', '.join(gateway['models']) or 'none'}"
+    where = gateway and (f"{', '.join(gateway['hosts'])} (the floating address {gateway['floating_address']}, moved "
+                         "by keepalived)" if gateway["floating_address"] else gateway["host"])
+    lines.append(f"  gateway: {gateway['url']} on {where}, models {', '.join(gateway['models']) or 'none'}"
                  if gateway else "  gateway: none (clients reach each instance at its own URL)")
     monitoring = summary["monitoring"]
     lines.append(f"  monitoring: Prometheus on {monitoring['host']} at {monitoring['url']} (bearer token "

@@ -11,7 +11,9 @@ there included, and passes /v1/ and GET /health). With vllm_tls on a
 backend's host the router speaks HTTPS to it and checks its certificate against the CAs of
 <vllm_config_dir>/trust.pem (SSL_CERT_FILE in the router's unit).
 
-On the gateway host (config key vllm_gateway; at most one per fleet, config.check_fleet):
+On the gateway host (config key vllm_gateway; one per fleet, or several behind the floating address
+vllm_gateway_address, each with the same files and with keepalived moving the address: floating_files;
+config.check_fleet):
 
     GATEWAY_UNIT                              vllm-router, as the service user (gateway.service.j2)
     <vllm_config_dir>/gateway-workers.json    the backends, posted to the router after each start
@@ -40,7 +42,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet import kinds
-from vllm_fleet.config import HostConfig, check_fleet, gateway_ports
+from vllm_fleet.config import HostConfig, check_fleet, gateway_ports, gateway_priorities
 from vllm_fleet.config.clients import ApiClient
 from vllm_fleet.host_layout import GATEWAY_UNIT, host_layout
 from vllm_fleet.plan import FleetPlan
@@ -70,19 +72,36 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class GatewayMember:
+    """One gateway behind the floating address: its host, its own address (where the other gateways'
+    keepalived reach it) and its VRRP priority (config.gateway_priorities)."""
+
+    name: str
+    address: str
+    priority: int
+
+
+@dataclass(frozen=True)
 class GatewayAccess:
-    """What each backend's front knows of the fleet's gateway: the addresses its requests come from
-    (the gateway host's vllm_advertise_address: check_fleet makes it an IP address when some front
-    takes /v1/ from the gateway only) and the URL its clients use."""
+    """What each backend's front knows of the fleet's gateways: the addresses their requests come
+    from (each gateway host's vllm_advertise_address: check_fleet makes it an IP address when some
+    front takes /v1/ from the gateways only) and the URL its clients use (the floating address's,
+    with one); `members`: the gateways behind the floating address, each gateway's keepalived peers."""
 
     sources: tuple[str, ...]
     url: str
+    members: tuple[GatewayMember, ...] = ()
 
 
-def gateway_access(config: HostConfig) -> GatewayAccess:
-    """The gateway host's GatewayAccess."""
-    address = config.advertise_address
-    return GatewayAccess(sources=(address,) if kinds.ip_literal(address) else (), url=gateway_url(config))
+def gateway_access(*configs: HostConfig) -> GatewayAccess:
+    """The GatewayAccess of the fleet's gateway hosts, in inventory order (one without a floating
+    address; check_fleet refuses more then)."""
+    addresses = [c.advertise_address for c in configs]
+    floating = [c for c in configs if c.settings.vllm_gateway_address is not None]
+    priorities = gateway_priorities(floating)
+    members = tuple(GatewayMember(c.name, c.advertise_address, priorities[c.name]) for c in floating)
+    return GatewayAccess(sources=tuple(dict.fromkeys(a for a in addresses if kinds.ip_literal(a))),
+                         url=gateway_url(configs[0]), members=members)
 
 
 def url_host(address: str) -> str:
@@ -115,9 +134,16 @@ def fleet_backends(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[Bac
 
 
 def find_gateway(configs: list[HostConfig]) -> HostConfig | None:
-    """The host with vllm_gateway = True, or None. Two of them: ConfigErrors naming both."""
+    """The first host with vllm_gateway = True, or None. Two of them without a floating address, or
+    gateways that disagree: ConfigErrors (check_fleet)."""
+    gateways = find_gateways(configs)
+    return gateways[0] if gateways else None
+
+
+def find_gateways(configs: list[HostConfig]) -> list[HostConfig]:
+    """Every host with vllm_gateway = True, in inventory order, checked together (check_fleet)."""
     check_fleet(configs)
-    return next((c for c in configs if c.settings.vllm_gateway is True), None)
+    return [c for c in configs if c.settings.vllm_gateway is True]
 
 
 def gateway_paths(config: HostConfig) -> dict[str, str]:
@@ -141,9 +167,17 @@ def router_url(config: HostConfig) -> str:
 
 
 def gateway_url(config: HostConfig) -> str:
-    """What clients use: the gateway host's address and the gateway port, with /v1."""
+    """What clients use: the floating address (vllm_gateway_address) or else the gateway host's
+    address, and the gateway port, with /v1."""
     scheme = "https" if config.settings.vllm_tls is True else "http"
-    return f"{scheme}://{url_host(config.advertise_address)}:{config.settings.vllm_gateway_port}/v1"
+    address = floating_ip(config) or config.advertise_address
+    return f"{scheme}://{url_host(address)}:{config.settings.vllm_gateway_port}/v1"
+
+
+def floating_ip(config: HostConfig) -> str | None:
+    """The floating address without its prefix length ("10.0.0.100"), or None without one."""
+    address = config.settings.vllm_gateway_address
+    return address.split("/", 1)[0] if address else None
 
 
 def workers_json(backends: list[Backend]) -> str:
@@ -239,12 +273,83 @@ def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[st
                                     if c.models is not None]}
 
 
-def gateway_manifest(config: HostConfig, backends: list[Backend]) -> dict[str, Any]:
+def gateway_manifest(config: HostConfig, backends: list[Backend],
+                     access: GatewayAccess | None = None) -> dict[str, Any]:
     """The gateway as `plan --json` (and later status/rollout) show it: host, client URL, the router's
-    loopback URL and metrics port, and every backend."""
+    loopback URL and metrics port, and every backend; with a floating address, `floating`
+    (floating_manifest, from `access`: the fleet's gateways)."""
     ports = gateway_ports(config.settings)
-    return {"host": config.name, "url": gateway_url(config), "unit": GATEWAY_UNIT,
-            "router": router_url(config), "metrics_port": ports["metrics"],
-            "version": config.settings.vllm_gateway_version,
-            "models": sorted({b.served_model_name for b in backends}),
-            "backends": [b.as_dict() for b in backends]}
+    out = {"host": config.name, "url": gateway_url(config), "unit": GATEWAY_UNIT,
+           "router": router_url(config), "metrics_port": ports["metrics"],
+           "version": config.settings.vllm_gateway_version,
+           "models": sorted({b.served_model_name for b in backends}),
+           "backends": [b.as_dict() for b in backends]}
+    if config.settings.vllm_gateway_address is not None:
+        out["floating"] = floating_manifest(config, access)
+    return out
+
+
+# --- two or more gateways behind one floating address: keepalived ---------------------------------
+
+KEEPALIVED_UNIT = "keepalived.service"  # Debian's package's own unit, reading KEEPALIVED_CONFIG
+KEEPALIVED_PACKAGE = "keepalived"
+#: VRRP's advert interval: VRRPv3 takes fractions of a second. A backup takes the address when it
+#: has heard no advert for 3 intervals and its skew (priority-weighted, under one interval): 1.5-2 s
+#: after the holder dies.
+VRRP_ADVERT_S = 0.5
+#: The readiness check (vrrp_script): every CHECK_INTERVAL_S, CHECK_FALL failures in a row take the
+#: address off the host (FAULT: it advertises priority 0, a backup takes over at once), CHECK_RISE
+#: successes give it back its place. Each of the check's two requests waits CHECK_REQUEST_TIMEOUT_S.
+CHECK_INTERVAL_S, CHECK_FALL, CHECK_RISE = 1, 2, 2
+CHECK_REQUEST_TIMEOUT_S = 0.8
+CHECK_TIMEOUT_S = 2  # keepalived kills a check running longer (it then counts as a failure)
+CHECK_PYTHON = "/usr/bin/python3"  # the OS's (Debian's python3): keepalived runs it by its full path
+
+
+def floating_paths(config: HostConfig) -> dict[str, str]:
+    """HostLayout.floating of the host: keepalived's config and the readiness check it runs."""
+    return host_layout(config).floating
+
+
+def _members(config: HostConfig, access: GatewayAccess | None) -> tuple[GatewayMember, ...]:
+    """The gateways behind the floating address (`access`, the fleet's), or this host alone."""
+    if access is not None and any(m.name == config.name for m in access.members):
+        return access.members
+    return gateway_access(config).members
+
+
+def floating_manifest(config: HostConfig, access: GatewayAccess | None = None) -> dict[str, Any]:
+    """The floating address as the plan and the manifest show it: the address, this gateway's
+    interface and priority, and every gateway behind the address (its own address, its priority)."""
+    members = _members(config, access)
+    own = next(m for m in members if m.name == config.name)
+    return {"address": floating_ip(config), "cidr": config.settings.vllm_gateway_address,
+            "interface": config.settings.vllm_gateway_interface, "vrrp_id": config.settings.vllm_gateway_vrrp_id,
+            "priority": own.priority, "unit": KEEPALIVED_UNIT,
+            "gateways": [{"host": m.name, "address": m.address, "priority": m.priority} for m in members]}
+
+
+def floating_files(config: HostConfig, access: GatewayAccess | None = None) -> list[RenderedFile]:
+    """keepalived's config and its readiness check on a gateway host with a floating address
+    (vllm_gateway_address); nothing otherwise. `access`: the fleet's gateways (Fleet.gateway_access),
+    each other one a unicast peer; without it, this host alone (no peer: keepalived then takes the
+    address as the only gateway). A changed file reloads keepalived (SIGHUP: the holder keeps the
+    address through it)."""
+    settings = config.settings
+    if settings.vllm_gateway is not True or settings.vllm_gateway_address is None:
+        return []
+    paths, jenv = floating_paths(config), jinja_environment()
+    members = _members(config, access)
+    own = next(m for m in members if m.name == config.name)
+    check = jenv.get_template("gateway-check.py.j2").render(
+        host=config, user=settings.vllm_gateway_check_user, router_port=gateway_ports(settings)["router"],
+        port=settings.vllm_gateway_port, tls=settings.vllm_tls is True, request_timeout_s=CHECK_REQUEST_TIMEOUT_S,
+        fall=CHECK_FALL, rise=CHECK_RISE)
+    conf = jenv.get_template("keepalived.conf.j2").render(
+        host=config, address=settings.vllm_gateway_address, interface=settings.vllm_gateway_interface,
+        members=members, peers=[m.address for m in members if m.name != config.name], own_address=own.address,
+        user=settings.vllm_gateway_check_user, python=CHECK_PYTHON, check_script=paths["check"],
+        interval_s=CHECK_INTERVAL_S, timeout_s=CHECK_TIMEOUT_S, fall=CHECK_FALL, rise=CHECK_RISE,
+        vrrp_id=settings.vllm_gateway_vrrp_id, priority=own.priority, advert_s=VRRP_ADVERT_S)
+    return [RenderedFile(paths["keepalived"], conf.rstrip("\n") + "\n"),
+            RenderedFile(paths["check"], check.rstrip("\n") + "\n")]

@@ -25,6 +25,7 @@ UNIT_DIR = "/etc/systemd/system"
 FRONT_UNIT = "vllm-fleet-front.service"
 RAY_UNIT = "vllm-fleet-ray.service"
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
+KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"  # Debian's keepalived.service reads this one
 EXPORTER_UNIT = "vllm-fleet-exporter.service"
 NODE_EXPORTER_UNIT = "vllm-fleet-node-exporter.service"
 PROMETHEUS_UNIT = "vllm-fleet-prometheus.service"
@@ -130,6 +131,13 @@ class HostLayout:
         return {"unit": f"{UNIT_DIR}/{GATEWAY_UNIT}", "workers": f"{self.config_dir}/gateway-workers.json",
                 "register": f"{self.config_dir}/gateway-register.py",
                 "models": f"{self.config_dir}/gateway-models.json"}
+
+    @property
+    def floating(self) -> dict[str, str]:
+        """On a gateway with a floating address (vllm_gateway_address): keepalived's config, where
+        Debian's keepalived.service reads it, and the readiness check it runs (root's, 0644: keepalived's
+        script security refuses a script a non-root user could change)."""
+        return {"keepalived": KEEPALIVED_CONFIG, "check": f"{self.config_dir}/gateway-check.py"}
 
     def client_models(self, client: str) -> str:
         """GET /v1/models for a client limited to some models."""

@@ -174,6 +174,41 @@ def connect_address_problem(text: Any) -> str | None:
     return f"{text!r} is not a host name or an IP address another host can connect to"
 
 
+#: A floating address as its CIDR: dotted IPv4 in ASCII digits without leading zeros, and the prefix
+#: length of the gateways' subnet (what keepalived puts on the interface, and what the offline checks
+#: read each gateway's subnet from).
+_FLOATING_RE = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}"
+                          r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/(?:[0-9]|[12][0-9]|3[0-2])", re.ASCII)
+#: The longest prefix a floating address may have: a /31 or /32 subnet has no address for a second
+#: gateway beside the floating one.
+FLOATING_MAX_PREFIX = 30
+
+
+def floating_address_problem(text: Any) -> str | None:
+    """The gateways' floating address, as CIDR ("10.0.0.100/24"): IPv4 (keepalived's VRRP here is
+    IPv4's), a host address of its subnet (not the network's or the broadcast address), an address a
+    client can reach (not unspecified, loopback, link-local, multicast or reserved)."""
+    if not isinstance(text, str) or not _FLOATING_RE.fullmatch(text):
+        if isinstance(text, str) and ":" in text:
+            return (f"{text!r} is an IPv6 address: the gateways' floating address is IPv4 only (VRRP for IPv6 "
+                    "is another instance keepalived would need)")
+        return (f"{text!r} is not an IPv4 address with its subnet's prefix length, e.g. '10.0.0.100/24' "
+                "(ASCII digits, no leading zeros)")
+    interface = ipaddress.IPv4Interface(text)
+    address, network = interface.ip, interface.network
+    if network.prefixlen > FLOATING_MAX_PREFIX:
+        return (f"{text!r} has a /{network.prefixlen} subnet: the gateways' own addresses must share the "
+                "floating address's subnet, so it needs a prefix of /30 or shorter")
+    if address in (network.network_address, network.broadcast_address):
+        which = "network" if address == network.network_address else "broadcast"
+        return f"{text!r} is the {which} address of {network}, not an address of a host"
+    for flag, what in (("is_unspecified", "unspecified"), ("is_loopback", "loopback"),
+                       ("is_link_local", "link-local"), ("is_multicast", "multicast"), ("is_reserved", "reserved")):
+        if getattr(address, flag):
+            return f"{text!r} is a {what} address: no client reaches a gateway there"
+    return None
+
+
 def host_path_problem(text: Any) -> str | None:
     """A path on the host, used in units and shell commands: absolute, normalised, plain."""
     if not isinstance(text, str) or not text.startswith("/"):

@@ -89,7 +89,9 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
                   (layout.adapter_loader, "the adapters' loader")]
         files += [(layout.instance_adapters(inst.name), f"instance {inst.name}'s adapters list")
                   for inst in config.instances if inst.adapters]
+    floating = settings.vllm_gateway is True and settings.vllm_gateway_address is not None
     groups = [(_has_front(config), layout.front, "front"), (settings.vllm_gateway is True, layout.gateway, "gateway"),
+              (floating, layout.floating, "floating address"),
               (settings.vllm_metrics is True, layout.metrics, "metrics"),
               (settings.vllm_monitoring is True, layout.monitoring, "monitoring")]
     tls = settings.vllm_tls is True

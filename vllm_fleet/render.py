@@ -531,8 +531,9 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         assert backends is not None  # required above
         gateway = gw.gateway_files(host, backends, prefix)
         files.extend(gateway)
-        manifest["gateway"] = {**gw.gateway_manifest(host, backends),
+        manifest["gateway"] = {**gw.gateway_manifest(host, backends, gateway_access),
                                "config_hash": config_hash(gateway, prefix, fingerprint)}
+        files.extend(gw.floating_files(host, gateway_access))  # with a floating address only
     files.append(RenderedFile(manifest_path(host),
                               json.dumps(manifest, indent=2, sort_keys=True) + "\n"))
     return files

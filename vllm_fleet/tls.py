@@ -10,7 +10,8 @@ by no one else); the user's own files are parsed and matched (own_certificate), 
 is pushed.
 
 A host's certificate names the host as the inventory does, its advertise and bind addresses, its SSH
-address, `localhost` and the loopback addresses (the host's own verification connects there). It is
+address, `localhost` and the loopback addresses (the host's own verification connects there), and on
+a gateway the floating address (vllm_gateway_address) clients use. It is
 issued again when those names change, when the CA changes, and VLLM_TLS_RENEW_DAYS before it expires,
 on the deploy that finds it so; else the same file is pushed, so a deploy changes nothing.
 
@@ -66,9 +67,11 @@ def ca_certificate_path(config: HostConfig) -> Path:
 
 def host_names(config: HostConfig, ssh_hostname: str | None = None) -> tuple[list[str], list[str]]:
     """(DNS names, IP addresses) a host's certificate holds, sorted: what clients, the gateway and
-    the host's own checks connect to."""
+    the host's own checks connect to; on a gateway behind a floating address, that address too
+    (clients reach whichever gateway holds it)."""
+    floating = config.settings.vllm_gateway_address if config.settings.vllm_gateway is True else None
     candidates = {config.name, "localhost", "127.0.0.1", "::1", config.settings.vllm_advertise_address or "",
-                  config.settings.vllm_bind_host, ssh_hostname or ""}
+                  config.settings.vllm_bind_host, ssh_hostname or "", floating.split("/", 1)[0] if floating else ""}
     dns, ips = set(), set()
     for name in candidates:
         if not name or name in ("0.0.0.0", "::"):
@@ -303,6 +306,17 @@ def _issued_by(cert, issuer) -> bool:
     return True
 
 
+def _names_ip(cert, address: str) -> bool:
+    """Whether the certificate's subjectAltName holds the IP address `address`."""
+    from cryptography import x509
+
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    return ipaddress.ip_address(address) in names.get_values_for_type(x509.IPAddress)
+
+
 def _name(name) -> str:
     text = name.rfc4514_string()
     return text if kinds.printable(text) else repr(text)
@@ -336,6 +350,14 @@ def own_certificate(config: HostConfig) -> OwnCertificate:
             f"the certificate {cert_path} ended on {chain[0].not_valid_after_utc:%Y-%m-%d}: every client would "
             "refuse it", host=config.name, key="vllm_tls_cert_file", fix="renew it (or set vllm_tls_cert_file, "
             "vllm_tls_key_file and vllm_tls_ca_file to None: the fleet CA issues one)"))
+    floating = config.settings.vllm_gateway_address if config.settings.vllm_gateway is True else None
+    if chain and floating and not _names_ip(chain[0], floating.split("/", 1)[0]):
+        errors.append(ConfigError(
+            f"the certificate {cert_path} does not name the floating address {floating.split('/', 1)[0]} "
+            "(vllm_gateway_address) among its IP addresses: clients reaching the gateways there would refuse it",
+            host=config.name, key="vllm_tls_cert_file",
+            fix=f"issue it with the IP address {floating.split('/', 1)[0]} in its subjectAltName (or set "
+                "vllm_tls_cert_file, vllm_tls_key_file and vllm_tls_ca_file to None: the fleet CA issues one that does)"))
     if chain and cas:
         cert, intermediates = chain[0], chain[1:]
         for _step in range(len(intermediates) + 1):

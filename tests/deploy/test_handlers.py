@@ -29,6 +29,8 @@ EXPECTED = {
     ("node_exporter", "unit"): RESTART,
     ("prometheus", "unit"): RESTART, ("prometheus", "config"): RELOAD, ("prometheus", "trust"): RELOAD,
     ("prometheus", "rules"): RELOAD, ("prometheus", "token"): RELOAD, ("prometheus", "targets"): None,
+    # keepalived: a new config reloads it (the holder keeps the address); its check is run afresh each time.
+    ("keepalived", "config"): RELOAD, ("keepalived", "check"): None,
 }
 
 

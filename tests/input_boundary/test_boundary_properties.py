@@ -152,6 +152,8 @@ BENIGN_KNOBS = {
     "vllm_extra_packages": "ray==2.60.0",
     "vllm_advertise_address": "10.0.0.11",
     "vllm_private_interface": "eth1",
+    "vllm_gateway_address": "10.0.0.100/24",
+    "vllm_gateway_interface": "eth0",
     "vllm_api_key_file": "/home/ops/.vllm-fleet-key",
 }
 #: Every other knob annotated str, str | None or list[str]. Those read only at deploy time on the

@@ -38,7 +38,9 @@ from vllm_fleet.templating import jinja_environment
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_KNOBS = {"vllm_gateway": False, "vllm_gateway_port": 9000, "vllm_gateway_version": "0.1.17",
                  "vllm_gateway_health_interval_s": 2, "vllm_gateway_failure_threshold": 2,
-                 "vllm_advertise_address": None, "vllm_gateway_policy": "round_robin"}
+                 "vllm_advertise_address": None, "vllm_gateway_policy": "round_robin",
+                 "vllm_gateway_address": None, "vllm_gateway_interface": None, "vllm_gateway_vrrp_id": 51,
+                 "vllm_gateway_priority": None}
 
 
 # --- backends and models ------------------------------------------------------------------------
@@ -562,7 +564,8 @@ def test_group_data_documents_every_gateway_knob_with_its_default():
     for key, default in GATEWAY_KNOBS.items():
         assert documented.get(key, "missing") == default, key
     section = text.split("# --- The fleet gateway", 1)[1].split("# ---", 1)[0]
-    for words in ("vllm-router", "127.0.0.1", "ONE host", "API key", "ssh_hostname", "/v1/models"):
+    for words in ("vllm-router", "127.0.0.1", "One host without vllm_gateway_address", "keepalived", "API key",
+                  "ssh_hostname", "/v1/models"):
         assert words in section, words
 
 

@@ -60,6 +60,7 @@ from vllm_fleet.config.instance import MAX_START_TIMEOUT_S, MIN_START_TIMEOUT_S
 from vllm_fleet.config.instance_parsers import parse_engine_args
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import key_length_problem
+from vllm_fleet.host_layout import KEEPALIVED_CONFIG
 from vllm_fleet.host_layout import GATEWAY_UNIT
 from vllm_fleet.monitoring.files import monitoring_paths
 from vllm_fleet.host_layout import PROMETHEUS_UNIT
@@ -139,6 +140,13 @@ def fixture_cases() -> list[Case]:
         Case("tests: the team service's clients", [("box", host_data(placement="single-instance",
                                                                       vllm_api_clients=clients), [])]),
         Case("tests: monitoring, TLS and the gateway on one host", [("box", monitored, [])]),
+        Case("tests: two gateways behind a floating address, TLS", [
+            (name, {"vllm_target": "cpu", "vllm_gateway_address": "10.0.0.100/24", "vllm_gateway_interface": "eth0",
+                    "vllm_tls": True, "ssh_hostname": address, "vllm_gateway": name.startswith("gw"),
+                    "vllm_instances": [] if name.startswith("gw") else [
+                        {"name": "tiny", "model": "/srv/models/tiny", "served_model_name": "tiny", "port": 8000,
+                         "model_info": dict(TINY_MODEL_INFO)}]}, [])
+            for name, address in (("gw1", "10.0.0.1"), ("gw2", "10.0.0.2"), ("h3", "10.0.0.3"))]),
         Case("tests: a multi-node instance", [("gpu-a", node("10.0.0.1", instances=[llama()]), []),
                                               ("gpu-b", node("10.0.0.2"), [])]),
         Case("tests: the boundary property's hosts", [(GPU_HOST, base_data(GPU_HOST), []),
@@ -180,6 +188,9 @@ KNOB_VALUES: dict[str, st.SearchStrategy] = {
     "vllm_front_user": st.sampled_from(["vllm-front", "f", "front_" + "x" * 25]),
     "vllm_gateway_user": st.sampled_from(["vllm-router", "g", "router-1"]),
     "vllm_exporter_user": st.sampled_from(["vllm-exporter", "e", "exp_9"]),
+    "vllm_gateway_check_user": st.sampled_from(["vllm-gateway-check", "k", "check_" + "y" * 25]),
+    "vllm_gateway_vrrp_id": st.sampled_from([1, 51, 255]),
+    "vllm_gateway_priority": st.sampled_from([None, 1, 254]),
     "vllm_direct_access": st.booleans(),
     "vllm_bind_host": st.sampled_from(BIND_HOSTS),
     "vllm_limit_nofile": st.sampled_from([1, 1024, 65536, 1048576, LINUX_NR_OPEN_MAX]),
@@ -234,6 +245,8 @@ LEFT_OUT = {
     "vllm_private_interface": "multi-node only: the fixture fleet has one",
     "vllm_ray_port": "multi-node only: the fixture fleet has one",
     "vllm_ray_version": "multi-node only: the fixture fleet has one",
+    "vllm_gateway_address": "two gateways behind one address: the fixture fleet has them (one address per fleet)",
+    "vllm_gateway_interface": "two gateways behind one address: the fixture fleet has them",
 }
 #: Client names at the longest and the oddest the config takes (each front keys its maps by the
 #: client's id, never by its name, which nginx sees as a quoted value only).
@@ -505,7 +518,7 @@ def figures_line():
            f"inventories, {COUNTS['fixture fleets']} fixture fleets and {COUNTS['generated accepted']} generated fleets "
            f"({COUNTS['generated refused']} generated ones refused by the config and left out; seed {SEED})")
     for tool in ("Linux (the files' paths)", "nginx -t", "systemd-analyze verify", "promtool check config", "promtool check rules",
-                 "prometheus (flags)", "vllm-router (parser)", "vLLM's parser (replayed)"):
+                 "prometheus (flags)", "vllm-router (parser)", "keepalived --config-test", "vLLM's parser (replayed)"):
         if COUNTS[f"{tool} checked"]:
             report(f"  {tool:<26} {COUNTS[f'{tool} checked']:>4} files checked, "
                    f"{COUNTS[f'{tool} refused']} refused")
@@ -586,6 +599,18 @@ def test_prometheus_takes_every_rendered_units_flags(placed, tmp_path):
                for h in monitoring_hosts(placed)]
     refused = tally("prometheus (flags)", results)
     assert not refused, "Prometheus refused the flags of rendered units:\n" + "\n".join(refused)
+
+
+def test_keepalived_accepts_every_rendered_config(corpus, tmp_path):
+    available(tools.keepalived)
+    available(tools.machine_interface)
+    results = [(f"{h.where} {f.path}", tools.keepalived_problems(
+                    tmp_path / str(i), f.content, h.config.settings.vllm_gateway_interface,
+                    h.config.settings.vllm_gateway_check_user))
+               for i, h in enumerate(corpus) for f in h.files if f.path == KEEPALIVED_CONFIG]
+    assert results, "no keepalived config was rendered"
+    refused = tally("keepalived --config-test", results)
+    assert not refused, "keepalived refused rendered configs:\n" + "\n".join(refused)
 
 
 def test_vllm_router_takes_every_rendered_gateway_command(corpus):

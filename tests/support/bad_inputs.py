@@ -15,6 +15,12 @@ def host(**changes) -> dict:
     return {**host_data(), **changes}
 
 
+def floating(**changes) -> dict:
+    """host() as a gateway behind the floating address 10.0.0.100/24, its own address 10.0.0.5 on eth0."""
+    return host(**{"vllm_gateway": True, "ssh_hostname": "10.0.0.5", "vllm_gateway_address": "10.0.0.100/24",
+                   "vllm_gateway_interface": "eth0", **changes})
+
+
 # (label, host data, key the message must name, instance it must name or None)
 CORPUS = [
     ("unknown instance key", host(vllm_instances=[inst(tensor_parallell_size=2)]), "tensor_parallell_size", "gemma"),
@@ -163,4 +169,27 @@ CORPUS = [
     ("adapters on a model class without LoRA", host(vllm_instances=[inst(  # Orion: no LoRA in vLLM
         model="OrionStarAI/Orion-14B-Chat", tokenizer=None, model_info=dict(QWEN3_0_6B, architectures=["OrionForCausalLM"]),
         adapters=[{"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
+    # Two gateways behind a floating address (vllm_gateway_address, keepalived): box1 a gateway at 10.0.0.5.
+    ("floating address with a leading zero", floating(vllm_gateway_address="010.0.0.100/24"), "vllm_gateway_address", None),
+    ("floating address in fullwidth digits", floating(vllm_gateway_address="１0.0.0.100/24"), "vllm_gateway_address", None),
+    ("floating address with a newline", floating(vllm_gateway_address="10.0.0.100/24\n"), "vllm_gateway_address", None),
+    ("floating address without its prefix", floating(vllm_gateway_address="10.0.0.100"), "vllm_gateway_address", None),
+    ("floating address IPv6", floating(vllm_gateway_address="fd00::100/64"), "vllm_gateway_address", None),
+    ("floating address the network's", floating(vllm_gateway_address="10.0.0.0/24"), "vllm_gateway_address", None),
+    ("floating address the broadcast", floating(vllm_gateway_address="10.0.0.255/24"), "vllm_gateway_address", None),
+    ("floating address unspecified", floating(vllm_gateway_address="0.0.0.0/8"), "vllm_gateway_address", None),
+    ("floating address loopback", floating(vllm_gateway_address="127.0.0.100/8"), "vllm_gateway_address", None),
+    ("floating address multicast", floating(vllm_gateway_address="224.0.0.18/24"), "vllm_gateway_address", None),
+    ("floating address with keepalived words", floating(vllm_gateway_address="10.0.0.100/24 dev lo"),
+     "vllm_gateway_address", None),
+    ("floating address outside the gateway's subnet", floating(ssh_hostname="10.0.1.5"), "vllm_gateway_address", None),
+    ("floating address the host's own", floating(ssh_hostname="10.0.0.100"), "vllm_gateway_address", None),
+    ("floating address without an interface", floating(vllm_gateway_interface=None), "vllm_gateway_interface", None),
+    ("gateway interface with a space", floating(vllm_gateway_interface="eth0 dev lo"), "vllm_gateway_interface", None),
+    ("gateway front on one address", floating(vllm_bind_host="10.0.0.5"), "vllm_bind_host", None),
+    ("VRRP id above 255", floating(vllm_gateway_vrrp_id=256), "vllm_gateway_vrrp_id", None),
+    ("VRRP priority of the address owner", floating(vllm_gateway_priority=255), "vllm_gateway_priority", None),
+    ("readiness check as root", floating(vllm_gateway_check_user="root"), "vllm_gateway_check_user", None),
+    ("readiness check as the router's user", floating(vllm_gateway_check_user="vllm-router"), "vllm_gateway_check_user",
+     None),
 ]

@@ -31,7 +31,8 @@ def base_data(kind: str) -> dict:
                 for gpu, details in zip([RTX_4090D, A100_40G, A100_40G], GPU_DETAILS, strict=True)]
         return host_data(gpus=gpus, instances=[instance(env=dict(ENV), engine_args=copy.deepcopy(ENGINE_ARGS))])
     # A CPU host that is the fleet's gateway: the front's gateway block and the gateway's files too.
-    return {"vllm_target": "cpu", "vllm_gateway": True, "ssh_hostname": "10.0.0.5",
+    # Its interface named, so that a floating address (vllm_gateway_address) is all it takes to add keepalived.
+    return {"vllm_target": "cpu", "vllm_gateway": True, "ssh_hostname": "10.0.0.5", "vllm_gateway_interface": "eth0",
             "vllm_instances": [{
                 "name": "tiny", "model": "/var/lib/vllm-fleet/models/tiny", "served_model_name": "tiny-llama",
                 "tokenizer": "hf-internal-testing/llama-tokenizer", "port": 8000, "max_model_len": 1024,

@@ -16,6 +16,9 @@ refused ("" when it took everything). tests/render/test_real_tools.py runs them 
   file: Prometheus parses every flag, then stops at "Error loading config" before it opens storage or
   a port.
 - vllm-router's own parser and Rust types on the gateway unit's ExecStart arguments (tests/support/router_tool.py).
+- keepalived --config-test (Debian's keepalived, installed on this machine: its shared libraries come with
+  the package) on a gateway's keepalived.conf, with the interface and the check's user replaced by this
+  machine's own (keepalived looks both up): the rest of the text is the rendered one.
 - vLLM's parser on each engine YAML, replayed from the flag table of the package the host installs
   (vllm_fleet/data/*-serve-flags.json: the pinned `vllm serve` parser's actions, nargs, names and
   choices): what `vllm serve --config FILE` does
@@ -33,6 +36,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 
@@ -248,6 +252,52 @@ def prometheus_flag_problems(kit_root: Path, files: list[RenderedFile]) -> str:
     if "Error loading config" in out and "Error parsing commandline arguments" not in out:
         return ""
     return f"exit status {result.returncode}: {out[-2000:]}"
+
+
+# --- keepalived ----------------------------------------------------------------------------------
+
+#: keepalived 2.2.7 (Debian 12's) ends `--config-test` with SIGTERM, having printed nothing, whenever a
+#: script runs as a user with script security on (acassen/keepalived#2587 and #2617, fixed in 2.2.8):
+#: every line has been parsed, and its problems printed, before that point.
+KNOWN_CONFIG_TEST_SIGTERM = "Keepalived v2.2.7"
+
+
+def keepalived() -> str:
+    """Debian's keepalived on this machine; ToolUnavailable when it is not installed (it is not
+    fetched: the program needs the package's libraries)."""
+    found = shutil.which("keepalived") or ("/usr/sbin/keepalived" if os.access("/usr/sbin/keepalived", os.X_OK)
+                                           else None)
+    if found is None:
+        raise ToolUnavailable("keepalived is not installed (Debian: apt-get install keepalived; then "
+                              "systemctl disable --now keepalived)")
+    return found
+
+
+def machine_interface() -> str:
+    """A network interface of this machine that VRRP can use (not loopback)."""
+    net = Path("/sys/class/net")
+    names = sorted(p.name for p in net.iterdir() if p.name != "lo") if net.is_dir() else []
+    if not names:
+        raise ToolUnavailable("this machine has no network interface but loopback, which VRRP cannot use")
+    return names[0]
+
+
+def keepalived_problems(directory: Path, conf: str, interface: str, user: str) -> str:
+    """What `keepalived --config-test` says of a rendered keepalived.conf ("": nothing), written in
+    `directory` with `interface` and `user` replaced by this machine's own interface and `nobody`."""
+    text = re.sub(rf"\b{re.escape(interface)}\b", machine_interface(), conf)
+    text = re.sub(rf"\b{re.escape(user)}\b", "nobody", text)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "keepalived.conf"
+    path.write_text(text)
+    program = keepalived()
+    result = subprocess.run([program, "--config-test", "-f", str(path)], capture_output=True, text=True, timeout=60)
+    said = (result.stdout + result.stderr).strip()
+    if result.returncode == -signal.SIGTERM and not said:
+        version = subprocess.run([program, "--version"], capture_output=True, text=True, timeout=60)
+        if KNOWN_CONFIG_TEST_SIGTERM in version.stdout + version.stderr:
+            return ""
+    return said or (f"exit status {result.returncode}" if result.returncode else "")
 
 
 # --- vllm-router ---------------------------------------------------------------------------------

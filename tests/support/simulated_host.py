@@ -52,6 +52,7 @@ class SimulatedHost:
         self.model_source = model_source
         self.changed_files: set[str] = set()
         self.leftovers: set[str] = set()  # files of an instance the inventory no longer has
+        self.missing_packages: set[str] = set()  # HostRuntime's keys the host lacks (all there by default)
 
     def unit_names(self) -> list[str]:
         return sorted(p.rsplit("/", 1)[1] for p in set(self.rendered) | self.leftovers
@@ -63,8 +64,9 @@ class SimulatedHost:
         if name == "ManagedUnits":
             return self.unit_names()
         if name == "HostRuntime":
-            return ["cc 1", "cxx 1", f"python{kw['python_version']}-headers 1", "libnuma 1", "nginx 1",
-                    "node_exporter 1", "prometheus 1", "family debian"]
+            keys = ["cc", "cxx", f"python{kw['python_version']}-headers", "libnuma", "nginx", "node_exporter",
+                    "prometheus", "keepalived"]
+            return [f"{key} {0 if key in self.missing_packages else 1}" for key in keys] + ["family debian"]
         if name == "ModelConfig":
             return [json.dumps(TINY_CONFIG), "3000 total"]
         if name == "PathsPresent":
@@ -105,7 +107,9 @@ class SimulatedHost:
             sha = sha256_hex(f.content) if kw["path"] not in self.changed_files else sha256_hex("as it was")
             return [f"file {int(f.mode, 8):o} {f.owner} {f.group} {sha}"]
         if name == "UnitState":
-            if kw["unit"] not in self.unit_names():
+            # keepalived's unit is its package's (not under /etc/systemd/system): running once installed.
+            packaged = kw["unit"] == "keepalived.service" and "keepalived" not in self.missing_packages
+            if kw["unit"] not in self.unit_names() and not packaged:
                 return ["MainPID=0", "LoadState=not-found", "SubState=dead", "NeedDaemonReload=no"]
             return ["MainPID=4242", "LoadState=loaded", "ActiveState=active", "SubState=running",
                     "UnitFileState=enabled", "NeedDaemonReload=no", "StartEpoch=1700000000"]

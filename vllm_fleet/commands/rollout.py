@@ -375,6 +375,14 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
     _check_wheelhouses(configs, everyone)
     # The fleet's gateway, wherever it is (in --limit or not): the batches are drained from it.
     gateway_config = find_gateway(everyone)  # (and config.check_fleet of every host, gateway or not)
+    gateways = [c.name for c in everyone if c.settings.vllm_gateway is True]
+    if len(gateways) > 1:
+        # Draining a batch from one router while another still sends it requests would fail them.
+        raise ConfigError(f"the fleet has {len(gateways)} gateways ({', '.join(gateways)}): a rollout drains "
+                          "each batch from one gateway's router only, and the others would keep sending it "
+                          "requests", host=gateways[1], key="vllm_gateway",
+                          fix="deploy with pyinfra (`pyinfra -y INVENTORY deploy.py`, no drain) until rollout "
+                              "drains from every gateway; or roll out with one gateway")
     size = parse_batch(batch, len(names))
     results = {n: HostResult(n) for n in names}
     batches = make_batches(names, size, groups)

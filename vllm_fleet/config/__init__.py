@@ -34,7 +34,7 @@ The rest of vllm_fleet imports the names below from `vllm_fleet.config`.
 
 from vllm_fleet.config.errors import Checker, ConfigError, ConfigErrors, did_you_mean
 from vllm_fleet.config.fleet_checks import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_WORKER_PORTS, NodeGroup, check_fleet,
-                                            node_group_of, node_groups)
+                                            gateway_priorities, node_group_of, node_groups)
 from vllm_fleet.config.gpus import GpuSpec
 from vllm_fleet.config.host import (HUB_TOKEN_FILE, HostConfig, config_dir_clashes, parse_host,
                                     service_user_directories, synced_model_clashes)
@@ -79,7 +79,8 @@ __all__ = [
     "HUB_TOKEN_FILE", "HostConfig", "config_dir_clashes", "parse_host", "service_user_directories",
     "synced_model_clashes",
     # fleet_checks
-    "RAY_HEAD_PORTS", "RAY_NODE_PORTS", "RAY_WORKER_PORTS", "NodeGroup", "check_fleet", "node_group_of",
+    "RAY_HEAD_PORTS", "RAY_NODE_PORTS", "RAY_WORKER_PORTS", "NodeGroup", "check_fleet", "gateway_priorities",
+    "node_group_of",
     "node_groups",
     # inventory
     "inventory_rows", "limited_rows", "load_inventory", "read_pyinfra_inventory", "split_names", "unused_group_data",

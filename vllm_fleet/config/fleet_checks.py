@@ -176,8 +176,9 @@ def _check_repeats(host: HostConfig, by_name: dict[str, HostConfig]) -> list[Con
 
 def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
                 every: list[HostConfig] | None = None) -> None:
-    """What no single host can check: at most one gateway in the fleet, and with one, an address
-    the gateway can reach every host with instances at; the multi-node instances' nodes
+    """What no single host can check: one gateway in the fleet, or several behind one floating
+    address that agree (_check_floating_address), and with one, an address the gateway can reach
+    every host with instances at; the multi-node instances' nodes
     (_check_node_groups); the models the clients name, served somewhere in the fleet; each secret
     read from a source of its own. `inventory`: every host name of the inventory (default: the
     hosts'), for a --limit that loaded only some; `every`: every host of the inventory whose data
@@ -189,13 +190,16 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
     errors += _check_secret_sources(hosts)
     errors += _check_ray_ports(hosts)
     gateways = [h for h in hosts if h.settings.vllm_gateway is True]
-    for other in gateways[1:]:
+    for other in gateways[1:] if any(g.settings.vllm_gateway_address is None for g in gateways) else ():
         errors.append(ConfigError(
-            f"hosts {gateways[0].name} and {other.name} both set vllm_gateway = True: a fleet has one "
-            "gateway", host=other.name, key="vllm_gateway",
+            f"hosts {gateways[0].name} and {other.name} both set vllm_gateway = True without a floating "
+            "address: clients would have two endpoints, and nothing moves them from one to the other",
+            host=other.name, key="vllm_gateway",
             fix=f"keep vllm_gateway = True on one of them (e.g. {gateways[0].name}) and remove it from "
-                "the other; set it in that one host's data in the inventory, not in group data (which "
-                "sets it on every host of the group)"))
+                "the other (set it in that one host's data, not in group data, which sets it on every host "
+                "of the group); or give every gateway the same vllm_gateway_address (e.g. '10.0.0.100/24') "
+                "and a vllm_gateway_interface, for two gateways behind one address"))
+    errors += _check_floating_address(gateways, every if every is not None else hosts)
     if gateways:
         for host in hosts:
             address = host.settings.vllm_advertise_address
@@ -223,6 +227,114 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
     errors += _check_monitoring(hosts)
     if errors:
         raise ConfigErrors(errors)
+
+
+# --- Two or more gateways behind one floating address (keepalived) --------------------------------
+
+#: What every gateway behind one floating address must share, and why: clients reach whichever holds
+#: the address, so each must route as the others do, on the same port, scheme and VRRP instance.
+_GATEWAYS_SAME = {
+    "vllm_gateway_address": "keepalived moves one address between them",
+    "vllm_gateway_vrrp_id": "they are one VRRP router (virtual_router_id) on their network",
+    "vllm_gateway_port": "clients keep their URL whichever gateway holds the address",
+    "vllm_tls": "clients keep their URL's scheme whichever gateway holds the address",
+    "vllm_gateway_version": "every gateway runs the same router",
+    "vllm_gateway_policy": "every gateway picks backends the same way",
+    "vllm_gateway_health_interval_s": "every gateway drops a failing backend as fast",
+    "vllm_gateway_failure_threshold": "every gateway drops a failing backend as fast",
+    "vllm_gateway_drain_timeout_s": "a rollout drains a backend from every gateway for as long",
+    "vllm_api_clients": "every gateway's front takes the same clients' keys, with the same models and limits",
+    "vllm_api_key_env": "every gateway's front takes the same key",
+    "vllm_api_key_file": "every gateway's front takes the same key",
+}
+#: The priority of the first gateway of the inventory (without vllm_gateway_priority), and how much
+#: less each next one gets: keepalived's priorities are 1-254, and each gateway's differs.
+FIRST_GATEWAY_PRIORITY, GATEWAY_PRIORITY_STEP = 200, 10
+
+
+def gateway_priorities(gateways: list[HostConfig]) -> dict[str, int]:
+    """Each gateway's VRRP priority: its vllm_gateway_priority, else from its place among the gateways
+    in inventory order (FIRST_GATEWAY_PRIORITY, then GATEWAY_PRIORITY_STEP less each), never below 1."""
+    return {g.name: g.settings.vllm_gateway_priority if g.settings.vllm_gateway_priority is not None
+            else max(1, FIRST_GATEWAY_PRIORITY - GATEWAY_PRIORITY_STEP * position)
+            for position, g in enumerate(gateways)}
+
+
+def _own_addresses(host: HostConfig) -> dict[str, str]:
+    """The addresses a host already has, as IP literals, each with the key that gives it."""
+    found: dict[str, str] = {}
+    for key, value in (("ssh_hostname", host.ssh_hostname), ("vllm_advertise_address", host.advertise_address),
+                       ("vllm_bind_host", host.settings.vllm_bind_host), ("host name", host.name)):
+        if isinstance(value, str) and kinds.ip_literal(value) and "%" not in value:
+            found.setdefault(str(ipaddress.ip_address(value)), key)
+    return found
+
+
+def _check_floating_address(gateways: list[HostConfig], every: list[HostConfig]) -> list[ConfigError]:
+    """The gateways behind one floating address (vllm_gateway_address) agree on what must be the same
+    (_GATEWAYS_SAME); each names its interface, listens on every address (its front must answer on the
+    floating one too), and has its own IPv4 address in the floating address's subnet (where keepalived
+    speaks to the others, unicast); the address is no host's own; priorities differ."""
+    floating = [g for g in gateways if g.settings.vllm_gateway_address is not None]
+    if not floating:
+        return []
+    errors: list[ConfigError] = []
+    first = gateways[0]
+    for gateway in gateways[1:]:
+        for key, why in _GATEWAYS_SAME.items():
+            mine, firsts = gateway.settings[key], first.settings[key]
+            if mine != firsts:
+                errors.append(ConfigError(
+                    f"this gateway has {key} {mine!r} but the gateway {first.name} has {firsts!r}; every gateway "
+                    f"behind the floating address needs the same: {why}", host=gateway.name, key=key,
+                    fix=f"set {key} = {firsts!r} once, in the group data every gateway reads"))
+    text = floating[0].settings.vllm_gateway_address
+    if kinds.floating_address_problem(text):
+        return errors  # reported with the host's own knobs
+    interface = ipaddress.IPv4Interface(text)
+    address, network = str(interface.ip), interface.network
+    for gateway in floating:
+        settings = gateway.settings
+        if settings.vllm_gateway_interface is None:
+            errors.append(ConfigError(
+                f"this gateway holds the floating address {text} at times, but names no interface to put it on",
+                host=gateway.name, key="vllm_gateway_interface",
+                fix=f"vllm_gateway_interface = 'eth0' in {gateway.name}'s data: the interface of its address on "
+                    f"{network} (`ip -br addr` on the host)"))
+        if settings.vllm_bind_host != "0.0.0.0":
+            errors.append(ConfigError(
+                f"this gateway's front listens on {settings.vllm_bind_host} only (vllm_bind_host), so it would not "
+                f"answer on the floating address {address} while it holds it", host=gateway.name,
+                key="vllm_bind_host", fix="vllm_bind_host = '0.0.0.0' on the gateways"))
+        own = gateway.advertise_address
+        inside = (kinds.ip_literal(own) and "%" not in own and ipaddress.ip_address(own).version == 4
+                  and ipaddress.ip_address(own) in network)
+        if not inside:
+            errors.append(ConfigError(
+                f"the floating address {text} is outside this gateway's subnet: its own address {own!r} (its "
+                f"vllm_advertise_address; where that is unset, its vllm_bind_host, ssh_hostname or name) is not an "
+                f"IPv4 address in {network}, and keepalived sends its adverts from it to the other gateways and "
+                "takes the address over on that subnet", host=gateway.name, key="vllm_gateway_address",
+                fix=f"vllm_gateway_address = '<a free address of the subnet every gateway is on>/<its prefix>', or "
+                    f"vllm_advertise_address = \"<{gateway.name}'s IPv4 address in {network}>\" in its host data"))
+    for host in every:
+        source = _own_addresses(host).get(address)
+        if source is not None:
+            errors.append(ConfigError(
+                f"the floating address {address} (vllm_gateway_address) is this host's own ({source}): keepalived "
+                "would add it to another host's interface too, and two hosts would answer at it",
+                host=host.name, key="vllm_gateway_address",
+                fix=f"vllm_gateway_address = '<a free address of {network}>/{network.prefixlen}' (no host has it)"))
+    seen: dict[int, str] = {}
+    for name, priority in gateway_priorities(floating).items():
+        if priority in seen:
+            errors.append(ConfigError(
+                f"this gateway's VRRP priority {priority} is also {seen[priority]}'s: which one takes the floating "
+                "address first would be left to their addresses", host=name, key="vllm_gateway_priority",
+                fix="give each gateway its own vllm_gateway_priority, or None on all of them (from their inventory "
+                    "order)"))
+        seen.setdefault(priority, name)
+    return errors
 
 
 def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:

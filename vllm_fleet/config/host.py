@@ -35,6 +35,9 @@ class HostConfig:
     ssh_port: int = 22
     #: Who may call the API (vllm_api_clients; without it the one client of vllm_api_key_env), by name.
     api_clients: tuple[ApiClient, ...] = ()
+    #: pyinfra's ssh_hostname, the address the deploy connects to (None: the inventory name): an
+    #: address the host already has, which no floating address may take.
+    ssh_hostname: str | None = None
 
     @property
     def advertise_address(self) -> str:
@@ -76,10 +79,12 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
         raise ConfigErrors(check.errors)
     settings = replace(settings, vllm_advertise_address=_advertise_address(name, data, settings))
     ssh_port = data.get("ssh_port", 22)
+    ssh_hostname = data.get("ssh_hostname")
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
                       placement=settings.placement, settings=settings, member_of=tuple(member_of),
                       ssh_port=ssh_port if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) else 22,
-                      api_clients=api_clients)
+                      api_clients=api_clients,
+                      ssh_hostname=ssh_hostname if isinstance(ssh_hostname, str) else None)
 
 
 def read_instance(check: Checker, raw: Any, position: int, settings: Settings) -> InstanceConfig | None:

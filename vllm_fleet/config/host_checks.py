@@ -391,7 +391,8 @@ def _check_directory_owners(check: Checker, settings: Settings) -> None:
                             fix=f"give it a directory outside {root_knob} (e.g. {HOST_DEFAULTS['vllm_state_dir']!r})")
 
 
-ACCOUNT_KNOBS = ("vllm_service_user", "vllm_front_user", "vllm_gateway_user", "vllm_exporter_user")
+ACCOUNT_KNOBS = ("vllm_service_user", "vllm_front_user", "vllm_gateway_user", "vllm_exporter_user",
+                 "vllm_gateway_check_user")
 
 
 def _check_accounts(check: Checker, settings: Settings, ssh_user: Any) -> None:

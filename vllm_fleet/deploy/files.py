@@ -116,6 +116,14 @@ def service_files(deployment: Deployment) -> None:
             if path in files:
                 changes.notify(gateway.GATEWAY_UNIT, "gateway", "client_models",
                                _put(f"Gateway models of client {client.name}: {path}", files[path]))
+    floating = gateway.floating_paths(config)
+    if floating["keepalived"] in files:
+        # The check first: the config that names it may be reloaded as soon as it is in place.
+        changes.notify(gateway.KEEPALIVED_UNIT, "keepalived", "check",
+                       _put(f"Gateway readiness check: {floating['check']}", files[floating["check"]]))
+        changes.notify(gateway.KEEPALIVED_UNIT, "keepalived", "config",
+                       _put(f"keepalived config (floating address): {floating['keepalived']}",
+                            files[floating["keepalived"]]))
     monitoring_files(deployment)
     _put("Deploy manifest", files[manifest_path(config)], user=None, group=None)  # its owner is not checked
     for unit, why, paths in removed_units(deployment):

@@ -10,7 +10,7 @@ from pyinfra import host, logger
 from pyinfra.api.exceptions import OperationError
 from pyinfra.operations import python
 
-from vllm_fleet.gateway import gateway_ports
+from vllm_fleet.gateway import KEEPALIVED_UNIT, gateway_ports
 from vllm_fleet.host_layout import GATEWAY_UNIT
 from vllm_fleet.facts import batch as facts
 from vllm_fleet.connect import remote
@@ -39,6 +39,19 @@ def gateway_service(deployment: Deployment) -> None:
         python.call(name="Verify the gateway (backends registered, key required, models)",
                     function=verify_gateway, spec=gateway_check(deployment),
                     registering=lambda: not untouched(), outcome=deployment.gateway_outcome)
+    floating_service(deployment)
+
+
+def floating_service(deployment: Deployment) -> None:
+    """On a gateway behind a floating address, after its router is up (keepalived's readiness check
+    asks it): keepalived reloaded when its config changed (SIGHUP: the holder keeps the address),
+    else kept enabled and running. Never restarted: a restart would drop the address on the holder."""
+    changes = deployment.changes
+    if not changes.has(KEEPALIVED_UNIT):
+        return
+    run_handlers(KEEPALIVED_UNIT, changes.restarts(KEEPALIVED_UNIT), changes.reloads(KEEPALIVED_UNIT),
+                 restarted_why="never: no change restarts it",
+                 reloaded_why="its config changed; the address stays where it is")
 
 
 def router_untouched(deployment: Deployment) -> Callable[[], bool]:

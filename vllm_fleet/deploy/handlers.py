@@ -39,6 +39,10 @@ HANDLERS: dict[str, dict[str, str]] = {
     # which nginx reads per request.
     "gateway": {"unit": RESTART, "environment": RESTART, "workers": RELOAD, "register": RELOAD,
                 "models": NOTHING, "client_models": NOTHING},
+    # keepalived (Debian's unit, on a gateway behind a floating address) rereads its config on SIGHUP,
+    # keeping the address where it is; it runs its readiness check afresh each time, so a changed
+    # check needs no signal.
+    "keepalived": {"config": RELOAD, "check": NOTHING},
     # The host exporter reads its script as it starts; the node exporter has only its unit.
     "exporter": {"unit": RESTART, "script": RESTART},
     "node_exporter": {"unit": RESTART},

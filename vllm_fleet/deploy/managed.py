@@ -87,7 +87,8 @@ class ServiceAccount:
 
 def service_accounts(deployment: Deployment) -> list[ServiceAccount]:
     """The users of the services this host runs: vLLM's and Ray's always (its home is the state
-    directory), the front's, the gateway's and the host exporter's where the host runs them."""
+    directory), the front's, the gateway's and the host exporter's where the host runs them, and the
+    user of keepalived's readiness check on a gateway behind a floating address."""
     config, files = deployment.config, deployment.files
     settings = config.settings
     accounts = [ServiceAccount("vLLM and Ray", settings.vllm_service_user, settings.vllm_state_dir)]
@@ -98,6 +99,9 @@ def service_accounts(deployment: Deployment) -> list[ServiceAccount]:
                                    settings.vllm_exporter_user)):
         if unit_path in files:
             accounts.append(ServiceAccount(role, user, NO_HOME))
+    if gateway.floating_paths(config)["keepalived"] in files:
+        accounts.append(ServiceAccount("keepalived's readiness check of the gateway",
+                                       settings.vllm_gateway_check_user, NO_HOME))
     return accounts
 
 

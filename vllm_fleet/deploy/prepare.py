@@ -218,6 +218,8 @@ def managed_state_queries(deployment: Deployment) -> list[facts.Query]:
         wanted += [query(UnitState, unit=inst.unit_name), query(NewestMtime, paths=freshness_paths(config, inst))]
     for unit in (FRONT_UNIT, gateway.GATEWAY_UNIT, RAY_UNIT, *MONITORING_UNITS):
         wanted.append(query(UnitState, unit=unit))
+    if gateway.floating_paths(config)["keepalived"] in deployment.files:
+        wanted.append(query(UnitState, unit=gateway.KEEPALIVED_UNIT))
     if plan.ray is not None:
         wanted.append(query(NewestMtime, paths=ray_freshness_paths(config)))
     for unit, _name, paths in removed_units(deployment):
@@ -280,7 +282,8 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
         config.settings.vllm_target, config.settings.vllm_python_version, config.settings.vllm_env_manager,
         eager_only=all(inst.config.enforce_eager for inst in plan.instances),
         has_instances=bool(plan.instances), gateway=config.settings.vllm_gateway is True,
-        metrics=config.settings.vllm_metrics is True, monitoring=config.settings.vllm_monitoring is True)
+        metrics=config.settings.vllm_metrics is True, monitoring=config.settings.vllm_monitoring is True,
+        floating=config.settings.vllm_gateway is True and config.settings.vllm_gateway_address is not None)
     if not required:
         return [], None
     present, family = facts.get(host, HostRuntime, python_version=config.settings.vllm_python_version)

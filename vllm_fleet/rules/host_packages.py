@@ -20,6 +20,8 @@ What needs what (read from the sources, not guessed):
 - **nginx, the front** (the only listener clients reach; see render.front_files).
 - **With vllm_metrics, Prometheus' node exporter; on the monitoring host, Prometheus** (Debian's
   packages; vllm_fleet/monitoring/files.py runs each as a unit of its own, on 127.0.0.1).
+- **On a gateway behind a floating address (vllm_gateway_address), keepalived** (Debian's package and
+  its own keepalived.service; vllm_fleet/gateway.py writes its config).
 
 With conda, the environment's own Python ships its headers, so only the compilers come from the OS.
 """
@@ -63,14 +65,17 @@ NODE_EXPORTER = Need("node_exporter", "Prometheus' node exporter", "the host's m
                      "prometheus-node-exporter", "golang-github-prometheus-node-exporter")
 PROMETHEUS = Need("prometheus", "Prometheus", "the fleet's monitoring (vllm_monitoring)", "prometheus",
                   "golang-github-prometheus")
+KEEPALIVED = Need("keepalived", "keepalived", "the gateways' floating address (vllm_gateway_address)", "keepalived",
+                  "keepalived")
 
 
 def needs(target: str, python_version: str, env_manager: str, *, eager_only: bool,
-          has_instances: bool, gateway: bool = False, metrics: bool = False, monitoring: bool = False) -> list[Need]:
+          has_instances: bool, gateway: bool = False, metrics: bool = False, monitoring: bool = False,
+          floating: bool = False) -> list[Need]:
     """What a host of this target needs, in install order: without instances, nginx only for the
-    fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics and
-    Prometheus for vllm_monitoring."""
-    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS] * monitoring
+    fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics,
+    Prometheus for vllm_monitoring, keepalived on a gateway behind a floating address (`floating`)."""
+    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS] * monitoring + [KEEPALIVED] * floating
     if not has_instances:
         return ([NGINX] if gateway or metrics else []) + watched
     out = [NGINX, *watched]
@@ -94,7 +99,7 @@ def every_debian_package(python_version: str) -> tuple[str, ...]:
     names: dict[str, None] = {}
     for target in ("cuda", "cpu"):
         for need in needs(target, python_version, "uv", eager_only=False, has_instances=True, metrics=True,
-                          monitoring=True):
+                          monitoring=True, floating=True):
             names[need.debian] = None
     return tuple(names)
 
@@ -115,6 +120,7 @@ def probe_command(python_version: str) -> str:
         "nginx": "test -x /usr/sbin/nginx",
         "node_exporter": "test -x /usr/bin/prometheus-node-exporter",
         "prometheus": "test -x /usr/bin/prometheus && test -x /usr/bin/promtool",
+        "keepalived": "test -x /usr/sbin/keepalived",
     }
     # Braces: the redirection silences every command of a check (`command -v gcc` prints the path).
     parts = [f"if {{ {check}; }} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"

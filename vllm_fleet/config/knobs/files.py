@@ -65,6 +65,9 @@ class FilesKnobs:
         "vllm-front", "the front (nginx): the keys file and the TLS key", check=kinds.user_problem)
     vllm_gateway_user: str = knob("vllm-router", "the gateway's vllm-router", check=kinds.user_problem)
     vllm_exporter_user: str = knob("vllm-exporter", "the host exporter (vllm_metrics)", check=kinds.user_problem)
+    vllm_gateway_check_user: str = knob(
+        "vllm-gateway-check", "keepalived's readiness check of the gateway (vllm_gateway_address)",
+        check=kinds.user_problem)
     vllm_bind_host: str = knob(
         "0.0.0.0", "the address the front listens on for every instance", check=kinds.listen_address_problem,
         fix="vllm_bind_host = '0.0.0.0' (every IPv4 interface), '::' (every interface) or one "

@@ -34,10 +34,11 @@ class GatewayKnobs:
         host at another address than the deploy does (another network, NAT, a DNS name).
         """)
     vllm_gateway: bool = knob(
-        False, "True on the one host that runs the fleet's gateway", **BOOL,
-        fix="vllm_gateway = True on the one host that runs the fleet's gateway",
+        False, "True on the host (or hosts, with vllm_gateway_address) that run the fleet's gateway", **BOOL,
+        fix="vllm_gateway = True on the one host that runs the fleet's gateway (several: with "
+            "vllm_gateway_address)",
         notes="""
-        True on ONE host of the inventory (two are an error): it runs vllm-router (PyPI vllm-router, IGW
+        True on the host that runs the fleet's gateway: it runs vllm-router (PyPI vllm-router, IGW
         mode; unit vllm-fleet-gateway.service, the service user; installed into the host's versioned
         environment beside vLLM, so an air-gapped wheelhouse needs `vllm-fleet bundle --target T --extra
         vllm-router==X`, T the host's vllm_target and X vllm_gateway_version)
@@ -47,6 +48,8 @@ class GatewayKnobs:
         API key (vllm_api_clients), checked by the front's nginx there; GET /v1/models lists each served
         name once. vllm-router itself listens on 127.0.0.1:<vllm_gateway_port + vllm_backend_port_offset>
         (its admin API has no authentication) and its Prometheus metrics on 127.0.0.1 at the port after.
+        One host without vllm_gateway_address; with it, two or more, each a whole gateway with the same
+        backends, and keepalived moves the address between them (docs/gateway.md).
         """)
     vllm_gateway_port: int = knob(
         9000, "clients -> <vllm_bind_host>:this; must be none of the host's instance ports", low=1, high=65535,
@@ -91,4 +94,45 @@ class GatewayKnobs:
         it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
         (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
         every other one, so clients that do not send it all land on one instance (docs/gateway.md).
+        """)
+    vllm_gateway_address: str | None = knob(
+        None, "the gateways' floating address clients use, with its subnet's prefix (None: no floating address)",
+        check=kinds.floating_address_problem,
+        fix="vllm_gateway_address = '10.0.0.100/24' (a free IPv4 address of the gateways' subnet, with the "
+            "subnet's prefix length), or None",
+        notes="""
+        Two or more gateways behind one address: an IPv4 address of the gateways' own subnet, written with
+        that subnet's prefix length ("10.0.0.100/24"), free (no host has it), set once in the group data
+        every gateway reads. keepalived (Debian's package, on each gateway host) holds it on one gateway at
+        a time, on vllm_gateway_interface, and moves it within seconds to another when the holder stops
+        answering or its own readiness check fails (vllm-router and the front up, at least one backend
+        healthy). Clients, and the gateways' certificates, use this address; each gateway's own address
+        (vllm_advertise_address, an IPv4 address of the same subnet) is where the others reach it. None:
+        one gateway, as without it.
+        """)
+    vllm_gateway_interface: str | None = knob(
+        None, "the network interface the floating address lives on (each gateway's own)",
+        check=lambda v: None if kinds.INTERFACE_RE.fullmatch(v) else f"{v!r} is not a network interface name",
+        fix="vllm_gateway_interface = 'eth0' (the interface of the gateway's address on the clients' network, "
+            "as `ip -br addr` shows it)",
+        notes="""
+        Where keepalived puts vllm_gateway_address on each gateway host: the interface of the host's own
+        address on the gateways' subnet. Required with vllm_gateway_address; it may differ between gateways
+        (host data), since each host names its own interfaces.
+        """)
+    vllm_gateway_vrrp_id: int = knob(
+        51, "the VRRP virtual router id of the gateways' floating address", low=1, high=255,
+        must="a whole number from 1 to 255 (VRRP's virtual_router_id)",
+        notes="""
+        The gateways' VRRP instance on their network: the same on every gateway, and no other VRRP router
+        (another keepalived, a router pair) on that network may use it.
+        """)
+    vllm_gateway_priority: int | None = knob(
+        None, "this gateway's VRRP priority (None: from the gateways' inventory order)", low=1, high=254,
+        must="a whole number from 1 to 254, or None (255 is VRRP's address owner)",
+        notes="""
+        Which gateway takes the floating address when they start together: the highest. None: 200 for the
+        first gateway of the inventory, 190 for the second, and so on. Once one holds the address it keeps it
+        (keepalived's nopreempt) until it fails: a gateway coming back does not take the address back, so the
+        address moves once per failure, not twice. Two gateways with one priority are refused.
         """)
