@@ -35,6 +35,7 @@ CORE = frozenset({
     "vllm_fleet.config.clients",
     "vllm_fleet.config.errors",
     "vllm_fleet.config.fleet_checks",
+    "vllm_fleet.config.node_groups",
     "vllm_fleet.config.gpus",
     "vllm_fleet.config.host",
     "vllm_fleet.config.host_checks",

@@ -24,8 +24,8 @@ By concern, each module importing only those above it:
 - host_checks: the rules between the keys of one host's data (an instance's keys, its instances,
   its knobs);
 - host: HostConfig and parse_host (reads one host's data, then host_checks);
-- fleet_checks: check_fleet (the rules no single host can check) and the node groups of multi-node
-  instances;
+- fleet_checks: check_fleet (the rules no single host can check);
+- node_groups: the node groups of multi-node instances and their rules (check_fleet runs them);
 - inventory: reading a pyinfra inventory file;
 - reference: writes group_data/all.py, docs/knobs.md and the README's excerpt from the declarations.
 
@@ -33,8 +33,9 @@ The rest of vllm_fleet imports the names below from `vllm_fleet.config`.
 """
 
 from vllm_fleet.config.errors import Checker, ConfigError, ConfigErrors, did_you_mean
-from vllm_fleet.config.fleet_checks import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_WORKER_PORTS, NodeGroup, check_fleet,
-                                            gateway_priorities, node_group_of, node_groups)
+from vllm_fleet.config.fleet_checks import check_fleet, gateway_priorities
+from vllm_fleet.config.node_groups import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_WORKER_PORTS, NodeGroup, node_group_of,
+                                           node_groups)
 from vllm_fleet.config.gpus import GpuSpec
 from vllm_fleet.config.host import (HUB_TOKEN_FILE, HostConfig, config_dir_clashes, parse_host,
                                     service_user_directories, synced_model_clashes)

@@ -1,6 +1,6 @@
 """The ports a host's own listeners take, derived from its knobs and instances: each instance's front
 port and engine port, the gateway's, the monitoring ones. The rules about them are config/host_checks.py's
-(one host) and config/fleet_checks.py's (Ray's, across a node group)."""
+(one host) and config/node_groups.py's (Ray's, across a node group)."""
 
 from __future__ import annotations
 
