@@ -9,7 +9,7 @@ only; it answers a 1-token completion at once), so the difference is the front a
 
 - A, plain: nginx on <host>:8100 proxying /v1/ to the stand-in, the key passed through, no TLS, no
   access log: the front as it was without TLS and clients.
-- B, the front as the deploy renders it (render.front_files) with `vllm_tls = True` and a client
+- B, the front as the deploy renders it (render_front.front_files) with `vllm_tls = True` and a client
   (`vllm_api_clients`), on <host>:8000: TLS 1.3 with a certificate from a fleet CA made for the
   bench, the client named by its key, its model checked, the host's own key put in its place, a JSON
   access-log line to the journal. The stand-in checks that key.
@@ -42,7 +42,8 @@ import gateway_standin as standin
 from vllm_fleet import tls
 from vllm_fleet.config import parse_host
 from vllm_fleet.plan import plan_host
-from vllm_fleet.render import Secrets, front_files
+from vllm_fleet.render import Secrets
+from vllm_fleet.render_front import front_files
 from vllm_fleet.sandbox import harness, hosts, image
 
 HOST = "sbx-cpu2"

@@ -4,7 +4,7 @@ vllm-router (PyPI `vllm-router`, a Rust binary wheel) in IGW mode routes each re
 backends serving the `model` it names, picking one of them by the host's vllm_gateway_policy
 (settings.GATEWAY_POLICIES), and drops a backend whose /health fails. It checks no client key and
 its admin API (/workers) has no authentication, so it listens on 127.0.0.1 only, behind the host's
-front (nginx, render.front_files), which checks the client's key and passes only /v1/... and GET
+front (nginx, render_front.front_files), which checks the client's key and passes only /v1/... and GET
 /health. Its backends are every planned instance of the fleet that serves a model, reached at their
 own host's front (http(s)://<advertise address>:<port>, which checks the client again, its models
 there included, and passes /v1/ and GET /health). With vllm_tls on a
@@ -20,7 +20,7 @@ config.check_fleet):
     <vllm_config_dir>/gateway-register.py     the script that posts them (stdlib only)
     <vllm_config_dir>/gateway-models.json     GET /v1/models as OpenAI clients expect it (nginx serves it)
     <vllm_config_dir>/gateway-models-<client>.json   the same for a client limited to some models
-    <vllm_config_dir>/front.conf              + the gateway's server block (render.front_files), whose
+    <vllm_config_dir>/front.conf              + the gateway's server block (render_front.front_files), whose
                                               client check is the front's (front-keys.conf)
 
 Example:
@@ -211,7 +211,7 @@ def register_command(config: HostConfig, env_prefix: str) -> str:
 def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str) -> list[RenderedFile]:
     """Every file of the gateway host's gateway: unit, workers list, registration script, and the
     models lists (all, and one per client limited to some models). The server block clients reach is
-    in the front's nginx config (render.front_files with gateway=nginx_context(config)), whose
+    in the front's nginx config (render_front.front_files with gateway=nginx_context(config)), whose
     client check is the front's: a changed key takes a front reload; a changed workers list a
     `systemctl reload` of GATEWAY_UNIT; a models list none (nginx reads it per request)."""
     paths = gateway_paths(config)
@@ -231,7 +231,7 @@ def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str) 
               for c in config.api_clients if c.models is not None]]
 
 
-# --- the client side, in the host's front (render.front_files) -------------------------------------
+# --- the client side, in the host's front (render_front.front_files) -------------------------------------
 
 def nginx_regex_literal(text: str) -> str:
     """`text` as a PCRE pattern matching exactly it: a backslash before every ASCII character that

@@ -170,7 +170,7 @@ def path_clashes(config: HostConfig, instances: Sequence[InstanceConfig], writer
 
 
 def _has_front(config: HostConfig) -> bool:
-    # render.front_files: instances, the gateway or metrics give a host its front.
+    # render_front.front_files: instances, the gateway or metrics give a host its front.
     settings = config.settings
     return bool(config.instances) or settings.vllm_gateway is True or settings.vllm_metrics is True
 

@@ -170,7 +170,7 @@ KNOB_CHOICES = {f.name: f.metadata.get("choices") for f in dataclasses.fields(Se
 
 #: The addresses an instance port of the gateway's fleet always lets in (the host's own checks): a bind
 #: or gateway address equal to one of them adds no entry of its own to the front's list, a
-#: configuration of its own (render.front_gateway_access).
+#: configuration of its own (render_front.front_gateway_access).
 ALWAYS_LET_IN = {"vllm_bind_host": {"127.0.0.1", "::1"}, "vllm_advertise_address": {"127.0.0.1", "::1"}}
 
 

@@ -13,7 +13,8 @@ from vllm_fleet.cli import print_plan
 from vllm_fleet.config import parse_host
 from vllm_fleet.plan import plan_host
 from vllm_fleet.plan.types import FleetPlan
-from vllm_fleet.render import POOLING_ROUTES, render_host
+from vllm_fleet.render import render_host
+from vllm_fleet.render_front import POOLING_ROUTES
 
 
 def host(*instances, **settings):

@@ -27,7 +27,8 @@ from vllm_fleet.deploy import handlers
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import KEEPALIVED_UNIT, floating_files, floating_paths, gateway_url
 from vllm_fleet.host_layout import KEEPALIVED_CONFIG
-from vllm_fleet.render import front_gateway_access, render_host
+from vllm_fleet.render import render_host
+from vllm_fleet.render_front import front_gateway_access
 from vllm_fleet.rules import host_packages
 from vllm_fleet.tls import host_names
 

@@ -112,6 +112,7 @@ CORE = frozenset({
     "vllm_fleet.plan.types",
     "vllm_fleet.prepared",
     "vllm_fleet.render",
+    "vllm_fleet.render_front",
     "vllm_fleet.rules",  # what facts read, judged on the workstation
     "vllm_fleet.rules.cuda_memory",
     "vllm_fleet.rules.gpu_topology",

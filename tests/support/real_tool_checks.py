@@ -45,7 +45,9 @@ import yaml
 from support import promtool_tool
 from support.debian_tool import ToolUnavailable, programs
 from vllm_fleet import vllm_flags
-from vllm_fleet.render import FRONT_RUNTIME_DIR, RenderedFile, front_paths, nginx_string
+from vllm_fleet.render import RenderedFile, front_paths
+from vllm_fleet.templating import nginx_string
+from vllm_fleet.render_front import FRONT_RUNTIME_DIR
 from vllm_fleet.host_layout import UNIT_DIR
 from vllm_fleet.monitoring.files import monitoring_paths
 from vllm_fleet.host_layout import PROMETHEUS_UNIT

@@ -12,7 +12,8 @@ from typing import Any
 from vllm_fleet.environment import current_link
 from vllm_fleet.facts.host import MANAGED_UNIT_FILES
 from vllm_fleet.facts.verify import SERVED_TASKS, InstanceCheck, format_failure, parse_probe_output, probe_command
-from vllm_fleet.render import front_paths, front_probe_address, instance_paths
+from vllm_fleet.render import front_paths, instance_paths
+from vllm_fleet.render_front import front_probe_address
 from vllm_fleet.host_layout import RAY_UNIT, host_layout
 
 

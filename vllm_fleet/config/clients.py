@@ -7,7 +7,7 @@ often. Pure: the keys themselves are read on the workstation before any host is 
         "research": {"key_file": "~/.config/vllm-fleet/research.key", "models": ["qwen2.5-7b"]},
     }
 
-Each front and the gateway accept exactly these keys (render.front_files): a client asking for a model
+Each front and the gateway accept exactly these keys (render_front.front_files): a client asking for a model
 outside `models` gets 403 and its request never reaches vLLM; over `requests_per_minute` it gets 429 with
 Retry-After. Without vllm_api_clients the fleet has one client, FLEET_KEY_CLIENT, whose key comes from
 vllm_api_key_env / vllm_api_key_file.

@@ -16,7 +16,8 @@ from vllm_fleet.facts import batch as facts
 from vllm_fleet.connect import remote
 from vllm_fleet.facts.state import UnitState
 from vllm_fleet.facts.verify import host_probe_command, parse_host_probe
-from vllm_fleet.render import front_paths, front_probe_address, instance_paths
+from vllm_fleet.render import front_paths, instance_paths
+from vllm_fleet.render_front import front_probe_address
 
 from .handlers import run_handlers
 from .state import Deployment, record_failure

