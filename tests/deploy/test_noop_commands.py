@@ -772,9 +772,10 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
     from types import SimpleNamespace
 
     from support.planning_fixtures import host_data, instance
-    from vllm_fleet.config import parse_host
-    from vllm_fleet.deploy import DeployError, prepare as prepare_step, steps
+    from vllm_fleet.config import ConfigErrors, parse_host
+    from vllm_fleet.deploy import steps
     from vllm_fleet.deploy.state import Deployment
+    from vllm_fleet.prepared import Discovered, prepare_host
 
     src, other = tmp_path / "m", tmp_path / "other"
 
@@ -790,8 +791,6 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
     steps.models(deployment)
     assert [c["dest"] for c in calls] == ["/srv/models/m"] and calls[0]["name"].startswith("Sync model a, b:")
     assert deployment.changes.model_syncs == {"a": "op1", "b": "op1"}
-    clash = Deployment(config(other), SimpleNamespace(instances=[]), {}, None)
-    monkeypatch.setattr(prepare_step, "hub_downloads", lambda deployment: [])
-    with pytest.raises(DeployError, match=r"instances a and b sync different model_source directories .* into "
-                                          r"the same host path /srv/models/m"):
-        prepare_step._check_one_step_per_path(clash)
+    with pytest.raises(ConfigErrors, match=r"instances a and b sync different model_source directories .* into "
+                                           r"the same host path /srv/models/m"):
+        prepare_host(Discovered(config(other), None, None, None))  # the deploy's plan and render
