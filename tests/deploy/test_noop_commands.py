@@ -4,8 +4,8 @@
   stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
   and inside one batch (facts.prefetch).
 - The operations yield nothing when the host matches and exactly the fix when it differs: that is
-  their cases, tests/operations/<module>.<operation>/*.json. Here: whose service account may be
-  taken (ownership.account_problem), and what --diff shows (a changed file, never a secret).
+  their cases, tests/operations/<module>.<operation>/*.json (what --diff shows too: a changed
+  file, never a secret). Here: whose service account may be taken (ownership.account_problem).
 - The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
   @fake connector, answered by a simulated converged host: every remote command is counted. A
   converged host costs exactly what deploy.py's docstring lists; a changed engine config costs its
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from support.planning_fixtures import TINY_MODEL_INFO
-from support.simulated_host import TINY_CONFIG, SimulatedHost, command_kinds, run_deploy, sha256_hex
+from support.simulated_host import TINY_CONFIG, SimulatedHost, command_kinds, run_deploy
 from vllm_fleet import kinds
 from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.facts import batch as facts
@@ -235,12 +235,6 @@ def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
     # Under _su_user pyinfra quotes the command twice: still one argument below Linux's 128 KiB.
     biggest = facts.batch_command([query(FileState, path="/x/" + "p" * 20_000 + str(i)) for i in range(2)])
     assert len(shlex.quote(shlex.quote(biggest))) < 131072
-
-
-def _op(monkeypatch, op, answers, **kwargs):
-    fake = _Host(answers)
-    monkeypatch.setattr(managed, "host", fake)
-    return list(op._inner(**kwargs)), fake
 
 
 # --- the service account: one vllm-fleet did not create is never taken over ------------------------
@@ -585,23 +579,6 @@ def test_prepare_reads_the_host_in_two_batches_that_hold_every_fact_it_asks(monk
 def test_deploy_docstring_counts_what_the_simulated_run_measures():
     text = (REPO / "deploy.py").read_text()
     assert "A run that changes nothing costs 4 remote commands per host, the gateway host's included" in text
-
-
-def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
-    from types import SimpleNamespace
-
-    monkeypatch.setattr(managed, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
-    old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": sha256_hex("x: 1\n")}
-    with caplog.at_level("INFO"):
-        cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
-                         dest="/etc/vllm-fleet/a.yaml", content="x: 2\n", user="root", group="vllm", mode="0640")
-    assert "Will modify /etc/vllm-fleet/a.yaml" in caplog.text and "x: 2" in caplog.text
-    assert fake.asked == ["FileState", "FileContents"] and len(cmds) == 3
-    caplog.clear()
-    with caplog.at_level("INFO"):
-        _op(monkeypatch, managed.secret_file, {"FileState": dict(old, sha256=sha256_hex("old"))},
-            dest="/etc/vllm-fleet/a.env", content="KEY=sk-5b1e0c2f\n", upload_dir="/opt/vllm-fleet/.upload")
-    assert "5b1e0c2f" not in caplog.text and "secret: contents not shown" in caplog.text
 
 
 def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed(tmp_path, monkeypatch):
