@@ -185,9 +185,11 @@ def _clash(config: HostConfig, path: str, writers: list[Writer]) -> ConfigError:
                            "downloads use", host=config.name, instance=envs[0], key="name",
                            fix=f"rename the instance (any name but {envs[0]!r})")
     if len({w.who for w in writers}) == 1:
-        return ConfigError(f"{path} would be written by two of the host's rendered files", host=config.name,
-                           instance=writers[0].instance, key="name" if writers[0].instance else "vllm_instances",
-                           fix="give the instance another name")
+        inst = writers[0].instance  # named twice among the planned instances: a split's part is <name>-<GPU model>
+        return ConfigError(f"{path} would be written by two of the host's rendered files"
+                           + (f" (two planned instances named {inst}: placement 'split' names each part of an "
+                              "instance <name>-<GPU model>)" if inst else ""), host=config.name,
+                           instance=inst, key="name" if inst else "vllm_instances", fix="give the instance another name")
     message = f"{path} would be written by {' and by '.join(w.who for w in writers)}"
     if syncs:
         return ConfigError(message, host=config.name, instance=syncs[0].instance, key="model",

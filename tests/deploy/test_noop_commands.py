@@ -615,7 +615,7 @@ def test_monitoring_turned_off_stops_the_exporters_and_keeps_the_instances(tmp_p
         "verify with gateway"]
     assert uploads == {}
 
-# --- what the memo relies on: one step per path, and the lock before the first read ---------------
+# --- what the memo relies on: one writer per path, and the lock before the first read -------------
 
 def _prepare(monkeypatch, **data_overrides):
     from support.planning_fixtures import FakeHost, host_data, instance, use_fake_host

@@ -6,10 +6,8 @@ files `render` writes, and the one rule refuses two writers of a path from the i
 from __future__ import annotations
 
 from dataclasses import replace
-from types import SimpleNamespace
-
 from support.fleet_helpers import CPU_HOSTS, REPO, variant_inventory
-from support.planning_fixtures import TINY_MODEL_INFO, host_data, instance
+from support.planning_fixtures import SEED_BOX, TINY_MODEL_INFO, host_data, instance
 from vllm_fleet import fleet_check, path_writers
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.fleet import Fleet
@@ -152,20 +150,28 @@ def test_an_instance_named_hub_is_refused_where_the_host_downloads():
                              "token the downloads use")
 
 
-def test_the_planned_names_are_checked_too():
-    # placement "auto" may split an instance by GPU model into <name>-<model>: `plan` checks the
-    # files of the planned names, so a split's name taken by another instance is refused there.
-    config = _two_sources(model_b="/srv/models/n")
+def test_a_split_instances_part_named_as_another_instance_is_refused_by_plan():
+    # placement "split" names each part <name>-<GPU model>: the files of the planned names are
+    # checked by `plan` (and render), as the deploy's prepare_host checks what it rendered.
+    box = [*SEED_BOX, SEED_BOX[1]]
+    config = parse_host("box", host_data(gpus=box, placement="split", instances=[
+        instance(), instance(name="gemma-rtx-4090-d", served_model_name="other", gpus=[3], port=8100)]))
     fleet = Fleet.of([config])
-    planned = SimpleNamespace(instances=[SimpleNamespace(name="a"), SimpleNamespace(name="b"),
-                                         SimpleNamespace(name="b")])
-    errors = fleet.path_problems([config], [planned])
-    assert {(e.instance, e.key) for e in errors} == {("b", "name")}
-    assert "/etc/vllm-fleet/b.env would be written by two of the host's rendered files" in [e.message for e in errors]
+    assert fleet.hosts() == [config]  # the declared names are distinct
+    with pytest.raises(ConfigErrors) as info:
+        fleet.plan()
+    assert {(e.instance, e.key, e.fix) for e in info.value.errors} == {
+        ("gemma-rtx-4090-d", "name", "give the instance another name")}
+    assert sorted(e.message.split()[0] for e in info.value.errors) == [
+        "/etc/systemd/system/vllm-gemma-rtx-4090-d.service", "/etc/vllm-fleet/gemma-rtx-4090-d.env",
+        "/etc/vllm-fleet/gemma-rtx-4090-d.yaml"]
+    assert "two planned instances named gemma-rtx-4090-d" in info.value.errors[0].message
 
 
 @pytest.mark.parametrize("rendered, words", [
     (["/etc/a", "/etc/b", "/etc/a"], "/etc/a would be written by two of the host's rendered files"),
+    (["/etc/vllm-fleet/x.env"], "/etc/vllm-fleet/x.env would be written by instance x's env and by the rendered "
+                                "file x.env"),
     (["/opt/vllm-fleet/rollback"], "/opt/vllm-fleet/rollback would be written by the rollback directory and by "
                                    "the rendered file rollback"),
     (["/etc/vllm-fleet/x.yaml"], "/etc/vllm-fleet/x.yaml would be written by instance x's config and by the "
