@@ -17,9 +17,9 @@ it runs, all before any host changes:
 
 A path is compared as the host's filesystem names it: '//', '/./' and a trailing '/' spell the same
 path (host paths that spell it so are refused as input already: kinds.host_path_problem), while
-'/srv/M' and '/srv/m' are two (the hosts' filesystems are case sensitive, as Linux's are; the deploy
-refuses a synced model directory it finds holding anything else, so a case-folding mount is caught
-there). Pure.
+'/srv/M' and '/srv/m' are two: Linux's filesystems (ext4, XFS, tmpfs) compare names byte for byte,
+so taking them as one would refuse inventories that are right (ext4's case folding is set per
+directory and off unless asked for; a host whose roots fold case is not one this rule foresees). Pure.
 """
 
 from __future__ import annotations
@@ -157,10 +157,12 @@ def path_clashes(config: HostConfig, writers: Iterable[Writer], *,
         if writer.source is None or writer.who not in {other.who for other in same}:  # one sync is one writer
             same.append(writer)
     errors = [_clash(config, path, whos) for path, whos in sorted(by_path.items()) if len(whos) > 1]
+    seen: set[str] = set()
     for inst in synced:
         model = _normal(inst.model)
-        if not inst.model_source or len(by_path.get(model, ())) > 1:
-            continue  # said above
+        if not inst.model_source or len(by_path.get(model, ())) > 1 or model in seen:
+            continue  # said above, or for the other instance of the same sync
+        seen.add(model)
         inside = sorted(path for path in by_path if path.startswith(model.rstrip("/") + "/"))
         if inside:
             errors.append(ConfigError(

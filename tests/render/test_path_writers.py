@@ -201,6 +201,15 @@ def test_an_instance_cannot_take_a_name_of_vllm_fleets_own_units(name):
     assert any(e.key == "name" and "'fleet-'" in e.fix for e in info.value.errors)
 
 
+def test_a_writer_below_a_model_two_instances_sync_is_said_once():
+    config = parse_host("box", host_data(gpus=None, vllm_target="cpu", instances=[
+        instance(name=n, model="/srv/models/m", model_source="/tmp", tokenizer="someone/tok", port=p,
+                 max_model_len=1024) for n, p in (("a", 8000), ("b", 8100))]))
+    writers = [*path_writers.declared_writers(config, config.instances), Writer("/srv/models/m/x", "a stray writer")]
+    [error] = path_writers.path_clashes(config, writers, synced=config.instances)
+    assert error.instance == "a" and "/srv/models/m/x (a stray writer) is inside it" in error.message
+
+
 def test_nothing_but_its_own_sync_lives_below_a_synced_model():
     # A backstop behind parse_host's own rules (which refuse the knobs' directories inside a model):
     # any writer below the model path is refused, naming it.
