@@ -4,8 +4,8 @@
   stand-in `systemctl` on PATH): what each command prints and what its `process` reads agree, alone
   and inside one batch (facts.prefetch).
 - The operations yield nothing when the host matches and exactly the fix when it differs: that is
-  their cases, tests/operations/<module>.<operation>/*.json. Here: whose service account may be
-  taken (ownership.account_problem), and what --diff shows (a changed file, never a secret).
+  their cases, tests/operations/<module>.<operation>/*.json (what --diff shows too: a changed
+  file, never a secret). Here: whose service account may be taken (ownership.account_problem).
 - The real deploy.py runs through pyinfra (prepare, then execute, as the CLI does) against pyinfra's
   @fake connector, answered by a simulated converged host: every remote command is counted. A
   converged host costs exactly what deploy.py's docstring lists; a changed engine config costs its
@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from support.planning_fixtures import TINY_MODEL_INFO
-from support.simulated_host import TINY_CONFIG, SimulatedHost, command_kinds, run_deploy, sha256_hex
+from support.simulated_host import TINY_CONFIG, SimulatedHost, command_kinds, run_deploy
 from vllm_fleet import kinds
 from vllm_fleet.deploy.prepare import prepare
 from vllm_fleet.facts import batch as facts
@@ -235,12 +235,6 @@ def test_a_batch_is_split_only_past_its_size_limit(monkeypatch):
     # Under _su_user pyinfra quotes the command twice: still one argument below Linux's 128 KiB.
     biggest = facts.batch_command([query(FileState, path="/x/" + "p" * 20_000 + str(i)) for i in range(2)])
     assert len(shlex.quote(shlex.quote(biggest))) < 131072
-
-
-def _op(monkeypatch, op, answers, **kwargs):
-    fake = _Host(answers)
-    monkeypatch.setattr(managed, "host", fake)
-    return list(op._inner(**kwargs)), fake
 
 
 # --- the service account: one vllm-fleet did not create is never taken over ------------------------
@@ -587,23 +581,6 @@ def test_deploy_docstring_counts_what_the_simulated_run_measures():
     assert "A run that changes nothing costs 4 remote commands per host, the gateway host's included" in text
 
 
-def test_diff_shows_a_changed_file_but_never_a_secret(monkeypatch, caplog):
-    from types import SimpleNamespace
-
-    monkeypatch.setattr(managed, "state", SimpleNamespace(config=SimpleNamespace(DIFF=True), is_executing=False))
-    old = {"kind": "file", "mode": 0o640, "user": "root", "group": "vllm", "sha256": sha256_hex("x: 1\n")}
-    with caplog.at_level("INFO"):
-        cmds, fake = _op(monkeypatch, managed.managed_file, {"FileState": old, "FileContents": ["x: 1"]},
-                         dest="/etc/vllm-fleet/a.yaml", content="x: 2\n", user="root", group="vllm", mode="0640")
-    assert "Will modify /etc/vllm-fleet/a.yaml" in caplog.text and "x: 2" in caplog.text
-    assert fake.asked == ["FileState", "FileContents"] and len(cmds) == 3
-    caplog.clear()
-    with caplog.at_level("INFO"):
-        _op(monkeypatch, managed.secret_file, {"FileState": dict(old, sha256=sha256_hex("old"))},
-            dest="/etc/vllm-fleet/a.env", content="KEY=sk-5b1e0c2f\n", upload_dir="/opt/vllm-fleet/.upload")
-    assert "5b1e0c2f" not in caplog.text and "secret: contents not shown" in caplog.text
-
-
 def test_an_instance_removed_from_the_inventory_is_stopped_and_its_files_removed(tmp_path, monkeypatch):
     worlds = {"gw": SimulatedHost()}
     worlds["gw"].leftovers = {"/etc/systemd/system/vllm-old.service", "/etc/vllm-fleet/old.yaml",
@@ -638,7 +615,7 @@ def test_monitoring_turned_off_stops_the_exporters_and_keeps_the_instances(tmp_p
         "verify with gateway"]
     assert uploads == {}
 
-# --- what the memo relies on: one step per path, and the lock before the first read ---------------
+# --- what the memo relies on: one writer per path, and the lock before the first read -------------
 
 def _prepare(monkeypatch, **data_overrides):
     from support.planning_fixtures import FakeHost, host_data, instance, use_fake_host
@@ -772,9 +749,10 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
     from types import SimpleNamespace
 
     from support.planning_fixtures import host_data, instance
-    from vllm_fleet.config import parse_host
-    from vllm_fleet.deploy import DeployError, prepare as prepare_step, steps
+    from vllm_fleet.config import ConfigErrors, parse_host
+    from vllm_fleet.deploy import steps
     from vllm_fleet.deploy.state import Deployment
+    from vllm_fleet.prepared import Discovered, prepare_host
 
     src, other = tmp_path / "m", tmp_path / "other"
 
@@ -790,8 +768,6 @@ def test_one_sync_per_model_directory_and_two_sources_for_one_directory_are_refu
     steps.models(deployment)
     assert [c["dest"] for c in calls] == ["/srv/models/m"] and calls[0]["name"].startswith("Sync model a, b:")
     assert deployment.changes.model_syncs == {"a": "op1", "b": "op1"}
-    clash = Deployment(config(other), SimpleNamespace(instances=[]), {}, None)
-    monkeypatch.setattr(prepare_step, "hub_downloads", lambda deployment: [])
-    with pytest.raises(DeployError, match=r"instances a and b sync different model_source directories .* into "
-                                          r"the same host path /srv/models/m"):
-        prepare_step._check_one_step_per_path(clash)
+    with pytest.raises(ConfigErrors, match=r"instances a and b sync different model_source directories .* into "
+                                           r"the same host path /srv/models/m"):
+        prepare_host(Discovered(config(other), None, None, None))  # the deploy's plan and render
