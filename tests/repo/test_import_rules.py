@@ -67,10 +67,13 @@ CORE = frozenset({
     "vllm_fleet.fleet",
     "vllm_fleet.fleet_summary",
     "vllm_fleet.gateway",
+    "vllm_fleet.gpu_models",
     "vllm_fleet.gpu_support",
     "vllm_fleet.host_layout",
     "vllm_fleet.path_writers",
     "vllm_fleet.kinds",
+    "vllm_fleet.kv_cache_groups",
+    "vllm_fleet.model_shape",
     "vllm_fleet.model_source",  # the workstation's model directory, read and hashed (no host)
     "vllm_fleet.monitoring",
     "vllm_fleet.monitoring.files",
