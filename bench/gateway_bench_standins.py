@@ -16,11 +16,7 @@ STANDIN_PORT = 8800  # on each CPU host's own address; none of the fleet's ports
 
 
 STANDIN_LIFETIME_S = 1800  # a stand-in exits on its own after this, whatever happens to the bench
-
-
 REMOTE_DIR = "/run/vllm-fleet-bench"  # on the hosts (tmpfs, 0700 root); gone with the hosts
-
-
 REMOTE_SCRIPT = f"{REMOTE_DIR}/gateway_standin.py"
 
 

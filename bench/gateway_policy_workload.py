@@ -13,8 +13,6 @@ HIT_NAME = "vllm:prefix_cache_hits_total"
 
 
 QUERY_NAME = "vllm:prefix_cache_queries_total"
-
-
 SUCCESS_NAME = "vllm:request_success_total"
 
 
@@ -37,8 +35,6 @@ SYSTEM_PROMPT = (
     "learn why. Logs, metrics, dashboards, alerts and rollbacks keep the fleet healthy through upgrades "
     "and reboots. Answer the user in short sentences."
 )
-
-
 WORDS = ("the fleet serves models on servers each instance listens on its port behind a key the operator "
          "declares hosts cards and models in an inventory deploy converges every host restart health "
          "token completion engine memory cache weights tensor pipeline data parallel stage card journal "

@@ -27,8 +27,6 @@ from converge import cli, inventories, machine, report, settings, steps, tool_ou
 # --- the playbook itself (needs ansible-core) -------------------------------------------------------
 
 ANSIBLE_PLAYBOOK = Path(sys.executable).parent / "ansible-playbook"
-
-
 needs_ansible = pytest.mark.skipif(not ANSIBLE_PLAYBOOK.exists(), reason="ansible-core is not installed here "
                                    f"(the bench installs it: {sys.executable} -m pip install 'ansible-core>=2.17')")
 

@@ -14,31 +14,18 @@ from vllm_fleet.kinds import LINE_BREAKING
 
 connection.install()  # first: gevent's sockets in, as the commands have them, before no_connection patches them
 
-
 H100 = {"name": "NVIDIA H100 80GB HBM3", "memory_mib": 81559, "compute_capability": 9.0}
-
-
 QWEN = {"name": "qwen7b", "model": "Qwen/Qwen2.5-7B-Instruct", "served_model_name": "qwen2.5-7b", "port": 8000}
-
-
 LLAMA = {"name": "llama8b", "model": "meta-llama/Llama-3.1-8B-Instruct", "served_model_name": "llama-3.1-8b",
          "port": 8000}
-
-
 FOUR_CLIENTS = {"alice": {"key_env": "ALICE_KEY"}, "bob": {"key_env": "BOB_KEY", "models": ["qwen2.5-7b"]},
                 "ci": {"key_env": "CI_KEY", "requests_per_minute": 60},
                 "research": {"key_env": "RESEARCH_KEY", "models": ["llama-3.1-8b"]}}
-
-
 # Values a test's environment gives; none may appear in any message.
 KEYS = {"ALICE_KEY": "sk-alice-8d2f0c9e71b4", "BOB_KEY": "sk-bob-5a7c3e1f90d2", "CI_KEY": "sk-ci-0e4b6d8f2a1c",
         "RESEARCH_KEY": "sk-research-93c1e7a5b0", "VLLM_FLEET_METRICS_TOKEN": "mt-prom-6f2d9b4e0a8c"}
-
-
 FAKE_SSH_KEY = ("-----BEGIN OPENSSH PRIVATE KEY-----\nb3BlbnNzaC1rZXktdjEAAAAABG5vbmUAAAAEbm9uZQAAAAAAAAABAAAAMwAAAAtzc2gtZW\n"
                 "-----END OPENSSH PRIVATE KEY-----\n")
-
-
 SSH_KEY_BODY = "b3BlbnNzaC1rZXktdjEAAAAA"
 
 
