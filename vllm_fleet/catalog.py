@@ -1,4 +1,4 @@
-"""Model shapes (a built-in catalog) and GPU facts the planner needs.
+"""The built-in catalog of model shapes, and how a model id finds its entry (or the closest one).
 
 The catalog lets `vllm-fleet plan` work offline for common models: Llama 3/3.1/3.3, Qwen 2.5,
 Qwen3 (dense and MoE), Gemma 3, Mistral Small 3/3.1/3.2 and the DeepSeek-R1 distills. Any other
@@ -23,243 +23,35 @@ checkpoint (weights_gib), not the active parameters; the KV cache per token is t
 from __future__ import annotations
 
 import difflib
-import math
 import re
-from dataclasses import dataclass, fields, replace
-from functools import cached_property, lru_cache
+from dataclasses import replace
 from typing import Any
 
-GIB = 1024**3
-MIB = 1024**2
-
-DTYPE_BYTES = {
-    "float32": 4,
-    "float": 4,
-    "bfloat16": 2,
-    "float16": 2,
-    "half": 2,
-    "fp8": 1,
-    "fp8_e4m3": 1,
-    "fp8_e5m2": 1,
-}
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """The shape of a model, as far as placement and memory are concerned."""
-
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    hidden_size: int
-    intermediate_size: int
-    vocab_size: int
-    weights_gib: float
-    #: dtype of the weights as stored: bfloat16, float16, float32 or "gguf" (quantized).
-    dtype: str = "bfloat16"
-    #: None: not known (no offline length check; vLLM checks the real config.json at start).
-    max_position_embeddings: int | None = None
-    tie_word_embeddings: bool = False
-    #: config.json's sliding_window (tokens); None: every layer attends to the whole sequence.
-    sliding_window: int | None = None
-    #: config.json's layer_types ("sliding_attention" / "full_attention" per layer), if given.
-    layer_types: tuple[str, ...] | None = None
-    #: Gemma-style pattern: layer i is full attention when (i + 1) % pattern == 0, else sliding.
-    sliding_window_pattern: int | None = None
-    #: Mixture of experts: the routed experts per layer (config.json's num_experts, num_local_experts
-    #: or n_routed_experts); None: a dense model. vLLM loads every expert, so weights_gib is the
-    #: whole checkpoint, not the active parameters; the KV cache is the attention's, as for a dense
-    #: model of the same layers and heads.
-    num_experts: int | None = None
-    #: One expert's MLP width (moe_intermediate_size; Mixtral's intermediate_size).
-    moe_intermediate_size: int | None = None
-    #: config.json's architectures: vLLM resolves the runner (generate or pooling) from them
-    #: (config/runner.py). (): not known, a decoder (every catalog model is one).
-    architectures: tuple[str, ...] = ()
-    #: A sentence-transformers model (modules.json beside config.json): vLLM runs it as a pooling model.
-    sentence_transformers: bool = False
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    def shape(self) -> tuple:
-        """What makes two models plan alike apart from their weights' size, dtype and context
-        length: the layers, heads, widths, vocabulary, attention layout and experts."""
-        ignored = ("weights_gib", "dtype", "max_position_embeddings", "architectures", "sentence_transformers")
-        return tuple(getattr(self, name) for name in self.field_names() if name not in ignored)
-
-    @property
-    def mlp_intermediate_size(self) -> int:
-        """The MLP width tensor parallelism splits: an expert's for a MoE model, else the dense one."""
-        return (self.moe_intermediate_size or self.intermediate_size) if self.num_experts else self.intermediate_size
-
-    def layer_params(self) -> int:
-        """Parameters of one decoder layer: q, k, v, o projections and a gated MLP (for a MoE
-        model, every expert's and the router)."""
-        q_and_o = 2 * self.hidden_size * self.num_attention_heads * self.head_dim
-        k_and_v = 2 * self.hidden_size * self.num_key_value_heads * self.head_dim
-        mlp = 3 * self.hidden_size * self.mlp_intermediate_size
-        if self.num_experts:
-            mlp = self.num_experts * (mlp + self.hidden_size)
-        return q_and_o + k_and_v + mlp
-
-    def parameters(self) -> int:
-        """Every parameter of the decoder: embedding (and an untied lm_head) and the layers (norms
-        and biases, a few per mille, left out)."""
-        copies = 1 if self.tie_word_embeddings else 2
-        return self.vocab_size * self.hidden_size * copies + self.layer_params() * self.num_hidden_layers
-
-    @cached_property
-    def embedding_gib(self) -> float:
-        """Weight GiB of the token embedding (also the size of an untied lm_head).
-
-        Derived as the embedding's share of all parameters, so that it holds for quantized
-        files (GGUF) as well as for bf16 ones.
-        """
-        return self.weights_gib * self.vocab_size * self.hidden_size / self.parameters()
-
-    @cached_property
-    def layer_gib(self) -> float:
-        """Weight GiB of one decoder layer (the rest of the weights spread evenly)."""
-        copies = 1 if self.tie_word_embeddings else 2
-        return (self.weights_gib - copies * self.embedding_gib) / self.num_hidden_layers
-
-    def attention_layers(self) -> tuple[int, int]:
-        """(full-attention layers, sliding-window layers), as vLLM's model code assigns them."""
-        n = self.num_hidden_layers
-        if not self.sliding_window:
-            return n, 0
-        if self.layer_types:
-            sliding = sum(1 for t in self.layer_types if t == "sliding_attention")
-            return len(self.layer_types) - sliding, sliding
-        if self.sliding_window_pattern:
-            full = n // self.sliding_window_pattern
-            return full, n - full
-        return 0, n  # Mistral-style: every layer slides
-
-    def kv_bytes_per_token_per_layer(self, tensor_parallel_size: int, kv_dtype_bytes: int) -> int:
-        """KV-cache bytes one token costs in one layer on ONE GPU of a TP group.
-
-        KV heads are split over TP ranks; with more ranks than KV heads they are replicated.
-        """
-        heads_per_rank = max(1, self.num_key_value_heads // tensor_parallel_size)
-        return 2 * heads_per_rank * self.head_dim * kv_dtype_bytes
+# Re-exported: the planner, the commands and the tests name a model's shape, its KV cache groups
+# and the GPU facts through the catalog.
+from vllm_fleet.gpu_models import DRIVER_RESERVES as DRIVER_RESERVES
+from vllm_fleet.gpu_models import FALLBACK_RESERVE_MIB as FALLBACK_RESERVE_MIB
+from vllm_fleet.gpu_models import FALLBACK_RESERVE_SHARE as FALLBACK_RESERVE_SHARE
+from vllm_fleet.gpu_models import CudaTotal as CudaTotal
+from vllm_fleet.gpu_models import DriverReserve as DriverReserve
+from vllm_fleet.gpu_models import GpuModelFacts as GpuModelFacts
+from vllm_fleet.gpu_models import cuda_total as cuda_total
+from vllm_fleet.gpu_models import driver_reserve as driver_reserve
+from vllm_fleet.gpu_models import gpu_model_facts as gpu_model_facts
+from vllm_fleet.kv_cache_groups import GROUP_SIZE_PADDING_LIMIT as GROUP_SIZE_PADDING_LIMIT
+from vllm_fleet.kv_cache_groups import KV_BLOCK_SIZE as KV_BLOCK_SIZE
+from vllm_fleet.kv_cache_groups import KvGroups as KvGroups
+from vllm_fleet.kv_cache_groups import concurrent_batches as concurrent_batches
+from vllm_fleet.model_shape import DTYPE_BYTES as DTYPE_BYTES
+from vllm_fleet.model_shape import GIB as GIB
+from vllm_fleet.model_shape import MIB as MIB
+from vllm_fleet.model_shape import ModelInfo as ModelInfo
+from vllm_fleet.model_shape import attention_from_config as attention_from_config
+from vllm_fleet.model_shape import derived_weights_gib as derived_weights_gib
 
 
 def _m(**kwargs: Any) -> ModelInfo:
     return ModelInfo(**kwargs)
-
-
-# --- vLLM's hybrid KV cache manager, as arithmetic ------------------------------------------------
-# Followed in the vllm 0.33.0 wheel:
-# - vllm/v1/core/kv_cache_planning.py:416-535 (_get_kv_cache_groups_uniform_page_size): layers of
-#   one spec are split into groups of `group_size` = the smallest per-type layer count, or the
-#   largest when max < 1.5 x min; each group is one block table drawing from ONE block pool.
-# - vllm/v1/core/kv_cache_utils.py:1061-1092 (get_max_concurrency_for_kv_cache_config):
-#   num_blocks / sum over groups of cdiv(spec.max_memory_usage_bytes, spec.page_size_bytes).
-# - vllm/v1/kv_cache_interface.py:643-648 (FullAttentionSpec): cdiv(max_model_len, block_size)
-#   pages; 919-955 (SlidingWindowSpec.max_admission_blocks_per_request): cdiv(min(sliding_window
-#   - 1 + max_in_flight_tokens, max_model_len), block_size) + 1 pages.
-# - vllm/config/vllm.py:587-609: max_in_flight_tokens = max_concurrent_batches x
-#   max_num_batched_tokens; max_concurrent_batches is PP + 1 with async scheduling on the V2 model
-#   runner, 2 with it on the V1 runner without PP, else PP (see concurrent_batches).
-
-#: vLLM's default KV block size on CUDA (tokens per block).
-KV_BLOCK_SIZE = 16
-
-#: vLLM pads the smaller layer type up to the larger one's count when max < this x min
-#: (kv_cache_planning.py:524), rather than grouping by the smaller count.
-GROUP_SIZE_PADDING_LIMIT = 1.5
-
-
-def concurrent_batches(pipeline_parallel_size: int, async_scheduling: bool,
-                       v2_model_runner: bool) -> int:
-    """VllmConfig.max_concurrent_batches (vllm/config/vllm.py:587-598): the batches in flight at
-    once, each up to max_num_batched_tokens. PP needs PP batches to fill the pipeline; async
-    scheduling overlaps one more (the V1 runner only without PP)."""
-    if async_scheduling:
-        if v2_model_runner:
-            return pipeline_parallel_size + 1
-        if pipeline_parallel_size <= 1:
-            return 2
-    return pipeline_parallel_size
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-@dataclass(frozen=True)
-class KvGroups:
-    """How vLLM groups a model's attention layers for its KV cache."""
-
-    group_size: int  # layers per group (= KV tensors per block slot)
-    full_groups: int
-    sliding_groups: int
-    sliding_window: int | None
-    total_layers: int
-
-    @classmethod
-    def of(cls, info: "ModelInfo", hybrid: bool = True) -> "KvGroups":
-        full, sliding = info.attention_layers() if hybrid else (info.num_hidden_layers, 0)
-        counts = [c for c in (full, sliding) if c]
-        size = min(counts)
-        if max(counts) < size * GROUP_SIZE_PADDING_LIMIT:
-            size = max(counts)
-        return cls(size, _cdiv(full, size) if full else 0, _cdiv(sliding, size) if sliding else 0,
-                   info.sliding_window if sliding else None, info.num_hidden_layers)
-
-    @property
-    def hybrid(self) -> bool:
-        return self.sliding_groups > 0
-
-    def slots(self, layers_on_stage: int) -> int:
-        """KV tensors (layer slots per block) on a PP stage holding this many layers."""
-        if self.full_groups + self.sliding_groups == 1:
-            return layers_on_stage
-        return max(1, _cdiv(self.group_size * layers_on_stage, self.total_layers))
-
-    def blocks_per_request(self, max_model_len: int, max_in_flight_tokens: int,
-                           block_size: int = KV_BLOCK_SIZE) -> int:
-        """Blocks one max_model_len request takes over all groups; `max_in_flight_tokens` is
-        concurrent_batches(...) x max_num_batched_tokens."""
-        full = _cdiv(max_model_len, block_size)
-        blocks = self.full_groups * full
-        if self.sliding_groups:
-            assert self.sliding_window is not None  # sliding groups come with their window (KvGroups.of)
-            window = min(self.sliding_window - 1 + max_in_flight_tokens, max_model_len)
-            blocks += self.sliding_groups * (_cdiv(window, block_size) + 1)
-        return blocks
-
-
-def attention_from_config(cfg: dict[str, Any], model_type: str | None = None) -> dict[str, Any]:
-    """The ModelInfo attention fields from a Hugging Face config.json (text part).
-
-    Qwen2-style `use_sliding_window: false` means no sliding window whatever `sliding_window` says;
-    Gemma 3 / Gemma 2 configs without `layer_types` get transformers' own defaults
-    (sliding_window_pattern 6, and 2 for Gemma 2's alternating layers).
-    """
-    window = cfg.get("sliding_window")
-    if cfg.get("use_sliding_window") is False or not isinstance(window, int) or window <= 0:
-        return {"sliding_window": None, "layer_types": None, "sliding_window_pattern": None}
-    types = cfg.get("layer_types")
-    pattern = cfg.get("sliding_window_pattern")
-    kind = str(model_type or cfg.get("model_type") or "")
-    if not isinstance(pattern, int) or pattern <= 0:
-        pattern = 6 if kind.startswith("gemma3") else 2 if kind.startswith("gemma2") else None
-    if isinstance(types, list) and all(isinstance(t, str) for t in types):
-        return {"sliding_window": window, "layer_types": tuple(types), "sliding_window_pattern": None}
-    return {"sliding_window": window, "layer_types": None, "sliding_window_pattern": pattern}
-
-
-def derived_weights_gib(info: ModelInfo) -> float | None:
-    """The weights' GiB a checkpoint of this shape holds in its dtype: every parameter
-    (`ModelInfo.parameters`) x the dtype's bytes; None for a dtype without a fixed size (GGUF).
-    Llama 3 8B: 8.03e9 x 2 bytes = 14.96 GiB, the size of its safetensors files."""
-    size = DTYPE_BYTES.get(info.dtype)
-    return info.parameters() * size / GIB if size else None
 
 
 def _derived(**shape: Any) -> ModelInfo:
@@ -462,149 +254,3 @@ def _size(model: str) -> str | None:
 
 def is_gguf(model: str, info: ModelInfo | None = None) -> bool:
     return model.lower().endswith(".gguf") or (info is not None and info.dtype == "gguf")
-
-
-@dataclass(frozen=True)
-class GpuModelFacts:
-    """What the planner needs to know about a GPU model beyond what nvidia-smi reports.
-
-    GPUs below the pinned vLLM build's minimum compute capability (vllm_fleet/gpu_support.py's
-    RUNTIMES table: 7.5 for vLLM 0.33's torch 2.14 CUDA 13.0 build) are listed so that they are
-    recognised and refused by name: V100/TITAN V (7.0), P100 (6.0), P40/GTX 10x0 (6.1) are NOT
-    plannable with vLLM 0.33 (`plannable` below, `gpu_support.preflight`).
-    """
-
-    compute_capability: float
-    #: GeForce/consumer cards: no NVLink, and P2P over PCIe hangs NCCL in TP (vllm#14449).
-    consumer: bool
-
-    def plannable(self, min_compute_capability: float) -> bool:
-        return self.compute_capability >= min_compute_capability
-
-
-# Matched as substrings of the nvidia-smi name, most specific first.
-_GPU_FACTS: list[tuple[str, GpuModelFacts]] = [
-    ("H200", GpuModelFacts(9.0, False)),
-    ("H100", GpuModelFacts(9.0, False)),
-    ("H800", GpuModelFacts(9.0, False)),
-    ("A100", GpuModelFacts(8.0, False)),
-    ("A800", GpuModelFacts(8.0, False)),
-    ("A10", GpuModelFacts(8.6, False)),
-    ("A40", GpuModelFacts(8.6, False)),
-    ("L40", GpuModelFacts(8.9, False)),
-    ("L4", GpuModelFacts(8.9, False)),
-    ("RTX 5090", GpuModelFacts(12.0, True)),
-    ("RTX 4090", GpuModelFacts(8.9, True)),
-    ("RTX 3090", GpuModelFacts(8.6, True)),
-    ("RTX A6000", GpuModelFacts(8.6, False)),
-    ("RTX 6000 Ada", GpuModelFacts(8.9, False)),
-    ("T4", GpuModelFacts(7.5, False)),
-    ("RTX 2080", GpuModelFacts(7.5, True)),
-    # Pre-Turing: below CUDA 13's minimum (see GpuModelFacts), refused by gpu_support.preflight.
-    ("V100", GpuModelFacts(7.0, False)),
-    ("TITAN V", GpuModelFacts(7.0, True)),
-    ("P100", GpuModelFacts(6.0, False)),
-    ("P40", GpuModelFacts(6.1, False)),
-    ("GTX 1080", GpuModelFacts(6.1, True)),
-]
-
-
-def gpu_model_facts(name: str) -> GpuModelFacts | None:
-    upper = name.upper()
-    for needle, facts in _GPU_FACTS:
-        if needle.upper() in upper:
-            return facts
-    if "GEFORCE" in upper:
-        return GpuModelFacts(8.0, True)
-    return None
-
-
-# --- the memory vLLM budgets from ------------------------------------------------------------------
-#
-# vLLM budgets `gpu_memory_utilization` x the total the CUDA runtime reports (torch.cuda.mem_get_info,
-# which is cudaDeviceProp.totalGlobalMem), not nvidia-smi's memory.total: the driver keeps a share of
-# the card for itself that CUDA never shows. Per GPU model, what that share is, with where it was seen.
-
-@dataclass(frozen=True)
-class DriverReserve:
-    """What the driver keeps of one GPU model's memory: nvidia-smi's total less CUDA's, in bytes."""
-
-    needle: str  # matched in the nvidia-smi name, as _GPU_FACTS
-    memory_mib: int  # nvidia-smi's memory.total of the board it was seen on
-    reserve_bytes: int
-    source: str
-
-
-#: Seen on real GPUs. A logged "total_gpu_memory (23.55GiB)" has two decimals (+-5 MiB): the
-#: smallest total seen is taken and the reserve rounded up, so a plan never counts on memory the
-#: card may not have.
-DRIVER_RESERVES: tuple[DriverReserve, ...] = (
-    DriverReserve("H200", 143771, 150754820096 - 150109880320,
-                  "recorded on an H200 with driver 580.159.04 (tests/fixtures/device/h200-580.159.04: "
-                  "CUDA's total 150109880320 B against NVML's 150754820096 B; nvidia-smi's memory.reserved "
-                  "616 MiB)"),
-    DriverReserve("RTX 4090", 24564, (24564 - 24115) * MIB,
-                  "vLLM's own logs on RTX 4090s: total_gpu_memory 23.55 GiB (vllm-project/vllm#11550) and "
-                  "23.58 GiB (vllm-project/vllm#14447) against nvidia-smi's 24564 MiB (vllm-project/vllm"
-                  "#7553); the RTX 4090 D has the same 24564 MiB board"),
-    DriverReserve("RTX 3090", 24576, (24576 - 24125) * MIB,
-                  "vLLM's log on RTX 3090s: 'Free memory on device (22.93/23.56 GiB)' "
-                  "(wtdcode/vllm-backport#34) against nvidia-smi's 24576 MiB"),
-)
-
-#: GPU models not in the table, when nothing read on the host says better: the larger of 640 MiB
-#: and 0.5 % of the card. Above every reserve recorded (615 MiB on a 141 GB H200, about 450 MiB on
-#: 24 GB cards), so such a plan counts fewer KV blocks than vLLM finds, never more.
-FALLBACK_RESERVE_MIB = 640
-FALLBACK_RESERVE_SHARE = 0.005
-
-
-@dataclass(frozen=True)
-class CudaTotal:
-    """The memory vLLM multiplies by gpu_memory_utilization, and where the number comes from."""
-
-    total_bytes: int
-    source: str  # "host", "nvidia-smi reserved", "table" or "rule"
-    detail: str  # said in the plan
-
-    @property
-    def total_gib(self) -> float:
-        return self.total_bytes / GIB
-
-
-def driver_reserve(name: str, memory_mib: int) -> DriverReserve | None:
-    """The table's row for this GPU model and board size (None: not recorded)."""
-    upper = name.upper()
-    for row in DRIVER_RESERVES:
-        if row.needle.upper() in upper and row.memory_mib == memory_mib:
-            return row
-    return None
-
-
-@lru_cache(maxsize=256)
-def cuda_total(name: str, memory_mib: int, host_total_bytes: int | None = None,
-               reserved_mib: int | None = None) -> CudaTotal:
-    """What CUDA reports as the card's total, best source first: read on the host (the CUDA probe),
-    nvidia-smi's memory.reserved (read with the GPU list), the recorded table, the stated rule."""
-    smi_bytes = memory_mib * MIB
-    smi_gib = f"{smi_bytes / GIB:.2f} GiB"
-    if host_total_bytes:
-        return CudaTotal(host_total_bytes, "host",
-                         f"CUDA total {host_total_bytes / GIB:.2f} GiB (read on the host; nvidia-smi: {smi_gib})")
-    if reserved_mib is not None and 0 <= reserved_mib < memory_mib:
-        total = (memory_mib - reserved_mib) * MIB
-        return CudaTotal(total, "nvidia-smi reserved",
-                         f"CUDA total {total / GIB:.2f} GiB (nvidia-smi's total {smi_gib} less its "
-                         f"memory.reserved {reserved_mib} MiB)")
-    row = driver_reserve(name, memory_mib)
-    if row is not None:
-        total = smi_bytes - row.reserve_bytes
-        return CudaTotal(total, "table",
-                         f"CUDA total {total / GIB:.2f} GiB ({row.needle} table: nvidia-smi's {smi_gib} "
-                         f"less the driver's {row.reserve_bytes / MIB:.0f} MiB)")
-    # A toy board (a test's few MiB) keeps most of itself.
-    reserve_mib = min(max(FALLBACK_RESERVE_MIB, math.ceil(memory_mib * FALLBACK_RESERVE_SHARE)), memory_mib // 10)
-    total = smi_bytes - reserve_mib * MIB
-    return CudaTotal(total, "rule",
-                     f"CUDA total {total / GIB:.2f} GiB (nvidia-smi's total {smi_gib} less a conservative "
-                     f"{reserve_mib} MiB for the driver: no recorded reserve for this GPU model)")

@@ -156,14 +156,20 @@ class Fleet:
             raise ConfigErrors(clashes)
         return hosts
 
-    def path_problems(self, hosts: Iterable[HostConfig]) -> list[ConfigError]:
+    def path_problems(self, hosts: Iterable[HostConfig], plans: Iterable[HostPlan] | None = None) -> list[ConfigError]:
         """The paths of `hosts` that two of the deploy's steps would write (path_writers: the one
-        rule, here on the paths each host's settings give it; the deploy applies it again to what
-        it rendered). A Ray worker holds its node group's model too."""
+        rule, here on the paths each host's settings give it; prepare_host applies it again to what
+        it rendered). `plans`: the hosts' plans, in their order, whose instances' names are the
+        files' (placement "auto" may split an instance by GPU model). A Ray worker holds its node
+        group's model too."""
+        hosts = list(hosts)
+        names: list[list[str] | None] = ([[inst.name for inst in p.instances] for p in plans] if plans is not None
+                                         else [None] * len(hosts))
         errors = []
-        for config in hosts:
+        for config, planned in zip(hosts, names, strict=True):
             held = self.held_instances(config)
-            errors += path_writers.path_clashes(config, held, path_writers.declared_writers(config, held))
+            errors += path_writers.path_clashes(config, path_writers.declared_writers(config, held, planned),
+                                                synced=held)
         return errors
 
     def held_instances(self, config: HostConfig) -> list[InstanceConfig]:
@@ -173,8 +179,14 @@ class Fleet:
         return [*config.instances, *([group.instance] if group and group.head != config.name else [])]
 
     def plan(self) -> FleetPlan:
-        """The selected hosts planned from their declared data (`vllm-fleet plan`)."""
-        return plan_fleet(self.hosts())
+        """The selected hosts planned from their declared data (`vllm-fleet plan`), the one-writer
+        rule applied again with the planned instances' names."""
+        hosts = self.hosts()
+        plan = plan_fleet(hosts)
+        clashes = self.path_problems(hosts, plan.hosts)
+        if clashes:
+            raise ConfigErrors(clashes)
+        return plan
 
     def every(self, own: HostConfig | None = None) -> list[HostConfig]:
         """Every host of the inventory, in its order, whatever the limit. `own`: this host's config

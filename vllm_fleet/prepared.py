@@ -70,9 +70,14 @@ def prepare_host(found: Discovered, secrets: Secrets | None = None,
     backends = backends_for(plan) if backends_for else None
     targets = targets_for(plan) if targets_for else None
     rendered = render_host(found.config, plan, secrets, backends, targets, gateway_access)
-    twice = path_writers.rendered_twice(found.config, [f.path for f in rendered])
-    if twice:
-        raise ConfigErrors(twice)
+    # The one-writer rule again, on what was planned and rendered (a split instance's names, a file
+    # the layout does not foresee); check and plan applied it to what the settings declare.
+    me = found.config
+    held = [*me.instances, *(g.group.instance for g in node_groups or [] if g.group.head != me.name)]
+    clashes = path_writers.path_clashes(me, path_writers.rendered_writers(
+        me, held, [inst.name for inst in plan.instances], [f.path for f in rendered]), synced=held)
+    if clashes:
+        raise ConfigErrors(clashes)
     files = {f.path: f for f in rendered}
     return PreparedHost(found.config, plan, files, backends, node_groups)
 

@@ -22,6 +22,7 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import gateway_bench as gb  # noqa: E402
+import gateway_bench_standins as gs  # noqa: E402
 import gateway_standin as si  # noqa: E402
 
 AUTH = {"authorization": f"Bearer {si.API_KEY}"}
@@ -196,10 +197,10 @@ def test_measure_counts_errors_and_keeps_going(standins):
 def test_measure_command_line_prints_one_json_document(standins):
     a, gw = standins("a"), standins("gw")
     proc = subprocess.run([sys.executable, "-I", str(BENCH / "gateway_standin.py"), "measure", "--direct",
-                           gb.target_text(a.target), "--gateway", gb.target_text(gw.target), "--concurrency", "1",
+                           gs.target_text(a.target), "--gateway", gs.target_text(gw.target), "--concurrency", "1",
                            "--requests", "40", "--warmup", "20"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    result = gb.last_json_line(proc.stdout)
+    result = gs.last_json_line(proc.stdout)
     assert result["direct"]["n"] == 40 and result["gateway"]["n"] == 40 and result["errors"] == 0
     assert si.API_KEY not in proc.stdout + proc.stderr
 
@@ -212,7 +213,7 @@ def test_wrong_key_is_an_error_not_a_sample(standins):
 
 # --- the bench's side: commands, checks, output ---------------------------------------------
 
-FLEET = gb.Fleet(gateway_host="sbx-cpu1", gateway=("10.213.7.11", 9000), router="http://127.0.0.1:19000",
+FLEET = gs.Fleet(gateway_host="sbx-cpu1", gateway=("10.213.7.11", 9000), router="http://127.0.0.1:19000",
                  unit="vllm-fleet-gateway.service", workers_file="/etc/vllm-fleet/gateway-workers.json",
                  register_script="/etc/vllm-fleet/gateway-register.py", model="tiny-llama",
                  backends={"sbx-cpu1": ("10.213.7.11", 8000), "sbx-cpu2": ("10.213.7.12", 8000),
@@ -227,7 +228,7 @@ def test_load_fleet_reads_the_sandbox_plan():
 
 
 def test_workers_json_is_what_the_registration_script_reads():
-    workers = json.loads(gb.workers_json(FLEET.standins(), "tiny-llama"))
+    workers = json.loads(gs.workers_json(FLEET.standins(), "tiny-llama"))
     assert {w["url"]: w["model_id"] for w in workers} == {
         "http://10.213.7.11:8800": "tiny-llama", "http://10.213.7.12:8800": "tiny-llama",
         "http://10.213.7.13:8800": "tiny-llama"}
@@ -242,13 +243,13 @@ ROUTER_LISTING = json.dumps({"workers": [
 
 
 def test_router_workers_parses_the_listing():
-    assert gb.router_workers(ROUTER_LISTING) == {"http://10.213.7.12:8800": ("tiny-llama", True),
+    assert gs.router_workers(ROUTER_LISTING) == {"http://10.213.7.12:8800": ("tiny-llama", True),
                                                  "http://10.213.7.11:8800": ("tiny-llama", False)}
 
 
 def test_commands_carry_no_key():
-    cmd = gb.standin_command("10.213.7.12", 8800, "tiny-llama", "sbx-cpu2", "/run/x.log")
-    assert si.API_KEY not in cmd and si.API_KEY not in gb.stop_command(1, "/run/x.log")
+    cmd = gs.standin_command("10.213.7.12", 8800, "tiny-llama", "sbx-cpu2", "/run/x.log")
+    assert si.API_KEY not in cmd and si.API_KEY not in gs.stop_command(1, "/run/x.log")
     assert cmd.endswith("& echo $!") and "--host 10.213.7.12 --port 8800" in cmd
 
 
@@ -312,7 +313,7 @@ DEPLOYED_LISTING = json.dumps({"workers": [{"url": "http://10.213.7.11:8000", "m
 
 def test_restore_reloads_the_gateway_unit_and_checks_the_workers():
     fake = FakeSandbox([("cat /etc/vllm-fleet/gateway-workers.json", 0, f"{DEPLOYED}\n@@\n{DEPLOYED_LISTING}", "")])
-    s = gb.StandIns(fake, FLEET, log=lambda line: None)
+    s = gs.StandIns(fake, FLEET, log=lambda line: None)
     s.restore()
     assert fake.commands == []  # nothing swapped: nothing to restore
     s.swapped = True
@@ -331,7 +332,7 @@ def test_restore_falls_back_to_a_restart():
             return subprocess.CompletedProcess(command, 0, out, "")
 
     fake, lines = Fake([]), []
-    s = gb.StandIns(fake, FLEET, log=lines.append)
+    s = gs.StandIns(fake, FLEET, log=lines.append)
     s.swapped = True
     s.restore()
     assert [c for _h, c in fake.commands if c.startswith("systemctl")] == [
@@ -341,18 +342,18 @@ def test_restore_falls_back_to_a_restart():
 
 
 def test_route_to_standins_refuses_a_router_that_kept_other_workers(monkeypatch):
-    monkeypatch.setattr(gb, "push", lambda *args: None)
+    monkeypatch.setattr(gs, "push", lambda *args: None)
     listing = json.dumps({"workers": [{"url": f"http://{a}:{p}", "model_id": "tiny-llama", "is_healthy": True}
                                       for a, p in FLEET.standins().values()]})
     fake = FakeSandbox([("gateway-register.py", 0, "3 backend(s) registered", ""), ("/workers", 0, listing, "")])
-    s = gb.StandIns(fake, FLEET, log=lambda line: None)
+    s = gs.StandIns(fake, FLEET, log=lambda line: None)
     s.route_to_standins()
     assert s.swapped
     assert fake.commands[0] == ("sbx-cpu1", "python3 -I /etc/vllm-fleet/gateway-register.py http://127.0.0.1:19000 "
                                             "/run/vllm-fleet-bench/standin-workers.json 30")
     fake = FakeSandbox([("/workers", 0, ROUTER_LISTING, "")])
-    s = gb.StandIns(fake, FLEET, log=lambda line: None)
-    with pytest.raises(gb.BenchError, match="not the healthy stand-ins"):
+    s = gs.StandIns(fake, FLEET, log=lambda line: None)
+    with pytest.raises(gs.BenchError, match="not the healthy stand-ins"):
         s.route_to_standins()
     assert s.swapped  # so the teardown restores the router
 
@@ -376,13 +377,13 @@ def python3_is_this_interpreter(tmp_path_factory, monkeypatch):
 
 
 def test_standins_start_and_stop_by_pid_with_the_hosts_commands(tmp_path, monkeypatch, python3_is_this_interpreter):
-    monkeypatch.setattr(gb, "REMOTE_DIR", str(tmp_path))
-    monkeypatch.setattr(gb, "REMOTE_SCRIPT", str(BENCH / "gateway_standin.py"))
-    monkeypatch.setattr(gb, "STANDIN_PORT", free_port())
-    fleet = gb.Fleet(gateway_host="h1", gateway=("127.0.0.1", 1), router="http://127.0.0.1:1", unit="u",
+    monkeypatch.setattr(gs, "REMOTE_DIR", str(tmp_path))
+    monkeypatch.setattr(gs, "REMOTE_SCRIPT", str(BENCH / "gateway_standin.py"))
+    monkeypatch.setattr(gs, "STANDIN_PORT", free_port())
+    fleet = gs.Fleet(gateway_host="h1", gateway=("127.0.0.1", 1), router="http://127.0.0.1:1", unit="u",
                      workers_file="w", register_script="r", model="tiny-llama",
                      backends={"h1": ("127.0.0.1", 8000), "h2": ("127.0.0.2", 8000)})
-    s = gb.StandIns(LocalSandbox(), fleet, log=lambda line: None)
+    s = gs.StandIns(LocalSandbox(), fleet, log=lambda line: None)
     try:
         s.start()
         pids = dict(s.pids)
@@ -404,7 +405,7 @@ def test_standins_start_and_stop_by_pid_with_the_hosts_commands(tmp_path, monkey
 def test_stop_command_leaves_a_pid_that_is_no_stand_in_alone():
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
-        proc = subprocess.run(["bash", "-c", gb.stop_command(sleeper.pid, "/nonexistent.log")],
+        proc = subprocess.run(["bash", "-c", gs.stop_command(sleeper.pid, "/nonexistent.log")],
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0 and sleeper.poll() is None
     finally:
@@ -424,5 +425,5 @@ def test_measure_on_runs_the_client_as_a_process_here_and_on_a_host(standins, mo
     odd = gb.measure_on(LocalSandbox(), "h1", [a.target], gw.target, 1, 20, 0, "tiny-llama'; exit 3; '")
     assert odd["errors"] == 40 and "HTTP 404" in odd["error_examples"][0]
     monkeypatch.setattr(gb, "REMOTE_SCRIPT", "/nonexistent/gateway_standin.py")
-    with pytest.raises(gb.BenchError, match="the client on the gateway host failed"):
+    with pytest.raises(gs.BenchError, match="the client on the gateway host failed"):
         gb.measure_on(LocalSandbox(), "h1", [a.target], gw.target, 1, 20, 0, "tiny-llama")

@@ -17,39 +17,40 @@ BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
 import gateway_policy_bench as pb  # noqa: E402
+import gateway_policy_workload as pw  # noqa: E402
 
 
 # --- the workload ---------------------------------------------------------------------------------
 
 def test_every_conversation_of_a_block_shares_the_one_system_prompt_and_one_shots_do_not():
-    w = pb.make_workload(1, "r1-cache_aware", conversations=8, turns=3, oneshot_share=0.2)
-    assert w["system"].startswith("[r1-cache_aware] ") and w["system"].endswith(pb.SYSTEM_PROMPT)
-    firsts = [pb.turn_messages(w["system"], c["turns"][:1], []) for c in w["conversations"]]
+    w = pw.make_workload(1, "r1-cache_aware", conversations=8, turns=3, oneshot_share=0.2)
+    assert w["system"].startswith("[r1-cache_aware] ") and w["system"].endswith(pw.SYSTEM_PROMPT)
+    firsts = [pw.turn_messages(w["system"], c["turns"][:1], []) for c in w["conversations"]]
     assert {m[0]["content"] for m in firsts} == {w["system"]}  # the very same prefix, every conversation
     assert all(m[0]["role"] == "system" for m in firsts)
-    assert not any(pb.SYSTEM_PROMPT[:40] in o for o in w["oneshots"])
+    assert not any(pw.SYSTEM_PROMPT[:40] in o for o in w["oneshots"])
     assert len({c["id"] for c in w["conversations"]}) == 8
 
 
 def test_the_one_shot_share_is_of_all_requests():
-    w = pb.make_workload(1, "t", conversations=16, turns=4, oneshot_share=0.2)
+    w = pw.make_workload(1, "t", conversations=16, turns=4, oneshot_share=0.2)
     assert len(w["oneshots"]) == 16  # 16 / (64 + 16) = 20 %
-    assert pb.make_workload(1, "t", 4, 2, 0.0)["oneshots"] == []
+    assert pw.make_workload(1, "t", 4, 2, 0.0)["oneshots"] == []
     with pytest.raises(ValueError):
-        pb.make_workload(1, "t", 4, 2, 1.0)
+        pw.make_workload(1, "t", 4, 2, 1.0)
 
 
 def test_blocks_do_not_share_a_prefix_and_the_same_tag_gives_the_same_block():
-    a, b = pb.make_workload(1, "r1-round_robin", 4, 2, 0.2), pb.make_workload(1, "r2-round_robin", 4, 2, 0.2)
+    a, b = pw.make_workload(1, "r1-round_robin", 4, 2, 0.2), pw.make_workload(1, "r2-round_robin", 4, 2, 0.2)
     assert a["system"][:4] != b["system"][:4]  # the tag comes first: another block's cache never matches
-    assert pb.make_workload(1, "r1-round_robin", 4, 2, 0.2) == a
-    assert pb.plan_jobs(a, 1) == pb.plan_jobs(a, 1)
+    assert pw.make_workload(1, "r1-round_robin", 4, 2, 0.2) == a
+    assert pw.plan_jobs(a, 1) == pw.plan_jobs(a, 1)
 
 
 def test_each_turn_carries_the_previous_ones_and_their_replies():
     users = ["first?", "second?", "third?"]
     replies = ["one", "two"]
-    turns = [pb.turn_messages("SYS", users[:n + 1], replies[:n]) for n in range(3)]
+    turns = [pw.turn_messages("SYS", users[:n + 1], replies[:n]) for n in range(3)]
     for shorter, longer in itertools.pairwise(turns):
         assert longer[:len(shorter)] == shorter  # the earlier turn is a prefix of the next
         assert len(longer) == len(shorter) + 2  # + its reply and the new user message
@@ -58,12 +59,12 @@ def test_each_turn_carries_the_previous_ones_and_their_replies():
                         {"role": "user", "content": "second?"}, {"role": "assistant", "content": "two"},
                         {"role": "user", "content": "third?"}]
     with pytest.raises(ValueError):
-        pb.turn_messages("SYS", ["a?"], ["too many"])
+        pw.turn_messages("SYS", ["a?"], ["too many"])
 
 
 def test_jobs_are_every_conversation_and_one_shot_once_mixed():
-    w = pb.make_workload(3, "t", 10, 2, 0.2)
-    jobs = pb.plan_jobs(w, 3)
+    w = pw.make_workload(3, "t", 10, 2, 0.2)
+    jobs = pw.plan_jobs(w, 3)
     assert sorted(jobs) == sorted([("conversation", i) for i in range(10)] + [("oneshot", j) for j in range(5)])
     kinds = [k for k, _ in jobs]
     assert kinds != sorted(kinds) and kinds != sorted(kinds, reverse=True)  # interleaved
@@ -89,23 +90,23 @@ def metrics(queries: float, hits: float, length: float, stop: float = 2.0) -> st
 
 
 def test_counter_sum_adds_every_label_set_of_that_name_only():
-    assert pb.counter_sum(BEFORE, pb.QUERY_NAME) == 1000.0
-    assert pb.counter_sum(BEFORE, pb.HIT_NAME) == 200.0  # not the _created sample
-    assert pb.counter_sum(BEFORE, pb.SUCCESS_NAME) == 12.0  # both finished_reason label sets
-    assert pb.counter_sum("vllm:prefix_cache_hits_total 5\n", pb.HIT_NAME) == 5.0  # no labels
-    assert pb.counter_sum("", pb.HIT_NAME) == 0.0
+    assert pw.counter_sum(BEFORE, pw.QUERY_NAME) == 1000.0
+    assert pw.counter_sum(BEFORE, pw.HIT_NAME) == 200.0  # not the _created sample
+    assert pw.counter_sum(BEFORE, pw.SUCCESS_NAME) == 12.0  # both finished_reason label sets
+    assert pw.counter_sum("vllm:prefix_cache_hits_total 5\n", pw.HIT_NAME) == 5.0  # no labels
+    assert pw.counter_sum("", pw.HIT_NAME) == 0.0
 
 
 def test_hit_rate_is_the_deltas_hits_over_queries_of_all_instances():
     before = {"sbx-cpu1": BEFORE, "sbx-cpu2": metrics(0, 0, 0, 0)}
     after = {"sbx-cpu1": metrics(1600, 650, 16), "sbx-cpu2": metrics(400, 50, 4, 0)}
-    deltas = pb.metric_deltas(before, after)
+    deltas = pw.metric_deltas(before, after)
     assert deltas == {"sbx-cpu1": {"hits": 450.0, "queries": 600.0, "requests": 6.0},
                       "sbx-cpu2": {"hits": 50.0, "queries": 400.0, "requests": 4.0}}
-    assert pb.hit_rate(deltas) == pytest.approx(500 / 1000)  # not the mean of 75 % and 12.5 %
-    assert pb.spread(deltas) == {"sbx-cpu1": pytest.approx(0.6), "sbx-cpu2": pytest.approx(0.4)}
-    assert pb.hit_rate({"h": {"hits": 0.0, "queries": 0.0, "requests": 0.0}}) is None
-    assert pb.spread({"h": {"hits": 0.0, "queries": 0.0, "requests": 0.0}}) == {"h": 0.0}
+    assert pw.hit_rate(deltas) == pytest.approx(500 / 1000)  # not the mean of 75 % and 12.5 %
+    assert pw.spread(deltas) == {"sbx-cpu1": pytest.approx(0.6), "sbx-cpu2": pytest.approx(0.4)}
+    assert pw.hit_rate({"h": {"hits": 0.0, "queries": 0.0, "requests": 0.0}}) is None
+    assert pw.spread({"h": {"hits": 0.0, "queries": 0.0, "requests": 0.0}}) == {"h": 0.0}
 
 
 def block(policy, ttft, later, wall, hits, queries, ok=4, errors=0):
@@ -116,7 +117,7 @@ def block(policy, ttft, later, wall, hits, queries, ok=4, errors=0):
 
 
 def test_summary_pools_a_policys_blocks():
-    s = pb.summarize("cache_aware", [block("cache_aware", [10.0, 20.0], [20.0], 2.0, 100.0, 200.0),
+    s = pw.summarize("cache_aware", [block("cache_aware", [10.0, 20.0], [20.0], 2.0, 100.0, 200.0),
                                      block("cache_aware", [30.0, 40.0], [40.0], 2.0, 300.0, 200.0, errors=1)])
     assert s["blocks"] == 2 and s["requests"] == 8 and s["errors"] == 1
     assert s["ttft_p50_ms"] == pytest.approx(25.0)  # percentile over all 4 samples, like numpy's
@@ -126,11 +127,11 @@ def test_summary_pools_a_policys_blocks():
     assert s["tokens_per_s"] == pytest.approx(8 * 316 / 4)
     assert s["prefix_cache_hit_rate"] == pytest.approx(400 / 800)
     assert s["spread"] == {"sbx-cpu1": pytest.approx(0.5), "sbx-cpu2": pytest.approx(0.5)}
-    row = pb.table_row(s)
+    row = pw.table_row(s)
     assert row.startswith("cache_aware") and "50.0%" in row and "50% 50%" in row
-    empty = pb.summarize("random", [])
+    empty = pw.summarize("random", [])
     assert empty["ttft_p50_ms"] is None and empty["prefix_cache_hit_rate"] is None
-    assert pb.table_row(empty).split()[:4] == ["random", "0", "0", "0"]
+    assert pw.table_row(empty).split()[:4] == ["random", "0", "0", "0"]
 
 
 # --- the client against a local streaming stand-in -------------------------------------------------
@@ -180,7 +181,7 @@ def spec(address, workload, key=pb.API_KEY):
 
 
 def test_the_client_streams_every_turn_with_the_replies_so_far_and_the_session_header(streamer):
-    w = pb.make_workload(1, "t", conversations=3, turns=3, oneshot_share=0.25)
+    w = pw.make_workload(1, "t", conversations=3, turns=3, oneshot_share=0.25)
     result = pb.run_client(spec(streamer, w))
     assert result["ok"] == 9 + 3 and result["errors"] == 0 and not result["timed_out"]
     assert len(result["ttft_ms"]) == 12 and len(result["ttft_later_turns_ms"]) == 6
@@ -198,7 +199,7 @@ def test_the_client_streams_every_turn_with_the_replies_so_far_and_the_session_h
 
 
 def test_the_client_counts_refused_requests_as_errors(streamer):
-    result = pb.run_client(spec(streamer, pb.make_workload(1, "t", 2, 2, 0.0), key="wrong"))
+    result = pb.run_client(spec(streamer, pw.make_workload(1, "t", 2, 2, 0.0), key="wrong"))
     assert result["ok"] == 0 and result["errors"] == 2  # a conversation stops at its first failed turn
     assert "HTTP 401" in result["error_examples"][0]
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import pytest
 
 from support.planning_fixtures import host_data, instance, parse_errors
 from vllm_fleet.config import (HOST_DEFAULTS, INSTANCE_DECLARED, INSTANCE_FLAGS, INSTANCE_KEYS, REQUIRED_INSTANCE_KEYS,
-                               Checker, HostKnob, InstanceConfig, config_dir_clashes, parse_host,
-                               synced_model_clashes)
+                               Checker, HostKnob, InstanceConfig, parse_host)
 from vllm_fleet.config.settings import KNOBS, Settings
 
 
@@ -169,19 +167,6 @@ def test_a_cpu_host_refuses_what_needs_gpus_when_its_data_is_read(changes, key, 
     assert parse_host("box", host_data(gpus=None, instances=[instance(data_parallel_size=1)], vllm_target="cpu"))
 
 
-def test_synced_model_clashes_names_both_instances_and_the_path():
-    def synced(name, source, port):
-        return instance(name=name, model="/srv/models/m", model_source=source, tokenizer=None, port=port,
-)
-    host = parse_host("box", host_data(instances=[synced("a", "/src/one", 8000), synced("b", "/src/one", 8100)]))
-    assert synced_model_clashes(host, host.instances) == []  # one source: one sync serves both
-    other = replace(host.instances[1], model_source="/src/two")
-    [err] = synced_model_clashes(host, [host.instances[0], other])
-    assert (err.host, err.instance, err.key) == ("box", "b", "model")
-    assert err.message == ("instances a and b sync different model_source directories (/src/one, /src/two) "
-                           "into the same host path /srv/models/m")
-
-
 @pytest.mark.parametrize("data, key, words", [
     ({"vllm_config_dir": "/var/lib/vllm-fleet/config"}, "vllm_config_dir", "is <vllm_state_dir>/config"),
     ({"vllm_config_dir": "/var/lib/vllm-fleet"}, "vllm_config_dir", "is vllm_state_dir"),
@@ -196,12 +181,3 @@ def test_roots_directories_and_the_service_users_are_never_one_inside_the_other(
     errors = parse_errors(host_data(**data))
     assert [(e.key, e.instance) for e in errors] == [(key, None)], errors
     assert words in errors[0].message and errors[0].fix
-
-
-def test_config_dir_clashes_with_the_hub_token_file():
-    hub = parse_host("box", host_data(instances=[instance(name="hub")]))
-    assert config_dir_clashes(hub, hub.instances, hub_downloads=False) == []
-    [err] = config_dir_clashes(hub, hub.instances, hub_downloads=True)
-    assert (err.instance, err.key) == ("hub", "name") and "/etc/vllm-fleet/hub.env" in err.message
-    assert config_dir_clashes(parse_host("box", host_data()), [], hub_downloads=True) == []
-

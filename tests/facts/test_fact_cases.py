@@ -22,9 +22,9 @@ FACT_MODULES = tuple(module.name for module in pkgutil.iter_modules(vllm_fleet.f
 
 # Facts whose output is not recorded here, and where their parsing is tested instead.
 ELSEWHERE = {
-    "batch.FactBatch": "the batching of the others (test_noop_commands.py)",
+    "batch.FactBatch": "the batching of the others (test_fact_shell_code.py)",
     "state.PreludeFact": "the base of the state facts, no command of its own",
-    "state.UnitState": "systemd's answer, from a stand-in systemctl (test_noop_commands.py); every sandbox deploy reads it",
+    "state.UnitState": "systemd's answer, from a stand-in systemctl (test_fact_shell_code.py); every sandbox deploy reads it",
     "gpus.NvidiaGpus": "nvidia-smi's recorded outputs, tests/fixtures/nvidia-smi (test_gpu_support.py)",
     "gpus.GpuTopology": "the NVML probe's recorded outputs, tests/fixtures/nvml (test_gpu_topology.py)",
     "gpus.CudaMemory": "the CUDA memory probe run here against stand-in libcuda.so.1 builds (test_cuda_memory.py)",

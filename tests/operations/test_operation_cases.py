@@ -14,6 +14,8 @@ output and each one read against what the operation must do on such a host.
   a function run at execution as [its name, args, kwargs]; a command run with connection arguments
   of its own (an upload as the login user) as those arguments with the command under "command".
 - "noop_description": what the operation told pyinfra when it changes nothing (absent: it told nothing).
+- "diff": true runs the operation as `pyinfra --diff` plans it; "logged" then lists, exactly, the lines
+  it logs (what the user reads: a changed file's diff, and never a secret's contents).
 - "exception": {"name", "message"} when the operation raises while it is planned (the run stops there).
 """
 
@@ -24,6 +26,7 @@ import hashlib
 import importlib
 import inspect
 import json
+import logging
 import os
 import pkgutil
 import types
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyinfra import logger
 from pyinfra.api import FileUploadCommand, FunctionCommand, StringCommand
 from pyinfra.context import ctx_host, ctx_state
 
@@ -48,10 +52,13 @@ ELSEWHERE: dict[str, str] = {}
 
 
 class _State:
-    """What the operations read of pyinfra's state while planning: no --diff, not executing."""
+    """What the operations read of pyinfra's state while planning (not executing): its config says
+    whether the run is `--diff`."""
 
-    config = None
     is_executing = False
+
+    def __init__(self, diff: bool = False):
+        self.config = types.SimpleNamespace(DIFF=diff)
 
 
 class _Host:
@@ -62,11 +69,12 @@ class _Host:
     data = {"ssh_user": "deploy"}  # the login user: uploads go into directories of its own
     current_op_global_arguments: dict = {}
 
-    def __init__(self, facts: dict[str, dict[str, Any]]):
+    def __init__(self, facts: dict[str, dict[str, Any]], diff: bool = False):
         self.facts = facts
-        self.state = _State()  # facts.get keeps what it read per run, by this
+        self.state = _State(diff)  # facts.get keeps what it read per run, by this
         self.asked: list[tuple[str, str]] = []
         self.noops: list[str] = []
+        self.logged: list[str] = []
 
     def get_fact(self, fact: type, **kwargs) -> Any:
         assert set(kwargs) <= set(inspect.signature(fact().command).parameters), (
@@ -152,16 +160,36 @@ def _workstation(tmp_path: Path, files: dict[str, str]) -> Path:
     return root
 
 
+class _Logged(logging.Handler):
+    """The lines pyinfra's logger is given while the operation is planned."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def run_case(case: dict, directory: str, tmp_path: Path) -> tuple[list, _Host]:
-    """The commands the case's operation yields for its facts, as a case writes them, and the host."""
+    """The commands the case's operation yields for its facts, as a case writes them, and the host
+    (`logged`: the lines it logged)."""
     operation = _operation(directory)
     workstation = _workstation(tmp_path, case.get("local_files", {}))
     hints = typing.get_type_hints(operation._inner)
     given = inspect.signature(operation._inner).bind(*case.get("args", []), **case.get("kwargs", {})).arguments
     arguments = {name: _from_json(value, workstation, hints.get(name)) for name, value in given.items()}
-    host = _Host(case.get("facts", {}))
-    with ctx_state.use(host.state), ctx_host.use(host):
-        commands = list(operation._inner(**arguments))
+    host = _Host(case.get("facts", {}), diff=case.get("diff", False))
+    logged, level = _Logged(), logger.level
+    logger.addHandler(logged)
+    logger.setLevel(logging.DEBUG)  # as pyinfra's CLI sets it: every line reaches the handler
+    try:
+        with ctx_state.use(host.state), ctx_host.use(host):
+            commands = list(operation._inner(**arguments))
+    finally:
+        logger.removeHandler(logged)
+        logger.setLevel(level)
+    host.logged = logged.lines
     return [_as_written(command, workstation) for command in commands], host
 
 
@@ -186,6 +214,8 @@ def test_an_operation_yields_exactly_the_commands_its_facts_call_for(path: Path,
     commands, host = run_case(case, path.parent.name, tmp_path)
     assert commands == case["commands"], "the operation yielded:\n" + json.dumps(commands, indent=2)
     assert host.noops == ([case["noop_description"]] if "noop_description" in case else [])
+    if case.get("diff"):
+        assert host.logged == case["logged"], "the operation logged:\n" + json.dumps(host.logged, indent=2)
     given = {(fact, arguments) for fact, answers in case.get("facts", {}).items() for arguments in answers}
     assert given <= set(host.asked), f"facts the operation never asked for: {sorted(given - set(host.asked))}"
 
@@ -209,3 +239,10 @@ def test_a_wrong_expectation_fails(tmp_path: Path) -> None:
     del case["facts"]["state.FileState"]
     with pytest.raises(AssertionError, match="the case gives no state.FileState for 'path=/etc/vllm-fleet/gemma.yaml'"):
         run_case(case, "managed.managed_file", tmp_path / "without_facts")
+
+
+def test_a_diff_case_fails_on_lines_the_operation_did_not_log(tmp_path: Path) -> None:
+    case = json.loads((CASES / "managed.managed_file" / "diff_shows_the_change.json").read_text())
+    assert run_case(case, "managed.managed_file", tmp_path)[1].logged == case["logged"]
+    case["diff"] = False  # the same run without --diff shows nothing
+    assert run_case(case, "managed.managed_file", tmp_path / "again")[1].logged == []

@@ -262,7 +262,7 @@ def test_gemma3_hybrid_kv_max_concurrency_on_the_4090d_at_16k():
     one block pool whose block holds 16 tokens for 8 layers (one KV tensor per layer slot).
       page per layer  = 16 tokens x 2 (K,V) x 8 kv heads x 256 head_dim x 2 bytes = 131072 B
       CUDA's total    = 24564 MiB (nvidia-smi) - 449 MiB the driver keeps (the RTX 4090 row of
-                        catalog.DRIVER_RESERVES) = 24115 MiB = 23.5498 GiB
+                        gpu_models.DRIVER_RESERVES) = 24115 MiB = 23.5498 GiB
       KV memory       = 23.5498 GiB x 0.90 - 2.5 GiB reserve - 7.52 GiB weights = 11.174805 GiB
       blocks          = 11.174805 GiB / (131072 B x 8 slots) = 11443 (183088 tokens of pool)
       tokens in flight = max_concurrent_batches 2 (async scheduling, no PP) x max_num_batched_tokens

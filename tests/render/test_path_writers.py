@@ -1,14 +1,18 @@
 """One writer per host path (vllm_fleet.path_writers): the paths the settings give a host are the
 files `render` writes, and the one rule refuses two writers of a path from the inventory alone, in
-`check` and `plan` as in the deploy."""
+`check` and `plan` as in the deploy's check of the run, and again on what a host's plan rendered
+(prepare_host: the deploy and status)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from support.fleet_helpers import CPU_HOSTS, REPO, variant_inventory
-from support.planning_fixtures import host_data, instance
+from support.planning_fixtures import SEED_BOX, TINY_MODEL_INFO, host_data, instance
 from vllm_fleet import fleet_check, path_writers
 from vllm_fleet.config import ConfigErrors, parse_host
 from vllm_fleet.fleet import Fleet
+from vllm_fleet.path_writers import Writer
+from vllm_fleet.prepared import Discovered, prepare_host
 from vllm_fleet.render import render_host
 
 import pytest
@@ -35,7 +39,7 @@ def test_the_declared_files_are_the_files_render_writes(inventory, tmp_path):
         rendered = {f.path for f in render_host(config, host_plan, backends=backends,
                                                 targets=fleet.monitoring_targets(),
                                                 gateway_access=fleet.gateway_access())}
-        declared = {path for path, _who in path_writers.declared_files(
+        declared = {writer.path for writer in path_writers.declared_files(
             config, fleet.held_instances(config), [inst.name for inst in host_plan.instances])}
         assert declared == rendered, config.name
 
@@ -75,8 +79,8 @@ def test_one_path_of_one_writer_is_no_clash():
         instance(name=n, model="/srv/vf/models/m", model_source="/tmp", tokenizer="someone/tok", port=p,
                  max_model_len=1024) for n, p in (("a", 8000), ("b", 8100))], vllm_config_dir="/srv/vf"))
     writers = path_writers.declared_writers(config, config.instances)
-    assert writers.count(("/srv/vf/models/m", "the model sync of /tmp")) == 2
-    assert path_writers.path_clashes(config, config.instances, writers) == []
+    assert [w.who for w in writers if w.path == "/srv/vf/models/m"] == ["the model sync of /tmp"] * 2
+    assert path_writers.path_clashes(config, writers, synced=config.instances) == []
 
 
 def test_one_source_spelled_two_ways_is_one_sync():
@@ -84,6 +88,109 @@ def test_one_source_spelled_two_ways_is_one_sync():
         instance(name=n, model="/srv/models/m", model_source=s, tokenizer="someone/tok", port=p, max_model_len=1024)
         for n, s, p in (("a", "/tmp/", 8000), ("b", "/tmp", 8100))]))
     assert Fleet.of([config]).path_problems([config]) == []
+
+
+def _two_sources(model_b="/srv/models/m", **settings):
+    return parse_host("box", host_data(gpus=None, vllm_target="cpu", **settings, instances=[
+        instance(name=n, served_model_name=n, model=m, model_source=s, tokenizer=None, port=p, max_model_len=1024,
+                 model_info=TINY_MODEL_INFO)
+        for n, m, s, p in (("a", "/srv/models/m", "/src/one", 8000), ("b", model_b, "/src/two", 8100))]))
+
+
+def test_two_instances_syncing_two_sources_into_one_path_are_refused_naming_both():
+    # Each sync makes the path equal to its source: each would undo what the other sent.
+    fleet = Fleet.of([_two_sources()])
+    with pytest.raises(ConfigErrors) as info:
+        fleet.hosts()  # plan and render
+    [error] = info.value.errors
+    assert (error.host, error.instance, error.key) == ("box", "b", "model")
+    assert error.message == ("instances a and b sync different model_source directories (/src/one, /src/two) "
+                             "into the same host path /srv/models/m")
+    assert error.fix == "give each model_source a model path of its own"
+    assert [e.message for e in fleet_check.problems(fleet, environ=SECRETS)] == [error.message]  # check
+
+
+def test_a_case_variant_is_another_path():
+    # The hosts' filesystems are case sensitive (Linux's are): /srv/models/M is a directory of its own.
+    config = _two_sources(model_b="/srv/models/M")
+    assert Fleet.of([config]).path_problems([config]) == []
+
+
+@pytest.mark.parametrize("spelling", ["/srv/models/m/", "/srv//models/m", "/srv/./models/m", "//srv/models/./m//"])
+def test_a_path_spelled_another_way_is_the_same_path(spelling):
+    # The input refuses such spellings (kinds.host_path_problem, below); the rule compares paths as
+    # the host resolves them all the same, so a writer that derives one cannot slip past it.
+    config = _two_sources()
+    writers = [w._replace(path=spelling) if w.instance == "b" and w.source else w
+               for w in path_writers.declared_writers(config, config.instances)]
+    [error] = path_writers.path_clashes(config, writers, synced=config.instances)
+    assert error.instance == "b" and error.message.endswith("into the same host path /srv/models/m")
+    token = Writer("/etc/vllm-fleet//a.env/", "a stray writer")
+    [error] = path_writers.path_clashes(config, [*path_writers.declared_writers(config, config.instances[:1]), token])
+    assert error.message == "/etc/vllm-fleet/a.env would be written by instance a's env and by a stray writer"
+    assert (error.instance, error.key) == ("a", "name")
+
+
+@pytest.mark.parametrize("spelling", ["/srv/models/m/", "/srv//models/m", "/srv/./models/m"])
+def test_the_input_refuses_a_path_spelled_another_way(spelling):
+    with pytest.raises(ConfigErrors) as info:
+        _two_sources(model_b=spelling)
+    assert [(e.instance, e.key) for e in info.value.errors] == [("b", "model")]
+    assert "write '/srv/models/m'" in info.value.errors[0].message
+
+
+def test_an_instance_named_hub_is_refused_where_the_host_downloads():
+    # Its env file would be <vllm_config_dir>/hub.env, the downloads' token file.
+    hub = parse_host("box", host_data(instances=[instance(name="hub", tokenizer="/srv/tok")]))
+    assert Fleet.of([hub]).path_problems([hub]) == []  # all on the host: no downloads, no token file
+    downloading = replace(hub, instances=[replace(hub.instances[0], tokenizer="google/gemma-3-12b-it")])
+    [error] = Fleet.of([downloading]).path_problems([downloading])
+    assert (error.instance, error.key) == ("hub", "name") and error.fix == "rename the instance (any name but 'hub')"
+    assert error.message == ("instance hub's env file would be /etc/vllm-fleet/hub.env, the file of the Hugging Face "
+                             "token the downloads use")
+
+
+def test_a_split_instances_part_named_as_another_instance_is_refused_by_plan():
+    # placement "split" names each part <name>-<GPU model>: the files of the planned names are
+    # checked by `plan` (and render), as the deploy's prepare_host checks what it rendered.
+    box = [*SEED_BOX, SEED_BOX[1]]
+    config = parse_host("box", host_data(gpus=box, placement="split", instances=[
+        instance(), instance(name="gemma-rtx-4090-d", served_model_name="other", gpus=[3], port=8100)]))
+    fleet = Fleet.of([config])
+    assert fleet.hosts() == [config]  # the declared names are distinct
+    with pytest.raises(ConfigErrors) as info:
+        fleet.plan()
+    assert {(e.instance, e.key, e.fix) for e in info.value.errors} == {
+        ("gemma-rtx-4090-d", "name", "give the instance another name")}
+    assert sorted(e.message.split()[0] for e in info.value.errors) == [
+        "/etc/systemd/system/vllm-gemma-rtx-4090-d.service", "/etc/vllm-fleet/gemma-rtx-4090-d.env",
+        "/etc/vllm-fleet/gemma-rtx-4090-d.yaml"]
+    assert "two planned instances named gemma-rtx-4090-d" in info.value.errors[0].message
+
+
+@pytest.mark.parametrize("rendered, words", [
+    (["/etc/a", "/etc/b", "/etc/a"], "/etc/a would be written by two of the host's rendered files"),
+    (["/etc/vllm-fleet/x.env"], "/etc/vllm-fleet/x.env would be written by instance x's env and by the rendered "
+                                "file x.env"),
+    (["/opt/vllm-fleet/rollback"], "/opt/vllm-fleet/rollback would be written by the rollback directory and by "
+                                   "the rendered file rollback"),
+    (["/etc/vllm-fleet/x.yaml"], "/etc/vllm-fleet/x.yaml would be written by instance x's config and by the "
+                                 "rendered file x.yaml"),
+])
+def test_what_a_host_rendered_is_checked_by_the_same_rule(rendered, words):
+    config = _host()
+    declared = [w.path for w in path_writers.declared_files(config, config.instances)]
+    writers = path_writers.rendered_writers(config, config.instances, ["x"], [*declared, *rendered])
+    [error] = path_writers.path_clashes(config, writers, synced=config.instances)
+    assert error.message == words and error.located().startswith("host box") and error.fix
+
+
+def test_the_deploys_prepared_host_is_refused_before_any_change():
+    # prepare_host (the deploy's plan and render, and status') applies the rule to what it rendered.
+    with pytest.raises(ConfigErrors) as info:
+        prepare_host(Discovered(_two_sources(), None, None, None))
+    assert [(e.instance, e.key) for e in info.value.errors] == [("b", "model")]
+    assert "sync different model_source directories" in info.value.errors[0].message
 
 
 @pytest.mark.parametrize("name", ["fleet-exporter", "fleet-node-exporter", "fleet-prometheus", "fleet-front"])
@@ -94,17 +201,20 @@ def test_an_instance_cannot_take_a_name_of_vllm_fleets_own_units(name):
     assert any(e.key == "name" and "'fleet-'" in e.fix for e in info.value.errors)
 
 
-def test_two_rendered_files_at_one_path_are_refused():
-    config = _host()
-    [error] = path_writers.rendered_twice(config, ["/etc/a", "/etc/b", "/etc/a"])
-    assert error.located().startswith("host box, key vllm_instances") and "/etc/a" in error.message
+def test_a_writer_below_a_model_two_instances_sync_is_said_once():
+    config = parse_host("box", host_data(gpus=None, vllm_target="cpu", instances=[
+        instance(name=n, model="/srv/models/m", model_source="/tmp", tokenizer="someone/tok", port=p,
+                 max_model_len=1024) for n, p in (("a", 8000), ("b", 8100))]))
+    writers = [*path_writers.declared_writers(config, config.instances), Writer("/srv/models/m/x", "a stray writer")]
+    [error] = path_writers.path_clashes(config, writers, synced=config.instances)
+    assert error.instance == "a" and "/srv/models/m/x (a stray writer) is inside it" in error.message
 
 
 def test_nothing_but_its_own_sync_lives_below_a_synced_model():
     # A backstop behind parse_host's own rules (which refuse the knobs' directories inside a model):
     # any writer below the model path is refused, naming it.
     config = _host(model="/srv/m")
-    writers = [*path_writers.declared_writers(config, config.instances), ("/srv/m/keys.conf", "the front's keys")]
-    [error] = path_writers.path_clashes(config, config.instances, writers)
+    writers = [*path_writers.declared_writers(config, config.instances), Writer("/srv/m/keys.conf", "the front's keys")]
+    [error] = path_writers.path_clashes(config, writers, synced=config.instances)
     assert error.located().startswith("host box, instance x, key model")
     assert "and /srv/m/keys.conf (the front's keys) is inside it" in error.message

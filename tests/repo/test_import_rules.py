@@ -68,10 +68,13 @@ CORE = frozenset({
     "vllm_fleet.fleet",
     "vllm_fleet.fleet_summary",
     "vllm_fleet.gateway",
+    "vllm_fleet.gpu_models",
     "vllm_fleet.gpu_support",
     "vllm_fleet.host_layout",
     "vllm_fleet.path_writers",
     "vllm_fleet.kinds",
+    "vllm_fleet.kv_cache_groups",
+    "vllm_fleet.model_shape",
     "vllm_fleet.model_source",  # the workstation's model directory, read and hashed (no host)
     "vllm_fleet.monitoring",
     "vllm_fleet.monitoring.files",
@@ -376,12 +379,31 @@ def imported_test_modules(source: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def imports_of_test_modules(tests: Path) -> list[str]:
+    """Every import of a test module by a module of `tests`: the test modules, and what they share
+    (support/, conftest.py, the device recorders), which would otherwise reach one test module's
+    helpers from another."""
+    return [f"{path.relative_to(tests.parent)}:{line} imports {module}"
+            for path in sorted(tests.rglob("*.py"))
+            for line, module in imported_test_modules(path.read_text())]
+
+
 def test_no_test_module_imports_another():
-    imports = [f"{path.relative_to(TESTS.parent)}:{line} imports {module}"
-               for path in sorted(TESTS.rglob("test_*.py"))
-               for line, module in imported_test_modules(path.read_text())]
+    imports = imports_of_test_modules(TESTS)
     assert imports == [], ("move what test modules share into tests/support/ and import it from there:\n"
                            + "\n".join(imports))
+
+
+def test_a_test_or_support_module_importing_a_test_module_is_found(tmp_path):
+    tests = tmp_path / "tests"
+    for relative, text in {"render/test_fleet.py": "from test_multinode_plan import llama, node\n",
+                           "support/render_compare.py": "def fleets():\n    import test_real_tools as corpus\n",
+                           "support/planning_fixtures.py": "from support.figures import report\n",
+                           "conftest.py": "import support\n"}.items():
+        (tests / relative).parent.mkdir(parents=True, exist_ok=True)
+        (tests / relative).write_text(text)
+    assert imports_of_test_modules(tests) == ["tests/render/test_fleet.py:1 imports test_multinode_plan",
+                                          "tests/support/render_compare.py:2 imports test_real_tools"]
 
 
 def test_the_test_import_walk_sees_every_form_and_only_test_modules():

@@ -12,6 +12,6 @@ TESTS = Path(__file__).resolve().parent.parent
 def test_directories() -> list[str]:
     """Every directory of tests, as pytest's (prepend) import mode puts each on sys.path once it
     collects a test of it: conftest.py puts them all there first, so that nothing imported by name
-    depends on the order of collection, and render_compare to import test_real_tools' fleets. No test
-    module imports another (tests/repo/test_import_rules.py): what tests share is in this package."""
+    depends on the order of collection. No module of tests/ imports a test module
+    (tests/repo/test_import_rules.py): what tests share is in this package."""
     return [str(d) for d in sorted(TESTS.iterdir()) if d.is_dir() and any(d.glob("test_*.py"))]

@@ -100,6 +100,12 @@ CORPUS = [
     ("instance named hub", host(vllm_instances=[inst(name="hub")]), "name", "hub"),
     ("model synced onto a rendered file", host(vllm_config_dir="/srv/vf", vllm_instances=[inst(
         model="/srv/vf/gemma.env", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
+    ("two sources synced into one model path", host(vllm_instances=[
+        inst(name="a", served_model_name="a", gpus=[1], model="/srv/m", model_source="/tmp/a", tokenizer=None),
+        inst(name="b", served_model_name="b", gpus=[2], port=8001, model="/srv/m", model_source="/tmp/b",
+             tokenizer=None)]), "model", "b"),
+    ("model synced onto the uploads directory", host(vllm_instances=[inst(
+        model="/opt/vllm-fleet/.upload", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
     ("CPU host with TP", host(vllm_target="cpu", gpus=None, vllm_instances=[inst(tensor_parallel_size=2)]),
      "tensor_parallel_size", "gemma"),
     ("bad dtype", host(vllm_instances=[inst(dtype="bf16")]), "dtype", "gemma"),

@@ -3,7 +3,8 @@
     .venv/bin/python tests/support/render_compare.py BASE [HEAD] [--generated N] [--keep DIR]
 
 The fleets: every inventory/*.py of the HEAD tree, the fleets the tests build
-(tests/render/test_real_tools.py's fixture cases) and N fleets its generator draws from a fixed seed, each
+(tests/support/fleet_corpus.py's fixture cases, which tests/render/test_real_tools.py renders for the
+real tools) and N fleets its generator draws from a fixed seed, each
 written out as an inventory file once. Each tree then renders each of them with its own `vllm-fleet
 render` and `vllm-fleet plan --json` (the command-line interface both commits share, run with that
 tree first on PYTHONPATH); a fleet a tree refuses is compared by its exit status and its message.
@@ -34,10 +35,7 @@ def fleets(generated: int) -> dict[str, list]:
     """name -> rows (host name, data, groups) of every fleet to render, from HEAD's tests."""
     os.environ.setdefault("VLLM_FLEET_REAL_TOOLS_SEED", "20261203")
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
-    import support
-
-    sys.path += support.test_directories()
-    import test_real_tools as corpus  # HEAD's generator, seeded
+    from support import fleet_corpus as corpus  # HEAD's generator, seeded
 
     corpus.GENERATED_FLEETS = generated
     cases = corpus.fixture_cases() + (corpus.generated_cases() if generated else [])

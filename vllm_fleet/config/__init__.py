@@ -37,8 +37,7 @@ from vllm_fleet.config.fleet_checks import check_fleet, gateway_priorities
 from vllm_fleet.config.node_groups import (RAY_HEAD_PORTS, RAY_NODE_PORTS, RAY_WORKER_PORTS, NodeGroup, node_group_of,
                                            node_groups)
 from vllm_fleet.config.gpus import GpuSpec
-from vllm_fleet.config.host import (HUB_TOKEN_FILE, HostConfig, config_dir_clashes, parse_host,
-                                    service_user_directories, synced_model_clashes)
+from vllm_fleet.config.host import HUB_TOKEN_FILE, HostConfig, parse_host, service_user_directories
 from vllm_fleet.config.host_checks import MANAGED_DIRECTORY_KNOBS, RESERVED_INSTANCE_PREFIX
 from vllm_fleet.config.instance import (DTYPES, HOST_DEFAULTS, INSTANCE_DECLARED, INSTANCE_FLAGS, INSTANCE_KEYS,
                                         INSTANCE_UNIT_PREFIX, INSTANCE_UNIT_SUFFIX, MAX_START_TIMEOUT_S,
@@ -77,8 +76,7 @@ __all__ = [
     "gateway_ports", "host_ports", "monitoring_ports",
     # host_checks, host
     "MANAGED_DIRECTORY_KNOBS", "RESERVED_INSTANCE_PREFIX",
-    "HUB_TOKEN_FILE", "HostConfig", "config_dir_clashes", "parse_host", "service_user_directories",
-    "synced_model_clashes",
+    "HUB_TOKEN_FILE", "HostConfig", "parse_host", "service_user_directories",
     # fleet_checks
     "RAY_HEAD_PORTS", "RAY_NODE_PORTS", "RAY_WORKER_PORTS", "NodeGroup", "check_fleet", "gateway_priorities",
     "node_group_of",

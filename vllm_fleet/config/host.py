@@ -4,12 +4,11 @@ declaration, config/instance.py) and clients, then the rules between them (confi
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from vllm_fleet import kinds
 from vllm_fleet.config.clients import ApiClient, parse_api_clients
-from vllm_fleet.config.errors import Checker, ConfigError, ConfigErrors
+from vllm_fleet.config.errors import Checker, ConfigErrors
 from vllm_fleet.config.gpus import GpuSpec, parse_gpus
 from vllm_fleet.config.host_checks import check_host, check_instance, check_text
 from vllm_fleet.config.instance import INSTANCE_DECLARED, INSTANCE_KEYS, InstanceConfig
@@ -132,24 +131,6 @@ def _advertise_address(name: str, data: dict[str, Any], settings: Settings) -> s
     return str(data.get("ssh_hostname") or name)
 
 
-# --- Rules the deploy applies to what one host holds (a Ray worker holds its group's instance too) -
-
-def synced_model_clashes(config: HostConfig, instances: Sequence[InstanceConfig]) -> list[ConfigError]:
-    """Instances that sync different model_source directories into one host path: the sync makes the
-    path equal to its source, so each would undo what the other sent. `instances`: those whose
-    model the host holds (its own, and on a Ray worker the multi-node instance it serves a stage of)."""
-    synced: dict[str, dict[str, str]] = {}  # host directory -> {workstation source: an instance}
-    for inst in instances:
-        if inst.model_source:
-            synced.setdefault(inst.model.rstrip("/") or "/", {}).setdefault(
-                str(Path(inst.model_source).expanduser()), inst.name)
-    return [ConfigError(f"instances {' and '.join(by_source.values())} sync different model_source "
-                        f"directories ({', '.join(by_source)}) into the same host path {dest}",
-                        host=config.name, instance=list(by_source.values())[-1], key="model",
-                        fix="give each model_source a model path of its own")
-            for dest, by_source in synced.items() if len(by_source) > 1]
-
-
 #: The file in vllm_config_dir that holds the Hugging Face token of the downloads (root's, 0600).
 HUB_TOKEN_FILE = "hub.env"
 
@@ -159,19 +140,3 @@ def service_user_directories(settings: Settings) -> list[str]:
     its home (vllm_state_dir), HF_HOME, VLLM_CACHE_ROOT and VLLM_CONFIG_ROOT (<vllm_state_dir>/config)."""
     return sorted({settings.vllm_state_dir, settings.vllm_hf_home, settings.vllm_cache_root,
                    f"{settings.vllm_state_dir}/config"})
-
-
-def config_dir_clashes(config: HostConfig, instances: Sequence[InstanceConfig], *,
-                       hub_downloads: bool) -> list[ConfigError]:
-    """vllm_config_dir holds root's files (engine configs, each instance's secrets in <name>.env, the
-    downloads' token in HUB_TOKEN_FILE): no instance's env file is the token file (that it is none
-    of the service user's directories is a rule of the host data: parse_host). `hub_downloads`:
-    whether the host downloads anything from the hub (the token file exists only then)."""
-    settings, errors = config.settings, []
-    for inst in instances:
-        if hub_downloads and f"{inst.name}.env" == HUB_TOKEN_FILE:
-            errors.append(ConfigError(
-                f"instance {inst.name}'s env file would be {settings.vllm_config_dir}/{HUB_TOKEN_FILE}, the file of "
-                "the Hugging Face token the downloads use", host=config.name, instance=inst.name, key="name",
-                fix="rename the instance (any name but 'hub')"))
-    return errors

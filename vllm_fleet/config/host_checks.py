@@ -3,7 +3,8 @@ declaration (config/schema.py): first the text of every value (check_text), then
 instance (check_instance), then the host's instances against each other and against its knobs
 (check_host: names, ports, GPUs, model directories, the gateway's and the monitoring ports, TLS,
 directory owners, service users, CPU hosts). What no single host can check is config/fleet_checks.py's;
-what the deploy checks of what a host holds, config/host.py's (synced_model_clashes, config_dir_clashes)."""
+that no host path has two writers (two model syncs into one path, an instance's file at another
+file's path) is vllm_fleet/path_writers.py's, on the paths the host's HostLayout gives it."""
 
 from __future__ import annotations
 

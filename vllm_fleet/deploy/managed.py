@@ -62,7 +62,7 @@ def service_directories(deployment: Deployment) -> list[ManagedDirectory]:
     settings = config.settings
     layout, user = host_layout(config), settings.vllm_service_user
     dirs = []
-    for path, _writer in path_writers.managed_directories(config, front=runs_front(deployment)):
+    for path, *_writer in path_writers.managed_directories(config, front=runs_front(deployment)):
         if path == layout.config_dir:
             dirs.append(ManagedDirectory("Config directory", path, "0755", "root", "root"))
         elif path == layout.front_secrets_dir:

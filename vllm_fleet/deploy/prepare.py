@@ -17,7 +17,7 @@ from typing import Any
 
 from pyinfra import host, logger
 
-from vllm_fleet import fleet_check, fleet_secrets, gateway, path_writers, wheelhouses
+from vllm_fleet import fleet_check, fleet_secrets, gateway, wheelhouses
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig
 from vllm_fleet.config.host_checks import ACCOUNT_KNOBS
 from vllm_fleet.config.instance import HOST_DEFAULTS
@@ -43,7 +43,7 @@ from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
 
 from . import access
 from .managed import (freshness_paths, hub_downloads, hub_token_file, ray_freshness_paths, removed_units,
-                     runs_front, service_accounts, service_directories)
+                     service_accounts, service_directories)
 from .options import RunOptions
 from .state import Deployment, fail, host_config, run_fleet
 
@@ -99,7 +99,6 @@ def prepare(options: RunOptions = RunOptions()) -> Deployment | None:
     worker_of = (groups[0].group.instance if groups and groups[0].group.head != config.name else None)
     deployment = Deployment(config, plan, prepared.files, secrets, missing_packages=absent, package_family=family,
                             backends=prepared.backends, node_instance=worker_of)
-    _check_one_step_per_path(deployment)
     facts.prefetch(host, managed_state_queries(deployment))  # one remote command
     _check_synced_model_dirs(deployment)
     _check_accounts(deployment)
@@ -235,20 +234,6 @@ def _check_wheelhouse_serves(config: HostConfig, plan: HostPlan) -> None:
     problem = wheelhouses.wheelhouse_problem(config.name, config.settings.vllm_wheelhouse, environment_spec(config, plan))
     if problem:
         fail([problem])
-
-
-def _check_one_step_per_path(deployment: Deployment) -> None:
-    """No path is written by two steps (path_writers.path_clashes, the rule `check` and `plan`
-    apply to the paths the settings give the host), applied here to what this run rendered and
-    makes. Bad input: refused before any change."""
-    config, instances = deployment.config, deployment.model_instances()
-    directories = (path_writers.managed_directories(config, front=runs_front(deployment))
-                   + path_writers.layout_directories(config, instances))
-    errors = path_writers.path_clashes(
-        config, instances, path_writers.rendered_writers(config, instances, deployment.files, directories=directories),
-        hub_downloads=bool(hub_downloads(deployment)))
-    if errors:
-        fail(errors)
 
 
 def _check_synced_model_dirs(deployment: Deployment) -> None:
