@@ -84,9 +84,10 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
         files += [(path, f"instance {name}'s {kind}") for kind, path in layout.instance(name).items()]
     if any(inst.nodes for inst in instances):  # a node of a multi-node instance runs Ray
         files.append((layout.ray["unit"], "the Ray unit"))
+    if config.instances:  # render.adapter_host_files
+        files.append((layout.model_access, "the module vLLM loads (token counting, model access)"))
     if any(inst.adapters for inst in config.instances):  # render.adapter_host_files, render.adapter_files
-        files += [(layout.model_access, "the adapters' model access module"),
-                  (layout.adapter_loader, "the adapters' loader")]
+        files.append((layout.adapter_loader, "the adapters' loader"))
         files += [(layout.instance_adapters(inst.name), f"instance {inst.name}'s adapters list")
                   for inst in config.instances if inst.adapters]
     groups = [(_has_front(config), layout.front, "front"), (settings.vllm_gateway is True, layout.gateway, "gateway"),
