@@ -94,7 +94,7 @@ class FakePrometheus(BaseHTTPRequestHandler):
         if FakePrometheus.fail:
             body, code = {"status": "error", "errorType": "bad_data", "error": "parse error"}, 400
         else:
-            name = query.split("increase(")[1].split("[")[0]
+            name = query.split("increase(")[-1].split("[")[0]
             body, code = {"status": "success", "data": {"resultType": "vector",
                                                         "result": FakePrometheus.answers.get(name, [])}}, 200
         raw = json.dumps(body).encode()
@@ -135,8 +135,11 @@ def test_the_probe_asks_prometheus_for_each_counters_increase_over_the_window():
         asked = list(FakePrometheus.asked)
         FakePrometheus.fail = True
         failed = host_probe.prometheus_usage({"port": port, "prefix": "/prometheus", "since": "24h"})
-    assert "/prometheus/api/v1/query sum by (client, model) (increase(vllm_fleet_client_prompt_tokens_total[7d]))" in asked
-    assert "/prometheus/api/v1/query sum(increase(vllm:generation_tokens_total[7d]))" in asked
+    prompt = "vllm_fleet_client_prompt_tokens_total"
+    assert (f"/prometheus/api/v1/query sum by (client, model) ((last_over_time({prompt}[7d]) unless {prompt} "
+            f"offset 7d) or increase({prompt}[7d]))") in asked
+    assert any(q.startswith("/prometheus/api/v1/query sum((last_over_time(vllm:generation_tokens_total[7d])")
+               for q in asked)
     assert len(asked) == 7
     assert usage["clients"]["alice"]["tiny-llama"] == {"prompt": 100, "cached": 0, "completion": 7, "requests": 0}
     assert usage["vllm"] == {"prompt": 110} and usage["errors"] == []
@@ -186,3 +189,22 @@ def test_main_prints_the_usage_table_and_json_and_refuses_a_bad_window(monkeypat
                 ["--usage", "--since", ""]):
         assert status.main(["inv.py", *bad]) == 2
         assert "--since" in capsys.readouterr().err
+
+
+def test_the_window_query_counts_a_series_that_began_inside_the_window_whole(tmp_path):
+    """Against Prometheus' own engine (promtool's rule tests): a client first seen 40 tokens in,
+    then at 100, is counted 100 over a window holding all of it (increase() alone says 70: it drops
+    the first sample and extrapolates); one counted since before the window, its increase."""
+    from support import promtool_tool
+    expr = f"sum by (client, model) ({host_probe.window_increase('c_total', '20m')})"
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    (tmp_path / "usage_test.yml").write_text(json.dumps({
+        "rule_files": ["rules.yml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": [
+            {"series": 'c_total{client="new",model="m",host="a"}', "values": "_x30 40 50 60 100"},
+            {"series": 'c_total{client="old",model="m",host="a"}', "values": "1000+0x29 1000 1020 1050 1100"}],
+            "promql_expr_test": [{"expr": expr, "eval_time": "33m", "exp_samples": [
+                {"labels": '{client="new",model="m"}', "value": 100},
+                {"labels": '{client="old",model="m"}', "value": 100}]}]}]}))
+    result = promtool_tool.run("test", "rules", "usage_test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr

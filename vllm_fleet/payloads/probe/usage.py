@@ -56,6 +56,13 @@ def _window(since):
     return since
 
 
+def window_increase(name, since):
+    """PromQL: each series' increase over the window. increase() leaves out a series' first sample
+    (it has nothing before it), and a client's series first appears with its first request's tokens
+    already in it: a series that did not exist at the window's start counts its last value whole."""
+    return f"(last_over_time({name}[{since}]) unless {name} offset {since}) or increase({name}[{since}])"
+
+
 def prometheus_usage(spec):
     """The increase of every client counter and of vLLM's own over spec["since"], summed over the
     fleet by client and model (vLLM's by model), asked of the Prometheus on this host's loopback
@@ -65,7 +72,7 @@ def prometheus_usage(spec):
     queries = [(name, kind, "client") for name, kind in USAGE_COUNTERS.items()] + [
         (name, kind, None) for name, kind in VLLM_COUNTERS.items()]
     for name, kind, by in queries:
-        expr = f'sum by (client, model) (increase({name}[{since}]))' if by else f'sum(increase({name}[{since}]))'
+        expr = f"sum by (client, model) ({window_increase(name, since)})" if by else f"sum({window_increase(name, since)})"
         status, body = call(spec["port"], f"{spec['prefix']}/api/v1/query?" + urllib.parse.urlencode({"query": expr}),
                             timeout=60)
         try:
