@@ -323,7 +323,9 @@ def test_every_instance_loads_the_counting_with_the_flags_its_usage_needs():
     # so no client's own copy of it reaches vLLM; it is the client's name ($vllm_fleet_client), not its id or key.
     passes = front.count("proxy_set_header Authorization $vllm_fleet_vllm_authorization;")
     assert passes >= 3 and front.count("proxy_set_header X-Vllm-Fleet-Client $vllm_fleet_client;") == passes
-    assert "X-Vllm-Fleet-Client $http_" not in front and "$vllm_fleet_client_id;" not in front.split("X-Vllm-Fleet-Client")[1][:30]
+    settings = {line.strip() for line in front.splitlines() if line.strip().startswith("proxy_set_header X-Vllm-Fleet-Client")}
+    assert settings == {"proxy_set_header X-Vllm-Fleet-Client $vllm_fleet_client;"}
+    assert "map $vllm_fleet_client_id $vllm_fleet_client {" in front  # the id's name, from the key map
 
 
 @pytest.mark.parametrize("flag,value", [("middleware", "my.Middleware"), ("enable-force-include-usage", False),
