@@ -94,8 +94,9 @@ class HostLayout:
 
     @property
     def model_access(self) -> str:
-        """The module vLLM loads (--middleware, from PYTHONPATH = its directory) on an instance with
-        adapters: which of the instance's names each client may use (templates/vllm-model-access.py.j2)."""
+        """The module vLLM loads (--middleware, from PYTHONPATH = its directory) on every instance:
+        each client's tokens counted, and with adapters which of the instance's names each client
+        may use (templates/vllm-model-access.py.j2)."""
         return f"{self.config_dir}/python/{MODEL_ACCESS_MODULE}.py"
 
     @property

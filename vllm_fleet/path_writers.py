@@ -110,9 +110,10 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
         files += [Writer(path, f"instance {name}'s {kind}", instance=name) for kind, path in layout.instance(name).items()]
     if any(inst.nodes for inst in instances):  # a node of a multi-node instance runs Ray
         files.append(Writer(layout.ray["unit"], "the Ray unit"))
+    if config.instances:  # render.adapter_host_files
+        files.append(Writer(layout.model_access, "the module vLLM loads (token counting, model access)"))
     if any(inst.adapters for inst in config.instances):  # render.adapter_host_files, render.adapter_files
-        files += [Writer(layout.model_access, "the adapters' model access module"),
-                  Writer(layout.adapter_loader, "the adapters' loader")]
+        files.append(Writer(layout.adapter_loader, "the adapters' loader"))
         files += [Writer(layout.instance_adapters(inst.name), f"instance {inst.name}'s adapters list", instance=inst.name)
                   for inst in config.instances if inst.adapters]
     floating = settings.vllm_gateway is True and settings.vllm_gateway_address is not None

@@ -264,13 +264,16 @@ def render_instance(host: HostConfig, plan: InstancePlan, env_prefix: str, secre
 
 
 def adapter_host_files(host: HostConfig, plan: HostPlan) -> list[RenderedFile]:
-    """What every instance with adapters shares: the module vLLM loads (HostLayout.model_access) and
-    the script that loads the adapters (HostLayout.adapter_loader); nothing without adapters."""
-    if not any(inst.config.adapters for inst in plan.instances):
+    """What the host's instances share: the module vLLM loads (HostLayout.model_access: the token
+    counting, and the model check of adapters), with any instance; the script that loads the
+    adapters (HostLayout.adapter_loader), with adapters."""
+    if not plan.instances:
         return []
     layout, jenv = host_layout(host), jinja_environment()
-    return [RenderedFile(layout.model_access, jenv.get_template("vllm-model-access.py.j2").render() + "\n"),
-            RenderedFile(layout.adapter_loader, jenv.get_template("vllm-adapters.py.j2").render() + "\n")]
+    files = [RenderedFile(layout.model_access, jenv.get_template("vllm-model-access.py.j2").render() + "\n")]
+    if any(inst.config.adapters for inst in plan.instances):
+        files.append(RenderedFile(layout.adapter_loader, jenv.get_template("vllm-adapters.py.j2").render() + "\n"))
+    return files
 
 
 def adapter_paths(host: HostConfig, plan: InstancePlan) -> list[dict[str, str]]:

@@ -179,7 +179,8 @@ def test_failed_unit_shows_result_restarts_and_the_journals_reason(undeclared, c
 
 def test_status_exit_code_and_json_through_main(undeclared, monkeypatch, capsys):
     config, _commands = undeclared
-    monkeypatch.setattr(status, "collect", lambda inventory, limit: ([status.host_status("box", StubHost(), config)], [], []))
+    monkeypatch.setattr(status, "collect",
+                        lambda inventory, limit, since: ([status.host_status("box", StubHost(), config)], [], [], None))
     assert status.main(["inventory.py", "--json"]) == 1  # a failed instance is unhealthy
     data = json.loads(capsys.readouterr().out)
     (host,) = data["hosts"]

@@ -129,7 +129,7 @@ UNITS = {"instance": "vllm-gw.service", "front": "vllm-fleet-front.service", "ga
 # and the other jobs' targets).
 FILES = {
     "instance": {"unit": "/etc/systemd/system/vllm-gw.service", "config": "/etc/vllm-fleet/gw.yaml",
-                 "env": "/etc/vllm-fleet/gw.env"},
+                 "env": "/etc/vllm-fleet/gw.env", "model_access": "/etc/vllm-fleet/python/vllm_fleet_model_access.py"},
     "front": {"unit": "/etc/systemd/system/vllm-fleet-front.service", "config": "/etc/vllm-fleet/front.conf",
               "keys": "/etc/vllm-fleet/front-secrets/keys.conf"},
     "gateway": {"unit": "/etc/systemd/system/vllm-fleet-gateway.service",

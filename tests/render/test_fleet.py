@@ -180,7 +180,7 @@ def test_status_reads_the_inventory_once(tmp_path, monkeypatch, parsed):
 
     monkeypatch.setattr(connection, "connected", unreachable)
     monkeypatch.chdir(tmp_path)
-    report, gateways, ray = status.collect("inv.py", ["cpu2"])
+    report, gateways, ray, _usage = status.collect("inv.py", ["cpu2"])
     assert [h["name"] for h in report] == ["cpu2"] and not report[0]["reachable"]
     assert len(reads) == 1 and given == [reads[0]] and (gateways, ray) == ([], [])
     assert parsed == ["cpu1", "cpu2"]  # each host once (a node's group needs the others)
@@ -215,7 +215,7 @@ def test_status_probes_every_host_at_once_and_reports_them_in_inventory_order(tm
     monkeypatch.setattr(connection, "connected", reachable)
     monkeypatch.setattr(status, "host_status", probe)
     monkeypatch.chdir(tmp_path)
-    report, _gateways, _ray = status.collect("inv.py", None)
+    report, _gateways, _ray, _usage = status.collect("inv.py", None)
     assert [h["name"] for h in report] == names
     assert most[0] == len(names)
 

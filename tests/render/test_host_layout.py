@@ -23,7 +23,7 @@ def named_paths(layout: HostLayout, instances: list[str], clients: list[str]) ->
     """Every path the layout names, by what it is."""
     named = {"manifest": layout.manifest, "upload_dir": layout.upload_dir, "hub_token_file": layout.hub_token_file,
              "rollback_dir": layout.rollback_dir, "current": layout.current,
-             "front_secrets_dir": layout.front_secrets_dir}
+             "front_secrets_dir": layout.front_secrets_dir, "model_access": layout.model_access}
     for group in ("front", "gateway", "metrics", "monitoring", "ray"):
         named.update({f"{group}.{key}": path for key, path in getattr(layout, group).items()})
     for name in instances:

@@ -101,6 +101,7 @@ CORE = frozenset({
     "vllm_fleet.payloads.probe.journal",
     "vllm_fleet.payloads.probe.main",
     "vllm_fleet.payloads.probe.status",
+    "vllm_fleet.payloads.probe.usage",
     "vllm_fleet.plan",
     "vllm_fleet.plan.engine_args",
     "vllm_fleet.plan.fleet",

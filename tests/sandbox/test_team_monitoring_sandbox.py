@@ -202,3 +202,25 @@ def test_prometheus_runs_as_its_user_and_only_the_front_listens_off_loopback(mon
         assert {"prometheus-node", "python3"} <= programs, listening  # the node exporter, the host exporter
         outside = [line for line in listening if not re.search(r"\s(127\.0\.0\.1|\[::1\]):\d+\s", line)]
         assert all('"nginx"' in line or '"sshd"' in line for line in outside), (host, outside)
+
+
+def test_status_usage_sums_each_clients_tokens_from_the_fleets_prometheus(monitored):
+    """alice's completions through the gateway, then `status --usage --json`: asked of the fleet's
+    Prometheus on sbx-cpu1 (scraping every 2 s), alice's prompt tokens over the last hour hold at
+    least those her answers reported, and no query failed."""
+    ca, sent = monitored["ca"], 0
+    for words in ("hi", "hello there", "count to three"):
+        status, body = _post(f"https://{CPU_HOSTS['sbx-cpu1']}:9000/v1/chat/completions", ca, KEYS["ALICE_KEY"],
+                             {"model": "tiny-llama", "max_tokens": 3, "messages": [{"role": "user", "content": words}]})
+        assert status == 200, body[:300]
+        sent += json.loads(body)["usage"]["prompt_tokens"]
+
+    def counted():
+        done = vllm_fleet(monitored["env"], "status", monitored["inventory"], "--usage", "--since", "1h", "--json")
+        usage = json.loads(done.stdout)["usage"]
+        alice = sum(r["prompt_tokens"] for r in usage["clients"] if r["client"] == "alice")
+        return usage["source"] == "prometheus on sbx-cpu1" and not usage["errors"] and alice >= sent, usage
+
+    usage = _wait("alice's tokens in the fleet's Prometheus", counted, timeout_s=180)
+    assert usage["since"] == "1h" and usage["vllm"]["prompt_tokens"] >= sent
+    assert not any(key in json.dumps(usage) for key in KEYS.values())

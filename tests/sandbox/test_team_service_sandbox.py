@@ -220,6 +220,98 @@ def test_status_counts_each_clients_requests_of_the_last_hour(team):
     assert not any(key in json.dumps(report) for key in KEYS.values())
 
 
+def _usage(team) -> dict:
+    """`vllm-fleet status --usage --json`: every instance's counters since its vLLM started (this
+    fleet has no Prometheus), summed, with vLLM's own."""
+    done = vllm_fleet(team["env"], "status", team["inventory"], "--usage", "--json")
+    return json.loads(done.stdout)["usage"]
+
+
+def _by_client(usage: dict) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for row in usage["clients"]:
+        mine = out.setdefault(row["client"], {"prompt": 0, "cached": 0, "completion": 0, "requests": 0})
+        for kind, key in (("prompt", "prompt_tokens"), ("cached", "cached_prompt_tokens"),
+                          ("completion", "completion_tokens"), ("requests", "requests")):
+            mine[kind] += row[key]
+    return out
+
+
+def _within(counted: int, own: int, tolerance: float = 0.001) -> bool:
+    return abs(counted - own) <= tolerance * max(own, 1)
+
+
+def test_each_clients_tokens_are_counted_under_its_name_and_sum_to_vllms_own(team):
+    """alice (through the gateway and on sbx-cpu2's port) and OnlyB (tiny-b, through the gateway),
+    each with chat and completions, streamed (without asking for usage: the fleet's vLLM adds it) and
+    not, and a prompt repeated so that its prefix is cached. Each sends a forged X-Vllm-Fleet-Client
+    naming the other: the fronts replace it, so every token lands under the sender's own name. Each
+    client's counted tokens are exactly the usage its answers reported, and the clients' sums are
+    vLLM's own vllm:prompt_tokens_total and vllm:generation_tokens_total (within 0.1 %), over this
+    traffic and since each vLLM started."""
+    ca, before = team["ca"], _usage(team)
+    long_prompt = "Count the sheep in the field one by one, slowly, and tell me their names. " * 6
+    received: dict[str, dict[str, int]] = {}
+
+    def add(client: str, usage) -> None:
+        mine = received.setdefault(client, {"prompt": 0, "cached": 0, "completion": 0, "requests": 0})
+        details = getattr(usage, "prompt_tokens_details", None)
+        mine["prompt"] += usage.prompt_tokens
+        mine["cached"] += (details.cached_tokens or 0) if details else 0
+        mine["completion"] += usage.completion_tokens
+        mine["requests"] += 1
+
+    plan = [("alice", KEYS["ALICE_KEY"], GATEWAY, "tiny-llama", "OnlyB"),
+            ("alice", KEYS["ALICE_KEY"], INSTANCE, "tiny-llama", "OnlyB"),
+            ("OnlyB", KEYS["ONLYB_KEY"], GATEWAY, "tiny-b", "alice")]
+    for name, key, base, model, forged in plan:
+        client = openai.OpenAI(base_url=base, api_key=key, max_retries=0, timeout=120,
+                               default_headers={"X-Vllm-Fleet-Client": forged},
+                               http_client=openai.DefaultHttpx2Client(verify=ca, trust_env=False))
+        for round_ in range(2):
+            prompt = long_prompt if round_ else f"hi {name} {base}"
+            reply = client.chat.completions.create(model=model, max_tokens=12,
+                                                   messages=[{"role": "user", "content": prompt}])
+            add(name, reply.usage)
+            reply = client.completions.create(model=model, prompt=prompt, max_tokens=9)
+            add(name, reply.usage)
+            last = None
+            for chunk in client.chat.completions.create(model=model, max_tokens=15, stream=True,
+                                                        messages=[{"role": "user", "content": prompt}]):
+                last = chunk.usage or last
+            assert last is not None, "the stream ended without its usage"
+            add(name, last)
+            last = None
+            for chunk in client.completions.create(model=model, prompt=prompt, max_tokens=11, stream=True,
+                                                   extra_body={"ignore_eos": True}):
+                last = chunk.usage or last
+            assert last is not None and last.completion_tokens == 11
+            add(name, last)
+    after = _usage(team)
+    assert not after["errors"], after["errors"]
+    was, now = _by_client(before), _by_client(after)
+    zero = {"prompt": 0, "cached": 0, "completion": 0, "requests": 0}
+    for name, got in received.items():
+        counted = {kind: now[name][kind] - was.get(name, zero)[kind] for kind in zero}
+        assert counted == got, (name, counted, got)
+    assert set(now) <= {"alice", "OnlyB", "limited", "vllm-fleet", "(none)"}, now  # no forged or invalid name
+    own_before, own_after = before["vllm"], after["vllm"]
+    delta_prompt = after["totals"]["prompt_tokens"] - before["totals"]["prompt_tokens"]
+    delta_completion = after["totals"]["completion_tokens"] - before["totals"]["completion_tokens"]
+    own_prompt = own_after["prompt_tokens"] - own_before["prompt_tokens"]
+    own_generation = own_after["generation_tokens"] - own_before["generation_tokens"]
+    figures = (f"tokens by client vs vLLM's own: this traffic prompt {delta_prompt} vs {own_prompt}, completion "
+               f"{delta_completion} vs {own_generation}; since start prompt {after['totals']['prompt_tokens']} vs "
+               f"{own_after['prompt_tokens']}, completion {after['totals']['completion_tokens']} vs "
+               f"{own_after['generation_tokens']}; cached {after['totals']['cached_prompt_tokens']} vs "
+               f"{own_after['cached_prompt_tokens']}")
+    print(figures)
+    assert delta_prompt == sum(r["prompt"] for r in received.values()) and delta_prompt > 0
+    assert _within(delta_prompt, own_prompt) and _within(delta_completion, own_generation), figures
+    assert _within(after["totals"]["prompt_tokens"], own_after["prompt_tokens"]), figures
+    assert _within(after["totals"]["completion_tokens"], own_after["generation_tokens"]), figures
+
+
 def test_a_stream_in_flight_across_a_deploys_restart_ends_with_its_last_token(team, sandbox, tmp_path):
     """Streams run through sbx-cpu2's front while a deploy changes its engine args and so restarts
     vLLM: the one in flight when systemd stops vLLM finishes (--shutdown-timeout), all 400 tokens, no

@@ -136,6 +136,11 @@ CORPUS = [
      "gemma"),
     ("convert in engine args", host(vllm_instances=[inst(engine_args={"convert": "embed"})]), "engine_args.convert",
      "gemma"),
+    # The token counting's flags (plan/engine_args.py USAGE_FLAGS): repeated, never changed.
+    ("a middleware of its own in engine args", host(vllm_instances=[inst(engine_args={"middleware": "evil.Mw"})]),
+     "engine_args.middleware", "gemma"),
+    ("streams without their usage", host(vllm_instances=[inst(engine_args={"enable-force-include-usage": False})]),
+     "engine_args.enable-force-include-usage", "gemma"),
     ("architectures that are no class names", host(vllm_instances=[inst(
         model="BAAI/bge-m3", tokenizer=None, max_model_len=None, model_info=dict(BGE_M3, architectures=["../x"]))]),
      "model_info.architectures", "gemma"),

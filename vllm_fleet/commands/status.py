@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 from typing import Any
 
@@ -31,6 +32,8 @@ from vllm_fleet.plan import RayNode
 from vllm_fleet.prepared import Discovered
 from vllm_fleet.render import instance_paths, manifest_path
 from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
+from vllm_fleet.config.ports import monitoring_ports
+from vllm_fleet.monitoring.targets import PROMETHEUS_PREFIX
 from vllm_fleet.facts.verify import diagnose, host_probe_command, parse_host_probe, printed_result
 
 # Files whose drift status reports. The env file is secret: its content is not compared here.
@@ -160,7 +163,74 @@ def host_status(name: str, host, config, fleet: Fleet | None = None) -> dict[str
             **probe}
 
 
-def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
+USAGE_KINDS = ("prompt", "cached", "completion", "requests")
+WINDOW = re.compile(r"[0-9]{1,6}[smhdw]\Z")  # a Prometheus range: 90m, 24h, 7d
+
+
+def _add_usage(into: dict[tuple[str, str], dict[str, int]], clients: dict[str, Any]) -> None:
+    for client, models in (clients or {}).items():
+        for model, counts in models.items():
+            row = into.setdefault((client, model), dict.fromkeys(USAGE_KINDS, 0))
+            for kind in USAGE_KINDS:
+                row[kind] += int(counts.get(kind, 0))
+
+
+def summed_usage(parts: list[dict[str, Any]], *, source: str, since: str | None,
+                 errors: list[str] | None = None) -> dict[str, Any]:
+    """One usage report from several readings ({"clients": {client: {model: counts}}, "vllm":
+    {prompt, generation, cached}}): a row per client and model, the totals over every client, and
+    vLLM's own counters, which the totals' prompt and completion tokens reconcile with."""
+    rows: dict[tuple[str, str], dict[str, int]] = {}
+    own: dict[str, int] = {}
+    for part in parts:
+        _add_usage(rows, part.get("clients"))
+        for kind, value in (part.get("vllm") or {}).items():
+            own[kind] = own.get(kind, 0) + int(value)
+    table = [{"client": client, "model": model, "prompt_tokens": c["prompt"], "cached_prompt_tokens": c["cached"],
+              "completion_tokens": c["completion"], "requests": c["requests"]}
+             for (client, model), c in sorted(rows.items())]
+    totals = {key: sum(r[key] for r in table)
+              for key in ("prompt_tokens", "cached_prompt_tokens", "completion_tokens", "requests")}
+    return {"source": source, "since": since, "clients": table, "totals": totals,
+            "vllm": {"prompt_tokens": own.get("prompt"), "generation_tokens": own.get("generation"),
+                     "cached_prompt_tokens": own.get("cached")},
+            "errors": list(errors or [])}
+
+
+def instances_usage(report: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every instance's counters as its /metrics holds them now (since that vLLM started), summed."""
+    errors = [f"{h['name']}: {h['error']}" for h in report if h.get("error")]
+    parts = []
+    for host in report:
+        for name, inst in (host.get("instances") or {}).items():
+            if inst.get("usage") is not None:
+                parts.append(inst["usage"])
+            elif inst.get("state") != "not deployed":
+                errors.append(f"{host['name']}/{name}: no /metrics (not healthy): its tokens are not counted")
+    return summed_usage(parts, source="instances", since=None, errors=errors)
+
+
+def prometheus_usage(name: str, host, config, since: str) -> dict[str, Any]:
+    """The fleet's Prometheus, asked on its own host (loopback, over SSH): each counter's increase
+    over `since`, by client and model, and vLLM's own."""
+    ports = monitoring_ports(config.settings)
+    payload = {"port": ports["prometheus"], "prefix": PROMETHEUS_PREFIX, "since": since}
+    _ok, out, err = remote.run(host, host_probe_command("usage", payload), timeout=120)
+    probe = parse_host_probe(out)
+    if probe is None:
+        return summed_usage([], source=f"prometheus on {name}", since=since,
+                            errors=[f"{name}: the usage query failed: {err.strip()[-300:]}"])
+    return summed_usage([probe], source=f"prometheus on {name}", since=since, errors=probe.get("errors"))
+
+
+def monitoring_host(fleet: Fleet, configs: dict[str, Any]) -> str | None:
+    """The host that runs the fleet's Prometheus, if status reaches it (it is within --limit)."""
+    return next((name for name, config in configs.items()
+                 if config.settings.vllm_monitoring is True and config.settings.vllm_metrics is True), None)
+
+
+def collect(inventory: str, limit: list[str] | None, usage_since: str | None = None,
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
     from vllm_fleet.commands import connection
     from vllm_fleet.commands.connection import connected
 
@@ -174,10 +244,17 @@ def collect(inventory: str, limit: list[str] | None) -> list[dict[str, Any]]:
                                 list(fleet.matched))
         gateways = [gateway_status(name, active[name], configs[name]) for name in fleet.matched
                     if configs[name].settings.vllm_gateway is True]
+        usage = None
+        if usage_since is not None:
+            monitor = monitoring_host(fleet, configs)
+            if monitor is not None and active.get(monitor) is not None:
+                usage = prometheus_usage(monitor, active[monitor], configs[monitor], usage_since or "24h")
+            else:
+                usage = instances_usage(report)
     # Beside the hosts, one row per Ray node (a host that is unreachable, or whose plan failed, says so
     # in its own entry and has none).
     ray = [h.pop("ray") for h in report if "ray" in h]
-    return report, gateways, ray
+    return report, gateways, ray, usage
 
 
 def ray_status(host, config, role: RayNode) -> dict[str, Any]:
@@ -318,6 +395,32 @@ def print_gateways(gateways: list[dict[str, Any]]) -> None:
             print(f"  {b['model']:<24} {b['host']}/{b['instance']:<16} {b['url']:<28} {verdict}")
 
 
+def print_usage(usage: dict[str, Any]) -> None:
+    """The usage table: a row per client and model, the totals, and vLLM's own counters."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=170)
+    window = (f"increase over the last {usage['since']}" if usage["since"]
+              else "since each instance's vLLM started (no Prometheus reached: --since needs the fleet's monitoring)")
+    table = Table(title=f"tokens by client ({usage['source']}: {window})")
+    for column in ("client", "model", "prompt", "cached prompt", "completion", "requests"):
+        table.add_column(column, justify="left" if column in ("client", "model") else "right")
+    for row in usage["clients"]:
+        table.add_row(row["client"], row["model"], str(row["prompt_tokens"]), str(row["cached_prompt_tokens"]),
+                      str(row["completion_tokens"]), str(row["requests"]))
+    totals = usage["totals"]
+    table.add_row("(all)", "", str(totals["prompt_tokens"]), str(totals["cached_prompt_tokens"]),
+                  str(totals["completion_tokens"]), str(totals["requests"]))
+    console.print(table)
+    own = usage["vllm"]
+    console.print("vLLM's own counters: prompt " + str(own["prompt_tokens"]) + ", generation "
+                  + str(own["generation_tokens"]) + ", cached prompt " + str(own["cached_prompt_tokens"]),
+                  highlight=False, markup=False)
+    for error in usage["errors"]:
+        console.print(f"not counted: {error}", highlight=False, markup=False)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="vllm-fleet status", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -335,23 +438,40 @@ examples:
   vllm-fleet status inventory/prod.py
       a table per host
   vllm-fleet status inventory/prod.py --limit gpu-h100-01 --json | jq '.hosts[0].instances'
-      one host, as JSON""")
+      one host, as JSON
+  vllm-fleet status inventory/prod.py --usage --since 7d --json | jq '.usage.clients'
+      each client's prompt, cached and completion tokens by model over the last 7 days""")
     parser.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
     parser.add_argument("--json", action="store_true",
                         help="print {\"hosts\": ..., \"gateways\": ..., \"ray\": ...} as JSON instead of tables")
     parser.add_argument("--limit", action="append", metavar="NAMES",
                         help="only these hosts or groups (comma-separated; repeatable)")
+    parser.add_argument("--usage", action="store_true",
+                        help="tokens by client and model instead of the tables: from the fleet's Prometheus "
+                             "(their increase over --since) when status reaches the monitoring host, else each "
+                             "instance's /metrics (since its vLLM started); with vLLM's own counters")
+    parser.add_argument("--since", metavar="WINDOW",
+                        help="with --usage: the window, as Prometheus writes one (90m, 24h, 7d; default 24h)")
     args = parser.parse_args(argv)
     limit = split_names(args.limit)
+    if args.since is not None and (not args.usage or not WINDOW.match(args.since)):
+        print(f"error: --since {args.since!r}: " + ("a window of digits and one of s, m, h, d, w (24h)" if args.usage
+                                                      else "only with --usage"), file=sys.stderr)
+        return 2
     try:
-        report, gateways, ray = collect(args.inventory, limit)
+        report, gateways, ray, usage = collect(args.inventory, limit, (args.since or "") if args.usage else None)
     except ConfigErrors as exc:
         print(str(exc), file=sys.stderr)
         return 2
     except ConfigError as exc:
         print(f"error: {exc.located()}", file=sys.stderr)
         return 2
-    if args.json:
+    if usage is not None and args.json:
+        json.dump({"usage": usage}, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif usage is not None:
+        print_usage(usage)
+    elif args.json:
         json.dump({"hosts": report, "gateways": gateways, "ray": ray}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:

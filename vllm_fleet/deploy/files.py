@@ -69,7 +69,7 @@ def monitoring_files(deployment: Deployment) -> None:
 def service_files(deployment: Deployment) -> None:
     """7. Engine YAML, root-only env file, units; units of removed instances are removed."""
     config, files, changes = deployment.config, deployment.files, deployment.changes
-    shared: dict[str, Any] = {}  # a file every instance with adapters reads: written once
+    shared: dict[str, Any] = {}  # a file several instances read (the module vLLM loads): written once
     for inst in deployment.plan.instances:
         paths, unit = instance_paths(config, inst.name), inst.unit_name
         engine_config, unit_file, env = files[paths["config"]], files[paths["unit"]], files[paths["env"]]
@@ -80,15 +80,17 @@ def service_files(deployment: Deployment) -> None:
         changes.notify(unit, "instance", "env",
                        secret_file(name=f"Secrets of {inst.name}: {env.path}", dest=env.path, content=env.content,
                                    upload_dir=upload_dir(config)), instance=inst.name)
+        layout = host_layout(config)
+        shared_kinds = [("model_access", layout.model_access)]
         if inst.config.adapters:
-            layout = host_layout(config)
             adapters = files[layout.instance_adapters(inst.name)]
             changes.notify(unit, "instance", "adapters", _put(f"Adapters of {inst.name}: {adapters.path}", adapters),
                            instance=inst.name)
-            for kind, path in (("model_access", layout.model_access), ("adapter_loader", layout.adapter_loader)):
-                if path not in shared:
-                    shared[path] = _put(f"{kind.replace('_', ' ').capitalize()}: {path}", files[path])
-                changes.notify(unit, "instance", kind, shared[path], instance=inst.name)
+            shared_kinds.append(("adapter_loader", layout.adapter_loader))
+        for kind, path in shared_kinds:
+            if path not in shared:
+                shared[path] = _put(f"{kind.replace('_', ' ').capitalize()}: {path}", files[path])
+            changes.notify(unit, "instance", kind, shared[path], instance=inst.name)
     ray_unit = files.get(ray_paths(config)["unit"])
     if ray_unit is not None:  # a node of a multi-node instance: its Ray head or worker
         role = deployment.plan.ray

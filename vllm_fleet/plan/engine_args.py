@@ -15,6 +15,9 @@ from vllm_fleet.host_layout import MODEL_ACCESS_MODULE, HostLayout
 from vllm_fleet.plan.types import InstancePlan
 
 BACKEND_HOST = "127.0.0.1"
+# The flags the token counting needs (templates/vllm-model-access.py.j2): engine_args may repeat
+# them, never change them.
+USAGE_FLAGS = ("middleware", "enable-force-include-usage", "enable-prompt-tokens-details")
 
 
 def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) -> None:
@@ -85,12 +88,24 @@ def add_engine_args_and_env(host_config: HostConfig, plans: list[InstancePlan]) 
                 # adapter loading with more than one (vllm/entrypoints/cli/serve.py:124-125, 315-318).
                 args["api-server-count"] = 1
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
-            # One port serves several names: which of them a client may use is checked in vLLM's API
-            # server, where the request's body is parsed as vLLM parses it (the front passes the
-            # client's names in a header); the module is root's, in a directory of its own.
-            layout = HostLayout.of(host_config.settings)
-            env["PYTHONPATH"] = posixpath.dirname(layout.model_access)
-            args["middleware"] = f"{MODEL_ACCESS_MODULE}.ModelAccess"
+        # vllm-fleet's module in vLLM's API server (root's, in a directory of its own): with adapters,
+        # one port serves several names, and which of them a client may use is checked there, where
+        # the request's body is parsed as vLLM parses it (the front passes the client's names in a
+        # header); on every instance, it counts each request's tokens under the client the front
+        # names, from vLLM's own usage report, which these two flags make complete: every stream
+        # ends with its usage, and the usage holds the prompt's cached tokens.
+        layout = HostLayout.of(host_config.settings)
+        env["PYTHONPATH"] = posixpath.dirname(layout.model_access)
+        args["middleware"] = f"{MODEL_ACCESS_MODULE}.ModelAccess"
+        args["enable-force-include-usage"] = True
+        args["enable-prompt-tokens-details"] = True
+        for flag in USAGE_FLAGS:
+            if flag in inst.engine_args and not _same_flag_value(inst.engine_args[flag], args[flag]):
+                conflicts.append(ConfigError(
+                    f"engine_args sets '{flag}' to {inst.engine_args[flag]!r}: vllm-fleet sets {flag} = "
+                    f"{args[flag]!r} to count each client's tokens (and with adapters, to check which "
+                    "names each client may use)", host=host_config.name, instance=inst.name,
+                    key=f"engine_args.{flag}", fix=f"remove '{flag}' from engine_args"))
         args.update(plan.engine_args)
         # The planner's own flags (plan.engine_args) are decisions its reasons explain: an
         # engine_args entry may repeat one, never contradict it (the reasons would claim what vLLM

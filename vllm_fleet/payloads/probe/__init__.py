@@ -8,7 +8,8 @@ root-only env file, so it never travels on a command line. Prints one line
     verify [checks]   wait for /health, then /v1/models with the key, a 1-token completion, and the
                       unit's processes on its GPUs; the journal of any failing instance
     status [units]    read-only: unit state and uptime, /health, /version, served models, /metrics,
-                      sha256 of the managed files, and the GPUs
+                      sha256 of the managed files, and the GPUs; each instance's tokens by client
+    usage             on the monitoring host: tokens by client over a window, from its Prometheus
     gateway, gateway-status, gateway-workers, wait-idle, verify-with-gateway
                       the fleet gateway's checks, its state, its backends taken out and put back,
                       and the wait for a drained backend's last requests

@@ -129,11 +129,16 @@ def nvidia_smi(*args):
     return out.stdout if out.returncode == 0 else ""
 
 
-def metrics(port):
+def metrics_text(port):
+    """vLLM's /metrics exposition on loopback, or "" when it does not answer."""
     status, body = call(port, "/metrics", timeout=10)
+    return body if status == 200 else ""
+
+
+def metrics(port, text=None):
+    """The gauges status shows, from vLLM's /metrics (`text`: already read)."""
+    body = metrics_text(port) if text is None else text
     out = {}
-    if status != 200:
-        return out
     for line in body.splitlines():
         for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
                      "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"):

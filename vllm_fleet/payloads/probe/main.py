@@ -7,6 +7,7 @@ from vllm_fleet.payloads.probe.gateway import check_gateway, gateway_status, gat
 from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.payloads.probe.instances import verify
 from vllm_fleet.payloads.probe.status import status
+from vllm_fleet.payloads.probe.usage import prometheus_usage
 
 
 def verify_with_gateway(spec):
@@ -24,7 +25,7 @@ def main(argv):
     mode, payload = argv[1], json.loads(argv[2])
     modes = {"verify": verify, "status": status, "gateway": check_gateway, "gateway-status": gateway_status,
              "gateway-workers": gateway_workers, "wait-idle": wait_idle,
-             "verify-with-gateway": verify_with_gateway}
+             "verify-with-gateway": verify_with_gateway, "usage": prometheus_usage}
     if mode not in modes:
         sys.exit(f"host_probe: unknown mode {mode!r} (known: {', '.join(modes)})")
     result = modes[mode](payload)

@@ -3,8 +3,10 @@ managed files' sha256, the GPUs and the front."""
 
 import json
 
-from vllm_fleet.payloads.probe.host import api_key, call, metrics, nvidia_smi, served_models, sha256_of, show
+from vllm_fleet.payloads.probe.host import (api_key, call, metrics, metrics_text, nvidia_smi, served_models, sha256_of,
+                                            show)
 from vllm_fleet.payloads.probe.journal import requests_by_client, unit_failure
+from vllm_fleet.payloads.probe.usage import usage_from_exposition
 
 
 def front_status(front):
@@ -64,7 +66,9 @@ def status(spec):
             env_file = f"{spec['config_dir']}/{name}.env"  # read here: the key never leaves the host
             _, models, _ = served_models(port, api_key(env_file))
             entry["served_models"] = sorted(models)
-            entry["metrics"] = metrics(port)
+            text = metrics_text(port)
+            entry["metrics"] = metrics(port, text)
+            entry["usage"] = usage_from_exposition(text)
         instances[name] = entry
     front = manifest.get("front") or spec.get("front")
     return {"gpus": gpus, "manifest": bool(manifest),

@@ -1,0 +1,210 @@
+"""`vllm-fleet status --usage`: tokens by client summed from each instance's /metrics (the probe's
+reading, as the host runs it) or from the fleet's Prometheus (asked on its host's loopback: a real
+HTTP server here answering as Prometheus' query API does), the table and the JSON. No host."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.parse
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from types import SimpleNamespace
+
+import pytest
+
+from support.payload_helpers import bundled_module
+from vllm_fleet import payloads
+from vllm_fleet.commands import status
+
+host_probe = bundled_module(payloads.PROBE, "host_probe")  # as the host runs it: one namespace
+
+# vLLM's /metrics as prometheus_client writes it: HELP/TYPE lines, _total and _created samples,
+# label values escaped; vLLM's own counters by engine.
+EXPOSITION = r'''# HELP vllm_fleet_client_prompt_tokens_total Prompt tokens of the requests answered, by client and model.
+# TYPE vllm_fleet_client_prompt_tokens_total counter
+vllm_fleet_client_prompt_tokens_total{client="alice",model="tiny-llama"} 120.0
+vllm_fleet_client_prompt_tokens_total{client="OnlyB",model="tiny-llama"} 30.0
+vllm_fleet_client_prompt_tokens_total{client="(none)",model="tiny-llama"} 5.0
+vllm_fleet_client_prompt_tokens_total{client="alice",model="we\"ird\\name"} 1.0
+# HELP vllm_fleet_client_prompt_tokens_created Prompt tokens of the requests answered, by client and model.
+# TYPE vllm_fleet_client_prompt_tokens_created gauge
+vllm_fleet_client_prompt_tokens_created{client="alice",model="tiny-llama"} 1.7650e+09
+vllm_fleet_client_cached_prompt_tokens_total{client="alice",model="tiny-llama"} 64.0
+vllm_fleet_client_cached_prompt_tokens_total{client="OnlyB",model="tiny-llama"} 0.0
+vllm_fleet_client_completion_tokens_total{client="alice",model="tiny-llama"} 40.0
+vllm_fleet_client_completion_tokens_total{client="OnlyB",model="tiny-llama"} 8.0
+vllm_fleet_client_completion_tokens_total{client="(none)",model="tiny-llama"} 1.0
+vllm_fleet_client_usage_requests_total{client="alice",model="tiny-llama"} 6.0
+vllm_fleet_client_usage_requests_total{client="OnlyB",model="tiny-llama"} 2.0
+vllm_fleet_client_usage_requests_total{client="(none)",model="tiny-llama"} 1.0
+# HELP vllm:prompt_tokens_total Number of prefill tokens processed.
+# TYPE vllm:prompt_tokens_total counter
+vllm:prompt_tokens_total{engine="0",model_name="tiny-llama"} 156.0
+vllm:prompt_tokens_created{engine="0",model_name="tiny-llama"} 1.7650e+09
+vllm:generation_tokens_total{engine="0",model_name="tiny-llama"} 49.0
+vllm:prompt_tokens_cached_total{engine="0",model_name="tiny-llama"} 64.0
+vllm:prompt_tokens_by_source_total{engine="0",model_name="tiny-llama",source="local_compute"} 92.0
+vllm:num_requests_running{engine="0",model_name="tiny-llama"} 0.0
+'''
+
+
+def test_the_probe_reads_each_clients_counters_and_vllms_own_from_metrics():
+    usage = host_probe.usage_from_exposition(EXPOSITION)
+    assert usage["clients"]["alice"]["tiny-llama"] == {"prompt": 120, "cached": 64, "completion": 40, "requests": 6}
+    assert usage["clients"]["OnlyB"]["tiny-llama"] == {"prompt": 30, "cached": 0, "completion": 8, "requests": 2}
+    assert usage["clients"]["alice"]['we"ird\\name']["prompt"] == 1
+    assert usage["vllm"] == {"prompt": 156, "generation": 49, "cached": 64}
+    assert host_probe.usage_from_exposition("") == {"clients": {}, "vllm": {}}
+    assert host_probe.usage_from_exposition("garbage {\nvllm:prompt_tokens_total{x=\"1\"} NaNx\n") == {"clients": {}, "vllm": {}}
+
+
+def _report():
+    usage = host_probe.usage_from_exposition(EXPOSITION)
+    return [{"name": "cpu1", "instances": {"tiny": {"usage": usage, "health": True},
+                                           "down": {"state": "failed/failed", "health": False}}},
+            {"name": "cpu2", "instances": {"tiny": {"usage": usage, "health": True}}},
+            {"name": "cpu3", "reachable": False, "error": "unreachable over SSH"}]
+
+
+def test_instances_usage_sums_every_instance_and_says_what_it_could_not_count():
+    usage = status.instances_usage(_report())
+    assert usage["source"] == "instances" and usage["since"] is None
+    rows = {(r["client"], r["model"]): r for r in usage["clients"]}
+    assert rows[("alice", "tiny-llama")] == {"client": "alice", "model": "tiny-llama", "prompt_tokens": 240,
+                                             "cached_prompt_tokens": 128, "completion_tokens": 80, "requests": 12}
+    assert usage["totals"] == {"prompt_tokens": 312, "cached_prompt_tokens": 128, "completion_tokens": 98,
+                               "requests": 18}
+    # What reconciles: the clients' prompt tokens with vLLM's own (here the recorded figures do).
+    assert usage["vllm"] == {"prompt_tokens": 312, "generation_tokens": 98, "cached_prompt_tokens": 128}
+    assert usage["errors"] == ["cpu3: unreachable over SSH",
+                               "cpu1/down: no /metrics (not healthy): its tokens are not counted"]
+
+
+class FakePrometheus(BaseHTTPRequestHandler):
+    """Prometheus' instant query API: answers the sum-by-client queries from ANSWERS."""
+    asked: list[str] = []
+    answers: dict[str, list[dict]] = {}
+    fail = False
+
+    def do_GET(self):
+        url = urllib.parse.urlsplit(self.path)
+        query = urllib.parse.parse_qs(url.query)["query"][0]
+        FakePrometheus.asked.append(f"{url.path} {query}")
+        if FakePrometheus.fail:
+            body, code = {"status": "error", "errorType": "bad_data", "error": "parse error"}, 400
+        else:
+            name = query.split("increase(")[-1].split("[")[0]
+            body, code = {"status": "success", "data": {"resultType": "vector",
+                                                        "result": FakePrometheus.answers.get(name, [])}}, 200
+        raw = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def log_message(self, *args):
+        pass
+
+
+@contextmanager
+def fake_prometheus():
+    FakePrometheus.asked, FakePrometheus.fail = [], False
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_probe_asks_prometheus_for_each_counters_increase_over_the_window():
+    def series(client, value):
+        return {"metric": {"client": client, "model": "tiny-llama"}, "value": [1765000000.0, str(value)]}
+
+    FakePrometheus.answers = {
+        "vllm_fleet_client_prompt_tokens_total": [series("alice", 99.6), series("OnlyB", 10)],
+        "vllm_fleet_client_completion_tokens_total": [series("alice", 7)],
+        "vllm:prompt_tokens_total": [{"metric": {}, "value": [1765000000.0, "109.7"]}],
+    }
+    with fake_prometheus() as port:
+        usage = host_probe.prometheus_usage({"port": port, "prefix": "/prometheus", "since": "7d"})
+        asked = list(FakePrometheus.asked)
+        FakePrometheus.fail = True
+        failed = host_probe.prometheus_usage({"port": port, "prefix": "/prometheus", "since": "24h"})
+    prompt = "vllm_fleet_client_prompt_tokens_total"
+    assert (f"/prometheus/api/v1/query sum by (client, model) ((last_over_time({prompt}[7d]) unless {prompt} "
+            f"offset 7d) or increase({prompt}[7d]))") in asked
+    assert any(q.startswith("/prometheus/api/v1/query sum((last_over_time(vllm:generation_tokens_total[7d])")
+               for q in asked)
+    assert len(asked) == 7
+    assert usage["clients"]["alice"]["tiny-llama"] == {"prompt": 100, "cached": 0, "completion": 7, "requests": 0}
+    assert usage["vllm"] == {"prompt": 110} and usage["errors"] == []
+    assert failed["clients"] == {} and len(failed["errors"]) == 7 and "parse error" in failed["errors"][0]
+    with pytest.raises(ValueError):  # a window is never pasted into a query unchecked
+        host_probe.prometheus_usage({"port": port, "prefix": "/prometheus", "since": "1h]) or vector(1"})
+
+
+def test_collect_asks_the_monitoring_hosts_prometheus_when_status_reaches_it(tmp_path, monkeypatch):
+    from vllm_fleet.commands import connection
+
+    (tmp_path / "inv.py").write_text(
+        "hosts = [('cpu1', {'vllm_target': 'cpu', 'vllm_metrics': True, 'vllm_monitoring': True,"
+        " 'vllm_metrics_token_env': 'T'}), ('cpu2', {'vllm_target': 'cpu', 'vllm_metrics': True,"
+        " 'vllm_metrics_token_env': 'T'})]\n")
+    monkeypatch.setenv("T", "metrics-token-0123456789abcdef")
+    monkeypatch.chdir(tmp_path)
+
+    @contextmanager
+    def reachable(inventory, hosts, **_kw):
+        in_order = SimpleNamespace(map=lambda fn, items: [fn(i) for i in items])
+        yield SimpleNamespace(pool=in_order), {n: SimpleNamespace(name=n) for n in hosts}
+
+    asked = []
+    monkeypatch.setattr(connection, "connected", reachable)
+    monkeypatch.setattr(status, "host_status", lambda name, host, config, fleet: _report()[0] | {"name": name})
+    monkeypatch.setattr(status, "prometheus_usage",
+                        lambda name, host, config, since: asked.append((name, since)) or {"source": name})
+    assert status.collect("inv.py", None, "")[3] == {"source": "cpu1"} and asked == [("cpu1", "24h")]
+    assert status.collect("inv.py", None, "7d")[3] == {"source": "cpu1"} and asked[-1] == ("cpu1", "7d")
+    # Outside --limit the monitoring host is not reached: each instance's /metrics is summed.
+    usage = status.collect("inv.py", ["cpu2"], "")[3]
+    assert usage["source"] == "instances" and usage["totals"]["prompt_tokens"] == 156
+    assert status.collect("inv.py", None, None)[3] is None  # without --usage, no usage read
+
+
+def test_main_prints_the_usage_table_and_json_and_refuses_a_bad_window(monkeypatch, capsys):
+    usage = status.instances_usage(_report())
+    monkeypatch.setattr(status, "collect", lambda inventory, limit, since: ([], [], [], usage))
+    assert status.main(["inv.py", "--usage", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"usage": usage}
+    assert status.main(["inv.py", "--usage"]) == 0
+    out = capsys.readouterr().out
+    assert "alice" in out and "240" in out and "since each instance's vLLM started" in out
+    assert "vLLM's own counters: prompt 312, generation 98" in out and "not counted: cpu3" in out
+    for bad in (["--usage", "--since", "1y"], ["--usage", "--since", "24h) or vector(1"], ["--since", "24h"],
+                ["--usage", "--since", ""]):
+        assert status.main(["inv.py", *bad]) == 2
+        assert "--since" in capsys.readouterr().err
+
+
+def test_the_window_query_counts_a_series_that_began_inside_the_window_whole(tmp_path):
+    """Against Prometheus' own engine (promtool's rule tests): a client first seen 40 tokens in,
+    then at 100, is counted 100 over a window holding all of it (increase() alone says 70: it drops
+    the first sample and extrapolates); one counted since before the window, its increase."""
+    from support import promtool_tool
+    expr = f"sum by (client, model) ({host_probe.window_increase('c_total', '20m')})"
+    (tmp_path / "rules.yml").write_text("groups: []\n")
+    (tmp_path / "usage_test.yml").write_text(json.dumps({
+        "rule_files": ["rules.yml"], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m", "input_series": [
+            {"series": 'c_total{client="new",model="m",host="a"}', "values": "_x30 40 50 60 100"},
+            {"series": 'c_total{client="old",model="m",host="a"}', "values": "1000+0x29 1000 1020 1050 1100"}],
+            "promql_expr_test": [{"expr": expr, "eval_time": "33m", "exp_samples": [
+                {"labels": '{client="new",model="m"}', "value": 100},
+                {"labels": '{client="old",model="m"}', "value": 100}]}]}]}))
+    result = promtool_tool.run("test", "rules", "usage_test.yml", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
