@@ -1,0 +1,282 @@
+"""The fleet gateway's rendered files at work, offline: nginx (this machine's) running the gateway's
+front and a backend's front against stand-in routers and vLLMs on loopback, and the registration
+script against a stand-in router admin API (no host, no root)."""
+
+from __future__ import annotations
+
+import http.client
+import http.server
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from support.fleet_helpers import API_KEY
+from support.gateway_fleet import cpu_instance, gateway_fleet
+from support.planning_fixtures import free_port
+from vllm_fleet.config import parse_host
+from vllm_fleet.gateway import Backend, fleet_backends, gateway_access
+from vllm_fleet.host_layout import GATEWAY_UNIT
+from vllm_fleet.plan import plan_host
+from vllm_fleet.render import Secrets, render_host
+from vllm_fleet.templating import jinja_environment
+
+
+
+def nginx_binary() -> str | None:
+    """The machine's nginx, else Debian's, extracted from its package into the cache (never installed)."""
+    found = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if os.access(p, os.X_OK)), None)
+    if found:
+        return found
+    from support import real_tool_checks  # tests/: fetches the package with apt-get download
+
+    try:
+        return str(real_tool_checks.nginx())
+    except Exception:  # no apt here: the test says so and skips
+        return None
+
+
+class FakeRouter(http.server.BaseHTTPRequestHandler):
+    """Stands in for vllm-router behind nginx: records what reaches it."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _any(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        FakeRouter.seen.append((self.command, self.path, self.headers.get("Authorization")))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _any
+
+
+@pytest.mark.skipif(nginx_binary() is None, reason="no nginx on this machine (/usr/sbin/nginx or PATH)")
+def test_nginx_accepts_the_config_and_checks_the_hostile_key(tmp_path):
+    """The rendered front + key file under a real nginx: `nginx -t`, then requests."""
+    os.chmod(tmp_path, 0o755)  # nginx's workers (another user when run as root) read the models file
+    port = free_port(headroom=10001)  # the router: port + vllm_backend_port_offset
+    host = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": port,
+                             "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc")})
+    backends = [Backend("h2", "b", "beta", "http://10.0.0.2:8000", 2048)]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in render_host(host, plan_host(host), Secrets(API_KEY), backends=backends):
+        if f.path.startswith(str(tmp_path)):
+            Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
+    conf = str(tmp_path / "etc" / "front.conf")
+    nginx = nginx_binary()
+    check = subprocess.run([nginx, "-t", "-q", "-e", "stderr", "-c", conf], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    FakeRouter.seen = []
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), FakeRouter)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    user = ["user root;"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([nginx, "-e", "stderr", "-c", conf, "-g", " ".join(["daemon off;", *user])])
+    try:
+        def request(method: str, path: str, auth: str | None = None) -> int:
+            req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,
+                                         data=b"{}" if method == "POST" else None)
+            if auth is not None:
+                req.add_header("Authorization", auth)
+            try:
+                with urllib.request.urlopen(req, timeout=5) as resp:
+                    return resp.status
+            except urllib.error.HTTPError as exc:
+                return exc.code
+        for _ in range(50):
+            try:
+                request("GET", "/health")
+                break
+            except OSError:
+                time.sleep(0.1)
+        FakeRouter.seen = []
+        right = "Bearer " + API_KEY
+        assert request("GET", "/v1/models", right) == 200
+        assert request("GET", "/v1/models") == 401
+        assert request("GET", "/v1/models", right.lower()) == 401
+        assert request("POST", "/v1/completions", "Bearer wrong") == 401
+        assert request("POST", "/v1/completions", right + "x") == 401
+        assert request("POST", "/v1/completions", right) == 200
+        assert request("GET", "/health") == 200
+        assert request("GET", "/workers", right) == 404  # the router's admin API stays on the host
+        assert request("GET", "/v1/../workers", right) == 404
+        # Only what had the key (and /health) reached the router, with the client's header unchanged.
+        assert FakeRouter.seen == [("POST", "/v1/completions", right), ("GET", "/health", None)]
+        with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
+                                                           headers={"Authorization": right})) as resp:
+            assert [m["id"] for m in json.loads(resp.read())["data"]] == ["beta"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        router.shutdown()
+
+
+class FakeVllm(http.server.BaseHTTPRequestHandler):
+    """Stands in for vLLM behind an instance's front: records the Authorization it gets, answers 200."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _any(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        FakeVllm.seen.append((self.path, self.headers.get("Authorization")))
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _any
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_a_backends_front_under_nginx_keys_clients_by_id_and_takes_v1_from_the_gateway_only(tmp_path):
+    """A backend's front under a real nginx: a client named in mixed case, allowed another model, is
+    403 whatever its name's case (never folded onto the host's own client, which may use everything);
+    a client may use its model; and a request from an address that is neither the gateway's nor the
+    host's own gets 403 gateway_only before its key is even looked at."""
+    nginx = nginx_binary()
+    if nginx is None:
+        pytest.skip("no nginx on this machine and none could be fetched (apt-get download nginx-core)")
+    os.chmod(tmp_path, 0o755)
+    port = free_port(headroom=10001)
+    clients = {"OnlyB": {"key_env": "B", "models": ["beta"]}, "Vllm-Fleet2": {"key_env": "V"}}
+    host = parse_host("b1", {"vllm_target": "cpu", "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc"),
+                             "vllm_api_clients": clients, "vllm_instances": [cpu_instance("a", "alpha", port=port)]})
+    gateway = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_advertise_address": "127.0.0.3"})
+    keys = {"OnlyB": "sk-onlyb-" + "1" * 16, "Vllm-Fleet2": "sk-vf2-" + "2" * 16}
+    secrets = Secrets(client_keys=tuple(sorted(keys.items())), host_key="vf-host-" + "3" * 40)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in render_host(host, plan_host(host), secrets, gateway_access=gateway_access(gateway)):
+        if f.path.startswith(str(tmp_path)):
+            Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
+    conf = str(tmp_path / "etc" / "front.conf")
+    FakeVllm.seen = []
+    vllm = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), FakeVllm)
+    threading.Thread(target=vllm.serve_forever, daemon=True).start()
+    proc = subprocess.Popen([nginx, "-e", "stderr", "-c", conf, "-g", "daemon off; user root;"])
+    try:
+        def request(key: str, model: str, source: str = "127.0.0.1") -> tuple[int, dict]:
+            """A chat request from `source` (a loopback address of this machine's own)."""
+            body = json.dumps({"model": model}).encode()
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+            conn.request("POST", "/v1/chat/completions", body, {"Authorization": f"Bearer {key}"})
+            resp = conn.getresponse()
+            answer = json.loads(resp.read() or b"{}")
+            conn.close()
+            return resp.status, answer
+
+        for _ in range(50):
+            try:
+                request("x", "alpha")
+                break
+            except OSError:
+                time.sleep(0.1)
+        status, body = request(keys["OnlyB"], "alpha")
+        assert status == 403 and body["error"]["code"] == "model_not_allowed" and "client OnlyB " in body["error"]["message"]
+        status, _ = request(keys["Vllm-Fleet2"], "alpha")  # every model: a client of its own, not the host's
+        assert status == 200
+        assert FakeVllm.seen == [("/v1/chat/completions", "Bearer " + secrets.host_key)]
+        status, body = request(keys["Vllm-Fleet2"], "alpha", source="127.0.0.2")  # neither gateway nor host
+        assert status == 403 and body["error"]["code"] == "gateway_only" and "http://127.0.0.3:9000/v1" in body["error"]["message"]
+        status, _ = request(keys["Vllm-Fleet2"], "alpha", source="127.0.0.3")  # the gateway's address
+        assert status == 200 and len(FakeVllm.seen) == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        vllm.shutdown()
+
+
+# --- the registration script ---------------------------------------------------------------------
+
+class StubAdmin(http.server.BaseHTTPRequestHandler):
+    """vllm-router's admin API as 0.1.17 answers it: GET/POST /workers, DELETE /workers/<url>."""
+
+    workers: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, code: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self._reply(200, {})
+        self._reply(200, {"workers": [{"url": u, "model_id": m} for u, m in StubAdmin.workers.items()]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        StubAdmin.workers[body["url"]] = body["model_id"]
+        self._reply(200, {"success": True})
+
+    def do_DELETE(self):
+        url = urllib.parse.unquote(self.path.removeprefix("/workers/"))
+        if StubAdmin.workers.pop(url, None) is None:
+            return self._reply(400, {"code": "WORKER_NOT_FOUND"})
+        self._reply(200, {"success": True})
+
+
+def register_script(tmp_path: Path) -> Path:
+    hosts, _ = gateway_fleet()
+    script = tmp_path / "gateway-register.py"
+    script.write_text(jinja_environment().get_template("gateway-register.py.j2").render(host=hosts[0], unit=GATEWAY_UNIT))
+    return script
+
+
+def test_registration_script_makes_the_routers_workers_equal_to_the_file(tmp_path):
+    script = register_script(tmp_path)
+    StubAdmin.workers = {"http://old:8000": "alpha", "http://10.0.0.2:8000": "gamma"}
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), StubAdmin)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    workers = tmp_path / "workers.json"
+    hosts, plan = gateway_fleet()
+    workers.write_text(json.dumps([{"url": b.url, "model_id": b.served_model_name}
+                                   for b in fleet_backends(hosts, plan)]))
+    try:
+        result = subprocess.run([sys.executable, "-I", str(script), f"http://127.0.0.1:{server.server_port}",
+                                 str(workers), "10"], capture_output=True, text=True, timeout=30)
+    finally:
+        server.shutdown()
+    assert result.returncode == 0, result.stderr
+    assert StubAdmin.workers == {"http://10.0.0.1:8000": "alpha", "http://10.0.0.2:8000": "beta",
+                                 "http://h3.example:8001": "beta"}
+    assert "3 backend(s) registered (3 added, 2 removed)" in result.stdout
+
+
+def test_registration_script_fails_clearly_when_the_router_never_answers(tmp_path):
+    script = register_script(tmp_path)
+    workers = tmp_path / "workers.json"
+    workers.write_text("[]")
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-I", str(script), f"http://127.0.0.1:{free_port()}",
+                             str(workers), "2"], capture_output=True, text=True, timeout=30)
+    assert result.returncode == 1
+    assert "did not answer 200 within 2 s" in result.stderr
+    assert time.monotonic() - start < 10
