@@ -213,6 +213,27 @@ def test_a_gateway_known_by_a_name_only_is_refused_since_keepalived_needs_its_ad
     assert (error.host, error.key) == ("gw2", "vllm_gateway_address") and "'gw2.example'" in error.message
 
 
+def test_two_gateways_with_one_own_address_are_refused_since_each_would_advertise_to_itself():
+    errors = fleet_errors(rows(gw2={"vllm_advertise_address": "10.0.0.1"}))
+    assert any(e.host == "gw2" and e.key == "vllm_advertise_address" and "also the gateway gw1's" in e.message
+               for e in errors), errors
+
+
+@pytest.mark.parametrize("spelling", ["10.0.0.3", "10.0.0.3 ", "H3.Example.", "::ffff:10.0.0.3"])
+def test_two_inventory_hosts_of_one_machine_are_refused_naming_the_second(spelling):
+    """Each one's deploy would remove the other's instances as stale ones and write its own front and
+    manifest over the other's. The same address in another spelling is the same machine; the same
+    address on another SSH port is another machine (a forwarded port)."""
+    first = "h3.example" if spelling.startswith("H3") else ("::ffff:10.0.0.3" if "::" in spelling else "10.0.0.3")
+    twin = ("h4", {**GROUP, "ssh_hostname": spelling, "vllm_instances": [cpu_instance("b", "beta")]}, [])
+    errors = fleet_errors(rows(backend={"ssh_hostname": first}) + [twin])
+    assert any(e.host == "h4" and e.key == "ssh_hostname" and "same machine as h3" in e.message
+               for e in errors), errors
+    other_port = ("h4", {**GROUP, "ssh_hostname": "10.0.0.3", "ssh_port": 2222,
+                         "vllm_instances": [cpu_instance("b", "beta")]}, [])
+    Fleet.from_rows(rows() + [other_port]).hosts()
+
+
 @pytest.mark.parametrize("changes, host", [
     ({"backend": {"ssh_hostname": "10.0.0.100"}}, "h3"),
     ({"backend": {"vllm_advertise_address": "10.0.0.100"}}, "h3"),

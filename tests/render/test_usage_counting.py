@@ -157,6 +157,17 @@ def test_without_the_fronts_header_the_request_counts_under_none_and_a_forged_va
     assert counted(module) == {("(none)", "tiny-llama"): 2, ("(invalid)", "tiny-llama"): 14}
 
 
+def test_a_client_header_without_the_fronts_authorization_is_not_believed(module):
+    """vLLM's loopback port answers its pooling routes without a key: a local process could name any
+    client there. The front always sends the host's key, which only it and vLLM hold."""
+    module.FRONT_AUTHORIZATION = b"Bearer host-key-1"
+    answer = json.dumps(usage(5, 1)).encode()
+    run(module, app_sending([answer]), extra_headers=[(b"authorization", b"Bearer host-key-1")])
+    for other in ([], [(b"authorization", b"Bearer host-key-2")], [(b"authorization", b"Bearer host-key-1 ")]):
+        run(module, app_sending([answer]), extra_headers=other)
+    assert counted(module) == {("alice", "tiny-llama"): 5, ("(none)", "tiny-llama"): 15}
+
+
 def test_errors_and_other_answers_are_not_counted_and_pass_unchanged(module):
     answer = json.dumps(usage(2, 1)).encode()
     for app in (app_sending([answer], status=400), app_sending([answer], status=500),
@@ -208,6 +219,21 @@ def test_a_huge_answer_is_counted_from_its_tail_without_being_held(module):
     endless = [b"data: " + b"z" * 65536] * ((module.EVENT_MAX // 65536) + 4)
     run(module, app_sending(endless + [b"\n\n"], media=b"text/event-stream"))
     assert counted(module) == {("alice", "tiny-llama"): 30}
+
+
+def test_a_huge_answer_whose_usage_comes_before_megabytes_of_logprobs_is_counted(module):
+    """vLLM's chat answer writes prompt_logprobs (and prompt_token_ids) after its usage: a long prompt
+    with prompt_logprobs makes an answer over WHOLE_BODY_MAX whose tail holds no usage."""
+    answer = usage(41, 3, cached=8)
+    answer["prompt_logprobs"] = [{"1": {"logprob": -0.5, "rank": 1, "decoded_token": 'x "usage": {'}}] * 140_000
+    raw = json.dumps(answer, separators=(",", ":")).encode()
+    assert len(raw) > module.WHOLE_BODY_MAX and b'"usage":{' not in raw[-module.TAIL_MAX:]
+    # cut so that the usage key itself is split between two chunks
+    at = raw.index(b'"usage":{') + 4
+    bodies = [raw[:at]] + [raw[i:i + 65536] for i in range(at, len(raw), 65536)]
+    assert body_of(run(module, app_sending(bodies))) == raw
+    assert counted(module) == {("alice", "tiny-llama"): 41}
+    assert counted(module, "cached") == {("alice", "tiny-llama"): 8}
 
 
 def test_a_stream_cut_short_counts_the_usage_of_its_last_event_sent(module):

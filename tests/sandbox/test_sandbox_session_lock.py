@@ -83,3 +83,19 @@ def test_holds_are_counted_within_a_process(lock_dir):
     session_lock.release(["a"])
     free = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert free.returncode == 0, free.stderr
+
+
+def test_a_planted_link_or_a_folder_others_may_write_is_refused(lock_dir, tmp_path_factory):
+    """Root takes these locks: a link in their place would have it write through to another file."""
+    victim = tmp_path_factory.mktemp("victim") / "shadow"
+    victim.write_text("precious\n")
+    session_lock.lock_path("sbx-link").symlink_to(victim)
+    with pytest.raises(OSError):
+        session_lock.take(["sbx-link"], wait=False)
+    assert victim.read_text() == "precious\n" and session_lock._held == {}
+    lock_dir.chmod(0o777)
+    try:
+        with pytest.raises(SandboxError, match="no one else may write"):
+            session_lock.take(["sbx-other"], wait=False)
+    finally:
+        lock_dir.chmod(0o700)

@@ -31,6 +31,7 @@ def check_fleet(hosts: list[HostConfig], inventory: list[str] | None = None,
     errors += _check_client_models(hosts, every if every is not None else hosts, inventory)
     errors += _check_secret_sources(hosts)
     errors += check_ray_ports(hosts)
+    errors += _check_one_machine_per_host(every if every is not None else hosts)
     gateways = [h for h in hosts if h.settings.vllm_gateway is True]
     for other in gateways[1:] if any(g.settings.vllm_gateway_address is None for g in gateways) else ():
         errors.append(ConfigError(
@@ -167,6 +168,16 @@ def _check_floating_address(gateways: list[HostConfig], every: list[HostConfig])
                 "would add it to another host's interface too, and two hosts would answer at it",
                 host=host.name, key="vllm_gateway_address",
                 fix=f"vllm_gateway_address = '<a free address of {network}>/{network.prefixlen}' (no host has it)"))
+    owners: dict[str, str] = {}
+    for gateway in floating:
+        own = gateway.advertise_address
+        if own in owners:
+            errors.append(ConfigError(
+                f"this gateway's own address {own!r} is also the gateway {owners[own]}'s: keepalived would send "
+                "each one's adverts to itself, neither would hear the other, and both would take the floating "
+                f"address {address}", host=gateway.name, key="vllm_advertise_address",
+                fix=f"give each gateway its own address on {network} (vllm_advertise_address, or its ssh_hostname)"))
+        owners.setdefault(own, gateway.name)
     seen: dict[int, str] = {}
     for name, priority in gateway_priorities(floating).items():
         if priority in seen:
@@ -176,6 +187,35 @@ def _check_floating_address(gateways: list[HostConfig], every: list[HostConfig])
                 fix="give each gateway its own vllm_gateway_priority, or None on all of them (from their inventory "
                     "order)"))
         seen.setdefault(priority, name)
+    return errors
+
+
+def connection_target(host: HostConfig) -> tuple[str, int]:
+    """Where the deploy's SSH connection goes: pyinfra's ssh_hostname (else the inventory name) and
+    ssh_port; an IP address in its one spelling, a DNS name without case or its root's dot."""
+    name = (host.ssh_hostname or host.name).strip()
+    try:
+        name = str(ipaddress.ip_address(name.strip("[]")))
+    except ValueError:
+        name = name.rstrip(".").lower()
+    return name, host.ssh_port
+
+
+def _check_one_machine_per_host(hosts: list[HostConfig]) -> list[ConfigError]:
+    """Two inventory hosts that connect to one machine would each own its files: the front's config,
+    the manifest, and the units each deploy removes as stale (the other's instances)."""
+    errors: list[ConfigError] = []
+    first: dict[tuple[str, int], str] = {}
+    for host in hosts:
+        target = connection_target(host)
+        if target in first:
+            errors.append(ConfigError(
+                f"this host connects to the same machine as {first[target]} ({target[0]}, SSH port {target[1]}): "
+                "each one's deploy would take the other's instances for stale ones and remove them, and write its "
+                "own front and manifest over the other's", host=host.name, key="ssh_hostname",
+                fix=f"declare the machine once, with every instance in {first[target]}'s vllm_instances; or give "
+                    "this host the address of the machine it is"))
+        first.setdefault(target, host.name)
     return errors
 
 

@@ -3,9 +3,9 @@
 Two sandboxes of one inventory name the same hosts, and `up` stops any host of those names it finds
 (a crashed run's leftovers): a second test run, or a `vllm-fleet sandbox up`, started while a first
 one's hosts serve would kill them under it, and both fail with lost SSH connections. So `up` takes a
-machine-wide lock per host name first and keeps them until its `down`: a second session of those
-names waits for the first to end (saying whose it is), and a `down` from another process refuses
-while a session holds them. Sandboxes of other names (a test's one-host sandbox) boot beside it.
+machine-wide lock per host name first (in /run/vllm-fleet-sandbox, root's alone) and keeps them
+until its `down`: a second session of those names waits for the first to end (saying whose it is),
+and a `down` from another process refuses while a session holds them. Sandboxes of other names (a test's one-host sandbox) boot beside it.
 
 An flock: the kernel drops it when its holder exits, however it exits, so a killed run leaves no
 stale lock. The descriptor is not inherited (os.open's default), so the hosts' nspawn processes,
@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
 import time
 from pathlib import Path
 
 from vllm_fleet.sandbox.hosts import SandboxError
 
-#: Where the locks live: /run/lock (a tmpfs, root's), or where VLLM_FLEET_SANDBOX_LOCK_DIR says.
-LOCK_DIR = Path(os.environ.get("VLLM_FLEET_SANDBOX_LOCK_DIR") or "/run/lock")
+#: Where the locks live: a directory of root's alone (not /run/lock, which every user may write: a
+#: link planted there would have root write through it), or where VLLM_FLEET_SANDBOX_LOCK_DIR says.
+LOCK_DIR = Path(os.environ.get("VLLM_FLEET_SANDBOX_LOCK_DIR") or "/run/vllm-fleet-sandbox")
 #: How long a second session waits for the first before it gives up (a CI run takes under one hour).
 WAIT_LIMIT_S = 3600.0
 _POLL_S = 1.0
@@ -38,9 +40,10 @@ def lock_path(name: str) -> Path:
 def holder(name: str) -> str:
     """Who holds a host name's lock, as its holder wrote it ("pid N: command line"), or ""."""
     try:
-        return lock_path(name).read_text().strip()
+        text = lock_path(name).read_text()[:400]
     except OSError:
         return ""
+    return "".join(c if c.isprintable() else " " for c in text).strip()
 
 
 def take(names, log=print, *, wait: bool = True, limit_s: float = WAIT_LIMIT_S) -> None:
@@ -63,9 +66,18 @@ def _take_one(name: str, log, wait: bool, limit_s: float) -> None:
         _held[name] = (fd, holds + 1)
         return
     path = lock_path(name)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder = os.lstat(path.parent)
+    if (not stat.S_ISDIR(folder.st_mode) or folder.st_uid != os.geteuid()
+            or folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+        raise SandboxError(f"{path.parent} is not a directory of this user's that no one else may write: "
+                           f"remove it (the sandbox makes it again), then run again")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)  # a link: ELOOP, nothing written
     try:
+        shown = os.fstat(fd)
+        if not stat.S_ISREG(shown.st_mode) or shown.st_nlink != 1 or shown.st_uid != os.geteuid():
+            raise SandboxError(f"{path} is not a file of this user's alone (a hard link, or another "
+                               f"user's): remove it, then run again")
         deadline = time.monotonic() + limit_s
         said = False
         while True:

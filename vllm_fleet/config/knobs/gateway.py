@@ -112,7 +112,9 @@ class GatewayKnobs:
         """)
     vllm_gateway_interface: str | None = knob(
         None, "the network interface the floating address lives on (each gateway's own)",
-        check=lambda v: None if kinds.INTERFACE_RE.fullmatch(v) else f"{v!r} is not a network interface name",
+        check=lambda v: (f"{v!r} is not a network interface name" if not kinds.INTERFACE_RE.fullmatch(v) or v in (".", "..")
+                         else "the loopback interface: keepalived refuses it, and no other host reaches it"
+                         if v == "lo" else None),
         fix="vllm_gateway_interface = 'eth0' (the interface of the gateway's address on the clients' network, "
             "as `ip -br addr` shows it)",
         notes="""
