@@ -118,7 +118,8 @@ def test_a_rollout_refuses_a_wheelhouse_a_later_batch_cannot_use_before_the_firs
     instance = {"name": "a", "model": "/m", "served_model_name": "a", "port": 8000}
     host = {"vllm_target": "cpu", "vllm_wheelhouse": str(wheelhouse), "vllm_instances": [instance],
             "ssh_hostname": "127.0.0.1", "ssh_port": 9, "vllm_api_key_env": "K"}
-    (tmp_path / "inv.py").write_text(f"hosts = [('c1', {host!r}), ('c2', {dict(host, vllm_gateway=True)!r})]\n")
+    c2 = dict(host, vllm_gateway=True, ssh_hostname="127.0.0.2")  # two machines, neither answering
+    (tmp_path / "inv.py").write_text(f"hosts = [('c1', {host!r}), ('c2', {c2!r})]\n")
     repo = Path(__file__).resolve().parents[2]
     done = subprocess.run([sys.executable, "-m", "vllm_fleet.cli", "rollout", str(tmp_path / "inv.py"), "--batch", "1"],
                           cwd=repo, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/bin:/bin", "K": "k-4b9e0c2d7f1a3e58"})
