@@ -294,7 +294,10 @@ def test_each_clients_tokens_are_counted_under_its_name_and_sum_to_vllms_own(tea
     for name, got in received.items():
         counted = {kind: now[name][kind] - was.get(name, zero)[kind] for kind in zero}
         assert counted == got, (name, counted, got)
-    assert set(now) <= {"alice", "OnlyB", "limited", "vllm-fleet", "(none)"}, now  # no forged or invalid name
+    # No forged or invalid name among those this traffic counted under (the vLLMs keep the names the
+    # modules before this one counted under, such as the monitoring module's clients, until they restart).
+    changed = {name for name in now if now[name] != was.get(name)}
+    assert changed <= {"alice", "OnlyB", "limited", "vllm-fleet", "(none)"}, (changed, now)
     own_before, own_after = before["vllm"], after["vllm"]
     delta_prompt = after["totals"]["prompt_tokens"] - before["totals"]["prompt_tokens"]
     delta_completion = after["totals"]["completion_tokens"] - before["totals"]["completion_tokens"]

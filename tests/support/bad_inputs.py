@@ -16,8 +16,10 @@ def host(**changes) -> dict:
 
 
 def floating(**changes) -> dict:
-    """host() as a gateway behind the floating address 10.0.0.100/24, its own address 10.0.0.5 on eth0."""
-    return host(**{"vllm_gateway": True, "ssh_hostname": "10.0.0.5", "vllm_gateway_address": "10.0.0.100/24",
+    """host() as a gateway behind the floating address 10.0.0.100/24, its own address 10.0.0.5 on eth0:
+    vllm_advertise_address, not ssh_hostname, so the sandbox's run of the corpus still reaches its host
+    (tests/sandbox/test_sandbox_bad_input.py keeps the box's own SSH settings)."""
+    return host(**{"vllm_gateway": True, "vllm_advertise_address": "10.0.0.5", "vllm_gateway_address": "10.0.0.100/24",
                    "vllm_gateway_interface": "eth0", **changes})
 
 
@@ -193,8 +195,8 @@ CORPUS = [
     ("floating address multicast", floating(vllm_gateway_address="224.0.0.18/24"), "vllm_gateway_address", None),
     ("floating address with keepalived words", floating(vllm_gateway_address="10.0.0.100/24 dev lo"),
      "vllm_gateway_address", None),
-    ("floating address outside the gateway's subnet", floating(ssh_hostname="10.0.1.5"), "vllm_gateway_address", None),
-    ("floating address the host's own", floating(ssh_hostname="10.0.0.100"), "vllm_gateway_address", None),
+    ("floating address outside the gateway's subnet", floating(vllm_advertise_address="10.0.1.5"), "vllm_gateway_address", None),
+    ("floating address the host's own", floating(vllm_advertise_address="10.0.0.100"), "vllm_gateway_address", None),
     ("floating address without an interface", floating(vllm_gateway_interface=None), "vllm_gateway_interface", None),
     ("gateway interface with a space", floating(vllm_gateway_interface="eth0 dev lo"), "vllm_gateway_interface", None),
     ("gateway interface a dot", floating(vllm_gateway_interface="."), "vllm_gateway_interface", None),
