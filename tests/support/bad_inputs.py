@@ -108,6 +108,12 @@ CORPUS = [
              tokenizer=None)]), "model", "b"),
     ("model synced onto the uploads directory", host(vllm_instances=[inst(
         model="/opt/vllm-fleet/.upload", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
+    ("model synced into the engine's hub cache", host(vllm_instances=[inst(
+        model="/var/lib/vllm-fleet/hf/hub/gemma", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
+    ("model synced into vLLM's compile cache", host(vllm_instances=[inst(
+        model="/var/lib/vllm-fleet/cache/torch_compile_cache", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
+    ("model synced into root's environments", host(vllm_instances=[inst(
+        model="/opt/vllm-fleet/envs/gemma", model_source="/tmp", tokenizer=None)]), "model", "gemma"),
     ("CPU host with TP", host(vllm_target="cpu", gpus=None, vllm_instances=[inst(tensor_parallel_size=2)]),
      "tensor_parallel_size", "gemma"),
     ("bad dtype", host(vllm_instances=[inst(dtype="bf16")]), "dtype", "gemma"),

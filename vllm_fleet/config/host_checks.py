@@ -334,10 +334,16 @@ def _check_tls(check: Checker, settings: Settings) -> None:
 MANAGED_DIRECTORY_KNOBS = ("vllm_root", "vllm_config_dir", "vllm_state_dir", "vllm_hf_home", "vllm_cache_root",
                            "vllm_models_dir")
 
+#: The host directories no synced model directory may be inside: each has a writer of its own (root's
+#: environments and configuration; the engine's hub downloads and compiled kernels, written by the
+#: service user), and the sync, which writes and deletes as root, would be a second one.
+OTHER_WRITERS_DIRECTORY_KNOBS = ("vllm_root", "vllm_config_dir", "vllm_hf_home", "vllm_cache_root")
+
 
 def _check_model_directories(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
     """A synced model directory holds one model: it is not a directory of the host's knobs nor
-    contains one (vllm_models_dir holds every model), and it is not inside another's."""
+    contains one (vllm_models_dir holds every model), it is not inside a directory another writer
+    owns (OTHER_WRITERS_DIRECTORY_KNOBS), and it is not inside another's."""
     if any(Settings.problem(knob, settings[knob]) for knob in MANAGED_DIRECTORY_KNOBS):
         return  # reported by Settings
     synced = [inst for inst in instances if inst.model_source]
@@ -349,6 +355,15 @@ def _check_model_directories(check: Checker, settings: Settings, instances: list
                             f"{settings[knob]}", instance=inst.name, key="model",
                             fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
                 break
+        else:
+            for knob in OTHER_WRITERS_DIRECTORY_KNOBS:
+                if kinds.within(inst.model, settings[knob]):
+                    check.error(f"model {inst.model} is synced from model_source (written and pruned as root), and "
+                                f"it is inside {knob} {settings[knob]}, which "
+                                f"{'root' if knob in ROOT_DIRECTORY_KNOBS else 'the engine, as the service user,'} "
+                                "writes: two writers of one directory", instance=inst.name, key="model",
+                                fix=f"model = '{settings.vllm_models_dir}/{inst.name}' (a directory of its own)")
+                    break
         for other in synced:
             if other.model != inst.model and kinds.within(other.model, inst.model):
                 check.error(f"model {inst.model} is synced from model_source (deleting what the source lacks), "
