@@ -45,7 +45,8 @@ gpus = None  # for offline plans: at deploy time nvidia-smi's answer wins
 # served_model_name: letters, digits and . _ : / @ + = % , - (one name is one model across the fleet).
 # model_source: `model` is then a directory of its own that the sync makes equal to the source
 # (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
-# another managed directory, and on the host empty or already vllm-fleet's.
+# another managed directory, not inside vllm_root, vllm_config_dir, vllm_hf_home or
+# vllm_cache_root (each has a writer of its own), and on the host empty or already vllm-fleet's.
 # adapters = [{"name": "support-bot", "source": "/srv/adapters/support-bot"},
 #             {"name": "sql", "model": "org/llama-sql-lora", "rank": 16}]: each name is a model to
 # clients (in /v1/models, the gateway's, vllm_api_clients' models), one adapter across the fleet and

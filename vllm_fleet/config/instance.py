@@ -109,7 +109,8 @@ class InstanceConfig:
         notes="""
         model_source: `model` is then a directory of its own that the sync makes equal to the source
         (deleting what it lacks): not a system directory, not vllm_models_dir itself nor a parent of
-        another managed directory, and on the host empty or already vllm-fleet's.
+        another managed directory, not inside vllm_root, vllm_config_dir, vllm_hf_home or
+        vllm_cache_root (each has a writer of its own), and on the host empty or already vllm-fleet's.
         """)
     adapters: tuple[Adapter, ...] = knob(
         (), "LoRA adapters served beside the model, each under its own name: {name, source} or {name, model, rank}",
