@@ -52,12 +52,6 @@ def _host(name="x", model="/srv/m", model_source="/tmp", **settings):
 @pytest.mark.parametrize("config, located, words", [
     (lambda: _host(name="hub", model="someone/tiny", model_source=None), "host box, instance hub, key name",
      "instance hub's env file would be /etc/vllm-fleet/hub.env, the file of the Hugging Face token the downloads use"),
-    (lambda: _host(model="/srv/vf/x.env", vllm_config_dir="/srv/vf"), "host box, instance x, key model",
-     "/srv/vf/x.env would be written by instance x's env and by the model sync of /tmp"),
-    (lambda: _host(model="/srv/vf/front-secrets", vllm_config_dir="/srv/vf"), "host box, instance x, key model",
-     "/srv/vf/front-secrets would be written by the front's secrets directory and by the model sync of /tmp"),
-    (lambda: _host(model="/opt/vllm-fleet/.upload"), "host box, instance x, key model",
-     "/opt/vllm-fleet/.upload would be written by the uploads directory and by the model sync of /tmp"),
     (lambda: _host(model="/srv/vf-prometheus", vllm_config_dir="/srv/vf", vllm_monitoring=True, vllm_metrics=True),
      "host box, instance x, key model", "would be written by Prometheus' directory and by the model sync"),
     (lambda: _host(vllm_config_dir="/opt/vllm-fleet/rollback"), "host box, key vllm_config_dir",
@@ -73,13 +67,28 @@ def test_two_writers_of_one_path_are_refused_before_any_host_is_reached(config, 
     assert [e.located() for e in fleet_check.problems(fleet, environ=SECRETS)] == [error.located()]  # check
 
 
+@pytest.mark.parametrize("model, settings, words", [
+    ("/srv/vf/x.env", {"vllm_config_dir": "/srv/vf"}, "it is inside vllm_config_dir /srv/vf, which root writes"),
+    ("/srv/vf/front-secrets", {"vllm_config_dir": "/srv/vf"}, "it is inside vllm_config_dir /srv/vf"),
+    ("/srv/vf/models/m", {"vllm_config_dir": "/srv/vf"}, "it is inside vllm_config_dir /srv/vf"),
+    ("/opt/vllm-fleet/.upload", {}, "it is inside vllm_root /opt/vllm-fleet, which root writes"),
+])
+def test_a_model_synced_into_a_directory_root_writes_is_refused_with_the_host(model, settings, words):
+    # Before any file is laid out: the whole directory has a writer (root), not only its rendered files.
+    with pytest.raises(ConfigErrors) as info:
+        _host(model=model, **settings)
+    [error] = info.value.errors
+    assert (error.host, error.instance, error.key) == ("box", "x", "model") and words in error.message
+    assert error.fix == "model = '/var/lib/vllm-fleet/models/x' (a directory of its own)"
+
+
 def test_one_path_of_one_writer_is_no_clash():
-    # Two instances that sync one source into one path are one sync; a model beside the files is fine.
+    # Two instances that sync one source into one path are one sync.
     config = parse_host("box", host_data(gpus=None, vllm_target="cpu", instances=[
-        instance(name=n, model="/srv/vf/models/m", model_source="/tmp", tokenizer="someone/tok", port=p,
+        instance(name=n, model="/srv/models/m", model_source="/tmp", tokenizer="someone/tok", port=p,
                  max_model_len=1024) for n, p in (("a", 8000), ("b", 8100))], vllm_config_dir="/srv/vf"))
     writers = path_writers.declared_writers(config, config.instances)
-    assert [w.who for w in writers if w.path == "/srv/vf/models/m"] == ["the model sync of /tmp"] * 2
+    assert [w.who for w in writers if w.path == "/srv/models/m"] == ["the model sync of /tmp"] * 2
     assert path_writers.path_clashes(config, writers, synced=config.instances) == []
 
 
