@@ -232,6 +232,13 @@ vllm_direct_access = False  # True: clients may use this host's instance ports d
 # every other one, so clients that do not send it all land on one instance (docs/gateway.md).
 vllm_gateway_policy = "round_robin"  # how vllm-router picks among the instances of a request's model
 
+# The port each instance of the host keeps for vLLM's KV-cache events (ZMQ), its port + this: checked
+# against every other port of the host (instance ports, engine ports, the gateway's, monitoring).
+# Only reserved so far: the gateway's kv_aware policy, which would subscribe to these events, is not
+# offered yet (docs/gateway.md, "kv_aware with vllm-router 0.1.17"). Set it in the group data every
+# instance host reads.
+vllm_kv_events_port_offset = None  # each instance's KV-event port = its port + this (None: none reserved)
+
 # Two or more gateways behind one address: an IPv4 address of the gateways' own subnet, written with
 # that subnet's prefix length ("10.0.0.100/24"), free (no host has it), set once in the group data
 # every gateway reads. keepalived (Debian's package, on each gateway host) holds it on one gateway at

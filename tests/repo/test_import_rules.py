@@ -68,6 +68,7 @@ CORE = frozenset({
     "vllm_fleet.fleet",
     "vllm_fleet.fleet_summary",
     "vllm_fleet.gateway",
+    "vllm_fleet.kv_events",
     "vllm_fleet.gpu_models",
     "vllm_fleet.gpu_support",
     "vllm_fleet.host_layout",

@@ -196,6 +196,8 @@ LEFT_OUT = {
     "vllm_ray_version": "multi-node only: the fixture fleet has one",
     "vllm_gateway_address": "two gateways behind one address: the fixture fleet has them (one address per fleet)",
     "vllm_gateway_interface": "two gateways behind one address: the fixture fleet has them",
+    "vllm_kv_events_port_offset": "it reserves a port no rendered file holds yet (kv_aware is not offered); its "
+                                  "clashes are tests/config/test_kv_event_ports.py's",
 }
 #: Client names at the longest and the oddest the config takes (each front keys its maps by the
 #: client's id, never by its name, which nginx sees as a quoted value only).

@@ -208,6 +208,7 @@ def check_host(check: Checker, settings: Settings, instances: list[InstanceConfi
     already read on its own: a knob with a problem of its own is reported once, by its declaration)."""
     _check_unique(check, instances)
     _check_backend_ports(check, instances, settings.vllm_backend_port_offset)
+    _check_event_ports(check, instances, settings)
     _check_gateway(check, settings, instances)
     _check_monitoring_ports(check, settings, instances)
     _check_tls(check, settings)
@@ -258,6 +259,27 @@ def _check_backend_ports(check: Checker, instances: list[InstanceConfig], offset
                                         "port + offset is free and at most 65535")
 
 
+def _check_event_ports(check: Checker, instances: list[InstanceConfig], settings: Settings) -> None:
+    """With vllm_kv_events_port_offset, each instance's KV-event port (port + that offset) exists and is
+    no other listener's: no instance's port, engine port or event port."""
+    offset, backend_offset = settings.vllm_kv_events_port_offset, settings.vllm_backend_port_offset
+    if offset is None or Settings.problem("vllm_kv_events_port_offset", offset) or Settings.problem(
+            "vllm_backend_port_offset", backend_offset):
+        return  # none reserved, or reported by Settings
+    others = instance_ports(instances, backend_offset)
+    events: dict[int, str] = {}
+    for inst in instances:
+        port = inst.port + offset
+        why = ("above 65535" if port > 65535 else others.get(port)
+               or (f"the KV-event port of instance {events[port]}" if port in events else None))
+        if why:
+            check.error(f"its KV-event port would be {port} (port {inst.port} + vllm_kv_events_port_offset "
+                        f"{offset}), which is {why}", instance=inst.name, key="vllm_kv_events_port_offset",
+                        fix="pick a vllm_kv_events_port_offset that puts every instance's port + offset on a "
+                            "free port, at most 65535")
+        events.setdefault(port, inst.name)
+
+
 def _check_gateway(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
     """On the gateway host (its knobs are Settings'), its ports against every instance's."""
     if (settings.vllm_gateway is True and not Settings.problem("vllm_gateway_port", settings.vllm_gateway_port)
@@ -269,7 +291,7 @@ def _check_gateway_ports(check: Checker, settings: Settings, instances: list[Ins
     """The gateway's port, its router's and its metrics' are none of the host's instance ports (the
     front's) nor engine ports (vLLM's, port + offset): two listeners on one port, one fails."""
     offset = settings.vllm_backend_port_offset
-    taken = instance_ports(instances, offset)
+    taken = instance_ports(instances, offset, _events_offset(settings))
     ports = gateway_ports(settings)
     what = {"port": f"vllm_gateway_port {ports['port']}",
             "router": f"the gateway's router port {ports['router']} (vllm_gateway_port + "
@@ -281,6 +303,12 @@ def _check_gateway_ports(check: Checker, settings: Settings, instances: list[Ins
             check.error(f"{what[kind]} is {why}", key="vllm_gateway_port",
                         fix="pick a vllm_gateway_port whose port, port + vllm_backend_port_offset and the "
                             "port after that no instance of this host uses")
+
+
+def _events_offset(settings: Settings) -> int | None:
+    """vllm_kv_events_port_offset where it is valid (an invalid one is reported by Settings)."""
+    offset = settings.vllm_kv_events_port_offset
+    return None if offset is None or Settings.problem("vllm_kv_events_port_offset", offset) else offset
 
 
 def _check_monitoring_ports(check: Checker, settings: Settings, instances: list[InstanceConfig]) -> None:
@@ -296,7 +324,7 @@ def _check_monitoring_ports(check: Checker, settings: Settings, instances: list[
            ("vllm_metrics_port", "vllm_backend_port_offset", "vllm_gateway_port")):
         return  # reported as the knob's own error
     offset = settings.vllm_backend_port_offset
-    taken = instance_ports(instances, offset)
+    taken = instance_ports(instances, offset, _events_offset(settings))
     if settings.vllm_gateway is True:
         for kind, number in gateway_ports(settings).items():
             taken.setdefault(number, GATEWAY_PORT_NAMES[kind])

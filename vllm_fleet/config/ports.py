@@ -10,14 +10,27 @@ from vllm_fleet.config.instance import InstanceConfig
 from vllm_fleet.config.settings import Settings
 
 
-def instance_ports(instances: Sequence[InstanceConfig], offset: int) -> dict[int, str]:
-    """Every port the host's instances listen on, in words: each front port, each engine port."""
+def instance_ports(instances: Sequence[InstanceConfig], offset: int,
+                   events_offset: int | None = None) -> dict[int, str]:
+    """Every port the host's instances listen on, in words: each front port, each engine port, and
+    with `events_offset` (vllm_kv_events_port_offset) each KV-event port."""
     taken: dict[int, str] = {}
     for inst in instances:
         taken.setdefault(inst.port, f"the port of instance {inst.name}")
         taken.setdefault(inst.port + offset, f"the engine port of instance {inst.name} "
                                              f"(127.0.0.1:{inst.port + offset})")
+    if events_offset is not None:
+        for inst in instances:
+            taken.setdefault(inst.port + events_offset, f"the KV-event port of instance {inst.name} "
+                                                        f"({inst.port} + vllm_kv_events_port_offset {events_offset})")
     return taken
+
+
+def kv_event_port(inst: InstanceConfig, settings: Settings) -> int | None:
+    """The port the instance keeps for vLLM's KV-cache events: its port + vllm_kv_events_port_offset,
+    or None without that knob."""
+    offset = settings.vllm_kv_events_port_offset
+    return None if offset is None else inst.port + offset
 
 
 def gateway_ports(settings: Settings) -> dict[str, int]:
@@ -48,9 +61,9 @@ GATEWAY_PORT_NAMES = {"port": "vllm_gateway_port", "router": "the gateway's rout
 
 
 def host_ports(settings: Settings, instances: Sequence[InstanceConfig]) -> dict[int, str]:
-    """Every port the host's own listeners take, in words: each instance's port and engine port, the
-    gateway's ports and the monitoring ports (where those are on)."""
-    taken = instance_ports(list(instances), settings.vllm_backend_port_offset)
+    """Every port the host's own listeners take, in words: each instance's port, engine port and
+    KV-event port (with vllm_kv_events_port_offset), the gateway's ports and the monitoring ports (where those are on)."""
+    taken = instance_ports(list(instances), settings.vllm_backend_port_offset, settings.vllm_kv_events_port_offset)
     if settings.vllm_gateway is True:
         for kind, number in gateway_ports(settings).items():
             taken.setdefault(number, GATEWAY_PORT_NAMES[kind])

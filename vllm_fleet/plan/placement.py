@@ -398,7 +398,8 @@ class HostPlanner:
 
     def _check_ports(self, plans: list[InstancePlan]) -> None:
         """The planned instances' ports, which a split counts up from the instance's own (one per GPU
-        model): each port and engine port at most 65535, and none another listener's of the host."""
+        model): each port, engine port and KV-event port at most 65535, and none another listener's of
+        the host."""
         seen: dict[int, str] = {}
         for plan in plans:
             if plan.port in seen and seen[plan.port] != plan.name:
@@ -413,15 +414,23 @@ class HostPlanner:
         others = host_ports(settings, ())  # the gateway's and the monitoring ports
         fix = ("a split instance takes the ports after its own, one per GPU model: give the instance a port "
                "whose next ones (and their engine ports, + vllm_backend_port_offset) are free and at most 65535")
+        events = settings.vllm_kv_events_port_offset
+
+        def listeners(port: int) -> dict[int, str]:
+            out = {port: "port", port + offset: "engine port"}
+            return out if events is None else {**out, port + events: "KV-event port"}
         for plan in plans:
             if plan.port in declared:
-                continue  # the instance's own port: config checked it and its engine port
-            for number, what in ((plan.port, f"its port {plan.port}"),
-                                 (plan.port + offset, f"its engine port {plan.port + offset} (port + "
-                                                      f"vllm_backend_port_offset)")):
+                continue  # the instance's own port: config checked it, its engine and its KV-event port
+            numbers = [(plan.port, f"its port {plan.port}"),
+                       (plan.port + offset, f"its engine port {plan.port + offset} (port + vllm_backend_port_offset)")]
+            if events is not None:
+                numbers.append((plan.port + events, f"its KV-event port {plan.port + events} (port + "
+                                                    "vllm_kv_events_port_offset)"))
+            for number, what in numbers:
                 clash = ("above 65535" if number > 65535 else others.get(number)
-                         or next((f"the port of instance {p.name}" for p in plans
-                                  if p.name != plan.name and number in (p.port, p.port + offset)), None))
+                         or next((f"the {listeners(p.port)[number]} of instance {p.name}" for p in plans
+                                  if p.name != plan.name and number in listeners(p.port)), None))
                 if clash:
                     self.errors.append(ConfigError(f"{what} is {clash}", host=self.host_config.name,
                                                    instance=plan.name, key="port", fix=fix))

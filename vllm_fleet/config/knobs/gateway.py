@@ -13,8 +13,10 @@ from vllm_fleet.config.schema import knob, section
 ROUTER_U32_MAX = 2 ** 32 - 1
 #: The vllm-router --policy values the gateway takes (docs/gateway.md). vllm-router 0.1.17
 #: (`vllm-router --help`) also has kv_aware and sticky_least_loaded, left out: kv_aware scores the
-#: instances by KV-cache events each vLLM would publish over ZMQ (--kv-event-source), which the deploy
-#: does not set up and the fronts do not pass; sticky_least_loaded pins a session to an instance until
+#: instances by an index of their KV caches that 0.1.17 fills only in its single-model mode (static
+#: --kv-event-source per worker, --worker-urls, one --kv-event-model), never in the IGW mode the gateway
+#: runs it in, and vLLM's event port would listen unauthenticated on every interface
+#: (docs/gateway.md, "kv_aware with vllm-router 0.1.17"); sticky_least_loaded pins a session to an instance until
 #: the client ends it at the router's /finish_session (an admin endpoint no client reaches here) or
 #: it idles out.
 GATEWAY_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two", "random")
@@ -94,6 +96,17 @@ class GatewayKnobs:
         it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
         (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
         every other one, so clients that do not send it all land on one instance (docs/gateway.md).
+        """)
+    vllm_kv_events_port_offset: int | None = knob(
+        None, "each instance's KV-event port = its port + this (None: none reserved)", low=1, high=65534,
+        must="a whole number from 1 to 65534, or None",
+        fix="vllm_kv_events_port_offset = 20000 (instance port 8000: events on 28000), or None",
+        notes="""
+        The port each instance of the host keeps for vLLM's KV-cache events (ZMQ), its port + this: checked
+        against every other port of the host (instance ports, engine ports, the gateway's, monitoring).
+        Only reserved so far: the gateway's kv_aware policy, which would subscribe to these events, is not
+        offered yet (docs/gateway.md, "kv_aware with vllm-router 0.1.17"). Set it in the group data every
+        instance host reads.
         """)
     vllm_gateway_address: str | None = knob(
         None, "the gateways' floating address clients use, with its subnet's prefix (None: no floating address)",
