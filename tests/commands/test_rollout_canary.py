@@ -313,7 +313,7 @@ def _inventory(tmp_path) -> str:
     return str(path)
 
 
-def _rollout(monkeypatch, tmp_path, capsys, answer, *args):
+def _rollout(monkeypatch, tmp_path, capsys, answer, *args, failing=()):
     """rollout.main with pyinfra stubbed: every host command succeeds, the monitoring host's probe
     answers `answer`; returns (exit code, JSON report, [(host, command kind)], the rolled-back hosts)."""
     from support.rollout_stubs import RolloutState, stub_pyinfra
@@ -323,7 +323,13 @@ def _rollout(monkeypatch, tmp_path, capsys, answer, *args):
 
     for name, value in KEYS.items():
         monkeypatch.setenv(name, value)
-    stub_pyinfra(monkeypatch, RolloutState())
+    state = RolloutState()
+    hosts = stub_pyinfra(monkeypatch, state)
+
+    def run_ops(_state):  # the deploy fails on the hosts named `failing`
+        state.failed_hosts = {hosts[n] for n in failing if n in hosts}
+
+    monkeypatch.setattr("pyinfra.api.operations.run_ops", run_ops)
     monkeypatch.setenv("VLLM_FLEET_API_KEY", KEYS["VLLM_FLEET_API_KEY"])
     ran, rolled, slept = [], [], []
 
@@ -380,3 +386,13 @@ def test_the_table_shows_the_figures_and_the_decision(monkeypatch, tmp_path, cap
     out = capsys.readouterr().out
     assert "TTFT p95" in out and "487.5 ms" in out and "0.9 ms" in out and "beyond" in out
     assert "canary decision: roll back" in out and "not judged" in out  # the inter-token latency: no samples
+
+
+def test_a_canary_that_fails_its_deploy_stops_the_rollout_whatever_max_fail_allows(monkeypatch, tmp_path, capsys):
+    code, report, ran, rolled, slept, _err = _rollout(monkeypatch, tmp_path, capsys, _answer(), "--max-fail", "1",
+                                                      failing=("box2",))
+    assert code == 1 and slept == [] and not any(kind == "query" for _name, kind in ran)
+    assert {h["name"]: h["state"] for h in report["hosts"]} == {"box1": "untouched", "box2": "rolled back",
+                                                                "box3": "untouched"}
+    assert rolled == ["box2"]  # by the rollout's own rollback of a failed host, once
+    assert report["canary"]["decision"] == ROLL_BACK and "failed its deploy" in report["canary"]["reasons"][0]

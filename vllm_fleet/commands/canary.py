@@ -200,8 +200,15 @@ def after_canary_batch(plan: CanaryPlan, request: CanaryRequest, inventory, conf
     from vllm_fleet.commands.connection import connected
 
     states = {n: results[n].state for n in plan.hosts}
-    if any(s not in ("updated", "unchanged") for s in states.values()):
-        return True  # a failed canary host was rolled back already: the rollout's --max-fail decides
+    failed = [n for n, s in states.items() if s not in ("updated", "unchanged")]
+    if failed:  # whatever --max-fail allows elsewhere: a canary that failed is the release's verdict
+        request.report = {"hosts": list(plan.hosts), "decision": judgement.ROLL_BACK, "models": [],
+                          "reasons": [f"the canary failed its deploy or verification on {', '.join(failed)} "
+                                      f"({', '.join(states[n] for n in failed)})"]}
+        log(f"canary decision: roll back: {request.report['reasons'][0]}")
+        if any(s == "updated" for s in states.values()):  # the canary is one release: all of it goes back
+            roll_back_canary(plan, inventory, configs, results, gateway_config, request.report, log)
+        return False
     if all(s == "unchanged" for s in states.values()):
         request.report = {"hosts": list(plan.hosts), "decision": judgement.PROCEED, "models": [],
                           "reasons": ["the release changed nothing on the canary: nothing to observe"]}
