@@ -109,10 +109,10 @@ def test_unreachable_host_fails_fast(converged, sandbox, standin_env, tmp_path):
 METRICS_TOKEN = "mt-canary-sandbox-6d1f0b3e95"
 # Scraped every 2 s, the canary judged on 20 requests a side. The stand-in answers in well under a
 # millisecond, where vLLM's first TTFT buckets step by 5 x: a healthy canary's p95 may land a bucket
-# above the rest's on these two busy cores, so the ratio allowed is 10 (the SIMULATED regression's
-# 0.3 s is about 300 x).
+# or two above the rest's on these two busy cores, so the ratio allowed is 20 (the SIMULATED
+# regression's 0.5 s puts its p95 in (0.5, 0.75] s: hundreds of times the rest's).
 MONITORED = {"vllm_metrics": True, "vllm_monitoring_scrape_interval_s": 2, "vllm_canary_min_requests": 20,
-             "vllm_canary_max_ttft_ratio": 10.0}
+             "vllm_canary_max_ttft_ratio": 20.0}
 DELAY = standin_engine.FIRST_TOKEN_DELAY_VARIABLE
 OBSERVE = "30s"
 SUMS = "sha256sum /etc/systemd/system/vllm-tiny.service /etc/vllm-fleet/tiny.yaml /etc/vllm-fleet/tiny.env"
@@ -174,13 +174,13 @@ def _canary_rollout(env, inventory, *args):
 
 
 def test_a_canary_whose_release_adds_latency_is_rolled_back_by_itself(monitored, sandbox, tmp_path):
-    """The release delays sbx-cpu2's every first token by 0.3 s (the stand-in's SIMULATED regression):
+    """The release delays sbx-cpu2's every first token by 0.5 s (the stand-in's SIMULATED regression):
     it converges and verifies (a slow answer is still an answer), then the fleet's Prometheus sees its
     TTFT p95 far above sbx-cpu1's and sbx-cpu3's: it is rolled back, they are never touched."""
     before = {name: host_state(sandbox, name) for name in CPU_HOSTS}
     cpu2_files = sandbox.run("sbx-cpu2", SUMS).stdout
     others = {name: sandbox.run(name, SUMS).stdout for name in ("sbx-cpu1", "sbx-cpu3")}
-    inventory = _monitored_inventory(tmp_path, 20, {DELAY: "0.3"})
+    inventory = _monitored_inventory(tmp_path, 20, {DELAY: "0.5"})
     with Traffic() as traffic:
         result, hosts, canary = _canary_rollout(monitored, inventory)
     assert result.returncode == 1, result.stderr[-3000:]
@@ -189,7 +189,7 @@ def test_a_canary_whose_release_adds_latency_is_rolled_back_by_itself(monitored,
     assert canary["decision"] == "roll back"
     (model,) = canary["models"]
     assert model["model"] == "tiny-llama" and model["compared_with"] == ["sbx-cpu1", "sbx-cpu3"]
-    assert model["canary"]["ttft_p95"] > 0.25 and model["rest"]["ttft_p95"] < 0.025, model
+    assert model["canary"]["ttft_p95"] > 0.5 and model["rest"]["ttft_p95"] < 0.025, model
     assert model["canary"]["total"] >= 20 and model["rest"]["total"] >= 20, model
     assert "canary decision: roll back" in result.stderr and "TTFT p95" in result.stderr  # the figures, printed
     # The rest of the fleet untouched: the same engine processes, the same files.
