@@ -196,6 +196,10 @@ LEFT_OUT = {
     "vllm_ray_version": "multi-node only: the fixture fleet has one",
     "vllm_gateway_address": "two gateways behind one address: the fixture fleet has them (one address per fleet)",
     "vllm_gateway_interface": "two gateways behind one address: the fixture fleet has them",
+    **dict.fromkeys(("vllm_rollout_canary", "vllm_canary_observe_s", "vllm_canary_min_requests",
+                     "vllm_canary_max_ttft_ratio", "vllm_canary_max_itl_ratio", "vllm_canary_max_error_rate",
+                     "vllm_canary_max_preemption_increase"),
+                    "read by `vllm-fleet rollout --canary` only: in no rendered file"),
 }
 #: Client names at the longest and the oddest the config takes (each front keys its maps by the
 #: client's id, never by its name, which nginx sees as a quoted value only).
