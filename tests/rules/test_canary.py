@@ -31,7 +31,7 @@ def test_a_slower_first_token_rolls_back_naming_the_figures_and_the_knob():
     verdict = judge("m", Side(requests=500, ttft_p95=0.310, itl_p95=0.020), HEALTHY, LIMITS)
     assert verdict.decision == ROLL_BACK
     (reason,) = verdict.reasons
-    assert "TTFT p95 0.310 s is 3.10 x the rest's 0.100 s" in reason and "vllm_canary_max_ttft_ratio" in reason
+    assert "TTFT p95 310.0 ms is 3.10 x the rest's 100.0 ms" in reason and "vllm_canary_max_ttft_ratio" in reason
 
 
 def test_the_ratio_at_its_limit_passes_and_just_above_fails():
@@ -112,6 +112,8 @@ def test_a_latency_beyond_the_largest_bucket_is_an_infinite_ratio_and_rolls_back
     assert latency_ratio(0.05, math.inf) == 0.0
     verdict = judge("m", Side(requests=500, ttft_p95=math.inf), HEALTHY, LIMITS)
     assert verdict.decision == ROLL_BACK and "beyond the largest bucket" in verdict.reasons[0]
+    slow = judge("m", Side(requests=500, ttft_p95=2.5), HEALTHY, LIMITS)
+    assert "TTFT p95 2.500 s is 25.00 x the rest's 100.0 ms" in slow.reasons[0]
 
 
 def test_the_rollout_decision_over_models_roll_back_wins_then_stop():

@@ -25,7 +25,7 @@ Example:
     verdict = judge("llama-8b", Side(requests=900, ttft_p95=0.31, ...), Side(requests=2400, ttft_p95=0.12, ...),
                     Thresholds(max_ttft_ratio=1.2, ...))
     verdict.decision    # "roll back"
-    verdict.reasons     # ["TTFT p95 0.310 s is 2.58 x the rest's 0.120 s (limit 1.2 x, vllm_canary_max_ttft_ratio)"]
+    verdict.reasons     # ["TTFT p95 310.0 ms is 2.58 x the rest's 120.0 ms (limit 1.2 x, vllm_canary_max_ttft_ratio)"]
 """
 
 from __future__ import annotations
@@ -139,7 +139,9 @@ class Verdict:
 def _seconds(value: float | None) -> str:
     if value is None:
         return "none"
-    return "beyond the largest bucket" if math.isinf(value) else f"{value:.3f} s"
+    if math.isinf(value):
+        return "beyond the largest bucket"
+    return f"{value:.3f} s" if value >= 1 else f"{value * 1000:.1f} ms"
 
 
 def latency_ratio(canary: float, rest: float) -> float:
