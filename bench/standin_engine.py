@@ -58,6 +58,9 @@ START_FAILURE_VARIABLE = "VLLM_FLEET_STANDIN_FAIL"
 START_GATE_VARIABLE = "VLLM_FLEET_STANDIN_START_GATE"
 # ... or its completions wait until that file exists (a verification held in flight).
 COMPLETION_GATE_VARIABLE = "VLLM_FLEET_STANDIN_COMPLETION_GATE"
+# ... or each completion's first token comes this many seconds late: a SIMULATED latency regression
+# (what a canary rollout must catch), seen in its vLLM-named time-to-first-token histogram.
+FIRST_TOKEN_DELAY_VARIABLE = "VLLM_FLEET_STANDIN_FIRST_TOKEN_DELAY_S"
 ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # fixed: the same inputs give the same wheel bytes (and name)
 
 # The stand-in's `vllm` CLI, installed as vllm/_cli.py. Stdlib only (+ PyYAML when the env has it).
@@ -75,6 +78,13 @@ from vllm import __version__, _standin
 START_FAILURE_VARIABLE = "VLLM_FLEET_STANDIN_FAIL"
 START_GATE_VARIABLE = "VLLM_FLEET_STANDIN_START_GATE"
 COMPLETION_GATE_VARIABLE = "VLLM_FLEET_STANDIN_COMPLETION_GATE"
+FIRST_TOKEN_DELAY_VARIABLE = "VLLM_FLEET_STANDIN_FIRST_TOKEN_DELAY_S"
+# vLLM 0.32's buckets (vllm/v1/metrics/loggers.py), so Prometheus' quantiles of the stand-in's
+# histograms are computed as they would be of vLLM's.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
 
 
 def _scalar(text):
@@ -133,7 +143,26 @@ def _model_max_len(model):
 
 
 class Engine(_standin.StandIn):
-    """StandIn plus what `vllm-fleet status` asks for besides: /version and /metrics (no key, as vLLM)."""
+    """StandIn plus what `vllm-fleet status` and a canary rollout ask for besides: /version and
+    /metrics (no key, as vLLM), with vLLM's names for its counters and latency histograms (the
+    latency is the stand-in's own: a completion's one token is its first)."""
+
+    def __init__(self, *args, first_token_delay_s=0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.first_token_delay_s = first_token_delay_s
+        self.ttft_counts = [0] * len(TTFT_BUCKETS)
+        self.ttft_sum, self.ttft_n = 0.0, 0
+
+    def respond(self, method, target, headers, body):
+        started = time.monotonic()
+        status, payload = super().respond(method, target, headers, body)
+        if method == "POST" and target.split("?", 1)[0].endswith("/completions") and status == 200:
+            took = time.monotonic() - started
+            self.ttft_sum, self.ttft_n = self.ttft_sum + took, self.ttft_n + 1
+            for index, bound in enumerate(TTFT_BUCKETS):
+                if took <= bound:
+                    self.ttft_counts[index] += 1
+        return status, payload
 
     def _route(self, method, path, headers, body):
         gate = os.environ.get(COMPLETION_GATE_VARIABLE)
@@ -148,16 +177,44 @@ class Engine(_standin.StandIn):
             return 200, _standin._json_bytes({"version": __version__})
         if method == "GET" and path == "/metrics":
             return 200, self.metrics_text().encode()
-        return super()._route(method, path, headers, body)
+        status, payload = super()._route(method, path, headers, body)
+        if self.first_token_delay_s and status == 200 and method == "POST" and path.endswith("/completions"):
+            time.sleep(self.first_token_delay_s)  # the SIMULATED regression (the one token is the first)
+        return status, payload
 
     def metrics_text(self):
-        """vLLM's Prometheus gauges the host probe reads (nothing is ever in flight here) + a counter."""
-        labels = '{engine="0",model_name=' + json.dumps(self.model) + "}"
-        done = self.counts.get("POST /v1/completions 200", 0)
+        """vLLM's gauges the host probe reads (nothing is ever in flight here), its counters of finished
+        requests (by finished_reason), preemptions and HTTP answers (by status class, as vLLM's API
+        server's instrumentator), and its time-to-first-token and inter-token histograms."""
+        model = "model_name=" + json.dumps(self.model)
+        labels = '{engine="0",' + model + "}"
+        done = sum(n for key, n in self.counts.items() if key.startswith("POST ") and key.endswith("/completions 200"))
         lines = []
         for name, kind, value in (("num_requests_running", "gauge", 0.0), ("num_requests_waiting", "gauge", 0.0),
-                                  ("kv_cache_usage_perc", "gauge", 0.0), ("request_success_total", "counter", done)):
+                                  ("kv_cache_usage_perc", "gauge", 0.0), ("num_preemptions_total", "counter", 0)):
             lines += [f"# TYPE vllm:{name} {kind}", f"vllm:{name}{labels} {float(value)}"]
+        lines.append("# TYPE vllm:request_success_total counter")
+        for reason in ("stop", "length", "abort", "error", "repetition"):
+            value = done if reason == "length" else 0  # the one-token answer ends by length
+            lines.append(f'vllm:request_success_total{{engine="0",finished_reason="{reason}",{model}}} {float(value)}')
+        for name, buckets, counts, total, n in (
+                ("time_to_first_token_seconds", TTFT_BUCKETS, self.ttft_counts, self.ttft_sum, self.ttft_n),
+                ("inter_token_latency_seconds", ITL_BUCKETS, [0] * len(ITL_BUCKETS), 0.0, 0)):
+            lines.append(f"# TYPE vllm:{name} histogram")
+            for bound, count in zip(buckets, counts):
+                lines.append(f'vllm:{name}_bucket{{engine="0",le="{bound}",{model}}} {float(count)}')
+            lines += [f'vllm:{name}_bucket{{engine="0",le="+Inf",{model}}} {float(n)}',
+                      f"vllm:{name}_sum{labels} {total}", f"vllm:{name}_count{labels} {float(n)}"]
+        lines.append("# TYPE http_requests_total counter")
+        by_status = {}
+        for key, n in self.counts.items():
+            method, path, status = key.split(" ")
+            path = path if all(c.isalnum() or c in "/_.-" for c in path) else "other"  # a client's 404s
+            group = (path, method, status[0] + "xx")
+            by_status[group] = by_status.get(group, 0) + n
+        for (path, method, status), n in sorted(by_status.items()):
+            lines.append(f'http_requests_total{{handler={json.dumps(path)},method="{method}",status="{status}"}} '
+                         f"{float(n)}")
         return "\n".join(lines) + "\n"
 
 
@@ -191,7 +248,11 @@ def serve(args):
     max_len = int(pick("max-model-len", args.max_model_len) or _model_max_len(model))
     key = args.api_key or cfg.get("api-key") or os.environ.get("VLLM_API_KEY") or None
     host, port = pick("host", args.host), int(pick("port", args.port) or 8000)
-    app = Engine(names[0], socket.gethostname(), key, max_len)
+    delay = float(os.environ.get(FIRST_TOKEN_DELAY_VARIABLE) or 0)
+    if delay:
+        print(f"INFO SIMULATED regression: every completion's first token {delay} s late "
+              f"({FIRST_TOKEN_DELAY_VARIABLE})", file=sys.stderr, flush=True)
+    app = Engine(names[0], socket.gethostname(), key, max_len, first_token_delay_s=delay)
 
     def ready(bound):
         print(f"INFO SIMULATED vLLM {__version__}: a stand-in, no model loaded (vllm-fleet bench): "

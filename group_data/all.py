@@ -311,6 +311,25 @@ vllm_monitoring_retention_days = 15  # samples older than this are dropped
 vllm_monitoring_retention_gib = 10.0  # and beyond this size, the oldest first
 vllm_monitoring_down_for_s = 120  # an instance, exporter or gateway backend down this long: alert
 
+# --- Canary rollouts: a batch judged by the fleet's Prometheus before the rest (docs/deploy-steps.md) 
+# `vllm-fleet rollout --canary HOST[,HOST]` (or the hosts with vllm_rollout_canary = True): the canary
+# batch converges first; then, over the observation window, the fleet's Prometheus (vllm_monitoring)
+# compares each of its models with the rest of the fleet serving the same model, from vLLM's own
+# histograms and counters. Beyond a limit below, the canary is rolled back and the rollout stops;
+# with too little traffic in the window it stops too (nothing was judged); else the rest follows.
+# The canary hosts' values are used (they must agree).
+vllm_rollout_canary = False  # True: this host is in the canary batch of `vllm-fleet rollout`
+vllm_canary_observe_s = 600  # the observation window after the canary converged (rollout --observe beats it)
+vllm_canary_min_requests = 100  # requests the canary and the rest must each finish in the window, or the rollout stops
+vllm_canary_max_ttft_ratio = 1.2  # the canary's time-to-first-token p95 over the rest's, at most
+vllm_canary_max_itl_ratio = 1.2  # the canary's inter-token latency p95 over the rest's, at most
+
+# Failed: vLLM's requests finished as `abort` (the client went away, or vLLM aborted them) and its 5xx
+# answers (a request vLLM ends with `error` is a 500), over every request. The canary fails this only
+# above both this share and the rest's own.
+vllm_canary_max_error_rate = 0.01  # the canary's failed share (5xx and aborted), at most (or no more than the rest's)
+vllm_canary_max_preemption_increase = 0.05  # the canary's preemptions per request above the rest's, at most
+
 # --- Multi-node instances (Ray; an instance's "nodes") --------------------------------------------
 # The interface of the nodes' private network, e.g. "eth1". vLLM's security guide: inter-node traffic
 # (torch.distributed, NCCL, Ray) is unauthenticated and unencrypted and must stay on an isolated

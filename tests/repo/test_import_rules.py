@@ -50,6 +50,7 @@ CORE = frozenset({
     "vllm_fleet.config.knobs.monitoring",
     "vllm_fleet.config.knobs.multinode",
     "vllm_fleet.config.knobs.planner",
+    "vllm_fleet.config.knobs.rollout",
     "vllm_fleet.config.knobs.secrets",
     "vllm_fleet.config.knobs.serve",
     "vllm_fleet.config.knobs.ssh",
@@ -78,6 +79,7 @@ CORE = frozenset({
     "vllm_fleet.model_shape",
     "vllm_fleet.model_source",  # the workstation's model directory, read and hashed (no host)
     "vllm_fleet.monitoring",
+    "vllm_fleet.monitoring.canary_queries",
     "vllm_fleet.monitoring.files",
     "vllm_fleet.monitoring.metric_names",
     "vllm_fleet.monitoring.rules",
@@ -101,6 +103,7 @@ CORE = frozenset({
     "vllm_fleet.payloads.probe.instances",
     "vllm_fleet.payloads.probe.journal",
     "vllm_fleet.payloads.probe.main",
+    "vllm_fleet.payloads.probe.prometheus",
     "vllm_fleet.payloads.probe.status",
     "vllm_fleet.payloads.probe.usage",
     "vllm_fleet.plan",
@@ -119,6 +122,7 @@ CORE = frozenset({
     "vllm_fleet.render",
     "vllm_fleet.render_front",
     "vllm_fleet.rules",  # what facts read, judged on the workstation
+    "vllm_fleet.rules.canary",
     "vllm_fleet.rules.cuda_memory",
     "vllm_fleet.rules.gpu_topology",
     "vllm_fleet.rules.host_packages",

@@ -170,3 +170,45 @@ def test_serve_answers_what_the_deploys_verification_asks_and_stops_on_sigterm(e
         log.close()
     assert rc == 0, (tmp_path / "serve.log").read_text()
     assert "SIMULATED" in (tmp_path / "serve.log").read_text()
+
+
+def test_its_metrics_have_vllms_names_and_its_injected_first_token_delay_shows_in_them(env, tmp_path):
+    """What a canary rollout reads of an instance (monitoring/canary_queries.py), under vLLM's names
+    and buckets; the SIMULATED regression (FIRST_TOKEN_DELAY_VARIABLE) lands in the time-to-first-token
+    histogram, and the start says it is simulated."""
+    from vllm_fleet.monitoring import metric_names
+    from vllm_fleet.monitoring.canary_queries import canary_queries
+
+    port = free_port()
+    rendered = _render(tmp_path, port)
+    (tmp_path / "tiny.yaml").write_text(rendered[".yaml"])
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([env / "bin/vllm", "serve", "--config", tmp_path / "tiny.yaml"], stdout=log,
+                            stderr=subprocess.STDOUT,
+                            env=dict(os.environ, VLLM_API_KEY=KEY, **{standin_engine.FIRST_TOKEN_DELAY_VARIABLE: "0.3"}))
+    try:
+        deadline = time.monotonic() + 15
+        while host_probe.call(port, "/health", timeout=2)[0] != 200:
+            assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.1)
+        body = {"model": "tiny-llama", "prompt": "Hello", "max_tokens": 1}
+        started = time.monotonic()
+        for _ in range(3):
+            assert host_probe.call(port, "/v1/completions", KEY, body)[0] == 200
+        assert time.monotonic() - started >= 0.9  # 3 x 0.3 s
+        assert host_probe.call(port, "/v1/completions", None, body)[0] == 401  # not a finished request
+        text = host_probe.call(port, "/metrics")[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        log.close()
+    lines = set(text.splitlines())
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.25",model_name="tiny-llama"} 0.0' in lines
+    assert 'vllm:time_to_first_token_seconds_bucket{engine="0",le="0.5",model_name="tiny-llama"} 3.0' in lines
+    assert 'vllm:time_to_first_token_seconds_count{engine="0",model_name="tiny-llama"} 3.0' in lines
+    assert 'vllm:request_success_total{engine="0",finished_reason="length",model_name="tiny-llama"} 3.0' in lines
+    assert 'http_requests_total{handler="/v1/completions",method="POST",status="2xx"} 3.0' in lines
+    assert 'http_requests_total{handler="/v1/completions",method="POST",status="4xx"} 1.0' in lines
+    used = set().union(*map(metric_names.names_in_promql, canary_queries(["x"], 60).values()))
+    assert metric_names.missing(used, metric_names.exposed_names(text)) == set()
+    assert "SIMULATED regression" in (tmp_path / "serve.log").read_text()

@@ -198,6 +198,10 @@ LEFT_OUT = {
     "vllm_gateway_interface": "two gateways behind one address: the fixture fleet has them",
     "vllm_kv_events_port_offset": "it reserves a port no rendered file holds yet (kv_aware is not offered); its "
                                   "clashes are tests/config/test_kv_event_ports.py's",
+    **dict.fromkeys(("vllm_rollout_canary", "vllm_canary_observe_s", "vllm_canary_min_requests",
+                     "vllm_canary_max_ttft_ratio", "vllm_canary_max_itl_ratio", "vllm_canary_max_error_rate",
+                     "vllm_canary_max_preemption_increase"),
+                    "read by `vllm-fleet rollout --canary` only: in no rendered file"),
 }
 #: Client names at the longest and the oddest the config takes (each front keys its maps by the
 #: client's id, never by its name, which nginx sees as a quoted value only).

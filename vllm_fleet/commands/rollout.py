@@ -6,6 +6,8 @@ a real completion included). Before a host changes, its managed files and its `c
 link are snapshotted on the host; a host that fails is restored from that snapshot, restarted and
 verified again (rolled back). More failed hosts than --max-fail stops the rollout: later hosts are
 untouched. pyinfra's own `--serial` takes hosts in set order, one at a time, and cannot roll back.
+With a canary (commands/canary.py), its hosts are the first batch, and the fleet's Prometheus judges
+them against the rest of their models before the next batch: proceed, roll them back, or stop.
 
 A host ends in one of STATES: `untouched` (never reached: a later batch after a stop, or input that
 the deploy refused before any change), `unchanged` (the deploy ran and verified, and pyinfra reports no
@@ -28,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet import fleet_check, wheelhouses
-from vllm_fleet.commands import gateway_drain, rollback
+from vllm_fleet.commands import canary as canary_batch, gateway_drain, rollback
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
@@ -350,7 +352,10 @@ def _ordered_like_the_cli():
 
 
 def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[str] | None = None,
-            order: list[str] | None = None, log=print) -> list[HostResult]:
+            order: list[str] | None = None, log=print,
+            canary: canary_batch.CanaryRequest | None = None) -> list[HostResult]:
+    """`canary`: the canary batch asked for (commands/canary.py), whose report it receives; without
+    one, the hosts with vllm_rollout_canary = True are the canary."""
     from vllm_fleet import deploy
     from vllm_fleet.commands import connection
 
@@ -385,7 +390,13 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
                               "drains from every gateway; or roll out with one gateway")
     size = parse_batch(batch, len(names))
     results = {n: HostResult(n) for n in names}
-    batches = make_batches(names, size, groups)
+    canary = canary if canary is not None else canary_batch.CanaryRequest()
+    canary_plan = canary_batch.plan(canary, everyone, names)
+    if canary_plan is not None:  # the canary first, on its own; then the rest as --batch says
+        rest = [n for n in names if n not in canary_plan.hosts]
+        batches = [list(canary_plan.hosts)] + make_batches(rest, size, groups)
+    else:
+        batches = make_batches(names, size, groups)
     done = 0
     for number, group in enumerate(batches, 1):
         log(f"batch {number}: {', '.join(group)}")
@@ -395,6 +406,10 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
         if len(failures) > max_fail:
             log(f"stopping: {len(failures)} host(s) failed (--max-fail {max_fail}); "
                 f"{len(names) - done} host(s) left untouched")
+            break
+        if number == 1 and canary_plan is not None and not canary_batch.after_canary_batch(
+                canary_plan, canary, inventory, configs, everyone, results, gateway_config, log):
+            log(f"stopping after the canary: {len(names) - done} host(s) left untouched")
             break
     return list(results.values())
 
@@ -443,7 +458,10 @@ examples:
   vllm-fleet rollout inventory/prod.py --batch 25%
       a quarter of the hosts at a time
   vllm-fleet rollout inventory/prod.py --max-fail 1 --order gpu-a100-01,gpu-h100-01,gpu-mixed-01
-      one host at a time in this order, going on after one failure""")
+      one host at a time in this order, going on after one failure
+  vllm-fleet rollout inventory/prod.py --canary gpu-h100-01 --observe 10m
+      gpu-h100-01 first; after 10 minutes of traffic the fleet's Prometheus compares it with the
+      rest of its model (docs/deploy-steps.md): the rest follows, or it is rolled back""")
     parser.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
     parser.add_argument("--batch", default="1", metavar="N|N%",
                         help="hosts per batch: a number, or a percentage of the hosts (default 1)")
@@ -453,15 +471,25 @@ examples:
                         help="only these hosts or groups (comma-separated; repeatable)")
     parser.add_argument("--order", metavar="HOSTS",
                         help="the hosts' order (comma-separated inventory names; default: the inventory's)")
+    parser.add_argument("--canary", metavar="HOSTS",
+                        help="converge these hosts first and judge them by the fleet's Prometheus against the "
+                             "rest of their models before the rest follows (default: the hosts with "
+                             "vllm_rollout_canary = True)")
+    parser.add_argument("--observe", metavar="WINDOW",
+                        help="with a canary: how long to observe it, 30s, 10m, 1h (default: vllm_canary_observe_s)")
     parser.add_argument("--json", action="store_true",
-                        help="print each host's state as JSON on stdout (progress goes to stderr)")
+                        help="print each host's state (and the canary's figures) as JSON on stdout (progress "
+                             "goes to stderr)")
     args = parser.parse_args(argv)
     limit = split_names(args.limit)
     order = split_names([args.order] if args.order else None)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    canary = canary_batch.CanaryRequest(split_names([args.canary]) if args.canary else None, args.observe)
     try:
+        if args.observe is not None:
+            canary_batch.parse_observe(args.observe)  # refused before the inventory is read
         results = rollout(args.inventory, batch=args.batch, max_fail=args.max_fail, limit=limit,
-                          order=order, log=log)
+                          order=order, log=log, canary=canary)
     except RolloutStopped as exc:
         if args.json:
             json.dump({"hosts": [r.row() for r in exc.results], "error": exc.message}, sys.stdout, indent=2)
@@ -478,8 +506,11 @@ examples:
         print(f"error: {exc.located() if isinstance(exc, ConfigError) else exc}", file=sys.stderr)
         return EXIT_INVALID
     if args.json:
-        json.dump({"hosts": [r.row() for r in results]}, sys.stdout, indent=2)
+        json.dump({"hosts": [r.row() for r in results], **({"canary": canary.report} if canary.report else {})},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_table(results)
-    return 0 if all(r.state in ("updated", "unchanged") for r in results) else 1
+        canary_batch.main_report(canary.report, args.json)
+    judged = canary.report is None or canary.report["decision"] == "proceed"
+    return 0 if judged and all(r.state in ("updated", "unchanged") for r in results) else 1

@@ -17,6 +17,7 @@ from vllm_fleet.config.knobs.gateway import GatewayKnobs
 from vllm_fleet.config.knobs.monitoring import MonitoringKnobs
 from vllm_fleet.config.knobs.multinode import MultiNodeKnobs
 from vllm_fleet.config.knobs.planner import PlannerKnobs
+from vllm_fleet.config.knobs.rollout import RolloutKnobs
 from vllm_fleet.config.knobs.secrets import SecretsKnobs
 from vllm_fleet.config.knobs.serve import ServeKnobs
 from vllm_fleet.config.knobs.ssh import SshKnobs
@@ -26,7 +27,7 @@ from vllm_fleet.config.schema import Declaration, declarations
 
 #: The sections of the knobs, in the order group_data/all.py shows them.
 SECTIONS: tuple[type, ...] = (ServeKnobs, EnvironmentKnobs, FilesKnobs, GatewayKnobs, TlsKnobs, MonitoringKnobs,
-                              MultiNodeKnobs, SecretsKnobs, PlannerKnobs, SshKnobs, VerificationKnobs)
+                              RolloutKnobs, MultiNodeKnobs, SecretsKnobs, PlannerKnobs, SshKnobs, VerificationKnobs)
 
 # pyinfra's own data keys (connection and operation arguments) pass through untouched.
 PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sandbox_", "podman_")
@@ -35,8 +36,8 @@ PYINFRA_PREFIXES = ("ssh_", "winrm_", "docker_", "chroot_", "local_", "_", "sand
 # A dataclass takes its bases' fields from the last base to the first: the sections are listed here
 # last first, so that Settings' fields come in SECTIONS' order.
 @dataclass(frozen=True)
-class Settings(VerificationKnobs, SshKnobs, PlannerKnobs, SecretsKnobs, MultiNodeKnobs, MonitoringKnobs, TlsKnobs,
-               GatewayKnobs, FilesKnobs, EnvironmentKnobs, ServeKnobs):
+class Settings(VerificationKnobs, SshKnobs, PlannerKnobs, SecretsKnobs, MultiNodeKnobs, RolloutKnobs, MonitoringKnobs,
+               TlsKnobs, GatewayKnobs, FilesKnobs, EnvironmentKnobs, ServeKnobs):
     """Every host-level knob of vllm-fleet, by the sections of config/knobs/.
 
     Values are as the host data gives them once checked (a list stays a list); vllm_advertise_address
