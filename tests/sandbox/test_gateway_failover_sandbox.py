@@ -1,7 +1,7 @@
 """Fault drills on two gateways behind a floating address (inventory/failover.py, a sandbox of its own:
 sbx-gw1 and sbx-gw2 gateway-only, sbx-be1 and sbx-be2 serving the tiny model), deployed once and
 shared by the drills, under continuous traffic from the official `openai` client through the
-floating address 10.213.9.100, streaming and not.
+floating address 10.213.11.100, streaming and not.
 
 Each drill breaks one thing, lets the fleet mend itself (nothing is redeployed), and reports the
 seconds without service (the longest time between two successful answers, less the longest such
@@ -37,7 +37,7 @@ pytestmark = pytest.mark.sandbox  # deselected with --no-sandbox, like every tes
 INVENTORY = "inventory/failover.py"
 GATEWAYS = ("sbx-gw1", "sbx-gw2")
 BACKENDS = ("sbx-be1", "sbx-be2")
-FLOATING = "10.213.9.100"
+FLOATING = "10.213.11.100"
 URL = f"http://{FLOATING}:9000/v1"
 MODEL = "tiny-llama"
 GATEWAY_UNIT = "vllm-fleet-gateway.service"
@@ -407,4 +407,29 @@ def test_killing_a_backends_host_mid_stream(fleet):
     row = drill_row(f"power off a backend's host ({victim}) mid-stream, then on", traffic, fault_at, until, ok,
                     f"served again by both backends {back:.0f} s after the fault; {note}")
     assert row["seconds_without_service"] <= 10, row  # the other backend serves meanwhile
+    assert row["recovered_by_itself"], note
+
+
+def test_filling_a_backends_disk(fleet):
+    """sbx-be2's writes go to a disk of its own (inventory/failover.py: sandbox_disk_gib), filled here
+    to its last block with fallocate (no data written), then freed."""
+    sbx, env, kept = fleet
+    victim = BACKENDS[1]
+    fill = "/var/tmp/vllm-fleet-drill-fill"
+    free = "df --output=avail -B1 / | tail -n 1"
+    with Traffic().start(sbx) as traffic:
+        time.sleep(4)
+        fault_at = time.monotonic()
+        sbx.run(victim, f"fallocate -l $({free}) {fill}; fallocate -l $({free}) {fill}.2", timeout=120)
+        left = sbx.run(victim, free).stdout.strip()
+        logged = sbx.run(victim, "logger vllm-fleet-drill-disk-full; echo written > /var/tmp/probe; echo rc=$?",
+                         timeout=30)
+        time.sleep(15)
+        sbx.run(victim, f"rm -f {fill} {fill}.2 /var/tmp/probe", timeout=60)
+        ok, note = recovered(sbx, kept)
+        until = time.monotonic()
+    row = drill_row(f"fill a backend's disk ({victim}), then free it", traffic, fault_at, until, ok,
+                    f"{left} bytes left on its disk while full (a write there: "
+                    f"{(logged.stdout + logged.stderr).strip()[-80:]}); {note}")
+    assert left.isdigit() and int(left) < 1 << 20, left  # full: less than 1 MiB left
     assert row["recovered_by_itself"], note

@@ -31,11 +31,12 @@ from pathlib import Path
 from vllm_fleet.sandbox import package_mirror, session_lock
 from vllm_fleet.sandbox.boot import (READY_TIMEOUT_S, _create_login_user, _ensure_bridge, _wait_ssh, boot_host,
                                      ensure_inotify_instances, restore_inotify_instances)
-from vllm_fleet.sandbox.hosts import (HostStatus, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _host_dir, _run,
+from vllm_fleet.sandbox.hosts import (HostStatus, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _run,
                                      cache_dir)
 from vllm_fleet.sandbox.image import SUITE, check_machine, debian_mirror, ensure_base, ensure_keys
 from vllm_fleet.sandbox.teardown import (EXIT_WAIT_S, _nspawn_pids, _pid_of, _remove_bridge, _remove_host,
-                                         _remove_cgroup, _remove_parent_cgroups, _stop_pids, kill_and_wait)
+                                         _remove_cgroup, _remove_parent_cgroups, _stop_pids, kill_and_wait,
+                                         unmount_host)
 
 
 # Hosts booted at once per CPU core (boot_waves): a wave's boots share the cores within one
@@ -202,9 +203,7 @@ def power_off(sandbox: Sandbox, host: SandboxHost) -> None:
     if _run("ip", "netns", "pids", host.netns, check=False).returncode == 0:
         _run("ip", "netns", "del", host.netns)
     _run("ip", "link", "del", host.veth, check=False)  # the netns's deletion removes it, asynchronously
-    root = _host_dir(sandbox, host) / "root"
-    if str(root) in [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]:
-        _run("umount", str(root))
+    unmount_host(sandbox, host)
     for cgroup in _cgroup_dirs(host):
         _remove_cgroup(cgroup, deadline)
 
