@@ -92,11 +92,13 @@ def holders(sbx) -> list[str]:
     return found
 
 
-def link_up(sbx, name: str) -> bool:
-    """Whether the host's veth on the bridge side is up (a cut host holds the address unheard)."""
-    proc = subprocess.run(["ip", "-o", "link", "show", sbx.host(name).veth], capture_output=True, text=True)
-    flags = proc.stdout.split("<", 1)[1].split(">", 1)[0].split(",") if "<" in proc.stdout else []
-    return "UP" in flags
+def links_up(sbx) -> tuple[str, ...]:
+    """The gateways whose veth on the bridge side is up (a cut host may hold the address unheard; a
+    powered-off one has no veth)."""
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+    flags = {line.split(":")[1].strip().split("@")[0]: line.split("<", 1)[1].split(">", 1)[0].split(",")
+             for line in links if "<" in line}
+    return tuple(g for g in GATEWAYS if "UP" in flags.get(sbx.host(g).veth, ()))
 
 
 def _healthy_backends(sbx, gateway: str) -> int:
@@ -195,9 +197,9 @@ class Traffic:
 
     def _sample(self, sbx) -> None:
         while not self._stop.is_set():
-            up = tuple(g for g in GATEWAYS if link_up(sbx, g))
+            up = links_up(sbx)
             self.holder_samples.append((time.monotonic(), tuple(holders(sbx)), up))
-            self._stop.wait(0.05)
+            self._stop.wait(0.1)
 
     def __enter__(self) -> Traffic:
         return self
