@@ -265,7 +265,7 @@ def drill_row(scenario: str, traffic: Traffic, fault_at: float, until: float, re
            "requests": len(traffic.requests), "recovered_by_itself": recovered, "note": note}
     DRILLS.append(row)
     print(f"drill: {row}")
-    for r in traffic.failed()[:5]:
+    for r in traffic.failed()[:10]:
         print(f"  failed at {r.start - fault_at:+.2f} s .. {r.end - fault_at:+.2f} s "
               f"({'stream' if r.stream else 'plain'}): {r.error}")
     return row
@@ -307,8 +307,9 @@ def test_the_openai_client_lists_and_chats_through_the_floating_address_held_by_
                                               messages=[{"role": "user", "content": "Hi"}]))
     finished = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finished in (["length"], ["stop"]), chunks
+    # One holder: whichever gateway was ready first (nopreempt: the other, even of a higher
+    # priority, does not take it from a holder that serves).
     (holder,) = holders(sbx)
-    assert holder == "sbx-gw1"  # the highest priority (the first gateway's) takes it first
     shown = vllm_fleet(env, "status", INVENTORY, "--json")
     floating = json.loads(shown.stdout)["floating"]
     assert floating["verdict"] == holder and floating["holders"] == [holder], floating

@@ -192,6 +192,10 @@ def power_off(sandbox: Sandbox, host: SandboxHost) -> None:
     halt: nothing inside gets to say goodbye, keepalived included), its network gone with its
     namespace (a dead machine's addresses answer nothing: no ARP, no RST). Its disk (the overlay's
     upper dir) stays, as a server's does: power_on boots it again from there."""
+    # The cable first: killed with their network still there, the host's processes would have
+    # their kernel close every connection (FIN, RST) as a crash does; a machine losing power tells
+    # its peers nothing.
+    _run("ip", "link", "del", host.veth, check=False)
     pids = set(_nspawn_pids(host))
     pid = _pid_of(sandbox, host)
     pids.update([pid] if pid else [])
@@ -202,7 +206,6 @@ def power_off(sandbox: Sandbox, host: SandboxHost) -> None:
         raise SandboxError(f"{host.name}: processes still running {EXIT_WAIT_S:.0f} s after its power-off")
     if _run("ip", "netns", "pids", host.netns, check=False).returncode == 0:
         _run("ip", "netns", "del", host.netns)
-    _run("ip", "link", "del", host.veth, check=False)  # the netns's deletion removes it, asynchronously
     unmount_host(sandbox, host)
     for cgroup in _cgroup_dirs(host):
         _remove_cgroup(cgroup, deadline)
