@@ -288,7 +288,47 @@ def print_ray(rows: list[dict[str, Any]]) -> None:
 
 def gateway_status(name: str, host, config) -> dict[str, Any]:
     """The fleet gateway on `host`: its unit, client URL and every backend with vllm-router's health
-    verdict, as the host probe reads them (the manifest's list and the router's /workers)."""
+    verdict, as the host probe reads them (the manifest's list and the router's /workers); behind a
+    floating address, whether it holds the address now (`floating`; `holds` None: not known)."""
+    entry = _gateway_status(name, host, config)
+    if config.settings.vllm_gateway_address is not None and "floating" not in entry:
+        entry["floating"] = {"address": gateway.floating_ip(config), "interface": config.settings.vllm_gateway_interface,
+                             "holds": None, "error": entry.get("error") or "not reported by the host"}
+    return entry
+
+
+def floating_summary(gateways: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Which gateway holds the floating address, from each gateway's own `ip addr`: `holders` (one is
+    right; none: clients reach nothing; two: both answer, a split), `unknown` (not asked: unreachable,
+    not deployed), and a `verdict` saying so in words. None without a floating address."""
+    behind = [g for g in gateways if g.get("floating")]
+    if not behind:
+        return None
+    holders = [g["host"] for g in behind if g["floating"].get("holds") is True]
+    unknown = [g["host"] for g in behind if g["floating"].get("holds") is None]
+    verdict = ("none" if not holders and not unknown else "unknown" if not holders
+               else holders[0] if len(holders) == 1 else f"two holders! ({', '.join(holders)})")
+    return {"address": behind[0]["floating"]["address"], "holders": holders, "unknown": unknown,
+            "gateways": [g["host"] for g in behind], "verdict": verdict}
+
+
+def print_floating(summary: dict[str, Any] | None, gateways: list[dict[str, Any]]) -> None:
+    """One line: the floating address and who holds it; then each gateway's keepalived."""
+    if summary is None:
+        return
+    line = f"floating address {summary['address']}: held by {summary['verdict']}"
+    if summary["unknown"]:
+        line += f" (not known for {', '.join(summary['unknown'])})"
+    print(line)
+    for g in gateways:
+        floating = g.get("floating")
+        if floating:
+            held = {True: "holds it", False: "does not hold it", None: "unknown"}[floating.get("holds")]
+            print(f"  {g['host']}: {held}; {floating.get('unit', 'keepalived.service')} {floating.get('state', '-')}"
+                  + (f" ({floating['error']})" if floating.get("error") else ""))
+
+
+def _gateway_status(name: str, host, config) -> dict[str, Any]:
     if host is None:
         return {"host": name, "url": gateway.gateway_url(config), "error": "unreachable over SSH",
                 "backends": []}
@@ -466,21 +506,24 @@ examples:
     except ConfigError as exc:
         print(f"error: {exc.located()}", file=sys.stderr)
         return 2
+    floating = floating_summary(gateways)
     if usage is not None and args.json:
         json.dump({"usage": usage}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     elif usage is not None:
         print_usage(usage)
     elif args.json:
-        json.dump({"hosts": report, "gateways": gateways, "ray": ray}, sys.stdout, indent=2)
+        json.dump({"hosts": report, "gateways": gateways, "floating": floating, "ray": ray}, sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print_table(report)
         print_gateways(gateways)
+        print_floating(floating, gateways)
         print_ray(ray)
     unhealthy = any(h.get("error") or any(not i.get("health") for i in h["instances"].values())
                     or (h.get("front") is not None and not h["front"].get("active"))
                     for h in report) or any(g.get("error") or not g.get("active") for g in gateways)
     unhealthy = unhealthy or any(r.get("error") or r.get("missing") or r.get("state") != "active" for r in ray)
+    unhealthy = unhealthy or (floating is not None and len(floating["holders"]) != 1)
     return 1 if unhealthy else 0
 

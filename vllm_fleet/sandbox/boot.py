@@ -177,14 +177,33 @@ def _join_cgroups(dirs: list[Path]):
     return join
 
 
+DISK_IMAGE, DISK_MOUNT = "disk.img", "disk"  # in the host's state dir, with sandbox_disk_gib
+
+
+def _own_disk(hdir: Path, gib: int) -> Path:
+    """The host's own disk of `gib` GiB, mounted at hdir/disk (made on its first boot, kept by a
+    power-off): a sparse ext4 image, so only what the host writes takes room on this machine, and a
+    host that fills it (fallocate: no data written) fills its disk alone."""
+    image, mount = hdir / DISK_IMAGE, hdir / DISK_MOUNT
+    mount.mkdir(parents=True, exist_ok=True)
+    if not image.exists():
+        with open(image, "wb") as f:
+            f.truncate(gib << 30)
+        _run("mkfs.ext4", "-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1", str(image))
+    if str(mount) not in [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]:
+        _run("mount", "-o", "loop", str(image), str(mount))
+    return mount
+
+
 def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path, mirror: Path) -> int:
     """Mount the overlay, wire the network, start systemd-nspawn in its own cgroups; returns its PID.
 
     The package mirror is bind-mounted read-only: the host's only apt source (it has no route out)."""
     hdir = _host_dir(sandbox, host)
-    upper, work, root = hdir / "upper", hdir / "work", hdir / "root"
+    writes = _own_disk(hdir, host.disk_gib) if host.disk_gib else hdir
+    upper, work, root = writes / "upper", writes / "work", hdir / "root"
     for d in (upper, work, root):
-        d.mkdir(parents=True)
+        d.mkdir(parents=True, exist_ok=True)  # kept by a power-off (harness.power_off): its disk
     upper.chmod(0o755)
     _prepare_upper(sandbox, host, base, upper)
     # nspawn cannot overlay "/" itself: mount it here; the source name makes it findable in /proc/mounts.
@@ -203,6 +222,10 @@ def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path, mirror: Path) -> 
             f"--network-namespace-path=/run/netns/{host.netns}", f"--directory={root}",
             f"--machine={host.name}", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
             f"--bind-ro={mirror}:{package_mirror.MOUNT_POINT}",
+            # Root inside may change its own network namespace, as a server's root can: keepalived adds
+            # and removes the gateways' floating address. nspawn keeps CAP_NET_ADMIN only with a network
+            # it makes itself (--private-network), not with a namespace given by path.
+            "--capability=CAP_NET_ADMIN",
         ],  # fmt: skip
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=_join_cgroups(cgroups),

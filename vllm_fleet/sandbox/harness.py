@@ -31,10 +31,12 @@ from pathlib import Path
 from vllm_fleet.sandbox import package_mirror, session_lock
 from vllm_fleet.sandbox.boot import (READY_TIMEOUT_S, _create_login_user, _ensure_bridge, _wait_ssh, boot_host,
                                      ensure_inotify_instances, restore_inotify_instances)
-from vllm_fleet.sandbox.hosts import HostStatus, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _run, cache_dir
+from vllm_fleet.sandbox.hosts import (HostStatus, Sandbox, SandboxError, SandboxHost, _cgroup_dirs, _run,
+                                     cache_dir)
 from vllm_fleet.sandbox.image import SUITE, check_machine, debian_mirror, ensure_base, ensure_keys
 from vllm_fleet.sandbox.teardown import (EXIT_WAIT_S, _nspawn_pids, _pid_of, _remove_bridge, _remove_host,
-                                         _remove_parent_cgroups, _stop_pids, kill_and_wait)
+                                         _remove_cgroup, _remove_parent_cgroups, _stop_pids, kill_and_wait,
+                                         unmount_host)
 
 
 # Hosts booted at once per CPU core (boot_waves): a wave's boots share the cores within one
@@ -183,6 +185,41 @@ def _tear_down(sandbox: Sandbox) -> None:
     if failed:
         raise SandboxError("could not remove every sandbox host: " + "; ".join(failed))
     shutil.rmtree(sandbox.state_dir, ignore_errors=True)
+
+
+def power_off(sandbox: Sandbox, host: SandboxHost) -> None:
+    """Pull one host's plug: its nspawn and everything in its cgroups killed at once (no orderly
+    halt: nothing inside gets to say goodbye, keepalived included), its network gone with its
+    namespace (a dead machine's addresses answer nothing: no ARP, no RST). Its disk (the overlay's
+    upper dir) stays, as a server's does: power_on boots it again from there."""
+    # The cable first: killed with their network still there, the host's processes would have
+    # their kernel close every connection (FIN, RST) as a crash does; a machine losing power tells
+    # its peers nothing.
+    _run("ip", "link", "del", host.veth, check=False)
+    pids = set(_nspawn_pids(host))
+    pid = _pid_of(sandbox, host)
+    pids.update([pid] if pid else [])
+    _stop_pids(sorted(pids))
+    deadline = time.monotonic() + EXIT_WAIT_S
+    left = kill_and_wait(host, deadline)
+    if left:
+        raise SandboxError(f"{host.name}: processes still running {EXIT_WAIT_S:.0f} s after its power-off")
+    if _run("ip", "netns", "pids", host.netns, check=False).returncode == 0:
+        _run("ip", "netns", "del", host.netns)
+    unmount_host(sandbox, host)
+    for cgroup in _cgroup_dirs(host):
+        _remove_cgroup(cgroup, deadline)
+
+
+def power_on(sandbox: Sandbox, host: SandboxHost, log=print) -> HostStatus:
+    """Boot a host power_off stopped, from its own disk, and wait for its SSH: its units start as
+    they would on a server switched back on (what is enabled comes up, nothing else is done)."""
+    if _pid_of(sandbox, host) is not None:
+        raise SandboxError(f"{host.name} is running: power it off first")
+    base, mirror = prepare_machine(log)
+    boot_host(sandbox, host, base, mirror)
+    _wait_ssh(sandbox, host, deadline=time.monotonic() + READY_TIMEOUT_S)
+    return probe(sandbox, host)
 
 
 def host_pss_kib(sandbox: Sandbox, host: SandboxHost) -> int:

@@ -51,6 +51,9 @@ class SandboxHost:
     ssh_key: Path
     known_hosts: Path
     gpus: tuple[dict, ...] | None  # simulated layout, None on hosts without (simulated) GPUs
+    # `sandbox_disk_gib`: the host's writes go to a disk of this size of its own (a sparse ext4
+    # image, loop-mounted), which it can fill without filling this machine's; None: no limit of its own
+    disk_gib: int | None = None
 
     @property
     def netns(self) -> str:
@@ -162,6 +165,7 @@ def load(inventory: str | Path) -> Sandbox:
                 ssh_key=Path(data.get("ssh_key")),
                 known_hosts=Path(data.get("ssh_known_hosts_file")),
                 gpus=tuple(gpus) if gpus else None,
+                disk_gib=data.get("sandbox_disk_gib"),
             )
         )
     sandbox = Sandbox(inventory=path, hosts=hosts)
@@ -187,6 +191,8 @@ def _validate(sandbox: Sandbox) -> None:
             missing = {"name", "memory_mib", "compute_capability"} - set(gpu)
             if missing:
                 raise SandboxError(f"{host.name}: sandbox_gpus entry {gpu} lacks {sorted(missing)}")
+        if host.disk_gib is not None and (type(host.disk_gib) is not int or not 1 <= host.disk_gib <= 64):
+            raise SandboxError(f"{host.name}: sandbox_disk_gib must be a whole number of GiB from 1 to 64")
         bus_ids = [g["pci_bus_id"] for g in host.gpus or () if "pci_bus_id" in g]
         if bus_ids != sorted(bus_ids):
             raise SandboxError(f"{host.name}: sandbox_gpus must be listed in ascending pci_bus_id order")

@@ -187,14 +187,20 @@ def _remove_cgroup(path: Path, deadline: float) -> None:
                 time.sleep(POLL_S)
 
 
+def unmount_host(sandbox: Sandbox, host: SandboxHost) -> None:
+    """The host's overlay, then its own disk under it (sandbox_disk_gib; loop-mounted, its loop
+    device freed with it)."""
+    hdir = _host_dir(sandbox, host)
+    for mount in (hdir / "root", hdir / "disk"):
+        if str(mount) in [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]:
+            _run("umount", str(mount))
+
+
 def _remove_host(sandbox: Sandbox, host: SandboxHost, deadline: float) -> None:
     """Everything of a stopped host, by name: what is left of its processes (waited for until the
     deadline), overlay mount, netns (takes its veth), cgroups, state."""
     kill_and_wait(host, deadline)
-    root = _host_dir(sandbox, host) / "root"
-    mounts = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()]
-    if str(root) in mounts:
-        _run("umount", str(root))
+    unmount_host(sandbox, host)
     if _run("ip", "netns", "pids", host.netns, check=False).returncode == 0:
         _run("ip", "netns", "del", host.netns)
     # Deleting the netns destroys the veth pair, but asynchronously: delete it if it is still there.

@@ -2,6 +2,7 @@
 backends taken out of the router and put back, and the wait for a drained backend's last requests."""
 
 import json
+import subprocess
 import time
 import urllib.parse
 
@@ -80,7 +81,30 @@ def gateway_status(spec):
                          for b in gateway["backends"]]
     if not entry["active"]:
         entry["failure"] = unit_failure(gateway["unit"], props, lines=40)
+    if gateway.get("floating"):
+        entry["floating"] = floating_status(gateway["floating"])
     return entry
+
+
+def floating_status(floating):
+    """Whether this gateway holds the floating address now (on its interface, as `ip addr` shows it)
+    and the state of the VRRP daemon's unit, which moves it. `holds` is None when `ip` could not be asked."""
+    props = show(floating["unit"], "ActiveState", "SubState")
+    out = {"address": floating["address"], "interface": floating["interface"], "unit": floating["unit"],
+           "state": f"{props['ActiveState']}/{props['SubState']}", "holds": None}
+    try:
+        proc = subprocess.run(["ip", "-o", "-4", "addr", "show", "dev", floating["interface"]],
+                              capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        out["error"] = f"ip addr: {exc}"
+        return out
+    if proc.returncode != 0:
+        out["error"] = f"ip addr show dev {floating['interface']}: {proc.stderr.strip()[:200]}"
+        return out
+    held = [f.split("/")[0] for line in proc.stdout.splitlines() for i, f in enumerate(line.split())
+            if i > 0 and line.split()[i - 1] == "inet"]
+    out["holds"] = floating["address"] in held
+    return out
 
 
 def gateway_workers(spec):
