@@ -32,7 +32,8 @@ import pytest
 from support.fleet_helpers import API_KEY, REPO, deploy_environment, pyinfra, vllm_fleet
 from vllm_fleet.sandbox import harness, hosts
 
-pytestmark = pytest.mark.sandbox  # deselected with --no-sandbox, like every test on sandbox hosts
+# Deselected with --no-sandbox, like every test on sandbox hosts; run only with --drills.
+pytestmark = [pytest.mark.sandbox, pytest.mark.drills]
 
 INVENTORY = "inventory/failover.py"
 GATEWAYS = ("sbx-gw1", "sbx-gw2")
