@@ -291,7 +291,7 @@ vllm_workstation_dir = "~/.local/share/vllm-fleet"  # the fleet CA, the hosts' c
 # counters, +3 the node exporter, +4 Prometheus, +5 its Alertmanager), not at 9100/9090/9093: exporters the
 # host runs keep theirs.
 vllm_metrics = False  # True: the fleet's Prometheus scrapes this host, through its front
-vllm_metrics_port = 9410  # the front's metrics listener; it and the 4 after it: no instance's ports
+vllm_metrics_port = 9410  # the front's metrics listener; it and the 5 after it: no instance's ports
 
 # True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
 # as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its

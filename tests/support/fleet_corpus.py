@@ -302,7 +302,7 @@ def hosts_data(draw, name: str, roles: set[str], served: list[str], clients: dic
         taken |= {data["vllm_gateway_port"] + d for d in (0, offset, offset + 1)}
     if "metrics" in roles or "monitoring" in roles:
         data["vllm_metrics"] = True
-        data["vllm_metrics_port"] = draw(free_port([1024, 9410, 40000, 65531], taken, range(5)))
+        data["vllm_metrics_port"] = draw(free_port([1024, 9410, 40000, 65530], taken, range(6)))
     if "monitoring" in roles:
         data["vllm_monitoring"] = True
     if clients:
@@ -358,7 +358,7 @@ def bound_fleets() -> list[Case]:
                "vllm_monitoring_scrape_interval_s": 3600, "vllm_monitoring_retention_days": 36500,
                "vllm_monitoring_retention_gib": largest_accepted("vllm_monitoring_retention_gib"),
                "vllm_monitoring_down_for_s": 86400, "vllm_shutdown_timeout_s": 3600,
-               "vllm_gateway_port": 35529, "vllm_metrics_port": 65531, "vllm_backend_port_offset": 30000,  # port 35520
+               "vllm_gateway_port": 35529, "vllm_metrics_port": 65530, "vllm_backend_port_offset": 30000,  # port 35520
                "vllm_service_user": "a" * 31, "vllm_bind_host": "2001:db8::ff"}
     out = []
     for label, knobs in (("the smallest", smallest), ("the largest", largest)):

@@ -27,9 +27,9 @@ class MonitoringKnobs:
         host runs keep theirs.
         """)
     vllm_metrics_port: int = knob(
-        9410, "the front's metrics listener; it and the 4 after it: no instance's ports", low=1024, high=65531,
-        must="a port number from 1024 to 65531 (the 4 ports after it are the exporters', on 127.0.0.1, "
-             "where their non-root users cannot bind a port below 1024)")
+        9410, "the front's metrics listener; it and the 5 after it: no instance's ports", low=1024, high=65530,
+        must="a port number from 1024 to 65530 (the 5 ports after it are the exporters' and Alertmanager's, on "
+             "127.0.0.1, where their non-root users cannot bind a port below 1024)")
     vllm_monitoring: bool = knob(
         False, "True on the one host that runs the fleet's Prometheus", **BOOL,
         fix="vllm_monitoring = True on the one host that runs the fleet's Prometheus",
