@@ -173,7 +173,15 @@ def test_collect_asks_the_monitoring_hosts_prometheus_when_status_reaches_it(tmp
     # Outside --limit the monitoring host is not reached: each instance's /metrics is summed.
     usage = status.collect("inv.py", ["cpu2"], "")[3]
     assert usage["source"] == "instances" and usage["totals"]["prompt_tokens"] == 156
-    assert status.collect("inv.py", None, None)[3] is None  # without --usage, no usage read
+    # Without --usage no usage is read, and the monitoring host's entry carries the alerts instead.
+    monkeypatch.setattr(status, "fleet_alerts", lambda name, host, config: asked.append((name, "alerts"))
+                        or {"source": f"alertmanager on {name}", "alerts": [], "errors": []})
+    report, _gateways, _ray, usage = status.collect("inv.py", None, None)
+    assert usage is None and asked[-1] == ("cpu1", "alerts")
+    assert [h["name"] for h in report if "alerts" in h] == ["cpu1"]
+    before = len(asked)
+    report = status.collect("inv.py", ["cpu2"], None)[0]  # the monitoring host outside --limit: no alerts asked
+    assert len(asked) == before and not any("alerts" in h for h in report)
 
 
 def test_main_prints_the_usage_table_and_json_and_refuses_a_bad_window(monkeypatch, capsys):
