@@ -199,6 +199,30 @@ def test_main_prints_the_usage_table_and_json_and_refuses_a_bad_window(monkeypat
         assert "--since" in capsys.readouterr().err
 
 
+def test_main_lists_the_alerts_apart_from_the_hosts_as_a_table_and_as_json(monkeypatch, capsys):
+    alerts = {"source": "alertmanager on cpu1", "errors": [], "alerts": [
+        {"labels": {"alertname": "VllmFleetInstanceDown", "severity": "critical", "host": "cpu3",
+                    "vllm_instance": "tiny"}, "summary": "vLLM instance tiny [bold]down[/bold]",
+         "starts_at": "2026-12-05T02:59:01.1Z", "state": "firing", "inhibited_by": 0, "silenced_by": 0},
+        {"labels": {"alertname": "VllmFleetTargetDown", "host": "cpu2", "job": "node"}, "summary": "node down",
+         "starts_at": None, "state": "suppressed", "inhibited_by": 1, "silenced_by": 0}]}
+
+    def collected(inventory, limit, since):
+        report = _report()
+        report[0] = dict(report[0], alerts=json.loads(json.dumps(alerts)))
+        return report, [], [], None
+    monkeypatch.setattr(status, "collect", collected)
+    status.main(["inv.py", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["alerts"] == alerts and not any("alerts" in h for h in printed["hosts"])
+    status.main(["inv.py"])
+    out = capsys.readouterr().out
+    table = out[out.index("alerts (alertmanager on cpu1)"):]
+    assert "VllmFleetInstanceDown" in table and "cpu3" in table and "tiny" in table and "firing" in table
+    assert "[bold]down[/bold]" in table  # an alert's text is shown as it is, never read as markup
+    assert "held back: its host is down" in table
+
+
 def test_the_window_query_counts_a_series_that_began_inside_the_window_whole(tmp_path):
     """Against Prometheus' own engine (promtool's rule tests): a client first seen 40 tokens in,
     then at 100, is counted 100 over a window holding all of it (increase() alone says 70: it drops
