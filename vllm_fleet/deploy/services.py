@@ -1,6 +1,6 @@
 """Step 8: daemon-reload only if a unit changed; a multi-node instance's Ray nodes (ray.py); restart
-only the instances whose files, environment or model changed; then the front; then the exporters and
-Prometheus (vllm_metrics, vllm_monitoring)."""
+only the instances whose files, environment or model changed; then the front; then the exporters,
+Alertmanager and Prometheus (vllm_metrics, vllm_monitoring)."""
 
 from __future__ import annotations
 
@@ -115,8 +115,8 @@ def services(deployment: Deployment) -> None:
 
 
 def _monitoring_services(deployment: Deployment) -> None:
-    """The exporters of a vllm_metrics host, then Alertmanager and Prometheus on the monitoring host, each restarted,
-    reloaded or kept running as handlers.HANDLERS says of what changed."""
+    """The exporters of a vllm_metrics host, then Alertmanager and Prometheus on the monitoring host,
+    each restarted, reloaded or kept running as handlers.HANDLERS says of what changed."""
     changes = deployment.changes
     if not changes.has(EXPORTER_UNIT):
         return

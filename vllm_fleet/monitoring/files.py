@@ -42,7 +42,7 @@ from . import alerting, rules
 from .targets import JOBS, PROMETHEUS_PREFIX, ScrapeTarget, file_sd, prometheus_config
 
 MONITORING_UNITS = (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT, ALERTMANAGER_UNIT)
-#: Debian's own units of the two packages, by the need that installs them: they listen on every
+#: Debian's own units of these packages, by the need that installs them: they listen on every
 #: interface without a token, so a deploy that installs a package masks its unit first (the
 #: package's postinst would start it). One the host had before is left alone.
 STOCK_UNITS = {"node_exporter": "prometheus-node-exporter.service", "prometheus": "prometheus.service",
