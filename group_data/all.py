@@ -296,20 +296,45 @@ vllm_workstation_dir = "~/.local/share/vllm-fleet"  # the fleet CA, the hosts' c
 # certificate's end) and, on the gateway host, /metrics/router (vllm-router). Each needs the metrics
 # token (vllm_metrics_token_env, below) as its bearer token: 401 without it. What answers behind the
 # front listens on 127.0.0.1 at the ports after vllm_metrics_port (+1 the host exporter, +2 nginx's
-# counters, +3 the node exporter, +4 Prometheus), not at 9100/9090: exporters the host runs keep theirs.
+# counters, +3 the node exporter, +4 Prometheus, +5 its Alertmanager), not at 9100/9090/9093: exporters the
+# host runs keep theirs.
 vllm_metrics = False  # True: the fleet's Prometheus scrapes this host, through its front
-vllm_metrics_port = 9410  # the front's metrics listener; it and the 4 after it: no instance's ports
+vllm_metrics_port = 9410  # the front's metrics listener; it and the 5 after it: no instance's ports
 
 # True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
 # as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its
 # front at <vllm_metrics_port>/prometheus/ (metrics token), scraping every vllm_metrics host of the
 # inventory from the targets `vllm-fleet render` also writes (a host added or removed changes only
-# those files: Prometheus rereads them, no restart), with the fleet's alert rules.
+# those files: Prometheus rereads them, no restart), with the fleet's alert rules. Beside it, Debian's
+# prometheus-alertmanager (vllm-fleet-alertmanager.service, a user of its own, 127.0.0.1 only, no
+# cluster port) sends the alerts to vllm_alert_receivers.
 vllm_monitoring = False  # True on the one host that runs the fleet's Prometheus
 vllm_monitoring_scrape_interval_s = 15  # seconds between two scrapes of every target
 vllm_monitoring_retention_days = 15  # samples older than this are dropped
 vllm_monitoring_retention_gib = 10.0  # and beyond this size, the oldest first
 vllm_monitoring_down_for_s = 120  # an instance, exporter or gateway backend down this long: alert
+
+# Read on the monitoring host. Every alert goes to every receiver, grouped by alert and host; a host
+# down (VllmFleetHostDown) holds back the alerts of that host's instances and targets. Each receiver is
+# a webhook or a mailbox:
+#   vllm_alert_receivers = {
+#       "ops-hook":    {"url": "https://hooks.example.org/alertmanager", "token_env": "OPS_HOOK_TOKEN"},
+#       "chat":        {"url_env": "CHAT_WEBHOOK_URL"},
+#       "oncall-mail": {"to": "oncall@example.org", "from": "alerts@example.org",
+#                       "smarthost": "mail.example.org:587", "auth_username": "alerts",
+#                       "password_env": "SMTP_PASSWORD"},
+#   }
+# url: an http(s) URL without user:password or query string (it stands in alertmanager.yml as is);
+# url_env: instead, a workstation variable holding the whole URL (one with a token in it: a secret);
+# token_env: a workstation variable holding a bearer token Alertmanager sends (Authorization: Bearer).
+# to / from: one address each; smarthost: host:port of the relay (STARTTLS unless require_tls is
+# False); auth_username with password_env: its login, the password from the workstation. Secrets are
+# read like the API keys (never in the inventory, a unit, argv or a diff) and reach only
+# Alertmanager: its config is a root-only file systemd hands to the unit alone (LoadCredential).
+vllm_alert_receivers = {}  # who the alerts reach: webhooks, mailboxes; {}: none (status still lists them)
+vllm_alert_group_wait_s = 30  # seconds Alertmanager waits to gather a new group's alerts into one message
+vllm_alert_group_interval_s = 300  # seconds between two messages about one group's changes (new alerts, resolved ones)
+vllm_alert_repeat_interval_s = 14400  # seconds before a group still firing is sent again
 
 # --- Canary rollouts: a batch judged by the fleet's Prometheus before the rest (docs/deploy-steps.md) 
 # `vllm-fleet rollout --canary HOST[,HOST]` (or the hosts with vllm_rollout_canary = True): the canary

@@ -3,7 +3,8 @@ of every host reported at once.
 
 What is read, per host: each client's key (vllm_api_clients: key_env or key_file), or the fleet key
 without clients (vllm_api_key_env, else vllm_api_key_file); the metrics token on a vllm_metrics or
-vllm_monitoring host; the Hugging Face token, when its variable is set; the seed of the hosts' own
+vllm_monitoring host; on the monitoring host, each alert receiver's secrets (vllm_alert_receivers:
+url_env, token_env, password_env); the Hugging Face token, when its variable is set; the seed of the hosts' own
 keys in vllm_workstation_dir; with vllm_tls, the host's own certificate, key and CA files, or the
 fleet CA there. `vllm-fleet check` reads them all without writing anything (`create=False`: a seed
 or fleet CA not made yet is made by the first deploy); the deploy reads its host's (`create=True`)
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from vllm_fleet import host_keys, tls
 from vllm_fleet.config import ConfigError, ConfigErrors, HostConfig
+from vllm_fleet.config.alert_receivers import webhook_url_problem
 from vllm_fleet.config.clients import FLEET_KEY_CLIENT
 from vllm_fleet.gateway import key_length_problem
 from vllm_fleet.kinds import secret_problem
@@ -142,13 +144,14 @@ class SecretReader:
                                     f"{base}.key_env", f"{base}.key_file")
                 client_keys.append((client.name, key))
         metrics_token = self._metrics_token(config)
+        alert_secrets = self._alert_secrets(config)
         hf_token = self._hf_token(config)
         own_key = self._host_key(config)
         material = self._tls(config, list(trusted), ssh_hostname)
         if self._count(config.name) > before:
             return None
         return Secrets(api_key=api_key, hf_token=hf_token, client_keys=tuple(client_keys), host_key=own_key,
-                       tls=material, metrics_token=metrics_token)
+                       tls=material, metrics_token=metrics_token, alert_secrets=alert_secrets)
 
     def _role(self, value: str, role: str, source: str, knob: str, config: HostConfig) -> None:
         """`value` is `role`'s: refused when another role has it too."""
@@ -230,6 +233,34 @@ class SecretReader:
             return None
         self._role(token, "the metrics token", f"${env}", "vllm_metrics_token_env", config)
         return token
+
+    def _alert_secrets(self, config: HostConfig) -> tuple[tuple[tuple[str, str], str], ...]:
+        """Each alert receiver's secrets, ((receiver, key), value): required where named, judged as
+        the service that receives them sends them (no whitespace or control character; a url_env a
+        web URL), and no other role's value (a webhook would receive the metrics token or a key)."""
+        out = []
+        for receiver in config.alert_receivers:
+            for key, env in receiver.secret_envs():
+                knob = f"vllm_alert_receivers.{receiver.name}.{key}"
+                role = f"alert receiver {receiver.name}'s {key.removesuffix('_env')}"
+                value = self.environ.get(env)
+                if not value:
+                    self._add(ConfigError(f"no value for {role}: ${env} is not set on this workstation",
+                                          host=config.name, key=knob,
+                                          fix=f"export {env}=<the {key.removesuffix('_env')} the receiver's service "
+                                              "gave you> on this workstation"), config.name)
+                    continue
+                problem = secret_problem(value)
+                if key == "url_env" and not problem:
+                    problem = webhook_url_problem(value, secret=True)
+                if problem:
+                    self._add(ConfigError(f"{role} (${env}) {problem}", host=config.name, key=knob,
+                                          fix=f"export {env}=<the value alone, without whitespace or line breaks"
+                                              + (": an http(s) URL>" if key == "url_env" else ">")), config.name)
+                    continue
+                self._role(value, role, f"${env}", knob, config)
+                out.append(((receiver.name, key), value))
+        return tuple(out)
 
     def _hf_token(self, config: HostConfig) -> str | None:
         """The Hugging Face token, when its variable is set: the hub's to judge, so only as a header

@@ -68,7 +68,9 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
         url = (f"{_scheme(monitor)}://{url_host(monitor.settings.vllm_advertise_address)}:"
                f"{monitor.settings.vllm_metrics_port}{PROMETHEUS_PREFIX}/")
         out["monitoring"] = {"host": monitor.name, "url": url, "token_env": monitor.settings.vllm_metrics_token_env,
-                             "scrapes": [c.name for c in every if c.settings.vllm_metrics is True]}
+                             "scrapes": [c.name for c in every if c.settings.vllm_metrics is True],
+                             # where each receiver's secrets come from, never a secret
+                             "alert_receivers": [r.as_dict() for r in monitor.alert_receivers]}
     clients: dict[ApiClient, list[str]] = {}
     for config in hosts:
         for client in config.api_clients:
@@ -102,7 +104,9 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                  if gateway else "  gateway: none (clients reach each instance at its own URL)")
     monitoring = summary["monitoring"]
     lines.append(f"  monitoring: Prometheus on {monitoring['host']} at {monitoring['url']} (bearer token "
-                 f"${monitoring['token_env']}), scraping {', '.join(monitoring['scrapes']) or 'no host'}"
+                 f"${monitoring['token_env']}), scraping {', '.join(monitoring['scrapes']) or 'no host'}; alerts to "
+                 + (", ".join(f"{r['name']} ({r['kind']})" for r in monitoring["alert_receivers"]) or "no receiver "
+                    "(`vllm-fleet status` lists them)")
                  if monitoring else "  monitoring: none")
     lines.append("  clients:")
     for client in summary["clients"]:

@@ -29,6 +29,7 @@ KEEPALIVED_CONFIG = "/etc/keepalived/keepalived.conf"  # Debian's keepalived.ser
 EXPORTER_UNIT = "vllm-fleet-exporter.service"
 NODE_EXPORTER_UNIT = "vllm-fleet-node-exporter.service"
 PROMETHEUS_UNIT = "vllm-fleet-prometheus.service"
+ALERTMANAGER_UNIT = "vllm-fleet-alertmanager.service"
 # The fleet Prometheus' scrape jobs: one file of targets each (monitoring.targets fills them).
 SCRAPE_JOBS = ("vllm", "vllm-router", "front", "node", "gpu")
 MODEL_ACCESS_MODULE = "vllm_fleet_model_access"
@@ -158,6 +159,8 @@ class HostLayout:
         return {"dir": base, "targets_dir": f"{base}/targets", "config": f"{base}/prometheus.yml",
                 "rules": f"{base}/rules.yml", "token": f"{base}/metrics-token", "trust": f"{base}/trust.pem",
                 "unit": f"{UNIT_DIR}/{PROMETHEUS_UNIT}",
+                "alertmanager_config": f"{base}/alertmanager.yml",
+                "alertmanager_unit": f"{UNIT_DIR}/{ALERTMANAGER_UNIT}",
                 **{f"targets_{job}": f"{base}/targets/{job}.json" for job in SCRAPE_JOBS}}
 
 

@@ -377,10 +377,13 @@ def render_host(host: HostConfig, plan: HostPlan, secrets: Secrets | None = None
         assert targets is not None  # required above
         trust = next((f.content for f in front if f.path == front_paths(host)["tls_trust"]), None)
         prometheus = monitoring_files.prometheus_files(host, targets, secrets.metrics_token if secrets else None,
-                                                       placeholders=secrets is None, trust_pem=trust)
+                                                       placeholders=secrets is None, trust_pem=trust,
+                                                       alert_secrets=dict(secrets.alert_secrets) if secrets else None)
         files.extend(prometheus)
         manifest["monitoring"] = {"unit": monitoring_files.PROMETHEUS_UNIT, "targets": len(targets),
-                                  "jobs": sorted({t.job for t in targets})}
+                                  "jobs": sorted({t.job for t in targets}),
+                                  "alertmanager": {"unit": monitoring_files.ALERTMANAGER_UNIT,
+                                                   "receivers": [r.name for r in host.alert_receivers]}}
     if is_gateway:
         assert backends is not None  # required above
         gateway = gw.gateway_files(host, backends, prefix)

@@ -40,6 +40,9 @@ class Secrets:
     host_key: str | None = None
     tls: Any = None  # tls.HostTls
     metrics_token: str | None = None  # vllm_metrics_token_env: Prometheus' bearer token for /metrics
+    #: The alert receivers' secrets on the monitoring host, ((receiver, key), value): key is url_env,
+    #: token_env or password_env (vllm_alert_receivers); only Alertmanager's config holds them.
+    alert_secrets: tuple[tuple[tuple[str, str], str], ...] = ()
 
     def pairs(self, placeholders: bool) -> list[tuple[str, str]]:
         """(name, value) for an instance's env file. `placeholders`: for `vllm-fleet render`, which

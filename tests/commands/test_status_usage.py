@@ -173,7 +173,15 @@ def test_collect_asks_the_monitoring_hosts_prometheus_when_status_reaches_it(tmp
     # Outside --limit the monitoring host is not reached: each instance's /metrics is summed.
     usage = status.collect("inv.py", ["cpu2"], "")[3]
     assert usage["source"] == "instances" and usage["totals"]["prompt_tokens"] == 156
-    assert status.collect("inv.py", None, None)[3] is None  # without --usage, no usage read
+    # Without --usage no usage is read, and the monitoring host's entry carries the alerts instead.
+    monkeypatch.setattr(status, "fleet_alerts", lambda name, host, config: asked.append((name, "alerts"))
+                        or {"source": f"alertmanager on {name}", "alerts": [], "errors": []})
+    report, _gateways, _ray, usage = status.collect("inv.py", None, None)
+    assert usage is None and asked[-1] == ("cpu1", "alerts")
+    assert [h["name"] for h in report if "alerts" in h] == ["cpu1"]
+    before = len(asked)
+    report = status.collect("inv.py", ["cpu2"], None)[0]  # the monitoring host outside --limit: no alerts asked
+    assert len(asked) == before and not any("alerts" in h for h in report)
 
 
 def test_main_prints_the_usage_table_and_json_and_refuses_a_bad_window(monkeypatch, capsys):
@@ -189,6 +197,30 @@ def test_main_prints_the_usage_table_and_json_and_refuses_a_bad_window(monkeypat
                 ["--usage", "--since", ""]):
         assert status.main(["inv.py", *bad]) == 2
         assert "--since" in capsys.readouterr().err
+
+
+def test_main_lists_the_alerts_apart_from_the_hosts_as_a_table_and_as_json(monkeypatch, capsys):
+    alerts = {"source": "alertmanager on cpu1", "errors": [], "alerts": [
+        {"labels": {"alertname": "VllmFleetInstanceDown", "severity": "critical", "host": "cpu3",
+                    "vllm_instance": "tiny"}, "summary": "vLLM instance tiny [bold]down[/bold]",
+         "starts_at": "2026-12-05T02:59:01.1Z", "state": "firing", "inhibited_by": 0, "silenced_by": 0},
+        {"labels": {"alertname": "VllmFleetTargetDown", "host": "cpu2", "job": "node"}, "summary": "node down",
+         "starts_at": None, "state": "suppressed", "inhibited_by": 1, "silenced_by": 0}]}
+
+    def collected(inventory, limit, since):
+        report = _report()
+        report[0] = dict(report[0], alerts=json.loads(json.dumps(alerts)))
+        return report, [], [], None
+    monkeypatch.setattr(status, "collect", collected)
+    status.main(["inv.py", "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["alerts"] == alerts and not any("alerts" in h for h in printed["hosts"])
+    status.main(["inv.py"])
+    out = capsys.readouterr().out
+    table = out[out.index("alerts (alertmanager on cpu1)"):]
+    assert "VllmFleetInstanceDown" in table and "cpu3" in table and "tiny" in table and "firing" in table
+    assert "[bold]down[/bold]" in table  # an alert's text is shown as it is, never read as markup
+    assert "held back: its host is down" in table
 
 
 def test_the_window_query_counts_a_series_that_began_inside_the_window_whole(tmp_path):

@@ -29,6 +29,8 @@ EXPECTED = {
     ("node_exporter", "unit"): RESTART,
     ("prometheus", "unit"): RESTART, ("prometheus", "config"): RELOAD, ("prometheus", "trust"): RELOAD,
     ("prometheus", "rules"): RELOAD, ("prometheus", "token"): RELOAD, ("prometheus", "targets"): None,
+    # Alertmanager reads its config from systemd's copy made at its start: a new one restarts it.
+    ("alertmanager", "unit"): RESTART, ("alertmanager", "config"): RESTART,
     # keepalived: a new config reloads it (the holder keeps the address); its check is run afresh each time.
     ("keepalived", "config"): RELOAD, ("keepalived", "check"): None,
 }
@@ -124,7 +126,7 @@ HOST_DATA = {"gw": {"vllm_metrics": True, "vllm_monitoring": True, "vllm_api_cli
              "box": {"vllm_metrics": True, "vllm_api_clients": CLIENTS}}
 UNITS = {"instance": "vllm-gw.service", "front": "vllm-fleet-front.service", "gateway": "vllm-fleet-gateway.service",
          "exporter": "vllm-fleet-exporter.service", "node_exporter": "vllm-fleet-node-exporter.service",
-         "prometheus": "vllm-fleet-prometheus.service"}
+         "prometheus": "vllm-fleet-prometheus.service", "alertmanager": "vllm-fleet-alertmanager.service"}
 # Each file of the gateway host by (service, kind) (the last test: every file it renders but the manifest
 # and the other jobs' targets).
 FILES = {
@@ -143,6 +145,8 @@ FILES = {
                    "config": "/etc/vllm-fleet-prometheus/prometheus.yml",
                    "rules": "/etc/vllm-fleet-prometheus/rules.yml", "token": "/etc/vllm-fleet-prometheus/metrics-token",
                    "targets": "/etc/vllm-fleet-prometheus/targets/vllm.json"},
+    "alertmanager": {"unit": "/etc/systemd/system/vllm-fleet-alertmanager.service",
+                     "config": "/etc/vllm-fleet-prometheus/alertmanager.yml"},
 }
 # Services are independent of each other's files: each run changes one file of every service.
 ROUNDS = [{service: kinds[i] for service, kinds in ((s, list(f)) for s, f in FILES.items()) if i < len(kinds)}

@@ -227,8 +227,9 @@ def test_the_exporters_packages_are_needed_with_metrics_and_prometheus_on_the_mo
     assert "prometheus-node-exporter" not in debian(has_instances=True)
     assert debian(has_instances=True, metrics=True)[:2] == ["nginx", "prometheus-node-exporter"]
     assert debian(has_instances=False, metrics=True, monitoring=True) == ["nginx", "prometheus-node-exporter",
-                                                                         "prometheus"]
-    assert {"prometheus-node-exporter", "prometheus"} <= set(host_packages.every_debian_package("3.11"))
+                                                                         "prometheus", "prometheus-alertmanager"]
+    assert {"prometheus-node-exporter", "prometheus", "prometheus-alertmanager"} <= set(
+        host_packages.every_debian_package("3.11"))
 
 
 def test_render_writes_the_targets_for_a_prometheus_of_ones_own(tmp_path):

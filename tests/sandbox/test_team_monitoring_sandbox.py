@@ -5,8 +5,11 @@ off). sbx-mixed (SIMULATED GPUs: a stand-in nvidia-smi, no instance) shows the G
 
 Prometheus' own HTTP API, asked on sbx-cpu1, must list every target up; the metrics every rule and
 the dashboard use must be among those the live vLLM, node exporter, vllm-router and host exporter
-expose; an instance stopped must fire its alert. Off-host, /metrics needs the metrics token. Traffic
-goes only to the sandbox hosts.
+expose; an instance stopped must fire its alert, which the fleet's Alertmanager (beside Prometheus)
+posts to a webhook on sbx-cpu1 itself (a small recorder, a transient unit of the test's), with the
+bearer token from the workstation, and `vllm-fleet status` lists; started again, the alert resolves
+and the webhook hears that too. Off-host, /metrics needs the metrics token. Traffic goes only to
+the sandbox hosts.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from __future__ import annotations
 import json
 import re
 import runpy
+import shlex
 import ssl
 import time
 import urllib.error
@@ -24,13 +28,14 @@ import pytest
 
 from support.fleet_helpers import CPU_HOSTS, REPO, ROLLOUT_END_INSTANCES, pyinfra, variant_inventory, vllm_fleet
 from vllm_fleet.monitoring import metric_names
-from vllm_fleet.host_layout import PROMETHEUS_UNIT
+from vllm_fleet.host_layout import ALERTMANAGER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.monitoring.rules import alert_rules
 
 GPU_HOST, GPU_HOST_ADDRESS, GPUS = "sbx-mixed", "10.213.7.21", 3
 # The team service's clients and keys (test_team_service_sandbox.py), and the metrics token.
 KEYS = {"ALICE_KEY": "sk-alice-7f3a0c5e91", "LIMITED_KEY": "sk-limited-91c2b8d4e6",
-        "OTHER_KEY": "sk-other-44d0a9f3c1", "VLLM_FLEET_METRICS_TOKEN": "mt-prometheus-9b2c7e1f04"}
+        "OTHER_KEY": "sk-other-44d0a9f3c1", "VLLM_FLEET_METRICS_TOKEN": "mt-prometheus-9b2c7e1f04",
+        "SANDBOX_HOOK_TOKEN": "hook-token-3e7a91c5d2"}
 CLIENTS = {"alice": {"key_env": "ALICE_KEY"},
            "limited": {"key_env": "LIMITED_KEY", "requests_per_minute": 6},
            "other": {"key_env": "OTHER_KEY", "models": ["tiny-llama"]}}
@@ -38,6 +43,24 @@ METRICS_PORT = 9410
 PROMETHEUS = f"http://127.0.0.1:{METRICS_PORT + 4}/prometheus/api/v1"  # asked on sbx-cpu1 itself
 MONITORED = {"vllm_tls": True, "vllm_api_clients": CLIENTS, "vllm_metrics": True,
              "vllm_monitoring_scrape_interval_s": 2, "vllm_monitoring_down_for_s": 6}
+# The webhook the alerts reach: a recorder on the monitoring host's loopback (alert_hook, below),
+# with the messages gathered and sent within seconds.
+HOOK_PORT, HOOK_UNIT, HOOK_LOG = 9480, "vllm-fleet-test-alert-hook", "/var/tmp/vllm-fleet-test-alert-hook.jsonl"
+ALERTING = {"vllm_alert_receivers": {"sandbox-hook": {"url": f"http://127.0.0.1:{HOOK_PORT}/alerts",
+                                                      "token_env": "SANDBOX_HOOK_TOKEN"}},
+            "vllm_alert_group_wait_s": 1, "vllm_alert_group_interval_s": 2}
+# The recorder: each POST, its Authorization header and its JSON body, one line each.
+HOOK_SCRIPT = f"""
+import json, http.server
+class Hook(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        with open({HOOK_LOG!r}, "a") as log:
+            log.write(json.dumps({{"authorization": self.headers.get("Authorization"), "body": body}}) + "\\n")
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", {HOOK_PORT}), Hook).serve_forever()
+"""
 
 
 def _inventory(tmp_path) -> str:
@@ -45,7 +68,7 @@ def _inventory(tmp_path) -> str:
     gpu_host = next(h for h in runpy.run_path(str(REPO / "inventory" / "sandbox.py"))["gpu_sim_hosts"]
                     if h[0] == GPU_HOST)
     host_data = {h: dict(MONITORED) for h in CPU_HOSTS}
-    host_data["sbx-cpu1"]["vllm_monitoring"] = True
+    host_data["sbx-cpu1"].update(vllm_monitoring=True, **ALERTING)
     host_data[GPU_HOST] = dict(MONITORED, vllm_instances=[])
     # The instances as the rollout module left them: the monitoring settings restart no vLLM, so
     # neither does this deploy.
@@ -148,7 +171,31 @@ def test_the_metrics_token_is_no_api_key(monitored):
     assert status == 401
 
 
-def test_an_instance_stopped_fires_the_instance_down_alert(monitored, sandbox):
+@pytest.fixture
+def alert_hook(sandbox):
+    """The webhook recorder on sbx-cpu1, as a transient unit (stopped, and its log removed, after)."""
+    sandbox.run("sbx-cpu1", f"systemctl stop {HOOK_UNIT} 2>/dev/null; rm -f {HOOK_LOG}")
+    sandbox.run("sbx-cpu1", f"systemd-run --unit={HOOK_UNIT} --collect /usr/bin/python3 -I -c "
+                            f"{shlex.quote(HOOK_SCRIPT)}", check=True)
+    _wait("the webhook recorder listening", lambda: (sandbox.run(
+        "sbx-cpu1", f"ss -Hltn 'sport = :{HOOK_PORT}'").stdout.strip() != "", None), timeout_s=20)
+    yield
+    sandbox.run("sbx-cpu1", f"systemctl stop {HOOK_UNIT}; rm -f {HOOK_LOG}")
+
+
+def _hook_posts(sandbox) -> list[dict]:
+    out = sandbox.run("sbx-cpu1", f"cat {HOOK_LOG} 2>/dev/null").stdout
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def _instance_down_posts(sandbox, host: str, status: str) -> list[dict]:
+    """The webhook's POSTs of `status` that carry VllmFleetInstanceDown for `host`."""
+    return [post for post in _hook_posts(sandbox) if post["body"]["status"] == status
+            and any(a["labels"].get("alertname") == "VllmFleetInstanceDown" and a["labels"].get("host") == host
+                    for a in post["body"]["alerts"])]
+
+
+def test_an_instance_stopped_fires_the_instance_down_alert(monitored, sandbox, alert_hook):
     host, unit = "sbx-cpu3", "vllm-tiny.service"
     sandbox.run(host, f"systemctl stop {unit}", check=True)
     try:
@@ -158,8 +205,30 @@ def test_an_instance_stopped_fires_the_instance_down_alert(monitored, sandbox):
             return any(a["state"] == "firing" and a["labels"]["host"] == host for a in mine), mine
         alerts = _wait("VllmFleetInstanceDown for sbx-cpu3", firing, timeout_s=60)
         assert {a["labels"]["host"] for a in alerts if a["state"] == "firing"} == {host}
+
+        # Alertmanager's POST reaches the webhook, naming the host and the instance.
+        posts = _wait("the webhook's POST of the firing alert", lambda: (
+            bool(found := _instance_down_posts(sandbox, host, "firing")), found or _hook_posts(sandbox)), timeout_s=60)
+        post = posts[0]
+        assert post["authorization"] == f"Bearer {KEYS['SANDBOX_HOOK_TOKEN']}"
+        assert post["body"]["receiver"] == "sandbox-hook"
+        (alert,) = [a for a in post["body"]["alerts"] if a["labels"]["host"] == host]
+        assert alert["status"] == "firing" and alert["labels"]["vllm_instance"] == "tiny"
+        assert alert["annotations"]["summary"] == "vLLM instance tiny (tiny-llama) on sbx-cpu3 is down"
+
+        # `vllm-fleet status` lists it, from the monitoring host's Alertmanager.
+        done = vllm_fleet(monitored["env"], "status", monitored["inventory"], "--limit", "sbx-cpu1", "--json")
+        listed = json.loads(done.stdout)["alerts"]
+        assert listed["source"] == "alertmanager on sbx-cpu1" and listed["errors"] == [], listed
+        assert any(a["labels"]["alertname"] == "VllmFleetInstanceDown" and a["labels"]["host"] == host
+                   and a["labels"]["vllm_instance"] == "tiny" and a["state"] == "firing" for a in listed["alerts"])
     finally:
         sandbox.run(host, f"systemctl start {unit}", check=True)  # the start job ends once vLLM is healthy
+    resolved = _wait("the webhook's POST of the resolved alert", lambda: (
+        bool(found := _instance_down_posts(sandbox, host, "resolved")), found or _hook_posts(sandbox)), timeout_s=90)
+    (alert,) = [a for a in resolved[0]["body"]["alerts"] if a["labels"]["alertname"] == "VllmFleetInstanceDown"
+                and a["labels"]["host"] == host]
+    assert alert["status"] == "resolved" and alert["labels"]["vllm_instance"] == "tiny"
 
 
 def _post(url: str, ca: str, key: str, body: dict) -> tuple[int, bytes]:
@@ -196,6 +265,13 @@ def test_every_metric_the_rules_and_the_dashboard_use_is_exposed_live(monitored)
 def test_prometheus_runs_as_its_user_and_only_the_front_listens_off_loopback(monitored, sandbox):
     user = sandbox.run("sbx-cpu1", f"systemctl show -p User --value {PROMETHEUS_UNIT}", check=True).stdout.strip()
     assert user == "prometheus"
+    # Alertmanager: a user of its own (not Prometheus', which must not read the receivers' secrets),
+    # and its root-only config reaches no one else.
+    owner = sandbox.run("sbx-cpu1", f"ps -o user= -p $(systemctl show -p MainPID --value {ALERTMANAGER_UNIT})",
+                        check=True).stdout.strip()
+    assert owner not in ("", "root", "prometheus"), owner
+    mode = sandbox.run("sbx-cpu1", "stat -c '%U %a' /etc/vllm-fleet-prometheus/alertmanager.yml", check=True)
+    assert mode.stdout.split() == ["root", "600"]
     for host in ("sbx-cpu1", "sbx-cpu2", GPU_HOST):  # the monitor, a monitored host, one without vLLM
         listening = sandbox.run(host, "ss -Hltnp", check=True).stdout.splitlines()
         programs = {name for line in listening for name in re.findall(r'\(\("([^"]+)"', line)}

@@ -23,6 +23,23 @@ def floating(**changes) -> dict:
                    "vllm_gateway_interface": "eth0", **changes})
 
 
+def alerting(receivers=None, **changes) -> dict:
+    """host() as the monitoring host, with `receivers` as its vllm_alert_receivers."""
+    return host(**{"vllm_metrics": True, "vllm_monitoring": True, "vllm_alert_receivers": receivers or {}, **changes})
+
+
+def hook(url) -> dict:
+    return {"ops": {"url": url}}
+
+
+def mail(**changes) -> dict:
+    return {"oncall": {"to": "oncall@example.org", "from": "alerts@example.org", "smarthost": "mail.example.org:587",
+                       **changes}}
+
+
+R = "vllm_alert_receivers.ops"
+M = "vllm_alert_receivers.oncall"
+
 # (label, host data, key the message must name, instance it must name or None)
 CORPUS = [
     ("unknown instance key", host(vllm_instances=[inst(tensor_parallell_size=2)]), "tensor_parallell_size", "gemma"),
@@ -240,4 +257,67 @@ CORPUS = [
     ("KV-event port on the engine port", host(vllm_kv_events_port_offset=10000), "vllm_kv_events_port_offset", "gemma"),
     ("KV-event port on the gateway port", host(vllm_gateway=True, vllm_gateway_port=28000,
                                                vllm_kv_events_port_offset=20000), "vllm_gateway_port", None),
+    # --- alert receivers: every value ends up in alertmanager.yml, an email's in a mail header
+    ("webhook URL with a line break (YAML and header injection)",
+     alerting(hook("https://hooks.example.org/a\nreceivers: []")), f"{R}.url", None),
+    ("webhook URL with a carriage return", alerting(hook("https://hooks.example.org/a\rX")), f"{R}.url", None),
+    ("webhook URL with a NUL", alerting(hook("https://hooks.example.org/a\x00")), f"{R}.url", None),
+    ("webhook URL of the file scheme", alerting(hook("file:///etc/shadow")), f"{R}.url", None),
+    ("webhook URL of the gopher scheme", alerting(hook("gopher://127.0.0.1:25/xHELO")), f"{R}.url", None),
+    ("webhook URL in capitals of another scheme", alerting(hook("FTP://hooks.example.org/a")), f"{R}.url", None),
+    ("webhook URL with user:password in the inventory", alerting(hook("https://ops:hunter2@hooks.example.org/a")),
+     f"{R}.url", None),
+    ("webhook URL with a token in its query string", alerting(hook("https://hooks.example.org/a?token=abc")),
+     f"{R}.url", None),
+    ("webhook URL with a quote and a YAML flow", alerting(hook("https://hooks.example.org/a\" {x: y}")), f"{R}.url", None),
+    ("webhook URL with a space", alerting(hook("https://hooks.example.org/a b")), f"{R}.url", None),
+    ("webhook URL with a Cyrillic look-alike host", alerting(hook("https://h\u043eoks.example.org/a")), f"{R}.url", None),
+    ("webhook URL with a fullwidth colon", alerting(hook("https\uff1a//hooks.example.org/a")), f"{R}.url", None),
+    ("webhook URL with port 99999", alerting(hook("https://hooks.example.org:99999/a")), f"{R}.url", None),
+    ("webhook URL of 5000 characters", alerting(hook("https://hooks.example.org/" + "a" * 5000)), f"{R}.url", None),
+    ("webhook URL without a host", alerting(hook("https:///alerts")), f"{R}.url", None),
+    ("webhook URL as a number", alerting(hook(8080)), f"{R}.url", None),
+    ("webhook given as url and url_env", alerting({"ops": {"url": "https://h.example.org/a", "url_env": "OPS_URL"}}),
+     R, None),
+    ("webhook url_env in lower case (the secret pasted in)", alerting({"ops": {"url_env": "https://h.example.org/t0k3n"}}),
+     f"{R}.url_env", None),
+    ("webhook token_env with a line break", alerting({"ops": {"url": "https://h.example.org/a", "token_env": "A\nB"}}),
+     f"{R}.token_env", None),
+    ("receiver both webhook and mailbox", alerting({"ops": {"url": "https://h.example.org/a", "to": "a@example.org"}}),
+     R, None),
+    ("receiver of neither kind", alerting({"ops": {}}), R, None),
+    ("receiver key misspelt", alerting({"ops": {"url": "https://h.example.org/a", "tokn_env": "X"}}), f"{R}.tokn_env",
+     None),
+    ("receiver name with a slash", alerting({"../ops": {"url": "https://h.example.org/a"}}), "vllm_alert_receivers", None),
+    ("receiver name vllm-fleet's own, in capitals", alerting({"VLLM-FLEET-NONE": {"url": "https://h.example.org/a"}}),
+     "vllm_alert_receivers.VLLM-FLEET-NONE", None),
+    ("receiver names differing in case", alerting({"ops": {"url": "https://h.example.org/a"},
+                                                   "OPS": {"url": "https://h.example.org/b"}}),
+     "vllm_alert_receivers.OPS", None),
+    ("receivers as a list", alerting(["https://h.example.org/a"]), "vllm_alert_receivers", None),
+    ("40 receivers", alerting({f"r{i}": {"url": "https://h.example.org/a"} for i in range(40)}),
+     "vllm_alert_receivers", None),
+    ("mail to two addresses with a comma (header injection)", alerting(mail(to="a@example.org,b@example.org")),
+     f"{M}.to", None),
+    ("mail to with CR LF and a Bcc header", alerting(mail(to="a@example.org\r\nBcc: x@evil.example")), f"{M}.to", None),
+    ("mail from with a display name", alerting(mail(**{"from": "Alerts <alerts@example.org>"})), f"{M}.from", None),
+    ("mail to with a Cyrillic look-alike", alerting(mail(to="\u043encall@example.org")), f"{M}.to", None),
+    ("mail to without a domain", alerting(mail(to="oncall")), f"{M}.to", None),
+    ("mail without from", alerting({"oncall": {"to": "a@example.org", "smarthost": "m.example.org:25"}}),
+     f"{M}.from", None),
+    ("smarthost without a port", alerting(mail(smarthost="mail.example.org")), f"{M}.smarthost", None),
+    ("smarthost with a space", alerting(mail(smarthost="mail.example.org :587")), f"{M}.smarthost", None),
+    ("smarthost port 0", alerting(mail(smarthost="mail.example.org:0")), f"{M}.smarthost", None),
+    ("smarthost port 70000", alerting(mail(smarthost="mail.example.org:70000")), f"{M}.smarthost", None),
+    ("smarthost with a fullwidth digit", alerting(mail(smarthost="mail.example.org:58\uff17")), f"{M}.smarthost", None),
+    ("smarthost login without its password", alerting(mail(auth_username="alerts")), M, None),
+    ("smarthost login name with a line break", alerting(mail(auth_username="a\nb", password_env="SMTP_PASSWORD")),
+     f"{M}.auth_username", None),
+    ("require_tls as text", alerting(mail(require_tls="no")), f"{M}.require_tls", None),
+    ("alert group wait of a year", alerting(vllm_alert_group_wait_s=31_536_000), "vllm_alert_group_wait_s", None),
+    ("alert group interval of 0", alerting(vllm_alert_group_interval_s=0), "vllm_alert_group_interval_s", None),
+    ("alert repeat interval huge", alerting(vllm_alert_repeat_interval_s=10**30), "vllm_alert_repeat_interval_s", None),
+    ("alert repeat interval as text", alerting(vllm_alert_repeat_interval_s="4h"), "vllm_alert_repeat_interval_s", None),
+    ("metrics port whose Alertmanager port is above 65535", alerting(vllm_metrics_port=65531), "vllm_metrics_port",
+     None),
 ]

@@ -154,6 +154,15 @@ KNOB_VALUES: dict[str, st.SearchStrategy] = {
     "vllm_monitoring_retention_days": st.sampled_from([1, 15, 36500]),
     "vllm_monitoring_retention_gib": st.sampled_from([0.01, 10.0, 1e6, INT64_GIB_MAX]),
     "vllm_monitoring_down_for_s": st.sampled_from([0, 1, 120, 86400]),
+    # Receivers without a secret (the corpus sets no variable of its own): each kind, at its edges.
+    "vllm_alert_receivers": st.sampled_from([
+        {}, {"h": {"url": "http://[fd00::1]:65535/" + "a" * 1900}},
+        {"ops-hook": {"url": "https://hooks.example.org/x/y_z~1%20;a=b,c"},
+         "oncall": {"to": "on.call+x@mail.example.org", "from": "a@b.example", "smarthost": "[2001:db8::25]:25",
+                    "require_tls": False}}]),
+    "vllm_alert_group_wait_s": st.sampled_from([0, 30, 3600]),
+    "vllm_alert_group_interval_s": st.sampled_from([1, 300, 86400]),
+    "vllm_alert_repeat_interval_s": st.sampled_from([60, 14400, 2592000]),
     "vllm_ray_object_store_gib": st.sampled_from([75 / 1024, 2.0, INT64_GIB_MAX]),
     "vllm_gpu_memory_utilization": st.sampled_from([1e-9, 0.5, 1.0, 1]),
     "vllm_min_kv_sequences": st.sampled_from([1, 4]),
@@ -308,7 +317,7 @@ def hosts_data(draw, name: str, roles: set[str], served: list[str], clients: dic
         taken |= {data["vllm_gateway_port"] + d for d in (0, offset, offset + 1)}
     if "metrics" in roles or "monitoring" in roles:
         data["vllm_metrics"] = True
-        data["vllm_metrics_port"] = draw(free_port([1024, 9410, 40000, 65531], taken, range(5)))
+        data["vllm_metrics_port"] = draw(free_port([1024, 9410, 40000, 65530], taken, range(6)))
     if "monitoring" in roles:
         data["vllm_monitoring"] = True
     if clients:
@@ -364,7 +373,7 @@ def bound_fleets() -> list[Case]:
                "vllm_monitoring_scrape_interval_s": 3600, "vllm_monitoring_retention_days": 36500,
                "vllm_monitoring_retention_gib": largest_accepted("vllm_monitoring_retention_gib"),
                "vllm_monitoring_down_for_s": 86400, "vllm_shutdown_timeout_s": 3600,
-               "vllm_gateway_port": 35529, "vllm_metrics_port": 65531, "vllm_backend_port_offset": 30000,  # port 35520
+               "vllm_gateway_port": 35529, "vllm_metrics_port": 65530, "vllm_backend_port_offset": 30000,  # port 35520
                "vllm_service_user": "a" * 31, "vllm_bind_host": "2001:db8::ff"}
     out = []
     for label, knobs in (("the smallest", smallest), ("the largest", largest)):

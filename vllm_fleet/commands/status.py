@@ -223,6 +223,18 @@ def prometheus_usage(name: str, host, config, since: str) -> dict[str, Any]:
     return summed_usage([probe], source=f"prometheus on {name}", since=since, errors=probe.get("errors"))
 
 
+def fleet_alerts(name: str, host, config) -> dict[str, Any]:
+    """The alerts the fleet's Alertmanager holds, asked on its own host (loopback, over SSH): each
+    firing one, and each held back (by a host down, or a silence), with its labels."""
+    payload = {"port": monitoring_ports(config.settings)["alertmanager"]}
+    _ok, out, err = remote.run(host, host_probe_command("alerts", payload), timeout=60)
+    probe = parse_host_probe(out)
+    if probe is None:
+        return {"source": f"alertmanager on {name}", "alerts": [],
+                "errors": [f"{name}: the alerts query failed: {err.strip()[-300:]}"]}
+    return {"source": f"alertmanager on {name}", **probe}
+
+
 def monitoring_host(fleet: Fleet, configs: dict[str, Any]) -> str | None:
     """The host that runs the fleet's Prometheus, if status reaches it (it is within --limit)."""
     return next((name for name, config in configs.items()
@@ -245,12 +257,17 @@ def collect(inventory: str, limit: list[str] | None, usage_since: str | None = N
         gateways = [gateway_status(name, active[name], configs[name]) for name in fleet.matched
                     if configs[name].settings.vllm_gateway is True]
         usage = None
+        monitor = monitoring_host(fleet, configs)
+        reached = monitor is not None and active.get(monitor) is not None
         if usage_since is not None:
-            monitor = monitoring_host(fleet, configs)
-            if monitor is not None and active.get(monitor) is not None:
+            if reached:
                 usage = prometheus_usage(monitor, active[monitor], configs[monitor], usage_since or "24h")
             else:
                 usage = instances_usage(report)
+        elif reached:
+            # On the monitoring host's own entry; main() shows them apart from the hosts.
+            entry = next(h for h in report if h.get("name") == monitor)
+            entry["alerts"] = fleet_alerts(monitor, active[monitor], configs[monitor])
     # Beside the hosts, one row per Ray node (a host that is unreachable, or whose plan failed, says so
     # in its own entry and has none).
     ray = [h.pop("ray") for h in report if "ray" in h]
@@ -461,6 +478,38 @@ def print_usage(usage: dict[str, Any]) -> None:
         console.print(f"not counted: {error}", highlight=False, markup=False)
 
 
+def print_alerts(alerts: dict[str, Any] | None) -> None:
+    """The alerts table: a row per alert the fleet's Alertmanager holds (none: a line saying so)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    if alerts is None:
+        return  # no monitoring host within --limit
+    console = Console(width=170)
+    for error in alerts["errors"]:
+        console.print(f"alerts not read: {error}", highlight=False, markup=False)
+    if not alerts["alerts"]:
+        if not alerts["errors"]:
+            console.print(f"no alert firing ({alerts['source']})", highlight=False, markup=False)
+        return
+    table = Table(title=f"alerts ({alerts['source']})")
+    for column in ("alert", "severity", "host", "instance", "state", "since", "summary"):
+        table.add_column(column)
+    for alert in alerts["alerts"]:
+        labels = alert["labels"]
+        state = alert["state"]
+        if alert["inhibited_by"]:
+            state += " (held back: its host is down)"
+        elif alert["silenced_by"]:
+            state += " (silenced)"
+        table.add_row(*(Text(value) for value in (
+            labels.get("alertname", ""), labels.get("severity", ""), labels.get("host", ""),
+            labels.get("vllm_instance") or labels.get("name") or labels.get("job", ""), state,
+            str(alert.get("starts_at") or "")[:19], alert["summary"])))
+    console.print(table)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="vllm-fleet status", formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -470,7 +519,8 @@ discovery and one probe per host. Per instance: its unit's state and uptime, the
 the served models, /health, requests and KV cache use from its /metrics; per host: the GPUs
 and the front; for a failed or restarting unit, systemd's result, its restart count and the
 journal's last lines. Drift: a managed file on the host that differs from what the plan
-would render now. Then the gateway's backends and the Ray cluster of a multi-node instance.
+would render now. Then the gateway's backends, the Ray cluster of a multi-node instance, and
+the alerts the fleet's Alertmanager holds (when the monitoring host is within --limit).
 Exit status: 0 all healthy, 1 a host unreachable or an instance, front, gateway or Ray node
 unhealthy, 2 invalid input.""",
         epilog="""\
@@ -483,7 +533,8 @@ examples:
       each client's prompt, cached and completion tokens by model over the last 7 days""")
     parser.add_argument("inventory", help="the pyinfra inventory file, e.g. inventory/prod.py")
     parser.add_argument("--json", action="store_true",
-                        help="print {\"hosts\": ..., \"gateways\": ..., \"ray\": ...} as JSON instead of tables")
+                        help="print {\"hosts\": ..., \"gateways\": ..., \"ray\": ..., \"alerts\": ...} as JSON "
+                             "instead of tables")
     parser.add_argument("--limit", action="append", metavar="NAMES",
                         help="only these hosts or groups (comma-separated; repeatable)")
     parser.add_argument("--usage", action="store_true",
@@ -513,13 +564,17 @@ examples:
     elif usage is not None:
         print_usage(usage)
     elif args.json:
-        json.dump({"hosts": report, "gateways": gateways, "floating": floating, "ray": ray}, sys.stdout, indent=2)
+        alerts = next((h.pop("alerts") for h in report if "alerts" in h), None)
+        json.dump({"hosts": report, "gateways": gateways, "floating": floating, "ray": ray, "alerts": alerts},
+                  sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
+        alerts = next((h.pop("alerts") for h in report if "alerts" in h), None)
         print_table(report)
         print_gateways(gateways)
         print_floating(floating, gateways)
         print_ray(ray)
+        print_alerts(alerts)
     unhealthy = any(h.get("error") or any(not i.get("health") for i in h["instances"].values())
                     or (h.get("front") is not None and not h["front"].get("active"))
                     for h in report) or any(g.get("error") or not g.get("active") for g in gateways)

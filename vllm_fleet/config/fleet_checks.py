@@ -351,7 +351,8 @@ def secret_sources(host: HostConfig) -> list[tuple[str, str, str]]:
     """Where the workstation reads each of this host's secrets: (role, source, knob), the source
     "$NAME" (an environment variable) or "file PATH". Roles: each client's key (or the fleet key
     without clients), the metrics token (vllm_metrics or vllm_monitoring), the Hugging Face token
-    (read when set), and the key of the host's own TLS certificate."""
+    (read when set), the alert receivers' secrets (the monitoring host), and the key of the host's
+    own TLS certificate."""
     settings, out = host.settings, []
     clients = host.api_clients
     if len(clients) == 1 and clients[0].name == FLEET_KEY_CLIENT:
@@ -371,6 +372,10 @@ def secret_sources(host: HostConfig) -> list[tuple[str, str, str]]:
     if settings.vllm_metrics is True or settings.vllm_monitoring is True:
         out.append(("the metrics token", f"${settings.vllm_metrics_token_env}", "vllm_metrics_token_env"))
     out.append(("the Hugging Face token", f"${settings.vllm_hf_token_env}", "vllm_hf_token_env"))
+    for receiver in host.alert_receivers:  # the monitoring host's alone (parse_host)
+        for key, env in receiver.secret_envs():
+            out.append((f"alert receiver {receiver.name}'s {key.removesuffix('_env')}", f"${env}",
+                        f"vllm_alert_receivers.{receiver.name}.{key}"))
     if settings.vllm_tls is True and settings.vllm_tls_key_file:
         out.append(("the TLS private key", f"file {_normal_path(settings.vllm_tls_key_file)}", "vllm_tls_key_file"))
     return out

@@ -1,5 +1,5 @@
 """One host's data -> HostConfig (parse_host): its knobs (Settings), GPUs, instances (each key by its
-declaration, config/instance.py) and clients, then the rules between them (config/host_checks.py)."""
+declaration, config/instance.py), clients and alert receivers, then the rules between them (config/host_checks.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from vllm_fleet import kinds
+from vllm_fleet.config.alert_receivers import AlertReceiver, parse_alert_receivers
 from vllm_fleet.config.clients import ApiClient, parse_api_clients
 from vllm_fleet.config.errors import Checker, ConfigErrors
 from vllm_fleet.config.gpus import GpuSpec, parse_gpus
@@ -37,6 +38,8 @@ class HostConfig:
     #: pyinfra's ssh_hostname, the address the deploy connects to (None: the inventory name): an
     #: address the host already has, which no floating address may take.
     ssh_hostname: str | None = None
+    #: Who the fleet's alerts reach (vllm_alert_receivers), read on the monitoring host only.
+    alert_receivers: tuple[AlertReceiver, ...] = ()
 
     @property
     def advertise_address(self) -> str:
@@ -73,6 +76,9 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
             instances.append(parsed)
     api_clients = parse_api_clients(check, settings.vllm_api_clients, settings.vllm_api_key_env,
                                     settings.vllm_api_key_file)
+    # Only the monitoring host's receivers reach a host: others' (shared group data) are not judged.
+    alert_receivers = (parse_alert_receivers(check, settings.vllm_alert_receivers)
+                       if settings.vllm_monitoring is True else ())
     check_host(check, settings, instances, data)
     if check.errors:
         raise ConfigErrors(check.errors)
@@ -82,7 +88,7 @@ def parse_host(name: str, data: dict[str, Any]) -> HostConfig:
     return HostConfig(name=name, instances=tuple(instances), gpus=gpus,
                       placement=settings.placement, settings=settings, member_of=tuple(member_of),
                       ssh_port=ssh_port if isinstance(ssh_port, int) and not isinstance(ssh_port, bool) else 22,
-                      api_clients=api_clients,
+                      api_clients=api_clients, alert_receivers=alert_receivers,
                       ssh_hostname=ssh_hostname if isinstance(ssh_hostname, str) else None)
 
 

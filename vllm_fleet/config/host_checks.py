@@ -333,7 +333,8 @@ def _check_monitoring_ports(check: Checker, settings: Settings, instances: list[
             "exporter": f"the host exporter's port {ports['exporter']} (vllm_metrics_port + 1)",
             "stub_status": f"the front's status port {ports['stub_status']} (vllm_metrics_port + 2)",
             "node_exporter": f"the node exporter's port {ports['node_exporter']} (vllm_metrics_port + 3)",
-            "prometheus": f"Prometheus' port {ports.get('prometheus')} (vllm_metrics_port + 4)"}
+            "prometheus": f"Prometheus' port {ports.get('prometheus')} (vllm_metrics_port + 4)",
+            "alertmanager": f"Alertmanager's port {ports.get('alertmanager')} (vllm_metrics_port + 5)"}
     for kind, number in ports.items():
         if number > 65535 or number in taken:
             why = "above 65535" if number > 65535 else taken[number]

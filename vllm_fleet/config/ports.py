@@ -53,6 +53,7 @@ def monitoring_ports(settings: Settings) -> dict[str, int]:
     ports = {"metrics": port, "exporter": port + 1, "stub_status": port + 2, "node_exporter": port + 3}
     if settings.vllm_monitoring is True:
         ports["prometheus"] = port + 4
+        ports["alertmanager"] = port + 5
     return ports
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from vllm_fleet import gateway
 from vllm_fleet.operations.managed import managed_file, secret_file, systemd_service
 from vllm_fleet.monitoring.files import metrics_paths, monitoring_paths
-from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
+from vllm_fleet.host_layout import ALERTMANAGER_UNIT, EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.monitoring.targets import JOBS
 from vllm_fleet.render import RenderedFile, front_paths, instance_paths, manifest_path, ray_paths
 from vllm_fleet.host_layout import FRONT_UNIT, RAY_UNIT, host_layout
@@ -31,7 +31,7 @@ def _put_secret(rendered: RenderedFile, what: str, config):
 
 def monitoring_files(deployment: Deployment) -> None:
     """A vllm_metrics host's exporters; on the monitoring host, Prometheus' unit, config, rules, token
-    and every job's targets."""
+    and every job's targets, and its Alertmanager's config and unit."""
     config, files, changes = deployment.config, deployment.files, deployment.changes
     paths = metrics_paths(config)
     if paths["exporter_unit"] not in files:
@@ -64,6 +64,16 @@ def monitoring_files(deployment: Deployment) -> None:
                             files[prometheus[f"targets_{job}"]]))
     changes.notify(unit, "prometheus", "unit",
                    _put(f"Prometheus unit: {files[prometheus['unit']].path}", files[prometheus["unit"]]))
+    # Alertmanager's config holds the receivers' secrets: root's alone, never shown (systemd hands
+    # the unit its copy).
+    config_file = files[prometheus["alertmanager_config"]]
+    changes.notify(ALERTMANAGER_UNIT, "alertmanager", "config",
+                   secret_file(name=f"Alertmanager config: {config_file.path} (secret)", dest=config_file.path,
+                               content=config_file.content, upload_dir=upload_dir(config), mode=config_file.mode)
+                   if config_file.secret else _put(f"Alertmanager config: {config_file.path}", config_file))
+    changes.notify(ALERTMANAGER_UNIT, "alertmanager", "unit",
+                   _put(f"Alertmanager unit: {files[prometheus['alertmanager_unit']].path}",
+                        files[prometheus["alertmanager_unit"]]))
 
 
 def service_files(deployment: Deployment) -> None:

@@ -50,6 +50,10 @@ HANDLERS: dict[str, dict[str, str]] = {
     # lost), and each job's target list on its own (file_sd).
     "prometheus": {"unit": RESTART, "config": RELOAD, "trust": RELOAD, "rules": RELOAD, "token": RELOAD,
                    "targets": NOTHING},
+    # Alertmanager reads its config from the copy systemd makes as the unit starts (LoadCredential):
+    # a SIGHUP would reread the old copy, so a changed config restarts it (Prometheus resends every
+    # alert still firing; silences and the notification log stay in its state directory).
+    "alertmanager": {"unit": RESTART, "config": RESTART},
 }
 
 

@@ -1,6 +1,6 @@
 """Step 8: daemon-reload only if a unit changed; a multi-node instance's Ray nodes (ray.py); restart
-only the instances whose files, environment or model changed; then the front; then the exporters and
-Prometheus (vllm_metrics, vllm_monitoring)."""
+only the instances whose files, environment or model changed; then the front; then the exporters,
+Alertmanager and Prometheus (vllm_metrics, vllm_monitoring)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from vllm_fleet.facts import batch as facts
 from vllm_fleet.facts import ray_cluster
 from vllm_fleet.facts.state import NewestMtime, UnitState
 from vllm_fleet.operations.managed import systemd_service
-from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
+from vllm_fleet.host_layout import ALERTMANAGER_UNIT, EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT
 from vllm_fleet.host_layout import FRONT_UNIT
 
 from . import ray
@@ -115,8 +115,8 @@ def services(deployment: Deployment) -> None:
 
 
 def _monitoring_services(deployment: Deployment) -> None:
-    """The exporters of a vllm_metrics host, then Prometheus on the monitoring host, each restarted,
-    reloaded or kept running as handlers.HANDLERS says of what changed."""
+    """The exporters of a vllm_metrics host, then Alertmanager and Prometheus on the monitoring host,
+    each restarted, reloaded or kept running as handlers.HANDLERS says of what changed."""
     changes = deployment.changes
     if not changes.has(EXPORTER_UNIT):
         return
@@ -124,5 +124,8 @@ def _monitoring_services(deployment: Deployment) -> None:
         run_handlers(unit, changes.restarts(unit), changes.reloads(unit), restarted_why="its unit or script changed")
     if not changes.has(PROMETHEUS_UNIT):
         return
+    # Alertmanager first: the alerts Prometheus sends after its own restart find it listening.
+    run_handlers(ALERTMANAGER_UNIT, changes.restarts(ALERTMANAGER_UNIT), changes.reloads(ALERTMANAGER_UNIT),
+                 restarted_why="its unit or config changed")
     run_handlers(PROMETHEUS_UNIT, changes.restarts(PROMETHEUS_UNIT), changes.reloads(PROMETHEUS_UNIT),
                  restarted_why="its unit changed", reloaded_why="its config, rules or token changed")

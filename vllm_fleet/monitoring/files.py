@@ -10,6 +10,9 @@ On every vllm_metrics host (host_metrics_files):
 On the monitoring host (vllm_monitoring; prometheus_files):
 
     /etc/systemd/system/vllm-fleet-prometheus.service   Debian's prometheus, as its user, on 127.0.0.1
+    /etc/systemd/system/vllm-fleet-alertmanager.service Debian's prometheus-alertmanager, a user of its own
+    <vllm_config_dir>-prometheus/alertmanager.yml       its routes and receivers (secret; root 0600:
+                                                        systemd hands it to the unit, alerting.py)
     <vllm_config_dir>-prometheus/prometheus.yml         the scrape jobs (targets.prometheus_config)
     <vllm_config_dir>-prometheus/rules.yml              the alert rules (rules.alert_rules)
     <vllm_config_dir>-prometheus/targets/<job>.json     every job's targets (targets.file_sd)
@@ -19,7 +22,8 @@ On the monitoring host (vllm_monitoring; prometheus_files):
 A directory of its own, root:prometheus: vllm_config_dir is the service user's group's only (0750).
 
 What changes what: the exporter's or a unit's text restarts its unit; prometheus.yml or the rules
-reload Prometheus (SIGHUP); a target list changes nothing else (Prometheus rereads it).
+reload Prometheus (SIGHUP); a target list changes nothing else (Prometheus rereads it);
+alertmanager.yml or its unit restart Alertmanager (its config is a copy systemd makes at the start).
 """
 
 from __future__ import annotations
@@ -29,18 +33,20 @@ from functools import partial
 
 from vllm_fleet import payloads
 from vllm_fleet.config import HostConfig, monitoring_ports
-from vllm_fleet.host_layout import EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT, host_layout
+from vllm_fleet.host_layout import (ALERTMANAGER_UNIT, EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT,
+                                    host_layout)
 from vllm_fleet.plan import HostPlan
 from vllm_fleet.templating import RenderedFile, front_paths, jinja_environment
 
-from . import rules
+from . import alerting, rules
 from .targets import JOBS, PROMETHEUS_PREFIX, ScrapeTarget, file_sd, prometheus_config
 
-MONITORING_UNITS = (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT)
-#: Debian's own units of the two packages, by the need that installs them: they listen on every
+MONITORING_UNITS = (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT, ALERTMANAGER_UNIT)
+#: Debian's own units of these packages, by the need that installs them: they listen on every
 #: interface without a token, so a deploy that installs a package masks its unit first (the
 #: package's postinst would start it). One the host had before is left alone.
-STOCK_UNITS = {"node_exporter": "prometheus-node-exporter.service", "prometheus": "prometheus.service"}
+STOCK_UNITS = {"node_exporter": "prometheus-node-exporter.service", "prometheus": "prometheus.service",
+               "alertmanager": "prometheus-alertmanager.service"}
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -71,7 +77,8 @@ def monitoring_unit_files(config: HostConfig) -> dict[str, list[str]]:
     return {EXPORTER_UNIT: [metrics["exporter"], metrics["exporter_unit"]],
             NODE_EXPORTER_UNIT: [metrics["node_exporter_unit"]],
             PROMETHEUS_UNIT: [prometheus["config"], prometheus["rules"], prometheus["token"], prometheus["trust"],
-                              *[prometheus[f"targets_{job}"] for job in JOBS], prometheus["unit"]]}
+                              *[prometheus[f"targets_{job}"] for job in JOBS], prometheus["unit"]],
+            ALERTMANAGER_UNIT: [prometheus["alertmanager_config"], prometheus["alertmanager_unit"]]}
 
 
 def exporter_command(config: HostConfig, env_prefix: str | None) -> str:
@@ -107,10 +114,12 @@ def host_metrics_files(config: HostConfig, plan: HostPlan, env_prefix: str | Non
 
 
 def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_token: str | None,
-                     placeholders: bool, trust_pem: str | None = None) -> list[RenderedFile]:
+                     placeholders: bool, trust_pem: str | None = None,
+                     alert_secrets: alerting.AlertSecrets | None = None) -> list[RenderedFile]:
     """The monitoring host's Prometheus: unit, config, rules, every job's targets and the token file
-    (a placeholder when `placeholders`: vllm-fleet render knows no secret). `trust_pem`: the CAs the
-    host trusts (its front's trust.pem, vllm_tls), with which Prometheus checks the fronts' HTTPS."""
+    (a placeholder when `placeholders`: vllm-fleet render knows no secret); its Alertmanager's config
+    and unit. `trust_pem`: the CAs the host trusts (its front's trust.pem, vllm_tls), with which
+    Prometheus checks the fronts' HTTPS; `alert_secrets`: the receivers' secrets (alerting.py)."""
     settings, paths = config.settings, monitoring_paths(config)
     https = any(t.scheme == "https" for t in targets)
     ca_file = paths["trust"] if https else None
@@ -120,7 +129,8 @@ def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_to
         state_dir_name=PROMETHEUS_STATE, retention_days=settings.vllm_monitoring_retention_days,
         retention_mib=math.ceil(settings.vllm_monitoring_retention_gib * 1024))
     config_text = prometheus_config(config, targets_dir=paths["targets_dir"], rules_file=paths["rules"],
-                                    token_file=paths["token"], ca_file=ca_file)
+                                    token_file=paths["token"], ca_file=ca_file,
+                                    alertmanager=alerting.alertmanager_url(config))
     rules_text = rules.alert_rules(settings.vllm_monitoring_down_for_s, tls=ca_file is not None)
     token = TOKEN_PLACEHOLDER if placeholders or not metrics_token else metrics_token + "\n"
     group_file = partial(RenderedFile, group=PROMETHEUS_USER, mode="0640")
@@ -130,4 +140,8 @@ def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_to
             group_file(paths["config"], config_text),
             group_file(paths["rules"], rules_text),
             *[group_file(paths[f"targets_{job}"], file_sd(targets, job)) for job in JOBS],
-            group_file(paths["token"], token, secret=not placeholders)]
+            group_file(paths["token"], token, secret=not placeholders),
+            RenderedFile(paths["alertmanager_config"],
+                         alerting.alertmanager_config(config, None if placeholders else alert_secrets or {}),
+                         mode="0600", secret=not placeholders),
+            RenderedFile(paths["alertmanager_unit"], alerting.alertmanager_unit(config, paths["alertmanager_config"]))]

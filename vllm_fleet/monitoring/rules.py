@@ -14,6 +14,7 @@ TEMPLATE = "prometheus-rules.yml.j2"
 #: Every alert the template can hold, in its order. VllmFleetCertificateExpiring only with TLS.
 RULE_NAMES = (
     "VllmFleetInstanceDown",
+    "VllmFleetHostDown",
     "VllmFleetTargetDown",
     "VllmFleetUnitFailed",
     "VllmFleetUnitRestartLoop",

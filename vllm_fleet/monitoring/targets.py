@@ -112,8 +112,9 @@ def scrape_jobs(*, targets_dir: str, token_file: str, ca_file: str | None, inter
 
 
 def prometheus_config(monitor: HostConfig, *, targets_dir: str, rules_file: str, token_file: str,
-                      ca_file: str | None) -> str:
-    """prometheus.yml of the monitoring host: Prometheus itself, then scrape_jobs."""
+                      ca_file: str | None, alertmanager: str | None = None) -> str:
+    """prometheus.yml of the monitoring host: Prometheus itself, then scrape_jobs; its alerts go to
+    `alertmanager` (host:port on the loopback; None: nowhere)."""
     settings = monitor.settings
     interval = f"{settings.vllm_monitoring_scrape_interval_s}s"
     own = monitoring_ports(settings)["prometheus"]
@@ -123,6 +124,8 @@ def prometheus_config(monitor: HostConfig, *, targets_dir: str, rules_file: str,
                         interval_s=settings.vllm_monitoring_scrape_interval_s)
     config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
               "rule_files": [rules_file], "scrape_configs": jobs}
+    if alertmanager:
+        config["alerting"] = {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]}
     header = (f"# Managed by vllm-fleet: the fleet's Prometheus on {monitor.name}. Targets: {targets_dir}/<job>.json\n"
               "# (rewritten by each deploy; Prometheus rereads them by itself).\n")
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False)

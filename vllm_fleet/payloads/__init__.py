@@ -40,7 +40,7 @@ PACKAGE = __name__
 
 PROBE = (f"{PACKAGE}.probe", f"{PACKAGE}.probe.host", f"{PACKAGE}.probe.journal", f"{PACKAGE}.probe.instances",
          f"{PACKAGE}.probe.gateway", f"{PACKAGE}.probe.usage", f"{PACKAGE}.probe.prometheus",
-         f"{PACKAGE}.probe.status", f"{PACKAGE}.probe.main")
+         f"{PACKAGE}.probe.alerts", f"{PACKAGE}.probe.status", f"{PACKAGE}.probe.main")
 EXPORTER = (f"{PACKAGE}.exporter", f"{PACKAGE}.exporter.exposition", f"{PACKAGE}.nvidia", f"{PACKAGE}.exporter.gpus",
             f"{PACKAGE}.exporter.nvml", f"{PACKAGE}.exporter.nvidia_smi", f"{PACKAGE}.exporter.front",
             f"{PACKAGE}.exporter.server")

@@ -65,6 +65,8 @@ NODE_EXPORTER = Need("node_exporter", "Prometheus' node exporter", "the host's m
                      "prometheus-node-exporter", "golang-github-prometheus-node-exporter")
 PROMETHEUS = Need("prometheus", "Prometheus", "the fleet's monitoring (vllm_monitoring)", "prometheus",
                   "golang-github-prometheus")
+ALERTMANAGER = Need("alertmanager", "Alertmanager", "the fleet's alerts to its receivers (vllm_monitoring)",
+                    "prometheus-alertmanager", "golang-github-prometheus-alertmanager")
 KEEPALIVED = Need("keepalived", "keepalived", "the gateways' floating address (vllm_gateway_address)", "keepalived",
                   "keepalived")
 
@@ -74,8 +76,8 @@ def needs(target: str, python_version: str, env_manager: str, *, eager_only: boo
           floating: bool = False) -> list[Need]:
     """What a host of this target needs, in install order: without instances, nginx only for the
     fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics,
-    Prometheus for vllm_monitoring, keepalived on a gateway behind a floating address (`floating`)."""
-    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS] * monitoring + [KEEPALIVED] * floating
+    Prometheus and Alertmanager for vllm_monitoring, keepalived on a gateway behind a floating address (`floating`)."""
+    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS, ALERTMANAGER] * monitoring + [KEEPALIVED] * floating
     if not has_instances:
         return ([NGINX] if gateway or metrics else []) + watched
     out = [NGINX, *watched]
@@ -120,6 +122,7 @@ def probe_command(python_version: str) -> str:
         "nginx": "test -x /usr/sbin/nginx",
         "node_exporter": "test -x /usr/bin/prometheus-node-exporter",
         "prometheus": "test -x /usr/bin/prometheus && test -x /usr/bin/promtool",
+        "alertmanager": "test -x /usr/bin/prometheus-alertmanager && test -x /usr/bin/amtool",
         "keepalived": "test -x /usr/sbin/keepalived",
     }
     # Braces: the redirection silences every command of a check (`command -v gcc` prints the path).

@@ -10,10 +10,12 @@ root-only env file, so it never travels on a command line. Prints one line
     status [units]    read-only: unit state and uptime, /health, /version, served models, /metrics,
                       sha256 of the managed files, and the GPUs; each instance's tokens by client
     usage             on the monitoring host: tokens by client over a window, from its Prometheus
+    alerts            on the monitoring host: the alerts its Alertmanager holds (firing, or held back)
     gateway, gateway-status, gateway-workers, wait-idle, verify-with-gateway
                       the fleet gateway's checks, its state, its backends taken out and put back,
                       and the wait for a drained backend's last requests
 
 The modules: `host` (requests to the instances, systemd's properties, the env file's key),
-`journal` (how a unit ended and why it fails), `instances` (verify), `gateway`, `status`, `main`.
+`journal` (how a unit ended and why it fails), `instances` (verify), `gateway`, `status`, `usage`,
+`alerts`, `main`.
 """

@@ -3,6 +3,7 @@
 import json
 import sys
 
+from vllm_fleet.payloads.probe.alerts import firing_alerts
 from vllm_fleet.payloads.probe.gateway import check_gateway, gateway_status, gateway_workers, wait_idle
 from vllm_fleet.payloads.probe.host import RESULT_PREFIX
 from vllm_fleet.payloads.probe.instances import verify
@@ -27,7 +28,7 @@ def main(argv):
     modes = {"verify": verify, "status": status, "gateway": check_gateway, "gateway-status": gateway_status,
              "gateway-workers": gateway_workers, "wait-idle": wait_idle,
              "verify-with-gateway": verify_with_gateway, "usage": prometheus_usage,
-             "prometheus-query": instant_queries}
+             "prometheus-query": instant_queries, "alerts": firing_alerts}
     if mode not in modes:
         sys.exit(f"host_probe: unknown mode {mode!r} (known: {', '.join(modes)})")
     result = modes[mode](payload)
