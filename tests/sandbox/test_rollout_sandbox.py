@@ -1,10 +1,13 @@
 """Rolling updates and fleet status on the sandbox, with the genuine vLLM on the CPU hosts: one
-rollout under client load through the gateway, and `vllm-fleet status` of what it left. (The
-rollout's failure, rollback, interruption and unreachable-host mechanics, against the stand-in
-engine, are in test_rollout_standin.py.)
+rollout under client load through two gateways behind a floating address, and `vllm-fleet status`
+of what it left. (The rollout's failure, rollback, interruption and unreachable-host mechanics,
+against the stand-in engine, are in test_rollout_standin.py.)
 
-Runs after test_deploy_sandbox.py in the same sandbox session; the rollout re-converges every
-CPU host whatever that module left.
+The fleet: sbx-cpu1 and sbx-cpu2 are both gateways, keepalived (from the sandbox's package mirror)
+moving FLOATING between them on the sandbox's bridge; the clients' traffic goes to FLOATING. Runs
+after test_deploy_sandbox.py in the same sandbox session; the fixture first deploys the two gateways
+(the inventory's instances, whatever earlier modules left), then rolls the change out under load.
+When the module ends keepalived is stopped on both (nothing else of the sandbox uses the address).
 """
 
 from __future__ import annotations
@@ -18,25 +21,47 @@ import urllib.request
 
 import pytest
 
-from support.fleet_helpers import (API_KEY, KEY_MARK, CPU_HOSTS, ROLLOUT_END_INSTANCES, chat, rollout,
+from support.fleet_helpers import (API_KEY, KEY_MARK, CPU_HOSTS, ROLLOUT_END_INSTANCES, chat, pyinfra, rollout,
                                    variant_inventory, vllm_fleet)
+
+# The gateways' floating address: free in the sandbox's /24 (the bridge holds .1, the hosts .11-.22).
+FLOATING = "10.213.7.100"
+GATEWAYS = ("sbx-cpu1", "sbx-cpu2")
+FLOATING_DATA = {"vllm_gateway": True, "vllm_gateway_address": f"{FLOATING}/24", "vllm_gateway_interface": "eth0"}
 
 
 @pytest.fixture(scope="module")
-def rolled(sandbox, deploy_env, tmp_path_factory):
-    """A config change of sbx-cpu2 and sbx-cpu3, rolled over the 3 CPU hosts (all serving
-    "tiny-llama") one at a time while clients send requests for it through the fleet gateway
-    (sbx-cpu1): (rollout result, hosts, order, client load). sbx-cpu1 serves "tiny-llama" as the inventory has it
-    (unchanged: its batch restarts nothing; were it left otherwise, its batch converges it)."""
+def two_gateways(sandbox, deploy_env, tmp_path_factory):
+    """sbx-cpu1 and sbx-cpu2 both gateways behind FLOATING, deployed (the inventory's instances);
+    keepalived stopped on both when the module ends."""
+    result = pyinfra(deploy_env, inventory=gateways_inventory(tmp_path_factory.mktemp("gw")))
+    assert result.returncode == 0, result.stderr[-3000:]
+    try:
+        yield
+    finally:
+        for name in GATEWAYS:
+            sandbox.run(name, "systemctl disable --now keepalived", check=False)
+
+
+@pytest.fixture(scope="module")
+def rolled(sandbox, deploy_env, two_gateways, tmp_path_factory):
+    """A config change of sbx-cpu2 (a gateway) and sbx-cpu3, rolled over the 3 CPU hosts (all serving
+    "tiny-llama"), two hosts a batch but one gateway a batch, while 4 clients send requests for it
+    through the floating address: (rollout result, hosts, order, client load). sbx-cpu1 serves
+    "tiny-llama" as the inventory has it (unchanged: its batch restarts nothing)."""
     inventory = rolled_inventory(tmp_path_factory.mktemp("r1"))
-    # Two clients, each pausing between requests: the three sandbox vLLMs share this machine's
-    # two cores (each pins its engine to core 0), and a heavier load starved the instance that
-    # was starting past its 300 s start timeout (seen in a full run), which a real server with its
-    # own CPUs does not see.
-    load = GatewayLoad(clients=2)
+    deadline = time.monotonic() + 60
+    while not holders(sandbox):  # keepalived's first election: a few adverts after the deploy
+        assert time.monotonic() < deadline, "no gateway took the floating address after the deploy"
+        time.sleep(1)
+    held_before = holders(sandbox)
+    # Each client pauses between requests: the three sandbox vLLMs share this machine's two cores,
+    # and a load without pauses starved the instance that was starting past its 300 s start timeout
+    # (seen in a full run), which a real server with its own CPUs does not see.
+    load = GatewayLoad(clients=4)
     with load:
-        result = rollout(deploy_env, inventory, "--batch", "1")
-    return (*result, load)
+        result = rollout(deploy_env, inventory, "--batch", "2")
+    return (*result, load, held_before)
 
 
 # What the rollout converges to: max-num-seqs 16 on sbx-cpu2 and sbx-cpu3; sbx-cpu1 as the
@@ -45,8 +70,17 @@ SERVES = {"sbx-cpu1": "tiny-llama", "sbx-cpu2": "tiny-llama", "sbx-cpu3": "tiny-
 ROLLED = tuple(ROLLOUT_END_INSTANCES)  # sbx-cpu2, sbx-cpu3
 
 
+def gateways_inventory(tmp_path) -> str:
+    return variant_inventory(tmp_path, host_data={name: FLOATING_DATA for name in GATEWAYS})
+
+
 def rolled_inventory(tmp_path) -> str:
-    return variant_inventory(tmp_path, instance=ROLLOUT_END_INSTANCES)
+    return variant_inventory(tmp_path, instance=ROLLOUT_END_INSTANCES,
+                             host_data={name: FLOATING_DATA for name in GATEWAYS})
+
+
+def holders(sandbox) -> list[str]:
+    return [name for name in GATEWAYS if f"inet {FLOATING}/" in sandbox.run(name, "ip -o -4 addr show dev eth0").stdout]
 
 
 class GatewayLoad:
@@ -56,7 +90,7 @@ class GatewayLoad:
     serve it. (A name with a single instance cannot be served while that
     instance restarts, drained or not.)"""
 
-    URL = f"http://{CPU_HOSTS['sbx-cpu1']}:9000/v1/completions"
+    URL = f"http://{FLOATING}:9000/v1/completions"
 
     def __init__(self, clients: int):
         self.sent, self.failures, self.clients = 0, [], clients
@@ -95,22 +129,42 @@ class GatewayLoad:
             t.join(timeout=180)
 
 
-def test_rollout_drains_each_host_from_the_gateway_and_no_client_request_fails(rolled, sandbox):
-    result, hosts, _order, load = rolled
+def test_rollout_drains_each_host_from_every_gateway_and_no_client_request_fails(rolled, sandbox):
+    result, hosts, _order, load, _held = rolled
     assert result.returncode == 0, result.stderr
-    print(f"rollout under load: {load.sent} requests through the gateway from {load.clients} clients, "
+    print(f"rollout under load: {load.sent} requests through the floating address from {load.clients} clients, "
           f"{len(load.failures)} failed")
-    # sbx-cpu2 and sbx-cpu3 are each drained while the others serve the clients' model.
+    # sbx-cpu2 and sbx-cpu3 are each drained from both routers while the others serve the clients' model.
     for name in ROLLED:
         assert f"{name}: drained from the gateway" in result.stderr, result.stderr[-3000:]
-    back = [int(ln.split()[1]) for ln in result.stderr.splitlines() if ln.startswith("gateway: ")
-            and "backend(s) back in" in ln]
-    assert back and all(n >= 1 for n in back) and "errors:" not in result.stderr, result.stderr[-3000:]
-    assert load.sent > 20 and load.failures == [], load.failures[:5]
+    for gateway in GATEWAYS:
+        back = [int(ln.split()[3]) for ln in result.stderr.splitlines()
+                if ln.startswith(f"gateway on {gateway}: ") and "backend(s) back in" in ln]
+        assert len(back) == 3 and all(n >= 1 for n in back), result.stderr[-3000:]
+    assert "errors:" not in result.stderr, result.stderr[-3000:]
+    assert load.sent > 40 and load.failures == [], load.failures[:5]
+
+
+def test_gateways_converge_one_at_a_time_the_address_moved_away_first(rolled, sandbox):
+    result, _hosts, _order, _load, held_before = rolled
+    assert result.returncode == 0, result.stderr
+    # --batch 2 would take both gateways at once: each goes alone.
+    batches = [ln for ln in result.stderr.splitlines() if ln.startswith("batch ")]
+    assert batches == ["batch 1: sbx-cpu1", "batch 2: sbx-cpu2", "batch 3: sbx-cpu3"], batches
+    # The holder's batch moves the address to the other gateway first: from sbx-cpu1 (the first
+    # gateway's priority; it usually wins the first election) to sbx-cpu2, then back before sbx-cpu2
+    # converges; each time keepalived returns as a backup.
+    moves = [ln for ln in result.stderr.splitlines() if ln.startswith(f"floating address {FLOATING}: moved")]
+    expected = (["sbx-cpu1>sbx-cpu2"] if held_before == ["sbx-cpu1"] else []) + ["sbx-cpu2>sbx-cpu1"]
+    assert len(held_before) == 1 and [m.split()[5] + ">" + m.split()[7] for m in moves] == expected, moves
+    for gateway in GATEWAYS:
+        assert f"gateway on {gateway}: keepalived started again, a backup" in result.stderr
+        assert sandbox.run(gateway, "systemctl is-active keepalived").stdout.strip() == "active"
+    assert holders(sandbox) == ["sbx-cpu1"]
 
 
 def test_rollout_goes_in_inventory_order_verifying_each_host(rolled, sandbox):
-    result, hosts, order, _load = rolled
+    result, hosts, order, _load, _held = rolled
     assert result.returncode == 0, result.stderr
     assert order == list(CPU_HOSTS)
     assert all(hosts[name]["state"] == "updated" for name in ROLLED)
@@ -124,7 +178,7 @@ def test_rollout_goes_in_inventory_order_verifying_each_host(rolled, sandbox):
 
 
 def test_status_reports_health_kv_and_drift(rolled, sandbox, deploy_env, tmp_path):
-    inventory = rolled_inventory(tmp_path)
+    inventory = rolled_inventory(tmp_path)  # the fleet as the rollout left it, two gateways included
     result = vllm_fleet(deploy_env, "status", inventory, "--json")
     assert result.returncode == 0, result.stderr
     report = {h["name"]: h for h in json.loads(result.stdout)["hosts"]}
