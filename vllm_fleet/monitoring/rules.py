@@ -20,6 +20,8 @@ RULE_NAMES = (
     "VllmFleetKvCacheFull",
     "VllmFleetRequestsWaiting",
     "VllmFleetGatewayBackendOut",
+    "VllmFleetMonitoringPeerDown",
+    "VllmFleetMonitorsDisagree",
     "VllmFleetGpuUnreadable",
     "VllmFleetGpuEccErrors",
     "VllmFleetGpuXidErrors",
