@@ -68,6 +68,8 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
         url = (f"{_scheme(monitor)}://{url_host(monitor.settings.vllm_advertise_address)}:"
                f"{monitor.settings.vllm_metrics_port}{PROMETHEUS_PREFIX}/")
         out["monitoring"] = {"host": monitor.name, "url": url, "token_env": monitor.settings.vllm_metrics_token_env,
+                             # two with HA monitoring: each scrapes every target and the other
+                             "hosts": [c.name for c in every if c.settings.vllm_monitoring is True],
                              "scrapes": [c.name for c in every if c.settings.vllm_metrics is True]}
     clients: dict[ApiClient, list[str]] = {}
     for config in hosts:
@@ -103,6 +105,8 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
     monitoring = summary["monitoring"]
     lines.append(f"  monitoring: Prometheus on {monitoring['host']} at {monitoring['url']} (bearer token "
                  f"${monitoring['token_env']}), scraping {', '.join(monitoring['scrapes']) or 'no host'}"
+                 + (f"; and on {', '.join(monitoring['hosts'][1:])}, each scraping the same and the other (HA)"
+                    if len(monitoring["hosts"]) > 1 else "")
                  if monitoring else "  monitoring: none")
     lines.append("  clients:")
     for client in summary["clients"]:

@@ -129,3 +129,16 @@ def test_a_monitoring_host_at_loopback_is_refused_since_the_other_scrapes_it(add
         ("b", host_data(vllm_monitoring=True, vllm_advertise_address="10.0.0.32", **METRICS,
                         instances=_instance("b", 8001)))])
     assert "host a, key vllm_advertise_address" in text and "on the monitoring host b that is itself" in text
+
+
+def test_the_plan_names_both_monitoring_hosts(tmp_path):
+    from support.planning_fixtures import run_cli
+
+    hosts = [("mon1", host_data(vllm_monitoring=True, vllm_advertise_address="10.0.0.31", **METRICS)),
+             ("mon2", host_data(vllm_monitoring=True, vllm_advertise_address="10.0.0.32", **METRICS,
+                                instances=_instance("b", 8001)))]
+    (tmp_path / "inv.py").write_text(f"hosts = {hosts!r}\n")
+    result = run_cli("plan", "inv.py", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "monitoring: Prometheus on mon1 at http://10.0.0.31:9410/prometheus/" in result.stdout
+    assert "; and on mon2, each scraping the same and the other (HA)" in result.stdout
