@@ -459,6 +459,9 @@ included, before the next. Before a host changes, its managed files and its envi
 are saved on it; a host that fails is restored from them, restarted and verified again (rolled
 back). More failed hosts than --max-fail stop the rollout: later hosts stay untouched. With a
 gateway, a batch's backends leave it first (their requests finish) and return once verified.
+With several gateways (a floating address): they leave every router (a router that cannot
+drain them stops the rollout there), a batch holds one gateway at most, and the address moves
+off the gateway holding it before that one converges.
 Each host ends untouched, unchanged, updated, rolled back or failed.
 Exit status: 0 every host updated or unchanged, 1 otherwise, 2 input the deploy refused
 before any change.""",

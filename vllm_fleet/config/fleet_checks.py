@@ -266,11 +266,11 @@ def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
                 "and remove it from the others; set it in those hosts' data in the inventory, not in group data "
                 "(which sets it on every host of the group)"))
     for other in monitors[1:MAX_MONITORS]:
-        first = monitors[0]
-        if other.settings.vllm_tls != first.settings.vllm_tls:
+        leader = monitors[0]
+        if other.settings.vllm_tls != leader.settings.vllm_tls:
             errors.append(ConfigError(
-                f"this monitoring host has vllm_tls {other.settings.vllm_tls!r}, the monitoring host {first.name} "
-                f"{first.settings.vllm_tls!r}: the two scrape the same fronts and each other, over one scheme",
+                f"this monitoring host has vllm_tls {other.settings.vllm_tls!r}, the monitoring host {leader.name} "
+                f"{leader.settings.vllm_tls!r}: the two scrape the same fronts and each other, over one scheme",
                 host=other.name, key="vllm_tls", fix="vllm_tls set once, in the fleet's group data"))
     if monitors and monitors[0].settings.vllm_tls is True:
         for host in hosts:

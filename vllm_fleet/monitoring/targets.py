@@ -34,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import yaml
@@ -155,7 +156,7 @@ def scrape_jobs(*, targets_dir: str, token_file: str, ca_file: str | None, inter
 
 
 def prometheus_config(monitor: HostConfig, *, targets_dir: str, rules_file: str, token_file: str,
-                      ca_file: str | None, peers: list[ScrapeTarget] = ()) -> str:
+                      ca_file: str | None, peers: Sequence[ScrapeTarget] = ()) -> str:
     """prometheus.yml of the monitoring host: Prometheus itself, then scrape_jobs; with `peers` (the
     other monitoring host's Prometheus), peer_scrape_job."""
     settings = monitor.settings
