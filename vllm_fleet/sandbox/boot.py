@@ -203,6 +203,10 @@ def boot_host(sandbox: Sandbox, host: SandboxHost, base: Path, mirror: Path) -> 
             f"--network-namespace-path=/run/netns/{host.netns}", f"--directory={root}",
             f"--machine={host.name}", "--resolv-conf=off", "--timezone=off", "--link-journal=no",
             f"--bind-ro={mirror}:{package_mirror.MOUNT_POINT}",
+            # Root inside may change its own network namespace, as a server's root can: keepalived adds
+            # and removes the gateways' floating address. nspawn keeps CAP_NET_ADMIN only with a network
+            # it makes itself (--private-network), not with a namespace given by path.
+            "--capability=CAP_NET_ADMIN",
         ],  # fmt: skip
         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
         start_new_session=True, preexec_fn=_join_cgroups(cgroups),
