@@ -52,7 +52,8 @@ def rolled(sandbox, deploy_env, two_gateways, tmp_path_factory):
     inventory = rolled_inventory(tmp_path_factory.mktemp("r1"))
     deadline = time.monotonic() + 60
     while not holders(sandbox):  # keepalived's first election: a few adverts after the deploy
-        assert time.monotonic() < deadline, "no gateway took the floating address after the deploy"
+        assert time.monotonic() < deadline, "no gateway took the floating address after the deploy:\n" + "\n".join(
+            sandbox.run(name, "journalctl -u keepalived --no-pager -n 30").stdout for name in GATEWAYS)
         time.sleep(1)
     held_before = holders(sandbox)
     # Each client pauses between requests: the three sandbox vLLMs share this machine's two cores,
