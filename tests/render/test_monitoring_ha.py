@@ -142,3 +142,9 @@ def test_the_plan_names_both_monitoring_hosts(tmp_path):
     assert result.returncode == 0, result.stderr
     assert "monitoring: Prometheus on mon1 at http://10.0.0.31:9410/prometheus/" in result.stdout
     assert "; and on mon2, each scraping the same and the other (HA)" in result.stdout
+
+
+def test_the_peers_up_is_named_where_the_rules_check_their_names():
+    from vllm_fleet.monitoring import metric_names
+
+    assert PEER_UP in metric_names.SYNTHETIC and metric_names.source_of(PEER_UP) is None
