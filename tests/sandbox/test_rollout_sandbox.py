@@ -32,8 +32,10 @@ FLOATING_DATA = {"vllm_gateway": True, "vllm_gateway_address": f"{FLOATING}/24",
 
 @pytest.fixture(scope="module")
 def two_gateways(sandbox, deploy_env, tmp_path_factory):
-    """sbx-cpu1 and sbx-cpu2 both gateways behind FLOATING, deployed (the inventory's instances);
-    keepalived stopped on both when the module ends."""
+    """sbx-cpu1 and sbx-cpu2 both gateways behind FLOATING, deployed (the inventory's instances).
+    When the module ends, keepalived is stopped on both and the fleet deployed as the later modules
+    expect it (the inventory's one gateway, the rollout's instances: ROLLOUT_END_INSTANCES), so that
+    sbx-cpu2 is no gateway any more and their deploys restart no vLLM for it."""
     result = pyinfra(deploy_env, inventory=gateways_inventory(tmp_path_factory.mktemp("gw")))
     assert result.returncode == 0, result.stderr[-3000:]
     try:
@@ -41,6 +43,9 @@ def two_gateways(sandbox, deploy_env, tmp_path_factory):
     finally:
         for name in GATEWAYS:
             sandbox.run(name, "systemctl disable --now keepalived", check=False)
+        back = pyinfra(deploy_env, inventory=variant_inventory(tmp_path_factory.mktemp("one"),
+                                                                instance=ROLLOUT_END_INSTANCES))
+        assert back.returncode == 0, back.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
