@@ -32,8 +32,7 @@ from typing import Any, Callable
 
 from vllm_fleet.commands import gateway_drain
 from vllm_fleet.config import HostConfig
-from vllm_fleet.gateway import KEEPALIVED_UNIT, floating_ip, floating_paths
-from vllm_fleet.gateway import CHECK_PYTHON
+from vllm_fleet.gateway import CHECK_PYTHON, KEEPALIVED_UNIT, floating_ip, floating_paths
 
 #: How long the holder waits for its clients' open connections to end before the address leaves it.
 MOVE_QUIET_S = 5
@@ -249,7 +248,7 @@ def stepped_aside(gateways: list[Gateway], batch: list[str], hosts: dict[str, An
     drained = drain_from_every_router(gateways, batch, hosts, configs, log)
     try:
         in_batch = [gw for gw in gateways if gw.name in batch]
-        holding = [name for name in holders(in_batch)] if in_batch else []
+        holding = holders(in_batch) if in_batch else []
         if holding:
             holder = next(gw for gw in in_batch if gw.name == holding[0])
             with address_moved_away(holder, [gw for gw in gateways if gw is not holder], log):
