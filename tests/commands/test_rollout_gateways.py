@@ -88,7 +88,8 @@ class Hosts:
             return self.keepalived[name] and self.ready[name], "", ""
         if "systemctl stop keepalived" in command:
             self.steps.append((name, "stop keepalived"))
-            assert "ss -Htn state established src 10.0.0.100:9000" in command  # its clients' connections end first
+            assert "ss -Htn state established state syn-recv src 10.0.0.100:9000" in command  # its clients first
+            assert command.index("ss -Htn") < command.index("ip addr del 10.0.0.100/24 dev eth0") < command.index("systemctl stop")
             self.keepalived[name] = False
             self.holding.discard(name)
             others = [g for g in self.keepalived if self.keepalived[g] and self.ready[g]]

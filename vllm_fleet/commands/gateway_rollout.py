@@ -11,10 +11,12 @@
   holding the address (a stopping VRRP master sends priority 0, so a backup takes over at once;
   with nopreempt nothing else moves it), the rollout waits until another gateway holds it (`ip -o
   addr` on each), converges the host, then starts keepalived again: it comes back as a backup and
-  the address stays where it went. Before that, the holder lets its clients' open connections end
-  (new ones still come in until the address moves) for at most MOVE_QUIET_S: a connection open on
-  the holder when the address leaves it is lost. The holder is converged only when another gateway
-  is ready (its readiness check passes and its keepalived runs); else the batch stops.
+  the address stays where it went. Before that, the holder waits (at most MOVE_QUIET_S) for a moment
+  with no client connection open on the address, and takes the address off its interface at that
+  moment (quiet_then_stop_command): a connection open on the holder when the address leaves it is
+  lost (the holder can no longer answer from the address, the new holder resets it). The holder is
+  converged only when another gateway is ready (its readiness check passes and its keepalived
+  runs); else the batch stops.
 
 Pure planning (one_gateway_per_batch, holds_address) and the commands (holds_command, ...) are
 testable offline; the rest runs them over SSH through connect.remote.
@@ -93,13 +95,21 @@ def ready_command(config: HostConfig) -> str:
 
 
 def quiet_then_stop_command(config: HostConfig, quiet_s: int = MOVE_QUIET_S) -> str:
-    """On the holder: wait (at most `quiet_s`) for a moment with no client connection open on the
-    floating address's gateway port, then stop keepalived at once (it gives the address up). Run on
-    the host in one command: nothing but the stop itself lies between the quiet moment and the move."""
-    listen = shlex.quote(f"{floating_ip(config)}:{config.settings.vllm_gateway_port}")
+    """On the holder: wait (at most `quiet_s`) for a moment with no client connection open or opening
+    on the floating address's gateway port, take the address off the interface at that moment, then
+    stop keepalived (a stopping master advertises priority 0: a backup takes the address at once).
+    In one command on the host, so that only the few milliseconds of `ss` and `ip` lie between the
+    quiet moment and the address leaving. A connection arriving after it finds no one until the
+    backup holds the address: its SYN is resent (a second later), not refused."""
+    address, port = floating_ip(config), config.settings.vllm_gateway_port
+    interface = shlex.quote(config.settings.vllm_gateway_interface)
+    prefix = config.settings.vllm_gateway_address.split("/", 1)[1]
+    listen = shlex.quote(f"{address}:{port}")
     return (f"end=$(($(date +%s) + {int(quiet_s)})); "
-            f"while [ -n \"$(ss -Htn state established src {listen} 2>/dev/null)\" ] && "
-            f"[ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.02; done; systemctl stop {KEEPALIVED_UNIT}")
+            f"while [ -n \"$(ss -Htn state established state syn-recv src {listen} 2>/dev/null)\" ] && "
+            f"[ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.02; done; "
+            f"ip addr del {shlex.quote(f'{address}/{prefix}')} dev {interface}; "
+            f"systemctl stop {KEEPALIVED_UNIT}")
 
 
 def start_command() -> str:
