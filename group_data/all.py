@@ -301,14 +301,16 @@ vllm_workstation_dir = "~/.local/share/vllm-fleet"  # the fleet CA, the hosts' c
 vllm_metrics = False  # True: the fleet's Prometheus scrapes this host, through its front
 vllm_metrics_port = 9410  # the front's metrics listener; it and the 5 after it: no instance's ports
 
-# True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
-# as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its
-# front at <vllm_metrics_port>/prometheus/ (metrics token), scraping every vllm_metrics host of the
-# inventory from the targets `vllm-fleet render` also writes (a host added or removed changes only
-# those files: Prometheus rereads them, no restart), with the fleet's alert rules. Beside it, Debian's
-# prometheus-alertmanager (vllm-fleet-alertmanager.service, a user of its own, 127.0.0.1 only, no
-# cluster port) sends the alerts to vllm_alert_receivers.
-vllm_monitoring = False  # True on the one host that runs the fleet's Prometheus
+# True on ONE host, or on TWO for HA monitoring (three are an error; it needs vllm_metrics too): it
+# runs Debian's prometheus package as its own unit (vllm-fleet-prometheus.service, user prometheus) on
+# 127.0.0.1, reached through its front at <vllm_metrics_port>/prometheus/ (metrics token), scraping
+# every vllm_metrics host of the inventory from the targets `vllm-fleet render` also writes (a host
+# added or removed changes only those files: Prometheus rereads them, no restart), with the fleet's
+# alert rules. With two, each scrapes every target on its own (each keeps its own data) and reads
+# the other's view of them: alerts when the other is down or when the two disagree (docs/monitoring.md).
+# Beside each, Debian's prometheus-alertmanager (vllm-fleet-alertmanager.service, a user of its own,
+# 127.0.0.1 only, no cluster port) sends the alerts to vllm_alert_receivers.
+vllm_monitoring = False  # True on the host (or the two hosts) that run the fleet's Prometheus
 vllm_monitoring_scrape_interval_s = 15  # seconds between two scrapes of every target
 vllm_monitoring_retention_days = 15  # samples older than this are dropped
 vllm_monitoring_retention_gib = 10.0  # and beyond this size, the oldest first

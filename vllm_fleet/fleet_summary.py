@@ -68,6 +68,8 @@ def fleet_summary(hosts: list[HostConfig], every: list[HostConfig] | None = None
         url = (f"{_scheme(monitor)}://{url_host(monitor.settings.vllm_advertise_address)}:"
                f"{monitor.settings.vllm_metrics_port}{PROMETHEUS_PREFIX}/")
         out["monitoring"] = {"host": monitor.name, "url": url, "token_env": monitor.settings.vllm_metrics_token_env,
+                             # two with HA monitoring: each scrapes every target and the other
+                             "hosts": [c.name for c in every if c.settings.vllm_monitoring is True],
                              "scrapes": [c.name for c in every if c.settings.vllm_metrics is True],
                              # where each receiver's secrets come from, never a secret
                              "alert_receivers": [r.as_dict() for r in monitor.alert_receivers]}
@@ -104,7 +106,10 @@ def summary_lines(summary: dict[str, Any]) -> list[str]:
                  if gateway else "  gateway: none (clients reach each instance at its own URL)")
     monitoring = summary["monitoring"]
     lines.append(f"  monitoring: Prometheus on {monitoring['host']} at {monitoring['url']} (bearer token "
-                 f"${monitoring['token_env']}), scraping {', '.join(monitoring['scrapes']) or 'no host'}; alerts to "
+                 f"${monitoring['token_env']}), scraping {', '.join(monitoring['scrapes']) or 'no host'}"
+                 + (f"; and on {', '.join(monitoring['hosts'][1:])}, each scraping the same and the other (HA)"
+                    if len(monitoring["hosts"]) > 1 else "")
+                 + "; alerts to "
                  + (", ".join(f"{r['name']} ({r['kind']})" for r in monitoring["alert_receivers"]) or "no receiver "
                     "(`vllm-fleet status` lists them)")
                  if monitoring else "  monitoring: none")

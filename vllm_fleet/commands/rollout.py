@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from vllm_fleet import fleet_check, wheelhouses
-from vllm_fleet.commands import canary as canary_batch, gateway_drain, rollback
+from vllm_fleet.commands import canary as canary_batch, gateway_drain, gateway_rollout, rollback
 from vllm_fleet.config import ConfigError, ConfigErrors, split_names
 from vllm_fleet.fleet import Fleet
 from vllm_fleet.gateway import find_gateway
@@ -157,15 +157,18 @@ def changed_operations(state, host) -> list[str]:
 
 def _converge_batch(inventory: str, names: list[str], configs: dict, results: dict[str, HostResult],
                     log, gateway_config=None, groups: list[tuple[str, ...]] = (),
-                    fleet: Fleet | None = None) -> None:
+                    fleet: Fleet | None = None, gateways: list | None = None) -> None:
     """Snapshot, drain the batch from the fleet gateway, run the deploy on the batch through pyinfra's
     API, roll back each failed host, put the batch back into the gateway. `fleet`: the rollout's, whose
-    parse of each host the batch's deploy keeps where the host's data is unchanged."""
+    parse of each host the batch's deploy keeps where the host's data is unchanged. `gateways`: the
+    fleet's gateways when there are several (gateway_rollout.stepped_aside drains every router and
+    moves the floating address; gateway_rollout.BatchRefused when it cannot: nothing converged)."""
     from vllm_fleet.commands.connection import connected
     from vllm_fleet.connect.remote import run
 
     gw_name = gateway_config.name if gateway_config is not None else None
     reach = names + ([gw_name] if gw_name and gw_name not in names else [])
+    reach += [c.name for c in gateways or () if c.name not in reach]
     # The inventory file is read again for each batch, not the rollout's Inventory reused: pyinfra's
     # Host objects keep one run's state (the operation order of pyinfra/api/state.py get_op_order
     # among it), so each batch's run needs Hosts of its own. What is parsed is not parsed again
@@ -197,6 +200,17 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                     log(f"{n}: left as it is: node {out[0]} of its node group failed before the deploy")
         if not batch:
             return
+        if gateways:
+            aside = [gateway_rollout.Gateway(c.name, c, active.get(c.name)) for c in gateways]
+            try:
+                with gateway_rollout.stepped_aside(aside, batch, active, configs, log):
+                    _deploy_outside(state, batch, active, configs, results, log, groups, fleet)
+            except gateway_rollout.BatchRefused as exc:
+                for n in batch:
+                    if results[n].state == "untouched":
+                        results[n].error, results[n].finished = str(exc), time.time()
+                raise
+            return
         gw_host = active.get(gw_name) if gw_name else None
         drained = gateway_drain.Drained()  # filled as workers leave: put back even if the drain fails
         if gw_name and gw_host is None:
@@ -209,17 +223,26 @@ def _converge_batch(inventory: str, names: list[str], configs: dict, results: di
                 log(f"gateway on {gw_name}: could not drain ({exc}); requests may fail during restarts")
         # The deploy runs on every active host: only the batch's (the gateway host stays connected
         # for the drain, a host whose snapshot failed is skipped), then they are active again.
-        outside = {h for n, h in active.items() if h is not None and n not in batch}
-        state.active_hosts -= outside
         try:
-            _deploy_batch(state, batch, active, configs, results, log, groups, fleet)
+            _deploy_outside(state, batch, active, configs, results, log, groups, fleet)
         finally:
-            state.active_hosts |= outside - set(state.failed_hosts)
             try:
                 gateway_drain.restore(gw_host, gateway_config, drained, log)
             except Exception as exc:  # noqa: BLE001
                 log(f"gateway on {gw_name}: could not put the batch back ({exc}): run the deploy "
                     f"on {gw_name} (its unit re-registers every backend)")
+
+
+def _deploy_outside(state, batch: list[str], active: dict, configs: dict, results: dict[str, HostResult],
+                    log, groups: list[tuple[str, ...]] = (), fleet: Fleet | None = None) -> None:
+    """The deploy on the batch only: the other connected hosts (the gateways, kept connected for the
+    drain; a host whose snapshot failed) are left out of the run, then active again."""
+    outside = {h for n, h in active.items() if h is not None and n not in batch}
+    state.active_hosts -= outside
+    try:
+        _deploy_batch(state, batch, active, configs, results, log, groups, fleet)
+    finally:
+        state.active_hosts |= outside - set(state.failed_hosts)
 
 
 def _deploy_batch(state, batch: list[str], active: dict, configs: dict, results: dict[str, HostResult],
@@ -380,27 +403,32 @@ def rollout(inventory: str, *, batch: str = "1", max_fail: int = 0, limit: list[
     _check_wheelhouses(configs, everyone)
     # The fleet's gateway, wherever it is (in --limit or not): the batches are drained from it.
     gateway_config = find_gateway(everyone)  # (and config.check_fleet of every host, gateway or not)
-    gateways = [c.name for c in everyone if c.settings.vllm_gateway is True]
-    if len(gateways) > 1:
-        # Draining a batch from one router while another still sends it requests would fail them.
-        raise ConfigError(f"the fleet has {len(gateways)} gateways ({', '.join(gateways)}): a rollout drains "
-                          "each batch from one gateway's router only, and the others would keep sending it "
-                          "requests", host=gateways[1], key="vllm_gateway",
-                          fix="deploy with pyinfra (`pyinfra -y INVENTORY deploy.py`, no drain) until rollout "
-                              "drains from every gateway; or roll out with one gateway")
+    # Several gateways: every router drains each batch, and they converge one at a time.
+    gateways = [c for c in everyone if c.settings.vllm_gateway is True]
+    several = gateways if len(gateways) > 1 else None
     size = parse_batch(batch, len(names))
     results = {n: HostResult(n) for n in names}
     canary = canary if canary is not None else canary_batch.CanaryRequest()
     canary_plan = canary_batch.plan(canary, everyone, names)
     if canary_plan is not None:  # the canary first, on its own; then the rest as --batch says
         rest = [n for n in names if n not in canary_plan.hosts]
+        if several and sum(name in canary_plan.hosts for name in (c.name for c in several)) > 1:
+            raise ConfigError(f"the canary {', '.join(canary_plan.hosts)} holds more than one of the gateways "
+                              "behind the floating address, which converge one at a time",
+                              fix="name one gateway at most in --canary (or vllm_rollout_canary)")
         batches = [list(canary_plan.hosts)] + make_batches(rest, size, groups)
     else:
         batches = make_batches(names, size, groups)
+    if several:
+        batches = gateway_rollout.one_gateway_per_batch(batches, [c.name for c in several])
     done = 0
     for number, group in enumerate(batches, 1):
         log(f"batch {number}: {', '.join(group)}")
-        _converge_batch(inventory, group, configs, results, log, gateway_config, groups, fleet)
+        try:
+            _converge_batch(inventory, group, configs, results, log, gateway_config, groups, fleet, several)
+        except gateway_rollout.BatchRefused as exc:
+            log(f"stopping: batch {number} not converged: {exc}; {len(names) - done} host(s) left untouched")
+            break
         done += len(group)
         failures = [r for r in results.values() if r.state in ("failed", "rolled back")]
         if len(failures) > max_fail:
@@ -450,6 +478,9 @@ included, before the next. Before a host changes, its managed files and its envi
 are saved on it; a host that fails is restored from them, restarted and verified again (rolled
 back). More failed hosts than --max-fail stop the rollout: later hosts stay untouched. With a
 gateway, a batch's backends leave it first (their requests finish) and return once verified.
+With several gateways (a floating address): they leave every router (a router that cannot
+drain them stops the rollout there), a batch holds one gateway at most, and the address moves
+off the gateway holding it before that one converges.
 Each host ends untouched, unchanged, updated, rolled back or failed.
 Exit status: 0 every host updated or unchanged, 1 otherwise, 2 input the deploy refused
 before any change.""",

@@ -219,12 +219,17 @@ def _check_one_machine_per_host(hosts: list[HostConfig]) -> list[ConfigError]:
     return errors
 
 
+#: Monitoring hosts a fleet may have: one Prometheus, or two that scrape the same targets (HA).
+MAX_MONITORS = 2
+
+
 def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
-    """At most one Prometheus in the fleet; it scrapes the fronts that speak HTTPS only if it checks
-    their certificates, with the CAs its own host trusts (vllm_tls there); every other host it
-    scrapes at an address another host can connect to (not loopback: that would be the monitoring
-    host itself, filed under the other's name). Every monitored host expects the token of one
-    variable: the token Prometheus sends is read once."""
+    """At most MAX_MONITORS Prometheus in the fleet (two: HA monitoring, each scraping every target
+    and the other); each scrapes the fronts that speak HTTPS only if it checks their certificates,
+    with the CAs its own host trusts (vllm_tls there); every host it scrapes but its own at an
+    address another host can connect to (not loopback: that would be the monitoring host itself,
+    filed under the other's name; with two, each monitoring host is the other's target too). Every
+    monitored host expects the token of one variable: the token Prometheus sends is read once."""
     errors = []
     watched = [h for h in hosts if h.settings.vllm_metrics is True or h.settings.vllm_monitoring is True]
     names = {h.settings.vllm_metrics_token_env for h in watched}
@@ -239,25 +244,34 @@ def _check_monitoring(hosts: list[HostConfig]) -> list[ConfigError]:
                     fix="set vllm_metrics_token_env once, in the group data every monitored host reads"))
     monitors = [h for h in hosts if h.settings.vllm_monitoring is True]
     for host in hosts if monitors else []:
-        if host.settings.vllm_metrics is not True or host is monitors[0]:
+        if host.settings.vllm_metrics is not True or monitors == [host]:
             continue
         address = host.advertise_address
         problem = kinds.connect_address_problem(address)
+        scraper = next(m for m in monitors if m is not host)
         if not problem and kinds.ip_literal(address) and ipaddress.ip_address(address).is_loopback:
-            problem = f"{address!r} is loopback: on the monitoring host {monitors[0].name} that is itself"
+            problem = f"{address!r} is loopback: on the monitoring host {scraper.name} that is itself"
         if problem:
             errors.append(ConfigError(
                 f"the fleet's Prometheus would scrape this host at {address!r}: {problem}", host=host.name,
                 key="vllm_advertise_address",
                 fix="vllm_advertise_address = '10.0.0.11' (the address the monitoring host connects to), "
                     "or set ssh_hostname"))
-    for other in monitors[1:]:
+    for other in monitors[MAX_MONITORS:]:
         errors.append(ConfigError(
-            f"hosts {monitors[0].name} and {other.name} both set vllm_monitoring = True: a fleet has one "
-            "Prometheus", host=other.name, key="vllm_monitoring",
-            fix=f"keep vllm_monitoring = True on one of them (e.g. {monitors[0].name}) and remove it from the "
-                "other; set it in that one host's data in the inventory, not in group data (which sets it on "
-                "every host of the group)"))
+            f"hosts {', '.join(m.name for m in monitors[:MAX_MONITORS])} and {other.name} all set vllm_monitoring = "
+            f"True: a fleet has one Prometheus, or two (HA monitoring, each scraping every target and the other)",
+            host=other.name, key="vllm_monitoring",
+            fix=f"keep vllm_monitoring = True on one or two of them (e.g. {monitors[0].name} and {monitors[1].name}) "
+                "and remove it from the others; set it in those hosts' data in the inventory, not in group data "
+                "(which sets it on every host of the group)"))
+    for other in monitors[1:MAX_MONITORS]:
+        leader = monitors[0]
+        if other.settings.vllm_tls != leader.settings.vllm_tls:
+            errors.append(ConfigError(
+                f"this monitoring host has vllm_tls {other.settings.vllm_tls!r}, the monitoring host {leader.name} "
+                f"{leader.settings.vllm_tls!r}: the two scrape the same fronts and each other, over one scheme",
+                host=other.name, key="vllm_tls", fix="vllm_tls set once, in the fleet's group data"))
     if monitors and monitors[0].settings.vllm_tls is True:
         for host in hosts:
             if host.settings.vllm_metrics is True and host.settings.vllm_tls is not True:

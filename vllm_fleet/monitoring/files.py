@@ -39,7 +39,7 @@ from vllm_fleet.plan import HostPlan
 from vllm_fleet.templating import RenderedFile, front_paths, jinja_environment
 
 from . import alerting, rules
-from .targets import JOBS, PROMETHEUS_PREFIX, ScrapeTarget, file_sd, prometheus_config
+from .targets import JOBS, PEER_JOB, PROMETHEUS_PREFIX, ScrapeTarget, file_sd, prometheus_config
 
 MONITORING_UNITS = (EXPORTER_UNIT, NODE_EXPORTER_UNIT, PROMETHEUS_UNIT, ALERTMANAGER_UNIT)
 #: Debian's own units of these packages, by the need that installs them: they listen on every
@@ -123,13 +123,14 @@ def prometheus_files(config: HostConfig, targets: list[ScrapeTarget], metrics_to
     settings, paths = config.settings, monitoring_paths(config)
     https = any(t.scheme == "https" for t in targets)
     ca_file = paths["trust"] if https else None
+    peers = [t for t in targets if t.job == PEER_JOB and t.labels.get("host") != config.name]
     unit = jinja_environment().get_template("prometheus.service.j2").render(
         host=config, ports=monitoring_ports(settings), bind=settings.vllm_bind_host, prefix=PROMETHEUS_PREFIX,
         targets_dir=paths["targets_dir"], config_file=paths["config"], binary=PROMETHEUS, promtool=PROMTOOL,
         state_dir_name=PROMETHEUS_STATE, retention_days=settings.vllm_monitoring_retention_days,
         retention_mib=math.ceil(settings.vllm_monitoring_retention_gib * 1024))
     config_text = prometheus_config(config, targets_dir=paths["targets_dir"], rules_file=paths["rules"],
-                                    token_file=paths["token"], ca_file=ca_file,
+                                    token_file=paths["token"], ca_file=ca_file, peers=peers,
                                     alertmanager=alerting.alertmanager_url(config))
     rules_text = rules.alert_rules(settings.vllm_monitoring_down_for_s, tls=ca_file is not None)
     token = TOKEN_PLACEHOLDER if placeholders or not metrics_token else metrics_token + "\n"

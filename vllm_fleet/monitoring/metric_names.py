@@ -30,10 +30,11 @@ KEYWORDS = frozenset({
 })
 # Keywords followed by a list of label names (optional after group_left/group_right).
 LABEL_LIST_BEFORE = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
-# Series Prometheus makes itself: no exposition has them.
+# Series Prometheus makes itself: no exposition has them. vllm_fleet_peer_up is the other monitoring
+# host's `up`, renamed by the peer job's relabelling (monitoring.targets.PEER_UP).
 SYNTHETIC = frozenset({"up", "ALERTS", "ALERTS_FOR_STATE", "scrape_duration_seconds",
                        "scrape_samples_scraped", "scrape_samples_post_metric_relabeling",
-                       "scrape_series_added"})
+                       "scrape_series_added", "vllm_fleet_peer_up"})
 # Which recorded exposition (tests/fixtures/metrics/<source>.prom) holds a name, by its prefix.
 SOURCES = (
     ("vllm:", "vllm"),

@@ -21,6 +21,8 @@ RULE_NAMES = (
     "VllmFleetKvCacheFull",
     "VllmFleetRequestsWaiting",
     "VllmFleetGatewayBackendOut",
+    "VllmFleetMonitoringPeerDown",
+    "VllmFleetMonitorsDisagree",
     "VllmFleetGpuUnreadable",
     "VllmFleetGpuEccErrors",
     "VllmFleetGpuXidErrors",

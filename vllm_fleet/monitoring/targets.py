@@ -10,6 +10,15 @@ A host with vllm_metrics is scraped through its front only (nginx checks the met
     gpu          <address>:<vllm_metrics_port>/metrics/gpu     the host exporter: every GPU (hosts with GPUs)
     vllm-router  <address>:<vllm_metrics_port>/metrics/router  vllm-router (the gateway host)
 
+With two monitoring hosts (vllm_monitoring on both: the fleet's HA monitoring), each scrapes every
+target above on its own (each keeps its own data), and the other's `up` of them (PEER_JOB):
+
+    prometheus-peer  <address>:<vllm_metrics_port>/prometheus/federate   the other Prometheus' `up`,
+                                                                          renamed PEER_UP (peer_scrape_job)
+
+so that each can say when the other is down, and when the two disagree about a target (the rules
+VllmFleetMonitoringPeerDown and VllmFleetMonitorsDisagree).
+
 Each job's targets are one Prometheus file_sd list (JSON); a target's labels say which host (the
 inventory name), which instance and which served model it is, and carry its scheme and path
 (`__scheme__`, `__metrics_path__`), so prometheus.yml names only the files. A host added or removed
@@ -25,6 +34,7 @@ Example:
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import yaml
@@ -40,6 +50,11 @@ METRICS_PATHS = {"node": "/metrics/node", "front": "/metrics/front", "gpu": "/me
                  "vllm-router": "/metrics/router"}
 #: Prometheus' own path: it serves under /prometheus/ (so the front can pass that prefix on).
 PROMETHEUS_PREFIX = "/prometheus"
+#: The job that reads the other monitoring host's Prometheus (two monitoring hosts only): not a
+#: file_sd list (each monitoring host has its own peer), a static job in prometheus.yml.
+PEER_JOB = "prometheus-peer"
+#: What the other Prometheus' `up` of each target is called here (its labels kept as they were).
+PEER_UP = "vllm_fleet_peer_up"
 
 
 @dataclass(frozen=True)
@@ -83,9 +98,38 @@ def host_targets(config: HostConfig, plan: HostPlan) -> list[ScrapeTarget]:
 
 
 def fleet_targets(configs: list[HostConfig], fleet_plan: FleetPlan) -> list[ScrapeTarget]:
-    """Every host's targets, in inventory order."""
+    """Every host's targets, in inventory order; with two monitoring hosts, then each one's Prometheus
+    as the other's peer (peer_targets)."""
     by_name = {c.name: c for c in configs}
-    return [t for p in fleet_plan.hosts if p.name in by_name for t in host_targets(by_name[p.name], p)]
+    return ([t for p in fleet_plan.hosts if p.name in by_name for t in host_targets(by_name[p.name], p)]
+            + peer_targets(configs))
+
+
+def peer_targets(configs: list[HostConfig]) -> list[ScrapeTarget]:
+    """Each monitoring host's Prometheus, through its front's metrics listener (the metrics token),
+    labelled with its host: a monitoring host scrapes the others' (prometheus_config). None with one."""
+    monitors = [c for c in configs if c.settings.vllm_monitoring is True]
+    if len(monitors) < 2:
+        return []
+    return [ScrapeTarget(PEER_JOB, _address(c, monitoring_ports(c.settings)["metrics"]),
+                         "https" if c.settings.vllm_tls is True else "http", f"{PROMETHEUS_PREFIX}/federate",
+                         {"host": c.name}) for c in monitors]
+
+
+def peer_scrape_job(peers: list[ScrapeTarget], *, token_file: str, ca_file: str | None) -> dict:
+    """The job reading the other Prometheus' `up` of every target (its /federate, the metrics token),
+    renamed PEER_UP with its own labels (honor_labels): `up{job="prometheus-peer"}` says whether the
+    other answers, PEER_UP what it sees. Its own self-scrape and its view of us are left out."""
+    job: dict = {"job_name": PEER_JOB, "honor_labels": True, "metrics_path": peers[0].path,
+                 "scheme": peers[0].scheme,
+                 "params": {"match[]": [f'up{{job!~"prometheus|{PEER_JOB}"}}']},
+                 "authorization": {"type": "Bearer", "credentials_file": token_file}}
+    if ca_file:
+        job["tls_config"] = {"ca_file": ca_file}
+    job["static_configs"] = [{"targets": [t.address], "labels": dict(t.labels)} for t in peers]
+    job["metric_relabel_configs"] = [{"source_labels": ["__name__"], "regex": "up", "target_label": "__name__",
+                                      "replacement": PEER_UP}]
+    return job
 
 
 def file_sd(targets: list[ScrapeTarget], job: str) -> str:
@@ -112,9 +156,11 @@ def scrape_jobs(*, targets_dir: str, token_file: str, ca_file: str | None, inter
 
 
 def prometheus_config(monitor: HostConfig, *, targets_dir: str, rules_file: str, token_file: str,
-                      ca_file: str | None, alertmanager: str | None = None) -> str:
-    """prometheus.yml of the monitoring host: Prometheus itself, then scrape_jobs; its alerts go to
-    `alertmanager` (host:port on the loopback; None: nowhere)."""
+                      ca_file: str | None, peers: Sequence[ScrapeTarget] = (),
+                      alertmanager: str | None = None) -> str:
+    """prometheus.yml of the monitoring host: Prometheus itself, then scrape_jobs; with `peers` (the
+    other monitoring host's Prometheus), peer_scrape_job; its alerts go to `alertmanager` (host:port on
+    the loopback; None: nowhere)."""
     settings = monitor.settings
     interval = f"{settings.vllm_monitoring_scrape_interval_s}s"
     own = monitoring_ports(settings)["prometheus"]
@@ -122,6 +168,8 @@ def prometheus_config(monitor: HostConfig, *, targets_dir: str, rules_file: str,
              "static_configs": [{"targets": [f"127.0.0.1:{own}"], "labels": {"host": monitor.name}}]}]
     jobs += scrape_jobs(targets_dir=targets_dir, token_file=token_file, ca_file=ca_file,
                         interval_s=settings.vllm_monitoring_scrape_interval_s)
+    if peers:
+        jobs.append(peer_scrape_job(list(peers), token_file=token_file, ca_file=ca_file))
     config = {"global": {"scrape_interval": interval, "evaluation_interval": interval},
               "rule_files": [rules_file], "scrape_configs": jobs}
     if alertmanager:

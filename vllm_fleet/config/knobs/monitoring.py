@@ -31,16 +31,18 @@ class MonitoringKnobs:
         must="a port number from 1024 to 65530 (the 5 ports after it are the exporters' and Alertmanager's, on "
              "127.0.0.1, where their non-root users cannot bind a port below 1024)")
     vllm_monitoring: bool = knob(
-        False, "True on the one host that runs the fleet's Prometheus", **BOOL,
-        fix="vllm_monitoring = True on the one host that runs the fleet's Prometheus",
+        False, "True on the host (or the two hosts) that run the fleet's Prometheus", **BOOL,
+        fix="vllm_monitoring = True on the one host (or two) that run the fleet's Prometheus",
         notes="""
-        True on ONE host (two are an error; it needs vllm_metrics too): it runs Debian's prometheus package
-        as its own unit (vllm-fleet-prometheus.service, user prometheus) on 127.0.0.1, reached through its
-        front at <vllm_metrics_port>/prometheus/ (metrics token), scraping every vllm_metrics host of the
-        inventory from the targets `vllm-fleet render` also writes (a host added or removed changes only
-        those files: Prometheus rereads them, no restart), with the fleet's alert rules. Beside it, Debian's
-        prometheus-alertmanager (vllm-fleet-alertmanager.service, a user of its own, 127.0.0.1 only, no
-        cluster port) sends the alerts to vllm_alert_receivers.
+        True on ONE host, or on TWO for HA monitoring (three are an error; it needs vllm_metrics too): it
+        runs Debian's prometheus package as its own unit (vllm-fleet-prometheus.service, user prometheus) on
+        127.0.0.1, reached through its front at <vllm_metrics_port>/prometheus/ (metrics token), scraping
+        every vllm_metrics host of the inventory from the targets `vllm-fleet render` also writes (a host
+        added or removed changes only those files: Prometheus rereads them, no restart), with the fleet's
+        alert rules. With two, each scrapes every target on its own (each keeps its own data) and reads
+        the other's view of them: alerts when the other is down or when the two disagree (docs/monitoring.md).
+        Beside each, Debian's prometheus-alertmanager (vllm-fleet-alertmanager.service, a user of its own,
+        127.0.0.1 only, no cluster port) sends the alerts to vllm_alert_receivers.
         """)
     vllm_monitoring_scrape_interval_s: int = knob(
         15, "seconds between two scrapes of every target", low=1, high=3600,
