@@ -7,13 +7,10 @@ lets the rest follow, a window without traffic stops it."""
 from __future__ import annotations
 
 import json
-import threading
-import urllib.parse
-from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from support import fake_prometheus
 from support.payload_helpers import bundled_module
 from support.planning_fixtures import host_data, instance
 from vllm_fleet import payloads
@@ -250,50 +247,21 @@ def test_decide_reports_each_models_figures_checks_and_the_decision():
 
 # --- the probe that asks them ------------------------------------------------------------------
 
-class FakePrometheus(BaseHTTPRequestHandler):
-    asked: list[str] = []
-
-    def do_GET(self):
-        url = urllib.parse.urlsplit(self.path)
-        query = urllib.parse.parse_qs(url.query)["query"][0]
-        FakePrometheus.asked.append(f"{url.path} {query}")
-        if "bad" in query:
-            body, code = {"status": "error", "errorType": "bad_data", "error": "parse error"}, 400
-        elif "matrix" in query:
-            body, code = {"status": "success", "data": {"resultType": "matrix", "result": []}}, 200
-        else:
-            body, code = {"status": "success", "data": {"resultType": "vector", "result": [
-                {"metric": {"served_model": "m"}, "value": [1, "NaN"]}]}}, 200
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args):
-        pass
-
-
-@contextmanager
-def fake_prometheus():
-    FakePrometheus.asked = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
+def _prometheus_answer(query: str) -> tuple[dict, int]:
+    if "bad" in query:
+        return fake_prometheus.bad_data()
+    if "matrix" in query:
+        return {"status": "success", "data": {"resultType": "matrix", "result": []}}, 200
+    return fake_prometheus.vector([{"metric": {"served_model": "m"}, "value": [1, "NaN"]}])
 
 
 def test_the_probe_asks_each_query_on_loopback_and_reports_each_failure_by_name():
-    with fake_prometheus() as port:
+    with fake_prometheus.serving(_prometheus_answer) as (port, asked):
         out = host_probe.instant_queries({"port": port, "prefix": "/prometheus",
                                           "queries": {"a": "good", "b": "bad(", "c": "matrix"}})
     assert out["results"] == {"a": [{"metric": {"served_model": "m"}, "value": [1, "NaN"]}]}
     assert set(out["errors"]) == {"b", "c"} and "parse error" in out["errors"]["b"]
-    assert FakePrometheus.asked[0] == "/prometheus/api/v1/query good"
+    assert asked[0] == "/prometheus/api/v1/query good"
     too_many = host_probe.instant_queries({"port": 1, "prefix": "", "queries": {str(i): "x" for i in range(65)}})
     assert too_many["results"] == {} and too_many["errors"]
     assert host_probe.instant_queries({"port": 1, "prefix": "", "queries": {"a": "x"}})["errors"]["a"].startswith(

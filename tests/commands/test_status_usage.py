@@ -5,14 +5,12 @@ HTTP server here answering as Prometheus' query API does), the table and the JSO
 from __future__ import annotations
 
 import json
-import threading
-import urllib.parse
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import SimpleNamespace
 
 import pytest
 
+from support import fake_prometheus
 from support.payload_helpers import bundled_module
 from vllm_fleet import payloads
 from vllm_fleet.commands import status
@@ -81,59 +79,27 @@ def test_instances_usage_sums_every_instance_and_says_what_it_could_not_count():
                                "cpu1/down: no /metrics (not healthy): its tokens are not counted"]
 
 
-class FakePrometheus(BaseHTTPRequestHandler):
-    """Prometheus' instant query API: answers the sum-by-client queries from ANSWERS."""
-    asked: list[str] = []
-    answers: dict[str, list[dict]] = {}
-    fail = False
-
-    def do_GET(self):
-        url = urllib.parse.urlsplit(self.path)
-        query = urllib.parse.parse_qs(url.query)["query"][0]
-        FakePrometheus.asked.append(f"{url.path} {query}")
-        if FakePrometheus.fail:
-            body, code = {"status": "error", "errorType": "bad_data", "error": "parse error"}, 400
-        else:
-            name = query.split("increase(")[-1].split("[")[0]
-            body, code = {"status": "success", "data": {"resultType": "vector",
-                                                        "result": FakePrometheus.answers.get(name, [])}}, 200
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
-
-    def log_message(self, *args):
-        pass
-
-
-@contextmanager
-def fake_prometheus():
-    FakePrometheus.asked, FakePrometheus.fail = [], False
-    server = ThreadingHTTPServer(("127.0.0.1", 0), FakePrometheus)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield server.server_address[1]
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
 def test_the_probe_asks_prometheus_for_each_counters_increase_over_the_window():
     def series(client, value):
         return {"metric": {"client": client, "model": "tiny-llama"}, "value": [1765000000.0, str(value)]}
 
-    FakePrometheus.answers = {
+    answers = {
         "vllm_fleet_client_prompt_tokens_total": [series("alice", 99.6), series("OnlyB", 10)],
         "vllm_fleet_client_completion_tokens_total": [series("alice", 7)],
         "vllm:prompt_tokens_total": [{"metric": {}, "value": [1765000000.0, "109.7"]}],
     }
-    with fake_prometheus() as port:
+    failing = False
+
+    def answer(query: str) -> tuple[dict, int]:
+        # the sum-by-client queries, answered by the counter they ask the increase of
+        if failing:
+            return fake_prometheus.bad_data()
+        return fake_prometheus.vector(answers.get(query.split("increase(")[-1].split("[")[0], []))
+
+    with fake_prometheus.serving(answer) as (port, requests):
         usage = host_probe.prometheus_usage({"port": port, "prefix": "/prometheus", "since": "7d"})
-        asked = list(FakePrometheus.asked)
-        FakePrometheus.fail = True
+        asked = list(requests)
+        failing = True
         failed = host_probe.prometheus_usage({"port": port, "prefix": "/prometheus", "since": "24h"})
     prompt = "vllm_fleet_client_prompt_tokens_total"
     assert (f"/prometheus/api/v1/query sum by (client, model) ((last_over_time({prompt}[7d]) unless {prompt} "
