@@ -1,15 +1,8 @@
 """Who the fleet's alerts reach (vllm_alert_receivers): webhooks and mail, through the Alertmanager on
 the monitoring host. Pure: the secrets (a webhook's whole URL or bearer token, the smarthost's
 password) are read on the workstation before any host is reached (vllm_fleet/fleet_secrets.py),
-never here.
-
-    vllm_alert_receivers = {
-        "ops-hook":    {"url": "https://hooks.example.org/alertmanager", "token_env": "OPS_HOOK_TOKEN"},
-        "chat":        {"url_env": "CHAT_WEBHOOK_URL"},
-        "oncall-mail": {"to": "oncall@example.org", "from": "alerts@example.org",
-                        "smarthost": "mail.example.org:587", "auth_username": "alerts",
-                        "password_env": "SMTP_PASSWORD"},
-    }
+never here. The knob's notes (config/knobs/monitoring.py, vllm_alert_receivers) show every kind of
+receiver, with its keys.
 
 Every value here ends up in alertmanager.yml (monitoring/alerting.py): each is refused unless it is
 plain ASCII of the few characters its kind has (no line break, quote or space that could close a
