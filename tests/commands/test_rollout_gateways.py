@@ -6,6 +6,7 @@ holds the address, keepalived's state) and record every step in order."""
 from __future__ import annotations
 
 import json
+import subprocess
 from types import SimpleNamespace
 
 import pytest
@@ -89,7 +90,9 @@ class Hosts:
         if "systemctl stop keepalived" in command:
             self.steps.append((name, "stop keepalived"))
             assert "ss -Htn state established state syn-recv src 10.0.0.100:9000" in command  # its clients first
-            assert command.index("ss -Htn") < command.index("ip addr del 10.0.0.100/24 dev eth0") < command.index("systemctl stop")
+            order = [command.index(step) for step in ("nft -f -", "systemctl reload --no-block vllm-fleet-front",
+                                                     "ss -Htn", "ip addr del 10.0.0.100/24 dev eth0", "systemctl stop")]
+            assert order == sorted(order), command
             self.keepalived[name] = False
             self.holding.discard(name)
             others = [g for g in self.keepalived if self.keepalived[g] and self.ready[g]]
@@ -280,3 +283,65 @@ def test_rollout_stops_at_a_batch_that_cannot_be_drained_from_every_router(tmp_p
     assert {h["state"] for h in report.values()} == {"untouched"}
     assert "not drained from every gateway (gateway on gw2: DELETE" in report["h3"]["error"]
     assert "stopping: batch 1 not converged" in out.err and "3 host(s) left untouched" in out.err
+
+
+# --- the move's command, run by a real shell ------------------------------------------------------
+
+def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "") -> tuple[int, list[str], str]:
+    """quiet_then_stop_command run by `sh` with recording stand-ins for nft, systemctl, ss and ip on
+    PATH: ss lists one open connection `open_polls` times, then none; `fail` names a stand-in that
+    exits 1, `missing` one that is not there. (exit status, the calls in order, stderr)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    polls = tmp_path / "polls"
+    polls.write_text(str(open_polls))
+    scripts = {
+        "nft": 'if [ "$1" = -f ]; then echo "nft -f $(cat)" >> "$LOG"; else echo "nft $*" >> "$LOG"; fi',
+        "systemctl": 'echo "systemctl $*" >> "$LOG"',
+        "ss": 'echo ss >> "$LOG"; n=$(cat "$POLLS"); if [ "$n" -gt 0 ]; then echo $((n - 1)) > "$POLLS"; '
+              'echo "ESTAB 0 0 10.0.0.100:9000 10.0.0.9:5000"; fi',
+        "ip": 'echo "ip $*" >> "$LOG"',
+    }
+    for name, body in scripts.items():
+        if name != missing:
+            tail = "; exit 1" if name == fail else ""
+            (bin_dir / name).write_text(f"#!/bin/sh\n{body}{tail}\n")
+            (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "POLLS": str(polls)}
+    proc = subprocess.run(["sh", "-c", gateway_rollout.quiet_then_stop_command(CONFIGS["gw1"], quiet_s=5)],
+                          env=env, capture_output=True, text=True, timeout=30)
+    calls = [line for line in log.read_text().splitlines() if line != "ss"] if log.exists() else []
+    return proc.returncode, calls, proc.stderr
+
+
+def test_the_move_holds_new_connections_lets_the_front_end_the_open_ones_then_moves_and_drops_the_hold(tmp_path):
+    code, calls, _err = _run_move(tmp_path, open_polls=3)
+    assert code == 0
+    assert calls == [
+        "nft -f " + gateway_rollout.hold_rules("10.0.0.100", 9000),
+        "systemctl reload --no-block vllm-fleet-front.service",
+        "ip addr del 10.0.0.100/24 dev eth0",
+        "systemctl stop keepalived.service",
+        "nft delete table inet vllm_fleet_address_move",
+    ]
+    assert (tmp_path / "polls").read_text().strip() == "0"  # it waited until ss listed nothing
+
+
+def test_the_hold_drops_only_new_connections_to_the_address_and_port():
+    rules = gateway_rollout.hold_rules("10.0.0.100", 9000)
+    assert "ip daddr 10.0.0.100 tcp dport 9000 tcp flags & (syn | ack) == syn drop" in rules
+    assert rules.count("drop") == 1 and "policy accept" in rules
+
+
+def test_the_hold_is_dropped_even_when_the_move_fails(tmp_path):
+    code, calls, _err = _run_move(tmp_path, open_polls=0, fail="systemctl")
+    assert code != 0
+    assert calls[-1] == "nft delete table inet vllm_fleet_address_move"
+
+
+def test_without_nft_the_move_warns_and_still_waits_for_a_quiet_moment(tmp_path):
+    code, calls, err = _run_move(tmp_path, open_polls=2, missing="nft")
+    assert code == 0
+    assert "new connections to the floating address are not held" in err
+    assert calls == ["systemctl reload --no-block vllm-fleet-front.service", "ip addr del 10.0.0.100/24 dev eth0",
+                     "systemctl stop keepalived.service"]

@@ -21,7 +21,10 @@ What needs what (read from the sources, not guessed):
 - **With vllm_metrics, Prometheus' node exporter; on the monitoring host, Prometheus** (Debian's
   packages; vllm_fleet/monitoring/files.py runs each as a unit of its own, on 127.0.0.1).
 - **On a gateway behind a floating address (vllm_gateway_address), keepalived** (Debian's package and
-  its own keepalived.service; vllm_fleet/gateway.py writes its config).
+  its own keepalived.service; vllm_fleet/gateway.py writes its config) **and nftables' `nft`**: a
+  rollout that moves the address off its holder first holds new connections there (a rule of its
+  own, dropped when the address has left) so that the ones open can end before it moves
+  (vllm_fleet/commands/gateway_rollout.py).
 
 With conda, the environment's own Python ships its headers, so only the compilers come from the OS.
 """
@@ -69,6 +72,8 @@ ALERTMANAGER = Need("alertmanager", "Alertmanager", "the fleet's alerts to its r
                     "prometheus-alertmanager", "golang-github-prometheus-alertmanager")
 KEEPALIVED = Need("keepalived", "keepalived", "the gateways' floating address (vllm_gateway_address)", "keepalived",
                   "keepalived")
+NFTABLES = Need("nftables", "nftables (nft)", "holding new connections on the floating address's holder while a "
+                "rollout moves the address away (vllm_gateway_address)", "nftables", "nftables")
 
 
 def needs(target: str, python_version: str, env_manager: str, *, eager_only: bool,
@@ -76,8 +81,9 @@ def needs(target: str, python_version: str, env_manager: str, *, eager_only: boo
           floating: bool = False) -> list[Need]:
     """What a host of this target needs, in install order: without instances, nginx only for the
     fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics,
-    Prometheus and Alertmanager for vllm_monitoring, keepalived on a gateway behind a floating address (`floating`)."""
-    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS, ALERTMANAGER] * monitoring + [KEEPALIVED] * floating
+    Prometheus and Alertmanager for vllm_monitoring, keepalived and nftables on a gateway behind a floating
+    address (`floating`)."""
+    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS, ALERTMANAGER] * monitoring + [KEEPALIVED, NFTABLES] * floating
     if not has_instances:
         return ([NGINX] if gateway or metrics else []) + watched
     out = [NGINX, *watched]
@@ -124,6 +130,7 @@ def probe_command(python_version: str) -> str:
         "prometheus": "test -x /usr/bin/prometheus && test -x /usr/bin/promtool",
         "alertmanager": "test -x /usr/bin/prometheus-alertmanager && test -x /usr/bin/amtool",
         "keepalived": "test -x /usr/sbin/keepalived",
+        "nftables": "test -x /usr/sbin/nft",
     }
     # Braces: the redirection silences every command of a check (`command -v gcc` prints the path).
     parts = [f"if {{ {check}; }} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"
