@@ -98,7 +98,7 @@ class Hosts:
             others = [g for g in self.keepalived if self.keepalived[g] and self.ready[g]]
             if others and self.take_over:
                 self.holding.add(others[0])
-            return True, "", ""
+            return True, "held=1 open=0 waited=0\n", ""
         if command.startswith("systemctl start keepalived"):
             self.steps.append((name, "start keepalived"))
             self.keepalived[name] = True
@@ -287,10 +287,11 @@ def test_rollout_stops_at_a_batch_that_cannot_be_drained_from_every_router(tmp_p
 
 # --- the move's command, run by a real shell ------------------------------------------------------
 
-def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "") -> tuple[int, list[str], str]:
+def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "",
+              quiet_s: int = 5) -> tuple[int, list[str], str, str]:
     """quiet_then_stop_command run by `sh` with recording stand-ins for nft, systemctl, ss and ip on
     PATH: ss lists one open connection `open_polls` times, then none; `fail` names a stand-in that
-    exits 1, `missing` one that is not there. (exit status, the calls in order, stderr)."""
+    exits 1, `missing` one that is not there. (exit status, the calls in order, stdout, stderr)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     polls = tmp_path / "polls"
@@ -308,15 +309,19 @@ def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "") -> t
             (bin_dir / name).write_text(f"#!/bin/sh\n{body}{tail}\n")
             (bin_dir / name).chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "POLLS": str(polls)}
-    proc = subprocess.run(["sh", "-c", gateway_rollout.quiet_then_stop_command(CONFIGS["gw1"], quiet_s=5)],
+    proc = subprocess.run(["sh", "-c", gateway_rollout.quiet_then_stop_command(CONFIGS["gw1"], quiet_s=quiet_s)],
                           env=env, capture_output=True, text=True, timeout=30)
     calls = [line for line in log.read_text().splitlines() if line != "ss"] if log.exists() else []
-    return proc.returncode, calls, proc.stderr
+    return proc.returncode, calls, proc.stdout, proc.stderr
 
 
 def test_the_move_holds_new_connections_lets_the_front_end_the_open_ones_then_moves_and_drops_the_hold(tmp_path):
-    code, calls, _err = _run_move(tmp_path, open_polls=3)
+    code, calls, out, _err = _run_move(tmp_path, open_polls=3)
     assert code == 0
+    report = gateway_rollout.move_report(out)
+    assert (report["held"], report["open"]) == (1, 0) and report["waited"] <= 1  # whole seconds: 0, or 1 at a tick
+    assert gateway_rollout.describe_move("gw1", out, "") == (
+        f"gw1: new connections held; every open connection ended within {report['waited']} s")
     assert calls == [
         "nft -f " + gateway_rollout.hold_rules("10.0.0.100", 9000),
         "systemctl reload --no-block vllm-fleet-front.service",
@@ -334,14 +339,26 @@ def test_the_hold_drops_only_new_connections_to_the_address_and_port():
 
 
 def test_the_hold_is_dropped_even_when_the_move_fails(tmp_path):
-    code, calls, _err = _run_move(tmp_path, open_polls=0, fail="systemctl")
+    code, calls, _out, _err = _run_move(tmp_path, open_polls=0, fail="systemctl")
     assert code != 0
     assert calls[-1] == "nft delete table inet vllm_fleet_address_move"
 
 
 def test_without_nft_the_move_warns_and_still_waits_for_a_quiet_moment(tmp_path):
-    code, calls, err = _run_move(tmp_path, open_polls=2, missing="nft")
+    code, calls, out, err = _run_move(tmp_path, open_polls=2, missing="nft")
     assert code == 0
     assert "new connections to the floating address are not held" in err
+    assert "new connections NOT held" in gateway_rollout.describe_move("gw1", out, err)
     assert calls == ["systemctl reload --no-block vllm-fleet-front.service", "ip addr del 10.0.0.100/24 dev eth0",
                      "systemctl stop keepalived.service"]
+
+
+def test_connections_still_open_when_the_wait_ends_are_named_as_cut(tmp_path):
+    code, calls, out, _err = _run_move(tmp_path, open_polls=10 ** 6, quiet_s=1)
+    assert code == 0 and "ip addr del 10.0.0.100/24 dev eth0" in calls  # it moves all the same
+    report = gateway_rollout.move_report(out)
+    assert report["open"] == 1 and 1 <= report["waited"] <= 2
+    said = gateway_rollout.describe_move("gw1", out, "")
+    assert "1 connection(s) still open after" in said and "10.0.0.9:5000" in said
+    assert gateway_rollout.describe_move("gw1", "", "ssh: broken pipe") == (
+        "gw1: the move said nothing of its connections (ssh: broken pipe)")

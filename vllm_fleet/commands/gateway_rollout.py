@@ -129,16 +129,41 @@ def quiet_then_stop_command(config: HostConfig, quiet_s: int = MOVE_QUIET_S) -> 
     interface = shlex.quote(config.settings.vllm_gateway_interface)
     prefix = config.settings.vllm_gateway_address.split("/", 1)[1]
     listen = shlex.quote(f"{address}:{port}")
-    return (f"trap 'nft delete table inet {HOLD_TABLE} 2>/dev/null' EXIT; "
-            f"printf '%s\\n' {shlex.quote(hold_rules(address, port))} | nft -f - || "
+    connections = f"ss -Htn state established state syn-recv src {listen} 2>/dev/null"
+    return (f"trap 'nft delete table inet {HOLD_TABLE} 2>/dev/null' EXIT; held=0; "
+            f"if printf '%s\\n' {shlex.quote(hold_rules(address, port))} | nft -f -; then held=1; else "
             f"echo 'nftables: new connections to the floating address are not held (nft failed or is missing); "
-            f"the move waits for a quiet moment only' >&2; "
+            f"the move waits for a quiet moment only' >&2; fi; "
             f"systemctl reload --no-block {FRONT_UNIT}; "
-            f"end=$(($(date +%s) + {int(quiet_s)})); "
-            f"while [ -n \"$(ss -Htn state established state syn-recv src {listen} 2>/dev/null)\" ] && "
-            f"[ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.02; done; "
+            f"start=$(date +%s); end=$((start + {int(quiet_s)})); "
+            f"while [ -n \"$({connections})\" ] && [ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.02; done; "
+            f"open=$({connections} | wc -l); "
             f"ip addr del {shlex.quote(f'{address}/{prefix}')} dev {interface}; "
+            f"echo \"held=$held open=$open waited=$(($(date +%s) - start))\"; "
+            f"{connections} | head -n 5 | sed 's/^/still open: /' ; "
             f"systemctl stop {KEEPALIVED_UNIT}")
+
+
+def move_report(output: str) -> dict[str, int] | None:
+    """quiet_then_stop_command's `held=1 open=0 waited=2` line as numbers (None when absent)."""
+    for line in output.splitlines():
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if set(words) == {"held", "open", "waited"} and all(v.isdigit() for v in words.values()):
+            return {k: int(v) for k, v in words.items()}
+    return None
+
+
+def describe_move(holder: str, output: str, err: str) -> str:
+    """What the holder saw before the address left it, for the rollout's log."""
+    report = move_report(output)
+    if report is None:
+        return f"{holder}: the move said nothing of its connections ({(err.strip() or output.strip())[-200:]})"
+    held = "new connections held" if report["held"] else "new connections NOT held (nft failed or is missing)"
+    if report["open"]:
+        cut = [line.removeprefix("still open: ") for line in output.splitlines() if line.startswith("still open: ")]
+        return (f"{holder}: {held}; {report['open']} connection(s) still open after {report['waited']} s were cut "
+                f"({'; '.join(cut)})")
+    return f"{holder}: {held}; every open connection ended within {report['waited']} s"
 
 
 def start_command() -> str:
@@ -235,7 +260,8 @@ def address_moved_away(holder: Gateway, others: list[Gateway], log: Callable[[st
             f"({', '.join(gw.name for gw in others) or 'there is none'}: keepalived stopped, readiness check "
             f"failing or unreachable): converging it would leave the clients with no gateway")
     started = time.monotonic()
-    ok, _out, err = _run(holder.host, quiet_then_stop_command(holder.config), timeout=MOVE_QUIET_S + 60)
+    ok, out, err = _run(holder.host, quiet_then_stop_command(holder.config), timeout=MOVE_QUIET_S + 60)
+    log(describe_move(holder.name, out, err))
     took: list[str] = []
 
     def moved() -> bool:
