@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from support import nft_tool
 from support.rollout_stubs import RolloutState, stub_pyinfra
 from vllm_fleet.commands import gateway_drain, gateway_rollout, rollout
 from vllm_fleet.commands.gateway_rollout import BatchRefused, Gateway
@@ -297,7 +298,7 @@ def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "",
     polls = tmp_path / "polls"
     polls.write_text(str(open_polls))
     scripts = {
-        "nft": 'if [ "$1" = -f ]; then echo "nft -f $(cat)" >> "$LOG"; else echo "nft $*" >> "$LOG"; fi',
+        "nft": 'if [ "$1" = -f ]; then echo "nft -f $(tr "\\n" " ")" >> "$LOG"; else echo "nft $*" >> "$LOG"; fi',
         "systemctl": 'echo "systemctl $*" >> "$LOG"',
         "ss": 'echo ss >> "$LOG"; n=$(cat "$POLLS"); if [ "$n" -gt 0 ]; then echo $((n - 1)) > "$POLLS"; '
               'echo "ESTAB 0 0 10.0.0.100:9000 10.0.0.9:5000"; fi',
@@ -323,7 +324,7 @@ def test_the_move_holds_new_connections_lets_the_front_end_the_open_ones_then_mo
     assert gateway_rollout.describe_move("gw1", out, "") == (
         f"gw1: new connections held; every open connection ended within {report['waited']} s")
     assert calls == [
-        "nft -f " + gateway_rollout.hold_rules("10.0.0.100", 9000),
+        "nft -f " + gateway_rollout.hold_rules("10.0.0.100", 9000).replace("\n", " ") + " ",
         "systemctl reload --no-block vllm-fleet-front.service",
         "ip addr del 10.0.0.100/24 dev eth0",
         "systemctl stop keepalived.service",
@@ -332,10 +333,20 @@ def test_the_move_holds_new_connections_lets_the_front_end_the_open_ones_then_mo
     assert (tmp_path / "polls").read_text().strip() == "0"  # it waited until ss listed nothing
 
 
-def test_the_hold_drops_only_new_connections_to_the_address_and_port():
+def test_the_hold_drops_only_new_connections_to_the_address_and_port_as_nft_reads_it():
     rules = gateway_rollout.hold_rules("10.0.0.100", 9000)
-    assert "ip daddr 10.0.0.100 tcp dport 9000 tcp flags & (syn | ack) == syn drop" in rules
-    assert rules.count("drop") == 1 and "policy accept" in rules
+    try:
+        loaded = nft_tool.run(rules, "list ruleset", f"delete table inet {gateway_rollout.HOLD_TABLE}",
+                              "list ruleset")
+    except nft_tool.ToolUnavailable as exc:
+        pytest.skip(str(exc))
+    assert loaded.returncode == 0, loaded.stderr
+    listed, _, after_delete = loaded.stdout.partition("}\n}\n")
+    assert "type filter hook input priority filter - 10; policy accept;" in listed
+    # nft's own reading: SYN set and ACK clear, to that address and port only; one rule, nothing else.
+    assert [line.strip() for line in listed.splitlines() if "drop" in line] == [
+        "ip daddr 10.0.0.100 tcp dport 9000 tcp flags syn / syn,ack drop"]
+    assert after_delete.strip() == ""  # the exit trap's delete leaves nothing behind
 
 
 def test_the_hold_is_dropped_even_when_the_move_fails(tmp_path):

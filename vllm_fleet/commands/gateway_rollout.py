@@ -104,8 +104,12 @@ def hold_rules(address: str, port: int) -> str:
     """nftables' rules (a table of their own) that drop new connections to the floating address's
     gateway port, and nothing else: a SYN without ACK. Dropped, not refused: the client sends its
     SYN again a second later (then 2, 4 s later), by then to the gateway the address went to."""
-    return (f"table inet {HOLD_TABLE} {{ chain input {{ type filter hook input priority -10; policy accept; "
-            f"ip daddr {address} tcp dport {int(port)} tcp flags & (syn | ack) == syn drop; }} }}")
+    return (f"table inet {HOLD_TABLE} {{\n"
+            f"  chain input {{\n"
+            f"    type filter hook input priority -10; policy accept;\n"
+            f"    ip daddr {address} tcp dport {int(port)} tcp flags & (syn | ack) == syn drop\n"
+            f"  }}\n"
+            f"}}")
 
 
 def quiet_then_stop_command(config: HostConfig, quiet_s: int = MOVE_QUIET_S) -> str:
