@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -289,10 +290,11 @@ def test_rollout_stops_at_a_batch_that_cannot_be_drained_from_every_router(tmp_p
 # --- the move's command, run by a real shell ------------------------------------------------------
 
 def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "",
-              quiet_s: int = 5) -> tuple[int, list[str], str, str]:
+              quiet_s: int = 5, terminate_after_s: float | None = None) -> tuple[int, list[str], str, str]:
     """quiet_then_stop_command run by `sh` with recording stand-ins for nft, systemctl, ss and ip on
     PATH: ss lists one open connection `open_polls` times, then none; `fail` names a stand-in that
-    exits 1, `missing` one that is not there. (exit status, the calls in order, stdout, stderr)."""
+    exits 1, `missing` one that is not there; `terminate_after_s`: SIGTERM then (as when the rollout is
+    stopped). (exit status, the calls in order, stdout, stderr)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "calls"
     bin_dir.mkdir()
     polls = tmp_path / "polls"
@@ -310,10 +312,14 @@ def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "",
             (bin_dir / name).write_text(f"#!/bin/sh\n{body}{tail}\n")
             (bin_dir / name).chmod(0o755)
     env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "POLLS": str(polls)}
-    proc = subprocess.run(["sh", "-c", gateway_rollout.quiet_then_stop_command(CONFIGS["gw1"], quiet_s=quiet_s)],
-                          env=env, capture_output=True, text=True, timeout=30)
+    proc = subprocess.Popen(["sh", "-c", gateway_rollout.quiet_then_stop_command(CONFIGS["gw1"], quiet_s=quiet_s)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if terminate_after_s is not None:
+        time.sleep(terminate_after_s)
+        proc.terminate()
+    stdout, stderr = proc.communicate(timeout=30)
     calls = [line for line in log.read_text().splitlines() if line != "ss"] if log.exists() else []
-    return proc.returncode, calls, proc.stdout, proc.stderr
+    return proc.returncode, calls, stdout, stderr
 
 
 def test_the_move_holds_new_connections_lets_the_front_end_the_open_ones_then_moves_and_drops_the_hold(tmp_path):
@@ -373,3 +379,10 @@ def test_connections_still_open_when_the_wait_ends_are_named_as_cut(tmp_path):
     assert "1 connection(s) still open after" in said and "10.0.0.9:5000" in said
     assert gateway_rollout.describe_move("gw1", "", "ssh: broken pipe") == (
         "gw1: the move said nothing of its connections (ssh: broken pipe)")
+
+
+def test_a_move_stopped_while_it_waits_drops_the_hold_and_leaves_the_address(tmp_path):
+    code, calls, _out, _err = _run_move(tmp_path, open_polls=10 ** 6, quiet_s=20, terminate_after_s=1.0)
+    assert code != 0
+    assert calls[-1] == "nft delete table inet vllm_fleet_address_move"
+    assert not any(call.startswith(("ip addr del", "systemctl stop")) for call in calls)

@@ -124,8 +124,8 @@ def quiet_then_stop_command(config: HostConfig, quiet_s: int = MOVE_QUIET_S) -> 
     3. wait (at most `quiet_s`) until no connection is open or opening on the address's port;
     4. take the address off the interface and stop keepalived (a stopping master advertises priority
        0: a backup takes the address at once);
-    5. drop the hold (on any exit: a hold left behind would drop the clients of this gateway the
-       next time it holds the address).
+    5. drop the hold (on any exit, a signal's too: a hold left behind would drop the clients of this
+       gateway the next time it holds the address; stopped before step 4, the address stays).
 
     Without `nft` (a gateway not deployed since nftables became a package of gateways), it warns and
     moves at the first quiet moment, as before: connections opened in the meantime may be cut."""
@@ -134,7 +134,7 @@ def quiet_then_stop_command(config: HostConfig, quiet_s: int = MOVE_QUIET_S) -> 
     prefix = config.settings.vllm_gateway_address.split("/", 1)[1]
     listen = shlex.quote(f"{address}:{port}")
     connections = f"ss -Htn state established state syn-recv src {listen} 2>/dev/null"
-    return (f"trap 'nft delete table inet {HOLD_TABLE} 2>/dev/null' EXIT; held=0; "
+    return (f"trap 'nft delete table inet {HOLD_TABLE} 2>/dev/null' EXIT; trap 'exit 1' HUP INT TERM PIPE; held=0; "
             f"if printf '%s\\n' {shlex.quote(hold_rules(address, port))} | nft -f -; then held=1; else "
             f"echo 'nftables: new connections to the floating address are not held (nft failed or is missing); "
             f"the move waits for a quiet moment only' >&2; fi; "
