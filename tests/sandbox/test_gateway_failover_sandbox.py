@@ -327,8 +327,9 @@ def test_powering_off_the_holder_moves_the_address_within_3_s_and_it_comes_back_
     (other,) = [g for g in GATEWAYS if g != old]
     with Traffic().start(sbx) as traffic:
         time.sleep(4)
-        fault_at = time.monotonic()
-        harness.power_off(sbx, sbx.host(old))
+        # The fault's moment is when the link is gone (a request started while `ip link del` ran
+        # reached the holder): power_off says when.
+        fault_at = harness.power_off(sbx, sbx.host(old))
         time.sleep(10)
         moved = traffic.moved_after(fault_at, old)
         harness.power_on(sbx, sbx.host(old))
@@ -353,8 +354,8 @@ def test_cutting_the_holders_network_moves_the_address_without_two_answering_and
     veth = sbx.host(old).veth
     with Traffic().start(sbx) as traffic:
         time.sleep(4)
-        fault_at = time.monotonic()
         subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+        fault_at = time.monotonic()  # the link down: a request started before it may be on the holder
         try:
             time.sleep(10)
             held_while_cut = holders(sbx)
@@ -403,8 +404,7 @@ def test_killing_a_backends_host_mid_stream(fleet):
     victim = BACKENDS[0]
     with Traffic(max_tokens=64).start(sbx) as traffic:
         time.sleep(4)
-        fault_at = time.monotonic()
-        harness.power_off(sbx, sbx.host(victim))
+        fault_at = harness.power_off(sbx, sbx.host(victim))
         time.sleep(10)
         harness.power_on(sbx, sbx.host(victim))  # its vLLM starts with it, as on a server switched on
         ok, note = recovered(sbx, kept)

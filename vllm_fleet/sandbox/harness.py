@@ -187,15 +187,17 @@ def _tear_down(sandbox: Sandbox) -> None:
     shutil.rmtree(sandbox.state_dir, ignore_errors=True)
 
 
-def power_off(sandbox: Sandbox, host: SandboxHost) -> None:
+def power_off(sandbox: Sandbox, host: SandboxHost) -> float:
     """Pull one host's plug: its nspawn and everything in its cgroups killed at once (no orderly
     halt: nothing inside gets to say goodbye, keepalived included), its network gone with its
     namespace (a dead machine's addresses answer nothing: no ARP, no RST). Its disk (the overlay's
-    upper dir) stays, as a server's does: power_on boots it again from there."""
+    upper dir) stays, as a server's does: power_on boots it again from there. Returns the moment
+    (time.monotonic()) its link was gone: what a drill counts the requests in flight at."""
     # The cable first: killed with their network still there, the host's processes would have
     # their kernel close every connection (FIN, RST) as a crash does; a machine losing power tells
     # its peers nothing.
     _run("ip", "link", "del", host.veth, check=False)
+    cut_at = time.monotonic()
     pids = set(_nspawn_pids(host))
     pid = _pid_of(sandbox, host)
     pids.update([pid] if pid else [])
@@ -209,6 +211,7 @@ def power_off(sandbox: Sandbox, host: SandboxHost) -> None:
     unmount_host(sandbox, host)
     for cgroup in _cgroup_dirs(host):
         _remove_cgroup(cgroup, deadline)
+    return cut_at
 
 
 def power_on(sandbox: Sandbox, host: SandboxHost, log=print) -> HostStatus:
