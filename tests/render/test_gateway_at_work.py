@@ -415,6 +415,10 @@ def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
         # The query string and a path nginx normalises go on; the router sees the normalised path.
         assert keyed(port, chat("You are terse.", "hello"), path="/v1/./chat/completions?x=1")[1] == first
         assert KeyedRouter.seen[-1][0] == "/v1/chat/completions?x=1"
+        # Other routes: a key of their own each (they spread), or the client's.
+        embeddings = [keyed(port, {"model": "beta", "input": "hi"}, "/v1/embeddings")[1] for _ in range(2)]
+        assert all(k.startswith("r-") and len(k) == 34 for k in embeddings) and len(set(embeddings)) == 2
+        assert keyed(port, {"model": "beta", "input": "hi"}, "/v1/embeddings", {"X-Session-ID": "e1"})[1] == "e1"
         # Without the client's key nothing is keyed or passed on.
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         before = len(KeyedRouter.seen)
