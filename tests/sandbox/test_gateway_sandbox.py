@@ -184,7 +184,9 @@ def test_nginx_reads_the_key_pattern_up_to_the_limit_the_deploy_enforces(two_nam
 
 # --- vllm_gateway_policy = "prefix": routing by the prompt's leading messages -----------------------------
 
-ROUTED = re.compile(r"Consistent hash routing: key='([^']*)' -> worker='([^']*)'")
+#: vllm-router 0.1.17's INFO line for each request consistent_hash routes; a header's key is logged as
+#: "header:x-session-id:<value>".
+ROUTED = re.compile(r"Consistent hash routing: key='(?:header:x-session-id:)?([^']*)' -> worker='([^']*)'")
 BACKEND_HOST = {f"http://{address}:8000": name for name, address in CPU_HOSTS.items()}
 SYSTEM = ("You are the support assistant of a small bakery. Answer in one short sentence, politely, and never "
           "invent prices; when unsure, ask the customer to call the shop. ") * 2
@@ -262,10 +264,10 @@ def test_prefix_policy_keeps_a_conversation_on_one_instance_and_spreads_conversa
 
 def test_killing_an_instance_under_prefix_routed_traffic_fails_only_requests_it_held(prefix_policy, sandbox):
     """Four clients (the official openai client, no retries), each a conversation of its own, two of
-    them keyed to sbx-cpu2: its vLLM is killed (SIGKILL) mid-traffic. The requests that fail are among
-    those sent to sbx-cpu2 around the kill, and every request sent a few seconds later succeeds, the
-    conversations of sbx-cpu2 on sbx-cpu1. systemd starts the killed vLLM again (Restart=always); the
-    test waits until the router has it back."""
+    them keyed to sbx-cpu2, one of each pair streaming: sbx-cpu2's vLLM is killed (SIGKILL) mid-traffic.
+    No more requests fail than were in flight to sbx-cpu2 at the kill, all of them its conversations',
+    and every request sent a few seconds later succeeds, the conversations of sbx-cpu2 on sbx-cpu1.
+    systemd starts the killed vLLM again (Restart=always); the test waits until the router has it back."""
     client = _client(timeout=60)
     # Pick two conversations the ring puts on each instance (their first turn, routed as any other).
     before = len(_routed(sandbox))
@@ -278,18 +280,23 @@ def test_killing_an_instance_under_prefix_routed_traffic_fails_only_requests_it_
     records: list[tuple[str, float, float, str | None]] = []  # (first message, start, end, error)
     stop = threading.Event()
 
-    def converse(first: str) -> None:
+    def converse(first: str, stream: bool) -> None:
         turns = 1
         while not stop.is_set():
             start = time.monotonic()
             try:
-                client.chat.completions.create(model=POOL, max_tokens=8, messages=_conversation(first, turns))
+                if stream:
+                    chunks = client.chat.completions.create(model=POOL, max_tokens=16, stream=True,
+                                                            messages=_conversation(first, turns))
+                    assert list(chunks)
+                else:
+                    client.chat.completions.create(model=POOL, max_tokens=8, messages=_conversation(first, turns))
                 error = None
-            except openai.APIError as exc:
+            except Exception as exc:  # a stream cut mid-way is httpx's error, not openai's
                 error = repr(exc)[:200]
             records.append((first, start, time.monotonic(), error))
             turns = turns % 6 + 1
-    threads = [threading.Thread(target=converse, args=(c,)) for c in chosen]
+    threads = [threading.Thread(target=converse, args=(c, i % 2 == 0)) for i, c in enumerate(chosen)]
     for t in threads:
         t.start()
     try:
@@ -307,8 +314,8 @@ def test_killing_an_instance_under_prefix_routed_traffic_fails_only_requests_it_
     late = [r for r in records if r[1] > killed + 8]
     print(f"killed sbx-cpu2's vLLM under {len(threads)} prefix-routed clients: {len(records)} requests, "
           f"{len(in_flight)} in flight at the kill ({len(in_flight_victim)} to sbx-cpu2), {len(failed)} failed "
-          f"({[round(r[1] - killed, 2) for r in failed]} s after the kill, by start), {len(late)} started 8 s "
-          f"or more after it, {sum(1 for r in late if r[3])} of them failed")
+          f"({[round(r[1] - killed, 2) for r in failed]} s after the kill, by start: {[r[3][:60] for r in failed]}), "
+          f"{len(late)} started 8 s or more after it, {sum(1 for r in late if r[3])} of them failed")
     try:
         assert all(placed[r[0]] == "sbx-cpu2" for r in failed), failed
         assert not [r for r in late if r[3]], late
