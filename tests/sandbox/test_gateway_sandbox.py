@@ -286,7 +286,9 @@ def test_killing_an_instance_under_prefix_routed_traffic_fails_only_requests_it_
             start = time.monotonic()
             try:
                 if stream:
-                    chunks = client.chat.completions.create(model=POOL, max_tokens=16, stream=True,
+                    # Long enough (128 tokens, EOS ignored) that a stream is likely running at the kill.
+                    chunks = client.chat.completions.create(model=POOL, max_tokens=128, stream=True,
+                                                            extra_body={"ignore_eos": True},
                                                             messages=_conversation(first, turns))
                     assert list(chunks)
                 else:
@@ -320,7 +322,7 @@ def test_killing_an_instance_under_prefix_routed_traffic_fails_only_requests_it_
         assert all(placed[r[0]] == "sbx-cpu2" for r in failed), failed
         assert not [r for r in late if r[3]], late
         assert late and {placed[r[0]] for r in late} == {"sbx-cpu1", "sbx-cpu2"}
-        assert len(failed) <= len(in_flight_victim), (failed, in_flight_victim)
+        assert in_flight_victim and len(failed) <= len(in_flight_victim), (failed, in_flight_victim)
     finally:
         deadline = time.monotonic() + 300
         while sandbox.run("sbx-cpu2", "systemctl is-active vllm-tiny.service").stdout.strip() != "active":
