@@ -163,14 +163,14 @@ ROUTER_POLICY = {"prefix": "consistent_hash"}
 
 
 #: The requests the "prefix" policy keys (OpenAI's chat and completion routes: the ones with a prompt
-#: whose prefix vLLM caches), the named location the keyer passes them on from, the body the keyer
-#: reads (nginx keeps a larger one in a file: it goes on unkeyed; a long conversation's text is well
-#: under it, a request with inline images may not be), and a completion prompt's characters it keys on
-#: (a growing prompt keeps its key once longer than that; prompts that share that many leading
-#: characters share an instance).
+#: whose prefix vLLM caches), the named location the keyer passes them on from, the largest body it
+#: reads (by its Content-Length; nginx holds that much in memory there, a larger body goes on unkeyed:
+#: a long conversation's text is well under it, a request with inline images may not be), and a
+#: completion prompt's characters it keys on (a growing prompt keeps its key once longer than that;
+#: prompts that share that many leading characters share an instance).
 PREFIX_PATHS = ("/v1/chat/completions", "/v1/completions")
 PREFIX_LOCATION = "@vllm_fleet_gateway_keyed"
-PREFIX_BODY_BUFFER = "4m"
+PREFIX_BODY_MIB = 4
 PREFIX_PROMPT_CHARS = 1024
 
 
@@ -180,7 +180,7 @@ def prefix_keyer(config: HostConfig) -> RenderedFile | None:
     if not prefix_routing(config):
         return None
     script = jinja_environment().get_template("front-prefix-key.js.j2").render(
-        prompt_chars=PREFIX_PROMPT_CHARS, keyed_location=PREFIX_LOCATION)
+        prompt_chars=PREFIX_PROMPT_CHARS, keyed_location=PREFIX_LOCATION, body_bytes=PREFIX_BODY_MIB << 20)
     return RenderedFile(front_paths(config)["prefix_key"], script)
 
 
@@ -309,7 +309,7 @@ def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[st
     return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
             "models_file": gateway_paths(config)["models"],
             "prefix_key": front_paths(config)["prefix_key"] if prefix_routing(config) else None,
-            "prefix_paths": PREFIX_PATHS, "prefix_location": PREFIX_LOCATION, "prefix_body_buffer": PREFIX_BODY_BUFFER,
+            "prefix_paths": PREFIX_PATHS, "prefix_location": PREFIX_LOCATION, "prefix_body_buffer": f"{PREFIX_BODY_MIB}m",
             "client_models_files": [(c.id, client_models_path(config, c.name)) for c in clients
                                     if c.models is not None]}
 

@@ -451,10 +451,11 @@ def test_the_prefix_keyer_keys_completions_by_their_prompts_first_characters(tmp
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
 def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_streams(tmp_path):
-    """Not JSON, no messages or prompt, an empty or odd message list, no body, a body over the 4m the
-    keyer reads, odd Unicode: each request still reaches the router with its body unchanged, keyed
-    by its own request id ("r-", a new one each time: such requests spread, never pile onto one
-    instance) or, where it parses, by its messages. A streamed answer comes out chunk by chunk."""
+    """Not JSON, no messages or prompt, an empty or odd message list, no body, a body over the 4 MiB
+    the keyer reads or sent chunked (no Content-Length), odd Unicode: each request still reaches the
+    router with its body unchanged, keyed by its own request id ("r-", a new one each time: such
+    requests spread, never pile onto one instance) or, where it parses, by its messages. A streamed
+    answer comes out chunk by chunk."""
     port, proc, router = prefix_gateway(tmp_path)
     try:
         unkeyable = [b"not json", b"", b'{"model": "beta"}', b'{"model": "beta", "messages": []}',
@@ -466,6 +467,14 @@ def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_st
             assert status == 200 and key is not None and key.startswith("r-") and len(key) == 34, (body[:40], key)
             keys.append(key)
         assert keyed(port, b"not json")[1] not in keys and len(set(keys)) == len(keys)
+        # Just under the limit it parses; sent chunked, it is not read.
+        fits = json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * ((4 << 20) - 100)}]}).encode()
+        assert len(fits) <= 4 << 20 and keyed(port, fits)[1].startswith("p-")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", iter([json.dumps(chat("s", "u")).encode()]),
+                     {"Authorization": "Bearer " + API_KEY}, encode_chunked=True)
+        assert conn.getresponse().status == 200 and KeyedRouter.seen[-1][1][0].startswith("r-")
+        conn.close()
         assert keyed(port, None, method="GET")[1].startswith("r-")
         odd = [chat("\U0001F600 \u202e\u0000 é", "\ud800 lone", model="b\u00e9ta"),
                {"model": "beta", "messages": [None, 7, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
