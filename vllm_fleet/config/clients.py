@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vllm_fleet import kinds
-from vllm_fleet.config.errors import Checker
+from vllm_fleet.config.errors import Checker, named_entries
 
 #: The client of a fleet without vllm_api_clients: the key of vllm_api_key_env / vllm_api_key_file.
 FLEET_KEY_CLIENT = "fleet-key"
@@ -93,19 +93,9 @@ def parse_api_clients(check: Checker, raw: Any, key_env: str, key_file: str | No
                     fix=f"vllm_api_clients = {EXAMPLE}")
         return ()
     clients = []
-    folded: dict[str, str] = {}  # a name in lower case -> the client that has it
-    for name, spec in raw.items():
-        key = f"vllm_api_clients.{name}" if kinds.printable(name) else "vllm_api_clients (a key)"
-        problem = client_name_problem(name)
-        if problem:
-            check.error(problem, key=key, fix="name the client like 'ci' or 'research-team'")
-            continue
-        if name.lower() in folded:
-            check.error(f"clients {folded[name.lower()]!r} and {name!r} differ only in case: logs, status and "
-                        "nginx would take them for one client", key=key,
-                        fix=f"give one of them another name, or merge them into {folded[name.lower()]!r}")
-            continue
-        folded[name.lower()] = name
+    for key, name, spec in named_entries(check, raw, "vllm_api_clients", "client", client_name_problem,
+                                         fix="name the client like 'ci' or 'research-team'",
+                                         why_one=": logs, status and nginx would take them for one client"):
         client = _parse_client(check, key, name, spec)
         if client is not None:
             clients.append(client)

@@ -4,6 +4,7 @@ of a run's, reported together) and Checker, which collects one host's."""
 from __future__ import annotations
 
 import difflib
+from typing import Any, Callable
 
 from vllm_fleet import kinds
 
@@ -65,3 +66,24 @@ class Checker:
                 hint = f"did you mean '{prefix}{guess}'?" if guess else f"known keys: {', '.join(known)}"
                 name = f"{prefix}{key}"
                 self.error(f"unknown key {name!r}", instance=instance, key=shown_key(name), fix=hint)
+
+
+def named_entries(check: Checker, entries: dict, knob: str, noun: str,
+                  name_problem: Callable[[Any], str | None], fix: str, why_one: str = ""):
+    """(key path, name, spec) of each entry of a dict knob named by a name (vllm_api_clients,
+    vllm_alert_receivers). An entry whose name `name_problem` refuses, or that differs from an
+    earlier one only in case (`why_one`: what would take the two for one), is reported on `check`
+    with its key path and `fix`, and skipped."""
+    folded: dict[str, str] = {}  # a name in lower case -> the entry that has it
+    for name, spec in entries.items():
+        key = f"{knob}.{name}" if kinds.printable(name) else f"{knob} (a key)"
+        problem = name_problem(name)
+        if problem:
+            check.error(problem, key=key, fix=fix)
+            continue
+        if name.lower() in folded:
+            check.error(f"{noun}s {folded[name.lower()]!r} and {name!r} differ only in case{why_one}", key=key,
+                        fix=f"give one of them another name, or merge them into {folded[name.lower()]!r}")
+            continue
+        folded[name.lower()] = name
+        yield key, name, spec

@@ -21,7 +21,10 @@ What needs what (read from the sources, not guessed):
 - **With vllm_metrics, Prometheus' node exporter; on the monitoring host, Prometheus** (Debian's
   packages; vllm_fleet/monitoring/files.py runs each as a unit of its own, on 127.0.0.1).
 - **On a gateway behind a floating address (vllm_gateway_address), keepalived** (Debian's package and
-  its own keepalived.service; vllm_fleet/gateway.py writes its config).
+  its own keepalived.service; vllm_fleet/gateway.py writes its config) **and nftables' `nft`**: a
+  rollout that moves the address off its holder first holds new connections there (a rule of its
+  own, dropped when the address has left) so that the ones open can end before it moves
+  (vllm_fleet/commands/gateway_rollout.py).
 - **On a gateway with vllm_gateway_policy = "prefix", nginx's JavaScript module (njs)**: the front's
   keyer runs in it (`load_module modules/ngx_http_js_module.so`, under nginx's prefix).
 
@@ -71,6 +74,8 @@ ALERTMANAGER = Need("alertmanager", "Alertmanager", "the fleet's alerts to its r
                     "prometheus-alertmanager", "golang-github-prometheus-alertmanager")
 KEEPALIVED = Need("keepalived", "keepalived", "the gateways' floating address (vllm_gateway_address)", "keepalived",
                   "keepalived")
+NFTABLES = Need("nftables", "nftables (nft)", "holding new connections on the floating address's holder while a "
+                "rollout moves the address away (vllm_gateway_address)", "nftables", "nftables")
 # RHEL: nginx.org's repository's name (RHEL's own nginx has no njs; not tried on a RHEL host).
 NGINX_JS = Need("nginx_js", "nginx's JavaScript module (njs)",
                 "the gateway's prefix routing (vllm_gateway_policy = \"prefix\")", "libnginx-mod-http-js",
@@ -82,9 +87,9 @@ def needs(target: str, python_version: str, env_manager: str, *, eager_only: boo
           floating: bool = False, prefix_routing: bool = False) -> list[Need]:
     """What a host of this target needs, in install order: without instances, nginx only for the
     fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics,
-    Prometheus and Alertmanager for vllm_monitoring, keepalived on a gateway behind a floating address
-    (`floating`), njs on a gateway whose front keys requests by prefix (`prefix_routing`)."""
-    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS, ALERTMANAGER] * monitoring + [KEEPALIVED] * floating
+    Prometheus and Alertmanager for vllm_monitoring, keepalived and nftables on a gateway behind a floating
+    address (`floating`), njs on a gateway whose front keys requests by prefix (`prefix_routing`)."""
+    watched = [NODE_EXPORTER] * metrics + [PROMETHEUS, ALERTMANAGER] * monitoring + [KEEPALIVED, NFTABLES] * floating
     if not has_instances:
         return ([NGINX] + [NGINX_JS] * prefix_routing if gateway or metrics else []) + watched
     out = [NGINX, *[NGINX_JS] * (prefix_routing and gateway), *watched]
@@ -131,6 +136,7 @@ def probe_command(python_version: str) -> str:
         "prometheus": "test -x /usr/bin/prometheus && test -x /usr/bin/promtool",
         "alertmanager": "test -x /usr/bin/prometheus-alertmanager && test -x /usr/bin/amtool",
         "keepalived": "test -x /usr/sbin/keepalived",
+        "nftables": "test -x /usr/sbin/nft",
         # Where `load_module modules/...` finds it: nginx's prefix (Debian's /usr/share/nginx links its
         # modules/ to /usr/lib/nginx/modules; nginx.org's packages keep theirs under /etc/nginx).
         "nginx_js": "test -f /usr/share/nginx/modules/ngx_http_js_module.so || test -f /etc/nginx/modules/ngx_http_js_module.so",

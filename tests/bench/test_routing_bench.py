@@ -1,6 +1,6 @@
-"""The gateway policy bench's offline parts: the workload generator, the /metrics and percentile
-arithmetic, the summary and its table, and the client against a local streaming stand-in (loopback
-ports this test starts and stops; no sandbox host is booted here)."""
+"""The routing bench's offline parts: the arms, the workload generator (tenants), the /metrics and
+percentile arithmetic, the summary, its table and the targets, and the client against a local
+streaming stand-in (loopback ports this test starts and stops; no sandbox host is booted here)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ import pytest
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 sys.path.insert(0, str(BENCH))
 
-import gateway_policy_bench as pb  # noqa: E402
-import gateway_policy_workload as pw  # noqa: E402
+import routing_bench as pb  # noqa: E402
+import routing_workload as pw  # noqa: E402
 
 
 # --- the workload ---------------------------------------------------------------------------------
@@ -185,6 +185,7 @@ def test_the_client_streams_every_turn_with_the_replies_so_far_and_the_session_h
     result = pb.run_client(spec(streamer, w))
     assert result["ok"] == 9 + 3 and result["errors"] == 0 and not result["timed_out"]
     assert len(result["ttft_ms"]) == 12 and len(result["ttft_later_turns_ms"]) == 6
+    assert len(result["ttft_oneshot_ms"]) == 3
     assert result["completion_tokens"] == 24 and result["max_prompt_tokens"] == 7 * 6
     by_session: dict = {}
     for session, body in Streamer.seen:
@@ -204,7 +205,64 @@ def test_the_client_counts_refused_requests_as_errors(streamer):
     assert "HTTP 401" in result["error_examples"][0]
 
 
-def test_policies_must_be_the_gateways():
+def test_arms_are_a_policy_with_or_without_the_header_or_the_ideal():
+    assert pw.parse_arm("cache_aware+header") == {"name": "cache_aware+header", "policy": "cache_aware", "header": True}
+    assert pw.parse_arm(" round_robin ") == {"name": "round_robin", "policy": "round_robin", "header": False}
+    assert pw.parse_arm("ideal") == {"name": "ideal", "policy": "consistent_hash", "header": False}
+    for bad in ("cache_aware+cookie", "+header", ""):
+        with pytest.raises(ValueError, match="POLICY"):
+            pw.parse_arm(bad)
+
+
+def test_a_policy_the_fleet_refuses_is_reported_with_its_reason_and_not_run():
+    args = pb.parse_args(["--arms", "round_robin,kv_aware+header, cache_aware"])
+    assert [a["name"] for a in args.arm_list] == ["round_robin", "cache_aware"]
+    assert "vllm_gateway_policy" in args.refused["kv_aware"] and "kv_aware" in args.refused["kv_aware"]
     with pytest.raises(SystemExit):
-        pb.parse_args(["--policies", "round_robin,kv_aware"])
-    assert pb.parse_args(["--policies", "round_robin, cache_aware"]).policy_list == ["round_robin", "cache_aware"]
+        pb.parse_args(["--arms", "kv_aware"])  # nothing left to run
+    with pytest.raises(SystemExit):
+        pb.parse_args(["--arms", "round_robin,round_robin"])
+    with pytest.raises(SystemExit):
+        pb.parse_args(["--tenants", "0"])
+
+
+def test_tenants_each_have_a_system_prompt_of_their_own_and_conversations_take_them_in_turn():
+    w = pw.make_workload(1, "r1-x", conversations=8, turns=2, oneshot_share=0.0, tenants=4)
+    assert len(w["systems"]) == 4 and len({s[:12] for s in w["systems"]}) == 4  # no common first tokens
+    assert all(s.endswith(pw.SYSTEM_PROMPT) for s in w["systems"])
+    assert [c["tenant"] for c in w["conversations"]] == [0, 1, 2, 3, 0, 1, 2, 3]
+    with pytest.raises(ValueError):
+        pw.make_workload(1, "t", 4, 2, 0.0, tenants=0)
+
+
+def test_the_targets_are_judged_against_round_robin_and_the_ideal():
+    def summary(name, hit, p90, oneshot, errors=0):
+        return {"policy": name, "prefix_cache_hit_rate": hit, "ttft_p90_ms": p90, "ttft_oneshot_p90_ms": oneshot,
+                "errors": errors}
+    verdict = pw.judge([summary("round_robin", 0.6, 1000.0, 100.0), summary("prefix", 0.76, 450.0, 108.0),
+                        summary("cache_aware", 0.5, 600.0, 150.0, errors=2), summary("ideal", 0.8, 3000.0, 400.0)])
+    assert verdict["prefix"] == {"hit_rate_of_ideal": pytest.approx(0.95), "hit_rate_target": True,
+                                 "ttft_p90_of_baseline": pytest.approx(0.45), "ttft_p90_target": True,
+                                 "oneshot_p90_of_baseline": pytest.approx(1.08), "oneshot_target": True,
+                                 "no_errors": True}
+    assert verdict["cache_aware"]["hit_rate_target"] is False and verdict["cache_aware"]["ttft_p90_target"] is False
+    assert verdict["cache_aware"]["oneshot_target"] is False and verdict["cache_aware"]["no_errors"] is False
+    assert verdict["round_robin"]["ttft_p90_target"] is False  # 1.0x its own
+    lone = pw.judge([summary("cache_aware", 0.5, None, None)])  # no baseline, no ideal: nothing to judge
+    assert lone["cache_aware"]["hit_rate_target"] is None and lone["cache_aware"]["ttft_p90_target"] is None
+
+
+def test_each_conversation_is_sent_over_its_own_tenants_system_prompt(streamer):
+    w = pw.make_workload(1, "t", conversations=4, turns=1, oneshot_share=0.0, tenants=2)
+    pb.run_client(dict(spec(streamer, w), session_header=False))
+    sent = {body["messages"][-1]["content"]: body["messages"][0]["content"] for _session, body in Streamer.seen}
+    for c in w["conversations"]:
+        assert sent[c["turns"][0]] == w["systems"][c["tenant"]]
+    assert {session for session, _body in Streamer.seen} == {None}  # no header: the arm without it
+
+
+def test_the_kill_block_counts_failures_against_the_requests_in_flight_at_the_kill():
+    timeline = [(0.0, 1.0, True), (0.5, 2.5, False), (1.5, 2.2, False), (2.1, 2.4, True), (2.6, 3.0, False)]
+    assert pb.kill_outcome(timeline, 2.0) == {"requests": 5, "failed": 3, "in_flight": 2, "failed_started_after": 1}
+    with pytest.raises(SystemExit):
+        pb.parse_args(["--kill-instance", "sbx-gpu1"])
