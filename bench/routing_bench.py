@@ -497,8 +497,11 @@ def main(argv: list[str] | None = None) -> None:
                     result["deploys"].append({"policy": arm["policy"], "round": round_no, "s": round(took, 1),
                                               "unit_policy": running, "router_said": said})
                     log(f"  the router's unit runs --policy {running}; its journal: {said[-1:] or 'nothing'}")
-                    if running != arm["policy"]:
-                        raise BenchError(f"the router's unit runs --policy {running}, not {arm['policy']}")
+                    # "prefix" is the fleet's own policy: the router runs consistent_hash under it.
+                    from vllm_fleet.gateway import ROUTER_POLICY
+                    expected = ROUTER_POLICY.get(arm["policy"], arm["policy"])
+                    if running != expected:
+                        raise BenchError(f"the router's unit runs --policy {running}, not {expected}")
                 result["blocks"].append(run_block(sandbox, fleet, arm, round_no, args, log))
         if args.kill_instance:
             result["kill"] = kill_block(sandbox, fleet, args, running, wheelhouse, log)

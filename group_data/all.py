@@ -225,11 +225,17 @@ vllm_direct_access = False  # True: clients may use this host's instance ports d
 
 # How vllm-router picks one of the instances that serve a request's model (every model: IGW mode):
 # "round_robin", "random", "power_of_two" (the less loaded of two), "consistent_hash" (a client's
-# X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache) or
-# "cache_aware" (vllm-router's own default; it keys chat requests on that header too). round_robin:
-# it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
-# (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
-# every other one, so clients that do not send it all land on one instance (docs/gateway.md).
+# X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache),
+# "prefix" (the same ring, keyed by the gateway's front, for a client that sends no X-Session-ID, on a
+# hash of the request's system messages and first user message, which every turn of a conversation
+# repeats: its turns stay on the instance whose cache holds its history; Debian's
+# libnginx-mod-http-js on the gateway host) or "cache_aware" (vllm-router's
+# own default: in 0.1.17 it asks every instance of the model to render each request, which vLLM
+# refuses without --enable-scale-out, and then picks by load alone). round_robin: it needs nothing
+# from the clients. consistent_hash kept more of the prefix cache on the sandbox (69 % hits vs 61 %,
+# half the TTFT), but a chat request without the header hashes to the same key as every other one,
+# so clients that do not send it all land on one instance; "prefix" keys those. Neither bounds an
+# instance's load (docs/gateway.md).
 vllm_gateway_policy = "round_robin"  # how vllm-router picks among the instances of a request's model
 
 # The port each instance of the host keeps for vLLM's KV-cache events (ZMQ), its port + this: checked

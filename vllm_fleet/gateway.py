@@ -156,6 +156,45 @@ def client_models_path(config: HostConfig, client: str) -> str:
     return host_layout(config).client_models(client)
 
 
+#: vllm_gateway_policy values that are not vllm-router's own, and the --policy each runs the router with.
+#: "prefix": the front sets X-Session-ID from the request's leading messages (render_front: the keyer),
+#: and vllm-router's consistent_hash puts each key on one instance of a ring.
+ROUTER_POLICY = {"prefix": "consistent_hash"}
+
+
+#: The requests the "prefix" policy keys (OpenAI's chat and completion routes: the ones with a prompt
+#: whose prefix vLLM caches), the named location the keyer passes them on from, the largest body it
+#: reads (by its Content-Length; nginx holds that much in memory there, a larger body goes on unkeyed:
+#: a long conversation's text is well under it, a request with inline images may not be), and a
+#: completion prompt's characters it keys on (a growing prompt keeps its key once longer than that;
+#: prompts that share that many leading characters share an instance).
+PREFIX_PATHS = ("/v1/chat/completions", "/v1/completions")
+PREFIX_LOCATION = "@vllm_fleet_gateway_keyed"
+PREFIX_BODY_MIB = 4
+PREFIX_PROMPT_CHARS = 1024
+
+
+def prefix_keyer(config: HostConfig) -> RenderedFile | None:
+    """The front's keyer script (templates/front-prefix-key.js.j2) on a gateway with the "prefix"
+    policy; None elsewhere. Read by nginx as it loads its config: a change reloads the front."""
+    if not prefix_routing(config):
+        return None
+    script = jinja_environment().get_template("front-prefix-key.js.j2").render(
+        prompt_chars=PREFIX_PROMPT_CHARS, keyed_location=PREFIX_LOCATION, body_bytes=PREFIX_BODY_MIB << 20)
+    return RenderedFile(front_paths(config)["prefix_key"], script)
+
+
+def router_policy(config: HostConfig) -> str:
+    """vllm-router's --policy for the host's vllm_gateway_policy."""
+    policy = config.settings.vllm_gateway_policy
+    return ROUTER_POLICY.get(policy, policy)
+
+
+def prefix_routing(config: HostConfig) -> bool:
+    """Whether the gateway's front keys requests by their prefix (vllm_gateway_policy = "prefix")."""
+    return config.settings.vllm_gateway is True and config.settings.vllm_gateway_policy == "prefix"
+
+
 def gateway_packages(config: HostConfig) -> list[str]:
     """What the gateway adds to the host's environment (vllm-router pulls its own dependencies)."""
     return [f"{GATEWAY_PACKAGE}=={config.settings.vllm_gateway_version}"]
@@ -219,7 +258,7 @@ def gateway_files(config: HostConfig, backends: list[Backend], env_prefix: str) 
     unit = jenv.get_template("gateway.service.j2").render(
         host=config, version=config.settings.vllm_gateway_version, ports=gateway_ports(config.settings),
         bind=config.settings.vllm_bind_host, backends=backends, paths=paths, env_prefix=env_prefix,
-        policy=config.settings.vllm_gateway_policy, register_command=register_command(config, env_prefix),
+        policy=router_policy(config), register_command=register_command(config, env_prefix),
         start_timeout_s=REGISTER_TIMEOUT_S + 30, stop_timeout_s=STOP_TIMEOUT_S, runtime_dir_name=GATEWAY_RUNTIME_DIR,
         trust_file=front_paths(config)["tls_trust"] if any(b.url.startswith("https:") for b in backends) else None)
     script = jenv.get_template("gateway-register.py.j2").render(host=config, unit=GATEWAY_UNIT)
@@ -269,6 +308,8 @@ def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[st
     ports = gateway_ports(config.settings)
     return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
             "models_file": gateway_paths(config)["models"],
+            "prefix_key": front_paths(config)["prefix_key"] if prefix_routing(config) else None,
+            "prefix_paths": PREFIX_PATHS, "prefix_location": PREFIX_LOCATION, "prefix_body_buffer": f"{PREFIX_BODY_MIB}m",
             "client_models_files": [(c.id, client_models_path(config, c.name)) for c in clients
                                     if c.models is not None]}
 

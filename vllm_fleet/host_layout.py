@@ -121,12 +121,14 @@ class HostLayout:
     @property
     def front(self) -> dict[str, str]:
         """The front's unit and config, the keys file the config includes, and (vllm_tls) its certificate
-        chain, key and the CAs the host trusts (its own checks; on the gateway host, the backends). The
-        keys file and the TLS key are in front_secrets_dir."""
+        chain, key and the CAs the host trusts (its own checks; on the gateway host, the backends), and on
+        a gateway with the "prefix" policy the script that keys its requests. The keys file and the TLS
+        key are in front_secrets_dir."""
         secrets = self.front_secrets_dir
         return {"unit": f"{UNIT_DIR}/{FRONT_UNIT}", "config": f"{self.config_dir}/front.conf",
                 "keys": f"{secrets}/keys.conf", "tls_cert": f"{self.config_dir}/front-cert.pem",
-                "tls_key": f"{secrets}/tls-key.pem", "tls_trust": f"{self.config_dir}/trust.pem"}
+                "tls_key": f"{secrets}/tls-key.pem", "tls_trust": f"{self.config_dir}/trust.pem",
+                "prefix_key": f"{self.config_dir}/front-prefix-key.js"}
 
     @property
     def gateway(self) -> dict[str, str]:

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from vllm_fleet import gateway
 from vllm_fleet.config import ConfigError, HostConfig, InstanceConfig, service_user_directories
 from vllm_fleet.config.adapters import host_directory
 from vllm_fleet.environment import envs_root
@@ -121,12 +122,13 @@ def declared_files(config: HostConfig, instances: Sequence[InstanceConfig],
               (floating, layout.floating, "floating address"),
               (settings.vllm_metrics is True, layout.metrics, "metrics"),
               (settings.vllm_monitoring is True, layout.monitoring, "monitoring")]
-    tls = settings.vllm_tls is True
+    tls, prefix = settings.vllm_tls is True, gateway.prefix_routing(config)
     for wanted, paths, what in groups:
         files += [Writer(path, f"the {what}'s {kind}") for kind, path in paths.items() if wanted
-                  # the certificate, its key and the trusted CAs only with vllm_tls; Prometheus'
-                  # directories are layout_directories'
-                  and (tls or not kind.startswith("tls_")) and kind not in ("dir", "targets_dir")]
+                  # the certificate, its key and the trusted CAs only with vllm_tls; the keyer only on a
+                  # gateway with the "prefix" policy; Prometheus' directories are layout_directories'
+                  and (tls or not kind.startswith("tls_")) and (prefix or kind != "prefix_key")
+                  and kind not in ("dir", "targets_dir")]
     if settings.vllm_gateway is True:  # a client limited to some models
         files += [Writer(layout.client_models(c.name), f"client {c.name}'s model list")
                   for c in config.api_clients if c.models is not None]

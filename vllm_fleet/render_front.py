@@ -138,6 +138,7 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
     gateway host): the gateway's server block goes into the same config. `gateway_access`: the
     fleet's gateway, whose requests alone an instance port takes (front_gateway_access). With
     vllm_metrics, /metrics on each instance port and the metrics listener (front_metrics_context).
+    On a gateway with the "prefix" policy, the keyer script its config imports (gateway.prefix_keyer).
     No instances, no gateway and no metrics, no front."""
     metrics = front_metrics_context(host)
     if not plan.instances and not gateway and not metrics:
@@ -166,5 +167,7 @@ def front_files(host: HostConfig, plan: HostPlan, gateway: dict[str, Any] | None
         host=host, front_config=paths["config"], runtime_dir_name=FRONT_RUNTIME_DIR, nginx=NGINX,
         secrets_dir=front_secrets_dir(host),
         bind=nginx_address(host.settings.vllm_bind_host))
+    keyer = gw.prefix_keyer(host) if gateway else None
     return [RenderedFile(paths["config"], config, mode="0640", group=host.settings.vllm_front_user),
-            RenderedFile(paths["unit"], unit), front_keys_file(host, secrets), *front_tls_files(host, secrets)]
+            RenderedFile(paths["unit"], unit), front_keys_file(host, secrets), *front_tls_files(host, secrets),
+            *([keyer] if keyer else [])]

@@ -23,6 +23,7 @@ EXPECTED = {
     ("ray", "unit"): RESTART, ("ray", "environment"): RESTART,
     ("front", "unit"): RESTART, ("front", "config"): RELOAD, ("front", "keys"): RELOAD,
     ("front", "tls_cert"): RELOAD, ("front", "tls_key"): RELOAD, ("front", "tls_trust"): RELOAD,
+    ("front", "prefix_key"): RELOAD,  # nginx compiles the keyer as it loads its config
     ("gateway", "unit"): RESTART, ("gateway", "environment"): RESTART, ("gateway", "workers"): RELOAD,
     ("gateway", "register"): RELOAD, ("gateway", "models"): None, ("gateway", "client_models"): None,
     ("exporter", "unit"): RESTART, ("exporter", "script"): RESTART,

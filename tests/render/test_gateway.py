@@ -105,9 +105,26 @@ def test_unit_follows_the_health_knobs_and_the_gateway_port():
 
 @pytest.mark.parametrize("policy", GATEWAY_POLICIES)
 def test_the_policy_knob_reaches_the_units_exec_start(policy):
-    unit = gateway_render(vllm_gateway_policy=policy)[f"/etc/systemd/system/{GATEWAY_UNIT}"].content
-    exec_start = next(line for line in unit.splitlines() if line.startswith("ExecStart="))
-    assert f" --policy {policy} " in exec_start and exec_start.count("--policy") == 1
+    files = gateway_render(vllm_gateway_policy=policy)
+    exec_start = next(line for line in files[f"/etc/systemd/system/{GATEWAY_UNIT}"].content.splitlines()
+                      if line.startswith("ExecStart="))
+    router_policy = "consistent_hash" if policy == "prefix" else policy
+    assert f" --policy {router_policy} " in exec_start and exec_start.count("--policy") == 1
+    # Only "prefix" gives the gateway's front its keyer (and the module it runs in).
+    front = files["/etc/vllm-fleet/front.conf"].content
+    assert ("/etc/vllm-fleet/front-prefix-key.js" in files) == (policy == "prefix")
+    assert ("load_module modules/ngx_http_js_module.so;" in front) == (policy == "prefix")
+    assert ("js_content vllm_fleet_prefix.route;" in front) == (policy == "prefix")
+
+
+def test_only_the_gateway_hosts_front_keys_requests_by_prefix():
+    """The prefix policy is the gateway's: a backend host's front (same group data) loads no njs."""
+    backend = parse_host("h2", {"vllm_target": "cpu", "vllm_gateway_policy": "prefix",
+                                "vllm_instances": [cpu_instance("b", "beta")]})
+    backend_files = render_host(backend, plan_fleet([backend]).hosts[0], Secrets(API_KEY))
+    front = next(f.content for f in backend_files if f.path == "/etc/vllm-fleet/front.conf")
+    assert "js_" not in front and "load_module" not in front
+    assert not any(f.path.endswith("front-prefix-key.js") for f in backend_files)
 
 
 def test_a_policy_vllm_router_lacks_or_the_gateway_cannot_serve_is_refused_with_a_did_you_mean():

@@ -4,6 +4,7 @@ script against a stand-in router admin API (no host, no root)."""
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import http.server
 import json
@@ -280,3 +281,219 @@ def test_registration_script_fails_clearly_when_the_router_never_answers(tmp_pat
     assert result.returncode == 1
     assert "did not answer 200 within 2 s" in result.stderr
     assert time.monotonic() - start < 10
+
+
+# --- the "prefix" policy's keyer, in the gateway's front ---------------------------------------------
+
+class KeyedRouter(http.server.BaseHTTPRequestHandler):
+    """Stands in for vllm-router behind a "prefix" gateway's front: records each request's path, its
+    X-Session-ID headers and body; a body with "stream": true is answered in two chunks, the second
+    only once the test has read the first (`release`)."""
+
+    protocol_version = "HTTP/1.1"
+    seen: list = []
+    release = threading.Event()
+
+    def log_message(self, *args):
+        pass
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        KeyedRouter.seen.append((self.path, self.headers.get_all("X-Session-ID") or [], body))
+        if b'"stream": true' in body:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            for chunk in (b"data: first\n\n", b"data: [DONE]\n\n"):
+                self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                self.wfile.flush()
+                KeyedRouter.release.wait(10)
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST
+
+
+def prefix_gateway(tmp_path: Path):
+    """The gateway host's front with vllm_gateway_policy = "prefix" under a real nginx (Debian's njs
+    module from its package), the router a KeyedRouter: (port, nginx process, router server)."""
+    from support import real_tool_checks  # tests/: fetches the module with apt-get download
+
+    nginx = nginx_binary()
+    if nginx is None:
+        pytest.skip("no nginx on this machine and none could be fetched (apt-get download nginx)")
+    try:
+        real_tool_checks.nginx_module("ngx_http_js_module.so")
+    except Exception as exc:  # no apt here
+        pytest.skip(f"no njs module for nginx: {exc}")
+    os.chmod(tmp_path, 0o755)
+    port = free_port(headroom=10001)
+    host = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": port,
+                             "vllm_gateway_policy": "prefix", "vllm_bind_host": "127.0.0.1",
+                             "vllm_config_dir": str(tmp_path / "etc")})
+    backends = [Backend("h2", "b", "beta", "http://10.0.0.2:8000", 2048)]
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    for f in render_host(host, plan_host(host), Secrets(API_KEY), backends=backends):
+        if f.path.startswith(str(tmp_path)):
+            Path(f.path).parent.mkdir(parents=True, exist_ok=True)
+            Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
+    conf = tmp_path / "etc" / "front.conf"
+    real_tool_checks.place_nginx_modules(tmp_path, conf.read_text())
+    check = subprocess.run([nginx, "-t", "-q", "-p", f"{tmp_path}/", "-e", "stderr", "-c", str(conf)],
+                           capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr
+    KeyedRouter.seen = []
+    KeyedRouter.release.clear()
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), KeyedRouter)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    user = ["user root;"] if os.geteuid() == 0 else []
+    proc = subprocess.Popen([nginx, "-p", f"{tmp_path}/", "-e", "stderr", "-c", str(conf),
+                             "-g", " ".join(["daemon off;", *user])])
+    for _ in range(50):
+        try:
+            http.client.HTTPConnection("127.0.0.1", port, timeout=1).request("GET", "/health")
+            break
+        except OSError:
+            time.sleep(0.1)
+    return port, proc, router
+
+
+def keyed(port: int, body, path: str = "/v1/chat/completions", headers: dict | None = None,
+          method: str = "POST") -> tuple[int, str | None]:
+    """Send `body` (a dict as JSON, or bytes as they are) with the client's key: (status, the
+    X-Session-ID the router got, or None when nothing reached it)."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    before = len(KeyedRouter.seen)
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request(method, path, data if method == "POST" else None,
+                 {"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json", **(headers or {})})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    if len(KeyedRouter.seen) == before:
+        return resp.status, None
+    seen_path, sids, got = KeyedRouter.seen[-1]
+    assert got == (data if method == "POST" else b""), "the body reached the router changed"
+    assert len(sids) == 1, sids
+    return resp.status, sids[0]
+
+
+def chat(system: str, *turns: str, model: str = "beta") -> dict:
+    """A chat request: the system prompt, then user and assistant turns alternating."""
+    messages = [{"role": "system", "content": system}]
+    messages += [{"role": "user" if i % 2 == 0 else "assistant", "content": t} for i, t in enumerate(turns)]
+    return {"model": model, "messages": messages}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
+    """Every turn of a conversation (same system prompt, same first user message, a growing history)
+    reaches the router with one key; another first message, system prompt or model, another key. The
+    key is the documented hash: sha256 of [model, [[role, content], ...]] as JSON, its first 32 hex
+    digits after "p-". A client's own X-Session-ID goes on as it is, alone."""
+    port, proc, router = prefix_gateway(tmp_path)
+    try:
+        status, first = keyed(port, chat("You are terse.", "hello"))
+        assert status == 200 and first.startswith("p-") and len(first) == 34
+        lead = ["beta", [["system", "You are terse."], ["user", "hello"]]]
+        assert first == "p-" + hashlib.sha256(json.dumps(lead, separators=(",", ":")).encode()).hexdigest()[:32]
+        turns = ["hello", "hi", "how are you?", "fine", "and now?"]
+        assert {keyed(port, chat("You are terse.", *turns[:n]))[1] for n in (1, 3, 5)} == {first}
+        others = [keyed(port, chat("You are terse.", "goodbye"))[1], keyed(port, chat("You are verbose.", "hello"))[1],
+                  keyed(port, chat("You are terse.", "hello", model="alpha"))[1]]
+        assert len({first, *others}) == 4
+        # The same text escaped otherwise in JSON is the same conversation.
+        escaped = b'{"model":"beta","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"h\\u0065llo"}]}'
+        assert keyed(port, escaped)[1] == first
+        assert keyed(port, chat("You are terse.", "hello"), headers={"X-Session-ID": "conv-42"}) == (200, "conv-42")
+        # The query string and a path nginx normalises go on; the router sees the normalised path.
+        assert keyed(port, chat("You are terse.", "hello"), path="/v1/./chat/completions?x=1")[1] == first
+        assert KeyedRouter.seen[-1][0] == "/v1/chat/completions?x=1"
+        # Other routes: a key of their own each (they spread), or the client's.
+        embeddings = [keyed(port, {"model": "beta", "input": "hi"}, "/v1/embeddings")[1] for _ in range(2)]
+        assert all(k.startswith("r-") and len(k) == 34 for k in embeddings) and len(set(embeddings)) == 2
+        assert keyed(port, {"model": "beta", "input": "hi"}, "/v1/embeddings", {"X-Session-ID": "e1"})[1] == "e1"
+        # Without the client's key nothing is keyed or passed on.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        before = len(KeyedRouter.seen)
+        conn.request("POST", "/v1/chat/completions", json.dumps(chat("s", "u")))
+        assert conn.getresponse().status == 401 and len(KeyedRouter.seen) == before
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        router.shutdown()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_the_prefix_keyer_keys_completions_by_their_prompts_first_characters(tmp_path):
+    """A completion's key is its prompt's first 1024 characters: a prompt that grows past them keeps its
+    key; shorter ones differ. A prompt of token ids is keyed too."""
+    port, proc, router = prefix_gateway(tmp_path)
+    try:
+        base = "x" * 1024
+        grown = {keyed(port, {"model": "beta", "prompt": base + tail}, "/v1/completions")[1] for tail in ("", "a", "ab" * 500)}
+        assert len(grown) == 1 and next(iter(grown)).startswith("p-")
+        short = {keyed(port, {"model": "beta", "prompt": p}, "/v1/completions")[1] for p in ("a", "ab", "abc")}
+        assert len(short) == 3
+        tokens = keyed(port, {"model": "beta", "prompt": [1, 2, 3]}, "/v1/completions")[1]
+        assert tokens.startswith("p-") and tokens == keyed(port, {"model": "beta", "prompt": [1, 2, 3]}, "/v1/completions")[1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        router.shutdown()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_streams(tmp_path):
+    """Not JSON, no messages or prompt, an empty or odd message list, no body, a body over the 4 MiB
+    the keyer reads or sent chunked (no Content-Length), odd Unicode: each request still reaches the
+    router with its body unchanged, keyed by its own request id ("r-", a new one each time: such
+    requests spread, never pile onto one instance) or, where it parses, by its messages. A streamed
+    answer comes out chunk by chunk."""
+    port, proc, router = prefix_gateway(tmp_path)
+    try:
+        unkeyable = [b"not json", b"", b'{"model": "beta"}', b'{"model": "beta", "messages": []}',
+                     b'{"model": "beta", "messages": "hello"}', b"[1, 2]", b"null", b'{"messages": [',
+                     json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * (5 << 20)}]}).encode()]
+        keys = []
+        for body in unkeyable:
+            status, key = keyed(port, body)
+            assert status == 200 and key is not None and key.startswith("r-") and len(key) == 34, (body[:40], key)
+            keys.append(key)
+        assert keyed(port, b"not json")[1] not in keys and len(set(keys)) == len(keys)
+        # Just under the limit it parses; sent chunked, it is not read.
+        fits = json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * ((4 << 20) - 100)}]}).encode()
+        assert len(fits) <= 4 << 20 and keyed(port, fits)[1].startswith("p-")
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn.request("POST", "/v1/chat/completions", iter([json.dumps(chat("s", "u")).encode()]),
+                     {"Authorization": "Bearer " + API_KEY}, encode_chunked=True)
+        assert conn.getresponse().status == 200 and KeyedRouter.seen[-1][1][0].startswith("r-")
+        conn.close()
+        assert keyed(port, None, method="GET")[1].startswith("r-")
+        odd = [chat("\U0001F600 \u202e\u0000 é", "\ud800 lone", model="b\u00e9ta"),
+               {"model": "beta", "messages": [None, 7, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]},
+               {"model": "beta", "messages": [{"content": "no role"}, {"role": "user"}]}]
+        for body in odd:
+            data = json.dumps(body).encode()
+            status, key = keyed(port, data)
+            assert status == 200 and key.startswith("p-") and keyed(port, data)[1] == key, body
+        # Streaming: the first chunk reaches the client while the router still holds the second.
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("POST", "/v1/chat/completions", json.dumps({**chat("s", "u"), "stream": True}),
+                     {"Authorization": "Bearer " + API_KEY})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read1(100).startswith(b"data: first")
+        KeyedRouter.release.set()
+        assert b"[DONE]" in resp.read()
+        conn.close()
+    finally:
+        KeyedRouter.release.set()
+        proc.terminate()
+        proc.wait(timeout=10)
+        router.shutdown()

@@ -22,12 +22,14 @@ SECRETS = {"ALICE_KEY": "sk-alice-2b7d0e9f41c3", "LIMITED_KEY": "sk-limited-8c1f
            "VLLM_FLEET_METRICS_TOKEN": "mt-writers-6e2a9c4b17", "VLLM_FLEET_API_KEY": "sk-writers-0f3e8d2a5b61"}
 
 
-@pytest.mark.parametrize("inventory", ["team", *sorted(p.name for p in (REPO / "inventory").glob("*.py"))])
+@pytest.mark.parametrize("inventory", ["team", "team-prefix", *sorted(p.name for p in (REPO / "inventory").glob("*.py"))])
 def test_the_declared_files_are_the_files_render_writes(inventory, tmp_path):
-    if inventory == "team":
+    if inventory.startswith("team"):
         # Every kind of file: TLS, two clients (one limited), metrics, and the gateway and the fleet's
         # Prometheus on sbx-cpu1; sbx-cpu2 without its instance (metrics alone still give it a front).
-        team = {"vllm_tls": True, "vllm_api_clients": CLIENTS, "vllm_metrics": True}
+        # team-prefix: the gateway's policy "prefix" (the front's keyer) on every host.
+        team = {"vllm_tls": True, "vllm_api_clients": CLIENTS, "vllm_metrics": True,
+                **({"vllm_gateway_policy": "prefix"} if inventory == "team-prefix" else {})}
         fleet = Fleet.load(variant_inventory(tmp_path, cpu2=None, host_data={
             name: dict(team, vllm_monitoring=name == "sbx-cpu1", vllm_gateway=name == "sbx-cpu1")
             for name in CPU_HOSTS}))

@@ -56,7 +56,7 @@ from vllm_fleet.fleet import Fleet
 from vllm_fleet.host_layout import GATEWAY_UNIT, KEEPALIVED_CONFIG
 from vllm_fleet.monitoring.files import monitoring_paths
 from vllm_fleet.host_layout import PROMETHEUS_UNIT
-from vllm_fleet.render import RenderedFile, Secrets, instance_paths, render_host
+from vllm_fleet.render import RenderedFile, Secrets, front_paths, instance_paths, render_host
 from vllm_fleet.config.knobs.files import LINUX_NR_OPEN_MAX
 from vllm_fleet.config.knobs.gateway import ROUTER_U32_MAX
 from vllm_fleet.config.settings import KNOBS
@@ -514,3 +514,23 @@ def test_systemd_analyze_verify_takes_the_units_of_instances_sharing_a_gpu(tmp_p
     problems = tools.verify_problems(host.root, host.files)
     assert problems["/etc/systemd/system/vllm-first.service"] == ""
     assert problems["/etc/systemd/system/vllm-second.service"] == ""
+
+
+def test_nginx_takes_the_prefix_gateways_front_with_its_keyer_and_needs_the_njs_module(tmp_path):
+    """The gateway's front with vllm_gateway_policy = "prefix" (limited clients, TLS): nginx -t loads
+    Debian's njs module and compiles the keyer script it imports; without the module, the same config
+    is refused (its js_ directives are unknown)."""
+    available(tools.nginx)
+    available(tools.namespace_prefix)
+    available(lambda: tools.nginx_module("ngx_http_js_module.so"))
+    host = one_host(tmp_path, vllm_gateway_policy="prefix", vllm_tls=True,
+                    vllm_api_clients={"ci": {"key_env": "K", "requests_per_minute": 6, "models": ["m"]}})
+    config = tools.front_config(host.config, host.files)
+    text = next(f.content for f in host.files if f.path == config)
+    assert "load_module modules/ngx_http_js_module.so;" in text and "js_content vllm_fleet_prefix.route;" in text
+    assert tools.nginx_problems(host.root, host.files, config, "0.0.0.0") == ""
+    broken_script = changed(host, front_paths(host.config)["prefix_key"], lambda js: js.replace("function route", "function route("))
+    assert "SyntaxError" in tools.nginx_problems(broken_script.root, broken_script.files, config, "0.0.0.0")
+    (host.root / "modules" / "ngx_http_js_module.so").unlink()
+    unloaded = changed(host, config, lambda t: t.replace("load_module modules/ngx_http_js_module.so;\n", ""))
+    assert 'unknown directive "js_import"' in tools.nginx_problems(unloaded.root, unloaded.files, config, "0.0.0.0")

@@ -36,12 +36,22 @@ def test_a_conda_env_brings_its_own_python_headers_and_a_host_without_instances_
     assert host_packages.needs("cuda", "3.11", "uv", eager_only=False, has_instances=False) == []
 
 
+def test_only_a_gateway_with_the_prefix_policy_needs_njs_and_the_sandboxs_mirror_holds_it():
+    def names(**kwargs) -> list[str]:
+        return [n.debian for n in host_packages.needs("cpu", "3.11", "uv", eager_only=True, **kwargs)]
+    assert names(has_instances=True, gateway=True, prefix_routing=True) == ["nginx", "libnginx-mod-http-js", "libnuma1"]
+    assert names(has_instances=False, gateway=True, prefix_routing=True) == ["nginx", "libnginx-mod-http-js"]
+    assert "libnginx-mod-http-js" not in names(has_instances=True, gateway=True)
+    assert "libnginx-mod-http-js" not in names(has_instances=True, prefix_routing=True)  # not a gateway
+    assert "libnginx-mod-http-js" in host_packages.every_debian_package("3.11")
+
+
 def test_the_probe_runs_in_a_real_shell_and_reports_every_need_and_the_family():
     out = subprocess.run(["sh", "-c", host_packages.probe_command("3.11")], capture_output=True,
                          text=True, check=True).stdout
     present, family = host_packages.parse_probe(out.splitlines())
     assert set(present) == {"cc", "cxx", "python3.11-headers", "libnuma", "nginx", "node_exporter", "prometheus",
-                            "alertmanager", "keepalived", "nftables"}
+                            "alertmanager", "keepalived", "nftables", "nginx_js"}
     assert family in ("debian", "rhel", None)
     # This machine's answer for a thing it surely lacks, asked the same way:
     fake = host_packages.probe_command("3.99")

@@ -12,6 +12,7 @@ goes only to the sandbox hosts.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 
@@ -179,3 +180,153 @@ def test_nginx_reads_the_key_pattern_up_to_the_limit_the_deploy_enforces(two_nam
     sandbox.run("sbx-cpu1", "rm -rf /tmp/vllm-fleet-keytest")
     assert "rc=0" in results[4081].stdout, results[4081].stderr
     assert "rc=1" in results[4082].stdout and "too long parameter" in results[4082].stderr
+
+
+# --- vllm_gateway_policy = "prefix": routing by the prompt's leading messages -----------------------------
+
+#: vllm-router 0.1.17's INFO line for each request consistent_hash routes; a header's key is logged as
+#: "header:x-session-id:<value>".
+ROUTED = re.compile(r"Consistent hash routing: key='(?:header:x-session-id:)?([^']*)' -> worker='([^']*)'")
+BACKEND_HOST = {f"http://{address}:8000": name for name, address in CPU_HOSTS.items()}
+SYSTEM = ("You are the support assistant of a small bakery. Answer in one short sentence, politely, and never "
+          "invent prices; when unsure, ask the customer to call the shop. ") * 2
+
+
+@pytest.fixture(scope="module")
+def prefix_policy(two_names, sandbox, deploy_env, tmp_path_factory):
+    """The module's fleet with the gateway's policy "prefix": the deploy installs Debian's njs module
+    from the sandbox's mirror, writes the keyer, reloads the front and restarts the router on
+    consistent_hash."""
+    inventory = variant_inventory(tmp_path_factory.mktemp("prefix"), instance={"sbx-cpu3": {"served_model_name": SOLO}},
+                                  host_data={"sbx-cpu1": {"vllm_gateway_policy": "prefix"}})
+    result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=inventory)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "verified the gateway: 3 of 3 backend(s) registered" in out
+    unit = sandbox.run("sbx-cpu1", "systemctl cat vllm-fleet-gateway.service").stdout
+    assert "--policy consistent_hash " in unit
+    _wait_all_healthy(sandbox)
+    return inventory
+
+
+def _routed(sandbox) -> list[tuple[str, str]]:
+    """(key, backend host) of each request vllm-router routed by a key, in order (its journal:
+    consistent_hash logs each request's key at INFO)."""
+    text = sandbox.run("sbx-cpu1", "journalctl -u vllm-fleet-gateway.service --no-pager -o cat").stdout
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    return [(key, BACKEND_HOST.get(worker, worker)) for key, worker in ROUTED.findall(text)]
+
+
+def _conversation(first: str, turns: int) -> list[dict]:
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first}]
+    for n in range(1, turns):
+        messages += [{"role": "assistant", "content": f"Answer {n}."}, {"role": "user", "content": f"And question {n}?"}]
+    return messages
+
+
+def _prefix_hits(sandbox) -> dict[str, float]:
+    """vllm:prefix_cache_hits_total of each tiny-llama host's vLLM."""
+    out = {}
+    for host in ("sbx-cpu1", "sbx-cpu2"):
+        text = sandbox.run(host, "curl -s 127.0.0.1:18000/metrics").stdout
+        out[host] = sum(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith("vllm:prefix_cache_hits_total"))
+    return out
+
+
+def test_prefix_policy_keeps_a_conversation_on_one_instance_and_spreads_conversations(prefix_policy, sandbox):
+    """Without any session header: every turn of one conversation (same system prompt and first message,
+    a growing history) is routed with one key to one instance, whose prefix cache then hits; other
+    conversations over the same system prompt get keys of their own and land on both instances. A
+    client's own X-Session-ID reaches the router as it sent it."""
+    client = _client()
+    before = len(_routed(sandbox))
+    hits_before = _prefix_hits(sandbox)
+    for turns in range(1, 6):
+        client.chat.completions.create(model=POOL, max_tokens=2, messages=_conversation("Do you bake rye bread?", turns))
+    conversation = _routed(sandbox)[before:]
+    assert len(conversation) == 5 and len(set(conversation)) == 1, conversation
+    (key, host), = set(conversation)
+    assert key.startswith("p-") and len(key) == 34
+    hits = {h: n - hits_before[h] for h, n in _prefix_hits(sandbox).items()}
+    print(f"one conversation, 5 turns: key {key} -> {host}; prefix cache hits since: {hits}")
+    assert hits[host] > 0
+    before = len(_routed(sandbox))
+    for n in range(12):
+        client.chat.completions.create(model=POOL, max_tokens=2, messages=_conversation(f"Question number {n}?", 1))
+    client.with_options(default_headers={"X-Session-ID": "bakery-customer-7"}).chat.completions.create(
+        model=POOL, max_tokens=2, messages=_conversation("Do you bake rye bread?", 1))
+    routed = _routed(sandbox)[before:]
+    print(f"12 conversations over one system prompt: {sorted(h for _, h in routed[:12])}")
+    assert len(routed) == 13 and len({k for k, _ in routed[:12]}) == 12
+    assert {h for _, h in routed[:12]} == {"sbx-cpu1", "sbx-cpu2"}
+    assert routed[12][0] == "bakery-customer-7"
+
+
+def test_killing_an_instance_under_prefix_routed_traffic_fails_only_requests_it_held(prefix_policy, sandbox):
+    """Four clients (the official openai client, no retries), each a conversation of its own, two of
+    them keyed to sbx-cpu2, one of each pair streaming: sbx-cpu2's vLLM is killed (SIGKILL) mid-traffic.
+    No more requests fail than were in flight to sbx-cpu2 at the kill (a count: one sent in the moment
+    after the kill may be among them), all of them its conversations', and every request sent a few
+    seconds later succeeds, the conversations of sbx-cpu2 on sbx-cpu1.
+    systemd starts the killed vLLM again (Restart=always); the test waits until the router has it back."""
+    client = _client(timeout=60)
+    # Pick two conversations the ring puts on each instance (their first turn, routed as any other).
+    before = len(_routed(sandbox))
+    candidates = [f"Customer {n}: do you deliver?" for n in range(16)]
+    for first in candidates:
+        client.chat.completions.create(model=POOL, max_tokens=2, messages=_conversation(first, 1))
+    placed = dict(zip(candidates, [h for _, h in _routed(sandbox)[before:]], strict=True))
+    chosen = ([c for c in candidates if placed[c] == "sbx-cpu2"][:2] + [c for c in candidates if placed[c] == "sbx-cpu1"][:2])
+    assert len(chosen) == 4, placed
+    records: list[tuple[str, float, float, str | None]] = []  # (first message, start, end, error)
+    stop = threading.Event()
+
+    def converse(first: str, stream: bool) -> None:
+        turns = 1
+        while not stop.is_set():
+            start = time.monotonic()
+            try:
+                if stream:
+                    # Long enough (128 tokens, EOS ignored) that a stream is likely running at the kill.
+                    chunks = client.chat.completions.create(model=POOL, max_tokens=128, stream=True,
+                                                            extra_body={"ignore_eos": True},
+                                                            messages=_conversation(first, turns))
+                    assert list(chunks)
+                else:
+                    client.chat.completions.create(model=POOL, max_tokens=8, messages=_conversation(first, turns))
+                error = None
+            except Exception as exc:  # a stream cut mid-way is httpx's error, not openai's
+                error = repr(exc)[:200]
+            records.append((first, start, time.monotonic(), error))
+            turns = turns % 6 + 1
+    threads = [threading.Thread(target=converse, args=(c, i % 2 == 0)) for i, c in enumerate(chosen)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(5)
+        killed = time.monotonic()
+        sandbox.run("sbx-cpu2", "systemctl kill --signal=KILL vllm-tiny.service", check=True)
+        time.sleep(15)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=90)
+    in_flight = [r for r in records if r[1] <= killed <= r[2]]
+    in_flight_victim = [r for r in in_flight if placed[r[0]] == "sbx-cpu2"]
+    failed = [r for r in records if r[3]]
+    late = [r for r in records if r[1] > killed + 8]
+    print(f"killed sbx-cpu2's vLLM under {len(threads)} prefix-routed clients: {len(records)} requests, "
+          f"{len(in_flight)} in flight at the kill ({len(in_flight_victim)} to sbx-cpu2), {len(failed)} failed "
+          f"({[round(r[1] - killed, 2) for r in failed]} s after the kill, by start: {[r[3][:60] for r in failed]}), "
+          f"{len(late)} started 8 s or more after it, {sum(1 for r in late if r[3])} of them failed")
+    try:
+        assert all(placed[r[0]] == "sbx-cpu2" for r in failed), failed
+        assert not [r for r in late if r[3]], late
+        assert late and {placed[r[0]] for r in late} == {"sbx-cpu1", "sbx-cpu2"}
+        assert in_flight_victim and len(failed) <= len(in_flight_victim), (failed, in_flight_victim)
+    finally:
+        deadline = time.monotonic() + 300
+        while sandbox.run("sbx-cpu2", "systemctl is-active vllm-tiny.service").stdout.strip() != "active":
+            assert time.monotonic() < deadline, "sbx-cpu2's vLLM did not come back"
+            time.sleep(2)
+        _wait_all_healthy(sandbox, timeout=120)

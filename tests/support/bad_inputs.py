@@ -220,6 +220,12 @@ CORPUS = [
     ("adapters on a model class without LoRA", host(vllm_instances=[inst(  # Orion: no LoRA in vLLM
         model="OrionStarAI/Orion-14B-Chat", tokenizer=None, model_info=dict(QWEN3_0_6B, architectures=["OrionForCausalLM"]),
         adapters=[{"name": "bot", "model": "org/bot-lora", "rank": 8}])]), "adapters", "gemma"),
+    # The gateway's policy: vllm-router's names and the fleet's "prefix", exactly (no case or Unicode variant).
+    ("gateway policy in capitals", host(vllm_gateway=True, vllm_gateway_policy="PREFIX"), "vllm_gateway_policy", None),
+    ("gateway policy with a trailing space", host(vllm_gateway=True, vllm_gateway_policy="prefix "), "vllm_gateway_policy", None),
+    ("gateway policy in fullwidth letters", host(vllm_gateway=True, vllm_gateway_policy="ｐrefix"), "vllm_gateway_policy", None),
+    ("gateway policy with a newline", host(vllm_gateway=True, vllm_gateway_policy="prefix\n"), "vllm_gateway_policy", None),
+    ("gateway policy kv_aware", host(vllm_gateway=True, vllm_gateway_policy="kv_aware"), "vllm_gateway_policy", None),
     # Two gateways behind a floating address (vllm_gateway_address, keepalived): box1 a gateway at 10.0.0.5.
     ("floating address with a leading zero", floating(vllm_gateway_address="010.0.0.100/24"), "vllm_gateway_address", None),
     ("floating address in fullwidth digits", floating(vllm_gateway_address="１0.0.0.100/24"), "vllm_gateway_address", None),

@@ -5,7 +5,8 @@ refused ("" when it took everything). tests/render/test_real_tools.py runs them 
 - nginx -t (Debian's nginx, tests/support/debian_tool.py) on the front's config with its key file and TLS
   files. The config names absolute paths nginx opens (the key file, the certificate and key, the pid
   file and temp directories under /run): those quoted tokens, and only those, are moved under the
-  root; the rest of the text is the rendered one.
+  root; the rest of the text is the rendered one. A module it loads (the gateway's njs, Debian's
+  libnginx-mod-http-js) is fetched from its package and put where nginx looks under its prefix.
 - systemd-analyze verify on every unit, with --root: the root holds the rendered units, this machine's
   own system units and an empty executable at each command's path. Anything it prints is a problem:
   systemd 252 says an unknown directive or an unparsable value (which it then ignores) and exits 0.
@@ -75,6 +76,31 @@ def nginx() -> Path:
     return programs("nginx", {"nginx": "usr/sbin/nginx"}, "nginx")["nginx"]
 
 
+#: The dynamic modules a front's config may load (`load_module modules/<name>`, relative to nginx's
+#: prefix), each from its Debian package: {name: (package, its path in the package)}.
+NGINX_MODULES = {"ngx_http_js_module.so": ("libnginx-mod-http-js", "usr/lib/nginx/modules/ngx_http_js_module.so")}
+LOAD_MODULE = re.compile(r"^load_module modules/(\S+);$", re.MULTILINE)
+
+
+@functools.cache
+def nginx_module(name: str) -> Path:
+    """A dynamic module of Debian's nginx (NGINX_MODULES), extracted from its package into the cache."""
+    package, member = NGINX_MODULES[name]
+    return programs(package, {name: member}, "nginx-modules")[name]
+
+
+def place_nginx_modules(prefix: Path, config_text: str) -> None:
+    """Each module the config loads, at <prefix>/modules/<name>, where nginx run with `-p <prefix>/`
+    looks for it (as Debian's nginx finds it under /usr/share/nginx/modules). A module no package of
+    NGINX_MODULES gives stays absent: nginx -t then says so."""
+    for name in LOAD_MODULE.findall(config_text):
+        if name in NGINX_MODULES:
+            target = prefix / "modules" / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if not target.exists():
+                target.symlink_to(nginx_module(name))
+
+
 def nginx_config_under(root: Path, text: str, paths: set[str]) -> str:
     """The front's config with each quoted token naming a file nginx opens (one of `paths`, or the
     runtime directory's) moved under `root`."""
@@ -97,6 +123,7 @@ def nginx_problems(root: Path, files: list[RenderedFile], config_path: str, bind
     config = root / config_path.lstrip("/")
     text = next(f.content for f in files if f.path == config_path)
     config.write_text(nginx_config_under(root, text, {f.path for f in files}))
+    place_nginx_modules(root, text)
     test = shlex.join([str(nginx()), "-t", "-q", "-p", f"{root}/", "-e", "stderr", "-c", str(config)])
     address = ipaddress.ip_address(bind)
     setup = "ip link set lo up"

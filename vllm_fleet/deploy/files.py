@@ -111,7 +111,7 @@ def service_files(deployment: Deployment) -> None:
         front_config, front_unit = files[front["config"]], files[front["unit"]]
         # Before the front (re)starts: its config includes these, and `nginx -t` checks them.
         for kind, what in (("keys", "API keys"), ("tls_cert", "TLS certificate"), ("tls_key", "TLS key"),
-                           ("tls_trust", "trusted CAs")):
+                           ("tls_trust", "trusted CAs"), ("prefix_key", "gateway's prefix keyer")):
             if front[kind] in files:
                 rendered = files[front[kind]]
                 changes.notify(FRONT_UNIT, "front", kind, _put_secret(rendered, what, config) if rendered.secret

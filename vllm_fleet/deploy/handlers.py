@@ -32,7 +32,7 @@ HANDLERS: dict[str, dict[str, str]] = {
     # nginx rereads its config and every file it includes on SIGHUP, keeping its connections; its
     # unit (the address it binds among it: a reload cannot move a listening socket) needs a restart.
     "front": {"unit": RESTART, "config": RELOAD, "keys": RELOAD, "tls_cert": RELOAD, "tls_key": RELOAD,
-              "tls_trust": RELOAD},
+              "tls_trust": RELOAD, "prefix_key": RELOAD},
     # vllm-router: its unit and the environment it runs from restart it (SIGTERM lets requests in
     # flight finish); its backends (the workers list, the script that registers them) reload it:
     # ExecReload posts the list again and no request is dropped. The models lists are the front's,

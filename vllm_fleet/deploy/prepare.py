@@ -268,7 +268,8 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
         eager_only=all(inst.config.enforce_eager for inst in plan.instances),
         has_instances=bool(plan.instances), gateway=config.settings.vllm_gateway is True,
         metrics=config.settings.vllm_metrics is True, monitoring=config.settings.vllm_monitoring is True,
-        floating=config.settings.vllm_gateway is True and config.settings.vllm_gateway_address is not None)
+        floating=config.settings.vllm_gateway is True and config.settings.vllm_gateway_address is not None,
+        prefix_routing=gateway.prefix_routing(config))
     if not required:
         return [], None
     present, family = facts.get(host, HostRuntime, python_version=config.settings.vllm_python_version)

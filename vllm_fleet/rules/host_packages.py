@@ -25,6 +25,8 @@ What needs what (read from the sources, not guessed):
   rollout that moves the address off its holder first holds new connections there (a rule of its
   own, dropped when the address has left) so that the ones open can end before it moves
   (vllm_fleet/commands/gateway_rollout.py).
+- **On a gateway with vllm_gateway_policy = "prefix", nginx's JavaScript module (njs)**: the front's
+  keyer runs in it (`load_module modules/ngx_http_js_module.so`, under nginx's prefix).
 
 With conda, the environment's own Python ships its headers, so only the compilers come from the OS.
 """
@@ -74,19 +76,23 @@ KEEPALIVED = Need("keepalived", "keepalived", "the gateways' floating address (v
                   "keepalived")
 NFTABLES = Need("nftables", "nftables (nft)", "holding new connections on the floating address's holder while a "
                 "rollout moves the address away (vllm_gateway_address)", "nftables", "nftables")
+# RHEL: nginx.org's repository's name (RHEL's own nginx has no njs; not tried on a RHEL host).
+NGINX_JS = Need("nginx_js", "nginx's JavaScript module (njs)",
+                "the gateway's prefix routing (vllm_gateway_policy = \"prefix\")", "libnginx-mod-http-js",
+                "nginx-module-njs")
 
 
 def needs(target: str, python_version: str, env_manager: str, *, eager_only: bool,
           has_instances: bool, gateway: bool = False, metrics: bool = False, monitoring: bool = False,
-          floating: bool = False) -> list[Need]:
+          floating: bool = False, prefix_routing: bool = False) -> list[Need]:
     """What a host of this target needs, in install order: without instances, nginx only for the
     fleet's gateway or the metrics listener (no vLLM runs there); the exporters for vllm_metrics,
     Prometheus and Alertmanager for vllm_monitoring, keepalived and nftables on a gateway behind a floating
-    address (`floating`)."""
+    address (`floating`), njs on a gateway whose front keys requests by prefix (`prefix_routing`)."""
     watched = [NODE_EXPORTER] * metrics + [PROMETHEUS, ALERTMANAGER] * monitoring + [KEEPALIVED, NFTABLES] * floating
     if not has_instances:
-        return ([NGINX] if gateway or metrics else []) + watched
-    out = [NGINX, *watched]
+        return ([NGINX] + [NGINX_JS] * prefix_routing if gateway or metrics else []) + watched
+    out = [NGINX, *[NGINX_JS] * (prefix_routing and gateway), *watched]
     compiler_why = ""
     if target == "cuda":
         compiler_why = TRITON
@@ -106,8 +112,8 @@ def every_debian_package(python_version: str) -> tuple[str, ...]:
     """All Debian packages `needs` can ask for: what an air-gapped mirror (or the sandbox's) holds."""
     names: dict[str, None] = {}
     for target in ("cuda", "cpu"):
-        for need in needs(target, python_version, "uv", eager_only=False, has_instances=True, metrics=True,
-                          monitoring=True, floating=True):
+        for need in needs(target, python_version, "uv", eager_only=False, has_instances=True, gateway=True,
+                          metrics=True, monitoring=True, floating=True, prefix_routing=True):
             names[need.debian] = None
     return tuple(names)
 
@@ -131,6 +137,9 @@ def probe_command(python_version: str) -> str:
         "alertmanager": "test -x /usr/bin/prometheus-alertmanager && test -x /usr/bin/amtool",
         "keepalived": "test -x /usr/sbin/keepalived",
         "nftables": "test -x /usr/sbin/nft",
+        # Where `load_module modules/...` finds it: nginx's prefix (Debian's /usr/share/nginx links its
+        # modules/ to /usr/lib/nginx/modules; nginx.org's packages keep theirs under /etc/nginx).
+        "nginx_js": "test -f /usr/share/nginx/modules/ngx_http_js_module.so || test -f /etc/nginx/modules/ngx_http_js_module.so",
     }
     # Braces: the redirection silences every command of a check (`command -v gcc` prints the path).
     parts = [f"if {{ {check}; }} >/dev/null 2>&1; then echo '{key} 1'; else echo '{key} 0'; fi"

@@ -18,8 +18,9 @@ ROUTER_U32_MAX = 2 ** 32 - 1
 #: runs it in, and vLLM's event port would listen unauthenticated on every interface
 #: (docs/gateway.md, "kv_aware with vllm-router 0.1.17"); sticky_least_loaded pins a session to an instance until
 #: the client ends it at the router's /finish_session (an admin endpoint no client reaches here) or
-#: it idles out.
-GATEWAY_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two", "random")
+#: it idles out. "prefix" is the fleet's own: vllm-router's consistent_hash on a key the gateway's front
+#: derives from each request's leading messages (gateway.router_policy, render_front.PREFIX_KEYER).
+GATEWAY_POLICIES = ("round_robin", "cache_aware", "consistent_hash", "power_of_two", "random", "prefix")
 
 
 @section("The fleet gateway: one endpoint for every instance of the fleet")
@@ -91,11 +92,17 @@ class GatewayKnobs:
         notes="""
         How vllm-router picks one of the instances that serve a request's model (every model: IGW mode):
         "round_robin", "random", "power_of_two" (the less loaded of two), "consistent_hash" (a client's
-        X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache) or
-        "cache_aware" (vllm-router's own default; it keys chat requests on that header too). round_robin:
-        it needs nothing from the clients. consistent_hash kept more of the prefix cache on the sandbox
-        (69 % hits vs 61 %, half the TTFT), but a chat request without the header hashes to the same key as
-        every other one, so clients that do not send it all land on one instance (docs/gateway.md).
+        X-Session-ID header, or X-User-ID, picks the instance: a conversation keeps its prefix cache),
+        "prefix" (the same ring, keyed by the gateway's front, for a client that sends no X-Session-ID, on a
+        hash of the request's system messages and first user message, which every turn of a conversation
+        repeats: its turns stay on the instance whose cache holds its history; Debian's
+        libnginx-mod-http-js on the gateway host) or "cache_aware" (vllm-router's
+        own default: in 0.1.17 it asks every instance of the model to render each request, which vLLM
+        refuses without --enable-scale-out, and then picks by load alone). round_robin: it needs nothing
+        from the clients. consistent_hash kept more of the prefix cache on the sandbox (69 % hits vs 61 %,
+        half the TTFT), but a chat request without the header hashes to the same key as every other one,
+        so clients that do not send it all land on one instance; "prefix" keys those. Neither bounds an
+        instance's load (docs/gateway.md).
         """)
     vllm_kv_events_port_offset: int | None = knob(
         None, "each instance's KV-event port = its port + this (None: none reserved)", low=1, high=65534,
