@@ -353,10 +353,10 @@ def kill_outcome(timeline: list, killed_at: float) -> dict:
             "failed_started_after": sum(1 for s, _e, ok in timeline if s > killed_at and not ok)}
 
 
-def kill_block(sandbox, fleet: dict, args, running: str | None, wheelhouse: Path, log) -> dict:
+def kill_block(sandbox, fleet: dict, args, deployed: str | None, wheelhouse: Path, log) -> dict:
     """One more block of the first arm; `args.kill_instance`'s instance killed during it."""
     arm = args.arm_list[0]
-    if running != arm["policy"]:
+    if deployed != arm["policy"]:
         deploy(arm["policy"], wheelhouse, log)
     host = args.kill_instance
     unit = f"vllm-{fleet['instances'][host]}.service"
@@ -487,10 +487,10 @@ def main(argv: list[str] | None = None) -> None:
         model_dir, wheelhouse = assets.prepare(log=lambda line: log(f"  {line}"))
         result["system_prompt_tokens"] = system_prompt_tokens(model_dir)
         log(f"system prompt: {result['system_prompt_tokens']} tokens; max_model_len {fleet['max_model_len']}")
-        running = None
+        deployed = None  # the vllm_gateway_policy last deployed ("prefix" runs the router's consistent_hash)
         for round_no in range(1, args.rounds + 1):
             for arm in args.arm_list:
-                if arm["policy"] != running:
+                if arm["policy"] != deployed:
                     deployed_at = int(time.time())
                     took = deploy(arm["policy"], wheelhouse, log)
                     running, said = running_policy(sandbox, fleet["gateway_host"], deployed_at)
@@ -502,9 +502,10 @@ def main(argv: list[str] | None = None) -> None:
                     expected = ROUTER_POLICY.get(arm["policy"], arm["policy"])
                     if running != expected:
                         raise BenchError(f"the router's unit runs --policy {running}, not {expected}")
+                    deployed = arm["policy"]
                 result["blocks"].append(run_block(sandbox, fleet, arm, round_no, args, log))
         if args.kill_instance:
-            result["kill"] = kill_block(sandbox, fleet, args, running, wheelhouse, log)
+            result["kill"] = kill_block(sandbox, fleet, args, deployed, wheelhouse, log)
         result["non_v1_requests_at_the_fronts"] = tokenize_attempts(sandbox, since)
     finally:
         harness.down(sandbox)
