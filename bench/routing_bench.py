@@ -323,16 +323,18 @@ def system_prompt_tokens(model_dir: Path) -> int | None:
         return None
 
 
-def run_block(sandbox, fleet: dict, arm: dict, round_no: int, args, log) -> dict:
+def run_block(sandbox, fleet: dict, arm: dict, round_no: int, args, log, read_metrics_too: bool = True) -> dict:
+    """One block of `arm`; without `read_metrics_too` (an instance is killed during it: its /metrics
+    is gone) no hit rate or spread."""
     tag = f"r{round_no}-{arm['name']}"
     warm = make_workload(args.seed, f"warm-{tag}", 2, 2, 0.0)
     spec = {"gateway": fleet["gateway"], "model": fleet["model"], "api_key": API_KEY, "seed": args.seed,
             "max_tokens": args.max_tokens, "session_header": arm["header"]}
     measure(dict(spec, workload=warm, concurrency=2, timeout_s=120))  # the router's connections, not counted
-    before = read_metrics(sandbox, fleet["metrics"])
+    before = read_metrics(sandbox, fleet["metrics"]) if read_metrics_too else {}
     workload = make_workload(args.seed, tag, args.conversations, args.turns, args.oneshot_share, args.tenants)
     result = measure(dict(spec, workload=workload, concurrency=args.concurrency, timeout_s=args.block_timeout_s))
-    after = read_metrics(sandbox, fleet["metrics"])
+    after = read_metrics(sandbox, fleet["metrics"]) if read_metrics_too else {}
     result.update(policy=arm["name"], round=round_no, tag=tag, metrics=metric_deltas(before, after))
     rate = hit_rate(result["metrics"])
     log(f"  {tag}: {result['ok']} ok, {result['errors']} errors in {result['wall_s']:.1f} s; TTFT p50 "
@@ -371,7 +373,7 @@ def kill_block(sandbox, fleet: dict, args, deployed: str | None, wheelhouse: Pat
     killer = threading.Thread(target=kill, daemon=True)
     started = time.time()
     killer.start()
-    block = run_block(sandbox, fleet, dict(arm, name=f"{arm['name']} (kill)"), 0, args, log)
+    block = run_block(sandbox, fleet, dict(arm, name=f"{arm['name']} (kill)"), 0, args, log, read_metrics_too=False)
     killer.join()
     back, deadline = None, time.monotonic() + 600
     while time.monotonic() < deadline:  # Restart= brings it back: the fleet is left whole
@@ -505,7 +507,11 @@ def main(argv: list[str] | None = None) -> None:
                     deployed = arm["policy"]
                 result["blocks"].append(run_block(sandbox, fleet, arm, round_no, args, log))
         if args.kill_instance:
-            result["kill"] = kill_block(sandbox, fleet, args, deployed, wheelhouse, log)
+            try:
+                result["kill"] = kill_block(sandbox, fleet, args, deployed, wheelhouse, log)
+            except BenchError as exc:  # the rounds' figures stand without it
+                result["kill"] = {"error": str(exc)}
+                log(f"the kill block failed: {exc}")
         result["non_v1_requests_at_the_fronts"] = tokenize_attempts(sandbox, since)
     finally:
         harness.down(sandbox)
@@ -527,7 +533,7 @@ def main(argv: list[str] | None = None) -> None:
     log("targets:")
     for line in verdicts(result):
         log(line)
-    if "kill" in result:
+    if "kill" in result and "error" not in result["kill"]:
         k = result["kill"]
         log(f"an instance killed mid-block ({k['host']}, {k['arm']}, SIGKILL {k['at_s']:.1f} s into the block): "
             f"{k['failed']} of {k['requests']} requests failed; {k['in_flight']} were in flight (on any instance) at "
