@@ -17,6 +17,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -319,9 +320,11 @@ class KeyedRouter(http.server.BaseHTTPRequestHandler):
     do_GET = do_POST
 
 
+@contextmanager
 def prefix_gateway(tmp_path: Path):
     """The gateway host's front with vllm_gateway_policy = "prefix" under a real nginx (Debian's njs
-    module from its package), the router a KeyedRouter: (port, nginx process, router server)."""
+    module from its package), the router a KeyedRouter, for the time of the block: its port. When
+    the block ends, a stream the router holds is released and both are stopped."""
     from support import real_tool_checks  # tests/: fetches the module with apt-get download
 
     nginx = nginx_binary()
@@ -361,7 +364,13 @@ def prefix_gateway(tmp_path: Path):
             break
         except OSError:
             time.sleep(0.1)
-    return port, proc, router
+    try:
+        yield port
+    finally:
+        KeyedRouter.release.set()
+        proc.terminate()
+        proc.wait(timeout=10)
+        router.shutdown()
 
 
 def keyed(port: int, body, path: str = "/v1/chat/completions", headers: dict | None = None,
@@ -397,8 +406,7 @@ def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
     reaches the router with one key; another first message, system prompt or model, another key. The
     key is the documented hash: sha256 of [model, [[role, content], ...]] as JSON, its first 32 hex
     digits after "p-". A client's own X-Session-ID goes on as it is, alone."""
-    port, proc, router = prefix_gateway(tmp_path)
-    try:
+    with prefix_gateway(tmp_path) as port:
         status, first = keyed(port, chat("You are terse.", "hello"))
         assert status == 200 and first.startswith("p-") and len(first) == 34
         lead = ["beta", [["system", "You are terse."], ["user", "hello"]]]
@@ -424,18 +432,13 @@ def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
         before = len(KeyedRouter.seen)
         conn.request("POST", "/v1/chat/completions", json.dumps(chat("s", "u")))
         assert conn.getresponse().status == 401 and len(KeyedRouter.seen) == before
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        router.shutdown()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
 def test_the_prefix_keyer_keys_completions_by_their_prompts_first_characters(tmp_path):
     """A completion's key is its prompt's first 1024 characters: a prompt that grows past them keeps its
     key; shorter ones differ. A prompt of token ids is keyed too."""
-    port, proc, router = prefix_gateway(tmp_path)
-    try:
+    with prefix_gateway(tmp_path) as port:
         base = "x" * 1024
         grown = {keyed(port, {"model": "beta", "prompt": base + tail}, "/v1/completions")[1] for tail in ("", "a", "ab" * 500)}
         assert len(grown) == 1 and next(iter(grown)).startswith("p-")
@@ -443,10 +446,6 @@ def test_the_prefix_keyer_keys_completions_by_their_prompts_first_characters(tmp
         assert len(short) == 3
         tokens = keyed(port, {"model": "beta", "prompt": [1, 2, 3]}, "/v1/completions")[1]
         assert tokens.startswith("p-") and tokens == keyed(port, {"model": "beta", "prompt": [1, 2, 3]}, "/v1/completions")[1]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        router.shutdown()
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
@@ -456,8 +455,7 @@ def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_st
     router with its body unchanged, keyed by its own request id ("r-", a new one each time: such
     requests spread, never pile onto one instance) or, where it parses, by its messages. A streamed
     answer comes out chunk by chunk."""
-    port, proc, router = prefix_gateway(tmp_path)
-    try:
+    with prefix_gateway(tmp_path) as port:
         unkeyable = [b"not json", b"", b'{"model": "beta"}', b'{"model": "beta", "messages": []}',
                      b'{"model": "beta", "messages": "hello"}', b"[1, 2]", b"null", b'{"messages": [',
                      json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * (5 << 20)}]}).encode()]
@@ -492,8 +490,3 @@ def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_st
         KeyedRouter.release.set()
         assert b"[DONE]" in resp.read()
         conn.close()
-    finally:
-        KeyedRouter.release.set()
-        proc.terminate()
-        proc.wait(timeout=10)
-        router.shutdown()
