@@ -471,6 +471,7 @@ def main(argv: list[str] | None = None) -> None:
         print(line, file=out, flush=True)
 
     from benchlib import cpu_sandbox
+    from vllm_fleet.gateway import ROUTER_POLICY
     from vllm_fleet.sandbox import assets, harness, image
 
     image.require_root()
@@ -500,7 +501,6 @@ def main(argv: list[str] | None = None) -> None:
                                               "unit_policy": running, "router_said": said})
                     log(f"  the router's unit runs --policy {running}; its journal: {said[-1:] or 'nothing'}")
                     # "prefix" is the fleet's own policy: the router runs consistent_hash under it.
-                    from vllm_fleet.gateway import ROUTER_POLICY
                     expected = ROUTER_POLICY.get(arm["policy"], arm["policy"])
                     if running != expected:
                         raise BenchError(f"the router's unit runs --policy {running}, not {expected}")
