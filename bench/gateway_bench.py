@@ -3,15 +3,26 @@
 Run as root (it boots the 3 CPU sandbox hosts, deploys them with the gateway on sbx-cpu1, measures,
 and stops them):
 
-    sudo .venv/bin/python bench/gateway_bench.py [--backend stand-in|vllm|both] [--client ...] [--json]
+    sudo .venv/bin/python bench/gateway_bench.py [--backend stand-in|vllm|both] [--client ...]
+        [--route completions|chat] [--policy round_robin,prefix --rounds 2] [--json]
 
-The same 1-token completion is sent direct and through the gateway; at concurrency 1 and 16, blocks
+The same 1-token request is sent direct and through the gateway; at concurrency 1 and 16, blocks
 of direct and gateway requests alternate (A B A B ...; half the threads start with each), each
 thread keeps its HTTP connections open as a client library does. Printed for each backend, client
 and concurrency: p50 and p99 of each path, the p50/p99 the gateway adds, a paired p50 (the median
 over adjacent direct/gateway blocks of the gateway block's median minus the direct block's, which
 cancels slow drift in the hosts' load, with its 10-90 % spread), and whether the target, <= 2 ms
 added at p50, is met. --json: one JSON document on stdout, progress on stderr.
+
+--route completions (the default): a one-word /v1/completions prompt. --route chat: a conversation's
+    fourth turn under a 2,000-character system prompt (3 kB of JSON) to /v1/chat/completions, the
+    request a gateway keying by leading messages reads whole (vllm_gateway_policy = "prefix").
+--policy P1,P2,...: the gateway's vllm_gateway_policy for each measurement, switched by a deploy
+    with `--data vllm_gateway_policy=P` (as an operator would), in the order given, --rounds times
+    (A B A B). Each policy's added p50 is the median of its rounds' paired p50s; a policy's routing
+    cost is that minus round_robin's, per client and concurrency (round_robin must be one of them),
+    judged against <= 0.5 ms at p50: the figure for what the policy does per request beyond picking
+    the next instance (for "prefix": the front's njs reading and hashing the body, the router's ring).
 
 --backend stand-in (the default: the gateway's own overhead, the figure the target is about).
     The deployed vLLMs answer in 100-1000 ms on 2 shared cores, with noise far above 2 ms, so the
@@ -80,6 +91,7 @@ from vllm_fleet.sandbox import harness, hosts, image
 INVENTORY = SANDBOX_INVENTORY
 CPU_GROUP = "cpu_hosts"
 TARGET_MS = 2.0
+ROUTING_TARGET_MS = 0.5  # a policy's added p50 beyond round_robin's
 BACKENDS = ("stand-in", "vllm")
 CLIENTS = ("workstation", "gateway-host")
 DEFAULT_REQUESTS = {"stand-in": 2000, "vllm": 400}
@@ -127,19 +139,19 @@ def paths_text(backend: str, fleet: Fleet) -> dict[str, str]:
 # --- measuring -----------------------------------------------------------------------------------
 
 def measure_argv(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency: int, requests: int,
-                 warmup: int, model: str) -> list[str]:
+                 warmup: int, model: str, route: str = "completions") -> list[str]:
     """The arguments of `gateway_standin.py measure` after the script's path."""
     return ["measure", "--direct", ",".join(map(target_text, direct)), "--gateway", target_text(gateway),
             "--concurrency", str(concurrency), "--requests", str(requests), "--warmup", str(warmup),
-            "--model", model]
+            "--model", model, "--route", route]
 
 
 def measure_on(sandbox, host: str | None, direct: list[tuple[str, int]], gateway: tuple[str, int],
-               concurrency: int, requests: int, warmup: int, model: str) -> dict:
+               concurrency: int, requests: int, warmup: int, model: str, route: str = "completions") -> dict:
     """`gateway_standin.py measure` in a process of its own: here (host None; this process is
     gevent-patched once pyinfra's inventory loader is imported, so its threads would be greenlets)
     or on a sandbox host (the copied script, over SSH). Both run the same code on real threads."""
-    args = measure_argv(direct, gateway, concurrency, requests, warmup, model)
+    args = measure_argv(direct, gateway, concurrency, requests, warmup, model, route)
     if host is None:
         proc = subprocess.run([sys.executable, "-I", str(BENCH / "gateway_standin.py"), *args],
                               capture_output=True, text=True, timeout=1800)
@@ -173,12 +185,13 @@ def fmt(value: float | None, width: int = 8) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.2f}"
 
 
-HEADER = f"{'backend':>8} {'client':>12} {'c':>3} {'kind':>8} {'n':>5} {'p50 ms':>8} {'p99 ms':>8}"
+HEADER = (f"{'policy':>15} {'backend':>8} {'client':>12} {'c':>3} {'kind':>8} {'n':>5} {'p50 ms':>8} "
+          f"{'p99 ms':>8}")
 
 
 def table_rows(run: dict) -> list[str]:
     """The printed lines of one run: direct, gateway, added (with the paired p50 and the verdict)."""
-    head = f"{run['backend']:>8} {run['client']:>12} {run['concurrency']:>3}"
+    head = f"{run.get('policy', '-'):>15} {run['backend']:>8} {run['client']:>12} {run['concurrency']:>3}"
     lines = [f"{head} {kind:>8} {run[kind]['n']:>5} {fmt(run[kind]['p50'])} {fmt(run[kind]['p99'])}"
              for kind in ("direct", "gateway")]
     a = run["added"]
@@ -194,7 +207,8 @@ def table_rows(run: dict) -> list[str]:
 
 
 def run_backend(backend: str, sandbox, fleet: Fleet, clients: list[str], concurrencies: list[int],
-                requests: int, log) -> list[dict]:
+                requests: int, log, route: str = "completions", policy: str | None = None,
+                round_no: int = 1) -> list[dict]:
     if backend == "stand-in":
         direct = list(fleet.standins().values())
     else:
@@ -203,32 +217,74 @@ def run_backend(backend: str, sandbox, fleet: Fleet, clients: list[str], concurr
     log(f"{backend}: gateway = {paths_text(backend, fleet)['gateway']}")
     log(HEADER)
     # Warm-up: connections, nginx's and the router's upstream pools, the router's health state.
-    measure_on(sandbox, None, direct, fleet.gateway, 4, WARMUP[backend], 0, fleet.model)
+    measure_on(sandbox, None, direct, fleet.gateway, 4, WARMUP[backend], 0, fleet.model, route)
     runs = []
     for concurrency in concurrencies:
         for client in clients:
             host = fleet.gateway_host if client == "gateway-host" else None
             result = measure_on(sandbox, host, direct, fleet.gateway, concurrency, requests,
-                                WARMUP[backend] // 4, fleet.model)
-            run = judge({"backend": backend, "client": client, **result}, backend)
+                                WARMUP[backend] // 4, fleet.model, route)
+            run = judge({"backend": backend, "client": client, "policy": policy, "round": round_no, **result},
+                        backend)
             runs.append(run)
             for line in table_rows(run):
                 log(line)
     return runs
 
 
-def deploy(log) -> None:
+def deploy(log, policy: str | None = None) -> None:
+    """The CPU hosts deployed as an operator would; with `policy`, as `--data vllm_gateway_policy=`."""
     from vllm_fleet.sandbox import assets
 
     _tiny, wheelhouse = assets.prepare(log=log)
     env = dict(os.environ, VLLM_FLEET_API_KEY=standin.API_KEY, VLLM_FLEET_WHEELHOUSE=str(wheelhouse))
-    log("deploying the 3 CPU hosts (the gateway on sbx-cpu1) ...")
+    data = [] if policy is None else ["--data", f"vllm_gateway_policy={policy}"]
+    log(f"deploying the 3 CPU hosts (the gateway on sbx-cpu1{f', policy {policy}' if policy else ''}) ...")
     started = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "pyinfra", "-y", "inventory/sandbox.py", "deploy.py",
-                           "--limit", CPU_GROUP], cwd=REPO, env=env, capture_output=True, text=True)
+                           "--limit", CPU_GROUP, *data], cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise BenchError(f"deploy failed:\n{(proc.stdout + proc.stderr)[-3000:]}")
     log(f"deployed in {time.monotonic() - started:.0f} s")
+
+
+def routing_costs(runs: list[dict]) -> list[dict]:
+    """Per backend, client and concurrency: each policy's added p50 (the median of its rounds' paired
+    p50s) and, beside round_robin's, its routing cost (the difference), judged against ROUTING_TARGET_MS
+    at concurrency 1. Empty unless round_robin and another policy were measured."""
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for run in runs:
+        paired = run["added"]["paired_p50"]
+        if run.get("policy") and paired is not None and run["valid"]:
+            key = (run["backend"], run["client"], run["concurrency"])
+            groups.setdefault(key, {}).setdefault(run["policy"], []).append(paired)
+    out = []
+    for (backend, client, concurrency), by_policy in sorted(groups.items()):
+        if "round_robin" not in by_policy or len(by_policy) < 2:
+            continue
+        base = standin.percentile(by_policy["round_robin"], 50)
+        for policy, values in by_policy.items():
+            if policy == "round_robin":
+                continue
+            added_p50 = standin.percentile(values, 50)
+            cost = added_p50 - base
+            out.append({"backend": backend, "client": client, "concurrency": concurrency, "policy": policy,
+                        "rounds": len(values), "added_p50": added_p50, "round_robin_added_p50": base,
+                        "routing_cost_p50": cost,
+                        "target_met": cost <= ROUTING_TARGET_MS if concurrency == 1 else None})
+    return out
+
+
+def cost_rows(costs: list[dict]) -> list[str]:
+    lines = [f"{'policy':>15} {'backend':>8} {'client':>12} {'c':>3} {'added p50':>10} {'rr p50':>8} "
+             f"{'cost p50':>9}"]
+    for c in costs:
+        verdict = "" if c["target_met"] is None else (
+            f"  <= {ROUTING_TARGET_MS:g} ms: {'met' if c['target_met'] else 'NOT met'}")
+        lines.append(f"{c['policy']:>15} {c['backend']:>8} {c['client']:>12} {c['concurrency']:>3} "
+                     f"{fmt(c['added_p50'], 10)} {fmt(c['round_robin_added_p50'])} "
+                     f"{fmt(c['routing_cost_p50'], 9)}{verdict}")
+    return lines
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -242,6 +298,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"per kind, client and concurrency (default {DEFAULT_REQUESTS['stand-in']} with "
                              f"stand-ins, {DEFAULT_REQUESTS['vllm']} with vLLM)")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated (default 1,16)")
+    parser.add_argument("--route", choices=standin.ROUTES, default="completions",
+                        help="completions: a one-word prompt (default); chat: a 3 kB conversation turn")
+    parser.add_argument("--policy", default=None,
+                        help="comma-separated vllm_gateway_policy values, each deployed in turn (default: "
+                             "the inventory's); with round_robin among them, the others' routing cost")
+    parser.add_argument("--rounds", type=int, default=1, help="times through --policy, A B A B (default 1)")
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout, progress on stderr")
     args = parser.parse_args(argv)
     args.backends = list(BACKENDS) if args.backend == "both" else [args.backend]
@@ -252,6 +314,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--concurrency {args.concurrency!r}: expected numbers, e.g. 1,16")
     if not args.concurrencies or min(args.concurrencies) < 1 or (args.requests is not None and args.requests < 1):
         parser.error("--concurrency and --requests must be positive")
+    from vllm_fleet.config.knobs.gateway import GATEWAY_POLICIES
+
+    args.policies = [p.strip() for p in args.policy.split(",") if p.strip()] if args.policy else [None]
+    unknown = [p for p in args.policies if p is not None and p not in GATEWAY_POLICIES]
+    if unknown or len(set(args.policies)) != len(args.policies):
+        parser.error(f"--policy {args.policy!r}: each of {', '.join(GATEWAY_POLICIES)}, once")
+    if args.rounds < 1:
+        parser.error("--rounds must be positive")
     return args
 
 
@@ -267,17 +337,23 @@ def main(argv: list[str] | None = None) -> None:
     cpu_hosts = [h.name for h in full.hosts if CPU_GROUP in h.groups]
     fleet = load_fleet(cpu_hosts)
     sandbox = harness.Sandbox(full.inventory, [h for h in full.hosts if h.name in cpu_hosts])
-    result: dict = {"target_ms": TARGET_MS, "gateway_host": fleet.gateway_host, "model": fleet.model,
+    result: dict = {"target_ms": TARGET_MS, "routing_target_ms": ROUTING_TARGET_MS, "route": args.route,
+                    "gateway_host": fleet.gateway_host, "model": fleet.model,
                     "paths": {b: paths_text(b, fleet) for b in args.backends}, "runs": []}
+    sublog = lambda line: log(f"  {line}")  # noqa: E731
+    schedule = [(r, p) for r in range(1, args.rounds + 1) for p in args.policies]
     try:
-        harness.up(sandbox, log=lambda line: log(f"  {line}"))
-        deploy(lambda line: log(f"  {line}"))
+        harness.up(sandbox, log=sublog)
+        deploy(sublog, schedule[0][1])
         push(sandbox, fleet.gateway_host, REMOTE_SCRIPT, (BENCH / "gateway_standin.py").read_bytes())
         for backend in args.backends:
             requests = args.requests or DEFAULT_REQUESTS[backend]
             if backend == "vllm":
-                result["runs"] += run_backend(backend, sandbox, fleet, args.clients, args.concurrencies,
-                                              requests, log)
+                for i, (round_no, policy) in enumerate(schedule):
+                    if i:
+                        deploy(sublog, policy)
+                    result["runs"] += run_backend(backend, sandbox, fleet, args.clients, args.concurrencies,
+                                                  requests, log, args.route, policy, round_no)
                 continue
             for host in fleet.standins():
                 if host != fleet.gateway_host:
@@ -285,9 +361,13 @@ def main(argv: list[str] | None = None) -> None:
             standins = StandIns(sandbox, fleet, log)
             try:
                 standins.start()
-                standins.route_to_standins()
-                result["runs"] += run_backend(backend, sandbox, fleet, args.clients, args.concurrencies,
-                                              requests, log)
+                for i, (round_no, policy) in enumerate(schedule):
+                    if i:
+                        # The deploy restarts the router with the deployed workers: the stand-ins go back in.
+                        deploy(sublog, policy)
+                    standins.route_to_standins()
+                    result["runs"] += run_backend(backend, sandbox, fleet, args.clients, args.concurrencies,
+                                                  requests, log, args.route, policy, round_no)
             finally:
                 for step in (standins.restore, standins.stop):  # each tried, whatever the other did
                     try:
@@ -304,6 +384,11 @@ def main(argv: list[str] | None = None) -> None:
         result["target_met_at_concurrency_1"] = met
         log(f"target <= {TARGET_MS:g} ms added at p50 (stand-in backends, concurrency 1, every client): "
             f"{'met' if met else 'NOT met'}")
+    result["routing_costs"] = routing_costs(result["runs"])
+    if result["routing_costs"]:
+        log(f"routing cost (a policy's added p50 minus round_robin's; median over {args.rounds} round(s)):")
+        for line in cost_rows(result["routing_costs"]):
+            log(line)
     if args.json:
         print_json(result)
 

@@ -16,6 +16,7 @@ environment needed) and imports it on this machine, so both clients run the same
         HTTP/1.1 with keep-alive (nginx and vllm-router keep their upstream connections open).
 
     python3 gateway_standin.py measure --direct H:P,H:P,H:P --gateway H:P --concurrency 16 --requests 2000
+                                       [--route completions|chat]
         One JSON document: `measure()`'s result.
 
 The key is the bench's own constant (API_KEY, never a real one): it is in this file, never in argv.
@@ -229,8 +230,29 @@ def fingerprint_of(body: bytes) -> str:
     return rest[1:rest.find(b'"', 1)].decode("utf-8", "replace")
 
 
-def request_body(model: str = MODEL) -> str:
-    return json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1})
+#: What each --route sends: its path, and the body for a model. "chat" is a conversation's fourth turn
+#: under a 2,000-character system prompt (about what a team's assistant sends), so a gateway that keys
+#: requests by their leading messages (vllm_gateway_policy = "prefix") parses and hashes a body of the
+#: size it meets in use; "completions" is a one-word prompt, the smallest request there is.
+ROUTES = ("completions", "chat")
+SYSTEM_PROMPT = ("You are the support assistant of a team that runs its own inference servers. Answer in "
+                 "short paragraphs, cite the runbook section you rely on, and say when you are unsure. ") * 12
+
+
+def request_path(route: str) -> str:
+    return {"completions": "/v1/completions", "chat": "/v1/chat/completions"}[route]
+
+
+def request_body(model: str = MODEL, route: str = "completions") -> str:
+    if route == "completions":
+        return json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1})
+    turns = [("user", "How do I see which GPUs an instance uses?"),
+             ("assistant", "Its unit sets CUDA_VISIBLE_DEVICES; `vllm-fleet plan` prints it per instance."),
+             ("user", "And after a rollout, how do I know every host converged?"),
+             ("assistant", "The rollout prints each batch's hosts and their verification; `vllm-fleet status` too."),
+             ("user", "Hello")]
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}] + [{"role": r, "content": c} for r, c in turns]
+    return json.dumps({"model": model, "messages": messages, "max_tokens": 1})
 
 
 #: Targets spoken to over HTTPS, with the context that checks their certificates (measure(tls=...)).
@@ -238,9 +260,10 @@ TLS_TARGETS: dict[tuple[str, int], ssl.SSLContext] = {}
 
 
 def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, body: str, headers,
-               out: list[float], errors: list[str], served: dict[str, int], timeout: float) -> None:
-    """n completions, rotating over targets, each on this thread's kept-open connection to it.
-    `headers`: a dict, or a function of the target giving its dict (a key per path)."""
+               out: list[float], errors: list[str], served: dict[str, int], timeout: float,
+               path: str = "/v1/completions") -> None:
+    """n requests (POST `path`), rotating over targets, each on this thread's kept-open connection to
+    it. `headers`: a dict, or a function of the target giving its dict (a key per path)."""
     for i in range(n):
         target = targets[i % len(targets)]
         conn = conns.get(target)
@@ -250,7 +273,7 @@ def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, body: str, h
                                     if context else http.client.HTTPConnection(*target, timeout=timeout))
         started = time.perf_counter()
         try:
-            conn.request("POST", "/v1/completions", body, headers(target) if callable(headers) else headers)
+            conn.request("POST", path, body, headers(target) if callable(headers) else headers)
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as exc:
@@ -269,10 +292,11 @@ def _run_block(targets: list[tuple[str, int]], n: int, conns: dict, body: str, h
 
 def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency: int, total: int,
             block: int = BLOCK, model: str = MODEL, api_key: str = API_KEY, timeout: float = 60.0,
-            gateway_key: str | None = None) -> dict:
+            gateway_key: str | None = None, route: str = "completions") -> dict:
     """`concurrency` threads, each alternating blocks of `block` direct and gateway requests (A B A B;
     half the threads start with each kind), about `total` requests of each kind in all. Each thread
     keeps its connections open. Latency in ms, from sending the request to the body's last byte.
+    `route`: what each request is (ROUTES: a one-word completion, or a chat turn of 3 kB).
 
     Returns {"concurrency", "requests_per_kind", "direct": summary, "gateway": summary,
     "added": {p50, p99, paired_p50, paired_p10, paired_p90, pairs}, "errors", "error_examples",
@@ -280,7 +304,7 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
     paired_*: over each thread's adjacent (direct, gateway) block pair, the gateway block's median
     minus the direct block's, so slow drift in the hosts' load cancels out."""
     rounds = max(1, total // (block * concurrency))
-    body = request_body(model)
+    body, path = request_body(model, route), request_path(route)
     plain = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
     other = dict(plain, Authorization=f"Bearer {gateway_key}") if gateway_key else plain
 
@@ -305,7 +329,7 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
                 for kind in order:
                     local: list[float] = []
                     _run_block(rotated if kind == "direct" else [gateway], block, conns, body, headers,
-                               local, local_errors, local_served[kind], timeout)
+                               local, local_errors, local_served[kind], timeout, path)
                     blocks[kind] = local
                 with lock:
                     for kind, local in blocks.items():
@@ -327,7 +351,7 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
         t.start()
     for t in threads:
         t.join()
-    result = {"concurrency": concurrency, "requests_per_kind": rounds * block * concurrency,
+    result = {"concurrency": concurrency, "route": route, "requests_per_kind": rounds * block * concurrency,
               "direct": summary(samples["direct"]), "gateway": summary(samples["gateway"])}
     result["added"] = added(result["direct"], result["gateway"], pairs)
     result.update(errors=len(errors), error_examples=errors[:5], served_by=served,
@@ -362,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     m.add_argument("--block", type=int, default=BLOCK)
     m.add_argument("--warmup", type=int, default=0, help="requests per kind first, at concurrency 4, not counted")
     m.add_argument("--model", default=MODEL)
+    m.add_argument("--route", choices=ROUTES, default="completions")
     args = parser.parse_args(argv)
     if args.command == "serve":
         app = StandIn(args.model, args.label)
@@ -376,8 +401,8 @@ def main(argv: list[str] | None = None) -> None:
     direct = [parse_target(t) for t in args.direct.split(",") if t.strip()]
     gateway = parse_target(args.gateway)
     if args.warmup:
-        measure(direct, gateway, 4, args.warmup, args.block, args.model)
-    result = measure(direct, gateway, args.concurrency, args.requests, args.block, args.model)
+        measure(direct, gateway, 4, args.warmup, args.block, args.model, route=args.route)
+    result = measure(direct, gateway, args.concurrency, args.requests, args.block, args.model, route=args.route)
     json.dump(result, sys.stdout)
     print()
 
