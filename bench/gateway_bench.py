@@ -6,16 +6,17 @@ and stops them):
     sudo .venv/bin/python bench/gateway_bench.py [--backend stand-in|vllm|both] [--client ...]
         [--route completions|chat] [--policy round_robin,prefix --rounds 2] [--json]
 
-The same 1-token request is sent direct and through the gateway; at concurrency 1 and 16, blocks
-of direct and gateway requests alternate (A B A B ...; half the threads start with each), each
-thread keeps its HTTP connections open as a client library does. Printed for each backend, client
+The same 1-token request (each client thread its own) is sent direct and through the gateway; at
+concurrency 1 and 16, blocks of direct and gateway requests alternate (A B A B ...; half the threads
+start with each), each thread keeps its HTTP connections open as a client library does. Printed for
+each backend, client
 and concurrency: p50 and p99 of each path, the p50/p99 the gateway adds, a paired p50 (the median
 over adjacent direct/gateway blocks of the gateway block's median minus the direct block's, which
 cancels slow drift in the hosts' load, with its 10-90 % spread), and whether the target, <= 2 ms
 added at p50, is met. --json: one JSON document on stdout, progress on stderr.
 
 --route completions (the default): a one-word /v1/completions prompt. --route chat: a conversation's
-    fourth turn under a 2,000-character system prompt (3 kB of JSON) to /v1/chat/completions, the
+    fourth turn under a 2,000-character system prompt (2.6 kB of JSON) to /v1/chat/completions, the
     request a gateway keying by leading messages reads whole (vllm_gateway_policy = "prefix").
 --policy P1,P2,...: the gateway's vllm_gateway_policy for each measurement, switched by a deploy
     with `--data vllm_gateway_policy=P` (as an operator would), in the order given, --rounds times
@@ -299,7 +300,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              f"stand-ins, {DEFAULT_REQUESTS['vllm']} with vLLM)")
     parser.add_argument("--concurrency", default="1,16", help="comma-separated (default 1,16)")
     parser.add_argument("--route", choices=standin.ROUTES, default="completions",
-                        help="completions: a one-word prompt (default); chat: a 3 kB conversation turn")
+                        help="completions: a one-word prompt (default); chat: a 2.6 kB conversation turn")
     parser.add_argument("--policy", default=None,
                         help="comma-separated vllm_gateway_policy values, each deployed in turn (default: "
                              "the inventory's); with round_robin among them, the others' routing cost")

@@ -243,10 +243,13 @@ def request_path(route: str) -> str:
     return {"completions": "/v1/completions", "chat": "/v1/chat/completions"}[route]
 
 
-def request_body(model: str = MODEL, route: str = "completions") -> str:
+def request_body(model: str = MODEL, route: str = "completions", conversation: int = 0) -> str:
+    """The body a client thread sends: each thread its own `conversation` (a chat's first question, a
+    completion's prompt), so a gateway that routes by the leading messages spreads the threads as it
+    would a team's conversations instead of sending them all to one instance."""
     if route == "completions":
-        return json.dumps({"model": model, "prompt": "Hello", "max_tokens": 1})
-    turns = [("user", "How do I see which GPUs an instance uses?"),
+        return json.dumps({"model": model, "prompt": f"Hello {conversation}", "max_tokens": 1})
+    turns = [("user", f"How do I see which GPUs an instance uses? (conversation {conversation})"),
              ("assistant", "Its unit sets CUDA_VISIBLE_DEVICES; `vllm-fleet plan` prints it per instance."),
              ("user", "And after a rollout, how do I know every host converged?"),
              ("assistant", "The rollout prints each batch's hosts and their verification; `vllm-fleet status` too."),
@@ -296,7 +299,7 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
     """`concurrency` threads, each alternating blocks of `block` direct and gateway requests (A B A B;
     half the threads start with each kind), about `total` requests of each kind in all. Each thread
     keeps its connections open. Latency in ms, from sending the request to the body's last byte.
-    `route`: what each request is (ROUTES: a one-word completion, or a chat turn of 3 kB).
+    `route`: what each request is (ROUTES: a one-word completion, or a chat turn of 2.6 kB).
 
     Returns {"concurrency", "requests_per_kind", "direct": summary, "gateway": summary,
     "added": {p50, p99, paired_p50, paired_p10, paired_p90, pairs}, "errors", "error_examples",
@@ -304,7 +307,7 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
     paired_*: over each thread's adjacent (direct, gateway) block pair, the gateway block's median
     minus the direct block's, so slow drift in the hosts' load cancels out."""
     rounds = max(1, total // (block * concurrency))
-    body, path = request_body(model, route), request_path(route)
+    path = request_path(route)
     plain = {"Content-Type": "application/json", "Authorization": f"Bearer {api_key}"}
     other = dict(plain, Authorization=f"Bearer {gateway_key}") if gateway_key else plain
 
@@ -322,6 +325,7 @@ def measure(direct: list[tuple[str, int]], gateway: tuple[str, int], concurrency
         local_served: dict[str, dict[str, int]] = {"direct": {}, "gateway": {}}
         shift = offset % len(direct)
         rotated = direct[shift:] + direct[:shift]
+        body = request_body(model, route, offset)
         try:
             for r in range(rounds):
                 order = ("direct", "gateway") if (r + offset) % 2 == 0 else ("gateway", "direct")

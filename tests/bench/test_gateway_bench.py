@@ -205,6 +205,21 @@ def test_measure_command_line_prints_one_json_document(standins):
     assert si.API_KEY not in proc.stdout + proc.stderr
 
 
+def test_measure_sends_the_chat_route_a_conversation_the_keyer_reads(standins):
+    a, gw = standins("a"), standins("gw")
+    result = si.measure([a.target], gw.target, concurrency=1, total=20, block=10, route="chat")
+    assert result["errors"] == 0 and result["route"] == "chat" and result["gateway"]["n"] == 20
+    assert a.stop()["counts"] == {"POST /v1/chat/completions 200": 20}
+    body = json.loads(si.request_body("tiny-llama", "chat"))
+    roles = [m["role"] for m in body["messages"]]
+    assert roles == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert len(body["messages"][0]["content"]) >= 2000 and len(si.request_body(route="chat")) > 2500
+    assert si.request_path("completions") == "/v1/completions"
+    # Each thread is a conversation of its own: its first question differs, so the keyer spreads them.
+    other = json.loads(si.request_body("tiny-llama", "chat", 1))["messages"]
+    assert other[0] == body["messages"][0] and other[1] != body["messages"][1] and other[2:] == body["messages"][2:]
+
+
 def test_wrong_key_is_an_error_not_a_sample(standins):
     a = standins("a")
     result = si.measure([a.target], a.target, concurrency=1, total=10, block=5, api_key="sk-wrong")
@@ -283,11 +298,38 @@ def test_parse_args_defaults_and_choices():
     args = gb.parse_args([])
     assert (args.backends, args.clients, args.concurrencies, args.requests) == (
         ["stand-in"], ["workstation", "gateway-host"], [1, 16], None)
+    assert (args.policies, args.rounds, args.route) == ([None], 1, "completions")
+    args = gb.parse_args(["--policy", "round_robin, prefix", "--rounds", "2", "--route", "chat"])
+    assert (args.policies, args.rounds, args.route) == (["round_robin", "prefix"], 2, "chat")
+    for bad in (["--policy", "kv_aware"], ["--policy", "prefix,prefix"], ["--rounds", "0"], ["--route", "x"]):
+        with pytest.raises(SystemExit):
+            gb.parse_args(bad)
     args = gb.parse_args(["--backend", "both", "--client", "workstation", "--concurrency", "4", "--requests", "9"])
     assert (args.backends, args.clients, args.concurrencies, args.requests) == (
         ["stand-in", "vllm"], ["workstation"], [4], 9)
     with pytest.raises(SystemExit):
         gb.parse_args(["--concurrency", "0"])
+
+
+def _policy_run(policy, paired, concurrency=1, client="gateway-host", valid=True):
+    return {"backend": "stand-in", "client": client, "concurrency": concurrency, "policy": policy,
+            "valid": valid, "added": {"paired_p50": paired}}
+
+
+def test_routing_costs_are_each_policys_median_minus_round_robins():
+    runs = [_policy_run("round_robin", 0.40), _policy_run("prefix", 0.55), _policy_run("round_robin", 0.44),
+            _policy_run("prefix", 0.65), _policy_run("prefix", 9.0, valid=False),  # an invalid run: left out
+            _policy_run("round_robin", 0.5, concurrency=16), _policy_run("prefix", 1.3, concurrency=16)]
+    costs = gb.routing_costs(runs)
+    assert [(c["concurrency"], c["policy"], c["rounds"]) for c in costs] == [(1, "prefix", 2), (16, "prefix", 1)]
+    one, sixteen = costs
+    assert one["added_p50"] == pytest.approx(0.60) and one["round_robin_added_p50"] == pytest.approx(0.42)
+    assert one["routing_cost_p50"] == pytest.approx(0.18) and one["target_met"] is True
+    assert sixteen["routing_cost_p50"] == pytest.approx(0.8) and sixteen["target_met"] is None  # judged at 1
+    assert gb.routing_costs([_policy_run("round_robin", 0.4), _policy_run("prefix", 1.0)])[0]["target_met"] is False
+    assert gb.routing_costs([_policy_run("prefix", 0.5)]) == []  # nothing to compare with
+    rows = gb.cost_rows(costs)
+    assert "0.18" in rows[1] and "<= 0.5 ms: met" in rows[1] and "met" not in rows[2]
 
 
 class FakeSandbox:

@@ -139,3 +139,20 @@ def test_the_knob_must_be_a_bool(prepare_on):
     with pytest.raises(DeployError) as info:
         prepare_on(PROVISIONED, vllm_install_host_packages="no")
     assert "key vllm_install_host_packages: must be True or False" in str(info.value)
+
+
+def test_a_rhel_gateway_without_njs_is_refused_for_the_default_policy_and_served_with_round_robin(prepare_on):
+    rhel_without_njs = ({**PROVISIONED[0], "nginx_js": False}, "rhel")
+    with pytest.raises(DeployError) as info:
+        prepare_on(rhel_without_njs, vllm_gateway=True, vllm_advertise_address="10.0.0.5")
+    text = str(info.value)
+    assert "host box, key vllm_gateway_policy: vllm_gateway_policy 'prefix' (the default)" in text
+    assert "nginx.org's repository" in text and "vllm_gateway_policy = 'round_robin'" in text
+    assert "nothing was changed on any host" in text
+    assert prepare_on(rhel_without_njs, vllm_gateway=True, vllm_advertise_address="10.0.0.5", vllm_gateway_policy="round_robin").missing_packages == []
+    with_njs = prepare_on(({**PROVISIONED[0], "nginx_js": True}, "rhel"), vllm_gateway=True, vllm_advertise_address="10.0.0.5")
+    assert with_njs.missing_packages == []
+    # On Debian the deploy installs it, as any other package.
+    debian = prepare_on(({**PROVISIONED[0], "nginx_js": False}, "debian"), vllm_gateway=True,
+                        vllm_advertise_address="10.0.0.5")
+    assert [n.debian for n in debian.missing_packages] == ["libnginx-mod-http-js"]

@@ -3,7 +3,7 @@ and the official `openai` client: routing by model, the key at the edge, a dead 
 (The rolling update under client load through the gateway is in test_rollout_sandbox.py.)
 
 Two served names across the three CPU hosts: sbx-cpu3 serves "tiny-solo", sbx-cpu1 (the gateway's
-own host) and sbx-cpu2 both serve "tiny-llama" (the gateway balances them). The name moves to sbx-cpu3
+own host) and sbx-cpu2 both serve "tiny-llama" (the gateway spreads conversations over them). The name moves to sbx-cpu3
 because the modules after this one restart sbx-cpu3's vLLM anyway, while sbx-cpu1 keeps the
 inventory's own name to the end of the genuine vLLM's phase (tests/conftest.py: FLEET_ORDER). Traffic
 goes only to the sandbox hosts.
@@ -70,8 +70,8 @@ def test_openai_client_lists_each_name_once_and_requests_reach_only_their_instan
     assert sorted(m.id for m in client.models.list()) == [POOL, SOLO]
     before = _successes(sandbox)
     for name in (SOLO, POOL):
-        for _ in range(20):
-            reply = client.completions.create(model=name, prompt="Hello", max_tokens=1)
+        for i in range(20):  # prompts of their own: the default policy keys each by its prompt
+            reply = client.completions.create(model=name, prompt=f"Hello {i}", max_tokens=1)
             assert reply.model == name
     after = _successes(sandbox)
     delta = {h: after[h] - before[h] for h in CPU_HOSTS}
@@ -193,20 +193,16 @@ SYSTEM = ("You are the support assistant of a small bakery. Answer in one short 
 
 
 @pytest.fixture(scope="module")
-def prefix_policy(two_names, sandbox, deploy_env, tmp_path_factory):
-    """The module's fleet with the gateway's policy "prefix": the deploy installs Debian's njs module
-    from the sandbox's mirror, writes the keyer, reloads the front and restarts the router on
+def prefix_policy(two_names, sandbox):
+    """The module's fleet, whose gateway runs the default policy, "prefix": the deploy installed Debian's
+    njs module from the sandbox's mirror, wrote the keyer into the front and runs the router on
     consistent_hash."""
-    inventory = variant_inventory(tmp_path_factory.mktemp("prefix"), instance={"sbx-cpu3": {"served_model_name": SOLO}},
-                                  host_data={"sbx-cpu1": {"vllm_gateway_policy": "prefix"}})
-    result = pyinfra(deploy_env, "--limit", "cpu_hosts", inventory=inventory)
-    out = result.stdout + result.stderr
-    assert result.returncode == 0, out[-3000:]
-    assert "verified the gateway: 3 of 3 backend(s) registered" in out
     unit = sandbox.run("sbx-cpu1", "systemctl cat vllm-fleet-gateway.service").stdout
     assert "--policy consistent_hash " in unit
+    front = sandbox.run("sbx-cpu1", "cat /etc/vllm-fleet/front-prefix-key.js").stdout
+    assert "function prefixKey(" in front, front[:500]
     _wait_all_healthy(sandbox)
-    return inventory
+    return two_names
 
 
 def _routed(sandbox) -> list[tuple[str, str]]:

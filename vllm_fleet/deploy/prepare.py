@@ -274,6 +274,9 @@ def _missing_packages(config: HostConfig, plan: HostPlan) -> tuple[list[os_packa
         return [], None
     present, family = facts.get(host, HostRuntime, python_version=config.settings.vllm_python_version)
     absent = os_packages.missing(required, present)
+    refused = os_packages.not_installable(absent, family)
+    if refused:
+        fail([ConfigError(refused[0], host=config.name, key="vllm_gateway_policy", fix=refused[1])])
     if absent and (family is None or not config.settings.vllm_install_host_packages):
         message, fix = os_packages.refusal(absent, family)
         fail([ConfigError(message, host=config.name, key="vllm_install_host_packages", fix=fix)])

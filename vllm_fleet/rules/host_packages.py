@@ -166,6 +166,18 @@ def missing(required: list[Need], present: dict[str, bool]) -> list[Need]:
     return [need for need in required if not present.get(need.key, False)]
 
 
+def not_installable(absent: list[Need], family: str | None) -> tuple[str, str] | None:
+    """(message, fix) when a missing need is one vllm-fleet must not install for this family: on RHEL,
+    njs comes only from nginx.org's repository, built for nginx.org's nginx (RHEL's own nginx cannot
+    load it), so installing it is the operator's choice of nginx, not a package to add."""
+    if family != "rhel" or NGINX_JS not in absent:
+        return None
+    return ("vllm_gateway_policy 'prefix' (the default) runs a keyer in nginx's JavaScript module (njs), which "
+            "RHEL's own repositories do not have",
+            "install nginx and nginx-module-njs from nginx.org's repository on this host, or set "
+            "vllm_gateway_policy = 'round_robin' in its data")
+
+
 def install_command(family: str, packages: list[str]) -> str:
     """What a person would run (shown in refusals); the deploy itself uses pyinfra's operations."""
     names = " ".join(shlex.quote(p) for p in packages)
