@@ -182,6 +182,11 @@ _FLOATING_RE = re.compile(r"(?:(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.
 #: The longest prefix a floating address may have: a /31 or /32 subnet has no address for a second
 #: gateway beside the floating one.
 FLOATING_MAX_PREFIX = 30
+#: The shortest: keepalived puts a route to the address's whole subnet on the interface, and a /0 to
+#: /7 one would take over the host's routes to much of the internet (its default route, at /0).
+FLOATING_MIN_PREFIX = 8
+#: RFC 1122's "this host on this network": a source address only, never one a client can reach.
+THIS_NETWORK = ipaddress.IPv4Network("0.0.0.0/8")
 
 
 def floating_address_problem(text: Any) -> str | None:
@@ -196,12 +201,18 @@ def floating_address_problem(text: Any) -> str | None:
                 "(ASCII digits, no leading zeros)")
     interface = ipaddress.IPv4Interface(text)
     address, network = interface.ip, interface.network
+    if network.prefixlen < FLOATING_MIN_PREFIX:
+        return (f"{text!r} has a /{network.prefixlen} subnet: keepalived adds the address with a route to "
+                f"that whole subnet through the gateway's interface, which would take over routes to "
+                f"{network}; give the gateways' own subnet's prefix (/{FLOATING_MIN_PREFIX} to /{FLOATING_MAX_PREFIX})")
     if network.prefixlen > FLOATING_MAX_PREFIX:
         return (f"{text!r} has a /{network.prefixlen} subnet: the gateways' own addresses must share the "
                 "floating address's subnet, so it needs a prefix of /30 or shorter")
     if address in (network.network_address, network.broadcast_address):
         which = "network" if address == network.network_address else "broadcast"
         return f"{text!r} is the {which} address of {network}, not an address of a host"
+    if address in THIS_NETWORK:
+        return f"{text!r} is in {THIS_NETWORK} (\"this network\", a source address only): no client reaches a gateway there"
     for flag, what in (("is_unspecified", "unspecified"), ("is_loopback", "loopback"),
                        ("is_link_local", "link-local"), ("is_multicast", "multicast"), ("is_reserved", "reserved")):
         if getattr(address, flag):

@@ -134,7 +134,7 @@ FILES = {
     "instance": {"unit": "/etc/systemd/system/vllm-gw.service", "config": "/etc/vllm-fleet/gw.yaml",
                  "env": "/etc/vllm-fleet/gw.env", "model_access": "/etc/vllm-fleet/python/vllm_fleet_model_access.py"},
     "front": {"unit": "/etc/systemd/system/vllm-fleet-front.service", "config": "/etc/vllm-fleet/front.conf",
-              "keys": "/etc/vllm-fleet/front-secrets/keys.conf"},
+              "keys": "/etc/vllm-fleet/front-secrets/keys.conf", "prefix_key": "/etc/vllm-fleet/front-prefix-key.js"},
     "gateway": {"unit": "/etc/systemd/system/vllm-fleet-gateway.service",
                 "workers": "/etc/vllm-fleet/gateway-workers.json", "register": "/etc/vllm-fleet/gateway-register.py",
                 "models": "/etc/vllm-fleet/gateway-models.json",

@@ -27,7 +27,7 @@ from vllm_fleet.config import GATEWAY_POLICIES
 ROOT = Path(__file__).resolve().parents[2]
 GATEWAY_KNOBS = {"vllm_gateway": False, "vllm_gateway_port": 9000, "vllm_gateway_version": "0.1.17",
                  "vllm_gateway_health_interval_s": 2, "vllm_gateway_failure_threshold": 2,
-                 "vllm_advertise_address": None, "vllm_gateway_policy": "round_robin",
+                 "vllm_advertise_address": None, "vllm_gateway_policy": "prefix",
                  "vllm_gateway_address": None, "vllm_gateway_interface": None, "vllm_gateway_vrrp_id": 51,
                  "vllm_gateway_priority": None}
 
@@ -83,7 +83,7 @@ def test_unit_runs_vllm_router_on_loopback_as_the_service_user_without_secrets()
     prefix = environment_prefix(hosts[0], environment_spec(hosts[0], plan.hosts[0]))
     # The flags as `vllm-router --help` (0.1.17) names them.
     assert exec_start == (f"ExecStart={prefix}/bin/vllm-router --enable-igw --host 127.0.0.1 --port 19000 "
-                          "--policy round_robin --health-check-interval-secs 2 --health-failure-threshold 2 "
+                          "--policy consistent_hash --health-check-interval-secs 2 --health-failure-threshold 2 "
                           "--prometheus-host 127.0.0.1 --prometheus-port 19001")
     assert (f"ExecStartPost={prefix}/bin/python -I /etc/vllm-fleet/gateway-register.py "
             "http://127.0.0.1:19000 /etc/vllm-fleet/gateway-workers.json 60") in unit

@@ -84,13 +84,18 @@ def test_nginx_accepts_the_config_and_checks_the_hostile_key(tmp_path):
             Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
     conf = str(tmp_path / "etc" / "front.conf")
     nginx = nginx_binary()
-    check = subprocess.run([nginx, "-t", "-q", "-e", "stderr", "-c", conf], capture_output=True, text=True)
+    from support import real_tool_checks  # the default policy's keyer runs in njs: Debian's module
+
+    real_tool_checks.place_nginx_modules(tmp_path, Path(conf).read_text())
+    check = subprocess.run([nginx, "-t", "-q", "-p", f"{tmp_path}/", "-e", "stderr", "-c", conf],
+                           capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
     FakeRouter.seen = []
     router = http.server.ThreadingHTTPServer(("127.0.0.1", port + 10000), FakeRouter)
     threading.Thread(target=router.serve_forever, daemon=True).start()
     user = ["user root;"] if os.geteuid() == 0 else []
-    proc = subprocess.Popen([nginx, "-e", "stderr", "-c", conf, "-g", " ".join(["daemon off;", *user])])
+    proc = subprocess.Popen([nginx, "-p", f"{tmp_path}/", "-e", "stderr", "-c", conf,
+                             "-g", " ".join(["daemon off;", *user])])
     try:
         def request(method: str, path: str, auth: str | None = None) -> int:
             req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method,

@@ -191,7 +191,7 @@ def test_no_client_name_is_a_map_key_nginx_could_fold_or_read_as_a_keyword():
     assert map_keys, "no map found"
     for key in map_keys:
         assert key == "default" or re.fullmatch(r"c[0-9a-f]{16}", key) or key.startswith('"~^Bearer') \
-            or key in ("''",) or re.fullmatch(r"[0-9a-f.:]+", key), key
+            or key in ("''", '""') or re.fullmatch(r"[0-9a-f.:]+", key), key
     ids = {client_id(n) for n in clients} | {client_id("vllm-fleet")}
     assert len(ids) == 4 and ids <= set(map_keys)
     # requests_per_minute = 1: no burst at all (nginx refuses burst=0).

@@ -236,6 +236,10 @@ CORPUS = [
     ("floating address the broadcast", floating(vllm_gateway_address="10.0.0.255/24"), "vllm_gateway_address", None),
     ("floating address unspecified", floating(vllm_gateway_address="0.0.0.0/8"), "vllm_gateway_address", None),
     ("floating address loopback", floating(vllm_gateway_address="127.0.0.100/8"), "vllm_gateway_address", None),
+    # keepalived would route the whole /0 (the host's default route) or /1 through the gateway's interface.
+    ("floating address with a /0 subnet", floating(vllm_gateway_address="0.0.0.1/0"), "vllm_gateway_address", None),
+    ("floating address with a /1 subnet", floating(vllm_gateway_address="10.0.0.100/1"), "vllm_gateway_address", None),
+    ("floating address in this network", floating(vllm_gateway_address="0.0.0.1/8"), "vllm_gateway_address", None),
     ("floating address multicast", floating(vllm_gateway_address="224.0.0.18/24"), "vllm_gateway_address", None),
     ("floating address with keepalived words", floating(vllm_gateway_address="10.0.0.100/24 dev lo"),
      "vllm_gateway_address", None),

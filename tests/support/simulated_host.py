@@ -65,7 +65,7 @@ class SimulatedHost:
             return self.unit_names()
         if name == "HostRuntime":
             keys = ["cc", "cxx", f"python{kw['python_version']}-headers", "libnuma", "nginx", "node_exporter",
-                    "prometheus", "alertmanager", "keepalived"]
+                    "prometheus", "alertmanager", "keepalived", "nftables", "nginx_js"]
             return [f"{key} {0 if key in self.missing_packages else 1}" for key in keys] + ["family debian"]
         if name == "ModelConfig":
             return [json.dumps(TINY_CONFIG), "3000 total"]
