@@ -228,15 +228,17 @@ vllm_direct_access = False  # True: clients may use this host's instance ports d
 # system messages and first user message (a completion: its prompt's start), which every turn of a
 # conversation repeats, and the router sends each key to one instance on a ring: a conversation's
 # turns reach the instance whose prefix cache holds its history, with nothing asked of the clients (a
-# client's own X-Session-ID is used as sent); Debian's libnginx-mod-http-js on the gateway host. On the
+# client's own X-Session-ID is used as sent); Debian's libnginx-mod-http-js on the gateway host
+# (RHEL's own repositories have no njs: nginx.org's nginx-module-njs, else "round_robin"). On the
 # sandbox's routing bench it kept 65 % of prompt tokens in vLLM's prefix cache against round_robin's
 # 52 %, with TTFT p90 at 43 % of round_robin's. It bounds no instance's load: a fleet whose traffic is
-# a few long, busy conversations is better off with "round_robin" (each request to the next
-# instance). Also "random", "power_of_two" (the less loaded of two), "consistent_hash" (only the
-# client's X-Session-ID, or X-User-ID, picks the instance: a chat request without one hashes like
-# every other, so such clients all land on one instance) and "cache_aware" (vllm-router's own
-# default: in 0.1.17 it asks every instance of the model to render each request, which vLLM refuses
-# without --enable-scale-out, and then picks by load alone). docs/gateway.md has the measurements.
+# a few long, busy conversations is better off with "round_robin" (each request to the next instance),
+# as is one whose completions all begin with the same long template. Also "random", "power_of_two"
+# (the less loaded of two), "consistent_hash" (only the client's X-Session-ID, or X-User-ID, picks the
+# instance: a chat request without one hashes like every other, so such clients all land on one
+# instance) and "cache_aware" (vllm-router's own default: in 0.1.17 it asks every instance of the
+# model to render each request, which vLLM refuses without --enable-scale-out, and then picks by load
+# alone). docs/gateway.md has the measurements.
 vllm_gateway_policy = "prefix"  # how vllm-router picks among the instances of a request's model
 
 # The port each instance of the host keeps for vLLM's KV-cache events (ZMQ), its port + this: checked

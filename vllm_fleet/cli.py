@@ -80,8 +80,11 @@ def print_gateways(gateways: list[dict], out=None) -> None:
     """One block per gateway: its URL, then each served name with the backends that serve it."""
     out = out or sys.stdout
     for gw in gateways:
+        policy = gw.get("policy")
+        routing = "" if policy is None else (f", routing {policy}" + (
+            f" (router {gw['router_policy']})" if gw.get("router_policy") not in (None, policy) else ""))
         print(f"gateway on {gw['host']}: {gw['url']} (vllm-router {gw['version']}, {gw['router']} on "
-              f"the host)", file=out)
+              f"the host{routing})", file=out)
         floating = gw.get("floating")
         if floating:
             others = [f"{g['host']} ({g['address']}, priority {g['priority']})" for g in floating["gateways"]

@@ -164,14 +164,36 @@ ROUTER_POLICY = {"prefix": "consistent_hash"}
 
 #: The requests the "prefix" policy keys (OpenAI's chat and completion routes: the ones with a prompt
 #: whose prefix vLLM caches), the named location the keyer passes them on from, the largest body it
-#: reads (by its Content-Length; nginx holds that much in memory there, a larger body goes on unkeyed:
+#: reads (by its Content-Length, decided before nginx reads the body: nginx holds that much in memory
+#: there, a larger body goes on unkeyed and unread, as does one whose client sent its own session key:
 #: a long conversation's text is well under it, a request with inline images may not be), and a
 #: completion prompt's characters it keys on (a growing prompt keeps its key once longer than that;
-#: prompts that share that many leading characters share an instance).
+#: prompts that share that many leading characters share an instance). The keyer looks at no more than
+#: PREFIX_MAX_ITEMS messages, and of a message's list of parts as many: its work stays small whatever
+#: a body holds (a message of two million tiny parts is keyed on its first 64).
 PREFIX_PATHS = ("/v1/chat/completions", "/v1/completions")
 PREFIX_LOCATION = "@vllm_fleet_gateway_keyed"
-PREFIX_BODY_MIB = 4
+PREFIX_BODY_BYTES = 4_000_000
+PREFIX_BODY_BUFFER = "4m"  # nginx's client_body_buffer_size there: at least PREFIX_BODY_BYTES
 PREFIX_PROMPT_CHARS = 1024
+PREFIX_MAX_ITEMS = 64
+#: A client's own X-Session-ID is used as it sent it when it looks like a session id; anything else
+#: (control characters, spaces, a value longer than this) is dropped and the request keyed as if it had
+#: sent none: the router logs the key it routes on.
+CLIENT_SESSION_PATTERN = "^[A-Za-z0-9._:-]{1,128}$"
+
+
+def body_length_pattern(most: int) -> str:
+    """A PCRE matching the decimal numbers 1 .. `most` as nginx's $content_length holds them (no sign,
+    no leading zero), for a `most` of the form d * 10^k: the keyer's gate, decided before nginx reads
+    a body."""
+    digits = str(most)
+    lead, zeros = int(digits[0]), len(digits) - 1
+    if digits[1:] != "0" * zeros or zeros < 1:
+        raise ValueError(f"{most} is not a digit followed by zeros")
+    shorter = f"[1-9][0-9]{{0,{zeros - 1}}}"
+    same_length = f"[1-{lead - 1}][0-9]{{{zeros}}}|" if lead > 1 else ""
+    return f"(?:{shorter}|{same_length}{digits})"
 
 
 def prefix_keyer(config: HostConfig) -> RenderedFile | None:
@@ -180,7 +202,8 @@ def prefix_keyer(config: HostConfig) -> RenderedFile | None:
     if not prefix_routing(config):
         return None
     script = jinja_environment().get_template("front-prefix-key.js.j2").render(
-        prompt_chars=PREFIX_PROMPT_CHARS, keyed_location=PREFIX_LOCATION, body_bytes=PREFIX_BODY_MIB << 20)
+        prompt_chars=PREFIX_PROMPT_CHARS, keyed_location=PREFIX_LOCATION, body_bytes=PREFIX_BODY_BYTES,
+        max_items=PREFIX_MAX_ITEMS)
     return RenderedFile(front_paths(config)["prefix_key"], script)
 
 
@@ -309,7 +332,9 @@ def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[st
     return {"unit": GATEWAY_UNIT, "port": ports["port"], "router_port": ports["router"],
             "models_file": gateway_paths(config)["models"],
             "prefix_key": front_paths(config)["prefix_key"] if prefix_routing(config) else None,
-            "prefix_paths": PREFIX_PATHS, "prefix_location": PREFIX_LOCATION, "prefix_body_buffer": f"{PREFIX_BODY_MIB}m",
+            "prefix_paths": PREFIX_PATHS, "prefix_location": PREFIX_LOCATION, "prefix_body_buffer": PREFIX_BODY_BUFFER,
+            "prefix_body_lengths": body_length_pattern(PREFIX_BODY_BYTES),
+            "client_session_pattern": CLIENT_SESSION_PATTERN,
             "client_models_files": [(c.id, client_models_path(config, c.name)) for c in clients
                                     if c.models is not None]}
 
@@ -317,12 +342,14 @@ def nginx_context(config: HostConfig, clients: tuple[ApiClient, ...]) -> dict[st
 def gateway_manifest(config: HostConfig, backends: list[Backend],
                      access: GatewayAccess | None = None) -> dict[str, Any]:
     """The gateway as `plan --json` (and later status/rollout) show it: host, client URL, the router's
-    loopback URL and metrics port, and every backend; with a floating address, `floating`
+    loopback URL and metrics port, its routing (vllm_gateway_policy and the router's --policy for it),
+    and every backend; with a floating address, `floating`
     (floating_manifest, from `access`: the fleet's gateways)."""
     ports = gateway_ports(config.settings)
     out = {"host": config.name, "url": gateway_url(config), "unit": GATEWAY_UNIT,
            "router": router_url(config), "metrics_port": ports["metrics"],
            "version": config.settings.vllm_gateway_version,
+           "policy": config.settings.vllm_gateway_policy, "router_policy": router_policy(config),
            "models": sorted({b.served_model_name for b in backends}),
            "backends": [b.as_dict() for b in backends]}
     if config.settings.vllm_gateway_address is not None:

@@ -347,11 +347,13 @@ def test_plan_json_has_the_gateway_with_every_backend_even_under_limit(tmp_path)
         assert result.returncode == 0, result.stderr
         (gateway,) = json.loads(result.stdout)["gateways"]
         assert gateway["host"] == "h1" and gateway["url"] == "http://10.0.0.1:9000/v1"
+        assert (gateway["policy"], gateway["router_policy"]) == ("prefix", "consistent_hash")  # the default
         assert [(b["host"], b["instance"], b["model"], b["url"]) for b in gateway["backends"]] == [
             ("h1", "a", "alpha", "http://10.0.0.1:8000"), ("h2", "b", "beta", "http://10.0.0.2:8000"),
             ("h3", "b", "beta", "http://10.0.0.3:8001")]
     text = run_cli("plan", "inv.py", cwd=tmp_path).stdout
-    assert "gateway on h1: http://10.0.0.1:9000/v1" in text
+    assert "gateway on h1: http://10.0.0.1:9000/v1 (vllm-router 0.1.17, http://127.0.0.1:19000 on the host, routing prefix " \
+           "(router consistent_hash))" in text
     assert "beta -> h2/b http://10.0.0.2:8000, h3/b http://10.0.0.3:8001" in text
 
 

@@ -26,6 +26,7 @@ from support.fleet_helpers import API_KEY
 from support.gateway_fleet import cpu_instance, gateway_fleet
 from support.planning_fixtures import free_port
 from vllm_fleet.config import parse_host
+from vllm_fleet.config.clients import FLEET_KEY_CLIENT, client_id
 from vllm_fleet.gateway import Backend, fleet_backends, gateway_access
 from vllm_fleet.host_layout import GATEWAY_UNIT
 from vllm_fleet.plan import plan_host
@@ -326,10 +327,11 @@ class KeyedRouter(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def prefix_gateway(tmp_path: Path):
+def prefix_gateway(tmp_path: Path, clients: dict[str, str] | None = None):
     """The gateway host's front with vllm_gateway_policy = "prefix" under a real nginx (Debian's njs
     module from its package), the router a KeyedRouter, for the time of the block: its port. When
-    the block ends, a stream the router holds is released and both are stopped."""
+    the block ends, a stream the router holds is released and both are stopped. `clients`: team
+    clients by name, each with its key (else the fleet's one key, API_KEY)."""
     from support import real_tool_checks  # tests/: fetches the module with apt-get download
 
     nginx = nginx_binary()
@@ -341,13 +343,17 @@ def prefix_gateway(tmp_path: Path):
         pytest.skip(f"no njs module for nginx: {exc}")
     os.chmod(tmp_path, 0o755)
     port = free_port(headroom=10001)
-    host = parse_host("gw", {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": port,
-                             "vllm_gateway_policy": "prefix", "vllm_bind_host": "127.0.0.1",
-                             "vllm_config_dir": str(tmp_path / "etc")})
+    data = {"vllm_target": "cpu", "vllm_gateway": True, "vllm_gateway_port": port, "vllm_gateway_policy": "prefix",
+            "vllm_bind_host": "127.0.0.1", "vllm_config_dir": str(tmp_path / "etc")}
+    secrets = Secrets(API_KEY)
+    if clients:
+        data["vllm_api_clients"] = {name: {"key_env": f"KEY_{i}"} for i, name in enumerate(clients)}
+        secrets = Secrets(client_keys=tuple(clients.items()), host_key="sk-host-" + "h" * 24)
+    host = parse_host("gw", data)
     backends = [Backend("h2", "b", "beta", "http://10.0.0.2:8000", 2048)]
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    for f in render_host(host, plan_host(host), Secrets(API_KEY), backends=backends):
+    for f in render_host(host, plan_host(host), secrets, backends=backends):
         if f.path.startswith(str(tmp_path)):
             Path(f.path).parent.mkdir(parents=True, exist_ok=True)
             Path(f.path).write_text(f.content.replace("/run/vllm-fleet-front", str(run_dir)))
@@ -378,15 +384,22 @@ def prefix_gateway(tmp_path: Path):
         router.shutdown()
 
 
-def keyed(port: int, body, path: str = "/v1/chat/completions", headers: dict | None = None,
-          method: str = "POST") -> tuple[int, str | None]:
+def keyed(port: int, body, path: str = "/v1/chat/completions", headers: dict | list | None = None,
+          method: str = "POST", key: str = API_KEY) -> tuple[int, str | None]:
     """Send `body` (a dict as JSON, or bytes as they are) with the client's key: (status, the
-    X-Session-ID the router got, or None when nothing reached it)."""
+    X-Session-ID the router got, or None when nothing reached it). `headers`: a dict, or a list of
+    (name, value) pairs where a name may come twice."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     before = len(KeyedRouter.seen)
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request(method, path, data if method == "POST" else None,
-                 {"Authorization": "Bearer " + API_KEY, "Content-Type": "application/json", **(headers or {})})
+    pairs = list(headers.items()) if isinstance(headers, dict) else list(headers or [])
+    conn.putrequest(method, path, skip_accept_encoding=True)
+    for name, value in [("Authorization", "Bearer " + key), ("Content-Type", "application/json"), *pairs]:
+        conn.putheader(name, value)
+    payload = data if method == "POST" else None
+    if payload is not None:
+        conn.putheader("Content-Length", str(len(payload)))
+    conn.endheaders(payload)
     resp = conn.getresponse()
     resp.read()
     conn.close()
@@ -409,12 +422,12 @@ def chat(system: str, *turns: str, model: str = "beta") -> dict:
 def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
     """Every turn of a conversation (same system prompt, same first user message, a growing history)
     reaches the router with one key; another first message, system prompt or model, another key. The
-    key is the documented hash: sha256 of [model, [[role, content], ...]] as JSON, its first 32 hex
-    digits after "p-". A client's own X-Session-ID goes on as it is, alone."""
+    key is the documented hash: sha256 of [client id, model, [[role, [text, ...]], ...]] as JSON, its
+    first 32 hex digits after "p-". A client's own X-Session-ID goes on as it is, alone."""
     with prefix_gateway(tmp_path) as port:
         status, first = keyed(port, chat("You are terse.", "hello"))
         assert status == 200 and first.startswith("p-") and len(first) == 34
-        lead = ["beta", [["system", "You are terse."], ["user", "hello"]]]
+        lead = [client_id(FLEET_KEY_CLIENT), "beta", [["system", ["You are terse."]], ["user", ["hello"]]]]
         assert first == "p-" + hashlib.sha256(json.dumps(lead, separators=(",", ":")).encode()).hexdigest()[:32]
         turns = ["hello", "hi", "how are you?", "fine", "and now?"]
         assert {keyed(port, chat("You are terse.", *turns[:n]))[1] for n in (1, 3, 5)} == {first}
@@ -425,6 +438,13 @@ def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
         escaped = b'{"model":"beta","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"h\\u0065llo"}]}'
         assert keyed(port, escaped)[1] == first
         assert keyed(port, chat("You are terse.", "hello"), headers={"X-Session-ID": "conv-42"}) == (200, "conv-42")
+        # A header that is no session id (a control character, a space, too long) is dropped: the
+        # request is keyed as if the client had sent none, and nothing of it reaches the router's log.
+        for bad in ("conv\x1b[31m", "conv 42", "c" * 129, "conv\u00e9"):
+            assert keyed(port, chat("You are terse.", "hello"), headers=[("X-Session-ID", bad)]) == (200, first), bad
+        # Sent twice (the first empty), it cannot steer the router past the keyer: keyed as one without.
+        twice = [("X-Session-ID", ""), ("X-Session-ID", "conv-42"), ("X-User-ID", "u1")]
+        assert keyed(port, chat("You are terse.", "hello"), headers=twice) == (200, first)
         # The query string and a path nginx normalises go on; the router sees the normalised path.
         assert keyed(port, chat("You are terse.", "hello"), path="/v1/./chat/completions?x=1")[1] == first
         assert KeyedRouter.seen[-1][0] == "/v1/chat/completions?x=1"
@@ -440,6 +460,21 @@ def test_the_prefix_keyer_keys_a_conversation_by_its_leading_messages(tmp_path):
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
+def test_two_clients_sending_the_same_conversation_get_keys_of_their_own(tmp_path):
+    """The client is in the key: two team clients sending the same messages are not certain to share
+    an instance's prefix cache (whose timing could tell one what the other sent); each client's
+    conversation still keeps one key."""
+    keys = {"alice": "sk-alice-" + "a" * 24, "bob": "sk-bob-" + "b" * 24}
+    with prefix_gateway(tmp_path, keys) as port:
+        alice = {keyed(port, chat("Shared prompt.", *turns), key=keys["alice"])[1]
+                 for turns in (["hi"], ["hi", "yo", "more"])}
+        bob = keyed(port, chat("Shared prompt.", "hi"), key=keys["bob"])[1]
+        assert len(alice) == 1 and bob.startswith("p-") and bob not in alice
+        lead = [client_id("bob"), "beta", [["system", ["Shared prompt."]], ["user", ["hi"]]]]
+        assert bob == "p-" + hashlib.sha256(json.dumps(lead, separators=(",", ":")).encode()).hexdigest()[:32]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
 def test_the_prefix_keyer_keys_completions_by_their_prompts_first_characters(tmp_path):
     """A completion's key is its prompt's first 1024 characters: a prompt that grows past them keeps its
     key; shorter ones differ. A prompt of token ids is keyed too."""
@@ -451,6 +486,10 @@ def test_the_prefix_keyer_keys_completions_by_their_prompts_first_characters(tmp
         assert len(short) == 3
         tokens = keyed(port, {"model": "beta", "prompt": [1, 2, 3]}, "/v1/completions")[1]
         assert tokens.startswith("p-") and tokens == keyed(port, {"model": "beta", "prompt": [1, 2, 3]}, "/v1/completions")[1]
+        # A batch of prompts: the first one's start; a prompt of something else: a key of its own.
+        batch = keyed(port, {"model": "beta", "prompt": ["abc", "def"]}, "/v1/completions")[1]
+        assert batch == keyed(port, {"model": "beta", "prompt": "abc"}, "/v1/completions")[1]
+        assert keyed(port, {"model": "beta", "prompt": {"x": 1}}, "/v1/completions")[1].startswith("r-")
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the front's workers read files as root here (user root;)")
@@ -470,9 +509,12 @@ def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_st
             assert status == 200 and key is not None and key.startswith("r-") and len(key) == 34, (body[:40], key)
             keys.append(key)
         assert keyed(port, b"not json")[1] not in keys and len(set(keys)) == len(keys)
-        # Just under the limit it parses; sent chunked, it is not read.
-        fits = json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * ((4 << 20) - 100)}]}).encode()
-        assert len(fits) <= 4 << 20 and keyed(port, fits)[1].startswith("p-")
+        # Just under the limit (4,000,000 bytes, by its Content-Length) it parses; just over, it is not
+        # read; sent chunked, it is not read either.
+        fits = json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * (4_000_000 - 100)}]}).encode()
+        assert len(fits) <= 4_000_000 and keyed(port, fits)[1].startswith("p-")
+        over = json.dumps({"model": "beta", "messages": [{"role": "user", "content": "x" * 4_000_000}]}).encode()
+        assert keyed(port, over)[1].startswith("r-")
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
         conn.request("POST", "/v1/chat/completions", iter([json.dumps(chat("s", "u")).encode()]),
                      {"Authorization": "Bearer " + API_KEY}, encode_chunked=True)
@@ -486,6 +528,15 @@ def test_the_prefix_keyer_passes_what_it_cannot_key_with_a_key_of_its_own_and_st
             data = json.dumps(body).encode()
             status, key = keyed(port, data)
             assert status == 200 and key.startswith("p-") and keyed(port, data)[1] == key, body
+        # Only text is hashed, and at most 64 parts of a message (and 64 messages): a message of a
+        # million parts is keyed on its first 64, so two that differ after them share a key.
+        def parts(tail):
+            return {"model": "beta", "messages": [{"role": "user", "content": [{"type": "text", "text": "p"}] * 64 + tail}]}
+        many = keyed(port, parts([0] * 1_000_000))[1]
+        assert many.startswith("p-") and many == keyed(port, parts([{"type": "text", "text": "other"}]))[1]
+        assert keyed(port, chat("s", "u"))[1] != many
+        long_history = {"model": "beta", "messages": [{"role": "system", "content": f"s{i}"} for i in range(200)]}
+        assert keyed(port, long_history)[1].startswith("p-")
         # Streaming: the first chunk reaches the client while the router still holds the second.
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
         conn.request("POST", "/v1/chat/completions", json.dumps({**chat("s", "u"), "stream": True}),

@@ -146,8 +146,8 @@ def test_a_rhel_gateway_without_njs_is_refused_for_the_default_policy_and_served
     with pytest.raises(DeployError) as info:
         prepare_on(rhel_without_njs, vllm_gateway=True, vllm_advertise_address="10.0.0.5")
     text = str(info.value)
-    assert "host box, key vllm_gateway_policy: vllm_gateway_policy 'prefix' (the default)" in text
-    assert "nginx.org's repository" in text and "vllm_gateway_policy = 'round_robin'" in text
+    assert "host box, key vllm_gateway_policy: vllm_gateway_policy 'prefix' (the default unless set)" in text
+    assert "nginx.org's repository" in text and "vllm_gateway_policy = 'round_robin' in the group data" in text
     assert "nothing was changed on any host" in text
     assert prepare_on(rhel_without_njs, vllm_gateway=True, vllm_advertise_address="10.0.0.5", vllm_gateway_policy="round_robin").missing_packages == []
     with_njs = prepare_on(({**PROVISIONED[0], "nginx_js": True}, "rhel"), vllm_gateway=True, vllm_advertise_address="10.0.0.5")
@@ -156,3 +156,12 @@ def test_a_rhel_gateway_without_njs_is_refused_for_the_default_policy_and_served
     debian = prepare_on(({**PROVISIONED[0], "nginx_js": False}, "debian"), vllm_gateway=True,
                         vllm_advertise_address="10.0.0.5")
     assert [n.debian for n in debian.missing_packages] == ["libnginx-mod-http-js"]
+
+
+def test_a_debian_gateway_without_njs_and_installs_off_is_told_it_can_route_without_it(prepare_on):
+    with pytest.raises(DeployError) as info:
+        prepare_on(({**PROVISIONED[0], "nginx_js": False}, "debian"), vllm_gateway=True,
+                   vllm_advertise_address="10.0.0.5", vllm_install_host_packages=False)
+    text = str(info.value)
+    assert "apt-get install --no-install-recommends libnginx-mod-http-js" in text
+    assert "route without it: vllm_gateway_policy = 'round_robin'" in text

@@ -172,10 +172,10 @@ def not_installable(absent: list[Need], family: str | None) -> tuple[str, str] |
     load it), so installing it is the operator's choice of nginx, not a package to add."""
     if family != "rhel" or NGINX_JS not in absent:
         return None
-    return ("vllm_gateway_policy 'prefix' (the default) runs a keyer in nginx's JavaScript module (njs), which "
-            "RHEL's own repositories do not have",
+    return ("vllm_gateway_policy 'prefix' (the default unless set) runs a keyer in nginx's JavaScript module "
+            "(njs), which RHEL's own repositories do not have",
             "install nginx and nginx-module-njs from nginx.org's repository on this host, or set "
-            "vllm_gateway_policy = 'round_robin' in its data")
+            "vllm_gateway_policy = 'round_robin' in the group data every gateway reads")
 
 
 def install_command(family: str, packages: list[str]) -> str:
@@ -197,6 +197,8 @@ def refusal(absent: list[Need], family: str | None) -> tuple[str, str]:
                 "install them with the host's package manager (Debian names: "
                 f"{', '.join(n.debian for n in absent)})")
     packages = [n.package(family) for n in absent]
+    instead = (" (or, for njs, route without it: vllm_gateway_policy = 'round_robin' in the group data every "
+               "gateway reads)") if NGINX_JS in absent else ""
     return (f"missing {what}",
             f"run `{install_command(family, packages)}` on the host, or let vllm-fleet install them: "
-            "vllm_install_host_packages = True")
+            f"vllm_install_host_packages = True{instead}")
