@@ -114,7 +114,7 @@ METRICS_TOKEN = "mt-canary-sandbox-6d1f0b3e95"
 MONITORED = {"vllm_metrics": True, "vllm_monitoring_scrape_interval_s": 2, "vllm_canary_min_requests": 20,
              "vllm_canary_max_ttft_ratio": 20.0}
 DELAY = standin_engine.FIRST_TOKEN_DELAY_VARIABLE
-OBSERVE = "30s"
+OBSERVE = "20s"
 SUMS = "sha256sum /etc/systemd/system/vllm-tiny.service /etc/vllm-fleet/tiny.yaml /etc/vllm-fleet/tiny.env"
 
 
