@@ -9,11 +9,10 @@ and stops them):
 The same 1-token request (each client thread its own) is sent direct and through the gateway; at
 concurrency 1 and 16, blocks of direct and gateway requests alternate (A B A B ...; half the threads
 start with each), each thread keeps its HTTP connections open as a client library does. Printed for
-each backend, client
-and concurrency: p50 and p99 of each path, the p50/p99 the gateway adds, a paired p50 (the median
-over adjacent direct/gateway blocks of the gateway block's median minus the direct block's, which
-cancels slow drift in the hosts' load, with its 10-90 % spread), and whether the target, <= 2 ms
-added at p50, is met. --json: one JSON document on stdout, progress on stderr.
+each backend, client and concurrency: p50 and p99 of each path, the p50/p99 the gateway adds, a
+paired p50 (the median over adjacent direct/gateway blocks of the gateway block's median minus the
+direct block's, which cancels slow drift in the hosts' load, with its 10-90 % spread), and whether
+the target, <= 2 ms added at p50, is met. --json: one JSON document on stdout, progress on stderr.
 
 --route completions (the default): a one-word /v1/completions prompt. --route chat: a conversation's
     fourth turn under a 2,000-character system prompt (2.6 kB of JSON) to /v1/chat/completions, the

@@ -465,3 +465,20 @@ def test_why_a_host_failed_reaches_rollout_per_run_not_through_host_data(monkeyp
     assert failure_reason(run1, "gw") == "host gw, gateway: verification failed: vllm-router is not running"
     assert failure_reason(run2, "gw") is None and failure_reason(run1, "other") is None
     assert vars(data) == {}
+
+
+def test_the_keyers_gate_matches_exactly_the_body_lengths_it_reads():
+    """nginx decides from $content_length, before reading a body, whether the keyer reads it: the
+    pattern takes 1 .. PREFIX_BODY_BYTES as nginx holds them, nothing else."""
+    import re
+
+    from vllm_fleet.gateway import PREFIX_BODY_BYTES, body_length_pattern
+
+    gate = re.compile(f"^{body_length_pattern(PREFIX_BODY_BYTES)}$")
+    for n in (1, 9, 10, 999_999, 1_000_000, 3_999_999, 4_000_000):
+        assert gate.match(str(n)), n
+    for text in ("", "0", "01", "4000001", "4194304", "40000000", "-1", "1e6", " 1"):
+        assert not gate.match(text), text
+    assert re.fullmatch(body_length_pattern(30), "29") and not re.fullmatch(body_length_pattern(30), "31")
+    with pytest.raises(ValueError):
+        body_length_pattern(4_194_304)
