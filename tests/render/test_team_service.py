@@ -15,9 +15,11 @@ from support.planning_fixtures import API_CLIENTS, host_data
 from vllm_fleet import host_keys, kinds, tls
 from vllm_fleet.config import ConfigErrors, check_fleet, parse_host
 from vllm_fleet.config.clients import client_id
-from vllm_fleet.gateway import gateway_access, key_pattern
+from vllm_fleet.gateway import (CLIENT_SESSION_PATTERN, PREFIX_BODY_BYTES, body_length_pattern, gateway_access,
+                                key_pattern)
 from vllm_fleet.plan import plan_host
 from vllm_fleet.render import Secrets, render_host
+from vllm_fleet.templating import nginx_string
 
 KEYS = (("ci", "sk-ci-1"), ("other", "sk-other-1"), ("research", "sk-research-1"))
 HOST_KEY = "vf-host-" + "cd" * 32
@@ -189,9 +191,12 @@ def test_no_client_name_is_a_map_key_nginx_could_fold_or_read_as_a_keyword():
     front, keys = files["/etc/vllm-fleet/front.conf"].content, files["/etc/vllm-fleet/front-secrets/keys.conf"].content
     map_keys = _map_keys(front) + _map_keys(keys)
     assert map_keys, "no map found"
+    # The gateway's keyer maps by the deploy's own patterns, the same whatever the clients are called.
+    keyer_patterns = {nginx_string("~" + CLIENT_SESSION_PATTERN),
+                      nginx_string("~^:" + body_length_pattern(PREFIX_BODY_BYTES) + "$")}
     for key in map_keys:
         assert key == "default" or re.fullmatch(r"c[0-9a-f]{16}", key) or key.startswith('"~^Bearer') \
-            or key in ("''", '""') or re.fullmatch(r"[0-9a-f.:]+", key), key
+            or key in ("''", '""') or re.fullmatch(r"[0-9a-f.:]+", key) or key in keyer_patterns, key
     ids = {client_id(n) for n in clients} | {client_id("vllm-fleet")}
     assert len(ids) == 4 and ids <= set(map_keys)
     # requests_per_minute = 1: no burst at all (nginx refuses burst=0).
