@@ -174,7 +174,7 @@ ROUTER_POLICY = {"prefix": "consistent_hash"}
 PREFIX_PATHS = ("/v1/chat/completions", "/v1/completions")
 PREFIX_LOCATION = "@vllm_fleet_gateway_keyed"
 PREFIX_BODY_BYTES = 4_000_000
-PREFIX_BODY_BUFFER = "4m"  # nginx's client_body_buffer_size there: at least PREFIX_BODY_BYTES
+PREFIX_BODY_BUFFER = f"{-(-PREFIX_BODY_BYTES // (1 << 20))}m"  # nginx's client_body_buffer_size there
 PREFIX_PROMPT_CHARS = 1024
 PREFIX_MAX_ITEMS = 64
 #: A client's own X-Session-ID is used as it sent it when it looks like a session id; anything else
